@@ -1,0 +1,59 @@
+# rlsched — every set-up step a fresh machine needs lives here.
+#   make test    virtualenv + pinned deps + Go tools, then the whole test suite
+#   make demo    the main demo on the embedded default
+#   make bench   benchmarks, JSON under bench/results/
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+# The real trace lives beside the repository in ../shared/data; never committed.
+RLSCHED_DATA_DIR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
+export RLSCHED_DATA_DIR
+OUT ?= out
+PYTEST_ARGS ?=
+
+# Targets appended by the included fragments (tools/tools.mk, deploy/deploy.mk).
+TEST_DEPS :=
+
+.PHONY: help venv test test-unit test-k8s demo demo-sim bench lint clean
+help:
+	@echo "make test   - set up everything and run all tests"
+	@echo "make demo   - run the demo on the embedded default"
+	@echo "make bench  - run the benchmarks (JSON in bench/results/)"
+	@echo "make tools  - build etcd, kube-apiserver, kube-scheduler, kubectl, kwok, helm from Go modules"
+	@echo "make cluster-up / cluster-down - local control plane for manual testing"
+
+$(VENV)/.stamp: requirements.txt requirements-dev.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --disable-pip-version-check pip==25.3
+	$(PIP) install --disable-pip-version-check -r requirements-dev.txt
+	$(PIP) install --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $@
+
+venv: $(VENV)/.stamp
+
+-include tools/tools.mk
+-include deploy/deploy.mk
+
+test: venv $(TEST_DEPS)
+	$(VENV)/bin/lint-imports
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: venv
+	$(PY) -m pytest -m "not k8s" $(PYTEST_ARGS)
+
+demo-sim: venv
+	$(VENV)/bin/rlsched sim compare --trace $(if $(RLSCHED_DATA_DIR),alibaba2023:default,synthetic:medium) \
+	  --policies fifo/firstfit,sjf/bestfit,tiresias/topology,drf/loadbalance,tetris/fgd --seed 1 --out $(OUT)/demo-sim
+
+demo: demo-sim
+
+bench: venv
+	mkdir -p bench/results
+	$(PY) bench/run.py --out bench/results
+
+clean:
+	rm -rf $(OUT) .pytest_cache build *.egg-info

@@ -1,0 +1,269 @@
+"""The cluster as policies see it: jobs, nodes and free capacity.
+
+:class:`ClusterState` is the snapshot every policy reads. The simulator keeps one and
+mutates it as events happen; the extender and the operator build one from their
+Kubernetes caches. It indexes free GPUs per (GPU model, free count) so that
+first/best/worst-fit queries cost O(buckets · log nodes) instead of a scan of every
+node — the simulator makes one such query per placement decision.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from .topology import Level, Topology
+
+__all__ = ["Progress", "JobView", "ClusterState", "QUEUES", "PlacementError"]
+
+#: Queues in the order they are served (RLPTO §V: interrupted jobs resume first).
+QUEUES = ("interrupt", "urgent", "normal")
+
+
+class PlacementError(ValueError):
+    """A placement plan does not fit the cluster (double allocation, unknown node)."""
+
+
+@dataclass(slots=True)
+class Progress:
+    """Training progress of a job as its chief reports it (RLPTO's e, l, a, ...)."""
+
+    epoch: int = 0
+    loss: float = float("nan")
+    max_loss: float = float("nan")
+    accuracy: float = 0.0
+    #: accuracy after each evaluation, oldest first
+    history: list[float] = field(default_factory=list)
+
+    @property
+    def gain(self) -> float:
+        """Accuracy gained by the last evaluation (RLPTO's v_a); inf before two."""
+        if len(self.history) < 2:
+            return float("inf")
+        return self.history[-1] - self.history[-2]
+
+
+@dataclass(slots=True, eq=False)
+class JobView:
+    """A training job in the terms policies use.
+
+    ``workers`` is the current worker count of a running job or the count it asks to
+    start with when pending. ``placement`` holds the node index of every worker.
+    Durations are seconds; ``est_runtime`` is the runtime at ``workers`` workers and
+    ideal placement as the user/trace estimates it (what SJF sorts on).
+    """
+
+    id: str
+    submit_time: float
+    gpus_per_worker: int = 1
+    workers: int = 1
+    min_workers: int = 1
+    max_workers: int = 1
+    gpu_models: frozenset[str] | None = None
+    priority: float = 0.0
+    queue: str = "normal"
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    est_runtime: float = 0.0
+    remaining: float = 0.0
+    attained_service: float = 0.0
+    start_time: float | None = None
+    placement: list[int] = field(default_factory=list)
+    progress: Progress = field(default_factory=Progress)
+    beta: float = 0.001
+    #: samples per second one worker processes at ideal placement (for Optimus-style
+    #: marginal-gain estimates); 0 when unknown
+    throughput: float = 0.0
+
+    @property
+    def gpus(self) -> int:
+        return self.workers * self.gpus_per_worker
+
+    def __post_init__(self) -> None:
+        if self.gpus_per_worker < 1:
+            raise ValueError(f"job {self.id}: gpus_per_worker must be >= 1")
+        if not (1 <= self.min_workers <= self.max_workers):
+            raise ValueError(
+                f"job {self.id}: need 1 <= min_workers ({self.min_workers}) "
+                f"<= max_workers ({self.max_workers})"
+            )
+        if self.queue not in QUEUES:
+            raise ValueError(f"job {self.id}: unknown queue {self.queue!r}")
+
+
+class ClusterState:
+    """Free and used GPUs per node, running and pending jobs, at one time.
+
+    Mutated only through :meth:`allocate` / :meth:`release` (and the job lists), so
+    the free-capacity index stays exact.
+    """
+
+    def __init__(self, topology: Topology, time: float = 0.0) -> None:
+        self.topology = topology
+        self.time = time
+        n = len(topology)
+        self.total = np.array([s.gpus for s in topology.nodes], dtype=np.int64)
+        self.free = self.total.copy()
+        self.cpu_total = np.array([s.cpu_milli for s in topology.nodes], dtype=np.int64)
+        self.mem_total = np.array([s.memory_mib for s in topology.nodes], dtype=np.int64)
+        self.cpu_free = self.cpu_total.copy()
+        self.mem_free = self.mem_total.copy()
+        self.running: dict[str, JobView] = {}
+        self.pending: list[JobView] = []
+        self.max_gpus = int(self.total.max()) if n else 0
+        self.models = sorted({s.gpu_model for s in topology.nodes})
+        self._model_id = {m: i for i, m in enumerate(self.models)}
+        self._node_model = np.array(
+            [self._model_id[s.gpu_model] for s in topology.nodes], dtype=np.int64
+        )
+        # _heaps[model][c]: node indices whose free count was c when pushed (lazy)
+        self._heaps = [[[] for _ in range(self.max_gpus + 1)] for _ in self.models]
+        self._in_heap = np.zeros((len(self.models), self.max_gpus + 1, n), dtype=bool)
+        for i in range(n):
+            self._push(i)
+        self._free_total = int(self.free.sum())
+        self._rack_id = {r: k for k, r in enumerate(topology.racks)}
+        self.rack_of = np.array([self._rack_id[r] for r in topology.rack_of], dtype=np.int64)
+        self.rack_free = np.bincount(self.rack_of, weights=self.free, minlength=len(topology.racks)).astype(np.int64)
+
+    # ------------------------------------------------------------------ index
+    def _push(self, i: int) -> None:
+        m, c = self._node_model[i], self.free[i]
+        if not self._in_heap[m, c, i]:
+            self._in_heap[m, c, i] = True
+            heapq.heappush(self._heaps[m][c], i)
+
+    def _top(self, m: int, c: int) -> int | None:
+        h = self._heaps[m][c]
+        while h:
+            i = h[0]
+            if self.free[i] == c:
+                return i
+            heapq.heappop(h)
+            self._in_heap[m, c, i] = False
+        return None
+
+    def _model_ids(self, models: frozenset[str] | None) -> list[int]:
+        if models is None:
+            return list(range(len(self.models)))
+        return [self._model_id[m] for m in models if m in self._model_id]
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def free_gpus(self) -> int:
+        return self._free_total
+
+    @property
+    def total_gpus(self) -> int:
+        return int(self.total.sum())
+
+    def fits(self, i: int, gpus: int, models: frozenset[str] | None = None) -> bool:
+        if models is not None and self.topology.nodes[i].gpu_model not in models:
+            return False
+        return bool(self.free[i] >= gpus)
+
+    def first_fit(self, gpus: int, models: frozenset[str] | None = None) -> int | None:
+        """Lowest-index node with at least ``gpus`` free GPUs of an allowed model."""
+        best = None
+        for m in self._model_ids(models):
+            for c in range(max(gpus, 0), self.max_gpus + 1):
+                i = self._top(m, c)
+                if i is not None and (best is None or i < best):
+                    best = i
+        return best
+
+    def best_fit(self, gpus: int, models: frozenset[str] | None = None) -> int | None:
+        """Node left with the fewest free GPUs after taking ``gpus`` (ties: lowest index)."""
+        for c in range(max(gpus, 0), self.max_gpus + 1):
+            cands = [i for m in self._model_ids(models) if (i := self._top(m, c)) is not None]
+            if cands:
+                return min(cands)
+        return None
+
+    def worst_fit(self, gpus: int, models: frozenset[str] | None = None) -> int | None:
+        """Node with the most free GPUs (load balancing; ties: lowest index)."""
+        for c in range(self.max_gpus, max(gpus, 0) - 1, -1):
+            cands = [i for m in self._model_ids(models) if (i := self._top(m, c)) is not None]
+            if cands:
+                return min(cands)
+        return None
+
+    def candidates(self, gpus: int, models: frozenset[str] | None = None) -> np.ndarray:
+        """All node indices that can host one worker of ``gpus`` GPUs (vectorised)."""
+        ok = self.free >= gpus
+        if models is not None:
+            allowed = np.zeros(len(self.models), dtype=bool)
+            allowed[self._model_ids(models)] = True
+            ok &= allowed[self._node_model]
+        return np.flatnonzero(ok)
+
+    def could_ever_fit(self, job: JobView) -> bool:
+        """Whether the job's minimum gang fits the empty cluster at all."""
+        allowed = self.candidates_total(job.gpus_per_worker, job.gpu_models)
+        slots = int((self.total[allowed] // job.gpus_per_worker).sum())
+        return slots >= job.min_workers
+
+    def candidates_total(self, gpus: int, models: frozenset[str] | None = None) -> np.ndarray:
+        ok = self.total >= gpus
+        if models is not None:
+            allowed = np.zeros(len(self.models), dtype=bool)
+            allowed[self._model_ids(models)] = True
+            ok &= allowed[self._node_model]
+        return np.flatnonzero(ok)
+
+    def span_level(self, placement: Sequence[int], gpus_per_worker: int) -> Level:
+        counts: dict[int, int] = {}
+        for i in placement:
+            counts[i] = counts.get(i, 0) + gpus_per_worker
+        return self.topology.span_level(counts)
+
+    # ------------------------------------------------------------------ mutation
+    def allocate(self, i: int, gpus: int, cpu_milli: int = 0, memory_mib: int = 0) -> None:
+        if gpus < 0 or self.free[i] < gpus:
+            raise PlacementError(
+                f"node {self.topology.nodes[i].name}: asked {gpus} GPUs, {self.free[i]} free"
+            )
+        self.free[i] -= gpus
+        self.cpu_free[i] -= cpu_milli
+        self.mem_free[i] -= memory_mib
+        self._free_total -= gpus
+        self.rack_free[self.rack_of[i]] -= gpus
+        self._push(i)
+
+    def release(self, i: int, gpus: int, cpu_milli: int = 0, memory_mib: int = 0) -> None:
+        if gpus < 0 or self.free[i] + gpus > self.total[i]:
+            raise PlacementError(
+                f"node {self.topology.nodes[i].name}: releasing {gpus} GPUs would exceed capacity"
+            )
+        self.free[i] += gpus
+        self.cpu_free[i] += cpu_milli
+        self.mem_free[i] += memory_mib
+        self._free_total += gpus
+        self.rack_free[self.rack_of[i]] += gpus
+        self._push(i)
+
+    def allocate_job(self, job: JobView, placement: Sequence[int]) -> None:
+        """Allocate every worker of ``placement`` or nothing (raises PlacementError)."""
+        done: list[int] = []
+        try:
+            for i in placement:
+                self.allocate(i, job.gpus_per_worker, job.cpu_milli, job.memory_mib)
+                done.append(i)
+        except PlacementError:
+            for i in done:
+                self.release(i, job.gpus_per_worker, job.cpu_milli, job.memory_mib)
+            raise
+
+    def release_job(self, job: JobView, placement: Iterable[int]) -> None:
+        for i in placement:
+            self.release(i, job.gpus_per_worker, job.cpu_milli, job.memory_mib)
+
+    def iter_running(self) -> Iterator[JobView]:
+        return iter(self.running.values())
+
+    def utilization(self) -> float:
+        total = self.total_gpus
+        return 0.0 if total == 0 else 1.0 - self._free_total / total

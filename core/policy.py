@@ -1,0 +1,139 @@
+"""The three policy protocols and the registry that names them.
+
+A policy is a pure object over a :class:`~rlsched.core.cluster.ClusterState`: it
+reads the snapshot and returns a decision; it never mutates the state it is given
+(placements may allocate tentatively but must release before returning). The same
+object decides in the simulator, the extender and the operator.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from .cluster import ClusterState, JobView
+
+__all__ = [
+    "Ordering",
+    "Placement",
+    "Scaling",
+    "ORDERINGS",
+    "PLACEMENTS",
+    "SCALINGS",
+    "register_ordering",
+    "register_placement",
+    "register_scaling",
+    "make_ordering",
+    "make_placement",
+    "make_scaling",
+    "scores_to_extender",
+]
+
+
+@runtime_checkable
+class Ordering(Protocol):
+    """Ranks pending jobs: the first is started first."""
+
+    name: str
+
+    def rank(self, pending: Sequence[JobView], state: ClusterState) -> list[JobView]: ...
+
+
+@runtime_checkable
+class Placement(Protocol):
+    """Chooses nodes for a job's workers, and scores candidates for one pod."""
+
+    name: str
+
+    def place(self, job: JobView, state: ClusterState, workers: int | None = None) -> list[int] | None:
+        """Node index for each of ``workers`` (default ``job.workers``) new workers,
+        taking the job's already-placed workers (``job.placement``) into account;
+        ``None`` if they do not all fit now."""
+        ...
+
+    def score(self, job: JobView, candidates: Sequence[int], state: ClusterState) -> np.ndarray:
+        """A float score per candidate node (higher is better) for one more worker of
+        ``job``; candidates that cannot host it get ``-inf``."""
+        ...
+
+
+@runtime_checkable
+class Scaling(Protocol):
+    """Decides +1 / -1 / 0 workers for each running job."""
+
+    name: str
+
+    def decide(self, running: Sequence[JobView], state: ClusterState) -> dict[str, int]: ...
+
+
+ORDERINGS: dict[str, Callable[..., Ordering]] = {}
+PLACEMENTS: dict[str, Callable[..., Placement]] = {}
+SCALINGS: dict[str, Callable[..., Scaling]] = {}
+
+
+def _register(table: dict, name: str):
+    def deco(factory):
+        if name in table:
+            raise ValueError(f"policy {name!r} registered twice")
+        table[name] = factory
+        return factory
+
+    return deco
+
+
+def register_ordering(name: str):
+    return _register(ORDERINGS, name)
+
+
+def register_placement(name: str):
+    return _register(PLACEMENTS, name)
+
+
+def register_scaling(name: str):
+    return _register(SCALINGS, name)
+
+
+def _make(table: Mapping, kind: str, name: str, kwargs: dict):
+    _load_builtin()
+    key = name.lower()
+    if key not in table:
+        raise ValueError(f"unknown {kind} policy {name!r}; known: {', '.join(sorted(table))}")
+    return table[key](**kwargs)
+
+
+def make_ordering(name: str, **kwargs) -> Ordering:
+    return _make(ORDERINGS, "ordering", name, kwargs)
+
+
+def make_placement(name: str, **kwargs) -> Placement:
+    return _make(PLACEMENTS, "placement", name, kwargs)
+
+
+def make_scaling(name: str, **kwargs) -> Scaling:
+    return _make(SCALINGS, "scaling", name, kwargs)
+
+
+def _load_builtin() -> None:
+    # Import for the registration side effect; cheap after the first call.
+    from . import heuristics  # noqa: F401
+    from . import das  # noqa: F401
+
+
+def scores_to_extender(scores: np.ndarray, max_priority: int = 10) -> np.ndarray:
+    """Map raw scores to kube-scheduler extender integers 0..max_priority.
+
+    Min-max over the finite scores; infeasible (-inf) nodes get 0; all-equal gives
+    the maximum to every feasible node.
+    """
+    s = np.asarray(scores, dtype=float)
+    out = np.zeros(len(s), dtype=np.int64)
+    finite = np.isfinite(s)
+    if not finite.any():
+        return out
+    lo, hi = s[finite].min(), s[finite].max()
+    if hi - lo < 1e-12:
+        out[finite] = max_priority
+        return out
+    out[finite] = np.rint((s[finite] - lo) / (hi - lo) * max_priority).astype(np.int64)
+    return out
