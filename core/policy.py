@@ -114,10 +114,21 @@ def make_scaling(name: str, **kwargs) -> Scaling:
     return _make(SCALINGS, "scaling", name, kwargs)
 
 
+_BUILTIN = ("heuristics", "das", "learned")
+
+
 def _load_builtin() -> None:
-    # Import for the registration side effect; cheap after the first call.
-    from . import heuristics  # noqa: F401
-    from . import das  # noqa: F401
+    """Import the policy modules for their registration side effect (cheap after the
+    first call). A module that is not there is skipped; an error inside one is not."""
+    import importlib
+
+    for name in _BUILTIN:
+        full = f"{__package__}.{name}"
+        try:
+            importlib.import_module(full)
+        except ModuleNotFoundError as exc:
+            if exc.name != full:
+                raise
 
 
 def scores_to_extender(scores: np.ndarray, max_priority: int = 10) -> np.ndarray:
