@@ -114,7 +114,7 @@ def make_scaling(name: str, **kwargs) -> Scaling:
     return _make(SCALINGS, "scaling", name, kwargs)
 
 
-_BUILTIN = ("heuristics", "das", "learned")
+_BUILTIN = ("heuristics", "das", "learned", "das_agent")
 
 
 def _load_builtin() -> None:
