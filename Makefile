@@ -39,7 +39,6 @@ venv: $(VENV)/.stamp
 -include deploy/deploy.mk
 
 test: venv $(TEST_DEPS)
-	$(VENV)/bin/lint-imports
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: venv
