@@ -1,0 +1,129 @@
+"""The fragmentation measure of FGD (Weng et al., "Beware of Fragmentation", ATC'23).
+
+A node's GPU capacity is *fragmented for a task* when the task could not use it:
+
+* the node cannot host the task at all (too few fully free GPUs for a multi-GPU task,
+  no GPU with enough free share for a GPU-sharing task, too little free CPU, or the
+  task asks for no GPU): every free GPU share on the node is a fragment;
+* otherwise the free share of each GPU whose free share is below
+  ``min(task GPU demand, 1 GPU)`` is a fragment.
+
+The expected fragmentation of a node under a target workload ``M`` (task classes ``m``
+with popularity ``p_m``) is ``F_n(M) = Σ_m p_m F_n(m)``; a cluster's is the sum over its
+nodes. FGD places a task where ``F_n`` grows least. Both the whole-GPU ``fgd``
+placement and the GPU-sharing experiment in ``rlsched.sim.fragmentation`` use
+:func:`fragmentation`, which works on per-GPU free milli-GPU vectors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+
+__all__ = ["MILLI", "Workload", "fragmentation", "whole_gpu_free_milli"]
+
+#: milli-GPU in one GPU
+MILLI = 1000
+
+
+@dataclass(frozen=True, eq=False)
+class Workload:
+    """Target workload: task classes with their probability.
+
+    ``gpu_milli[m]`` is the GPU demand of class ``m`` in milli-GPU: ``< 1000`` shares
+    one GPU, ``k * 1000`` takes ``k`` whole GPUs, ``0`` asks for no GPU.
+    ``cpu_milli[m]`` is its CPU demand (0 to ignore CPU).
+    """
+
+    gpu_milli: np.ndarray
+    prob: np.ndarray
+    cpu_milli: np.ndarray
+
+    def __post_init__(self) -> None:
+        g = np.asarray(self.gpu_milli, dtype=np.int64).ravel()
+        p = np.asarray(self.prob, dtype=float).ravel()
+        c = np.asarray(self.cpu_milli, dtype=np.int64).ravel()
+        if not (len(g) == len(p) == len(c)) or len(g) == 0:
+            raise ValueError("workload needs one gpu_milli, prob and cpu_milli per class, at least one class")
+        if (g < 0).any() or ((g > MILLI) & (g % MILLI != 0)).any():
+            raise ValueError(f"GPU demands must be 0..1000 milli or whole GPUs, got {g.tolist()}")
+        if (p < 0).any() or p.sum() <= 0 or not np.isfinite(p).all():
+            raise ValueError("class probabilities must be >= 0 and sum to > 0")
+        object.__setattr__(self, "gpu_milli", g)
+        object.__setattr__(self, "prob", p / p.sum())
+        object.__setattr__(self, "cpu_milli", c)
+
+    @classmethod
+    def from_pairs(cls, pairs: Iterable[tuple[float, float]]) -> "Workload":
+        """From ``(gpus, probability)`` pairs; ``gpus`` may be fractional (0.5 GPU)."""
+        pairs = list(pairs)
+        if not pairs:
+            raise ValueError("workload needs at least one (gpus, probability) pair")
+        gpus = np.array([float(g) for g, _ in pairs])
+        return cls(np.rint(gpus * MILLI).astype(np.int64), np.array([p for _, p in pairs], float), np.zeros(len(pairs), np.int64))
+
+    @classmethod
+    def from_requests(
+        cls, gpu_milli: Iterable[int], cpu_milli: Iterable[int] | None = None, weights: Iterable[float] | None = None
+    ) -> "Workload":
+        """Empirical distribution of observed task requests (identical requests merged)."""
+        g = np.asarray(list(gpu_milli), dtype=np.int64)
+        c = np.zeros_like(g) if cpu_milli is None else np.asarray(list(cpu_milli), dtype=np.int64)
+        w = np.ones(len(g)) if weights is None else np.asarray(list(weights), dtype=float)
+        if len(g) == 0:
+            raise ValueError("no task requests to learn a workload from")
+        if not (len(c) == len(g) == len(w)):
+            raise ValueError("gpu_milli, cpu_milli and weights must have the same length")
+        keys, inv = np.unique(np.stack([g, c], axis=1), axis=0, return_inverse=True)
+        prob = np.bincount(inv.ravel(), weights=w, minlength=len(keys))
+        return cls(keys[:, 0], prob, keys[:, 1])
+
+    def pairs(self) -> list[tuple[float, float]]:
+        return [(g / MILLI, float(p)) for g, p in zip(self.gpu_milli.tolist(), self.prob)]
+
+    def __repr__(self) -> str:
+        return f"Workload({self.pairs()})"
+
+
+def fragmentation(
+    free_milli: np.ndarray, workload: Workload, cpu_free: np.ndarray | float | None = None
+) -> np.ndarray:
+    """Expected fragmentation ``F_n(M)`` in milli-GPU of each node.
+
+    ``free_milli`` has shape ``(..., G)``: the free milli-GPU of each GPU of a node
+    (pad nodes with fewer GPUs with 0). ``cpu_free`` (broadcast to the leading shape)
+    enables the CPU test for classes with ``cpu_milli > 0``. Returns shape ``(...)``.
+    """
+    fm = np.asarray(free_milli, dtype=np.int64)
+    if fm.ndim == 0:
+        raise ValueError("free_milli needs a trailing GPU axis")
+    if (fm < 0).any() or (fm > MILLI).any():
+        raise ValueError("free milli-GPU per GPU must lie in 0..1000")
+    total = fm.sum(axis=-1).astype(float)
+    partial = np.where(fm < MILLI, fm, 0).sum(axis=-1).astype(float)
+    full = (fm == MILLI).sum(axis=-1)
+    out = np.zeros(total.shape)
+    cpu = None if cpu_free is None else np.broadcast_to(np.asarray(cpu_free, float), total.shape)
+    for d, p, c in zip(workload.gpu_milli.tolist(), workload.prob.tolist(), workload.cpu_milli.tolist()):
+        if p == 0:
+            continue
+        if d == 0:
+            f = total
+        elif d < MILLI:
+            # GPUs with less than d free cannot take the task; if none can, this is
+            # every free share on the node, as the definition asks
+            f = np.where(fm < d, fm, 0).sum(axis=-1).astype(float)
+        else:
+            f = np.where(full >= d // MILLI, partial, total)
+        if cpu is not None and c > 0:
+            f = np.where(cpu < c, total, f)
+        out += p * f
+    return out
+
+
+def whole_gpu_free_milli(free: np.ndarray, width: int) -> np.ndarray:
+    """Per-GPU free milli of nodes that allocate whole GPUs: ``free[n]`` idle GPUs."""
+    free = np.asarray(free, dtype=np.int64)
+    return np.where(np.arange(width) < free[..., None], MILLI, 0)

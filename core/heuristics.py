@@ -1,0 +1,19 @@
+"""The built-in heuristic policies, registered by name.
+
+Importing this module registers every ordering (``fifo sjf srtf drf tetris tiresias
+random``), placement (``firstfit bestfit loadbalance random topology fgd``) and scaling
+(``none fs fcfs optimus beta``); :func:`rlsched.core.make_ordering` and friends import
+it on first use.
+"""
+
+from __future__ import annotations
+
+from .ordering import DRF, FIFO, SJF, SRTF, RandomOrdering, Tetris, Tiresias
+from .placement import BestFit, FirstFit, LoadBalance, RandomPlacement
+from .scaling import NoScaling
+
+__all__ = [
+    "FIFO", "SJF", "SRTF", "DRF", "Tetris", "Tiresias", "RandomOrdering",
+    "FirstFit", "BestFit", "LoadBalance", "RandomPlacement",
+    "NoScaling",
+]
