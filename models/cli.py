@@ -1,0 +1,102 @@
+"""``rlsched train <algo>`` and ``rlsched eval <algo>``.
+
+Each algorithm lives in ``rlsched.models.<algo>`` and exposes ``add_arguments(parser)``,
+``train(args) -> int`` and ``evaluate(args) -> int``. The module is imported only when
+its subcommand runs, so ``rlsched --help`` never imports torch. ``--config F`` (YAML or
+JSON mapping of option names to values) sets defaults; options on the command line win.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+__all__ = ["ALGORITHMS", "register", "build_algo_parser", "run"]
+
+#: algorithm name -> module implementing it
+ALGORITHMS = {
+    "rlpto": "rlsched.models.rlpto",
+    "das": "rlsched.models.das",
+    "a2c": "rlsched.models.a2c",
+    "hierrl": "rlsched.models.hierrl",
+    "dqn": "rlsched.models.dqn",
+    "lsp": "rlsched.models.lsp",
+}
+
+
+def register(subparsers) -> None:
+    for command, helptext in (("train", "train a learned policy"), ("eval", "evaluate a learned policy against baselines")):
+        p = subparsers.add_parser(
+            command,
+            help=helptext,
+            description=f"{helptext}. Run `rlsched {command} ALGO --help` for the algorithm's options.",
+            add_help=True,
+        )
+        p.add_argument("algo", choices=sorted(ALGORITHMS), help="which policy")
+        p.add_argument("rest", nargs=argparse.REMAINDER, help="the algorithm's options (--config F, --seed N, ...)")
+        p.set_defaults(func=lambda args, _c=command: run(_c, args.algo, args.rest))
+
+
+def _load_module(algo: str):
+    name = ALGORITHMS[algo]
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name == name:
+            raise SystemExit(f"rlsched: algorithm {algo!r} is not available ({name} is not built)") from None
+        raise
+
+
+def read_config(path: str | Path) -> dict:
+    """A YAML or JSON mapping of option names (``lr`` or ``--lr``, ``-`` or ``_``) to values."""
+    path = Path(path)
+    if not path.is_file():
+        raise SystemExit(f"rlsched: config file not found: {path}")
+    text = path.read_text()
+    if path.suffix == ".json":
+        data = json.loads(text)
+    else:
+        import yaml
+
+        data = yaml.safe_load(text)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SystemExit(f"rlsched: config {path} must be a mapping of option names to values")
+    return {str(k).lstrip("-").replace("-", "_"): v for k, v in data.items()}
+
+
+def build_algo_parser(command: str, algo: str, module) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"rlsched {command} {algo}")
+    parser.add_argument("--config", type=Path, default=None, help="YAML/JSON file of option defaults")
+    module.add_arguments(parser)
+    return parser
+
+
+def run(command: str, algo: str, argv: list[str]) -> int:
+    """Parse ``argv`` with the algorithm's own parser (config file first) and run it."""
+    module = _load_module(algo)
+    parser = build_algo_parser(command, algo, module)
+    pre, _ = parser.parse_known_args(argv)
+    if pre.config is not None:
+        config = read_config(pre.config)
+        known = {a.dest for a in parser._actions}
+        unknown = sorted(set(config) - known)
+        if unknown:
+            parser.error(f"config {pre.config}: unknown option(s) {', '.join(unknown)}")
+        parser.set_defaults(**config)
+    args = parser.parse_args(argv)
+    args.command = command
+    args.algo = algo
+    fn = module.train if command == "train" else module.evaluate
+    return int(fn(args) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:  # pragma: no cover - convenience
+    parser = argparse.ArgumentParser(prog="rlsched")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    return args.func(args)
