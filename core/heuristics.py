@@ -9,11 +9,11 @@ it on first use.
 from __future__ import annotations
 
 from .ordering import DRF, FIFO, SJF, SRTF, RandomOrdering, Tetris, Tiresias
-from .placement import BestFit, FirstFit, LoadBalance, RandomPlacement
-from .scaling import NoScaling
+from .placement import FGD, BestFit, FirstFit, LoadBalance, RandomPlacement, TopologyPacking
+from .scaling import BetaThreshold, FairShare, FCFSScaling, NoScaling, Optimus
 
 __all__ = [
     "FIFO", "SJF", "SRTF", "DRF", "Tetris", "Tiresias", "RandomOrdering",
-    "FirstFit", "BestFit", "LoadBalance", "RandomPlacement",
-    "NoScaling",
+    "FirstFit", "BestFit", "LoadBalance", "RandomPlacement", "TopologyPacking", "FGD",
+    "NoScaling", "FairShare", "FCFSScaling", "Optimus", "BetaThreshold",
 ]

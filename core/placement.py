@@ -190,3 +190,198 @@ class RandomPlacement(_Placement):
 
     def _scores(self, job, state, cands):
         return self.rng.random(len(cands))
+
+
+def _tightest(sums: np.ndarray, k: int) -> int | None:
+    """Index of the smallest entry ``>= k`` (ties: lowest index), or None."""
+    ok = np.flatnonzero(sums >= k)
+    if len(ok) == 0:
+        return None
+    return int(ok[np.argmin(sums[ok])])
+
+
+@register_placement("topology")
+class TopologyPacking(_Placement):
+    """Topology packing: the fewest racks and blocks, near the job's own workers.
+
+    A new job goes on one node if one can take all its workers, else in one rack,
+    else in one block, else across blocks, choosing at each level the *tightest* group
+    that fits (fewest free worker slots). Inside a group it fills sub-groups the same
+    way: the tightest sub-group that holds the rest, otherwise the largest one whole.
+    A job that already has workers (``job.placement``) grows inside the smallest group
+    (node, rack, block) that contains them all and has room, filling its own nodes
+    first. :meth:`score` ranks a candidate by the level the whole remaining gang would
+    span if started there, then by how tight that group is.
+    """
+
+    name = "topology"
+
+    def __init__(self, *, rng: np.random.Generator | None = None) -> None:
+        super().__init__(rng=rng)
+        self._block_cache: tuple[object, np.ndarray] | None = None
+
+    def _levels(self, state: ClusterState) -> list[np.ndarray]:
+        """Group id of every node per level, coarse to fine: cluster, block, rack."""
+        topo = state.topology
+        if self._block_cache is None or self._block_cache[0] is not topo:
+            ids = {b: k for k, b in enumerate(topo.blocks)}
+            self._block_cache = (topo, np.array([ids[b] for b in topo.block_of], dtype=np.int64))
+        n = len(topo)
+        return [np.zeros(n, dtype=np.int64), self._block_cache[1], np.asarray(state.rack_of)]
+
+    @staticmethod
+    def _fill(nodes: np.ndarray, slots: np.ndarray, k: int, levels: list[np.ndarray], out: list[int]) -> int:
+        """Put up to ``k`` workers on ``nodes`` (hierarchically tightest); returns the rest."""
+        if k <= 0 or len(nodes) == 0:
+            return k
+        if not levels:
+            s = slots[nodes].copy()
+            while k > 0 and s.max() > 0:
+                j = _tightest(s, k)
+                if j is None:
+                    j = int(np.argmax(s))
+                take = int(min(s[j], k))
+                out.extend([int(nodes[j])] * take)
+                s[j] -= take
+                k -= take
+            return k
+        gid = levels[0][nodes]
+        groups, inv = np.unique(gid, return_inverse=True)
+        sums = np.bincount(inv.ravel(), weights=slots[nodes], minlength=len(groups)).astype(np.int64)
+        while k > 0 and sums.max() > 0:
+            j = _tightest(sums, k)
+            if j is None:
+                j = int(np.argmax(sums))
+            want = int(min(sums[j], k))
+            left = TopologyPacking._fill(nodes[inv.ravel() == j], slots, want, levels[1:], out)
+            k -= want - left
+            sums[j] = 0
+        return k
+
+    def place(self, job, state, workers=None):
+        k = _workers(job, workers)
+        if k == 0:
+            return []
+        slots = worker_slots(job, state)
+        if int(slots.sum()) < k:
+            return None
+        levels = self._levels(state)  # cluster, block, rack
+        node_ids = np.arange(len(slots))
+        out: list[int] = []
+        own = sorted(set(job.placement))
+        if own:
+            # smallest group holding every existing worker that has room for k more
+            by_level = [node_ids, levels[2], levels[1], levels[0]]
+            for depth, gid in enumerate(by_level):
+                g = gid[own]
+                if (g != g[0]).any():
+                    continue
+                members = np.flatnonzero(gid == g[0])
+                if int(slots[members].sum()) < k:
+                    continue
+                s = slots.copy()
+                for i in sorted(own, key=lambda i: (-s[i], i)):
+                    take = int(min(s[i], k - len(out)))
+                    out.extend([i] * take)
+                    s[i] -= take
+                rest = k - len(out)
+                sub = levels[4 - depth :]  # the sub-levels inside the group
+                left = self._fill(members, s, rest, sub, out)
+                return out if left == 0 else None
+            return None
+        j = _tightest(slots, k)
+        if j is not None:
+            return [j] * k
+        for depth in (2, 1):  # rack, block
+            gid = levels[depth]
+            sums = np.bincount(gid, weights=slots, minlength=int(gid.max()) + 1).astype(np.int64)
+            g = _tightest(sums, k)
+            if g is not None:
+                left = self._fill(np.flatnonzero(gid == g), slots, k, levels[depth + 1 :], out)
+                return out if left == 0 else None
+        left = self._fill(node_ids, slots, k, levels[1:], out)
+        return out if left == 0 else None
+
+    def _scores(self, job, state, cands):
+        slots = worker_slots(job, state)
+        _, block, rack = self._levels(state)
+        k = max(1, job.workers - len(job.placement))
+        rack_sum = np.bincount(rack, weights=slots, minlength=int(rack.max()) + 1)
+        block_sum = np.bincount(block, weights=slots, minlength=int(block.max()) + 1)
+        total = float(slots.sum())
+        # level the remaining gang spans when started at each candidate
+        group = np.full(len(cands), total)
+        level = np.full(len(cands), float(Level.CLUSTER))
+        for lv, sums in (
+            (Level.BLOCK, block_sum[block[cands]]),
+            (Level.RACK, rack_sum[rack[cands]]),
+            (Level.NODE, slots[cands].astype(float)),
+        ):
+            ok = sums >= k
+            level[ok] = float(lv)
+            group[ok] = sums[ok]
+        own = sorted(set(job.placement))
+        if own:
+            same = [
+                (Level.NODE, (cands == own[0]) if len(own) == 1 else np.zeros(len(cands), dtype=bool)),
+                (Level.RACK, (rack[own] == rack[cands][:, None]).all(axis=1)),
+                (Level.BLOCK, (block[own] == block[cands][:, None]).all(axis=1)),
+            ]
+            span = np.full(len(cands), float(Level.CLUSTER))
+            for lv, ok in reversed(same):
+                span[ok] = float(lv)
+            level = np.maximum(level, span)
+        tight = (group - k) / (total + 1.0)  # in [0, 1)
+        fit = (state.free[cands] - job.gpus_per_worker) / (10.0 * (state.max_gpus + 1))
+        return -10.0 * level - tight - fit
+
+
+@register_placement("fgd")
+class FGD(_Placement):
+    """Fragmentation-aware placement in the spirit of FGD (Weng et al., ATC'23).
+
+    Each worker goes to the node whose expected fragmentation
+    (:func:`rlsched.core.fgd.fragmentation`) under the target ``workload`` grows
+    least; ties go to the node left with the fewest free GPUs, then the lowest index.
+    ``workload`` is a list of ``(gpus,
+    probability)`` pairs or a :class:`~rlsched.core.fgd.Workload`; by default it is
+    learned from the snapshot: the GPUs per worker of the pending jobs and the job
+    being placed, weighted by worker count.
+    """
+
+    name = "fgd"
+
+    def __init__(
+        self,
+        workload: Sequence[tuple[float, float]] | Workload | None = None,
+        *,
+        rng: np.random.Generator | None = None,
+    ) -> None:
+        super().__init__(rng=rng)
+        if workload is None or isinstance(workload, Workload):
+            self.workload = workload
+        else:
+            self.workload = Workload.from_pairs(workload)
+
+    def target(self, job: JobView, state: ClusterState) -> Workload:
+        """The workload fragmentation is measured against for this decision."""
+        if self.workload is not None:
+            return self.workload
+        jobs = [job, *state.pending]
+        return Workload.from_requests(
+            [j.gpus_per_worker * 1000 for j in jobs], weights=[max(j.workers, 1) for j in jobs]
+        )
+
+    def delta(self, job: JobView, state: ClusterState, cands: np.ndarray) -> np.ndarray:
+        """Growth of expected fragmentation (milli-GPU) if one worker goes on each candidate."""
+        width = max(state.max_gpus, 1)
+        table = fragmentation(whole_gpu_free_milli(np.arange(width + 1), width), self.target(job, state))
+        free = state.free[cands]
+        return table[free - job.gpus_per_worker] - table[free]
+
+    def _scores(self, job, state, cands):
+        left = (state.free[cands] - job.gpus_per_worker) / (state.max_gpus + 1.0)
+        return -self.delta(job, state, cands) - 1e-3 * left
+
+    def __repr__(self) -> str:
+        return f"FGD(workload={self.workload!r})"
