@@ -1,0 +1,232 @@
+"""The trained DAS ordering agent, served with numpy (ordering ``das``).
+
+DAS (Xing et al., "A Dual-Agent Scheduler for Distributed Deep Learning Jobs on Public
+Cloud via Reinforcement Learning", KDD 2023) orders pending jobs with a transformer
+encoder over a window of jobs. Per job ``j`` in the window (oldest first)::
+
+    h_j = W_e x_j + PE(j)                          job embedding + sinusoidal position
+    c   = mean_i z_i  (+ cluster-wide scalars)     squeeze: average-pooled node state
+    h_j = h_j * sigmoid(W_g c + b_g)               communicate: cluster gate on jobs
+    H   = TransformerEncoder(h)                    self-attention over the window
+    logit_j = w_o . H_j + b_o
+
+The agent starts the job with the highest logit among those that fit now; as an
+:class:`~rlsched.core.policy.Ordering` it ranks the window by queue class and priority
+(as every ordering does), then jobs that fit first, then by logit, and keeps jobs beyond the window in FIFO order after it.
+
+The features are computed here, from a :class:`ClusterState` and :class:`JobView`
+objects only, so the simulator environment (``rlsched.sim.envs``) and serving see the
+same numbers. Weights default to ``core/weights/das.safetensors`` (+ ``das.json``);
+when they are missing or corrupt the ordering falls back to FIFO and logs a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from . import nn
+from .cluster import QUEUES, ClusterState, JobView
+from .placement import worker_slots
+from .policy import register_ordering
+
+__all__ = [
+    "JOB_FEATURES",
+    "NODE_FEATURES",
+    "CLUSTER_FEATURES",
+    "DEFAULT_WEIGHTS",
+    "job_features",
+    "node_features",
+    "cluster_summary",
+    "positional_encoding",
+    "fits_now",
+    "das_logits",
+    "DASOrdering",
+]
+
+log = logging.getLogger(__name__)
+
+#: Per-job features, in column order.
+JOB_FEATURES = (
+    "gpus_norm",  # workers * gpus_per_worker / GPUs of the largest node
+    "workers_norm",  # workers / 8
+    "gpus_per_worker_norm",  # gpus_per_worker / GPUs of the largest node
+    "log_runtime",  # log1p(estimated run time s) / 10
+    "log_gpu_seconds",  # log1p(estimated run time * GPUs) / 12
+    "log_wait",  # log1p(now - submit time) / 10
+    "fits_now",  # 1 when the job's gang fits the free GPUs now
+    "share_of_free",  # GPUs asked / free GPUs (capped at 4) / 4
+    "queue_rank",  # 0 interrupt, 0.5 urgent, 1 normal
+    "priority",  # tanh(priority / 10)
+)
+#: Per-node features (the squeeze pools them over nodes).
+NODE_FEATURES = ("free_frac", "used_frac", "rack_free_frac", "empty")
+#: Cluster-wide scalars appended to the pooled node features.
+CLUSTER_FEATURES = ("utilization", "pending_over_window", "log_pending", "running_over_nodes")
+
+#: Where the trained weights live by default (beside this module).
+DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "das.safetensors"
+
+_QUEUE_RANK = {q: i / max(len(QUEUES) - 1, 1) for i, q in enumerate(QUEUES)}
+
+
+def fits_now(job: JobView, state: ClusterState) -> bool:
+    """Whether ``job.workers`` workers fit the free capacity now (several workers may
+    share a node; CPU and memory count when the job asks for them)."""
+    return int(worker_slots(job, state).sum()) >= job.workers
+
+
+def job_features(job: JobView, state: ClusterState) -> np.ndarray:
+    """The :data:`JOB_FEATURES` row of one pending job."""
+    big = max(state.max_gpus, 1)
+    gpus = job.workers * job.gpus_per_worker
+    runtime = max(job.remaining if job.remaining > 0 else job.est_runtime, 0.0)
+    wait = max(state.time - job.submit_time, 0.0)
+    free = state.free_gpus
+    share = min(gpus / free, 4.0) / 4.0 if free > 0 else 1.0
+    return np.array(
+        [
+            gpus / big,
+            job.workers / 8.0,
+            job.gpus_per_worker / big,
+            math.log1p(runtime) / 10.0,
+            math.log1p(runtime * gpus) / 12.0,
+            math.log1p(wait) / 10.0,
+            1.0 if fits_now(job, state) else 0.0,
+            share,
+            _QUEUE_RANK.get(job.queue, 1.0),
+            math.tanh(job.priority / 10.0),
+        ],
+        dtype=np.float32,
+    )
+
+
+def node_features(state: ClusterState) -> np.ndarray:
+    """``[nodes, len(NODE_FEATURES)]`` float32."""
+    total = np.maximum(state.total, 1).astype(np.float64)
+    free = state.free / total
+    rack_total = np.bincount(state.rack_of, weights=state.total, minlength=len(state.rack_free))
+    rack_free = state.rack_free / np.maximum(rack_total, 1)
+    return np.stack(
+        [free, 1.0 - free, rack_free[state.rack_of], (state.free == state.total).astype(float)], axis=1
+    ).astype(np.float32)
+
+
+def cluster_summary(state: ClusterState, n_pending: int, window: int) -> np.ndarray:
+    """Squeeze: node features average-pooled, then :data:`CLUSTER_FEATURES`."""
+    pooled = node_features(state).mean(axis=0) if len(state.total) else np.zeros(len(NODE_FEATURES))
+    extra = [
+        state.utilization(),
+        min(n_pending / max(window, 1), 4.0) / 4.0,
+        math.log1p(n_pending) / 8.0,
+        min(len(state.running) / max(len(state.total), 1), 4.0) / 4.0,
+    ]
+    return np.concatenate([pooled, np.asarray(extra)]).astype(np.float32)
+
+
+def positional_encoding(length: int, d_model: int) -> np.ndarray:
+    """Sinusoidal encoding of Vaswani et al. (2017): ``PE[p, 2i] = sin(p / 10000^(2i/d))``,
+    ``PE[p, 2i+1] = cos(...)``; ``[length, d_model]`` float32."""
+    pos = np.arange(length, dtype=np.float64)[:, None]
+    i = np.arange(0, d_model, 2, dtype=np.float64)
+    angle = pos / np.power(10000.0, i / d_model)
+    pe = np.zeros((length, d_model))
+    pe[:, 0::2] = np.sin(angle)
+    pe[:, 1::2] = np.cos(angle[:, : d_model // 2])
+    return pe.astype(np.float32)
+
+
+def das_logits(
+    weights: Mapping[str, np.ndarray],
+    jobs: np.ndarray,
+    cluster: np.ndarray,
+    valid: np.ndarray,
+    *,
+    num_heads: int,
+    num_layers: int,
+) -> np.ndarray:
+    """The ordering network's logits. ``jobs``: ``[B, W, F]``; ``cluster``: ``[B, C]``;
+    ``valid``: ``[B, W]`` bool (False = padding). Weight names are those of
+    ``rlsched.models.das.OrderingNet.state_dict()``. Padding gets ``-inf``."""
+    jobs = np.asarray(jobs, dtype=np.float32)
+    cluster = np.asarray(cluster, dtype=np.float32)
+    valid = np.asarray(valid, dtype=bool)
+    b, w, _ = jobs.shape
+    d = weights["embed.weight"].shape[0]
+    h = nn.linear(jobs, weights["embed.weight"], weights["embed.bias"]) + positional_encoding(w, d)[None]
+    gate = nn.sigmoid(nn.linear(cluster, weights["gate.weight"], weights["gate.bias"]))
+    h = h * gate[:, None, :]
+    pad = ~valid
+    # a row with no valid job would attend to nothing; let it attend everywhere instead
+    pad = np.where(pad.all(axis=1, keepdims=True), False, pad)
+    for k in range(num_layers):
+        h = nn.transformer_encoder_layer(h, weights, num_heads, prefix=f"layers.{k}.", key_padding_mask=pad)
+    out = nn.linear(h, weights["head.weight"], weights["head.bias"])[..., 0]
+    return np.where(valid, out, -np.inf)
+
+
+class DASOrdering:
+    """Ordering ``das``: the trained DAS ordering agent (numpy inference).
+
+    ``model`` is the ``.safetensors`` file (default :data:`DEFAULT_WEIGHTS`); when it
+    cannot be loaded the policy ranks FIFO, logs a warning once and keeps the reason in
+    :attr:`fallback`.
+    """
+
+    name = "das"
+
+    def __init__(self, model: str | Path | None = None, *, rng: np.random.Generator | None = None) -> None:
+        del rng  # deterministic at serving time
+        self.path = Path(model) if model is not None else DEFAULT_WEIGHTS
+        self.fallback: str | None = None
+        self.weights: dict[str, np.ndarray] = {}
+        self.metadata: dict = {}
+        try:
+            self.weights, self.metadata = nn.load_policy_file(self.path, policy="das")
+            arch = self.metadata.get("architecture", {})
+            self.window = int(arch["window"])
+            self.num_heads = int(arch["num_heads"])
+            self.num_layers = int(arch["num_layers"])
+        except (nn.PolicyFileError, KeyError, TypeError, ValueError) as exc:
+            self.fallback = f"{type(exc).__name__}: {exc}"
+            self.window, self.num_heads, self.num_layers = 0, 1, 0
+            log.warning("DAS ordering: cannot load %s (%s); falling back to FIFO", self.path, self.fallback)
+
+    def observe(self, pending: Sequence[JobView], state: ClusterState) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[JobView]]:
+        """``(jobs [W, F], cluster [C], valid [W], window_jobs)`` for the oldest
+        ``window`` pending jobs."""
+        fifo = sorted(pending, key=lambda j: (j.submit_time, j.id))
+        head = fifo[: self.window]
+        feats = np.zeros((self.window, len(JOB_FEATURES)), dtype=np.float32)
+        for k, job in enumerate(head):
+            feats[k] = job_features(job, state)
+        valid = np.zeros(self.window, dtype=bool)
+        valid[: len(head)] = True
+        return feats, cluster_summary(state, len(pending), self.window), valid, head
+
+    def rank(self, pending: Sequence[JobView], state: ClusterState) -> list[JobView]:
+        fifo = sorted(pending, key=lambda j: (j.submit_time, j.id))
+        if self.fallback is not None or not fifo:
+            return fifo
+        feats, clus, valid, head = self.observe(fifo, state)
+        logits = das_logits(
+            self.weights, feats[None], clus[None], valid[None], num_heads=self.num_heads, num_layers=self.num_layers
+        )[0]
+        fits = feats[:, JOB_FEATURES.index("fits_now")] > 0.5
+        order = sorted(
+            range(len(head)),
+            key=lambda k: (_QUEUE_RANK.get(head[k].queue, 1.0), -head[k].priority, not fits[k], -logits[k], k),
+        )
+        return [head[k] for k in order] + fifo[self.window :]
+
+    def __repr__(self) -> str:
+        return f"DASOrdering(model={str(self.path)!r}{', fallback=FIFO' if self.fallback else ''})"
+
+
+@register_ordering("das")
+def _make_das_ordering(**kwargs) -> DASOrdering:
+    return DASOrdering(**kwargs)

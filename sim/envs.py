@@ -1,0 +1,487 @@
+"""Reinforcement-learning environments over the simulator.
+
+Both environments drive a :class:`~rlsched.sim.engine.Simulator` one decision at a
+time (``start`` / ``advance``) through :class:`SchedulingCore`:
+
+* a **decision point** is a time at which at least one job of the *window* (the
+  ``window`` oldest pending jobs) fits the free capacity; between decision points the
+  simulator advances event by event;
+* every decision starts one job; the reward of a decision is what the cluster pays
+  until the next decision point::
+
+      r = -(jobs in system x elapsed seconds) / time_scale - fee_weight x fee($)
+
+  so the undiscounted return of an episode is ``-(sum of JCTs)/time_scale -
+  fee_weight * total fee`` — the JCT-and-fee objective of DAS (Xing et al., KDD 2023).
+
+:class:`SchedulingEnv` (Gymnasium, id ``rlsched/Scheduling-v0``): one agent picks the
+job slot and a placement heuristic, ``Discrete(window * len(placements))``; the valid
+actions are in ``info["action_mask"]``.
+
+:class:`DualAgentSchedulingEnv` (PettingZoo ``ParallelEnv``): agents ``ordering``
+(``Discrete(window)``) and ``placement`` (a score per node, ``Box(nodes)``; the job's
+workers go to the highest-scored nodes that can hold them) act in turns — ordering
+picks a job, then placement places it; the agent whose turn it is not has
+``my_turn = 0`` and its action is ignored. The ordering observation carries
+``action_mask``; the placement one ``feasible`` (nodes that can take a worker; a
+``Box`` action has no mask). :meth:`DualAgentSchedulingEnv.state` is the
+fixed-size global state for a centralized critic.
+
+All randomness comes from the seed given to ``reset``: it seeds the workload draw
+(:data:`Workload`) and the simulator.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+from pettingzoo import ParallelEnv
+
+from rlsched.core import JobView, Topology, make_placement
+from rlsched.core.das_agent import (
+    CLUSTER_FEATURES,
+    JOB_FEATURES,
+    cluster_summary,
+    fits_now,
+    job_features,
+    node_features,
+)
+from rlsched.core.placement import worker_slots
+
+from .engine import SimConfig, Simulator
+from .job import JobSpec
+
+__all__ = [
+    "Workload",
+    "EnvConfig",
+    "SchedulingCore",
+    "SchedulingEnv",
+    "DualAgentSchedulingEnv",
+    "PLACEMENT_FEATURES",
+    "trace_workload",
+    "ENV_ID",
+    "register_envs",
+]
+
+#: ``workload(rng) -> (jobs, topology)``: one episode's jobs and cluster, drawn with rng.
+Workload = Callable[[np.random.Generator], tuple[Sequence[JobSpec], Topology]]
+
+ENV_ID = "rlsched/Scheduling-v0"
+
+#: Per-node features the placement agent sees for the job being placed.
+PLACEMENT_FEATURES = ("feasible", "slots_norm", "pack", "free_frac", "rack_room", "empty")
+
+_FEAT_LOW, _FEAT_HIGH = -1.0, 10.0
+
+
+def trace_workload(spec: str, jobs: int | None = None) -> Workload:
+    """A :data:`Workload` drawing a fresh seeded trace per episode from a trace SPEC
+    (``synthetic:small,...``; see :mod:`rlsched.sim.traces`). ``jobs`` overrides the
+    job count of synthetic specs."""
+    from . import traces  # the trace loaders; imported only when used
+
+    def draw(rng: np.random.Generator):
+        seed = int(rng.integers(0, 2**31 - 1))
+        s = spec
+        if spec.startswith("synthetic:"):
+            s = f"{spec},seed={seed}" + (f",jobs={jobs}" if jobs else "")
+        trace = traces.load(s)
+        return trace.jobs, trace.topology
+
+    draw.spec = spec  # type: ignore[attr-defined]
+    return draw
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Options of the scheduling environments.
+
+    ``window``: job slots the agents choose from. ``time_scale``: seconds per unit of
+    the JCT reward. ``fee_weight``: reward units per dollar of fee. ``image_steps`` x
+    ``image_dt``: horizon of the cluster image (node x future time busy share).
+    ``placements``: the heuristics :class:`SchedulingEnv` offers. ``max_nodes``: node
+    rows in observations (clusters up to this size; default = the first workload's).
+    """
+
+    window: int = 16
+    time_scale: float = 3600.0
+    fee_weight: float = 0.02
+    image_steps: int = 16
+    image_dt: float = 900.0
+    placements: tuple[str, ...] = ("firstfit", "bestfit", "loadbalance", "topology")
+    sim: SimConfig = field(default_factory=lambda: SimConfig(record_series=False))
+
+    def __post_init__(self) -> None:
+        if self.window < 1 or self.image_steps < 1:
+            raise ValueError("window and image_steps must be >= 1")
+        if self.time_scale <= 0 or self.image_dt <= 0 or self.fee_weight < 0:
+            raise ValueError("need time_scale > 0, image_dt > 0, fee_weight >= 0")
+        if not self.placements:
+            raise ValueError("need at least one placement heuristic")
+
+
+class SchedulingCore:
+    """One episode of decision-by-decision scheduling on the simulator.
+
+    The shared engine of both environments and of the trainers in
+    :mod:`rlsched.models` (which call it directly to avoid wrapper overhead).
+    """
+
+    def __init__(self, workload: Workload, config: EnvConfig | None = None) -> None:
+        self.workload = workload
+        self.config = config or EnvConfig()
+        self.sim: Simulator | None = None
+        self.rng = np.random.default_rng(0)
+        self.returns = 0.0
+        self.decisions = 0
+
+    # ------------------------------------------------------------------ episode
+    def reset(self, seed: int | None) -> None:
+        self.rng = np.random.default_rng(seed)
+        jobs, topology = self.workload(self.rng)
+        self.topology = topology
+        self.sim = Simulator(jobs, topology, seed=int(self.rng.integers(0, 2**31 - 1)), config=self.config.sim)
+        self._price = np.array([n.price_per_gpu_hour for n in topology.nodes]) / 3600.0
+        self._placements = {name: make_placement(name, rng=self.rng) for name in self.config.placements}
+        self.returns = 0.0
+        self.decisions = 0
+        self._advance()
+
+    @property
+    def done(self) -> bool:
+        return self.sim is None or (self.sim.done and not self.mask().any())
+
+    def window_jobs(self) -> list[JobView]:
+        pending = sorted(self.sim.pending, key=lambda j: (j.submit_time, j.id))
+        return pending[: self.config.window]
+
+    def mask(self) -> np.ndarray:
+        """Bool per job slot: holds a job that fits now."""
+        m = np.zeros(self.config.window, dtype=bool)
+        if self.sim is None:
+            return m
+        for k, job in enumerate(self.window_jobs()):
+            m[k] = fits_now(job, self.sim.state)
+        return m
+
+    def _cost_rate(self) -> tuple[int, float]:
+        st = self.sim.state
+        fee_rate = 0.0
+        for v in st.running.values():
+            fee_rate += v.gpus_per_worker * float(self._price[v.placement].sum())
+        return len(st.pending) + len(st.running), fee_rate
+
+    def _advance(self) -> float:
+        """Advance to the next decision point (or the end); the reward accrued."""
+        cfg = self.config
+        r = 0.0
+        sim = self.sim
+        while not self.mask().any():
+            n, fee_rate = self._cost_rate()
+            t0 = sim.now
+            if not sim.advance():
+                break
+            dt = sim.now - t0
+            r -= n * dt / cfg.time_scale + cfg.fee_weight * fee_rate * dt
+        return r
+
+    def start(self, slot: int, nodes: Sequence[int]) -> float:
+        """Start the job in ``slot`` on ``nodes``; advance; return the reward."""
+        job = self.window_jobs()[slot]
+        self.sim.start(job.id, list(nodes))
+        self.decisions += 1
+        r = self._advance()
+        self.returns += r
+        return r
+
+    # ------------------------------------------------------------------ placement
+    def place_by_scores(self, job: JobView, scores: np.ndarray) -> list[int]:
+        """Fill the highest-scored nodes first (ties: lowest index), as many workers per
+        node as fit, until the gang is placed. The job must fit (see :meth:`mask`)."""
+        slots = worker_slots(job, self.sim.state)
+        order = np.lexsort((np.arange(len(slots)), -np.asarray(scores, dtype=float)))
+        nodes: list[int] = []
+        for i in order:
+            take = min(int(slots[i]), job.workers - len(nodes))
+            nodes.extend([int(i)] * take)
+            if len(nodes) == job.workers:
+                return nodes
+        raise ValueError(f"job {job.id} does not fit now")
+
+    def place_by_policy(self, job: JobView, name: str) -> list[int]:
+        """Nodes from a core placement heuristic (first-fit fill if it declines)."""
+        nodes = self._placements[name].place(job, self.sim.state)
+        if nodes is None or len(nodes) != job.workers:
+            nodes = self.place_by_scores(job, -np.arange(len(self.topology), dtype=float))
+        return nodes
+
+    # ------------------------------------------------------------------ features
+    def ordering_obs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(jobs [W, F], cluster [C], valid [W])`` — the DAS ordering input."""
+        w = self.config.window
+        feats = np.zeros((w, len(JOB_FEATURES)), dtype=np.float32)
+        valid = np.zeros(w, dtype=bool)
+        st = self.sim.state
+        for k, job in enumerate(self.window_jobs()):
+            feats[k] = job_features(job, st)
+            valid[k] = True
+        clus = cluster_summary(st, len(self.sim.pending), w)
+        return np.clip(feats, _FEAT_LOW, _FEAT_HIGH), np.clip(clus, _FEAT_LOW, _FEAT_HIGH), valid
+
+    def placement_obs(self, job: JobView) -> tuple[np.ndarray, np.ndarray]:
+        """``(features [N, len(PLACEMENT_FEATURES)], feasible [N])`` for placing ``job``."""
+        st = self.sim.state
+        q = job.gpus_per_worker
+        slots = worker_slots(job, st)
+        total = np.maximum(st.total, 1).astype(float)
+        need = job.workers * q
+        rack_room = np.minimum(st.rack_free[st.rack_of] / max(need, 1), 1.0)
+        feasible = slots > 0
+        feats = np.stack(
+            [
+                feasible.astype(float),
+                np.minimum(slots * q, need) / max(need, 1),
+                np.where(feasible, (st.total - st.free + q) / total, 0.0),
+                st.free / total,
+                rack_room,
+                (st.free == st.total).astype(float),
+            ],
+            axis=1,
+        ).astype(np.float32)
+        return feats, feasible
+
+    def image(self) -> np.ndarray:
+        """``[nodes, image_steps]``: share of each node's GPUs busy at now + k·image_dt,
+        from the running jobs' estimated remaining time."""
+        cfg = self.config
+        st = self.sim.state
+        img = np.zeros((len(st.total), cfg.image_steps), dtype=np.float32)
+        now = self.sim.now
+        edges = np.arange(cfg.image_steps) * cfg.image_dt
+        for v in st.running.values():
+            left = max(v.est_runtime - (now - (v.start_time or now)), 0.0)
+            busy = (edges < left).astype(np.float32)
+            for i in v.placement:
+                img[i] += busy * v.gpus_per_worker
+        return img / np.maximum(st.total, 1)[:, None].astype(np.float32)
+
+    def state_vector(self, phase: int = 0, slot: int | None = None) -> np.ndarray:
+        """Fixed-size global state (independent of the cluster size): the window's job
+        features and validity, the cluster summary, the turn and the chosen slot."""
+        jobs, clus, valid = self.ordering_obs()
+        turn = np.zeros(2, dtype=np.float32)
+        turn[phase] = 1.0
+        chosen = np.zeros(self.config.window, dtype=np.float32)
+        if slot is not None:
+            chosen[slot] = 1.0
+        mask = self.mask().astype(np.float32)
+        return np.concatenate([jobs.ravel(), valid.astype(np.float32), mask, clus, turn, chosen]).astype(np.float32)
+
+    def state_size(self) -> int:
+        """Length of :meth:`state_vector`."""
+        w = self.config.window
+        return w * len(JOB_FEATURES) + 3 * w + _cluster_size() + 2
+
+
+def _cluster_size() -> int:
+    from rlsched.core.das_agent import NODE_FEATURES
+
+    return len(NODE_FEATURES) + len(CLUSTER_FEATURES)
+
+
+def _n_nodes(workload: Workload, config: EnvConfig) -> int:
+    _, topology = workload(np.random.default_rng(0))
+    return len(topology)
+
+
+# ====================================================================== Gymnasium
+class SchedulingEnv(gym.Env):
+    """One agent picks the next job (window slot) and a placement heuristic.
+
+    Action ``a`` means slot ``a // P`` with heuristic ``placements[a % P]``. An action
+    outside ``info["action_mask"]`` is replaced by the first valid one
+    (``info["invalid_action"] = True``). Observation (a ``Dict``): ``jobs``
+    ``[window, F]``, ``valid`` ``[window]``, ``cluster`` ``[C]``, ``nodes``
+    ``[nodes, 4]`` and ``image`` ``[nodes, image_steps]``. Every episode's cluster must
+    have the node count of the first one.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, workload: Workload | None = None, config: EnvConfig | None = None, *, trace: str = "synthetic:small", jobs: int | None = 40) -> None:
+        self.config = config or EnvConfig()
+        self.workload = workload or trace_workload(trace, jobs)
+        self.core = SchedulingCore(self.workload, self.config)
+        n = _n_nodes(self.workload, self.config)
+        w, p = self.config.window, len(self.config.placements)
+        self.n_nodes = n
+        self.action_space = spaces.Discrete(w * p)
+        box = lambda *shape: spaces.Box(_FEAT_LOW, _FEAT_HIGH, shape=shape, dtype=np.float32)  # noqa: E731
+        from rlsched.core.das_agent import NODE_FEATURES
+
+        self.observation_space = spaces.Dict(
+            {
+                "jobs": box(w, len(JOB_FEATURES)),
+                "valid": spaces.MultiBinary(w),
+                "cluster": box(_cluster_size()),
+                "nodes": box(n, len(NODE_FEATURES)),
+                "image": spaces.Box(0.0, 1.0, shape=(n, self.config.image_steps), dtype=np.float32),
+            }
+        )
+
+    def action_mask(self) -> np.ndarray:
+        return np.repeat(self.core.mask(), len(self.config.placements)).astype(np.int8)
+
+    def _obs(self) -> dict:
+        jobs, clus, valid = self.core.ordering_obs()
+        st = self.core.sim.state
+        if len(st.total) != self.n_nodes:
+            raise ValueError(f"episode cluster has {len(st.total)} nodes, the env was built for {self.n_nodes}")
+        return {
+            "jobs": jobs,
+            "valid": valid.astype(np.int8),
+            "cluster": clus,
+            "nodes": np.clip(node_features(st), _FEAT_LOW, _FEAT_HIGH),
+            "image": np.clip(self.core.image(), 0.0, 1.0),
+        }
+
+    def _info(self, **extra) -> dict:
+        return {"action_mask": self.action_mask(), "time": self.core.sim.now, "decisions": self.core.decisions, **extra}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        if seed is None:
+            seed = int(self.np_random.integers(0, 2**31 - 1))
+        self.core.reset(seed)
+        return self._obs(), self._info()
+
+    def step(self, action):
+        a = int(action)
+        mask = self.action_mask()
+        invalid = not (0 <= a < len(mask) and mask[a])
+        if invalid:
+            a = int(np.flatnonzero(mask)[0])
+        p = len(self.config.placements)
+        slot, heur = divmod(a, p)
+        job = self.core.window_jobs()[slot]
+        nodes = self.core.place_by_policy(job, self.config.placements[heur])
+        r = self.core.start(slot, nodes)
+        terminated = self.core.done
+        return self._obs(), float(r), terminated, False, self._info(invalid_action=invalid)
+
+
+# ====================================================================== PettingZoo
+class DualAgentSchedulingEnv(ParallelEnv):
+    """DAS's two agents, ``ordering`` and ``placement``, taking turns (module docstring)."""
+
+    metadata = {"name": "rlsched_dual_agent_v0", "render_modes": []}
+
+    def __init__(self, workload: Workload | None = None, config: EnvConfig | None = None, *, trace: str = "synthetic:small", jobs: int | None = 40) -> None:
+        self.config = config or EnvConfig()
+        self.workload = workload or trace_workload(trace, jobs)
+        self.core = SchedulingCore(self.workload, self.config)
+        n = _n_nodes(self.workload, self.config)
+        self.n_nodes = n
+        w = self.config.window
+        self.possible_agents = ["ordering", "placement"]
+        self.agents: list[str] = []
+        box = lambda *shape: spaces.Box(_FEAT_LOW, _FEAT_HIGH, shape=shape, dtype=np.float32)  # noqa: E731
+        turn = spaces.MultiBinary(1)
+        self._obs_spaces = {
+            "ordering": spaces.Dict(
+                {"jobs": box(w, len(JOB_FEATURES)), "cluster": box(_cluster_size()), "action_mask": spaces.MultiBinary(w), "my_turn": turn}
+            ),
+            "placement": spaces.Dict(
+                {"nodes": box(n, len(PLACEMENT_FEATURES)), "feasible": spaces.MultiBinary(n), "my_turn": turn}
+            ),
+        }
+        self._act_spaces = {
+            "ordering": spaces.Discrete(w),
+            "placement": spaces.Box(-10.0, 10.0, shape=(n,), dtype=np.float32),
+        }
+        size = self.core.state_size()
+        self.state_space = spaces.Box(_FEAT_LOW, _FEAT_HIGH, shape=(size,), dtype=np.float32)
+        self._phase = 0
+        self._slot: int | None = None
+
+    def observation_space(self, agent: str):
+        return self._obs_spaces[agent]
+
+    def action_space(self, agent: str):
+        return self._act_spaces[agent]
+
+    def state(self) -> np.ndarray:
+        return np.clip(self.core.state_vector(self._phase, self._slot), _FEAT_LOW, _FEAT_HIGH)
+
+    def _observations(self) -> dict:
+        jobs, clus, _ = self.core.ordering_obs()
+        my = self._phase == 0
+        omask = self.core.mask() if my else np.zeros(self.config.window, dtype=bool)
+        if self._phase == 1:
+            job = self.core.window_jobs()[self._slot]
+            nodes, feasible = self.core.placement_obs(job)
+        else:
+            nodes = np.zeros((self.n_nodes, len(PLACEMENT_FEATURES)), dtype=np.float32)
+            feasible = np.zeros(self.n_nodes, dtype=bool)
+        return {
+            "ordering": {"jobs": jobs, "cluster": clus, "action_mask": omask.astype(np.int8), "my_turn": np.array([int(my)], dtype=np.int8)},
+            "placement": {
+                "nodes": np.clip(nodes, _FEAT_LOW, _FEAT_HIGH),
+                "feasible": feasible.astype(np.int8),
+                "my_turn": np.array([int(not my)], dtype=np.int8),
+            },
+        }
+
+    def reset(self, seed: int | None = None, options: dict | None = None):
+        if seed is None:
+            seed = int(np.random.SeedSequence().entropy % (2**31 - 1))
+        self.core.reset(seed)
+        if len(self.core.topology) != self.n_nodes:
+            raise ValueError(f"episode cluster has {len(self.core.topology)} nodes, the env was built for {self.n_nodes}")
+        self.agents = list(self.possible_agents)
+        self._phase, self._slot = 0, None
+        infos = {a: {} for a in self.agents}
+        if self.core.done:
+            self.agents = []
+        return self._observations(), infos
+
+    def step(self, actions: dict):
+        r = 0.0
+        info: dict = {}
+        if self._phase == 0:
+            slot = int(actions.get("ordering", -1))
+            mask = self.core.mask()
+            if not (0 <= slot < len(mask) and mask[slot]):
+                slot = int(np.flatnonzero(mask)[0])
+                info["invalid_action"] = True
+            self._slot, self._phase = slot, 1
+        else:
+            job = self.core.window_jobs()[self._slot]
+            scores = np.asarray(actions.get("placement", np.zeros(self.n_nodes)), dtype=float)
+            nodes = self.core.place_by_scores(job, scores)
+            r = self.core.start(self._slot, nodes)
+            self._phase, self._slot = 0, None
+        done = self.core.done
+        agents = list(self.agents)
+        obs = self._observations()
+        rewards = {a: float(r) for a in agents}
+        terms = {a: done for a in agents}
+        truncs = {a: False for a in agents}
+        infos = {a: dict(info) for a in agents}
+        if done:
+            self.agents = []
+        return {a: obs[a] for a in agents}, rewards, terms, truncs, infos
+
+
+def register_envs() -> None:
+    """Register ``rlsched/Scheduling-v0`` with Gymnasium (idempotent)."""
+    if ENV_ID not in gym.registry:
+        gym.register(id=ENV_ID, entry_point="rlsched.sim.envs:SchedulingEnv")
+
+
+register_envs()

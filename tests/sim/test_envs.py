@@ -1,0 +1,129 @@
+"""Contract tests of the RL environments (Gymnasium and PettingZoo)."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+from pettingzoo.test import parallel_api_test
+
+from rlsched.core import Topology
+from rlsched.sim.envs import ENV_ID, DualAgentSchedulingEnv, EnvConfig, SchedulingCore, SchedulingEnv
+from rlsched.sim.job import JobSpec
+
+
+def small_workload(rng: np.random.Generator):
+    """12 fixed-duration jobs on 4 nodes x 4 GPUs in 2 racks."""
+    topo = Topology.uniform(4, gpus_per_node=4, racks=2)
+    jobs, t = [], 0.0
+    for k in range(12):
+        t += float(rng.exponential(300))
+        jobs.append(
+            JobSpec(
+                id=f"j{k}",
+                submit_time=t,
+                workers=int(rng.choice([1, 1, 2, 4])),
+                gpus_per_worker=int(rng.choice([1, 2, 4])),
+                duration=float(rng.lognormal(7, 1)),
+                grad_gb=0.5,
+            )
+        )
+    return jobs, topo
+
+
+def test_gymnasium_env_checker():
+    check_env(SchedulingEnv(small_workload), skip_render_check=True)
+
+
+def test_registered_id_makes_the_env():
+    env = gym.make(ENV_ID, workload=small_workload)
+    obs, info = env.reset(seed=3)
+    assert env.observation_space.contains(obs)
+    assert info["action_mask"].any()
+
+
+def test_pettingzoo_parallel_api():
+    parallel_api_test(DualAgentSchedulingEnv(small_workload), num_cycles=300)
+
+
+def _run_gym(seed: int, policy=lambda mask: int(np.flatnonzero(mask)[0])):
+    env = SchedulingEnv(small_workload)
+    obs, info = env.reset(seed=seed)
+    rewards, actions = [], []
+    while True:
+        a = policy(info["action_mask"])
+        actions.append(a)
+        obs, r, term, trunc, info = env.step(a)
+        rewards.append(r)
+        if term or trunc:
+            return env, rewards, actions
+
+
+def test_same_seed_same_episode_other_seed_differs():
+    _, r1, _ = _run_gym(5)
+    _, r2, _ = _run_gym(5)
+    _, r3, _ = _run_gym(6)
+    assert r1 == r2
+    assert r1 != r3
+
+
+def test_return_is_minus_total_jct_and_fee():
+    env, rewards, _ = _run_gym(11)
+    res = env.core.sim.result()
+    assert len(res.records) == 12 and not res.unfinished
+    cfg = env.config
+    jct = sum(r.jct for r in res.records)
+    fee = sum(r.fee for r in res.records)
+    assert sum(rewards) == pytest.approx(-jct / cfg.time_scale - cfg.fee_weight * fee, rel=1e-9)
+
+
+def test_every_decision_starts_a_fitting_job_and_mask_is_honest():
+    env = SchedulingEnv(small_workload)
+    _, info = env.reset(seed=2)
+    p = len(env.config.placements)
+    while True:
+        mask = info["action_mask"]
+        assert mask.any()
+        slot = int(np.flatnonzero(mask)[-1]) // p
+        job = env.core.window_jobs()[slot]
+        _, _, term, _, info = env.step(int(np.flatnonzero(mask)[-1]))
+        assert job.start_time is not None
+        assert not info["invalid_action"]
+        assert len(job.placement) == job.workers
+        assert (env.core.sim.state.free >= 0).all()
+        if term:
+            break
+
+
+def test_invalid_action_is_replaced_and_flagged():
+    env = SchedulingEnv(small_workload)
+    _, info = env.reset(seed=4)
+    bad = int(np.flatnonzero(info["action_mask"] == 0)[0])
+    _, _, _, _, info = env.step(bad)
+    assert info["invalid_action"]
+
+
+def test_dual_agent_turns_and_scores_place_on_best_nodes():
+    env = DualAgentSchedulingEnv(small_workload)
+    obs, _ = env.reset(seed=7)
+    assert obs["ordering"]["my_turn"][0] == 1 and obs["placement"]["my_turn"][0] == 0
+    slot = int(np.flatnonzero(obs["ordering"]["action_mask"])[0])
+    obs, rew, *_ = env.step({"ordering": slot, "placement": np.zeros(4, np.float32)})
+    assert rew["ordering"] == 0.0 and obs["placement"]["my_turn"][0] == 1
+    job = env.core.window_jobs()[slot]
+    scores = np.array([0.0, 0.0, 0.0, 5.0], dtype=np.float32)  # prefer the last node
+    env.step({"ordering": 0, "placement": scores})
+    assert job.placement[0] == 3
+    s = env.state()
+    assert env.state_space.contains(s)
+
+
+def test_place_by_scores_fills_nodes_in_score_order():
+    core = SchedulingCore(small_workload, EnvConfig(window=4))
+    core.reset(0)
+    job = core.window_jobs()[0]
+    nodes = core.place_by_scores(job, np.array([0.0, 3.0, 2.0, 1.0]))
+    per = 4 // job.gpus_per_worker
+    expect = ([1] * per + [2] * per + [3] * per + [0] * per)[: job.workers]
+    assert nodes == expect
