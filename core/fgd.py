@@ -22,7 +22,7 @@ from typing import Iterable
 
 import numpy as np
 
-__all__ = ["MILLI", "Workload", "fragmentation", "whole_gpu_free_milli"]
+__all__ = ["MILLI", "Workload", "fragmentation", "fragmentation_by_class", "whole_gpu_free_milli"]
 
 #: milli-GPU in one GPU
 MILLI = 1000
@@ -80,11 +80,42 @@ class Workload:
         prob = np.bincount(inv.ravel(), weights=w, minlength=len(keys))
         return cls(keys[:, 0], prob, keys[:, 1])
 
+    def _tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(φ over 0..1000 free milli, sorted whole-GPU class sizes, cumulative mass)."""
+        cached = self.__dict__.get("_tables_cache")
+        if cached is None:
+            v = np.arange(MILLI + 1, dtype=float)
+            phi = np.zeros(MILLI + 1)
+            whole: dict[int, float] = {}
+            for d, p in zip(self.gpu_milli.tolist(), self.prob.tolist()):
+                if d == 0:
+                    phi += p * v
+                elif d < MILLI:
+                    phi += p * np.where(v < d, v, 0.0)
+                else:
+                    whole[d // MILLI] = whole.get(d // MILLI, 0.0) + p
+            ks = np.array(sorted(whole), dtype=np.int64)
+            cum = np.concatenate([[0.0], np.cumsum([whole[k] for k in ks.tolist()])])
+            cached = (phi, ks, cum)
+            object.__setattr__(self, "_tables_cache", cached)
+        return cached
+
     def pairs(self) -> list[tuple[float, float]]:
         return [(g / MILLI, float(p)) for g, p in zip(self.gpu_milli.tolist(), self.prob)]
 
     def __repr__(self) -> str:
         return f"Workload({self.pairs()})"
+
+
+def _class_fragmentation(fm, total, partial, full, d: int) -> np.ndarray:
+    """``F_n(m)`` of one task class with GPU demand ``d`` milli (CPU aside)."""
+    if d == 0:
+        return total
+    if d < MILLI:
+        # GPUs with less than d free cannot take the task; if none can, this is every
+        # free share on the node, as the definition asks
+        return np.where(fm < d, fm, 0).sum(axis=-1).astype(float)
+    return np.where(full >= d // MILLI, partial, total)
 
 
 def fragmentation(
@@ -95,31 +126,61 @@ def fragmentation(
     ``free_milli`` has shape ``(..., G)``: the free milli-GPU of each GPU of a node
     (pad nodes with fewer GPUs with 0). ``cpu_free`` (broadcast to the leading shape)
     enables the CPU test for classes with ``cpu_milli > 0``. Returns shape ``(...)``.
+
+    Computed as ``Σ_g φ(free_g) + partial · P(K ≤ full) + total · P(K > full)``: the
+    classes that share a GPU (or need none) contribute per GPU through the table
+    ``φ(v) = Σ_m p_m v [v < d_m]``, the whole-GPU classes (``K`` GPUs) through the
+    node's count of idle GPUs. The same as summing ``p_m F_n(m)`` class by class
+    (:func:`fragmentation_by_class`), in a few array operations.
     """
-    fm = np.asarray(free_milli, dtype=np.int64)
-    if fm.ndim == 0:
-        raise ValueError("free_milli needs a trailing GPU axis")
-    if (fm < 0).any() or (fm > MILLI).any():
-        raise ValueError("free milli-GPU per GPU must lie in 0..1000")
+    fm = _check(free_milli)
+    total = fm.sum(axis=-1).astype(float)
+    partial = np.where(fm < MILLI, fm, 0).sum(axis=-1).astype(float)
+    full = (fm == MILLI).sum(axis=-1)
+    phi, ks, cum = workload._tables()
+    idx = np.searchsorted(ks, full, side="right")
+    fits = cum[idx]
+    out = phi[fm].sum(axis=-1) + partial * fits + total * (cum[-1] - fits)
+    return _cpu_correction(out, fm, total, partial, full, workload, cpu_free)
+
+
+def fragmentation_by_class(
+    free_milli: np.ndarray, workload: Workload, cpu_free: np.ndarray | float | None = None
+) -> np.ndarray:
+    """:func:`fragmentation` written as the definition: ``Σ_m p_m F_n(m)``."""
+    fm = _check(free_milli)
     total = fm.sum(axis=-1).astype(float)
     partial = np.where(fm < MILLI, fm, 0).sum(axis=-1).astype(float)
     full = (fm == MILLI).sum(axis=-1)
     out = np.zeros(total.shape)
     cpu = None if cpu_free is None else np.broadcast_to(np.asarray(cpu_free, float), total.shape)
     for d, p, c in zip(workload.gpu_milli.tolist(), workload.prob.tolist(), workload.cpu_milli.tolist()):
-        if p == 0:
-            continue
-        if d == 0:
-            f = total
-        elif d < MILLI:
-            # GPUs with less than d free cannot take the task; if none can, this is
-            # every free share on the node, as the definition asks
-            f = np.where(fm < d, fm, 0).sum(axis=-1).astype(float)
-        else:
-            f = np.where(full >= d // MILLI, partial, total)
+        f = _class_fragmentation(fm, total, partial, full, d)
         if cpu is not None and c > 0:
             f = np.where(cpu < c, total, f)
         out += p * f
+    return out
+
+
+def _check(free_milli) -> np.ndarray:
+    fm = np.asarray(free_milli, dtype=np.int64)
+    if fm.ndim == 0:
+        raise ValueError("free_milli needs a trailing GPU axis")
+    if fm.size and (fm.min() < 0 or fm.max() > MILLI):
+        raise ValueError("free milli-GPU per GPU must lie in 0..1000")
+    return fm
+
+
+def _cpu_correction(out, fm, total, partial, full, workload, cpu_free):
+    if cpu_free is None or not (workload.cpu_milli > 0).any():
+        return out
+    cpu = np.broadcast_to(np.asarray(cpu_free, float), total.shape)
+    for d, p, c in zip(workload.gpu_milli.tolist(), workload.prob.tolist(), workload.cpu_milli.tolist()):
+        if c > 0 and p > 0:
+            short = cpu < c
+            if short.any():
+                f = _class_fragmentation(fm, total, partial, full, d)
+                out = out + p * np.where(short, total - f, 0.0)
     return out
 
 

@@ -49,3 +49,25 @@ def test_learned_workload_merges_requests():
 def test_bad_input(bad):
     with pytest.raises(ValueError):
         bad()
+
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlsched.core.fgd import fragmentation_by_class
+
+demands = st.sampled_from([0, 100, 250, 500, 999, 1000, 2000, 4000, 8000])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    free=st.lists(st.lists(st.integers(0, 1000), min_size=8, max_size=8), min_size=1, max_size=5),
+    classes=st.lists(st.tuples(demands, st.floats(0.01, 1.0), st.sampled_from([0, 0, 4000, 16000])), min_size=1, max_size=6),
+    cpu=st.lists(st.integers(0, 20000), min_size=5, max_size=5),
+)
+def test_table_form_equals_the_definition(free, classes, cpu):
+    fm = np.array(free)
+    wl = Workload(np.array([c[0] for c in classes]), np.array([c[1] for c in classes]), np.array([c[2] for c in classes]))
+    c = np.array(cpu[: len(free)], dtype=float)
+    np.testing.assert_allclose(fragmentation(fm, wl, c), fragmentation_by_class(fm, wl, c), rtol=1e-9, atol=1e-6)
+    np.testing.assert_allclose(fragmentation(fm, wl), fragmentation_by_class(fm, wl), rtol=1e-9, atol=1e-6)
