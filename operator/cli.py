@@ -1,0 +1,88 @@
+"""``rlsched operator ...``: run the operator, print its CRDs, run the fake trainer."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["register"]
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("operator", help="the TrainingJob operator (kopf)")
+    sub = p.add_subparsers(dest="operator_command", metavar="ACTION")
+
+    r = sub.add_parser("run", help="run the operator")
+    r.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
+    r.add_argument("--namespace", "-n", help="watch one namespace (default: all)")
+    r.add_argument("--cycle", type=float, default=5.0, help="seconds between scheduling cycles (default 5)")
+    r.add_argument("--start-timeout", type=float, default=120.0, help="seconds a gang may stay Pending (default 120)")
+    r.add_argument("--grace-period", type=int, default=30, help="termination grace period of preempted/removed workers")
+    r.add_argument("--scheduler-name", default="rlsched", help="schedulerName of worker pods (default rlsched)")
+    r.add_argument("--ordering", default="fifo", help="core ordering policy inside a queue (fifo, sjf, das, ...)")
+    r.add_argument("--ordering-model", help="weights file of a learned ordering (DAS)")
+    r.add_argument("--scaling", default="beta", help="core scaling policy (beta, rlpto, ...)")
+    r.add_argument("--scaling-model", help="weights file of the learned scaling policy (RLPTO PPO)")
+    r.add_argument("--patience", type=int, default=5, help="evaluations with gain < beta before a job converged")
+    r.add_argument("--mu", type=float, default=0.1, help="priority step per user request (RLPTO mu)")
+    r.add_argument("--promote-at", type=float, default=1.0, help="priority at which a normal job becomes urgent")
+    r.add_argument("--demote-at", type=float, default=-1.0, help="priority at which an urgent job becomes normal")
+    r.add_argument("--backfill", action="store_true", help="let smaller jobs start behind a blocked queue head")
+    r.add_argument("--no-preemption", action="store_true", help="highest-priority jobs never preempt")
+    r.add_argument("--metrics-port", type=int, default=9090, help="Prometheus port (-1: off)")
+    r.add_argument("--peering", help="kopf peering object name for HA (default: standalone)")
+    r.add_argument("--priority", type=int, default=0, help="peering priority of this replica")
+    r.add_argument("--forecast-interval", type=float, default=3600.0, help="seconds between LSP forecasts (0: off)")
+    r.add_argument("--gru-model", help="weights of the LSP GRU (default: ARIMA only)")
+    r.add_argument("--verbose", "-v", action="store_true")
+    r.set_defaults(func=_run)
+
+    c = sub.add_parser("crd", help="print the TrainingJob CRD (and kopf peering CRDs with --peering)")
+    c.add_argument("--peering", action="store_true")
+    c.set_defaults(func=_crd)
+
+    f = sub.add_parser("fake-trainer", help="write convergence-model progress for running TrainingJobs")
+    f.add_argument("--kubeconfig")
+    f.add_argument("--namespace", "-n", required=True)
+    f.add_argument("--epoch-seconds", type=float, default=1.0, help="wall seconds per simulated epoch")
+    f.add_argument("--seed", type=int, default=0)
+    f.set_defaults(func=_fake)
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+
+def _run(args: argparse.Namespace) -> int:
+    import kopf
+
+    from .controller import OperatorConfig
+    from .main import run
+
+    kopf.configure(verbose=args.verbose)
+    cfg = OperatorConfig(
+        kubeconfig=args.kubeconfig, namespace=args.namespace, cycle_s=args.cycle,
+        start_timeout_s=args.start_timeout, grace_period_s=args.grace_period,
+        scheduler_name=args.scheduler_name, ordering=args.ordering, ordering_model=args.ordering_model,
+        scaling=args.scaling, scaling_model=args.scaling_model, patience=args.patience, mu=args.mu,
+        promote_at=args.promote_at, demote_at=args.demote_at, backfill=args.backfill,
+        preemption=not args.no_preemption, metrics_port=None if args.metrics_port < 0 else args.metrics_port,
+        peering=args.peering, priority=args.priority, forecast_interval_s=args.forecast_interval,
+        gru_model=args.gru_model,
+    )
+    return run(cfg)
+
+
+def _crd(args: argparse.Namespace) -> int:
+    from .main import crd_path, peering_crd_path
+
+    sys.stdout.write(crd_path().read_text())
+    if args.peering:
+        sys.stdout.write("---\n" + peering_crd_path().read_text())
+    return 0
+
+
+def _fake(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from .fake_trainer import FakeTrainer
+
+    asyncio.run(FakeTrainer(args.namespace, kubeconfig=args.kubeconfig, epoch_s=args.epoch_seconds, seed=args.seed).run())
+    return 0

@@ -1,0 +1,565 @@
+"""The control loop: one cycle reads the cluster, decides with the pure planners, acts.
+
+State lives in the API server, not in this process: the job's phase, queue, intended
+worker count (``status.targetWorkers``), dynamic priority and RLPTO state are all in
+the TrainingJob's status, worker pods have deterministic names, and every cycle
+reconciles pods towards ``targetWorkers``. An operator killed at any point and
+restarted therefore picks up where it stopped: a half-created gang is completed (or
+timed out), a scale step whose pod was not yet created is created, and a duplicate is
+impossible (409 Conflict on the same name). Pods, ServiceAccounts, Roles and
+RoleBindings whose TrainingJob is gone are deleted by the loop as well as by the
+garbage collector (ownerReferences), so nothing is orphaned on control planes without
+a kube-controller-manager either.
+
+Each component writes only its own status fields: the operator merge-patches phase,
+queue, workers, conditions, timing and ``rlpto``; ``status.progress`` belongs to the
+job's chief (``rlsched.trainer.report``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, Mapping
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from rlsched.core import Progress, make_ordering, make_scaling
+from rlsched.core.policy import SCALINGS
+
+from .metrics import OperatorMetrics
+from .queue import AdmissionPlan, DynamicPriority, QueueEntry, QueueManager, RunningEntry
+from .resources import trainer_rbac, worker_name, worker_pod
+from .scaling import BetaThreshold, RlptoState, RunningJob, ScalingPlanner
+from .snapshot import LABEL_INDEX, LABEL_JOB, build_snapshot
+from .spec import GROUP, PLURAL, VERSION, JobSpec, SpecError, parse_spec
+
+__all__ = ["OperatorConfig", "Controller", "REQUESTS_ANNOTATION", "parse_time", "format_time"]
+
+log = logging.getLogger(__name__)
+
+#: user-incremented counter of priority requests (RLPTO's N)
+REQUESTS_ANNOTATION = "rlsched.dev/priority-requests"
+MERGE = "application/merge-patch+json"
+ACTIVE = ("Queued", "Starting", "Running")
+
+
+@dataclass
+class OperatorConfig:
+    """Everything the operator can be told; the CLI fills it from flags."""
+
+    kubeconfig: str | None = None
+    namespace: str | None = None
+    cycle_s: float = 5.0
+    start_timeout_s: float = 120.0
+    grace_period_s: int = 30
+    scheduler_name: str = "rlsched"
+    ordering: str = "fifo"
+    ordering_model: str | None = None
+    scaling: str = "beta"
+    scaling_model: str | None = None
+    patience: int = 5
+    mu: float = 0.1
+    promote_at: float = 1.0
+    demote_at: float = -1.0
+    backfill: bool = False
+    preemption: bool = True
+    metrics_port: int | None = 9090
+    peering: str | None = None
+    priority: int = 0
+    forecast_interval_s: float = 3600.0
+    forecast_configmap: str = "rlsched-forecast"
+    forecast_namespace: str = "default"
+    gru_model: str | None = None
+    sweep_every: int = 10
+
+
+def parse_time(s: str | None) -> float | None:
+    if not s:
+        return None
+    return datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
+
+
+def format_time(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def job_key(body: Mapping) -> str:
+    md = body["metadata"]
+    return f"{md['namespace']}/{md['name']}"
+
+
+def progress_of(status: Mapping) -> Progress:
+    p = status.get("progress") or {}
+    loss = p.get("loss")
+    ml = p.get("maxLoss")
+    return Progress(
+        epoch=int(p.get("epoch", 0) or 0),
+        loss=float("nan") if loss is None else float(loss),
+        max_loss=float("nan") if ml is None else float(ml),
+        accuracy=float(p.get("accuracy", 0.0) or 0.0),
+        history=[float(x) for x in p.get("history") or []],
+    )
+
+
+def set_condition(conditions: list[dict] | None, ctype: str, status: str, reason: str, message: str, now: float) -> list[dict]:
+    """Upsert one condition; keeps lastTransitionTime when the status did not change."""
+    out = [dict(c) for c in conditions or [] if c.get("type") != ctype]
+    old = next((c for c in conditions or [] if c.get("type") == ctype), None)
+    ltt = old.get("lastTransitionTime") if old and old.get("status") == status else format_time(now)
+    out.append({"type": ctype, "status": status, "reason": reason, "message": message, "lastTransitionTime": ltt})
+    return out
+
+
+def requests_count(body: Mapping) -> int:
+    v = ((body.get("metadata") or {}).get("annotations") or {}).get(REQUESTS_ANNOTATION, "0")
+    try:
+        return int(v)
+    except ValueError:
+        return 0
+
+
+def build_scaling(name: str, model: str | None):
+    """The core scaling policy; the β-threshold fallback when core has no ``beta``."""
+    kwargs = {"model": model} if model else {}
+    try:
+        return make_scaling(name, **kwargs)
+    except ValueError:
+        if name == "beta" and "beta" not in SCALINGS:
+            log.warning("core registers no 'beta' scaling yet; using the operator's β-threshold rule")
+            return BetaThreshold()
+        raise
+
+
+def build_ordering(name: str, model: str | None):
+    return make_ordering(name, **({"model": model} if model else {}))
+
+
+@dataclass
+class _Job:
+    """One TrainingJob as read this cycle."""
+
+    body: dict
+    spec: JobSpec | None
+    error: str | None
+    pods: list[dict] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return job_key(self.body)
+
+    @property
+    def name(self) -> str:
+        return self.body["metadata"]["name"]
+
+    @property
+    def ns(self) -> str:
+        return self.body["metadata"]["namespace"]
+
+    @property
+    def status(self) -> dict:
+        return self.body.get("status") or {}
+
+    def live_pods(self) -> list[dict]:
+        return [p for p in self.pods if p["metadata"].get("deletionTimestamp") is None
+                and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+
+
+class Controller:
+    """Runs the admission/scaling cycle against one API server."""
+
+    def __init__(
+        self,
+        config: OperatorConfig,
+        api: client.ApiClient,
+        metrics: OperatorMetrics,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.api = api
+        self.metrics = metrics
+        self.clock = clock
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.rbac = client.RbacAuthorizationV1Api(api)
+        self.priority = DynamicPriority(config.mu, config.promote_at, config.demote_at)
+        self.queues = QueueManager(
+            build_ordering(config.ordering, config.ordering_model),
+            backfill=config.backfill,
+            preemption=config.preemption,
+        )
+        self.planner = ScalingPlanner(build_scaling(config.scaling, config.scaling_model), patience=config.patience)
+        self.cycles = 0
+        self.last_plan: AdmissionPlan | None = None
+
+    # ------------------------------------------------------------------ API helpers
+    async def _json(self, coro) -> Any:
+        resp = await coro
+        try:
+            return await resp.json()
+        finally:
+            resp.release()
+
+    async def list_jobs(self) -> list[dict]:
+        ns = self.config.namespace
+        if ns:
+            call = self.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _preload_content=False)
+        else:
+            call = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, _preload_content=False)
+        return (await self._json(call))["items"]
+
+    async def patch_status(self, job: _Job | Mapping, patch: dict) -> None:
+        body = job.body if isinstance(job, _Job) else job
+        md = body["metadata"]
+        try:
+            await self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, md["namespace"], PLURAL, md["name"], {"status": patch}, _content_type=MERGE
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        body.setdefault("status", {}).update(patch)
+
+    async def event(self, body: Mapping, reason: str, message: str, type_: str = "Normal") -> None:
+        """Post a core/v1 Event on the TrainingJob (every decision gets one)."""
+        md = body["metadata"]
+        now = format_time(self.clock())
+        ev = {
+            "metadata": {"name": f"{md['name']}.{uuid.uuid4().hex[:12]}", "namespace": md["namespace"]},
+            "involvedObject": {
+                "apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingJob", "name": md["name"],
+                "namespace": md["namespace"], "uid": md["uid"],
+            },
+            "reason": reason, "message": message[:1000], "type": type_,
+            "source": {"component": "rlsched-operator"},
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+            "reportingComponent": "rlsched-operator", "reportingInstance": "rlsched-operator",
+        }
+        try:
+            await self.core.create_namespaced_event(md["namespace"], ev)
+        except ApiException as exc:  # events are best-effort, but never silent
+            log.warning("could not post event %s on %s: %s", reason, md["name"], exc.reason)
+        log.info("%s/%s %s: %s", md["namespace"], md["name"], reason, message)
+
+    async def create_ignoring_conflict(self, coro) -> bool:
+        try:
+            await coro
+            return True
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+
+    async def delete_pod(self, ns: str, name: str, grace: int | None = None) -> None:
+        try:
+            await self.core.delete_namespaced_pod(name, ns, grace_period_seconds=grace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    # ------------------------------------------------------------------ the cycle
+    async def run(self, stop: asyncio.Event, is_leader: Callable[[], Any] | None = None) -> None:
+        """Cycle every ``cycle_s`` until ``stop`` is set; API errors are logged and retried."""
+        while not stop.is_set():
+            t0 = time.monotonic()
+            try:
+                if is_leader is None or await is_leader():
+                    await self.cycle()
+            except ApiException as exc:
+                log.error("cycle failed: API %s %s", exc.status, exc.reason)
+            except (OSError, asyncio.TimeoutError) as exc:
+                log.error("cycle failed: %r", exc)
+            wait = max(0.0, self.config.cycle_s - (time.monotonic() - t0))
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=wait)
+            except asyncio.TimeoutError:
+                pass
+
+    async def cycle(self) -> None:
+        now = self.clock()
+        self.cycles += 1
+        bodies, pods_all, nodes = await asyncio.gather(
+            self.list_jobs(),
+            self._json(self.core.list_pod_for_all_namespaces(
+                field_selector="status.phase!=Succeeded,status.phase!=Failed", _preload_content=False)),
+            self._json(self.core.list_node(_preload_content=False)),
+        )
+        pods = pods_all["items"]
+        snap = build_snapshot(nodes["items"], pods, time=now)
+        jobs: dict[str, _Job] = {}
+        for b in bodies:
+            try:
+                spec, err = parse_spec(b.get("spec"), scheduler_name=self.config.scheduler_name), None
+            except SpecError as exc:
+                spec, err = None, str(exc)
+            jobs[job_key(b)] = _Job(b, spec, err)
+        uids = {b["metadata"]["uid"] for b in bodies}
+        for p in pods:
+            md = p["metadata"]
+            job = (md.get("labels") or {}).get(LABEL_JOB)
+            if not job:
+                continue
+            j = jobs.get(f"{md['namespace']}/{job}")
+            owners = {o.get("uid") for o in md.get("ownerReferences") or []}
+            if j is None or not owners & uids:
+                if self.config.namespace in (None, md["namespace"]):
+                    await self.delete_pod(md["namespace"], md["name"], 0)
+                    log.info("deleted orphan pod %s/%s", md["namespace"], md["name"])
+                continue
+            j.pods.append(p)
+
+        waiting: list[QueueEntry] = []
+        running: list[RunningJob] = []
+        holders: list[RunningEntry] = []
+        for j in jobs.values():
+            phase = j.status.get("phase")
+            if not phase:
+                continue  # the create handler has not seen it yet
+            if phase not in ACTIVE:
+                for p in j.live_pods():
+                    await self.delete_pod(j.ns, p["metadata"]["name"], self.config.grace_period_s)
+                continue
+            if j.spec is None:
+                await self.fail(j, "InvalidSpec", j.error or "invalid spec", now)
+                continue
+            if phase == "Queued":
+                waiting.append(await self._queue_entry(j, now))
+            elif phase == "Starting":
+                await self._starting(j, now)
+            if j.status.get("phase") == "Running":
+                rj = await self._running(j, snap.placement.get(j.key, []), now)
+                running.append(rj)
+            if j.status.get("phase") in ("Starting", "Running"):
+                holders.append(RunningEntry(
+                    key=j.key, spec=j.spec,
+                    priority=float(j.status.get("effectivePriority", j.spec.priority_value)),
+                    start_time=parse_time(j.status.get("admittedTime")) or now,
+                    placement=snap.placement.get(j.key, []),
+                ))
+
+        plan = self.queues.plan(waiting, holders, snap.state, snap.releasing)
+        self.last_plan = plan
+        for key in plan.preempt:
+            await self.preempt(jobs[key], plan.blocked or "", now)
+        if plan.preempt and plan.blocked:
+            # the preemptor is served before every queue until it starts (like a nominated pod)
+            await self.patch_status(jobs[plan.blocked], {"nominated": True})
+        for key in plan.admit:
+            await self.admit(jobs[key], now)
+
+        running = [r for r in running if r.key not in plan.preempt]
+        splan = self.planner.plan(running, snap.state, reserved_gpus=plan.waiting_gpus if plan.blocked else 0)
+        for rj in running:
+            j = jobs[rj.key]
+            if rj.key in splan.finished:
+                await self.complete(j, rj, splan.finished[rj.key], now)
+                continue
+            d = splan.deltas.get(rj.key, 0)
+            patch: dict[str, Any] = {}
+            rl = rj.state.to_status()
+            if rl != j.status.get("rlpto"):
+                patch["rlpto"] = rl
+            if d:
+                target = rj.workers + d
+                patch["targetWorkers"] = target
+                self.metrics.scaling_decisions.labels(direction="up" if d > 0 else "down").inc()
+                await self.patch_status(j, patch)
+                await self.event(j.body, "ScaledUp" if d > 0 else "ScaledDown",
+                                 f"workers {rj.workers} -> {target} (accuracy gain {rj.state.c:.4g}, beta {rj.spec.beta})")
+                await self.reconcile_pods(j, target)
+            elif patch:
+                await self.patch_status(j, patch)
+        if self.config.sweep_every and self.cycles % self.config.sweep_every == 1:
+            await self.sweep_rbac(uids)
+        self._metrics(jobs, plan)
+
+    # ------------------------------------------------------------------ per phase
+    async def _queue_entry(self, j: _Job, now: float) -> QueueEntry:
+        st = j.status
+        pr = float(st.get("effectivePriority", j.spec.priority_value))
+        seen = int(st.get("priorityRequestsSeen", 0))
+        total = requests_count(j.body)
+        interrupted = st.get("queue") == "interrupt"
+        if total != seen:
+            pr, seen = self.priority.update(pr, total, seen)
+        queue = self.priority.queue(j.spec.priority_class, pr, interrupted)
+        if queue != st.get("queue") or pr != st.get("effectivePriority") or seen != st.get("priorityRequestsSeen"):
+            old = st.get("queue")
+            await self.patch_status(j, {"queue": queue, "effectivePriority": pr, "priorityRequestsSeen": seen})
+            if old and queue != old:
+                await self.event(j.body, "Promoted" if queue == "urgent" else "Demoted",
+                                 f"priority {pr:.3g}: queue {old} -> {queue}")
+        submit = parse_time(st.get("queuedTime")) or parse_time(j.body["metadata"].get("creationTimestamp")) or now
+        return QueueEntry(key=j.key, spec=j.spec, submit_time=submit, priority=pr, queue=queue,
+                          nominated=bool(st.get("nominated")))
+
+    async def _starting(self, j: _Job, now: float) -> None:
+        target = int(j.status.get("targetWorkers") or j.spec.min_workers)
+        await self.ensure_rbac(j)
+        await self.reconcile_pods(j, target)
+        live = j.live_pods()
+        running = [p for p in live if (p.get("status") or {}).get("phase") == "Running"]
+        if len(running) >= target:
+            created = parse_time(j.body["metadata"].get("creationTimestamp")) or now
+            queued = parse_time(j.status.get("queuedTime")) or created
+            wait = max(0.0, (parse_time(j.status.get("admittedTime")) or now) - queued)
+            await self.patch_status(j, {
+                "phase": "Running", "startTime": format_time(now), "workers": len(live),
+                "readyWorkers": len(running), "admissionWaitSeconds": wait,
+                "conditions": set_condition(j.status.get("conditions"), "Running", "True", "GangStarted",
+                                            f"all {target} workers running", now),
+            })
+            await self.event(j.body, "Started", f"gang of {target} workers running after {wait:.1f}s in the queue")
+            return
+        admitted = parse_time(j.status.get("admittedTime")) or now
+        if now - admitted > self.config.start_timeout_s:
+            for p in j.pods:
+                await self.delete_pod(j.ns, p["metadata"]["name"], 0)
+            j.pods = []
+            await self.patch_status(j, {
+                "phase": "Queued", "workers": 0, "readyWorkers": 0, "targetWorkers": 0,
+                "conditions": set_condition(j.status.get("conditions"), "Running", "False", "GangTimeout",
+                                            f"{target - len(running)} of {target} workers still not running after "
+                                            f"{self.config.start_timeout_s:.0f}s; requeued", now),
+            })
+            await self.event(j.body, "GangTimeout", f"only {len(running)}/{target} workers running; pods deleted, requeued", "Warning")
+
+    async def _running(self, j: _Job, placement: list[int], now: float) -> RunningJob:
+        target = int(j.status.get("targetWorkers") or j.spec.min_workers)
+        await self.reconcile_pods(j, target)
+        live = j.live_pods()
+        ready = sum(1 for p in live if any(c.get("type") == "Ready" and c.get("status") == "True"
+                                          for c in (p.get("status") or {}).get("conditions") or []))
+        if j.status.get("workers") != len(live) or j.status.get("readyWorkers") != ready:
+            await self.patch_status(j, {"workers": len(live), "readyWorkers": ready})
+        prog = progress_of(j.status)
+        state = RlptoState.from_status(j.status.get("rlpto"))
+        start = parse_time(j.status.get("startTime")) or now
+        state.observe(prog, target, now - start, j.spec.beta, j.spec.data_size)
+        submit = parse_time(j.body["metadata"].get("creationTimestamp")) or now
+        return RunningJob(key=j.key, spec=j.spec, workers=target, progress=prog, state=state,
+                          submit_time=submit, start_time=start, placement=placement)
+
+    # ------------------------------------------------------------------ actions
+    async def reconcile_pods(self, j: _Job, target: int) -> None:
+        """Create missing workers ``0..target-1``, delete those with index >= target."""
+        have: dict[int, dict] = {}
+        for p in j.live_pods():
+            try:
+                have[int(p["metadata"]["labels"][LABEL_INDEX])] = p
+            except (KeyError, ValueError):
+                continue
+        for idx, p in sorted(have.items(), reverse=True):
+            if idx >= target:
+                await self.delete_pod(j.ns, p["metadata"]["name"], self.config.grace_period_s)
+                j.pods = [q for q in j.pods if q is not p]
+        for idx in range(target):
+            if idx not in have:
+                pod = worker_pod(j.body, idx, j.spec.gpus_per_worker,
+                                 scheduler_name=self.config.scheduler_name, grace_period_s=self.config.grace_period_s)
+                if await self.create_ignoring_conflict(self.core.create_namespaced_pod(j.ns, pod)):
+                    j.pods.append(pod)
+
+    async def ensure_rbac(self, j: _Job) -> None:
+        sa, role, binding = trainer_rbac(j.body)
+        await self.create_ignoring_conflict(self.core.create_namespaced_service_account(j.ns, sa))
+        await self.create_ignoring_conflict(self.rbac.create_namespaced_role(j.ns, role))
+        await self.create_ignoring_conflict(self.rbac.create_namespaced_role_binding(j.ns, binding))
+
+    async def admit(self, j: _Job, now: float) -> None:
+        target = j.spec.min_workers
+        queued = parse_time(j.status.get("queuedTime")) or parse_time(j.body["metadata"].get("creationTimestamp")) or now
+        self.metrics.admission_wait.observe(max(0.0, now - queued))
+        await self.patch_status(j, {
+            "phase": "Starting", "targetWorkers": target, "admittedTime": format_time(now), "nominated": False,
+            "conditions": set_condition(j.status.get("conditions"), "Admitted", "True", "GangFits",
+                                        f"{target} x {j.spec.gpus_per_worker} GPUs free", now),
+        })
+        await self.event(j.body, "Admitted",
+                         f"starting gang of {target} workers x {j.spec.gpus_per_worker} GPUs from queue {j.status.get('queue')}")
+        await self.ensure_rbac(j)
+        await self.reconcile_pods(j, target)
+
+    async def preempt(self, j: _Job, by: str, now: float) -> None:
+        for p in j.live_pods():
+            await self.delete_pod(j.ns, p["metadata"]["name"], self.config.grace_period_s)
+        self.metrics.preemptions.inc()
+        await self.patch_status(j, {
+            "phase": "Queued", "queue": "interrupt", "targetWorkers": 0, "workers": 0, "readyWorkers": 0,
+            "preemptions": int(j.status.get("preemptions", 0)) + 1, "queuedTime": format_time(now),
+            "conditions": set_condition(j.status.get("conditions"), "Running", "False", "Preempted",
+                                        f"preempted by {by}; resumes first from the interrupt queue", now),
+        })
+        await self.event(j.body, "Preempted",
+                         f"preempted by highest-priority job {by}; workers get {self.config.grace_period_s}s to checkpoint",
+                         "Warning")
+
+    async def complete(self, j: _Job, rj: RunningJob, why: str, now: float) -> None:
+        for p in j.live_pods():
+            await self.delete_pod(j.ns, p["metadata"]["name"], self.config.grace_period_s)
+        created = parse_time(j.body["metadata"].get("creationTimestamp")) or now
+        await self.patch_status(j, {
+            "phase": "Succeeded", "reason": why, "completionTime": format_time(now), "jctSeconds": now - created,
+            "targetWorkers": 0, "workers": 0, "readyWorkers": 0, "rlpto": rj.state.to_status(),
+            "conditions": set_condition(j.status.get("conditions"), "Complete", "True", why,
+                                        f"epoch {rj.progress.epoch}, accuracy {rj.progress.accuracy:.4f}", now),
+        })
+        await self.event(j.body, "Completed", f"{why} at epoch {rj.progress.epoch}, accuracy "
+                                              f"{rj.progress.accuracy:.4f}, JCT {now - created:.1f}s")
+
+    async def fail(self, j: _Job, reason: str, message: str, now: float) -> None:
+        for p in j.live_pods():
+            await self.delete_pod(j.ns, p["metadata"]["name"], 0)
+        await self.patch_status(j, {
+            "phase": "Failed", "reason": reason, "message": message, "queue": "",
+            "conditions": set_condition(j.status.get("conditions"), "Valid", "False", reason, message, now),
+        })
+        await self.event(j.body, reason, message, "Warning")
+
+    async def sweep_rbac(self, uids: set[str]) -> None:
+        """Delete trainer ServiceAccounts/Roles/RoleBindings whose job is gone."""
+        sel = "app.kubernetes.io/managed-by=rlsched-operator"
+        ns = self.config.namespace
+        kinds = [
+            (self.core.list_service_account_for_all_namespaces, self.core.list_namespaced_service_account,
+             self.core.delete_namespaced_service_account),
+            (self.rbac.list_role_for_all_namespaces, self.rbac.list_namespaced_role, self.rbac.delete_namespaced_role),
+            (self.rbac.list_role_binding_for_all_namespaces, self.rbac.list_namespaced_role_binding,
+             self.rbac.delete_namespaced_role_binding),
+        ]
+        for list_all, list_ns, delete in kinds:
+            call = list_ns(ns, label_selector=sel, _preload_content=False) if ns else list_all(
+                label_selector=sel, _preload_content=False)
+            for item in (await self._json(call))["items"]:
+                md = item["metadata"]
+                if not {o.get("uid") for o in md.get("ownerReferences") or []} & uids:
+                    try:
+                        await delete(md["name"], md["namespace"])
+                    except ApiException as exc:
+                        if exc.status != 404:
+                            raise
+
+    def _metrics(self, jobs: Mapping[str, _Job], plan: AdmissionPlan) -> None:
+        m = self.metrics
+        phases: dict[str, int] = {p: 0 for p in ("Queued", "Starting", "Running", "Succeeded", "Failed")}
+        queues = {"interrupt": 0, "urgent": 0, "normal": 0}
+        workers = 0
+        admitted = set(plan.admit)
+        for j in jobs.values():
+            ph = j.status.get("phase")
+            if ph in phases:
+                phases[ph] += 1
+            if ph == "Queued" and j.key not in admitted and j.status.get("queue") in queues:
+                queues[j.status["queue"]] += 1
+            workers += len(j.live_pods())
+        for p, n in phases.items():
+            m.jobs.labels(phase=p).set(n)
+        for q, n in queues.items():
+            m.queue_length.labels(queue=q).set(n)
+        m.workers.set(workers)

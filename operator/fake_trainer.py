@@ -1,0 +1,145 @@
+"""A fake trainer: progress for running TrainingJobs from the simulator's convergence model.
+
+On a control plane with kwok nodes no container runs, so this stands in for every
+job's chief. Each tick (``epoch_s`` wall seconds) every Running job of the namespace
+processes ``workers x samples_per_epoch / minWorkers`` samples — one epoch per tick
+at the gang size, more with more workers — and reports the accuracy and loss that
+:class:`rlsched.sim.convergence.ConvergenceModel` gives for the effective epochs done
+(statistical efficiency falls with each extra worker: diminishing returns).
+
+Reports go through :func:`rlsched.trainer.report` with the job's own ServiceAccount
+token (TokenRequest API), so they exercise the per-job RBAC the operator created; with
+``use_job_token=False`` the trainer's own credentials are used instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from rlsched.sim.convergence import ConvergenceModel
+from rlsched.trainer import Reporter
+
+from .resources import trainer_account_name
+from .spec import GROUP, PLURAL, VERSION
+
+__all__ = ["FakeTrainer"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Run:
+    model: ConvergenceModel
+    epoch: int = 0
+    eff_epochs: float = 0.0
+    reporter: Reporter | None = None
+
+
+class FakeTrainer:
+    """Advances every Running TrainingJob of ``namespace`` by one tick per ``epoch_s``."""
+
+    def __init__(
+        self,
+        namespace: str,
+        *,
+        kubeconfig: str | None = None,
+        epoch_s: float = 1.0,
+        seed: int = 0,
+        tau: float = 6.0,
+        gamma: float = 0.05,
+        noise: float = 0.002,
+        use_job_token: bool = True,
+    ) -> None:
+        from kubernetes import client, config
+
+        self.namespace = namespace
+        self.epoch_s = epoch_s
+        self.seed, self.tau, self.gamma, self.noise = seed, tau, gamma, noise
+        self.use_job_token = use_job_token
+        self.conf = client.Configuration()
+        config.load_kube_config(config_file=kubeconfig, client_configuration=self.conf)
+        self.admin = client.ApiClient(self.conf)
+        self.custom = client.CustomObjectsApi(self.admin)
+        self.core = client.CoreV1Api(self.admin)
+        self.runs: dict[str, _Run] = {}
+
+    def _model(self, body: dict) -> ConvergenceModel:
+        spec = body["spec"]
+        spe = int(spec.get("dataSize") or 0) or 50_000
+        seed = (self.seed * 1_000_003 + zlib.crc32(body["metadata"]["uid"].encode())) & 0x7FFFFFFF
+        return ConvergenceModel(spe, tau=self.tau, gamma=self.gamma, noise=self.noise, seed=seed)
+
+    def _reporter(self, body: dict) -> Reporter:
+        from kubernetes import client
+
+        name = body["metadata"]["name"]
+        if not self.use_job_token:
+            return Reporter(name, self.namespace, api=self.admin)
+        tok = self.core.create_namespaced_service_account_token(
+            trainer_account_name(name), self.namespace,
+            {"spec": {"audiences": [], "expirationSeconds": 3600}},
+        )
+        c = client.Configuration()
+        c.host, c.ssl_ca_cert, c.verify_ssl = self.conf.host, self.conf.ssl_ca_cert, self.conf.verify_ssl
+        c.api_key = {"authorization": f"Bearer {tok.status.token}"}
+        return Reporter(name, self.namespace, api=client.ApiClient(c))
+
+    def tick(self) -> dict[str, dict]:
+        """One tick for every Running job; returns the progress written per job."""
+        from kubernetes.client.exceptions import ApiException
+
+        items = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL)["items"]
+        out: dict[str, dict] = {}
+        live = set()
+        for body in items:
+            uid = body["metadata"]["uid"]
+            live.add(uid)
+            st = body.get("status") or {}
+            if st.get("phase") != "Running":
+                continue
+            run = self.runs.get(uid)
+            if run is None:
+                run = self.runs[uid] = _Run(self._model(body))
+                run.epoch = int((st.get("progress") or {}).get("epoch", 0))  # resume after a preemption
+                run.eff_epochs = float(run.epoch)
+            workers = max(1, int(st.get("workers") or 0))
+            m = run.model
+            per_tick = m.samples_per_epoch * workers / int(body["spec"]["minWorkers"])
+            run.eff_epochs += m.effective_epochs(per_tick, workers)
+            run.epoch += 1
+            acc = float(m.evaluate([run.epoch], [run.eff_epochs])[0])
+            loss = float(m.loss_at(run.eff_epochs))
+            try:
+                if run.reporter is None:
+                    run.reporter = self._reporter(body)
+                out[body["metadata"]["name"]] = run.reporter.report(epoch=run.epoch, loss=loss, accuracy=acc)
+            except ApiException as exc:
+                run.epoch -= 1
+                run.reporter = None
+                log.warning("fake trainer: report for %s failed: %s %s", body["metadata"]["name"], exc.status, exc.reason)
+        for uid in set(self.runs) - live:
+            del self.runs[uid]
+        return out
+
+    def run_until(self, stop: threading.Event) -> None:
+        """Tick every ``epoch_s`` until ``stop`` is set (for a thread)."""
+        while not stop.wait(self.epoch_s):
+            self.tick()
+
+    async def run(self) -> None:
+        """Tick forever (CLI)."""
+        import asyncio
+
+        while True:
+            await asyncio.to_thread(self.tick)
+            await asyncio.sleep(self.epoch_s)
+
+    def close(self) -> Any:
+        for r in self.runs.values():
+            if r.reporter is not None:
+                r.reporter.api.api_client.close()
+        self.admin.close()

@@ -1,0 +1,239 @@
+"""The admission queues: which waiting TrainingJobs start, and whom a job preempts.
+
+Pure logic over :mod:`rlsched.core` snapshots — no Kubernetes here; the control loop
+translates objects into :class:`QueueEntry` / :class:`RunningEntry` and the returned
+:class:`AdmissionPlan` back into API calls.
+
+Queues (RLPTO §V) are served ``interrupt > urgent > normal``: a preempted job resumes
+before anything else. Inside a queue the core ordering policy decides (priority value
+first, then the policy's key, FIFO by default; DAS ordering when configured).
+``highest`` jobs sit in the urgent queue ahead of every other urgent job and are the
+only ones allowed to preempt.
+
+Dynamic priority (RLPTO §V): ``pr_t = pr_{t-1} + mu * N`` where ``N`` is the number of
+new user requests since the last update (a counter in an annotation). A normal job
+whose ``pr`` reaches ``promote_at`` moves to the urgent queue; an urgent one whose
+``pr`` falls to ``demote_at`` or below moves to the normal queue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from rlsched.core import ClusterState, JobView, Ordering
+
+from .spec import JobSpec
+
+__all__ = ["DynamicPriority", "QueueEntry", "RunningEntry", "AdmissionPlan", "QueueManager", "HIGHEST_BONUS"]
+
+#: added to a ``highest`` job's priority so that it ranks before every urgent job
+#: (spec values are bounded to [-1000, 1000] by the CRD schema)
+HIGHEST_BONUS = 1.0e6
+_CLASS_RANK = {"highest": 0, "urgent": 1, "normal": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class DynamicPriority:
+    """RLPTO's request-driven priority and the normal/urgent promotion thresholds."""
+
+    mu: float = 0.1
+    promote_at: float = 1.0
+    demote_at: float = -1.0
+
+    def __post_init__(self) -> None:
+        if self.mu < 0:
+            raise ValueError(f"mu must be >= 0, got {self.mu}")
+        if self.demote_at >= self.promote_at:
+            raise ValueError(f"need demote_at ({self.demote_at}) < promote_at ({self.promote_at})")
+
+    def update(self, pr: float, requests_total: int, requests_seen: int) -> tuple[float, int]:
+        """``(pr_t, seen)`` after the user's request counter moved to ``requests_total``.
+
+        ``N = requests_total - requests_seen`` may be negative (a withdrawn request).
+        """
+        n = int(requests_total) - int(requests_seen)
+        return pr + self.mu * n, int(requests_total)
+
+    def queue(self, klass: str, pr: float, interrupted: bool = False) -> str:
+        """The queue a job of service class ``klass`` and priority ``pr`` waits in."""
+        if interrupted:
+            return "interrupt"
+        if klass == "highest":
+            return "urgent"
+        if klass == "urgent":
+            return "normal" if pr <= self.demote_at else "urgent"
+        if klass == "normal":
+            return "urgent" if pr >= self.promote_at else "normal"
+        raise ValueError(f"unknown priority class {klass!r}")
+
+
+@dataclass(slots=True)
+class QueueEntry:
+    """A waiting job."""
+
+    key: str
+    spec: JobSpec
+    submit_time: float
+    priority: float
+    queue: str = "normal"
+    #: it preempted others and is served before every queue until it starts
+    nominated: bool = False
+
+    def view(self) -> JobView:
+        bonus = HIGHEST_BONUS if self.spec.priority_class == "highest" else 0.0
+        return JobView(
+            id=self.key,
+            submit_time=self.submit_time,
+            gpus_per_worker=self.spec.gpus_per_worker,
+            workers=self.spec.min_workers,
+            min_workers=self.spec.min_workers,
+            max_workers=self.spec.max_workers,
+            priority=self.priority + bonus,
+            queue=self.queue,
+            est_runtime=self.spec.estimated_runtime,
+            beta=self.spec.beta,
+        )
+
+
+@dataclass(slots=True)
+class RunningEntry:
+    """A job holding GPUs: its class, priority, start time and node of each worker."""
+
+    key: str
+    spec: JobSpec
+    priority: float
+    start_time: float
+    placement: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class AdmissionPlan:
+    """What one cycle does: start ``admit`` (in order), preempt ``preempt``; ``blocked``
+    is the first job that had to wait (head-of-line), ``waiting_gpus`` what it needs."""
+
+    admit: list[str] = field(default_factory=list)
+    preempt: list[str] = field(default_factory=list)
+    order: list[str] = field(default_factory=list)
+    blocked: str | None = None
+    waiting_gpus: int = 0
+
+
+def gang_fits(free: np.ndarray, gpus_per_worker: int, workers: int) -> bool:
+    """Whether ``workers`` workers of ``gpus_per_worker`` GPUs fit the per-node ``free``."""
+    return int((np.maximum(free, 0) // gpus_per_worker).sum()) >= workers
+
+
+def take_gang(free: np.ndarray, gpus_per_worker: int, workers: int) -> None:
+    """Subtract a gang from ``free`` in place, fullest-fitting nodes first (best fit)."""
+    left = workers
+    for i in np.argsort(free, kind="stable"):
+        if left == 0:
+            break
+        k = min(left, int(free[i]) // gpus_per_worker)
+        if k > 0:
+            free[i] -= k * gpus_per_worker
+            left -= k
+    if left:
+        raise ValueError("gang does not fit")
+
+
+class QueueManager:
+    """Orders waiting jobs and decides admissions and preemptions for one cycle.
+
+    ``ordering`` is a core ordering policy (``make_ordering("fifo")`` by default);
+    ``backfill`` lets smaller jobs behind a blocked head start (off by default: strict
+    priority order); ``preemption`` lets ``highest`` jobs evict lower-class ones.
+    """
+
+    def __init__(self, ordering: Ordering, *, backfill: bool = False, preemption: bool = True) -> None:
+        self.ordering = ordering
+        self.backfill = backfill
+        self.preemption = preemption
+
+    def order(self, waiting: Sequence[QueueEntry], state: ClusterState) -> list[QueueEntry]:
+        """Service order: nominated preemptors, then interrupt, urgent, normal; inside a
+        queue the ordering policy."""
+        by_key = {e.key: e for e in waiting}
+        ranked = [by_key[v.id] for v in self.ordering.rank([e.view() for e in waiting], state)]
+        return [e for e in ranked if e.nominated] + [e for e in ranked if not e.nominated]
+
+    def plan(
+        self,
+        waiting: Sequence[QueueEntry],
+        running: Sequence[RunningEntry],
+        state: ClusterState,
+        releasing: np.ndarray | None = None,
+    ) -> AdmissionPlan:
+        """Admissions and preemptions given per-node free GPUs in ``state``.
+
+        ``releasing`` holds per-node GPUs of pods already being deleted: a blocked job
+        that fits once they are gone waits for them instead of preempting again.
+        """
+        free = state.free.astype(np.int64).copy()
+        releasing = np.zeros_like(free) if releasing is None else np.asarray(releasing, dtype=np.int64)
+        plan = AdmissionPlan()
+        for entry in self.order(waiting, state):
+            plan.order.append(entry.key)
+            s = entry.spec
+            if plan.blocked is not None and not self.backfill:
+                continue
+            if gang_fits(free, s.gpus_per_worker, s.min_workers):
+                take_gang(free, s.gpus_per_worker, s.min_workers)
+                plan.admit.append(entry.key)
+                continue
+            if plan.blocked is None:
+                plan.blocked = entry.key
+                plan.waiting_gpus = s.gang_gpus
+                if (
+                    self.preemption
+                    and s.priority_class == "highest"
+                    and not gang_fits(free + releasing, s.gpus_per_worker, s.min_workers)
+                ):
+                    victims = self.choose_victims(entry, running, free + releasing, state.total)
+                    plan.preempt.extend(victims)
+        return plan
+
+    def choose_victims(
+        self,
+        job: QueueEntry,
+        running: Sequence[RunningEntry],
+        free: np.ndarray,
+        total: np.ndarray,
+    ) -> list[str]:
+        """The fewest lowest-priority running jobs whose GPUs make ``job``'s gang fit.
+
+        Candidates are running jobs of a lower class than ``job``; the lowest class,
+        then the lowest priority, then the most recently started goes first (it loses
+        the least work). Returns ``[]`` if even evicting all of them would not help.
+        """
+        rank = _CLASS_RANK[job.spec.priority_class]
+        cands = [r for r in running if _CLASS_RANK[r.spec.priority_class] > rank]
+        cands.sort(key=lambda r: (-_CLASS_RANK[r.spec.priority_class], r.priority, -r.start_time, r.key))
+        f = free.copy()
+        chosen: list[str] = []
+        s = job.spec
+        for r in cands:
+            for i in r.placement:
+                f[i] = min(f[i] + r.spec.gpus_per_worker, total[i])
+            chosen.append(r.key)
+            if gang_fits(f, s.gpus_per_worker, s.min_workers):
+                return self._prune(chosen, cands, free, total, s)
+        return []
+
+    @staticmethod
+    def _prune(chosen: list[str], cands: Sequence[RunningEntry], free: np.ndarray, total: np.ndarray, s: JobSpec) -> list[str]:
+        """Drop victims (highest priority first) that are not needed after all."""
+        by_key = {r.key: r for r in cands}
+        keep = list(chosen)
+        for key in reversed(chosen[:-1]):
+            trial = [k for k in keep if k != key]
+            f = free.copy()
+            for k in trial:
+                for i in by_key[k].placement:
+                    f[i] = min(f[i] + by_key[k].spec.gpus_per_worker, total[i])
+            if gang_fits(f, s.gpus_per_worker, s.min_workers):
+                keep = trial
+        return keep

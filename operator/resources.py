@@ -1,0 +1,122 @@
+"""Manifests the operator creates for a TrainingJob, as plain dicts.
+
+Every object carries an ownerReference to its TrainingJob (garbage-collected with it)
+and the ``rlsched.dev/job`` label (so the operator can also sweep orphans itself on
+control planes that run no garbage collector). Worker names are deterministic,
+``<job>-worker-<index>``: a restarted operator re-creating a worker gets 409 Conflict
+instead of a duplicate.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Mapping
+
+from .snapshot import LABEL_INDEX, LABEL_JOB, LABEL_ROLE
+from .spec import GROUP, KIND, PLURAL, VERSION
+
+__all__ = ["owner_reference", "worker_name", "worker_pod", "trainer_rbac", "trainer_account_name", "ENV_JOB", "ENV_NAMESPACE"]
+
+ENV_JOB = "RLSCHED_JOB_NAME"
+ENV_NAMESPACE = "RLSCHED_JOB_NAMESPACE"
+ENV_INDEX = "RLSCHED_WORKER_INDEX"
+ENV_ROLE = "RLSCHED_ROLE"
+RESOURCE_GPU = "nvidia.com/gpu"
+
+
+def owner_reference(body: Mapping, controller: bool = True) -> dict:
+    md = body["metadata"]
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "name": md["name"],
+        "uid": md["uid"],
+        "controller": controller,
+        "blockOwnerDeletion": True,
+    }
+
+
+def worker_name(job: str, index: int) -> str:
+    return f"{job}-worker-{index}"
+
+
+def trainer_account_name(job: str) -> str:
+    return f"{job}-trainer"
+
+
+def job_labels(job: str) -> dict[str, str]:
+    return {LABEL_JOB: job, "app.kubernetes.io/managed-by": "rlsched-operator"}
+
+
+def worker_pod(
+    body: Mapping,
+    index: int,
+    gpus_per_worker: int,
+    *,
+    scheduler_name: str = "rlsched",
+    grace_period_s: int = 30,
+) -> dict:
+    """The pod of worker ``index`` (0 is the chief) from the job's pod template."""
+    md = body["metadata"]
+    job = md["name"]
+    template = copy.deepcopy(body["spec"]["template"])
+    tmd = template.get("metadata") or {}
+    pod_spec: dict[str, Any] = template["spec"]
+    role = "chief" if index == 0 else "worker"
+    labels = {**(tmd.get("labels") or {}), **job_labels(job), LABEL_ROLE: role, LABEL_INDEX: str(index)}
+    pod_spec["schedulerName"] = scheduler_name
+    pod_spec["restartPolicy"] = pod_spec.get("restartPolicy") or "Never"
+    pod_spec.setdefault("terminationGracePeriodSeconds", grace_period_s)
+    pod_spec["serviceAccountName"] = trainer_account_name(job)
+    env = [
+        {"name": ENV_JOB, "value": job},
+        {"name": ENV_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": ENV_INDEX, "value": str(index)},
+        {"name": ENV_ROLE, "value": role},
+    ]
+    for k, c in enumerate(pod_spec["containers"]):
+        names = {e.get("name") for e in env}
+        c["env"] = [e for e in c.get("env") or [] if e.get("name") not in names] + env
+        if k == 0:
+            res = c.setdefault("resources", {})
+            res.setdefault("limits", {})[RESOURCE_GPU] = str(gpus_per_worker)
+            res.setdefault("requests", {})[RESOURCE_GPU] = str(gpus_per_worker)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": worker_name(job, index),
+            "namespace": md["namespace"],
+            "labels": labels,
+            "annotations": dict(tmd.get("annotations") or {}),
+            "ownerReferences": [owner_reference(body)],
+        },
+        "spec": pod_spec,
+    }
+
+
+def trainer_rbac(body: Mapping) -> tuple[dict, dict, dict]:
+    """ServiceAccount, Role and RoleBinding letting the job's pods read and patch the
+    status of this one TrainingJob (``resourceNames: [job]``) and nothing else."""
+    md = body["metadata"]
+    job, ns = md["name"], md["namespace"]
+    name = trainer_account_name(job)
+    meta = {"name": name, "namespace": ns, "labels": job_labels(job), "ownerReferences": [owner_reference(body)]}
+    sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": copy.deepcopy(meta)}
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": copy.deepcopy(meta),
+        "rules": [
+            {"apiGroups": [GROUP], "resources": [PLURAL], "resourceNames": [job], "verbs": ["get"]},
+            {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "resourceNames": [job], "verbs": ["get", "patch"]},
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": copy.deepcopy(meta),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],
+    }
+    return sa, role, binding

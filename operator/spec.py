@@ -1,0 +1,169 @@
+"""TrainingJob spec: parsing and the checks the OpenAPI schema cannot express.
+
+The API server rejects most bad specs itself (CRD schema and CEL rules, see
+``operator/crd/trainingjob.yaml``). What remains is checked here, in pure code, so the
+create handler and the control loop agree on what a valid job is: the pod template
+must not fight the operator (its own scheduler name, GPU requests that disagree with
+``gpusPerWorker``) and the numbers must make sense even when the schema was not
+installed with validation (older clusters, ``kubectl --validate=false``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+__all__ = ["JobSpec", "SpecError", "parse_spec", "PRIORITY_CLASSES", "GROUP", "VERSION", "PLURAL"]
+
+GROUP = "rlsched.dev"
+VERSION = "v1alpha1"
+PLURAL = "trainingjobs"
+KIND = "TrainingJob"
+#: service classes, most important first
+PRIORITY_CLASSES = ("highest", "urgent", "normal")
+RESOURCE_GPU = "nvidia.com/gpu"
+
+
+class SpecError(ValueError):
+    """The TrainingJob spec is invalid; ``problems`` lists every reason."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """The parts of a TrainingJob spec the scheduler decides on."""
+
+    min_workers: int
+    max_workers: int
+    gpus_per_worker: int = 1
+    priority_class: str = "normal"
+    priority_value: float = 0.0
+    beta: float = 0.001
+    max_epochs: int = 100
+    data_size: int = 0
+    estimated_runtime: float = 0.0
+    #: pinned worker count (``spec.workers``, what ``kubectl scale`` sets), or None
+    pinned_workers: int | None = None
+
+    @property
+    def gang_gpus(self) -> int:
+        return self.min_workers * self.gpus_per_worker
+
+
+def _int(spec: Mapping, key: str, default: Any, problems: list[str]) -> Any:
+    v = spec.get(key, default)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or float(v) != int(v):
+        problems.append(f"spec.{key} must be an integer, got {v!r}")
+        return default
+    return int(v)
+
+
+def _num(v: Any, where: str, default: float, problems: list[str]) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        problems.append(f"{where} must be a finite number, got {v!r}")
+        return default
+    return float(v)
+
+
+def parse_spec(spec: Mapping[str, Any] | None, *, scheduler_name: str = "rlsched") -> JobSpec:
+    """Parse and validate ``spec``; raise :class:`SpecError` listing every problem."""
+    problems: list[str] = []
+    if not isinstance(spec, Mapping):
+        raise SpecError(["spec is missing"])
+    mn = _int(spec, "minWorkers", None, problems)
+    mx = _int(spec, "maxWorkers", None, problems)
+    if mn is None:
+        problems.append("spec.minWorkers is required")
+    elif mn < 1:
+        problems.append(f"spec.minWorkers must be >= 1, got {mn}")
+    if mx is None:
+        problems.append("spec.maxWorkers is required")
+    if mn is not None and mx is not None and mn > mx:
+        problems.append(f"spec.minWorkers ({mn}) must be <= spec.maxWorkers ({mx})")
+    gpw = _int(spec, "gpusPerWorker", 1, problems)
+    if gpw is not None and gpw < 1:
+        problems.append(f"spec.gpusPerWorker must be >= 1, got {gpw}")
+    pinned = _int(spec, "workers", None, problems)
+    if pinned is not None and mn is not None and mx is not None and not (mn <= pinned <= mx):
+        problems.append(f"spec.workers ({pinned}) must lie within [minWorkers, maxWorkers] = [{mn}, {mx}]")
+    max_epochs = _int(spec, "maxEpochs", 100, problems)
+    if max_epochs is not None and max_epochs < 1:
+        problems.append(f"spec.maxEpochs must be >= 1, got {max_epochs}")
+    data_size = _int(spec, "dataSize", 0, problems)
+    if data_size is not None and data_size < 0:
+        problems.append(f"spec.dataSize must be >= 0, got {data_size}")
+    beta = _num(spec.get("beta", 0.001), "spec.beta", 0.001, problems)
+    if not (0.0 < beta < 1.0):
+        problems.append(f"spec.beta must satisfy 0 < beta < 1, got {beta}")
+    est = _num(spec.get("estimatedRuntime", 0.0), "spec.estimatedRuntime", 0.0, problems)
+    if est < 0:
+        problems.append(f"spec.estimatedRuntime must be >= 0, got {est}")
+
+    prio = spec.get("priority") or {}
+    if not isinstance(prio, Mapping):
+        problems.append("spec.priority must be an object {class, value}")
+        prio = {}
+    klass = prio.get("class", "normal")
+    if klass not in PRIORITY_CLASSES:
+        problems.append(f"spec.priority.class must be one of {', '.join(PRIORITY_CLASSES)}, got {klass!r}")
+        klass = "normal"
+    value = _num(prio.get("value", 0.0), "spec.priority.value", 0.0, problems)
+
+    _check_template(spec.get("template"), gpw or 1, scheduler_name, problems)
+    if problems:
+        raise SpecError(problems)
+    return JobSpec(
+        min_workers=mn,
+        max_workers=mx,
+        gpus_per_worker=gpw,
+        priority_class=klass,
+        priority_value=value,
+        beta=beta,
+        max_epochs=max_epochs,
+        data_size=data_size,
+        estimated_runtime=est,
+        pinned_workers=pinned,
+    )
+
+
+def _check_template(template: Any, gpw: int, scheduler_name: str, problems: list[str]) -> None:
+    if not isinstance(template, Mapping) or not isinstance(template.get("spec"), Mapping):
+        problems.append("spec.template.spec is required (a pod spec)")
+        return
+    pod = template["spec"]
+    containers = pod.get("containers")
+    if not isinstance(containers, list) or not containers:
+        problems.append("spec.template.spec.containers must list at least one container")
+        return
+    sched = pod.get("schedulerName")
+    if sched not in (None, "", scheduler_name):
+        problems.append(
+            f"spec.template.spec.schedulerName is {sched!r}; the operator places workers with "
+            f"{scheduler_name!r}, leave it unset"
+        )
+    if pod.get("nodeName"):
+        problems.append("spec.template.spec.nodeName must be unset: the scheduler places workers")
+    total = 0
+    for c in containers:
+        if not isinstance(c, Mapping):
+            problems.append("spec.template.spec.containers entries must be objects")
+            return
+        res = c.get("resources") or {}
+        for kind in ("limits", "requests"):
+            v = (res.get(kind) or {}).get(RESOURCE_GPU)
+            if v is not None:
+                try:
+                    total = max(total, int(str(v)))
+                except ValueError:
+                    problems.append(f"container {c.get('name')!r}: {RESOURCE_GPU} {kind} {v!r} is not an integer")
+    if total and total != gpw:
+        problems.append(
+            f"the pod template asks for {total} {RESOURCE_GPU} but spec.gpusPerWorker is {gpw}; "
+            f"set the GPUs in gpusPerWorker only"
+        )

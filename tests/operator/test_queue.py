@@ -1,0 +1,163 @@
+import numpy as np
+import pytest
+
+from rlsched.core import make_ordering
+from rlsched.operator.queue import DynamicPriority, QueueEntry, QueueManager, RunningEntry, gang_fits, take_gang
+
+
+@pytest.fixture
+def qm():
+    return QueueManager(make_ordering("fifo"))
+
+
+def entry(make_spec, key, t, *, queue="normal", pr=0.0, nominated=False, **spec):
+    s = make_spec(**spec)
+    return QueueEntry(key=key, spec=s, submit_time=t, priority=pr, queue=queue, nominated=nominated)
+
+
+# ---------------------------------------------------------------- dynamic priority
+def test_priority_grows_by_mu_per_request():
+    dp = DynamicPriority(mu=0.1)
+    pr, seen = dp.update(0.0, requests_total=3, requests_seen=0)
+    assert pr == pytest.approx(0.3) and seen == 3
+    pr, seen = dp.update(pr, requests_total=3, requests_seen=seen)  # no new request
+    assert pr == pytest.approx(0.3) and seen == 3
+    pr, seen = dp.update(pr, requests_total=1, requests_seen=seen)  # two withdrawn
+    assert pr == pytest.approx(0.1) and seen == 1
+
+
+def test_promotion_and_demotion_at_thresholds():
+    dp = DynamicPriority(mu=0.1, promote_at=1.0, demote_at=-1.0)
+    assert dp.queue("normal", 0.99) == "normal"
+    assert dp.queue("normal", 1.0) == "urgent"
+    assert dp.queue("urgent", -0.99) == "urgent"
+    assert dp.queue("urgent", -1.0) == "normal"
+    assert dp.queue("highest", -50) == "urgent"
+    assert dp.queue("normal", 5, interrupted=True) == "interrupt"
+    # ten requests promote a normal job at mu = 0.1
+    pr, _ = dp.update(0.0, 10, 0)
+    assert dp.queue("normal", pr) == "urgent"
+
+
+def test_bad_thresholds_rejected():
+    with pytest.raises(ValueError):
+        DynamicPriority(promote_at=0.0, demote_at=0.0)
+    with pytest.raises(ValueError):
+        DynamicPriority(mu=-1)
+
+
+# ---------------------------------------------------------------- ordering
+def test_order_interrupt_then_urgent_then_normal_then_fifo(qm, make_cluster, make_spec):
+    st = make_cluster(8)
+    es = [
+        entry(make_spec, "n-old", 1.0),
+        entry(make_spec, "n-new", 2.0),
+        entry(make_spec, "n-prio", 3.0, pr=0.5),
+        entry(make_spec, "u", 4.0, queue="urgent"),
+        entry(make_spec, "h", 5.0, queue="urgent", klass="highest"),
+        entry(make_spec, "i", 6.0, queue="interrupt"),
+    ]
+    assert [e.key for e in qm.order(es, st)] == ["i", "h", "u", "n-prio", "n-old", "n-new"]
+
+
+def test_nominated_preemptor_goes_first(qm, make_cluster, make_spec):
+    st = make_cluster(8)
+    es = [entry(make_spec, "i", 1.0, queue="interrupt"), entry(make_spec, "h", 2.0, queue="urgent", klass="highest", nominated=True)]
+    assert [e.key for e in qm.order(es, st)] == ["h", "i"]
+
+
+# ---------------------------------------------------------------- admission
+def test_gang_fit_counts_per_node_slots():
+    free = np.array([3, 3])
+    assert gang_fits(free, 2, 2) and not gang_fits(free, 2, 3)
+    f = free.copy()
+    take_gang(f, 2, 2)
+    assert f.tolist() == [1, 1]
+
+
+def test_admits_in_order_and_blocks_head_of_line(qm, make_cluster, make_spec):
+    st = make_cluster(4, 4)
+    es = [
+        entry(make_spec, "a", 1.0, mn=2, gpw=2),   # 4 GPUs
+        entry(make_spec, "b", 2.0, mn=3, gpw=2),   # 6 GPUs: does not fit after a
+        entry(make_spec, "c", 3.0, mn=1, gpw=1),   # would fit, but strict order
+    ]
+    plan = qm.plan(es, [], st)
+    assert plan.admit == ["a"] and plan.blocked == "b" and plan.waiting_gpus == 6 and plan.preempt == []
+
+
+def test_backfill_lets_small_jobs_pass(make_cluster, make_spec):
+    qm = QueueManager(make_ordering("fifo"), backfill=True)
+    st = make_cluster(4, 4)
+    es = [entry(make_spec, "a", 1.0, mn=2, gpw=2), entry(make_spec, "b", 2.0, mn=3, gpw=2), entry(make_spec, "c", 3.0)]
+    assert qm.plan(es, [], st).admit == ["a", "c"]
+
+
+def test_urgent_job_passes_normal_ones(qm, make_cluster, make_spec):
+    st = make_cluster(2)
+    es = [entry(make_spec, "n1", 1.0, gpw=2), entry(make_spec, "n2", 2.0, gpw=2), entry(make_spec, "u", 9.0, gpw=2, queue="urgent")]
+    assert qm.plan(es, [], st).admit == ["u"]
+
+
+# ---------------------------------------------------------------- preemption
+def running(make_spec, key, klass, pr, start, placement, gpw=1):
+    return RunningEntry(key=key, spec=make_spec(mn=len(placement), mx=len(placement), gpw=gpw, klass=klass), priority=pr,
+                        start_time=start, placement=placement)
+
+
+def full_cluster(make_cluster, holders):
+    st = make_cluster(4, 4)
+    for r in holders:
+        for i in r.placement:
+            st.allocate(i, r.spec.gpus_per_worker)
+    return st
+
+
+def test_highest_preempts_lowest_priority_job(qm, make_cluster, make_spec):
+    holders = [
+        running(make_spec, "normal-high", "normal", 5.0, 1.0, [0, 0], gpw=2),
+        running(make_spec, "normal-low", "normal", 0.0, 2.0, [1, 1], gpw=2),
+    ]
+    st = full_cluster(make_cluster, holders)
+    h = entry(make_spec, "h", 10.0, mn=2, gpw=2, klass="highest", queue="urgent")
+    plan = qm.plan([h], holders, st)
+    assert plan.admit == [] and plan.blocked == "h" and plan.preempt == ["normal-low"]
+
+
+def test_preemption_takes_normal_before_urgent_and_only_as_many_as_needed(qm, make_cluster, make_spec):
+    holders = [
+        running(make_spec, "urgent", "urgent", -5.0, 1.0, [0, 0, 0, 0]),
+        running(make_spec, "normal-a", "normal", 1.0, 1.0, [1, 1]),
+        running(make_spec, "normal-b", "normal", 2.0, 2.0, [1, 1]),
+    ]
+    st = full_cluster(make_cluster, holders)
+    h = entry(make_spec, "h", 10.0, mn=4, klass="highest", queue="urgent")
+    assert qm.plan([h], holders, st).preempt == ["normal-a", "normal-b"]
+    h2 = entry(make_spec, "h", 10.0, mn=2, klass="highest", queue="urgent")
+    assert qm.plan([h2], holders, st).preempt == ["normal-a"]
+
+
+def test_highest_never_preempts_highest_nor_when_it_cannot_help(qm, make_cluster, make_spec):
+    holders = [running(make_spec, "h-old", "highest", 0.0, 1.0, [0, 0, 0, 0, 1, 1, 1, 1])]
+    st = full_cluster(make_cluster, holders)
+    h = entry(make_spec, "h", 10.0, mn=1, klass="highest", queue="urgent")
+    assert qm.plan([h], holders, st).preempt == []
+    big = entry(make_spec, "big", 10.0, mn=20, klass="highest", queue="urgent")
+    holders2 = [running(make_spec, "n", "normal", 0.0, 1.0, [0])]
+    st2 = full_cluster(make_cluster, holders2)
+    assert qm.plan([big], holders2, st2).preempt == []
+
+
+def test_no_second_preemption_while_gpus_are_being_released(qm, make_cluster, make_spec):
+    holders = [running(make_spec, "n", "normal", 0.0, 1.0, [0, 0, 0, 0, 1, 1, 1, 1])]
+    st = full_cluster(make_cluster, holders)
+    h = entry(make_spec, "h", 10.0, mn=2, klass="highest", queue="urgent")
+    plan = qm.plan([h], holders, st, releasing=np.array([2, 0]))
+    assert plan.preempt == [] and plan.blocked == "h"
+
+
+def test_normal_and_urgent_jobs_never_preempt(qm, make_cluster, make_spec):
+    holders = [running(make_spec, "n", "normal", 0.0, 1.0, [0, 0, 0, 0, 1, 1, 1, 1])]
+    st = full_cluster(make_cluster, holders)
+    u = entry(make_spec, "u", 10.0, mn=1, klass="urgent", queue="urgent", value=100)
+    assert qm.plan([u], holders, st).preempt == []

@@ -1,0 +1,105 @@
+import math
+
+import pytest
+
+from rlsched.core import Progress
+from rlsched.operator.scaling import BetaThreshold, RlptoState, RunningJob, ScalingPlanner
+
+
+def prog(*accs, epoch=None, loss=1.0, max_loss=2.0):
+    return Progress(epoch=len(accs) if epoch is None else epoch, loss=loss, max_loss=max_loss,
+                    accuracy=accs[-1] if accs else 0.0, history=list(accs))
+
+
+def job(make_spec, key, workers, progress, *, mn=1, mx=4, beta=0.01, decided=0, pinned=None, max_epochs=100, streak=0):
+    s = make_spec(mn=mn, mx=mx, beta=beta, pinned_workers=pinned, max_epochs=max_epochs)
+    st = RlptoState(decided_epoch=decided, streak=streak)
+    return RunningJob(key=key, spec=s, workers=workers, progress=progress, state=st)
+
+
+@pytest.fixture
+def planner():
+    return ScalingPlanner(BetaThreshold(), patience=3)
+
+
+def test_rlpto_state_observes_once_per_evaluation():
+    st = RlptoState()
+    st.observe(prog(0.5, 0.505, loss=0.5, max_loss=2.0), workers=3, trained_s=10.0, beta=0.01, m=1000)
+    assert (st.m, st.e, st.n, st.w) == (1000, 2, 3, 10.0)
+    assert st.a == 0.505 and st.c == pytest.approx(0.005) and st.l == pytest.approx(0.25) and st.streak == 1
+    st.observe(prog(0.5, 0.505, loss=0.5, max_loss=2.0), workers=3, trained_s=11.0, beta=0.01, m=1000)
+    assert st.streak == 1 and st.w == 11.0  # same epoch: not counted twice
+    st.observe(prog(0.5, 0.505, 0.6), workers=3, trained_s=12.0, beta=0.01, m=1000)
+    assert st.streak == 0 and st.c == pytest.approx(0.095)
+    back = RlptoState.from_status(st.to_status())
+    assert back == st
+
+
+def test_rlpto_state_roundtrips_infinite_gain():
+    st = RlptoState()
+    assert st.to_status()["c"] is None and math.isinf(RlptoState.from_status(st.to_status()).c)
+
+
+def test_converging_job_shrinks_one_and_gaining_job_grows(planner, make_cluster, make_spec):
+    st = make_cluster(4, 4)
+    st.allocate(0, 4)
+    conv = job(make_spec, "conv", 3, prog(0.80, 0.801))
+    gain = job(make_spec, "gain", 1, prog(0.3, 0.5))
+    plan = planner.plan([conv, gain], st)
+    assert plan.deltas == {"conv": -1, "gain": 1}
+    assert conv.state.decided_epoch == 2 and gain.state.decided_epoch == 2
+
+
+def test_no_decision_without_new_evaluation(planner, make_cluster, make_spec):
+    st = make_cluster(8)
+    j = job(make_spec, "a", 3, prog(0.80, 0.801), decided=2)
+    assert planner.plan([j], st).deltas == {}
+
+
+def test_bounds_are_never_crossed(planner, make_cluster, make_spec):
+    st = make_cluster(8)
+    at_min = job(make_spec, "min", 1, prog(0.8, 0.8), mn=1)
+    at_max = job(make_spec, "max", 4, prog(0.1, 0.5), mx=4)
+    assert planner.plan([at_min, at_max], st).deltas == {}
+
+
+def test_scale_up_respects_reservation_and_capacity(planner, make_cluster, make_spec):
+    st = make_cluster(2)
+    a = job(make_spec, "a", 1, prog(0.1, 0.5))
+    b = job(make_spec, "b", 1, prog(0.1, 0.2))
+    # two free GPUs, a waiting gang needs 1: only one scale-up, to the job gaining most
+    assert planner.plan([a, b], st, reserved_gpus=1).deltas == {"a": 1}
+    for j in (a, b):
+        j.state.decided_epoch = 0
+    assert planner.plan([a, b], st, reserved_gpus=2).deltas == {}
+
+
+def test_pinned_job_moves_one_step_towards_the_pin(planner, make_cluster, make_spec):
+    st = make_cluster(8)
+    j = job(make_spec, "p", 1, prog(0.8, 0.8), pinned=3)
+    assert planner.plan([j], st).deltas == {"p": 1}
+    j2 = job(make_spec, "q", 4, prog(0.1, 0.5), pinned=2)
+    assert planner.plan([j2], st).deltas == {"q": -1}
+
+
+def test_completion_converged_or_max_epochs(planner, make_cluster, make_spec):
+    st = make_cluster(8)
+    conv = job(make_spec, "conv", 1, prog(0.8, 0.8), streak=3)
+    maxed = job(make_spec, "maxed", 2, prog(0.1, 0.5), max_epochs=2)
+    going = job(make_spec, "going", 1, prog(0.8, 0.8), streak=2)
+    plan = planner.plan([conv, maxed, going], st)
+    assert plan.finished == {"conv": "Converged", "maxed": "MaxEpochs"}
+    assert "conv" not in plan.deltas and "maxed" not in plan.deltas
+
+
+def test_core_beta_policy_when_registered(make_cluster, make_spec):
+    from rlsched.core.policy import SCALINGS
+    from rlsched.operator.controller import build_scaling
+
+    pol = build_scaling("beta", None)
+    if "beta" in SCALINGS:
+        assert type(pol).__module__.startswith("rlsched.core")
+    else:
+        assert isinstance(pol, BetaThreshold)
+    with pytest.raises(ValueError, match="unknown scaling policy"):
+        build_scaling("no-such-policy", None)

@@ -1,0 +1,58 @@
+import pytest
+
+from rlsched.operator.spec import SpecError, parse_spec
+
+
+def body(**over):
+    s = {
+        "minWorkers": 2, "maxWorkers": 4, "gpusPerWorker": 2, "beta": 0.01, "maxEpochs": 20,
+        "priority": {"class": "urgent", "value": 3},
+        "template": {"spec": {"containers": [{"name": "t", "image": "x"}]}},
+    }
+    s.update(over)
+    return s
+
+
+def test_valid_spec_parses_every_field():
+    s = parse_spec(body(workers=3, dataSize=1000, estimatedRuntime=60))
+    assert (s.min_workers, s.max_workers, s.gpus_per_worker) == (2, 4, 2)
+    assert (s.priority_class, s.priority_value, s.beta, s.max_epochs) == ("urgent", 3.0, 0.01, 20)
+    assert (s.pinned_workers, s.data_size, s.estimated_runtime, s.gang_gpus) == (3, 1000, 60.0, 4)
+
+
+def test_defaults():
+    s = parse_spec({"minWorkers": 1, "maxWorkers": 1, "template": {"spec": {"containers": [{}]}}})
+    assert (s.gpus_per_worker, s.priority_class, s.beta, s.max_epochs, s.pinned_workers) == (1, "normal", 0.001, 100, None)
+
+
+@pytest.mark.parametrize(
+    "over, needle",
+    [
+        ({"minWorkers": 5}, "minWorkers (5) must be <= spec.maxWorkers (4)"),
+        ({"gpusPerWorker": 0}, "gpusPerWorker must be >= 1"),
+        ({"beta": 1.0}, "0 < beta < 1"),
+        ({"beta": 0}, "0 < beta < 1"),
+        ({"priority": {"class": "vip"}}, "priority.class must be one of"),
+        ({"workers": 9}, "spec.workers (9) must lie within"),
+        ({"minWorkers": 1.5}, "minWorkers must be an integer"),
+        ({"template": {"spec": {"containers": []}}}, "at least one container"),
+        ({"template": {"spec": {"schedulerName": "default-scheduler", "containers": [{}]}}}, "schedulerName"),
+        ({"template": {"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "4"}}}]}}},
+         "asks for 4 nvidia.com/gpu but spec.gpusPerWorker is 2"),
+    ],
+)
+def test_invalid_specs_name_the_problem(over, needle):
+    with pytest.raises(SpecError) as exc:
+        parse_spec(body(**over))
+    assert needle in str(exc.value)
+
+
+def test_all_problems_are_listed():
+    with pytest.raises(SpecError) as exc:
+        parse_spec(body(minWorkers=9, beta=2.0))
+    assert len(exc.value.problems) == 2
+
+
+def test_missing_spec():
+    with pytest.raises(SpecError, match="spec is missing"):
+        parse_spec(None)
