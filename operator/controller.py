@@ -401,7 +401,6 @@ class Controller:
 
     async def _starting(self, j: _Job, now: float) -> None:
         target = int(j.status.get("targetWorkers") or j.spec.min_workers)
-        await self.ensure_rbac(j)
         await self.reconcile_pods(j, target)
         live = j.live_pods()
         running = [p for p in live if (p.get("status") or {}).get("phase") == "Running"]
@@ -459,12 +458,14 @@ class Controller:
             if idx >= target:
                 await self.delete_pod(j.ns, p["metadata"]["name"], self.config.grace_period_s)
                 j.pods = [q for q in j.pods if q is not p]
-        for idx in range(target):
-            if idx not in have:
-                pod = worker_pod(j.body, idx, j.spec.gpus_per_worker,
-                                 scheduler_name=self.config.scheduler_name, grace_period_s=self.config.grace_period_s)
-                if await self.create_ignoring_conflict(self.core.create_namespaced_pod(j.ns, pod)):
-                    j.pods.append(pod)
+        missing = [idx for idx in range(target) if idx not in have]
+        if missing:
+            await self.ensure_rbac(j)  # idempotent; the pods run under the job's account
+        for idx in missing:
+            pod = worker_pod(j.body, idx, j.spec.gpus_per_worker,
+                             scheduler_name=self.config.scheduler_name, grace_period_s=self.config.grace_period_s)
+            if await self.create_ignoring_conflict(self.core.create_namespaced_pod(j.ns, pod)):
+                j.pods.append(pod)
 
     async def ensure_rbac(self, j: _Job) -> None:
         sa, role, binding = trainer_rbac(j.body)
@@ -483,7 +484,6 @@ class Controller:
         })
         await self.event(j.body, "Admitted",
                          f"starting gang of {target} workers x {j.spec.gpus_per_worker} GPUs from queue {j.status.get('queue')}")
-        await self.ensure_rbac(j)
         await self.reconcile_pods(j, target)
 
     async def preempt(self, j: _Job, by: str, now: float) -> None:

@@ -27,3 +27,127 @@ def make_cluster():
 def make_spec():
     """``make_spec(min, max=min, gpus_per_worker, class, value, **kw)`` -> JobSpec."""
     return _spec
+
+
+# ------------------------------------------------------------------ control-plane fixtures
+import contextlib  # noqa: E402
+import time  # noqa: E402
+import uuid  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def kapi(kube_cluster):
+    """Admin ``kubernetes`` API clients: ``kapi.core``, ``kapi.custom``, ``kapi.client``."""
+    from types import SimpleNamespace
+
+    from kubernetes import client
+
+    api = kube_cluster.api_client()
+    yield SimpleNamespace(client=api, core=client.CoreV1Api(api), custom=client.CustomObjectsApi(api),
+                          ext=client.ApiextensionsV1Api(api), rbac=client.RbacAuthorizationV1Api(api))
+    api.close()
+
+
+@pytest.fixture(scope="module")
+def crd(kapi):
+    """Install the TrainingJob CRD (idempotent) and wait until it is Established."""
+    import yaml
+    from kubernetes.client.exceptions import ApiException
+
+    from rlsched.operator.main import crd_path
+
+    body = yaml.safe_load(crd_path().read_text())
+    try:
+        kapi.ext.create_custom_resource_definition(body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        cur = kapi.ext.read_custom_resource_definition(body["metadata"]["name"])
+        body["metadata"]["resourceVersion"] = cur.metadata.resource_version
+        kapi.ext.replace_custom_resource_definition(body["metadata"]["name"], body)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        c = kapi.ext.read_custom_resource_definition(body["metadata"]["name"])
+        if any(x.type == "Established" and x.status == "True" for x in (c.status.conditions or [])):
+            time.sleep(1.0)  # discovery catches up
+            return body
+        time.sleep(0.2)
+    raise AssertionError("TrainingJob CRD not Established after 30s")
+
+
+@pytest.fixture
+def wait_until():
+    """``wait_until(fn, timeout, what)``: poll ``fn()`` until it returns a truthy value."""
+
+    def _wait(fn, timeout: float = 30.0, what: str = "condition", every: float = 0.2):
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            last = fn()
+            if last:
+                return last
+            time.sleep(every)
+        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+
+    return _wait
+
+
+@pytest.fixture
+def ns(kapi, crd, wait_until):
+    """A fresh namespace; waits first until no worker pod of an earlier test holds GPUs."""
+    from kubernetes import client
+
+    wait_until(lambda: not kapi.core.list_pod_for_all_namespaces(label_selector="rlsched.dev/job").items,
+               60, "GPUs of earlier tests to be released")
+    name = f"op-{uuid.uuid4().hex[:8]}"
+    kapi.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    yield name
+    # delete jobs first so their pods go before the namespace does
+    for tj in kapi.custom.list_namespaced_custom_object("rlsched.dev", "v1alpha1", name, "trainingjobs")["items"]:
+        with contextlib.suppress(Exception):
+            kapi.custom.delete_namespaced_custom_object("rlsched.dev", "v1alpha1", name, "trainingjobs",
+                                                        tj["metadata"]["name"])
+    kapi.core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+    kapi.core.delete_namespace(name)
+
+
+@pytest.fixture
+def run_operator(kube_cluster):
+    """``with run_operator(ns, **config) as rt:`` runs the operator in-process (KopfRunner)."""
+    from kopf.testing import KopfRunner
+
+    from rlsched.operator.controller import OperatorConfig
+    from rlsched.operator.handlers import OperatorRuntime, build_registry
+
+    @contextlib.contextmanager
+    def _run(namespace: str, **kw):
+        defaults = dict(cycle_s=0.5, start_timeout_s=30.0, grace_period_s=1, metrics_port=0,
+                        forecast_interval_s=0, patience=5)
+        cfg = OperatorConfig(kubeconfig=str(kube_cluster.kubeconfig), namespace=namespace, **{**defaults, **kw})
+        rt = OperatorRuntime(cfg)
+        registry = build_registry(cfg, rt)
+        with KopfRunner(["run", "--standalone", "--namespace", namespace], registry=registry, timeout=60) as runner:
+            yield rt
+        assert runner.exception is None, runner.exception
+
+    return _run
+
+
+@pytest.fixture
+def tj(kapi):
+    """``tj(ns, name, min, max, gpus, klass="normal", value=0, **spec)`` creates a TrainingJob."""
+
+    def _make(namespace, name, mn=1, mx=None, gpus=1, klass="normal", value=0, annotations=None, **spec):
+        body = {
+            "apiVersion": "rlsched.dev/v1alpha1", "kind": "TrainingJob",
+            "metadata": {"name": name, "annotations": annotations or {}},
+            "spec": {
+                "minWorkers": mn, "maxWorkers": mn if mx is None else mx, "gpusPerWorker": gpus,
+                "priority": {"class": klass, "value": value},
+                "template": {"spec": {"containers": [{"name": "train", "image": "registry.example/rlsched/trainer:test"}]}},
+                **spec,
+            },
+        }
+        return kapi.custom.create_namespaced_custom_object("rlsched.dev", "v1alpha1", namespace, "trainingjobs", body)
+
+    return _make

@@ -1,0 +1,268 @@
+"""The operator against the real control plane (etcd, kube-apiserver with RBAC,
+kube-controller-manager, kube-scheduler ``rlsched`` profile, kwok GPU nodes).
+
+The default dev topology is 4 kwok nodes x 8 GPUs = 32 GPUs; jobs below are sized in
+whole nodes (``gpusPerWorker: 8``) so that who fits is unambiguous.
+"""
+
+from __future__ import annotations
+
+import threading
+import urllib.request
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
+
+G, V, P = "rlsched.dev", "v1alpha1", "trainingjobs"
+
+
+def get(kapi, ns, name):
+    return kapi.custom.get_namespaced_custom_object(G, V, ns, P, name)
+
+
+def status(kapi, ns, name):
+    try:
+        return get(kapi, ns, name).get("status") or {}
+    except ApiException as exc:
+        if exc.status == 404:
+            return {}
+        raise
+
+
+def phase(kapi, ns, name):
+    return status(kapi, ns, name).get("phase")
+
+
+def pods(kapi, ns, job=None):
+    sel = f"rlsched.dev/job={job}" if job else "rlsched.dev/job"
+    return [p for p in kapi.core.list_namespaced_pod(ns, label_selector=sel).items if p.metadata.deletion_timestamp is None]
+
+
+def events(kapi, ns, name, reason=None):
+    evs = kapi.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
+    evs = [e for e in evs if reason is None or e.reason == reason]
+    return sorted(evs, key=lambda e: (e.first_timestamp or e.event_time, e.metadata.creation_timestamp))
+
+
+def delete(kapi, ns, name):
+    kapi.custom.delete_namespaced_custom_object(G, V, ns, P, name)
+
+
+def admitted_order(kapi, ns, names):
+    st = {n: status(kapi, ns, n) for n in names}
+    return sorted((n for n in names if st[n].get("admittedTime")), key=lambda n: st[n]["admittedTime"])
+
+
+# ---------------------------------------------------------------------------- tests
+def test_priority_order_urgent_passes_normal_and_requests_promote(kapi, ns, tj, run_operator, wait_until):
+    with run_operator(ns, forecast_interval_s=1.0) as rt:
+        tj(ns, "blocker", 4, gpus=8)
+        wait_until(lambda: phase(kapi, ns, "blocker") == "Running", 60, "blocker running")
+        # every job below needs the whole cluster, so they run one at a time
+        tj(ns, "n1", 4, gpus=8)
+        tj(ns, "n2", 4, gpus=8)
+        tj(ns, "u", 4, gpus=8, klass="urgent")
+        wait_until(lambda: all(status(kapi, ns, n).get("queue") for n in ("n1", "n2", "u")), 20, "queued")
+        assert [status(kapi, ns, n)["queue"] for n in ("n1", "n2", "u")] == ["normal", "normal", "urgent"]
+        # ten user requests at mu = 0.1 lift n2 to priority 1.0: promoted to urgent, and
+        # with a higher priority than u it goes first
+        kapi.custom.patch_namespaced_custom_object(
+            G, V, ns, P, "n2", {"metadata": {"annotations": {"rlsched.dev/priority-requests": "10"}}})
+        wait_until(lambda: status(kapi, ns, "n2").get("queue") == "urgent", 20, "n2 promoted")
+        assert status(kapi, ns, "n2")["effectivePriority"] == pytest.approx(1.0)
+        assert events(kapi, ns, "n2", "Promoted")
+
+        started = []
+        for _ in range(3):
+            current = [n for n in ("blocker", "n1", "n2", "u") if phase(kapi, ns, n) in ("Starting", "Running")]
+            assert len(current) == 1, current
+            delete(kapi, ns, current[0])
+            nxt = wait_until(lambda: [n for n in ("n1", "n2", "u") if n not in started
+                                      and phase(kapi, ns, n) == "Running"], 60, "next job running")
+            assert len(nxt) == 1
+            started.append(nxt[0])
+        assert started == ["n2", "u", "n1"]
+        assert admitted_order(kapi, ns, ["n1", "n2", "u"]) == ["n2", "u", "n1"]
+        # gang start: all workers at once, scheduled by rlsched, labelled and owned
+        ps = pods(kapi, ns, "n1")
+        assert sorted(int(p.metadata.labels["rlsched.dev/worker-index"]) for p in ps) == [0, 1, 2, 3]
+        assert {p.spec.scheduler_name for p in ps} == {"rlsched"}
+        assert {p.metadata.owner_references[0].name for p in ps} == {"n1"}
+        assert [p.metadata.labels["rlsched.dev/role"] for p in sorted(ps, key=lambda p: p.metadata.name)][0] == "chief"
+        assert events(kapi, ns, "n1", "Admitted") and events(kapi, ns, "n1", "Started")
+
+        port = rt.metrics_server[0].server_port
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert 'rlsched_operator_jobs{phase="Running"} 1.0' in text
+        assert "rlsched_operator_admission_wait_seconds_count 4.0" in text
+        assert "rlsched_operator_workers 4.0" in text
+        cm = wait_until(lambda: _configmap(kapi, ns, "rlsched-forecast"), 20, "forecast ConfigMap")
+        assert int(cm.data["recommendedNodes"]) >= 1 and cm.data["usedGru"] == "false"
+
+
+def _configmap(kapi, ns, name):
+    try:
+        return kapi.core.read_namespaced_config_map(name, ns)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def test_highest_preempts_lowest_and_preempted_job_resumes_first(kapi, ns, tj, run_operator, wait_until):
+    with run_operator(ns, grace_period_s=7):
+        tj(ns, "low", 2, gpus=8, value=0)
+        tj(ns, "high", 2, gpus=8, value=5)
+        wait_until(lambda: phase(kapi, ns, "low") == phase(kapi, ns, "high") == "Running", 60, "both running")
+        tj(ns, "waiter", 1, gpus=8)  # normal, queued before the preemption
+        wait_until(lambda: status(kapi, ns, "waiter").get("queue") == "normal", 20, "waiter queued")
+        low_pods = pods(kapi, ns, "low")
+        assert {p.spec.termination_grace_period_seconds for p in low_pods} == {7}
+        tj(ns, "boss", 2, gpus=8, klass="highest")
+        wait_until(lambda: phase(kapi, ns, "boss") == "Running", 90, "boss running")
+        st = status(kapi, ns, "low")
+        assert st["phase"] == "Queued" and st["queue"] == "interrupt" and st["preemptions"] == 1
+        assert phase(kapi, ns, "high") == "Running" and status(kapi, ns, "high").get("preemptions") is None
+        assert phase(kapi, ns, "waiter") == "Queued"
+        assert events(kapi, ns, "low", "Preempted")
+        # boss finishes: the interrupted job resumes before the earlier normal one
+        delete(kapi, ns, "boss")
+        wait_until(lambda: phase(kapi, ns, "low") == "Running", 90, "low resumed")
+        assert phase(kapi, ns, "waiter") == "Queued"
+
+
+def test_converging_job_shrinks_one_per_cycle_and_waiting_job_gets_gpus(kube_cluster, kapi, ns, tj, run_operator, wait_until):
+    from rlsched.operator.fake_trainer import FakeTrainer
+
+    trainer = FakeTrainer(ns, kubeconfig=str(kube_cluster.kubeconfig), epoch_s=0.6, tau=4.0, noise=0.0005)
+    stop = threading.Event()
+    th = threading.Thread(target=trainer.run_until, args=(stop,), daemon=True)
+    try:
+        with run_operator(ns, patience=6):
+            tj(ns, "conv", 1, 4, gpus=8, beta=0.02, dataSize=10000)
+            th.start()
+            wait_until(lambda: status(kapi, ns, "conv").get("targetWorkers") == 4, 90, "conv grown to 4 workers")
+            tj(ns, "late", 2, gpus=8)
+            wait_until(lambda: phase(kapi, ns, "late") == "Running", 120, "late job running")
+            wait_until(lambda: phase(kapi, ns, "conv") == "Succeeded", 120, "conv converged")
+            downs = [e.message.split(" (")[0] for e in events(kapi, ns, "conv", "ScaledDown")]
+            assert downs == ["workers 4 -> 3", "workers 3 -> 2", "workers 2 -> 1"]
+            ups = [e.message.split(" (")[0] for e in events(kapi, ns, "conv", "ScaledUp")]
+            assert ups == ["workers 1 -> 2", "workers 2 -> 3", "workers 3 -> 4"]
+            st = status(kapi, ns, "conv")
+            # the scale-downs happened on distinct evaluations, one per cycle
+            assert st["reason"] == "Converged" and st["jctSeconds"] > 0
+            assert st["progress"]["epoch"] >= 6 and len(st["progress"]["history"]) == st["progress"]["epoch"]
+            assert st["rlpto"]["streak"] >= 6 and st["rlpto"]["n"] >= 1 and st["rlpto"]["m"] == 10000
+            # late was admitted only once conv had given back two nodes
+            late_admit = status(kapi, ns, "late")["admittedTime"]
+            second_down = events(kapi, ns, "conv", "ScaledDown")[1]
+            assert late_admit >= second_down.first_timestamp.strftime("%Y-%m-%dT%H:%M:%SZ")
+            wait_until(lambda: not pods(kapi, ns, "conv"), 30, "conv pods deleted")
+    finally:
+        stop.set()
+        if th.is_alive():
+            th.join(5)
+        trainer.close()
+
+
+def test_invalid_jobs_rejected_and_no_pods(kapi, ns, tj, run_operator, wait_until):
+    with pytest.raises(ApiException) as exc:
+        tj(ns, "minmax", 5, 2)
+    assert exc.value.status == 422 and "minWorkers must be less than or equal to maxWorkers" in exc.value.body
+    with pytest.raises(ApiException) as exc:
+        tj(ns, "beta", 1, beta=1.5)
+    assert exc.value.status == 422 and "spec.beta" in exc.value.body
+    with pytest.raises(ApiException) as exc:
+        tj(ns, "klass", 1, klass="vip")
+    assert exc.value.status == 422 and "spec.priority.class" in exc.value.body
+    with run_operator(ns):
+        # passes the schema, but the template asks for GPUs that disagree with gpusPerWorker
+        kapi.custom.create_namespaced_custom_object(G, V, ns, P, {
+            "apiVersion": f"{G}/{V}", "kind": "TrainingJob", "metadata": {"name": "mismatch"},
+            "spec": {"minWorkers": 1, "maxWorkers": 1, "gpusPerWorker": 1, "template": {"spec": {"containers": [
+                {"name": "t", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}}},
+        })
+        wait_until(lambda: phase(kapi, ns, "mismatch") == "Failed", 30, "mismatch Failed")
+        st = status(kapi, ns, "mismatch")
+        cond = {c["type"]: c for c in st["conditions"]}["Valid"]
+        assert cond["status"] == "False" and cond["reason"] == "InvalidSpec"
+        assert "asks for 4 nvidia.com/gpu but spec.gpusPerWorker is 1" in cond["message"]
+        assert events(kapi, ns, "mismatch", "InvalidSpec")
+        tj(ns, "fine", 1, gpus=1)
+        wait_until(lambda: phase(kapi, ns, "fine") == "Running", 60, "valid job running")
+        assert pods(kapi, ns, "mismatch") == []
+
+
+def test_trainer_may_patch_only_its_own_job(kube_cluster, kapi, ns, tj, run_operator, wait_until):
+    from rlsched.trainer import Reporter
+
+    with run_operator(ns):
+        tj(ns, "mine", 1, gpus=1)
+        tj(ns, "other", 1, gpus=1)
+        wait_until(lambda: phase(kapi, ns, "mine") == phase(kapi, ns, "other") == "Running", 60, "both running")
+    tok = kapi.core.create_namespaced_service_account_token(
+        "mine-trainer", ns, {"spec": {"audiences": [], "expirationSeconds": 600}}).status.token
+    conf = client.Configuration()
+    adm = kapi.client.configuration
+    conf.host, conf.ssl_ca_cert, conf.verify_ssl = adm.host, adm.ssl_ca_cert, adm.verify_ssl
+    conf.api_key = {"authorization": f"Bearer {tok}"}
+    api = client.ApiClient(conf)
+    try:
+        Reporter("mine", ns, api=api).report(epoch=1, loss=2.0, accuracy=0.3)
+        Reporter("mine", ns, api=api).report(epoch=2, loss=1.0, accuracy=0.5)
+        p = status(kapi, ns, "mine")["progress"]
+        assert (p["epoch"], p["accuracy"], p["maxLoss"], p["history"]) == (2, 0.5, 2.0, [0.3, 0.5])
+        # the operator's own fields are untouched by the trainer
+        assert status(kapi, ns, "mine")["phase"] == "Running"
+        with pytest.raises(ApiException) as exc:
+            Reporter("other", ns, api=api).report(epoch=1, loss=1.0, accuracy=0.9)
+        assert exc.value.status == 403
+        with pytest.raises(ApiException) as exc:
+            client.CustomObjectsApi(api).patch_namespaced_custom_object(G, V, ns, P, "mine", {"spec": {"maxEpochs": 1}})
+        assert exc.value.status == 403
+        with pytest.raises(ApiException) as exc:
+            client.CoreV1Api(api).list_namespaced_pod(ns)
+        assert exc.value.status == 403
+    finally:
+        api.close()
+    # per-job RBAC objects are owned by the job
+    role = kapi.rbac.read_namespaced_role("mine-trainer", ns)
+    assert role.metadata.owner_references[0].name == "mine" and role.rules[0].resource_names == ["mine"]
+
+
+def test_restart_mid_scaling_no_duplicates_no_orphans(kapi, ns, tj, run_operator, wait_until):
+    with run_operator(ns):
+        tj(ns, "elastic", 1, 4, gpus=8)
+        wait_until(lambda: phase(kapi, ns, "elastic") == "Running", 60, "running")
+    # the operator is down. Pretend it died right after recording a scale-up to 3 and
+    # creating only one of the new workers; meanwhile a job is deleted under its pods.
+    kapi.custom.patch_namespaced_custom_object_status(G, V, ns, P, "elastic", {"status": {"targetWorkers": 3}})
+    from rlsched.operator.resources import worker_pod
+
+    body = get(kapi, ns, "elastic")
+    kapi.core.create_namespaced_pod(ns, worker_pod(body, 1, 8, grace_period_s=1))
+    ghost = worker_pod({**body, "metadata": {**body["metadata"], "name": "ghost", "uid": "00000000-dead-beef-0000-000000000000"}},
+                       0, 1, grace_period_s=1)
+    ghost["metadata"]["ownerReferences"] = []
+    del ghost["spec"]["serviceAccountName"]
+    kapi.core.create_namespaced_pod(ns, ghost)
+    with run_operator(ns):
+        wait_until(lambda: len(pods(kapi, ns, "elastic")) == 3 and status(kapi, ns, "elastic").get("workers") == 3,
+                   60, "three workers")
+        wait_until(lambda: not pods(kapi, ns, "ghost"), 30, "orphan removed")
+        names = sorted(p.metadata.name for p in pods(kapi, ns, "elastic"))
+        assert names == ["elastic-worker-0", "elastic-worker-1", "elastic-worker-2"]
+        # and stays that way over further cycles (no trainer: no new evaluations)
+        import time
+
+        time.sleep(2.0)
+        assert sorted(p.metadata.name for p in pods(kapi, ns, "elastic")) == names
+        # deleting the job leaves nothing behind
+        delete(kapi, ns, "elastic")
+        wait_until(lambda: not kapi.core.list_namespaced_pod(ns).items, 60, "pods gone")
+        wait_until(lambda: not [s for s in kapi.core.list_namespaced_service_account(ns).items
+                                if s.metadata.name == "elastic-trainer"], 60, "service account gone")
