@@ -1,0 +1,938 @@
+"""``rlsched demo up|down``: the live system on this machine.
+
+``up`` starts the local control plane (:class:`rlsched.devcluster.LocalCluster`:
+etcd, kube-apiserver, kube-controller-manager, the default and the ``rlsched``
+kube-scheduler, kwok) with kwok GPU nodes, then the extender, the operator and the
+operator's fake trainer as processes, and a real Prometheus (``/usr/bin/prometheus``,
+Debian's package) scraping the extender and the operator with the chart's alert rules
+loaded. It submits a mix of TrainingJobs drawn from a trace (Alibaba GPU 2023 when
+``RLSCHED_DATA_DIR`` holds it, the synthetic generator otherwise), shows a live view
+(jobs, queues, workers, accuracy), and at the end prints a summary table and writes
+``summary.json`` and plots into ``--out``. Everything it started is stopped on exit;
+``down`` cleans up after a run that was killed or started with ``--keep``.
+
+The pure parts (:func:`plan_jobs`, :func:`prometheus_config`, :func:`summarize`,
+:func:`gpu_usage`, :func:`render_view`) are unit-tested; the rest is orchestration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import yaml
+
+__all__ = [
+    "DemoJob",
+    "DemoOptions",
+    "Sample",
+    "default_trace",
+    "demo_topology",
+    "plan_jobs",
+    "prometheus_config",
+    "shipped_rules",
+    "gpu_usage",
+    "summarize",
+    "render_view",
+    "write_plots",
+    "register",
+]
+
+GROUP, VERSION, PLURAL = "rlsched.dev", "v1alpha1", "trainingjobs"
+NAMESPACE = "rlsched-demo"
+STATE_FILE = "demo.json"
+PROMETHEUS = "/usr/bin/prometheus"
+TERMINAL = ("Succeeded", "Failed")
+_REPO = Path(__file__).resolve().parents[1]
+CHART = _REPO / "deploy" / "helm" / "rlsched"
+TRAINER_IMAGE = "registry.invalid/rlsched/fake-trainer:demo"  # never pulled: kwok runs no containers
+
+
+# --------------------------------------------------------------------------- options
+@dataclass(frozen=True)
+class DemoOptions:
+    """What ``rlsched demo up`` runs (all times in wall seconds)."""
+
+    duration_s: float = 180.0
+    jobs: int = 24
+    trace: str | None = None
+    data_dir: str | None = None
+    seed: int = 1
+    out: Path = Path("out/demo")
+    state_dir: Path = Path(".run/demo")
+    epoch_s: float = 1.0
+    cycle_s: float = 2.0
+    scrape_interval_s: float = 2.0
+    submit_fraction: float = 0.4
+    keep: bool = False
+
+    def __post_init__(self) -> None:
+        if self.duration_s <= 0 or self.jobs < 1:
+            raise ValueError("duration must be > 0 and jobs >= 1")
+        if not 0.0 < self.submit_fraction <= 1.0:
+            raise ValueError("submit_fraction must lie in (0, 1]")
+        if self.epoch_s <= 0 or self.cycle_s <= 0 or self.scrape_interval_s <= 0:
+            raise ValueError("epoch, cycle and scrape intervals must be > 0")
+
+
+@dataclass(frozen=True)
+class DemoJob:
+    """One TrainingJob to submit ``at_s`` seconds after the demo starts."""
+
+    name: str
+    at_s: float
+    manifest: dict
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One observation of the cluster by the live view."""
+
+    t: float
+    gpus_used: int
+    gpus_total: int
+    workers: int
+    running: int
+    queued: int
+    done: int
+
+
+def default_trace(data_dir: str | None) -> str:
+    """``alibaba2023:default`` when ``data_dir`` holds the Alibaba 2023 trace, else the
+    small synthetic trace."""
+    if data_dir and (Path(data_dir) / "alibaba-gpu-2023").is_dir():
+        return "alibaba2023:default"
+    return "synthetic:small"
+
+
+def demo_topology():
+    """The demo cluster: 8 kwok nodes x 8 A100 in 4 racks and 2 blocks (64 GPUs)."""
+    from rlsched.core.topology import Topology
+
+    return Topology.uniform(8, gpus_per_node=8, racks=4, blocks=2, prefix="kwok-gpu")
+
+
+# --------------------------------------------------------------------------- job plan
+_DNS = re.compile(r"[^a-z0-9-]+")
+
+
+def _dns_name(prefix: str, index: int, job_id: str) -> str:
+    tail = _DNS.sub("-", str(job_id).lower()).strip("-")[:24].strip("-")
+    return f"{prefix}-{index:03d}" + (f"-{tail}" if tail else "")
+
+
+def plan_jobs(
+    specs: Sequence[Any],
+    n: int,
+    rng: np.random.Generator,
+    *,
+    node_gpus: int,
+    cluster_gpus: int,
+    window_s: float,
+    namespace: str = NAMESPACE,
+    max_epochs: int = 40,
+    p_urgent: float = 0.2,
+    p_highest: float = 0.05,
+) -> list[DemoJob]:
+    """Draw ``n`` jobs from a trace's :class:`rlsched.sim.JobSpec` list and turn them
+    into TrainingJob manifests submitted over ``window_s`` seconds.
+
+    Jobs that cannot fit (a worker wider than a node, a gang above half the cluster)
+    are left out. Submit times keep the trace's order and relative spacing, rescaled
+    into the window. Every job is made elastic (``maxWorkers`` up to twice its gang,
+    within the cluster) so that RLPTO scaling has room to act; jobs whose trace queue
+    is ``normal`` become ``urgent`` with probability ``p_urgent`` and ``highest``
+    (preempting) with ``p_highest``, so all three queues show up.
+    """
+    if n < 1:
+        raise ValueError("n must be >= 1")
+    if window_s < 0 or node_gpus < 1 or cluster_gpus < node_gpus:
+        raise ValueError("need window_s >= 0 and 1 <= node_gpus <= cluster_gpus")
+    fits = [
+        s for s in specs
+        if s.gpus_per_worker <= node_gpus and s.min_workers * s.gpus_per_worker <= cluster_gpus // 2
+    ]
+    if not fits:
+        raise ValueError(f"no job of the trace fits a cluster of {cluster_gpus} GPUs ({node_gpus} per node)")
+    take = np.sort(rng.choice(len(fits), size=min(n, len(fits)), replace=False))
+    chosen = sorted((fits[int(i)] for i in take), key=lambda s: (s.submit_time, s.id))
+    t = np.array([s.submit_time for s in chosen], dtype=float)
+    span = float(t[-1] - t[0])
+    at = (t - t[0]) / span * window_s if span > 0 else np.linspace(0.0, window_s, len(chosen))
+    classes = rng.choice(["normal", "urgent", "highest"], size=len(chosen),
+                         p=[1.0 - p_urgent - p_highest, p_urgent, p_highest])
+    out = []
+    for i, (spec, when, cls) in enumerate(zip(chosen, at, classes)):
+        gpw = int(spec.gpus_per_worker)
+        lo = int(spec.min_workers)
+        cap = max(lo, (cluster_gpus // 2) // gpw)
+        hi = int(min(max(int(spec.max_workers), 2 * lo), cap))
+        queue = spec.queue if spec.queue in ("urgent", "highest") else str(cls)
+        name = _dns_name("tj", i, spec.id)
+        beta = float(min(max(spec.beta, 1e-6), 0.5))
+        manifest = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "TrainingJob",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": {"app.kubernetes.io/part-of": "rlsched-demo"},
+                "annotations": {"rlsched.dev/trace-job": str(spec.id)},
+            },
+            "spec": {
+                "minWorkers": lo,
+                "maxWorkers": hi,
+                "gpusPerWorker": gpw,
+                "priority": {"class": queue, "value": float(np.clip(spec.priority, -1000, 1000))},
+                "beta": beta,
+                "maxEpochs": int(min(spec.max_epochs, max_epochs)),
+                "dataSize": int(spec.samples_per_epoch),
+                "template": {
+                    "metadata": {"labels": {"app.kubernetes.io/part-of": "rlsched-demo"}},
+                    "spec": {
+                        "containers": [{"name": "trainer", "image": TRAINER_IMAGE,
+                                        "args": ["train", "--job", name]}],
+                    },
+                },
+            },
+        }
+        out.append(DemoJob(name, float(when), manifest))
+    return out
+
+
+# --------------------------------------------------------------------------- prometheus
+def prometheus_config(
+    targets: Mapping[str, str],
+    *,
+    scrape_interval_s: float = 2.0,
+    rule_files: Iterable[str] = (),
+) -> dict:
+    """A Prometheus configuration scraping ``targets`` (job name -> host:port).
+
+    Job names are the ones the chart's alerts and dashboard select on
+    (``rlsched-extender``, ``rlsched-operator``).
+    """
+    if not targets:
+        raise ValueError("no scrape targets")
+    for job, addr in targets.items():
+        host, _, port = addr.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"target of {job!r} must be host:port, got {addr!r}")
+    interval = f"{scrape_interval_s:g}s"
+    return {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval,
+                   "scrape_timeout": f"{min(scrape_interval_s, 10.0):g}s"},
+        "rule_files": [str(f) for f in rule_files],
+        "scrape_configs": [
+            {"job_name": job, "metrics_path": "/metrics", "static_configs": [{"targets": [addr]}]}
+            for job, addr in sorted(targets.items())
+        ],
+    }
+
+
+def shipped_rules(helm: str | os.PathLike, chart: str | os.PathLike = CHART,
+                  values: Mapping[str, Any] | None = None) -> dict:
+    """The Prometheus rule groups the chart ships (its PrometheusRule's spec), rendered
+    by ``helm template`` with ``values`` (``--set`` pairs)."""
+    argv = [str(helm), "template", "rlsched", str(chart), "--namespace", "rlsched-system",
+            "--set", "metrics.prometheusRule.enabled=true",
+            "--show-only", "templates/prometheusrule.yaml"]
+    for k, v in (values or {}).items():
+        argv += ["--set", f"{k}={v}"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"helm template failed: {out.stderr.strip()}")
+    doc = yaml.safe_load(out.stdout)
+    if not isinstance(doc, dict) or "groups" not in (doc.get("spec") or {}):
+        raise RuntimeError("helm template gave no PrometheusRule with spec.groups")
+    return {"groups": doc["spec"]["groups"]}
+
+
+def prom_query(base: str, query: str, timeout: float = 5.0) -> list[dict]:
+    """Instant query against Prometheus ``base`` URL; the result vector."""
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        body = json.loads(resp.read())
+    if body.get("status") != "success":
+        raise RuntimeError(f"query {query!r} failed: {body.get('error')}")
+    return body["data"]["result"]
+
+
+def _scalar(base: str, query: str) -> float | None:
+    try:
+        res = prom_query(base, query)
+    except (OSError, RuntimeError, ValueError):
+        return None
+    vals = [float(r["value"][1]) for r in res]
+    vals = [v for v in vals if math.isfinite(v)]
+    return sum(vals) if vals else None
+
+
+# Headline figures shown live and in the summary; all from the demo's Prometheus.
+HEADLINE_QUERIES = {
+    "extender_requests": "sum(rlsched_extender_request_duration_seconds_count)",
+    "extender_p99_ms": "1000 * histogram_quantile(0.99, sum by (le) "
+                       "(rate(rlsched_extender_request_duration_seconds_bucket[1m])))",
+    "extender_errors": "sum(rlsched_extender_errors_total)",
+    "scaling_up": 'sum(rlsched_operator_scaling_decisions_total{direction="up"})',
+    "scaling_down": 'sum(rlsched_operator_scaling_decisions_total{direction="down"})',
+    "preemptions": "sum(rlsched_operator_preemptions_total)",
+    "admission_wait_p90_s": "histogram_quantile(0.9, sum by (le) "
+                            "(rate(rlsched_operator_admission_wait_seconds_bucket[10m])))",
+}
+
+
+# --------------------------------------------------------------------------- observation
+def _gpus_of(pod: Mapping) -> int:
+    total = 0
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        res = c.get("resources") or {}
+        q = (res.get("limits") or {}).get("nvidia.com/gpu") or (res.get("requests") or {}).get("nvidia.com/gpu")
+        if q is not None:
+            total += int(str(q))
+    return total
+
+
+def gpu_usage(pods: Iterable[Mapping]) -> tuple[int, int]:
+    """(GPUs held, worker pods) by pods bound to a node and not finished."""
+    gpus = workers = 0
+    for p in pods:
+        if not (p.get("spec") or {}).get("nodeName"):
+            continue
+        if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        if (p.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        gpus += _gpus_of(p)
+        workers += 1
+    return gpus, workers
+
+
+def _st(job: Mapping) -> Mapping:
+    return job.get("status") or {}
+
+
+def summarize(jobs: Sequence[Mapping], planned: int | None = None) -> dict:
+    """Per-job rows and aggregate figures from the final TrainingJob objects."""
+    rows = []
+    for j in sorted(jobs, key=lambda j: j["metadata"]["name"]):
+        st, spec = _st(j), j.get("spec") or {}
+        prog = st.get("progress") or {}
+        rows.append({
+            "name": j["metadata"]["name"],
+            "class": (spec.get("priority") or {}).get("class", "normal"),
+            "phase": st.get("phase", "Pending"),
+            "min_workers": spec.get("minWorkers"),
+            "max_workers": spec.get("maxWorkers"),
+            "workers": st.get("workers", 0),
+            "gpus_per_worker": spec.get("gpusPerWorker", 1),
+            "epoch": prog.get("epoch"),
+            "accuracy": prog.get("accuracy"),
+            "wait_s": st.get("admissionWaitSeconds"),
+            "jct_s": st.get("jctSeconds"),
+            "preemptions": st.get("preemptions", 0),
+        })
+    done = [r for r in rows if r["phase"] == "Succeeded" and r["jct_s"] is not None]
+    jct = np.array([r["jct_s"] for r in done], dtype=float)
+    waits = np.array([r["wait_s"] for r in rows if r["wait_s"] is not None], dtype=float)
+    acc = np.array([r["accuracy"] for r in done if r["accuracy"] is not None], dtype=float)
+
+    def stat(a: np.ndarray, f) -> float | None:
+        return float(f(a)) if a.size else None
+
+    phases: dict[str, int] = {}
+    for r in rows:
+        phases[r["phase"]] = phases.get(r["phase"], 0) + 1
+    return {
+        "jobs": rows,
+        "planned": len(rows) if planned is None else planned,
+        "submitted": len(rows),
+        "phases": phases,
+        "succeeded": len(done),
+        "jct_mean_s": stat(jct, np.mean),
+        "jct_p50_s": stat(jct, np.median),
+        "jct_p95_s": stat(jct, lambda a: np.percentile(a, 95)),
+        "wait_mean_s": stat(waits, np.mean),
+        "accuracy_mean": stat(acc, np.mean),
+        "preemptions": int(sum(r["preemptions"] or 0 for r in rows)),
+    }
+
+
+def _fmt(v: Any, spec: str = ".1f") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return format(v, spec)
+    return str(v)
+
+
+def render_view(jobs: Sequence[Mapping], sample: Sample | None, headline: Mapping[str, float | None],
+                *, elapsed_s: float, duration_s: float, prometheus_url: str = "", max_rows: int = 18):
+    """The live view: cluster line, queues, and the most recent jobs (a rich renderable)."""
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.table import Table
+
+    queues = {"interrupt": 0, "urgent": 0, "normal": 0}
+    for j in jobs:
+        st = _st(j)
+        if st.get("phase") in (None, "Queued") and st.get("queue") in queues:
+            queues[st["queue"]] += 1
+    s = sample
+    util = f"{s.gpus_used}/{s.gpus_total} GPUs ({100.0 * s.gpus_used / max(1, s.gpus_total):.0f}%)" if s else "-"
+    head = Table.grid(padding=(0, 3))
+    head.add_row(
+        f"[b]t[/b] {elapsed_s:5.0f}/{duration_s:.0f}s",
+        f"[b]cluster[/b] {util}",
+        f"[b]workers[/b] {s.workers if s else '-'}",
+        f"[b]running[/b] {s.running if s else '-'}",
+        f"[b]done[/b] {s.done if s else '-'}",
+    )
+    head.add_row(
+        "[b]queues[/b] " + " ".join(f"{k}={v}" for k, v in queues.items()),
+        f"[b]extender[/b] {_fmt(headline.get('extender_requests'), '.0f')} req, "
+        f"p99 {_fmt(headline.get('extender_p99_ms'), '.2f')} ms",
+        f"[b]scaling[/b] +{_fmt(headline.get('scaling_up'), '.0f')}/-{_fmt(headline.get('scaling_down'), '.0f')}",
+        f"[b]preempted[/b] {_fmt(headline.get('preemptions'), '.0f')}",
+        f"[dim]{prometheus_url}[/dim]",
+    )
+    table = Table(expand=True, pad_edge=False)
+    for col, just in (("job", "left"), ("class", "left"), ("phase", "left"), ("queue", "left"),
+                      ("workers", "right"), ("GPUs/w", "right"), ("epoch", "right"),
+                      ("accuracy", "right"), ("wait s", "right"), ("JCT s", "right")):
+        table.add_column(col, justify=just, no_wrap=True)
+    colour = {"Running": "green", "Starting": "cyan", "Queued": "yellow", "Succeeded": "blue", "Failed": "red"}
+
+    def order(j: Mapping) -> tuple:
+        ph = _st(j).get("phase")
+        return (ph in TERMINAL, j["metadata"]["name"])
+
+    shown = sorted(jobs, key=order)[:max_rows]
+    for j in shown:
+        st, spec = _st(j), j.get("spec") or {}
+        prog = st.get("progress") or {}
+        ph = st.get("phase", "Pending")
+        table.add_row(
+            j["metadata"]["name"], (spec.get("priority") or {}).get("class", "normal"),
+            f"[{colour.get(ph, 'white')}]{ph}[/]", st.get("queue") or "-",
+            f"{st.get('workers', 0)} [{spec.get('minWorkers')}..{spec.get('maxWorkers')}]",
+            str(spec.get("gpusPerWorker", 1)), _fmt(prog.get("epoch")), _fmt(prog.get("accuracy"), ".3f"),
+            _fmt(st.get("admissionWaitSeconds")), _fmt(st.get("jctSeconds")),
+        )
+    more = len(jobs) - len(shown)
+    title = f"TrainingJobs ({len(jobs)} submitted" + (f", {more} not shown" if more > 0 else "") + ")"
+    return Group(Panel(head, title="rlsched demo", border_style="blue"), Panel(table, title=title))
+
+
+def write_plots(summary: Mapping, samples: Sequence[Sample], jobs: Sequence[Mapping], out: Path) -> list[Path]:
+    """JCT distribution, cluster utilization over time and accuracy curves (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    jct = np.sort([r["jct_s"] for r in summary["jobs"] if r["phase"] == "Succeeded" and r["jct_s"] is not None])
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    if jct.size:
+        ax1.hist(jct, bins=min(20, max(5, jct.size)), color="tab:blue", alpha=0.8)
+        ax2.step(jct, np.arange(1, jct.size + 1) / jct.size, where="post")
+    else:
+        ax1.text(0.5, 0.5, "no job completed", ha="center", transform=ax1.transAxes)
+    ax1.set(xlabel="JCT (s)", ylabel="jobs", title="JCT distribution")
+    ax2.set(xlabel="JCT (s)", ylabel="fraction of jobs", title="JCT CDF", ylim=(0, 1.02))
+    fig.tight_layout()
+    paths.append(out / "jct.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(10, 4))
+    if samples:
+        t = np.array([s.t for s in samples])
+        util = np.array([100.0 * s.gpus_used / max(1, s.gpus_total) for s in samples])
+        ax.plot(t, util, label="GPU allocation (%)", color="tab:green")
+        ax.set_ylim(0, 105)
+        ax2 = ax.twinx()
+        ax2.plot(t, [s.queued for s in samples], label="queued jobs", color="tab:orange")
+        ax2.plot(t, [s.running for s in samples], label="running jobs", color="tab:purple")
+        ax2.set_ylabel("jobs")
+        lines = ax.get_lines() + ax2.get_lines()
+        ax.legend(lines, [ln.get_label() for ln in lines], loc="upper left")
+    ax.set(xlabel="time since first submission (s)", ylabel="GPUs allocated (%)", title="Cluster utilization")
+    fig.tight_layout()
+    paths.append(out / "utilization.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(10, 4))
+    for j in jobs:
+        hist = ((_st(j).get("progress") or {}).get("history")) or []
+        if hist:
+            ax.plot(np.arange(1, len(hist) + 1), hist, lw=1, alpha=0.7)
+    ax.set(xlabel="epoch", ylabel="accuracy", title="Accuracy per TrainingJob (fake trainer, convergence model)")
+    fig.tight_layout()
+    paths.append(out / "accuracy.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+# --------------------------------------------------------------------------- processes
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _http_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return 200 <= r.status < 300
+    except (OSError, ValueError):
+        return False
+
+
+@dataclass
+class _Child:
+    name: str
+    argv: list[str]
+    log: Path
+    popen: subprocess.Popen | None = None
+
+    def start(self, cwd: Path, env: Mapping[str, str] | None = None) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as fh:
+            self.popen = subprocess.Popen(self.argv, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, start_new_session=True,
+                                          env=dict(env) if env is not None else None)
+
+    def check(self) -> None:
+        if self.popen is not None and self.popen.poll() is not None:
+            raise RuntimeError(f"{self.name} exited with {self.popen.returncode}; last lines of {self.log}:\n"
+                               + _tail(self.log))
+
+
+def _tail(path: Path, n: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+def _stop_pgid(pid: int, grace: float = 5.0) -> None:
+    """SIGTERM the process group led by ``pid``; SIGKILL what is left after ``grace``."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return
+        try:  # reap our own child so it does not linger as a zombie
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.1)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _started_in(pid: int, cwd: Path) -> bool:
+    try:
+        return Path(os.readlink(f"/proc/{pid}/cwd")).resolve() == cwd.resolve()
+    except OSError:
+        return False
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "rlsched.cli", *args]
+
+
+def _wait(check, timeout: float, what: str, children: Sequence[_Child] = ()) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for c in children:
+            c.check()
+        if check():
+            return
+        time.sleep(0.3)
+    raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+class Demo:
+    """One run of the live demo (see the module docstring)."""
+
+    def __init__(self, opts: DemoOptions, console=None) -> None:
+        from rich.console import Console
+
+        self.opts = opts
+        self.console = console or Console()
+        self.state_dir = opts.state_dir.resolve()
+        self.children: list[_Child] = []
+        self.cluster = None
+        self.prom_url = ""
+        self.samples: list[Sample] = []
+        self.headline: dict[str, float | None] = {}
+        self.rng = np.random.default_rng(opts.seed)
+
+    # ---- state for `demo down`
+    def _write_state(self) -> None:
+        state = {
+            "pids": {c.name: c.popen.pid for c in self.children if c.popen is not None},
+            "cluster_dir": str(self.state_dir / "cluster"),
+            "prometheus_url": self.prom_url,
+        }
+        tmp = self.state_dir / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(self.state_dir / STATE_FILE)
+
+    def _spawn(self, name: str, argv: list[str]) -> _Child:
+        child = _Child(name, argv, self.state_dir / "logs" / f"{name}.log")
+        child.start(self.state_dir)
+        self.children.append(child)
+        self._write_state()
+        return child
+
+    # ---- lifecycle
+    def start(self) -> None:
+        from rlsched.devcluster import LocalCluster, create_gpu_nodes, find_tools, wait_nodes_ready
+
+        if (self.state_dir / STATE_FILE).exists():
+            raise RuntimeError(f"a demo is already running from {self.state_dir} "
+                               "(stop it with `rlsched demo down`)")
+        if not os.access(PROMETHEUS, os.X_OK):
+            raise RuntimeError(f"{PROMETHEUS} not found: install Debian's package "
+                               "(`make prometheus`, i.e. apt-get install prometheus)")
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        tools = find_tools()
+        self._write_state()
+        con = self.console
+        with con.status("starting the local control plane") as status:
+            self.cluster = LocalCluster(self.state_dir / "cluster", keep_workdir=False,
+                                        progress=lambda m: status.update(f"control plane: {m}"))
+            self.cluster.start()
+            kc = str(self.cluster.kubeconfig)
+            topo = demo_topology()
+            self.topology = topo
+            status.update(f"creating {len(topo)} kwok GPU nodes")
+            wait_nodes_ready(kc, create_gpu_nodes(kc, topo))
+            status.update("installing the TrainingJob CRD")
+            self._apply_crds(kc)
+
+            status.update("starting the extender")
+            port = self.cluster.extender_port
+            if port is None:
+                raise RuntimeError("the cluster's extender URL is not local")
+            ext = self._spawn("extender", _cli("extender", "serve", "--host", "127.0.0.1",
+                                               "--port", str(port), "--kubeconfig", kc))
+            _wait(lambda: _http_ok(f"http://127.0.0.1:{port}/readyz"), 60, "extender /readyz", [ext])
+
+            status.update("starting the operator and the fake trainer")
+            op_port = _free_port()
+            op = self._spawn("operator", _cli(
+                "operator", "run", "--kubeconfig", kc, "--namespace", NAMESPACE,
+                "--metrics-port", str(op_port), "--cycle", f"{self.opts.cycle_s:g}",
+                "--start-timeout", "60", "--grace-period", "2", "--forecast-interval", "30"))
+            _wait(lambda: _http_ok(f"http://127.0.0.1:{op_port}/metrics"), 60, "operator /metrics", [op])
+            self._spawn("fake-trainer", _cli(
+                "operator", "fake-trainer", "--kubeconfig", kc, "--namespace", NAMESPACE,
+                "--epoch-seconds", f"{self.opts.epoch_s:g}", "--seed", str(self.opts.seed)))
+
+            status.update("starting Prometheus")
+            self._start_prometheus(tools, {"rlsched-extender": f"127.0.0.1:{port}",
+                                           "rlsched-operator": f"127.0.0.1:{op_port}"})
+        con.print(f"[green]up[/green]: API server {self.cluster.server}, {len(topo)} GPU nodes "
+                  f"({topo.total_gpus()} GPUs), Prometheus {self.prom_url}, "
+                  f"KUBECONFIG={self.cluster.kubeconfig}")
+
+    def _apply_crds(self, kubeconfig: str) -> None:
+        from kubernetes import client, config
+        from kubernetes.client.exceptions import ApiException
+
+        text = subprocess.run(_cli("operator", "crd"), capture_output=True, text=True, check=True).stdout
+        api = client.ApiextensionsV1Api(config.new_client_from_config(config_file=kubeconfig))
+        names = []
+        for doc in yaml.safe_load_all(text):
+            if not doc:
+                continue
+            try:
+                api.create_custom_resource_definition(doc)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+            names.append(doc["metadata"]["name"])
+
+        def established() -> bool:
+            for n in names:
+                conds = api.read_custom_resource_definition(n).status.conditions or []
+                if not any(c.type == "Established" and c.status == "True" for c in conds):
+                    return False
+            return True
+
+        _wait(established, 30, "the CRDs to be established")
+        core = client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
+        try:
+            core.create_namespace({"metadata": {"name": NAMESPACE}})
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    def _start_prometheus(self, tools: Path, targets: Mapping[str, str]) -> None:
+        pdir = self.state_dir / "prometheus"
+        pdir.mkdir(parents=True, exist_ok=True)
+        rule_files = []
+        helm = tools / "helm"
+        if helm.is_file() and CHART.is_dir():
+            (pdir / "rules.yaml").write_text(yaml.safe_dump(shipped_rules(helm), sort_keys=False))
+            rule_files.append("rules.yaml")
+        else:
+            self.console.print("[yellow]helm or the chart not found: Prometheus runs without the alert rules[/yellow]")
+        cfg = prometheus_config(targets, scrape_interval_s=self.opts.scrape_interval_s, rule_files=rule_files)
+        (pdir / "prometheus.yml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+        port = _free_port()
+        self.prom_url = f"http://127.0.0.1:{port}"
+        prom = self._spawn("prometheus", [
+            PROMETHEUS, f"--config.file={pdir / 'prometheus.yml'}",
+            f"--storage.tsdb.path={pdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+            "--storage.tsdb.retention.time=1d", "--log.level=warn"])
+        _wait(lambda: _http_ok(f"{self.prom_url}/-/ready"), 60, "Prometheus /-/ready", [prom])
+
+    def stop(self) -> None:
+        for c in reversed(self.children):
+            if c.popen is not None and c.popen.poll() is None:
+                _stop_pgid(c.popen.pid)
+            if c.popen is not None:
+                c.popen.wait()
+        self.children.clear()
+        if self.cluster is not None:
+            self.cluster.stop()
+            self.cluster = None
+        shutil.rmtree(self.state_dir / "prometheus", ignore_errors=True)
+        (self.state_dir / STATE_FILE).unlink(missing_ok=True)
+
+    # ---- the run
+    def run(self) -> dict:
+        from kubernetes import client, config
+        from kubernetes.client.exceptions import ApiException
+        from rich.live import Live
+
+        opts = self.opts
+        trace = opts.trace or default_trace(opts.data_dir)
+        specs = _load_specs(trace, opts.data_dir, opts.seed)
+        topo = self.topology
+        node_gpus = max(n.gpus for n in topo.nodes)
+        plan = plan_jobs(specs, opts.jobs, self.rng, node_gpus=node_gpus, cluster_gpus=topo.total_gpus(),
+                         window_s=opts.duration_s * opts.submit_fraction)
+        self.console.print(f"trace [b]{trace}[/b]: {len(specs)} jobs, submitting {len(plan)} over "
+                           f"{opts.duration_s * opts.submit_fraction:.0f}s; run time limit {opts.duration_s:.0f}s")
+        api = config.new_client_from_config(config_file=str(self.cluster.kubeconfig))
+        custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+        t0 = time.monotonic()
+        pending = list(plan)
+        jobs: list[dict] = []
+        last_prom = -1e9
+        interactive = self.console.is_terminal
+        last_line = 0.0
+        with Live(console=self.console, refresh_per_second=4, transient=False, auto_refresh=interactive) as live:
+            while True:
+                now = time.monotonic() - t0
+                while pending and pending[0].at_s <= now:
+                    job = pending.pop(0)
+                    try:
+                        custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, job.manifest)
+                    except ApiException as exc:
+                        self.console.print(f"[red]could not submit {job.name}: {exc.status} {exc.reason}[/red]")
+                for c in self.children:
+                    c.check()
+                jobs = custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)["items"]
+                pods = api.sanitize_for_serialization(core.list_namespaced_pod(NAMESPACE).items)
+                gpus, workers = gpu_usage(pods)
+                phases = [_st(j).get("phase") for j in jobs]
+                sample = Sample(now, gpus, topo.total_gpus(), workers, phases.count("Running"),
+                                sum(p in (None, "Queued") for p in phases), sum(p in TERMINAL for p in phases))
+                self.samples.append(sample)
+                if now - last_prom >= 5.0:
+                    self.headline = {k: _scalar(self.prom_url, q) for k, q in HEADLINE_QUERIES.items()}
+                    last_prom = now
+                view = render_view(jobs, sample, self.headline, elapsed_s=now, duration_s=opts.duration_s,
+                                   prometheus_url=self.prom_url)
+                live.update(view, refresh=interactive)
+                if not interactive and now - last_line >= 15.0:
+                    last_line = now
+                    print(f"[demo] t={now:.0f}s gpus={gpus}/{sample.gpus_total} running={sample.running} "
+                          f"queued={sample.queued} done={sample.done}/{len(plan)}", flush=True)
+                if not pending and jobs and all(p in TERMINAL for p in phases):
+                    break
+                if now >= opts.duration_s:
+                    break
+                time.sleep(1.0)
+            live.update(view, refresh=True)
+        time.sleep(opts.scrape_interval_s * 1.5)  # one more scrape of the final counters
+        self.headline = {k: _scalar(self.prom_url, q) for k, q in HEADLINE_QUERIES.items()}
+        summary = summarize(jobs, planned=len(plan))
+        summary.update({"trace": trace, "seed": opts.seed, "duration_s": opts.duration_s,
+                        "elapsed_s": time.monotonic() - t0, "cluster_gpus": topo.total_gpus(),
+                        "prometheus": self.headline,
+                        "gpu_allocation_mean": float(np.mean([s.gpus_used / max(1, s.gpus_total)
+                                                              for s in self.samples])) if self.samples else None})
+        opts.out.mkdir(parents=True, exist_ok=True)
+        (opts.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        (opts.out / "jobs.json").write_text(json.dumps(jobs, indent=2, default=str))
+        summary["plots"] = [str(p) for p in write_plots(summary, self.samples, jobs, opts.out)]
+        self._print_summary(summary)
+        return summary
+
+    def _print_summary(self, s: Mapping) -> None:
+        from rich.table import Table
+
+        t = Table(title=f"rlsched demo: {s['succeeded']}/{s['planned']} jobs completed "
+                        f"({s['trace']}, seed {s['seed']})")
+        t.add_column("figure")
+        t.add_column("value", justify="right")
+        p = s.get("prometheus") or {}
+        for label, val in (
+            ("JCT mean / p50 / p95 (s)", f"{_fmt(s['jct_mean_s'])} / {_fmt(s['jct_p50_s'])} / {_fmt(s['jct_p95_s'])}"),
+            ("admission wait mean (s)", _fmt(s["wait_mean_s"])),
+            ("final accuracy mean", _fmt(s["accuracy_mean"], ".3f")),
+            ("GPU allocation mean", _fmt(None if s["gpu_allocation_mean"] is None else 100 * s["gpu_allocation_mean"]) + " %"),
+            ("phases", ", ".join(f"{k} {v}" for k, v in sorted(s["phases"].items()))),
+            ("scaling decisions up / down", f"{_fmt(p.get('scaling_up'), '.0f')} / {_fmt(p.get('scaling_down'), '.0f')}"),
+            ("preemptions", _fmt(p.get("preemptions"), ".0f")),
+            ("extender requests / errors", f"{_fmt(p.get('extender_requests'), '.0f')} / {_fmt(p.get('extender_errors'), '.0f')}"),
+            ("extender p99 latency (ms, last minute)", _fmt(p.get("extender_p99_ms"), ".2f")),
+        ):
+            t.add_row(label, val)
+        self.console.print(t)
+        self.console.print(f"wrote {self.opts.out / 'summary.json'} and plots: "
+                           + ", ".join(Path(x).name for x in s.get("plots", [])))
+
+
+def _load_specs(trace: str, data_dir: str | None, seed: int) -> list:
+    """JobSpecs of ``trace`` through the simulator's trace loaders."""
+    from rlsched.sim import traces
+
+    return list(traces.load_trace(trace, data_dir=data_dir, seed=seed))
+
+
+# --------------------------------------------------------------------------- down
+def down(state_dir: Path, console=None) -> int:
+    """Stop what a demo started from ``state_dir`` (processes it recorded, verified by
+    their working directory, and its control plane). Safe to run twice."""
+    from rlsched.devcluster import ClusterError, LocalCluster
+
+    d = state_dir.resolve()
+    state_path = d / STATE_FILE
+    stopped = []
+    if state_path.exists():
+        state = json.loads(state_path.read_text())
+        for name, pid in (state.get("pids") or {}).items():
+            if _started_in(int(pid), d):
+                _stop_pgid(int(pid))
+                stopped.append(name)
+    cluster_dir = d / "cluster"
+    if cluster_dir.is_dir():
+        try:
+            LocalCluster.attach(cluster_dir).stop()
+            stopped.append("control plane")
+        except ClusterError:
+            pass
+        shutil.rmtree(cluster_dir, ignore_errors=True)
+    shutil.rmtree(d / "prometheus", ignore_errors=True)
+    state_path.unlink(missing_ok=True)
+    msg = f"stopped {', '.join(stopped)}" if stopped else "nothing was running"
+    if console is not None:
+        console.print(f"demo down: {msg} ({d})")
+    return 0
+
+
+# --------------------------------------------------------------------------- CLI
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _up(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    console = Console()
+    try:
+        opts = DemoOptions(
+            duration_s=args.duration, jobs=args.jobs, trace=args.trace,
+            data_dir=args.data_dir or os.environ.get("RLSCHED_DATA_DIR") or None, seed=args.seed,
+            out=Path(args.out), state_dir=Path(args.state_dir), epoch_s=args.epoch_seconds, keep=args.keep,
+        )
+    except ValueError as exc:
+        console.print(f"[red]demo: {exc}[/red]")
+        return 2
+    demo = Demo(opts, console)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    rc = 0
+    try:
+        demo.start()
+        demo.run()
+        if opts.keep:
+            console.print(f"--keep: still running. KUBECONFIG={demo.cluster.kubeconfig}, Prometheus "
+                          f"{demo.prom_url}. Stop with `rlsched demo down` (or `make demo-down`).")
+            demo.children.clear()  # leave them to `demo down`
+            demo.cluster = None
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/yellow]")
+        rc = 130
+    except Exception as exc:  # report, then clean up below
+        console.print(f"[red]demo failed:[/red] {exc}")
+        console.print(f"logs: {opts.state_dir / 'logs'}")
+        rc = 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if not (opts.keep and rc == 0):
+            with console.status("stopping the demo"):
+                demo.stop()
+    return rc
+
+
+def _down(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    return down(Path(args.state_dir), Console())
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``rlsched demo up|down``."""
+    p = subparsers.add_parser("demo", help="the live system: control plane, extender, operator, Prometheus")
+    sub = p.add_subparsers(dest="demo_command", metavar="ACTION", required=True)
+    up = sub.add_parser("up", help="run the live demo and stop it at the end")
+    up.add_argument("--duration", type=float, default=180.0, help="seconds of the run after start-up (default 180)")
+    up.add_argument("--jobs", type=int, default=24, help="TrainingJobs to submit (default 24)")
+    up.add_argument("--trace", default=None,
+                    help="trace SPEC (default: alibaba2023:default with a data dir, else synthetic:small)")
+    up.add_argument("--data-dir", default=None, help="trace data folder (default $RLSCHED_DATA_DIR)")
+    up.add_argument("--seed", type=int, default=1)
+    up.add_argument("--epoch-seconds", type=float, default=1.0, help="wall seconds per training epoch (default 1)")
+    up.add_argument("--out", default="out/demo", help="summary and plots folder (default out/demo)")
+    up.add_argument("--state-dir", default=".run/demo", help="working folder of the running demo")
+    up.add_argument("--keep", action="store_true", help="leave everything running at the end (then `demo down`)")
+    up.set_defaults(func=_up)
+    dn = sub.add_parser("down", help="stop everything a demo started")
+    dn.add_argument("--state-dir", default=".run/demo")
+    dn.set_defaults(func=_down)

@@ -1,0 +1,169 @@
+"""Unit tests of the live demo's pure parts (no cluster, no processes)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import yaml
+
+from rlsched import demo
+from rlsched.sim import JobSpec
+
+
+def _specs(n: int = 40) -> list[JobSpec]:
+    rng = np.random.default_rng(7)
+    out = []
+    for i in range(n):
+        w = int(rng.integers(1, 5))
+        out.append(JobSpec(id=f"job/{i}_X", submit_time=float(100 + 37 * i), workers=w, gpus_per_worker=int(rng.choice([1, 2, 4])),
+                           min_workers=w, max_workers=w, samples_per_epoch=int(rng.integers(1000, 60000)),
+                           max_epochs=80, beta=0.001))
+    # never fits: wider than a node, and a gang larger than half the cluster
+    out.append(JobSpec(id="too-wide", submit_time=5.0, workers=1, gpus_per_worker=16))
+    out.append(JobSpec(id="too-big", submit_time=6.0, workers=40, gpus_per_worker=1))
+    return out
+
+
+def test_plan_jobs_valid_manifests_in_window():
+    plan = demo.plan_jobs(_specs(), 12, np.random.default_rng(1), node_gpus=8, cluster_gpus=64, window_s=60.0)
+    assert len(plan) == 12
+    times = [j.at_s for j in plan]
+    assert times == sorted(times) and times[0] == 0.0 and times[-1] == pytest.approx(60.0)
+    names = [j.name for j in plan]
+    assert len(set(names)) == len(names)
+    for j in plan:
+        m = j.manifest
+        assert m["kind"] == "TrainingJob" and m["apiVersion"] == "rlsched.dev/v1alpha1"
+        assert m["metadata"]["name"] == j.name
+        assert all(c.isalnum() or c == "-" for c in j.name) and j.name == j.name.lower() and len(j.name) <= 63
+        s = m["spec"]
+        assert 1 <= s["minWorkers"] <= s["maxWorkers"]
+        assert s["gpusPerWorker"] <= 8
+        assert s["minWorkers"] * s["gpusPerWorker"] <= 32
+        assert s["maxWorkers"] * s["gpusPerWorker"] <= 32 or s["maxWorkers"] == s["minWorkers"]
+        assert 0 < s["beta"] < 1 and 1 <= s["maxEpochs"] <= 40
+        assert s["priority"]["class"] in ("normal", "urgent", "highest")
+        assert s["template"]["spec"]["containers"]
+        assert j.manifest["metadata"]["annotations"]["rlsched.dev/trace-job"] not in ("too-wide", "too-big")
+
+
+def test_plan_jobs_is_seeded_and_elastic():
+    a = demo.plan_jobs(_specs(), 20, np.random.default_rng(3), node_gpus=8, cluster_gpus=64, window_s=30.0)
+    b = demo.plan_jobs(_specs(), 20, np.random.default_rng(3), node_gpus=8, cluster_gpus=64, window_s=30.0)
+    c = demo.plan_jobs(_specs(), 20, np.random.default_rng(4), node_gpus=8, cluster_gpus=64, window_s=30.0)
+    assert [j.manifest for j in a] == [j.manifest for j in b]
+    assert [j.name for j in a] != [j.name for j in c] or [j.manifest for j in a] != [j.manifest for j in c]
+    # elastic room for RLPTO: some job may grow beyond its gang
+    assert any(j.manifest["spec"]["maxWorkers"] > j.manifest["spec"]["minWorkers"] for j in a)
+
+
+def test_plan_jobs_mixes_queues():
+    plan = demo.plan_jobs(_specs(), 40, np.random.default_rng(0), node_gpus=8, cluster_gpus=64, window_s=10.0,
+                          p_urgent=0.4, p_highest=0.1)
+    classes = {j.manifest["spec"]["priority"]["class"] for j in plan}
+    assert classes == {"normal", "urgent", "highest"}
+
+
+def test_plan_jobs_rejects_trace_that_cannot_fit():
+    with pytest.raises(ValueError, match="no job of the trace fits"):
+        demo.plan_jobs([JobSpec(id="x", submit_time=0.0, gpus_per_worker=16)], 3, np.random.default_rng(0),
+                       node_gpus=8, cluster_gpus=64, window_s=10.0)
+    with pytest.raises(ValueError):
+        demo.plan_jobs(_specs(), 0, np.random.default_rng(0), node_gpus=8, cluster_gpus=64, window_s=10.0)
+
+
+def test_prometheus_config_shape():
+    cfg = demo.prometheus_config({"rlsched-operator": "127.0.0.1:9100", "rlsched-extender": "127.0.0.1:9200"},
+                                 scrape_interval_s=2, rule_files=["rules.yaml"])
+    text = yaml.safe_dump(cfg)
+    back = yaml.safe_load(text)
+    assert back["global"]["scrape_interval"] == "2s"
+    assert back["rule_files"] == ["rules.yaml"]
+    jobs = {c["job_name"]: c["static_configs"][0]["targets"] for c in back["scrape_configs"]}
+    assert jobs == {"rlsched-extender": ["127.0.0.1:9200"], "rlsched-operator": ["127.0.0.1:9100"]}
+    with pytest.raises(ValueError):
+        demo.prometheus_config({"x": "no-port"})
+    with pytest.raises(ValueError):
+        demo.prometheus_config({})
+
+
+def _pod(node, gpus, phase="Running", deleting=False):
+    md = {"name": "p"}
+    if deleting:
+        md["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": md, "spec": {"nodeName": node, "containers": [
+        {"resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}, {"resources": {}}]}, "status": {"phase": phase}}
+
+
+def test_gpu_usage_counts_bound_live_pods_only():
+    pods = [_pod("n1", 2), _pod("n2", 4), _pod(None, 8, "Pending"), _pod("n1", 1, "Succeeded"), _pod("n3", 2, deleting=True)]
+    assert demo.gpu_usage(pods) == (6, 2)
+
+
+def _job(name, phase, jct=None, wait=None, acc=None, cls="normal", queue="normal", workers=0):
+    st = {"phase": phase, "queue": queue, "workers": workers}
+    if jct is not None:
+        st["jctSeconds"] = jct
+    if wait is not None:
+        st["admissionWaitSeconds"] = wait
+    if acc is not None:
+        st["progress"] = {"epoch": 10, "accuracy": acc, "history": [0.1, acc]}
+    return {"metadata": {"name": name}, "spec": {"minWorkers": 1, "maxWorkers": 2, "gpusPerWorker": 1,
+                                                  "priority": {"class": cls}}, "status": st}
+
+
+def test_summarize_hand_computed():
+    jobs = [_job("a", "Succeeded", 10.0, 1.0, 0.8), _job("b", "Succeeded", 30.0, 3.0, 0.9),
+            _job("c", "Running", None, 2.0, 0.5, workers=2), _job("d", "Queued")]
+    s = demo.summarize(jobs, planned=5)
+    assert s["planned"] == 5 and s["submitted"] == 4 and s["succeeded"] == 2
+    assert s["jct_mean_s"] == pytest.approx(20.0) and s["jct_p50_s"] == pytest.approx(20.0)
+    assert s["jct_p95_s"] == pytest.approx(29.0)
+    assert s["wait_mean_s"] == pytest.approx(2.0)
+    assert s["accuracy_mean"] == pytest.approx(0.85)
+    assert s["phases"] == {"Succeeded": 2, "Running": 1, "Queued": 1}
+    empty = demo.summarize([])
+    assert empty["jct_mean_s"] is None and empty["succeeded"] == 0
+
+
+def test_render_view_and_plots(tmp_path):
+    from rich.console import Console
+
+    jobs = [_job("a", "Succeeded", 10.0, 1.0, 0.8), _job("q1", "Queued", queue="urgent"), _job("r", "Running", workers=2)]
+    sample = demo.Sample(t=5.0, gpus_used=2, gpus_total=64, workers=2, running=1, queued=1, done=1)
+    console = Console(record=True, width=160)
+    console.print(demo.render_view(jobs, sample, {"extender_requests": 12.0, "extender_p99_ms": 1.5},
+                                   elapsed_s=5, duration_s=180))
+    text = console.export_text()
+    assert "urgent=1" in text and "2/64 GPUs" in text and "q1" in text and "12 req" in text
+    summary = demo.summarize(jobs)
+    paths = demo.write_plots(summary, [sample, demo.Sample(6.0, 4, 64, 4, 2, 0, 1)], jobs, tmp_path)
+    assert [p.name for p in paths] == ["jct.png", "utilization.png", "accuracy.png"]
+    assert all(p.stat().st_size > 1000 for p in paths)
+
+
+def test_default_trace(tmp_path):
+    assert demo.default_trace(None) == "synthetic:small"
+    assert demo.default_trace(str(tmp_path)) == "synthetic:small"
+    (tmp_path / "alibaba-gpu-2023").mkdir()
+    assert demo.default_trace(str(tmp_path)) == "alibaba2023:default"
+
+
+def test_options_validation():
+    with pytest.raises(ValueError):
+        demo.DemoOptions(duration_s=0)
+    with pytest.raises(ValueError):
+        demo.DemoOptions(submit_fraction=1.5)
+
+
+def test_down_without_a_demo_is_harmless(tmp_path):
+    assert demo.down(tmp_path / "nothing") == 0
+
+
+def test_cli_registers_demo():
+    from rlsched.cli import build_parser
+
+    args = build_parser("demo").parse_args(["demo", "up", "--duration", "30", "--jobs", "5"])
+    assert args.func is demo._up and args.duration == 30 and args.jobs == 5
+    args = build_parser("demo").parse_args(["demo", "down"])
+    assert args.func is demo._down
