@@ -21,7 +21,8 @@ def register(subparsers) -> None:
     r.add_argument("--scheduler-name", default="rlsched", help="schedulerName of worker pods (default rlsched)")
     r.add_argument("--ordering", default="fifo", help="core ordering policy inside a queue (fifo, sjf, das, ...)")
     r.add_argument("--ordering-model", help="weights file of a learned ordering (DAS)")
-    r.add_argument("--scaling", default="beta", help="core scaling policy (beta, rlpto, ...)")
+    r.add_argument("--scaling", default="auto",
+                   help="core scaling policy (auto: rlpto with --scaling-model, else beta; fs, optimus, none, ...)")
     r.add_argument("--scaling-model", help="weights file of the learned scaling policy (RLPTO PPO)")
     r.add_argument("--patience", type=int, default=5, help="evaluations with gain < beta before a job converged")
     r.add_argument("--mu", type=float, default=0.1, help="priority step per user request (RLPTO mu)")

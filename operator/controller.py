@@ -30,7 +30,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from rlsched.core import Progress, make_ordering, make_scaling
-from rlsched.core.policy import SCALINGS
+from rlsched.core.policy import ORDERINGS, SCALINGS
 
 from .metrics import OperatorMetrics
 from .queue import AdmissionPlan, DynamicPriority, QueueEntry, QueueManager, RunningEntry
@@ -61,7 +61,8 @@ class OperatorConfig:
     scheduler_name: str = "rlsched"
     ordering: str = "fifo"
     ordering_model: str | None = None
-    scaling: str = "beta"
+    #: "auto": the learned RLPTO policy when ``scaling_model`` is set, else "beta"
+    scaling: str = "auto"
     scaling_model: str | None = None
     patience: int = 5
     mu: float = 0.1
@@ -124,11 +125,33 @@ def requests_count(body: Mapping) -> int:
         return 0
 
 
+def _model_kwargs(factory, model: str | None) -> dict:
+    """Pass a weights file under the name the policy factory takes (``path``/``model``)."""
+    if not model:
+        return {}
+    import inspect
+
+    params = inspect.signature(factory).parameters
+    for key in ("path", "model"):
+        if key in params:
+            return {key: model}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return {"model": model}
+    raise ValueError(f"policy {factory!r} takes no weights file")
+
+
 def build_scaling(name: str, model: str | None):
-    """The core scaling policy; the β-threshold fallback when core has no ``beta``."""
-    kwargs = {"model": model} if model else {}
+    """The core scaling policy (``rlpto`` with its weights file, ``beta``, ...); the
+    operator's own β-threshold rule if core registers no ``beta``."""
+    if name == "auto":
+        name = "rlpto" if model else "beta"
     try:
-        return make_scaling(name, **kwargs)
+        make_scaling("none")  # loads the builtin policy modules
+        factory = SCALINGS.get(name.lower())
+        policy = make_scaling(name, **(_model_kwargs(factory, model) if factory else {}))
+        if getattr(policy, "fallback_reason", None):
+            log.warning("scaling %s: %s", name, policy.fallback_reason)
+        return policy
     except ValueError:
         if name == "beta" and "beta" not in SCALINGS:
             log.warning("core registers no 'beta' scaling yet; using the operator's β-threshold rule")
@@ -137,7 +160,10 @@ def build_scaling(name: str, model: str | None):
 
 
 def build_ordering(name: str, model: str | None):
-    return make_ordering(name, **({"model": model} if model else {}))
+    """The core ordering policy (``fifo``, ``sjf``, ``das`` with its weights file, ...)."""
+    make_ordering("fifo")  # loads the builtin policy modules
+    factory = ORDERINGS.get(name.lower())
+    return make_ordering(name, **(_model_kwargs(factory, model) if factory else {}))
 
 
 @dataclass
@@ -319,9 +345,9 @@ class Controller:
         holders: list[RunningEntry] = []
         for j in jobs.values():
             phase = j.status.get("phase")
-            if not phase:
-                continue  # the create handler has not seen it yet
-            if phase not in ACTIVE:
+            if not phase and j.spec is not None:
+                continue  # the create handler has not enqueued it yet
+            if phase and phase not in ACTIVE:
                 for p in j.live_pods():
                     await self.delete_pod(j.ns, p["metadata"]["name"], self.config.grace_period_s)
                 continue
@@ -466,6 +492,21 @@ class Controller:
                              scheduler_name=self.config.scheduler_name, grace_period_s=self.config.grace_period_s)
             if await self.create_ignoring_conflict(self.core.create_namespaced_pod(j.ns, pod)):
                 j.pods.append(pod)
+            else:
+                await self._clear_finished(j.ns, pod["metadata"]["name"])
+
+    async def _clear_finished(self, ns: str, name: str) -> None:
+        """A worker name is taken by a pod that already finished (Succeeded/Failed):
+        delete it so the worker can be created again next cycle."""
+        try:
+            old = await self._json(self.core.read_namespaced_pod(name, ns, _preload_content=False))
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        if (old.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            await self.delete_pod(ns, name, 0)
+            log.info("deleted finished worker %s/%s to recreate it", ns, name)
 
     async def ensure_rbac(self, j: _Job) -> None:
         sa, role, binding = trainer_rbac(j.body)

@@ -95,10 +95,14 @@ def test_priority_order_urgent_passes_normal_and_requests_promote(kapi, ns, tj, 
         assert events(kapi, ns, "n1", "Admitted") and events(kapi, ns, "n1", "Started")
 
         port = rt.metrics_server[0].server_port
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-        assert 'rlsched_operator_jobs{phase="Running"} 1.0' in text
-        assert "rlsched_operator_admission_wait_seconds_count 4.0" in text
-        assert "rlsched_operator_workers 4.0" in text
+        want = ['rlsched_operator_jobs{phase="Running"} 1.0', "rlsched_operator_admission_wait_seconds_count 4.0",
+                "rlsched_operator_workers 4.0", 'rlsched_operator_queue_length{queue="normal"} 0.0']
+
+        def metrics_ok():
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            return all(w in text for w in want) or [w for w in want if w not in text]
+
+        assert wait_until(lambda: metrics_ok() is True, 10, "metrics") is True
         cm = wait_until(lambda: _configmap(kapi, ns, "rlsched-forecast"), 20, "forecast ConfigMap")
         assert int(cm.data["recommendedNodes"]) >= 1 and cm.data["usedGru"] == "false"
 

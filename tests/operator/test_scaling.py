@@ -103,3 +103,12 @@ def test_core_beta_policy_when_registered(make_cluster, make_spec):
         assert isinstance(pol, BetaThreshold)
     with pytest.raises(ValueError, match="unknown scaling policy"):
         build_scaling("no-such-policy", None)
+
+
+def test_auto_scaling_is_learned_with_a_model_else_beta(tmp_path, caplog):
+    from rlsched.operator.controller import build_scaling
+
+    assert build_scaling("auto", None).name == "beta"
+    with caplog.at_level("WARNING"):
+        pol = build_scaling("auto", str(tmp_path / "missing.safetensors"))
+    assert pol.name == "rlpto" and "missing.safetensors" in caplog.text
