@@ -100,6 +100,22 @@ class Workload:
             object.__setattr__(self, "_tables_cache", cached)
         return cached
 
+    def _cpu_groups(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """GPU demand -> (sorted CPU demands, mass of classes with CPU above each)."""
+        cached = self.__dict__.get("_cpu_cache")
+        if cached is None:
+            cached = {}
+            for d in np.unique(self.gpu_milli[self.cpu_milli > 0]).tolist():
+                sel = (self.gpu_milli == d) & (self.cpu_milli > 0)
+                order = np.argsort(self.cpu_milli[sel], kind="stable")
+                cpus = self.cpu_milli[sel][order].astype(float)
+                mass = self.prob[sel][order]
+                # tail[i] = mass of classes with cpu > cpus[i-1]; searchsorted(right) picks it
+                tail = np.concatenate([np.cumsum(mass[::-1])[::-1], [0.0]])
+                cached[d] = (cpus, tail)
+            object.__setattr__(self, "_cpu_cache", cached)
+        return cached
+
     def pairs(self) -> list[tuple[float, float]]:
         return [(g / MILLI, float(p)) for g, p in zip(self.gpu_milli.tolist(), self.prob)]
 
@@ -172,15 +188,17 @@ def _check(free_milli) -> np.ndarray:
 
 
 def _cpu_correction(out, fm, total, partial, full, workload, cpu_free):
+    """Add ``p_m (total − F_n(m))`` for every class whose CPU demand exceeds the
+    node's free CPU, grouping classes by GPU demand (one GPU-axis pass per group)."""
     if cpu_free is None or not (workload.cpu_milli > 0).any():
         return out
     cpu = np.broadcast_to(np.asarray(cpu_free, float), total.shape)
-    for d, p, c in zip(workload.gpu_milli.tolist(), workload.prob.tolist(), workload.cpu_milli.tolist()):
-        if c > 0 and p > 0:
-            short = cpu < c
-            if short.any():
-                f = _class_fragmentation(fm, total, partial, full, d)
-                out = out + p * np.where(short, total - f, 0.0)
+    for d, (cpus, tail) in workload._cpu_groups().items():
+        # mass of the classes with this GPU demand that need more CPU than is free
+        short = tail[np.searchsorted(cpus, cpu, side="right")]
+        if short.any():
+            f = _class_fragmentation(fm, total, partial, full, d)
+            out = out + short * (total - f)
     return out
 
 
