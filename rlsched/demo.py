@@ -251,6 +251,7 @@ def shipped_rules(helm: str | os.PathLike, chart: str | os.PathLike = CHART,
     """The Prometheus rule groups the chart ships (its PrometheusRule's spec), rendered
     by ``helm template`` with ``values`` (``--set`` pairs)."""
     argv = [str(helm), "template", "rlsched", str(chart), "--namespace", "rlsched-system",
+            "--kube-version", "v1.35.0",
             "--set", "metrics.prometheusRule.enabled=true",
             "--show-only", "templates/prometheusrule.yaml"]
     for k, v in (values or {}).items():
