@@ -369,15 +369,24 @@ class FGD(_Placement):
             return self.workload
         jobs = [job, *state.pending]
         return Workload.from_requests(
-            [j.gpus_per_worker * 1000 for j in jobs], weights=[max(j.workers, 1) for j in jobs]
+            [j.gpus_per_worker * 1000 for j in jobs],
+            [j.cpu_milli for j in jobs],
+            weights=[max(j.workers, 1) for j in jobs],
         )
 
     def delta(self, job: JobView, state: ClusterState, cands: np.ndarray) -> np.ndarray:
         """Growth of expected fragmentation (milli-GPU) if one worker goes on each candidate."""
         width = max(state.max_gpus, 1)
-        table = fragmentation(whole_gpu_free_milli(np.arange(width + 1), width), self.target(job, state))
+        wl = self.target(job, state)
         free = state.free[cands]
-        return table[free - job.gpus_per_worker] - table[free]
+        after = free - job.gpus_per_worker
+        if (wl.cpu_milli > 0).any():  # CPU matters: evaluate each candidate node
+            cpu = state.cpu_free[cands]
+            return fragmentation(whole_gpu_free_milli(after, width), wl, cpu - job.cpu_milli) - fragmentation(
+                whole_gpu_free_milli(free, width), wl, cpu
+            )
+        table = fragmentation(whole_gpu_free_milli(np.arange(width + 1), width), wl)
+        return table[after] - table[free]
 
     def _scores(self, job, state, cands):
         left = (state.free[cands] - job.gpus_per_worker) / (state.max_gpus + 1.0)

@@ -221,3 +221,15 @@ def test_place_fails_only_when_capacity_is_short(scene, name):
     s, j = scene
     plan = make_placement(name).place(j, s)
     assert (plan is None) == (worker_slots(j, s).sum() < j.workers)
+
+
+def test_fgd_counts_cpu_stranding():
+    # node 0: 4 GPUs, plenty of CPU; node 1: 2 GPUs but 10 CPUs left. Jobs want 1 GPU + 8 CPUs.
+    s = ClusterState(Topology.uniform(2, 4))
+    s.allocate(1, 2, cpu_milli=86_000)
+    j = job(1, 1, cpu_milli=8_000)
+    s.pending = [job(1, 1, cpu_milli=8_000)] * 3
+    # on node 1 the job leaves 1 GPU with 2 CPUs: useless to the workload -> +1000 milli
+    np.testing.assert_allclose(FGD().delta(j, s, np.array([0, 1])), [0.0, 1000.0])
+    assert FGD().place(j, s) == [0]
+    assert make_placement("bestfit").place(j, s) == [1]
