@@ -1,0 +1,237 @@
+"""The extender's view of the cluster: nodes, pods, and pods it assumed onto nodes.
+
+Fed by watch events (or a static file) and read by every filter/prioritize call.
+GPUs in use on a node = GPUs of its bound, unfinished pods + GPUs of pods the extender
+*assumed* there (scored, not yet seen bound), so two pods scored back to back never
+count the same free GPUs. An assumption ends when the watch shows the pod bound or
+deleted, when the pod is scored again, or after ``assume_ttl`` seconds.
+
+The :class:`~rlsched.core.cluster.ClusterState` is kept up to date incrementally: a
+pod event adjusts one node's free count; only a node change (labels, capacity, add,
+delete) rebuilds the topology, lazily, on the next request.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from typing import Callable, Iterable, Mapping
+
+from ..core.cluster import ClusterState
+from ..core.topology import DEFAULT_TOPOLOGY_LEVELS, Topology
+from .objects import NodeInfo, PodInfo, parse_node, parse_pod
+
+__all__ = ["ClusterCache"]
+
+log = logging.getLogger(__name__)
+
+
+class ClusterCache:
+    """Nodes, pods and assumptions, with a :class:`ClusterState` built from them."""
+
+    def __init__(
+        self,
+        levels: tuple[str, ...] = DEFAULT_TOPOLOGY_LEVELS,
+        assume_ttl: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_observation: Callable[[str, float], None] | None = None,
+    ) -> None:
+        if assume_ttl <= 0:
+            raise ValueError("assume_ttl must be > 0")
+        self.levels = tuple(levels)
+        self.assume_ttl = float(assume_ttl)
+        self.clock = clock
+        self.on_observation = on_observation
+        self.nodes: dict[str, NodeInfo] = {}
+        self.pods: dict[str, PodInfo] = {}
+        #: pod key -> (node, gpus, job, expiry time)
+        self.assumed: dict[str, tuple[str, int, str | None, float]] = {}
+        self._contrib: dict[str, tuple[str, int, str | None]] = {}
+        self.used: Counter[str] = Counter()
+        self.job_nodes: dict[str, Counter[str]] = {}
+        self._topology: Topology | None = None
+        self._state: ClusterState | None = None
+        self._dirty = True
+        self.synced: dict[str, bool] = {"nodes": False, "pods": False}
+        self.last_update: float | None = None
+        self.rebuilds = 0
+
+    # ------------------------------------------------------------------ nodes
+    def touch(self) -> None:
+        """Note that the source was heard from (an event, a list or a bookmark)."""
+        self.last_update = self.clock()
+
+    def upsert_node(self, obj: Mapping) -> None:
+        info = parse_node(obj)
+        old = self.nodes.get(info.name)
+        if old != info:
+            self.nodes[info.name] = info
+            self._dirty = True
+        self.touch()
+
+    def delete_node(self, name: str) -> None:
+        if self.nodes.pop(name, None) is not None:
+            self._dirty = True
+        self.touch()
+
+    def replace_nodes(self, objs: Iterable[Mapping]) -> None:
+        """A fresh list of all nodes (after a (re-)list)."""
+        new = {}
+        for o in objs:
+            info = parse_node(o)
+            new[info.name] = info
+        if new != self.nodes:
+            self.nodes = new
+            self._dirty = True
+        self.synced["nodes"] = True
+        self.touch()
+
+    # ------------------------------------------------------------------ pods
+    def upsert_pod(self, obj: Mapping) -> PodInfo:
+        info = parse_pod(obj)
+        old = self.pods.get(info.key)
+        self.pods[info.key] = info
+        if info.node is not None or info.phase in ("Succeeded", "Failed"):
+            self.assumed.pop(info.key, None)  # kube-scheduler decided: drop our guess
+        self._recompute(info.key)
+        if (
+            self.on_observation is not None
+            and info.observed_speed is not None
+            and info.node is not None
+            and (old is None or old.observed_speed != info.observed_speed or old.node != info.node)
+        ):
+            self.on_observation(info.node, info.observed_speed)
+        self.touch()
+        return info
+
+    def delete_pod(self, key: str) -> None:
+        self.pods.pop(key, None)
+        self.assumed.pop(key, None)
+        self._recompute(key)
+        self.touch()
+
+    def replace_pods(self, objs: Iterable[Mapping]) -> None:
+        fresh: dict[str, PodInfo] = {}
+        for o in objs:
+            try:
+                info = parse_pod(o)
+            except ValueError as exc:  # one odd pod must not stop the cache
+                log.warning("skipping pod in list: %s", exc)
+                continue
+            fresh[info.key] = info
+        for key in list(self.pods):
+            if key not in fresh:
+                self.delete_pod(key)
+        for key, info in fresh.items():
+            self.pods[key] = info
+            if info.node is not None:
+                self.assumed.pop(key, None)
+            self._recompute(key)
+        self.synced["pods"] = True
+        self.touch()
+
+    # ------------------------------------------------------------------ assumptions
+    def assume(self, key: str, node: str, gpus: int, job: str | None) -> None:
+        """Count ``gpus`` of pod ``key`` on ``node`` until it is seen bound."""
+        pod = self.pods.get(key)
+        if pod is not None and pod.node is not None:
+            return  # already bound; the bound pod counts
+        self.assumed[key] = (node, int(gpus), job, self.clock() + self.assume_ttl)
+        self._recompute(key)
+
+    def forget(self, key: str) -> None:
+        if self.assumed.pop(key, None) is not None:
+            self._recompute(key)
+
+    def expire(self) -> int:
+        """Drop assumptions older than the TTL; returns how many."""
+        now = self.clock()
+        old = [k for k, (_, _, _, t) in self.assumed.items() if t <= now]
+        for k in old:
+            self.forget(k)
+        return len(old)
+
+    # ------------------------------------------------------------------ accounting
+    def _recompute(self, key: str) -> None:
+        pod = self.pods.get(key)
+        new = None
+        if pod is not None and pod.holds_gpus:
+            new = (pod.node, pod.gpus, pod.job)
+        elif key in self.assumed:
+            node, gpus, job, _ = self.assumed[key]
+            new = (node, gpus, job)
+        old = self._contrib.get(key)
+        if old == new:
+            return
+        if old is not None:
+            self._add(old, -1)
+            del self._contrib[key]
+        if new is not None:
+            self._add(new, +1)
+            self._contrib[key] = new
+
+    def _add(self, contrib: tuple[str, int, str | None], sign: int) -> None:
+        node, gpus, job = contrib
+        self.used[node] += sign * gpus
+        if self.used[node] == 0:
+            del self.used[node]
+        if job is not None:
+            c = self.job_nodes.setdefault(job, Counter())
+            c[node] += sign
+            if c[node] <= 0:
+                del c[node]
+            if not c:
+                del self.job_nodes[job]
+        self._sync(node)
+
+    def _sync(self, node: str) -> None:
+        if self._dirty or self._state is None:
+            return
+        i = self._topology.index.get(node) if self._topology else None
+        if i is None:
+            return
+        st = self._state
+        want = max(0, int(st.total[i]) - self.used.get(node, 0))
+        have = int(st.free[i])
+        if want < have:
+            st.allocate(i, have - want)
+        elif want > have:
+            st.release(i, want - have)
+
+    # ------------------------------------------------------------------ reads
+    def state(self) -> ClusterState:
+        """The current snapshot (rebuilt only after node changes)."""
+        if self._dirty or self._state is None:
+            names = sorted(self.nodes)
+            topo = Topology.from_labels(
+                ((n, self.nodes[n].labels, self.nodes[n].gpus) for n in names), levels=self.levels
+            )
+            st = ClusterState(topo)
+            for node, used in self.used.items():
+                i = topo.index.get(node)
+                if i is not None and used > 0:
+                    st.allocate(i, min(used, int(st.total[i])))
+            self._topology, self._state, self._dirty = topo, st, False
+            self.rebuilds += 1
+        return self._state
+
+    def job_placement(self, job: str | None, exclude: str | None = None) -> list[str]:
+        """Node of every bound or assumed worker of ``job`` (one entry per pod),
+        leaving out pod ``exclude``."""
+        if job is None:
+            return []
+        out: list[str] = []
+        for node, count in self.job_nodes.get(job, {}).items():
+            out.extend([node] * count)
+        if exclude is not None and exclude in self._contrib and self._contrib[exclude][2] == job:
+            out.remove(self._contrib[exclude][0])
+        return out
+
+    def age(self) -> float:
+        """Seconds since the cache last heard from its source (inf before that)."""
+        return float("inf") if self.last_update is None else self.clock() - self.last_update
+
+    @property
+    def ready(self) -> bool:
+        return all(self.synced.values())

@@ -1,0 +1,105 @@
+"""``rlsched extender serve``: run the kube-scheduler extender."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+
+import numpy as np
+
+from ..core.topology import DEFAULT_TOPOLOGY_LEVELS
+
+__all__ = ["register", "serve"]
+
+log = logging.getLogger("rlsched.extender")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("extender", help="kube-scheduler extender (filter/prioritize)")
+    sub = p.add_subparsers(dest="extender_command", metavar="ACTION")
+    s = sub.add_parser("serve", help="serve /filter, /prioritize, /metrics, ...")
+    s.add_argument("--port", type=int, required=True)
+    s.add_argument("--host", default="127.0.0.1")
+    src = s.add_mutually_exclusive_group()
+    src.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
+    src.add_argument("--static-nodes", metavar="FILE", help="load nodes (and pods) once from a NodeList YAML/JSON file")
+    s.add_argument("--policy", default="das", choices=("das", "firstfit", "bestfit", "loadbalance", "topology", "fgd", "random"))
+    s.add_argument("--model", help="DAS model file (.safetensors or .json); unreadable -> default parameters")
+    s.add_argument("--topology-levels", default=",".join(DEFAULT_TOPOLOGY_LEVELS),
+                   help="node-label keys, coarse to fine (last: hostname)")
+    s.add_argument("--assume-ttl", type=float, default=30.0, help="seconds a scored, unbound pod keeps its GPUs")
+    s.add_argument("--settle-timeout", type=float, default=0.5,
+                   help="seconds to wait for a job's scored pods to show up bound before scoring its next pod (watch mode)")
+    s.add_argument("--max-body-mib", type=float, default=10.0)
+    s.add_argument("--read-timeout", type=float, default=10.0, help="seconds to receive a request body")
+    s.add_argument("--seed", type=int, default=0, help="seed of the reconnect jitter")
+    s.add_argument("--log-level", default="INFO")
+    s.set_defaults(func=serve)
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+
+def serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return asyncio.run(_serve(args))
+    except KeyboardInterrupt:
+        return 0
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from .. import __version__
+    from .app import make_app
+    from .config import build_extender, load_static
+
+    levels = tuple(x.strip() for x in args.topology_levels.split(",") if x.strip())
+    ext = build_extender(
+        args.policy,
+        args.model,
+        levels=levels,
+        assume_ttl=args.assume_ttl,
+        settle_timeout=0.0 if args.static_nodes else args.settle_timeout,
+    )
+    tasks: list[asyncio.Task] = []
+    api = None
+    if args.static_nodes:
+        n, m = load_static(args.static_nodes, ext.cache)
+        log.info("loaded %d nodes and %d pods from %s", n, m, args.static_nodes)
+    else:
+        from .watch import Watcher, connect, make_binder
+
+        api = await connect(args.kubeconfig)
+        ext.binder = make_binder(api)
+        watcher = Watcher(ext.cache, api, np.random.default_rng(args.seed))
+        tasks.append(asyncio.create_task(watcher.run(), name="watch"))
+    app = make_app(
+        ext,
+        max_body=int(args.max_body_mib * 1024 * 1024),
+        read_timeout=args.read_timeout,
+        version={"version": __version__},
+    )
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    await site.start()
+    log.info("extender (policy %s) listening on http://%s:%d", ext.policy.name, args.host, args.port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    waiters = [asyncio.create_task(stop.wait())] + tasks
+    done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    rc = 0
+    for t in done:
+        if t is not waiters[0] and t.exception() is not None:
+            log.error("background task %s failed: %s", t.get_name(), t.exception())
+            rc = 1
+    for t in waiters:
+        t.cancel()
+    await runner.cleanup()
+    if api is not None:
+        await api.api_client.close()
+    return rc

@@ -1,0 +1,88 @@
+"""Prometheus metrics of one extender instance, in its own registry (no globals)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+
+__all__ = ["ExtenderMetrics"]
+
+_LATENCY = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+_NODES = (1, 10, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
+_SCORE_LABELS = [str(s) for s in range(11)]
+
+
+class ExtenderMetrics:
+    """All ``rlsched_extender_*`` series; :meth:`render` gives the exposition text."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.duration = Histogram(
+            "rlsched_extender_request_duration_seconds",
+            "Time to answer one extender request, by verb.",
+            ["verb"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.nodes = Histogram(
+            "rlsched_extender_nodes_per_request",
+            "Candidate nodes named in one filter/prioritize request.",
+            ["verb"],
+            buckets=_NODES,
+            registry=r,
+        )
+        self.scores = Counter(
+            "rlsched_extender_scores",
+            "Scores (0..10) given to nodes by prioritize, by score value.",
+            ["score"],
+            registry=r,
+        )
+        self._score_children = [self.scores.labels(score=s) for s in _SCORE_LABELS]
+        self.fallbacks = Counter(
+            "rlsched_extender_policy_fallbacks",
+            "Times the configured policy could not be used and a fallback decided "
+            "(reason: model_load, policy_error).",
+            ["reason"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "rlsched_extender_errors",
+            "Requests answered with an HTTP error, by verb and status code.",
+            ["verb", "code"],
+            registry=r,
+        )
+        self.filtered = Counter(
+            "rlsched_extender_filtered_nodes",
+            "Nodes rejected by filter, by reason (capacity, gpu_model, topology, unknown_node).",
+            ["reason"],
+            registry=r,
+        )
+        self.cache_age = Gauge(
+            "rlsched_extender_cache_age_seconds",
+            "Seconds since the node/pod cache last heard from the API server.",
+            registry=r,
+        )
+        self.assumed = Gauge(
+            "rlsched_extender_assumed_pods",
+            "Pods scored but not yet seen bound, whose GPUs are counted as used.",
+            registry=r,
+        )
+        self.model = Info(
+            "rlsched_extender_model",
+            "Placement policy in use and the version of its model file.",
+            registry=r,
+        )
+
+    def bind_sources(self, cache_age: Callable[[], float], assumed: Callable[[], int]) -> None:
+        self.cache_age.set_function(cache_age)
+        self.assumed.set_function(assumed)
+
+    def count_scores(self, scores: np.ndarray) -> None:
+        for s, n in enumerate(np.bincount(np.clip(scores, 0, 10), minlength=11)):
+            if n:
+                self._score_children[s].inc(int(n))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,369 @@
+"""Filter and prioritize decisions: read the cache, ask the policy, commit assumptions.
+
+Each call runs read-decide-commit under one asyncio lock with no ``await`` inside, so
+two pods scored concurrently never see the same free GPUs: the first commits its
+assumption (its best node) before the second reads the state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+import numpy as np
+
+from ..core.cluster import ClusterState, JobView
+from ..core.policy import Placement, scores_to_extender
+from ..core.topology import Level
+from .cache import ClusterCache
+from .metrics import ExtenderMetrics
+from .objects import PodInfo, parse_pod
+from .wire import MAX_PRIORITY, BindingArgs, ExtenderArgs
+
+__all__ = ["Extender", "FilterOutcome"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class FilterOutcome:
+    passed: list[int]  # positions in the request's names
+    failed: dict[str, str] = field(default_factory=dict)
+    unresolvable: dict[str, str] = field(default_factory=dict)
+
+
+class Extender:
+    """The decisions of the extender over a :class:`ClusterCache` and a placement.
+
+    ``fallback`` scores when ``policy`` raises; ``policy_fallback`` is the reason the
+    configured policy is not the one requested (e.g. an unreadable model file).
+    """
+
+    def __init__(
+        self,
+        cache: ClusterCache,
+        policy: Placement,
+        fallback: Placement | None = None,
+        metrics: ExtenderMetrics | None = None,
+        model_version: str = "",
+        policy_fallback: str | None = None,
+        debug_entries: int = 1024,
+        binder: Callable[[BindingArgs], Awaitable[None]] | None = None,
+        settle_timeout: float = 0.0,
+    ) -> None:
+        self.cache = cache
+        self.policy = policy
+        self.fallback = fallback
+        self.metrics = metrics or ExtenderMetrics()
+        self.lock = asyncio.Lock()
+        self.model_version = model_version
+        self.policy_fallback = policy_fallback
+        self._debug: OrderedDict[str, dict] = OrderedDict()
+        self._debug_entries = debug_entries
+        self._gpus: OrderedDict[str, tuple[int, str | None]] = OrderedDict()
+        #: creates the Binding in the API server (``None``: bind verb unavailable)
+        self.binder = binder
+        #: wait up to this long for the job's assumed pods to show up bound before
+        #: scoring the next worker (kube-scheduler binds asynchronously; 0: never wait)
+        self.settle_timeout = settle_timeout
+        if cache.on_observation is None and hasattr(policy, "observe"):
+            cache.on_observation = policy.observe
+        self.metrics.bind_sources(cache.age, lambda: len(cache.assumed))
+        self.metrics.model.info(
+            {"policy": policy.name, "version": model_version or "none", "fallback": "true" if policy_fallback else "false"}
+        )
+        if policy_fallback:
+            self.metrics.fallbacks.labels(reason="model_load").inc()
+
+    # ------------------------------------------------------------------ helpers
+    async def _settle(self, pod: PodInfo) -> None:
+        """Give the binding of the job's other pods (assumed, not yet seen bound) up to
+        ``settle_timeout`` seconds to arrive, so this worker is scored against where
+        they really went rather than where the extender guessed."""
+        if self.settle_timeout <= 0 or pod.job is None:
+            return
+        deadline = time.monotonic() + self.settle_timeout
+        while time.monotonic() < deadline:
+            if not any(j == pod.job and k != pod.key for k, (_, _, j, _) in self.cache.assumed.items()):
+                return
+            await asyncio.sleep(0.005)
+
+    def _prepare(self, args: ExtenderArgs, pod: PodInfo | None = None) -> tuple[PodInfo, ClusterState, np.ndarray, list[int]]:
+        pod = parse_pod(args.pod) if pod is None else pod
+        self.cache.expire()
+        self.cache.forget(pod.key)  # a new scheduling attempt replaces an old guess
+        st = self.cache.state()
+        index = st.topology.index
+        idx = np.fromiter((index.get(n, -1) for n in args.names), dtype=np.int64, count=len(args.names))
+        placed = [index[n] for n in self.cache.job_placement(pod.job, exclude=pod.key) if n in index]
+        return pod, st, idx, placed
+
+    def _remember(self, pod: PodInfo, entry: dict) -> None:
+        self._gpus[pod.key] = (pod.gpus, pod.job)
+        self._gpus.move_to_end(pod.key)
+        while len(self._gpus) > self._debug_entries:
+            self._gpus.popitem(last=False)
+        entry["time"] = time.time()
+        self._debug[pod.key] = {**self._debug.get(pod.key, {}), **entry}
+        self._debug.move_to_end(pod.key)
+        while len(self._debug) > self._debug_entries:
+            self._debug.popitem(last=False)
+
+    # ------------------------------------------------------------------ filter
+    async def filter(self, args: ExtenderArgs) -> FilterOutcome:
+        pod = parse_pod(args.pod)
+        await self._settle(pod)
+        async with self.lock:
+            return self.filter_now(args, pod)
+
+    def filter_now(self, args: ExtenderArgs, pod: PodInfo | None = None) -> FilterOutcome:
+        pod, st, idx, placed = self._prepare(args, pod)
+        topo = st.topology
+        known = idx >= 0
+        safe = np.where(known, idx, 0)
+        q = pod.gpus
+        cap_ok = st.free[safe] >= q
+        never = st.total[safe] < q
+        allowed_models = [m for m in st.models if pod.allows_model(m)]
+        model_of = np.array([m in allowed_models for m in st.models], dtype=bool)
+        model_ok = model_of[st._node_model[safe]] if len(st.models) else np.zeros(len(idx), dtype=bool)
+        topo_ok, topo_why = self._topology_rule(pod, st, safe, placed)
+        ok = known & cap_ok & model_ok & topo_ok
+        out = FilterOutcome(passed=np.flatnonzero(ok).tolist())
+        counts = {"unknown_node": 0, "gpu_model": 0, "capacity": 0, "topology": 0}
+        for pos in np.flatnonzero(~ok):
+            name = args.names[pos]
+            if not known[pos]:
+                out.failed[name] = f"node {name} is not in the rlsched extender's node cache (unknown node)"
+                counts["unknown_node"] += 1
+                continue
+            i = int(idx[pos])
+            if not model_ok[pos]:
+                out.unresolvable[name] = (
+                    f"GPU model {topo.nodes[i].gpu_model} does not match the pod's constraint ({pod.models_text})"
+                )
+                counts["gpu_model"] += 1
+            elif not cap_ok[pos]:
+                used = int(st.total[i] - st.free[i])
+                msg = f"insufficient nvidia.com/gpu: pod requests {q}, node has {int(st.free[i])} free of {int(st.total[i])} ({used} used by bound or assumed pods)"
+                if never[pos]:
+                    out.unresolvable[name] = msg
+                else:
+                    out.failed[name] = msg
+                counts["capacity"] += 1
+            else:
+                out.failed[name] = topo_why(pos)
+                counts["topology"] += 1
+        for reason, n in counts.items():
+            if n:
+                self.metrics.filtered.labels(reason=reason).inc(n)
+        self._remember(
+            pod,
+            {
+                "filter": {
+                    "candidates": len(args.names),
+                    "passed": len(out.passed),
+                    "failed": dict(list({**out.failed, **out.unresolvable}.items())[:50]),
+                }
+            },
+        )
+        return out
+
+    def _topology_rule(self, pod: PodInfo, st: ClusterState, safe: np.ndarray, placed: list[int]):
+        """Mask of candidates meeting ``rlsched.dev/required-topology`` and a reason
+        builder for those that do not."""
+        level = pod.required_level
+        n = len(safe)
+        if level is None:
+            return np.ones(n, dtype=bool), None
+        topo = st.topology
+        racks = st.rack_of
+        blocks_id = {b: k for k, b in enumerate(topo.blocks)}
+        block_of = np.array([blocks_id[b] for b in topo.block_of], dtype=np.int64)
+        word = level.name.lower()
+        if placed:
+            p = np.array(placed, dtype=np.int64)
+            if level <= Level.NODE:
+                ok = np.all(safe[:, None] == p[None, :], axis=1)
+                if level == Level.NVLINK:
+                    cl = topo.nodes[placed[0]].clique
+                    same_clique = cl != "" and all(topo.nodes[i].clique == cl for i in placed)
+                    if same_clique:
+                        ok = np.array([topo.nodes[i].clique == cl for i in safe], dtype=bool)
+                    else:
+                        dom = topo.nodes[placed[0]].nvlink_domain_size
+                        ok &= (len(placed) + 1) * pod.gpus <= max(dom, 1)
+                where = f"node {topo.nodes[placed[0]].name}"
+            elif level == Level.RACK:
+                ok = np.all(racks[safe][:, None] == racks[p][None, :], axis=1)
+                where = f"rack {topo.rack_of[placed[0]]}"
+            else:
+                ok = np.all(block_of[safe][:, None] == block_of[p][None, :], axis=1)
+                where = f"block {topo.block_of[placed[0]]}"
+            return ok, lambda pos: (
+                f"{pod.job}: required topology {word}, the job's placed workers are in {where}"
+                f"{' (and beyond)' if len(set(placed)) > 1 and level <= Level.NODE else ''}"
+            )
+        if pod.gang_size is None:
+            return np.ones(n, dtype=bool), None
+        need = pod.gang_size * pod.gpus
+        if level <= Level.NODE:
+            room = st.free[safe]
+            if level == Level.NVLINK:
+                dom = np.array([max(topo.nodes[i].nvlink_domain_size, 1) for i in safe])
+                room = np.minimum(room, dom)
+        elif level == Level.RACK:
+            room = st.rack_free[racks[safe]]
+        else:
+            bfree = np.bincount(block_of, weights=st.free, minlength=len(topo.blocks))
+            room = bfree[block_of[safe]]
+        ok = room >= need
+        return ok, lambda pos: (
+            f"{pod.job}: required topology {word}: the gang needs {need} GPUs in one {word}, "
+            f"this {word} has {int(room[pos])} free"
+        )
+
+    # ------------------------------------------------------------------ prioritize
+    async def prioritize(self, args: ExtenderArgs) -> list[int]:
+        pod = parse_pod(args.pod)
+        await self._settle(pod)
+        async with self.lock:
+            return self.prioritize_now(args, pod)
+
+    def prioritize_now(self, args: ExtenderArgs, pod: PodInfo | None = None) -> list[int]:
+        pod, st, idx, placed = self._prepare(args, pod)
+        known = idx >= 0
+        cand = idx[known]
+        workers = max(pod.gang_size or 0, len(placed) + 1)
+        job = JobView(
+            id=pod.job or pod.key,
+            submit_time=0.0,
+            gpus_per_worker=max(pod.gpus, 1),
+            workers=workers,
+            max_workers=workers,
+            placement=placed,
+        )
+        used = self.policy
+        comp = None
+        try:
+            if hasattr(self.policy, "components"):
+                comp = self.policy.components(job, cand, st)
+                raw = self.policy.combine(comp)
+            else:
+                raw = self.policy.score(job, cand, st)
+        except Exception as exc:  # a policy bug must not stop scheduling
+            log.exception("policy %s failed on pod %s; using fallback", self.policy.name, pod.key)
+            self.metrics.fallbacks.labels(reason="policy_error").inc()
+            if self.fallback is None:
+                raise
+            used, comp = self.fallback, None
+            raw = self.fallback.score(job, cand, st)
+        raw = np.asarray(raw, dtype=float)
+        ints = scores_to_extender(raw, MAX_PRIORITY)
+        full = np.zeros(len(idx), dtype=np.int64)
+        full[known] = ints
+        self.metrics.count_scores(full)
+        assumed = None
+        if len(raw) and np.isfinite(raw).any() and pod.gpus > 0:
+            best = int(cand[int(np.argmax(raw))])
+            assumed = st.topology.nodes[best].name
+            self.cache.assume(pod.key, assumed, pod.gpus, pod.job)
+        self._remember(
+            pod,
+            {
+                "prioritize": {
+                    "policy": used.name,
+                    "job": pod.job,
+                    "gpus": pod.gpus,
+                    "placed_workers": [st.topology.nodes[i].name for i in placed],
+                    "assumed_node": assumed,
+                    "_names": args.names,
+                    "_known": known,
+                    "_cand": cand,
+                    "_raw": raw,
+                    "_ints": ints,
+                    "_comp": comp,
+                    "_topology": st.topology,
+                }
+            },
+        )
+        return full.tolist()
+
+    # ------------------------------------------------------------------ bind
+    async def bind(self, args: BindingArgs) -> str:
+        """Bind the pod to ``args.node`` through the API server; returns an error
+        message ("" on success). Capacity is checked and the pod counted on the node
+        under the lock first, so two binds can never share the same free GPUs."""
+        if self.binder is None:
+            return "this extender has no API access (static nodes): bind is not available"
+        async with self.lock:
+            gpus, job = self._gpus.get(args.key, (0, None))
+            pod = self.cache.pods.get(args.key)
+            if pod is not None:
+                gpus, job = pod.gpus, pod.job
+            self.cache.forget(args.key)
+            st = self.cache.state()
+            i = st.topology.index.get(args.node)
+            if i is None:
+                return f"cannot bind {args.key}: node {args.node} is not in the extender's node cache"
+            if gpus > int(st.free[i]):
+                return (
+                    f"cannot bind {args.key} to {args.node}: it needs {gpus} nvidia.com/gpu, "
+                    f"{int(st.free[i])} free (taken since filter)"
+                )
+            if gpus:
+                self.cache.assume(args.key, args.node, gpus, job)
+        try:
+            await self.binder(args)
+        except Exception as exc:  # reported back to kube-scheduler, which retries the pod
+            log.warning("binding %s to %s failed: %s", args.key, args.node, exc)
+            async with self.lock:
+                self.cache.forget(args.key)
+            return f"binding {args.key} to {args.node} failed: {exc}"
+        self._remember_bind(args)
+        return ""
+
+    def _remember_bind(self, args: BindingArgs) -> None:
+        entry = self._debug.get(args.key)
+        if entry is not None:
+            entry["bound_node"] = args.node
+
+    # ------------------------------------------------------------------ debug
+    def explain(self, key: str, top: int = 20) -> dict[str, Any] | None:
+        """The last filter/prioritize answers for pod ``namespace/name``, best first."""
+        entry = self._debug.get(key)
+        if entry is None:
+            return None
+        out: dict[str, Any] = {"pod": key, "time": entry["time"]}
+        if "filter" in entry:
+            out["filter"] = entry["filter"]
+        if "bound_node" in entry:
+            out["bound_node"] = entry["bound_node"]
+        pr = entry.get("prioritize")
+        if pr is not None:
+            pub = {k: v for k, v in pr.items() if not k.startswith("_")}
+            topo, cand, raw, ints, comp = pr["_topology"], pr["_cand"], pr["_raw"], pr["_ints"], pr["_comp"]
+            order = np.argsort(-np.where(np.isfinite(raw), raw, -1e300), kind="stable")[:top]
+            nodes = []
+            for k in order:
+                row = {
+                    "node": topo.nodes[int(cand[k])].name,
+                    "score": int(ints[k]),
+                    "raw": float(raw[k]) if np.isfinite(raw[k]) else None,
+                }
+                if comp is not None:
+                    for name, v in comp.items():
+                        row[name] = bool(v[k]) if v.dtype == bool else float(v[k])
+                nodes.append(row)
+            pub["candidates"] = int(len(pr["_names"]))
+            pub["unknown_nodes"] = int((~pr["_known"]).sum())
+            pub["top"] = nodes
+            if hasattr(self.policy, "params") and pr["policy"] == self.policy.name:
+                pub["params"] = dict(vars(self.policy.params))
+            out["prioritize"] = pub
+        return out
+

@@ -1,0 +1,162 @@
+"""kube-scheduler's ``k8s.io/kube-scheduler/extender/v1`` wire types, decoded and encoded.
+
+The extender types carry no JSON tags, so their keys are the Go field names
+(PascalCase): ``ExtenderArgs{Pod, Nodes, NodeNames}``, ``ExtenderFilterResult{Nodes,
+NodeNames, FailedNodes, FailedAndUnresolvableNodes, Error}``, ``HostPriorityList =
+[{Host, Score}]``. The embedded ``v1.Pod`` and ``v1.NodeList`` are ordinary API objects
+with camelCase keys. With ``nodeCacheCapable: true`` kube-scheduler sends ``NodeNames``
+and ``"Nodes": null`` and reads ``NodeNames`` back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import orjson
+
+__all__ = [
+    "WireError",
+    "ExtenderArgs",
+    "BindingArgs",
+    "decode_args",
+    "decode_binding",
+    "encode_filter",
+    "encode_priorities",
+    "encode_binding",
+    "MAX_PRIORITY",
+]
+
+#: kube-scheduler's MaxExtenderPriority
+MAX_PRIORITY = 10
+#: refuse requests naming more nodes than this (a 50k-node cluster is far beyond it)
+MAX_NODES = 100_000
+
+
+class WireError(ValueError):
+    """The request body is not a valid ExtenderArgs (answered with HTTP 400)."""
+
+
+@dataclass(slots=True)
+class ExtenderArgs:
+    """A decoded request: the pod and the candidate node names, in request order.
+
+    ``node_objects`` holds the Node objects when kube-scheduler sent ``Nodes`` (not
+    node-cache-capable mode); the reply then carries ``Nodes`` too.
+    """
+
+    pod: dict
+    names: list[str]
+    node_objects: list[dict] | None
+
+
+def _node_name(obj: Any, where: str) -> str:
+    if not isinstance(obj, dict):
+        raise WireError(f"{where}: expected a Node object, got {type(obj).__name__}")
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
+        raise WireError(f"{where}.metadata.name: expected a non-empty string")
+    return meta["name"]
+
+
+def decode_args(body: bytes) -> ExtenderArgs:
+    """Parse and validate an ``ExtenderArgs`` body (raises :class:`WireError`)."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise WireError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise WireError(f"ExtenderArgs must be a JSON object, got {type(doc).__name__}")
+    pod = doc.get("Pod")
+    if pod is None:
+        raise WireError("ExtenderArgs.Pod is required")
+    if not isinstance(pod, dict):
+        raise WireError(f"ExtenderArgs.Pod must be an object, got {type(pod).__name__}")
+    names = doc.get("NodeNames")
+    nodes = doc.get("Nodes")
+    node_objects = None
+    if names is not None:
+        if not isinstance(names, list):
+            raise WireError(f"ExtenderArgs.NodeNames must be an array of strings or null, got {type(names).__name__}")
+        if len(names) > MAX_NODES:
+            raise WireError(f"ExtenderArgs.NodeNames has {len(names)} entries, more than {MAX_NODES}")
+        for i, n in enumerate(names):
+            if not isinstance(n, str) or not n:
+                raise WireError(f"ExtenderArgs.NodeNames[{i}] must be a non-empty string, got {n!r:.80}")
+    if nodes is not None:
+        if not isinstance(nodes, dict):
+            raise WireError(f"ExtenderArgs.Nodes must be a NodeList object or null, got {type(nodes).__name__}")
+        items = nodes.get("items")
+        if items is None:
+            items = []
+        if not isinstance(items, list):
+            raise WireError("ExtenderArgs.Nodes.items must be an array")
+        if len(items) > MAX_NODES:
+            raise WireError(f"ExtenderArgs.Nodes.items has {len(items)} entries, more than {MAX_NODES}")
+        node_names = [_node_name(o, f"ExtenderArgs.Nodes.items[{i}]") for i, o in enumerate(items)]
+        if names is None:  # not node-cache-capable: answer with Nodes too
+            names, node_objects = node_names, items
+    if names is None:
+        raise WireError("ExtenderArgs needs NodeNames (nodeCacheCapable) or Nodes; both are null")
+    return ExtenderArgs(pod=pod, names=names, node_objects=node_objects)
+
+
+def encode_filter(
+    args: ExtenderArgs,
+    passed: Sequence[int],
+    failed: Mapping[str, str],
+    unresolvable: Mapping[str, str] | None = None,
+    error: str = "",
+) -> bytes:
+    """An ``ExtenderFilterResult``; ``passed`` are positions in ``args.names``."""
+    out: dict[str, Any] = {
+        "Nodes": None,
+        "NodeNames": [args.names[i] for i in passed],
+        "FailedNodes": dict(failed),
+        "FailedAndUnresolvableNodes": dict(unresolvable or {}),
+        "Error": error,
+    }
+    if args.node_objects is not None:
+        out["Nodes"] = {"metadata": {}, "items": [args.node_objects[i] for i in passed]}
+    return orjson.dumps(out)
+
+
+def encode_priorities(names: Sequence[str], scores: Sequence[int]) -> bytes:
+    """A ``HostPriorityList``: ``[{"Host": name, "Score": 0..10}, ...]``."""
+    return orjson.dumps([{"Host": h, "Score": s} for h, s in zip(names, scores)])
+
+
+@dataclass(slots=True)
+class BindingArgs:
+    """``ExtenderBindingArgs{PodName, PodNamespace, PodUID, Node}``."""
+
+    name: str
+    namespace: str
+    uid: str
+    node: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def decode_binding(body: bytes) -> BindingArgs:
+    """Parse and validate an ``ExtenderBindingArgs`` body (raises :class:`WireError`)."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise WireError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise WireError(f"ExtenderBindingArgs must be a JSON object, got {type(doc).__name__}")
+    vals = {}
+    for key in ("PodName", "PodNamespace", "PodUID", "Node"):
+        v = doc.get(key)
+        if not isinstance(v, str) or (key != "PodUID" and not v):
+            raise WireError(f"ExtenderBindingArgs.{key} must be a non-empty string")
+        vals[key] = v
+    return BindingArgs(vals["PodName"], vals["PodNamespace"], vals["PodUID"], vals["Node"])
+
+
+def encode_binding(error: str = "") -> bytes:
+    """An ``ExtenderBindingResult``."""
+    return orjson.dumps({"Error": error})
