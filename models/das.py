@@ -530,11 +530,11 @@ def _mappo_update(agent: DASAgent, opt, data: dict, args, rng) -> dict:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 0.5)
             opt.step()
-            hist["loss_ordering"].append(float(loss_o))
-            hist["loss_placement"].append(float(loss_p))
-            hist["loss_value"].append(float(loss_v))
-            hist["entropy"].append(float(ent))
-            hist["approx_kl"].append(float(((ro - 1) - (lo - mb["lo_old"])).mean()))
+            hist["loss_ordering"].append(float(loss_o.detach()))
+            hist["loss_placement"].append(float(loss_p.detach()))
+            hist["loss_value"].append(float(loss_v.detach()))
+            hist["entropy"].append(float(ent.detach()))
+            hist["approx_kl"].append(float(((ro - 1) - (lo - mb["lo_old"])).mean().detach()))
     out = {k: float(np.mean(v)) for k, v in hist.items()}
     out["placement_std"] = float(agent.placement.log_std.exp())
     return out

@@ -199,6 +199,21 @@ class SchedulingCore:
         self.returns += r
         return r
 
+    def wait(self) -> float:
+        """Start nothing: advance one event time, then to the next decision point;
+        return the reward (for agents that may hold jobs back, e.g. HierRL)."""
+        cfg = self.config
+        sim = self.sim
+        n, fee_rate = self._cost_rate()
+        t0 = sim.now
+        r = 0.0
+        if sim.advance():
+            dt = sim.now - t0
+            r -= n * dt / cfg.time_scale + cfg.fee_weight * fee_rate * dt
+        r += self._advance()
+        self.returns += r
+        return r
+
     # ------------------------------------------------------------------ placement
     def place_by_scores(self, job: JobView, scores: np.ndarray) -> list[int]:
         """Fill the highest-scored nodes first (ties: lowest index), as many workers per
@@ -270,6 +285,17 @@ class SchedulingCore:
                 img[i] += busy * v.gpus_per_worker
         return img / np.maximum(st.total, 1)[:, None].astype(np.float32)
 
+    def gym_obs(self) -> dict[str, np.ndarray]:
+        """The :class:`SchedulingEnv` observation of the current decision point."""
+        jobs, clus, valid = self.ordering_obs()
+        return {
+            "jobs": jobs,
+            "valid": valid.astype(np.int8),
+            "cluster": clus,
+            "nodes": np.clip(node_features(self.sim.state), _FEAT_LOW, _FEAT_HIGH),
+            "image": np.clip(self.image(), 0.0, 1.0),
+        }
+
     def state_vector(self, phase: int = 0, slot: int | None = None) -> np.ndarray:
         """Fixed-size global state (independent of the cluster size): the window's job
         features and validity, the cluster summary, the turn and the chosen slot."""
@@ -338,17 +364,10 @@ class SchedulingEnv(gym.Env):
         return np.repeat(self.core.mask(), len(self.config.placements)).astype(np.int8)
 
     def _obs(self) -> dict:
-        jobs, clus, valid = self.core.ordering_obs()
-        st = self.core.sim.state
-        if len(st.total) != self.n_nodes:
-            raise ValueError(f"episode cluster has {len(st.total)} nodes, the env was built for {self.n_nodes}")
-        return {
-            "jobs": jobs,
-            "valid": valid.astype(np.int8),
-            "cluster": clus,
-            "nodes": np.clip(node_features(st), _FEAT_LOW, _FEAT_HIGH),
-            "image": np.clip(self.core.image(), 0.0, 1.0),
-        }
+        n = len(self.core.sim.state.total)
+        if n != self.n_nodes:
+            raise ValueError(f"episode cluster has {n} nodes, the env was built for {self.n_nodes}")
+        return self.core.gym_obs()
 
     def _info(self, **extra) -> dict:
         return {"action_mask": self.action_mask(), "time": self.core.sim.now, "decisions": self.core.decisions, **extra}
