@@ -265,7 +265,6 @@ class Controller:
             "reason": reason, "message": message[:1000], "type": type_,
             "source": {"component": "rlsched-operator"},
             "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-            "reportingComponent": "rlsched-operator", "reportingInstance": "rlsched-operator",
         }
         try:
             await self.core.create_namespaced_event(md["namespace"], ev)

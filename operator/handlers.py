@@ -31,7 +31,7 @@ from .metrics import OperatorMetrics
 from .queue import DynamicPriority
 from .spec import GROUP, PLURAL, VERSION, SpecError, parse_spec
 
-__all__ = ["build_registry", "OperatorRuntime", "make_api_client"]
+__all__ = ["build_registry", "OperatorRuntime", "make_api_client", "leader_of"]
 
 log = logging.getLogger(__name__)
 
@@ -101,17 +101,8 @@ class OperatorRuntime:
         except kclient.exceptions.ApiException as exc:
             log.warning("peering object %s unreadable (%s); not acting", name, exc.reason)
             return False
-        now = datetime.now(timezone.utc).timestamp()
-        live = []
-        for ident, peer in (obj.get("status") or {}).items():
-            if not isinstance(peer, dict):
-                continue
-            seen = parse_time(str(peer.get("lastseen", "")).replace("+00:00", "Z")) or 0.0
-            if seen + float(peer.get("lifetime", 60)) > now:
-                live.append((-int(peer.get("priority", 0)), ident))
-        if not live:
-            return True
-        return min(live)[1] == self.identity
+        leader = leader_of(obj.get("status") or {}, datetime.now(timezone.utc).timestamp())
+        return leader is None or leader == self.identity
 
     async def forecast_loop(self) -> None:
         while not self.stop.is_set():
@@ -167,6 +158,20 @@ class OperatorRuntime:
                 raise
             await core.create_namespaced_config_map(ns, cm)
         return data
+
+
+def leader_of(peers: dict, now: float) -> str | None:
+    """The live peer (``lastseen + lifetime > now``) with the highest priority, ties to
+    the lowest identity; ``None`` if no peer is alive. ``peers`` is a kopf peering
+    object's status: ``{identity: {priority, lifetime, lastseen}}``."""
+    live = []
+    for ident, peer in peers.items():
+        if not isinstance(peer, dict):
+            continue
+        seen = parse_time(str(peer.get("lastseen", ""))) or 0.0
+        if seen + float(peer.get("lifetime", 60)) > now:
+            live.append((-int(peer.get("priority", 0)), ident))
+    return min(live)[1] if live else None
 
 
 def build_registry(config: OperatorConfig, runtime: OperatorRuntime | None = None) -> kopf.OperatorRegistry:

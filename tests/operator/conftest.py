@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
+import uuid
+
 import pytest
 
 from rlsched.core import ClusterState, NodeSpec, Topology
@@ -30,9 +34,6 @@ def make_spec():
 
 
 # ------------------------------------------------------------------ control-plane fixtures
-import contextlib  # noqa: E402
-import time  # noqa: E402
-import uuid  # noqa: E402
 
 
 @pytest.fixture(scope="module")
