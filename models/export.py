@@ -70,8 +70,12 @@ def export_policy(
     training: Mapping[str, Any],
     trained_on: Mapping[str, Any],
     evaluation: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> tuple[Path, Path]:
-    """Write ``path`` (``.safetensors``) and its ``.json`` metadata; returns both paths."""
+    """Write ``path`` (``.safetensors``) and its ``.json`` metadata; returns both paths.
+
+    ``extra`` adds top-level keys a reader expects (e.g. the LSP forecaster's ``mean``,
+    ``std`` and ``window``); it may not override the standard ones."""
     path = Path(path)
     if path.suffix != ".safetensors":
         raise ValueError(f"export path must end in .safetensors, got {path}")
@@ -94,6 +98,10 @@ def export_policy(
         "sha256": digest,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
+    for k, v in (extra or {}).items():
+        if k in meta:
+            raise ValueError(f"export_policy: extra key {k!r} would override a standard metadata key")
+        meta[k] = _jsonable(v)
     meta_file = metadata_path(path)
     meta_file.write_text(json.dumps(meta, indent=2, sort_keys=False) + "\n")
     return path, meta_file

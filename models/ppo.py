@@ -199,11 +199,16 @@ def ppo_update(
     ``batch`` holds equal-length tensors: ``logp`` (old log-probabilities), ``adv``,
     ``ret`` (value targets), ``val`` (old values) and whatever ``evaluate`` needs;
     ``evaluate(minibatch)`` returns ``(logp, entropy, value)`` under the current
-    parameters. With ``cfg.objective == "kl"`` pass ``kl_coef``; its β is updated
+    parameters. ``params`` (for gradient clipping) is a list of parameters or a list of
+    such lists, each clipped to ``cfg.max_grad_norm`` on its own. With ``cfg.objective == "kl"`` pass ``kl_coef``; its β is updated
     once from the KL measured over the last epoch. Minibatches are drawn with ``rng``.
     """
     if cfg.objective == "kl" and kl_coef is None:
         raise ValueError("ppo_update: the 'kl' objective needs an AdaptiveKL")
+    params = list(params)
+    # a list of parameter lists is clipped group by group (e.g. actor and critic
+    # separately, so a large value loss does not shrink the policy's step)
+    groups = [list(g) for g in params] if params and isinstance(params[0], (list, tuple)) else [params]
     n = len(batch["logp"])
     stats: dict[str, list[float]] = {"policy_loss": [], "value_loss": [], "entropy": [], "approx_kl": [], "clipfrac": []}
     stop = False
@@ -227,7 +232,8 @@ def ppo_update(
             optimizer.zero_grad()
             loss.backward()
             if cfg.max_grad_norm:
-                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                for g in groups:
+                    torch.nn.utils.clip_grad_norm_(g, cfg.max_grad_norm)
             optimizer.step()
             stats["policy_loss"].append(float(pl.detach()))
             stats["value_loss"].append(float(vl.detach()))

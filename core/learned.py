@@ -1,0 +1,223 @@
+"""Learned scalings served with numpy: RLPTO (Lu et al., IEEE TPDS 34(12), 2023).
+
+RLPTO decides, for every running training job, whether to add ``i`` workers, remove
+``i`` or keep the count (``i = 1`` by default, the operator's contract). Its PPO actor
+reads seven features per job, named after the paper's state ``(m, e, l, n, a, c, w)``;
+:func:`rlpto_observation` computes them identically in training
+(:mod:`rlsched.sim.scaling_env`) and serving (here):
+
+=====  ========================================================  ====================
+name   meaning                                                   encoding
+=====  ========================================================  ====================
+m      machines free in the cluster                              free / total GPUs
+e      epochs the job has completed                              min(e, 100) / 100
+l      current training loss                                     loss / max loss
+n      number of tasks waiting in the queue                      min(n, total) / total
+a      current accuracy                                          a in [0, 1]
+c      change of accuracy in the last evaluation (v_a)           clip(v_a / β, ±10) / 10
+w      workers the job holds                                     min(w, 16) / 16
+=====  ========================================================  ====================
+
+``c`` is relative to the job's own threshold β so one policy serves any β.
+
+:class:`RLPTOScaling` loads ``weights/rlpto.safetensors`` (+ ``.json``) beside this
+module unless given a path. When that file is missing or corrupt it does not fail: it
+decides with the ``beta`` heuristic instead and says why in ``fallback_reason`` (None
+when the learned policy is in use), so the operator can log and count it.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .cluster import ClusterState, JobView
+from .nn import PolicyFileError, load_policy_file, mlp
+from .policy import make_scaling, register_scaling
+
+__all__ = ["RLPTO_FEATURES", "rlpto_observation", "job_observation", "RLPTOActor", "RLPTOScaling", "DEFAULT_WEIGHTS"]
+
+RLPTO_FEATURES = ("m", "e", "l", "n", "a", "c", "w")
+#: action index -> sign of the worker change (times the step ``i``)
+RLPTO_ACTIONS = (-1, 0, 1)
+DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "rlpto.safetensors"
+
+
+def rlpto_observation(
+    *,
+    free: float,
+    total: float,
+    epoch: float,
+    loss: float,
+    max_loss: float,
+    pending: float,
+    accuracy: float,
+    gain: float,
+    beta: float,
+    workers: float,
+) -> np.ndarray:
+    """The seven RLPTO features (see the module table) as a float32 vector."""
+    total = max(float(total), 1.0)
+    if math.isfinite(loss) and math.isfinite(max_loss) and max_loss > 0:
+        l_feat = min(max(loss / max_loss, 0.0), 2.0)
+    else:
+        l_feat = 1.0
+    if math.isinf(gain) and gain > 0:
+        c = 1.0  # fewer than two evaluations: treat as still learning fast
+    elif math.isfinite(gain):
+        c = min(max(gain / max(beta, 1e-12), -10.0), 10.0) / 10.0
+    else:
+        c = 0.0
+    return np.array(
+        [
+            min(max(free / total, 0.0), 1.0),
+            min(max(epoch, 0.0), 100.0) / 100.0,
+            l_feat,
+            min(max(pending, 0.0), total) / total,
+            min(max(accuracy, 0.0), 1.0),
+            c,
+            min(max(workers, 0.0), 16.0) / 16.0,
+        ],
+        dtype=np.float32,
+    )
+
+
+def job_observation(job: JobView, state: ClusterState) -> np.ndarray:
+    """RLPTO features of a running job from a cluster snapshot (GPUs count as slots
+    of ``job.gpus_per_worker``)."""
+    g = job.gpus_per_worker
+    p = job.progress
+    return rlpto_observation(
+        free=state.free_gpus / g,
+        total=state.total_gpus / g,
+        epoch=p.epoch,
+        loss=p.loss,
+        max_loss=p.max_loss,
+        pending=len(state.pending),
+        accuracy=p.accuracy,
+        gain=p.gain,
+        beta=job.beta,
+        workers=job.workers,
+    )
+
+
+class RLPTOActor:
+    """Numpy forward of the exported PPO actor: ``obs [B, 7] -> logits [B, 3]``."""
+
+    def __init__(self, weights: dict[str, np.ndarray], metadata: dict) -> None:
+        arch = metadata.get("architecture", {})
+        n_layers = int(arch.get("actor_layers", 0))
+        if n_layers < 1:
+            raise PolicyFileError("rlpto metadata: architecture.actor_layers missing")
+        try:
+            self.layers = [(weights[f"actor.{k}.weight"], weights[f"actor.{k}.bias"]) for k in range(0, 2 * n_layers, 2)]
+        except KeyError as exc:
+            raise PolicyFileError(f"rlpto weights: tensor {exc.args[0]!r} missing") from None
+        self.activation = str(arch.get("activation", "tanh"))
+        if self.layers[0][0].shape[1] != len(RLPTO_FEATURES) or self.layers[-1][0].shape[0] != len(RLPTO_ACTIONS):
+            raise PolicyFileError("rlpto weights: actor must map 7 features to 3 actions")
+        self.step = int(metadata.get("observation", {}).get("action_step", 1))
+
+    def logits(self, obs: np.ndarray) -> np.ndarray:
+        return mlp(np.asarray(obs, dtype=np.float32), self.layers, self.activation)
+
+
+@register_scaling("rlpto")
+class RLPTOScaling:
+    """RLPTO elastic scaling: the exported PPO actor, greedy, over each running job.
+
+    Keeps every job within ``[min_workers, max_workers]``; grows a job only when a node
+    can host the new worker (checked with tentative allocations, released before
+    returning, counting GPUs this call's shrinks free up). Jobs that want to grow are
+    served in order of the actor's preference for growing.
+    """
+
+    name = "rlpto"
+
+    def __init__(
+        self,
+        *,
+        path: str | Path | None = None,
+        rng: np.random.Generator | None = None,
+        fallback: str = "beta",
+    ) -> None:
+        self.path = Path(path) if path is not None else DEFAULT_WEIGHTS
+        self.rng = rng
+        self.fallback_reason: str | None = None
+        self.metadata: dict = {}
+        self._actor: RLPTOActor | None = None
+        self._fallback = None
+        try:
+            weights, meta = load_policy_file(self.path, policy="rlpto")
+            self._actor = RLPTOActor(weights, meta)
+            self.metadata = meta
+        except PolicyFileError as exc:
+            self.fallback_reason = f"{exc}; deciding with the {fallback!r} heuristic instead"
+            try:
+                self._fallback = make_scaling(fallback)
+            except ValueError:
+                self.fallback_reason = f"{exc}; heuristic {fallback!r} unavailable, not scaling"
+                self._fallback = make_scaling("none")
+
+    @property
+    def step(self) -> int:
+        return self._actor.step if self._actor else 1
+
+    def __repr__(self) -> str:
+        return f"RLPTOScaling(path={str(self.path)!r}, fallback={self.fallback_reason is not None})"
+
+    def probabilities(self, running: Sequence[JobView], state: ClusterState) -> np.ndarray:
+        """Actor probabilities ``[len(running), 3]`` over (−i, 0, +i)."""
+        if self._actor is None:
+            raise RuntimeError(f"rlpto policy not loaded: {self.fallback_reason}")
+        if not running:
+            return np.zeros((0, 3))
+        obs = np.stack([job_observation(j, state) for j in running])
+        z = self._actor.logits(obs)
+        z = z - z.max(axis=1, keepdims=True)
+        e = np.exp(z)
+        return e / e.sum(axis=1, keepdims=True)
+
+    def decide(self, running: Sequence[JobView], state: ClusterState) -> dict[str, int]:
+        if self._actor is None:
+            return self._fallback.decide(running, state)
+        probs = self.probabilities(running, state)
+        step = self.step
+        out: dict[str, int] = {}
+        grow: list[tuple[float, JobView]] = []
+        freed: list[tuple[JobView, list[int]]] = []
+        for job, p in zip(running, probs):
+            a = RLPTO_ACTIONS[int(np.argmax(p))]
+            if a < 0:
+                k = min(step, job.workers - job.min_workers, len(job.placement) if job.placement else step)
+                if k > 0:
+                    out[job.id] = -k
+                    nodes = list(job.placement[-k:]) if job.placement else []
+                    freed.append((job, nodes))
+            elif a > 0 and job.workers < job.max_workers:
+                grow.append((float(p[2]), job))
+        taken: list[tuple[JobView, int]] = []
+        try:
+            for job, nodes in freed:
+                state.release_job(job, nodes)
+            for _, job in sorted(grow, key=lambda t: -t[0]):
+                k = min(step, job.max_workers - job.workers)
+                got = 0
+                for _ in range(k):
+                    i = state.first_fit(job.gpus_per_worker, job.gpu_models)
+                    if i is None:
+                        break
+                    state.allocate(i, job.gpus_per_worker, job.cpu_milli, job.memory_mib)
+                    taken.append((job, i))
+                    got += 1
+                if got:
+                    out[job.id] = got
+        finally:
+            for job, i in taken:
+                state.release(i, job.gpus_per_worker, job.cpu_milli, job.memory_mib)
+            for job, nodes in freed:
+                state.allocate_job(job, nodes)
+        return out

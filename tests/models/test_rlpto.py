@@ -1,0 +1,213 @@
+"""RLPTO: environment dynamics and reward on hand-computed cases, the served policy,
+its fallback, and a smoke training run that must move the policy."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rlsched.core import make_scaling
+from rlsched.core.learned import RLPTOScaling, rlpto_observation
+from rlsched.models import rlpto as R
+from rlsched.models.cli import run
+from rlsched.sim.scaling_env import K_W, ScalingEnv, ScalingEnvConfig, ScalingJob, make_jobs
+
+CURVE = {"acc_max": 0.9, "acc0": 0.1, "tau": 6.0, "gamma": 0.0, "noise": 0.0, "seed": 0}
+
+
+def one_job(**kw):
+    # 1 worker: 32 samples / 0.2 s = 160 samples/s -> 9600 samples per 60 s = one epoch
+    base = dict(id="a", submit_time=0.0, workers=1, min_workers=1, max_workers=3, compute_time=0.2, grad_gb=0.0,
+                samples_per_epoch=9600, max_epochs=50, convergence=CURVE)
+    base.update(kw)
+    return ScalingJob(**base)
+
+
+def test_reward_is_rlpto_formula_on_a_hand_case():
+    env = ScalingEnv(ScalingEnvConfig(nodes=2, beta=0.0003, n_jobs=1), jobs=[one_job()])
+    obs = env.reset(0)
+    assert list(obs) == ["a"]
+    _, rew, done, _ = env.step({"a": 1})  # keep 1 worker
+    va = 0.8 * (1 - math.exp(-1 / 6))  # accuracy gained in the first epoch
+    assert rew["a"] == pytest.approx(va + 1.0 * 1 * K_W, abs=1e-12)  # v_a > beta0: + T w k_w
+    assert not done["a"]
+    # +1 worker: 2 workers, no communication (grad_gb 0), gamma 0 -> 2 epochs per interval
+    _, rew, _, _ = env.step({"a": 2})
+    assert env.runs["a"].view.workers == 2
+    va2 = 0.8 * (math.exp(-1 / 6) - math.exp(-3 / 6))
+    assert rew["a"] == pytest.approx(va2 + 1.0 * 2 * K_W, abs=1e-12)
+    # beta0 above any gain: the worker term turns into a cost
+    env2 = ScalingEnv(ScalingEnvConfig(nodes=2, beta=0.0003, beta0=1.0, n_jobs=1), jobs=[one_job()])
+    env2.reset(0)
+    _, rew, _, _ = env2.step({"a": 1})
+    assert rew["a"] == pytest.approx(va - K_W, abs=1e-12)
+
+
+def test_beta_rule_and_epoch_budget_stop_at_hand_computed_times():
+    # beta = 1: every gain after the first evaluation is below it -> patience 3 -> epoch 4
+    env = ScalingEnv(ScalingEnvConfig(nodes=1, beta=1.0, n_jobs=1), jobs=[one_job()])
+    env.reset(0)
+    while not env.done:
+        env.step({"a": 1})
+    res = env.result()
+    assert res.epochs["a"] == 4
+    assert res.total_time == pytest.approx(240.0)
+    assert res.mean_accuracy == pytest.approx(0.9 - 0.8 * math.exp(-4 / 6))
+    # the traditional stop ignores beta and trains the full budget
+    env = ScalingEnv(ScalingEnvConfig(nodes=1, beta=1.0, n_jobs=1, stop="epochs"), jobs=[one_job(max_epochs=6)])
+    env.reset(0)
+    res = env.run_policy(make_scaling("none"))
+    assert res.epochs["a"] == 6 and res.total_time == pytest.approx(360.0)
+
+
+def test_actions_respect_bounds_and_capacity():
+    jobs = [one_job(id="a", workers=2), one_job(id="b", submit_time=0.0, workers=1)]
+    env = ScalingEnv(ScalingEnvConfig(nodes=3, n_jobs=2), jobs=jobs)
+    env.reset(0)
+    assert env.state.free_gpus == 0
+    env.step({"a": 2, "b": 2})  # no free node: +1 is a no-op
+    assert env.runs["a"].view.workers == 2 and env.runs["b"].view.workers == 1
+    env.step({"a": 0, "b": 0})  # b is at min_workers: stays; a gives one back
+    assert env.runs["a"].view.workers == 1 and env.runs["b"].view.workers == 1
+    assert env.state.free_gpus == 1
+    with pytest.raises(ValueError, match="0, 1 or 2"):
+        env.step({"a": 3})
+
+
+def test_observation_encoding():
+    o = rlpto_observation(free=3, total=12, epoch=7, loss=0.5, max_loss=2.0, pending=4, accuracy=0.8, gain=0.0006,
+                          beta=0.0003, workers=4)
+    np.testing.assert_allclose(o, [0.25, 0.07, 0.25, 4 / 12, 0.8, 0.2, 0.25], atol=1e-7)
+    first = rlpto_observation(free=0, total=12, epoch=1, loss=float("nan"), max_loss=float("nan"), pending=0,
+                              accuracy=0.1, gain=float("inf"), beta=0.0003, workers=1)
+    assert first[2] == 1.0 and first[5] == 1.0
+
+
+def test_make_jobs_budget_reaches_convergence():
+    jobs = make_jobs(np.random.default_rng(3), 5)
+    assert [j.id for j in jobs] == [f"job-00{k}" for k in range(5)]
+    assert jobs[0].submit_time == 0 and all(a.submit_time <= b.submit_time for a, b in zip(jobs, jobs[1:]))
+    from rlsched.sim.convergence import ConvergenceModel
+
+    for j in jobs:
+        m = ConvergenceModel(j.samples_per_epoch, **j.convergence)
+        gap = m.acc_max - m.accuracy(j.max_epochs * j.samples_per_epoch, j.workers)
+        assert 0 <= gap <= 0.001
+
+
+def _tiny_train(tmp_path, *extra):
+    w = tmp_path / "rlpto.safetensors"
+    argv = ["--iterations", "4", "--episodes", "2", "--workers", "0", "--nodes", "4", "--n-jobs", "3", "--betas", "0.001",
+            "--val-every", "100", "--val-seeds", "1", "--minibatch", "256", "--lr", "3e-3", "--out", str(tmp_path / "out"),
+            "--weights", str(w), *extra]
+    assert run("train", "rlpto", argv) == 0
+    return w
+
+
+def test_smoke_training_learns_that_minus_one_pays(tmp_path):
+    # k_w huge and beta0 above any gain: every worker costs 1.0 per minute, so -1 is right
+    w = _tiny_train(tmp_path, "--k-w", "1.0", "--beta0", "10", "--seed", "1")
+    pol = RLPTOScaling(path=w)
+    assert pol.fallback_reason is None
+    rng = np.random.default_rng(0)
+    obs = np.stack([rlpto_observation(free=rng.integers(0, 4), total=4, epoch=rng.integers(1, 30), loss=1.0, max_loss=2.3,
+                                      pending=0, accuracy=rng.uniform(0.2, 0.9), gain=rng.uniform(0, 0.01),
+                                      beta=0.001, workers=rng.integers(1, 4)) for _ in range(64)])
+    z = pol._actor.logits(obs)
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    # the initial policy is uniform to within 1% (last layer scaled by 0.01)
+    assert p[:, 0].mean() > 0.45
+    log = (tmp_path / "out" / "train_log.csv").read_text().splitlines()
+    assert len(log) == 5
+
+
+def test_exported_actor_numpy_equals_torch(tmp_path):
+    import argparse
+
+    args = argparse.Namespace(hidden=16, step=1)
+    torch.manual_seed(0)
+    model = R._build(args)
+    from rlsched.models.export import export_policy
+
+    m = R._meta(args)
+    path = tmp_path / "rlpto.safetensors"
+    export_policy(path, R._actor_state(model), policy="rlpto", version="1", observation=m["observation"],
+                  architecture=m["architecture"], training={}, trained_on={})
+    pol = RLPTOScaling(path=path)
+    x = torch.randn(32, 7) * 2
+    with torch.no_grad():
+        ref = model.actor(x).numpy()
+    np.testing.assert_allclose(pol._actor.logits(x.numpy()), ref, atol=1e-5)
+
+
+def test_fallback_to_beta_rule_on_missing_or_corrupt_file(tmp_path):
+    missing = RLPTOScaling(path=tmp_path / "none.safetensors")
+    assert missing.fallback_reason and "not found" in missing.fallback_reason and "'beta'" in missing.fallback_reason
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"junk")
+    bad.with_suffix(".json").write_text('{"format": "rlsched-policy/1", "policy": "rlpto"}')
+    corrupt = RLPTOScaling(path=bad)
+    assert corrupt.fallback_reason and "corrupt" in corrupt.fallback_reason
+    # it decides exactly like the beta heuristic on the same snapshot
+    env = ScalingEnv(ScalingEnvConfig(nodes=6, beta=0.001, n_jobs=4))
+    env.reset(5)
+    beta = make_scaling("beta")
+    for _ in range(30):
+        assert corrupt.decide(env.running(), env.state) == beta.decide(env.running(), env.state)
+        env.step_policy(beta)
+
+
+def test_committed_policy_loads_and_decides_within_bounds():
+    pol = make_scaling("rlpto")
+    if pol.fallback_reason:
+        pytest.skip(f"no committed weights: {pol.fallback_reason}")
+    assert pol.metadata["policy"] == "rlpto"
+    env = ScalingEnv(ScalingEnvConfig(nodes=12, beta=0.0003))
+    env.reset(123)
+    for _ in range(60):
+        before = env.state.free.copy()
+        d = pol.decide(env.running(), env.state)
+        np.testing.assert_array_equal(env.state.free, before)  # decide leaves the snapshot as it was
+        grow = sum(v for v in d.values() if v > 0)
+        shrink = -sum(v for v in d.values() if v < 0)
+        assert grow <= env.state.free_gpus + shrink
+        for jid, delta in d.items():
+            v = env.state.running[jid]
+            assert v.min_workers <= v.workers + delta <= v.max_workers
+        env.step_policy(pol)
+        if env.done:
+            break
+
+
+def test_slaq_baseline_fills_the_cluster_by_loss_reduction():
+    env = ScalingEnv(ScalingEnvConfig(nodes=8, n_jobs=3, mean_interarrival=1.0))
+    env.reset(2)
+    while len(env.state.running) < 3:
+        env.step({})
+    slaq = R.SLAQScaling(env)
+    d = slaq.decide(env.running(), env.state)
+    after = {j.id: j.workers + d.get(j.id, 0) for j in env.running()}
+    assert sum(after.values()) == 8  # every slot handed out (max_workers 8 each)
+    # greedy optimality: no single move from one job to another raises the total reduction
+    tot = lambda a: sum(slaq._reduction(k, w) for k, w in a.items())  # noqa: E731
+    for x in after:
+        for y in after:
+            if x != y and after[x] > 1:
+                moved = dict(after, **{x: after[x] - 1, y: after[y] + 1})
+                assert tot(moved) <= tot(after) + 1e-12
+
+
+def test_config_file_sets_defaults_and_rejects_unknown_keys(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("iterations: 1\nepisodes: 1\nworkers: 0\nnodes: [3]\nn-jobs: 2\nval_every: 1\nval-seeds: 1\n"
+                   f"out: {tmp_path / 'o'}\nweights: {tmp_path / 'w.safetensors'}\nbetas: [0.001]\n")
+    assert run("train", "rlpto", ["--config", str(cfg), "--seed", "3"]) == 0
+    meta = RLPTOScaling(path=tmp_path / "w.safetensors").metadata
+    assert meta["training"]["iterations"] == 1 and meta["training"]["seed"] == 3
+    assert meta["trained_on"]["nodes"] == [3]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("iterashuns: 3\n")
+    with pytest.raises(SystemExit):
+        run("train", "rlpto", ["--config", str(bad)])
