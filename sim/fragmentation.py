@@ -9,8 +9,8 @@ counted. After every arrival we record
 
 * the *unallocated GPU share*: idle GPU capacity (milli-GPU) / cluster GPU capacity;
 * the *fragmentation share*: FGD's expected fragmentation ``Σ_n F_n(M)``
-  (:func:`rlsched.core.fgd.fragmentation`, target workload ``M`` = the trace's pod
-  requests) / cluster GPU capacity;
+  (:func:`rlsched.core.fgd.fragmentation`, target workload ``M`` = the trace's GPU pod
+  requests, GPU and CPU, :func:`target_workload`) / cluster GPU capacity;
 
 against the arrived workload (cumulative GPU demand / capacity). An ideal packer leaves
 ``max(0, 1 − arrived)`` unallocated; the excess is capacity lost to fragmentation.
@@ -56,6 +56,7 @@ __all__ = [
     "run",
     "experiment",
     "value_at",
+    "target_workload",
     "subsample",
     "main",
 ]
@@ -169,14 +170,14 @@ class SharedCluster:
         self.mem_free = nodes.memory_mib.astype(np.int64).copy()
         self.capacity = int(nodes.gpus.sum()) * MILLI
         self.models = {m: np.asarray(nodes.model == m) for m in np.unique(nodes.model).tolist()}
-        self._refresh(np.arange(len(nodes)))
+        n = len(nodes)
+        self.frag = np.zeros(n)  # F_n(M) per node
+        self.full = np.zeros(n, dtype=np.int64)  # idle GPUs per node
+        self.max_free = np.zeros(n, dtype=np.int64)  # largest free share per node
+        self.node_free = np.zeros(n, dtype=np.int64)  # free milli-GPU per node
+        self._refresh(np.arange(n))
 
     def _refresh(self, idx: np.ndarray) -> None:
-        if not hasattr(self, "frag"):
-            self.frag = np.zeros(len(self.nodes))
-            self.full = np.zeros(len(self.nodes), dtype=np.int64)
-            self.max_free = np.zeros(len(self.nodes), dtype=np.int64)
-            self.node_free = np.zeros(len(self.nodes), dtype=np.int64)
         rows = self.free[idx]
         self.frag[idx] = fragmentation(rows, self.workload, self.cpu_free[idx] if self.cpu_aware else None)
         self.full[idx] = (rows == MILLI).sum(axis=-1)
@@ -308,15 +309,15 @@ class Curve:
     fragmented: np.ndarray
     failed: int
     first_failure: float | None
+    #: fragmentation share of the empty cluster
+    initial_fragmented: float = 0.0
 
     def at(self, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(unallocated, fragmented) after the last arrival at or below each grid point."""
         idx = np.searchsorted(self.arrived, grid, side="right") - 1
         un = np.where(idx >= 0, self.unallocated[np.maximum(idx, 0)], 1.0)
-        fr = np.where(idx >= 0, self.fragmented[np.maximum(idx, 0)], self._frag0)
+        fr = np.where(idx >= 0, self.fragmented[np.maximum(idx, 0)], self.initial_fragmented)
         return un, fr
-
-    _frag0: float = 0.0
 
 
 def arrival_order(n_pods: int, demand: np.ndarray, capacity: int, max_arrived: float,
@@ -334,6 +335,14 @@ def arrival_order(n_pods: int, demand: np.ndarray, capacity: int, max_arrived: f
         chunks.append(order[:stop])
         total = float(cum[min(stop, len(order)) - 1])
     return np.concatenate(chunks)
+
+
+def target_workload(pods: Pods, cpu_aware: bool = True) -> Workload:
+    """The trace's GPU pods as FGD's target workload: one class per distinct (GPU, CPU)
+    request, weighted by frequency. CPU-only pods are left out: for them every free GPU
+    is a fragment, a constant offset that changes no decision."""
+    gpu = pods.demand_milli > 0
+    return Workload.from_requests(pods.demand_milli[gpu], pods.cpu_milli[gpu] if cpu_aware else None)
 
 
 def run(
@@ -355,7 +364,7 @@ def run(
         raise ValueError("max_arrived must be > 0")
     demand = pods.demand_milli
     if workload is None:
-        workload = Workload.from_requests(demand, pods.cpu_milli if cpu_aware else None)
+        workload = target_workload(pods, cpu_aware)
     wl = workload
     c = SharedCluster(nodes, wl)
     frag0 = c.fragmented

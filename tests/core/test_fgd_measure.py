@@ -59,7 +59,7 @@ from rlsched.core.fgd import fragmentation_by_class
 demands = st.sampled_from([0, 100, 250, 500, 999, 1000, 2000, 4000, 8000])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     free=st.lists(st.lists(st.integers(0, 1000), min_size=8, max_size=8), min_size=1, max_size=5),
     classes=st.lists(st.tuples(demands, st.floats(0.01, 1.0), st.sampled_from([0, 0, 4000, 16000])), min_size=1, max_size=6),
