@@ -452,8 +452,8 @@ def plot(result: dict, path: Path) -> None:
         ax.set_xlabel("arrived workload (% of cluster GPU capacity)")
         ax.grid(alpha=0.3)
         ax.legend()
-    axes[0].set_xlim(60, x.max())
-    axes[0].set_ylim(0, 45)
+    axes[0].set_xlim(80, x.max())
+    axes[0].set_ylim(0, 22)
     fig.suptitle(
         f"Alibaba GPU 2023 (openb): {result['nodes']} nodes, {result['gpus']} GPUs, "
         f"mean of {result['repeats']} arrival orders"
@@ -483,6 +483,14 @@ def subsample(nodes: Nodes, fraction: float, rng: np.random.Generator) -> Nodes:
         return nodes
     k = max(1, int(round(fraction * len(nodes))))
     return nodes.take(np.sort(rng.choice(len(nodes), size=k, replace=False)))
+
+
+def replot(json_path: str | os.PathLike) -> Path:
+    """Redraw ``fragmentation.png`` beside a ``fragmentation.json``."""
+    path = Path(json_path)
+    out = path.with_suffix(".png")
+    plot(json.loads(path.read_text()), out)
+    return out
 
 
 def cmd(args: argparse.Namespace) -> int:
