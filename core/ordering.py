@@ -142,7 +142,12 @@ class DRF(_KeyOrdering):
     def _keys(self, pending, state):
         cap = _capacity(state)
         if self.owner is None:
-            return [(float(np.max(demand_vector(j) / cap)),) for j in pending]
+            if not pending:
+                return []
+            per_worker = np.array([[j.gpus_per_worker, j.cpu_milli, j.memory_mib] for j in pending], dtype=float)
+            workers = np.array([j.workers for j in pending], dtype=float)
+            share = (per_worker * workers[:, None] / cap).max(axis=1)
+            return [(x,) for x in share.tolist()]
         usage: dict[Hashable, np.ndarray] = {}
         for j in state.running.values():
             o = self.owner(j)

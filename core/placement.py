@@ -345,8 +345,9 @@ class FGD(_Placement):
     least; ties go to the node left with the fewest free GPUs, then the lowest index.
     ``workload`` is a list of ``(gpus,
     probability)`` pairs or a :class:`~rlsched.core.fgd.Workload`; by default it is
-    learned from the snapshot: the GPUs per worker of the pending jobs and the job
-    being placed, weighted by worker count.
+    learned from the snapshot: the GPUs (and CPU) per worker of the pending jobs,
+    weighted by worker count, plus the job being placed if its request is not among
+    them.
     """
 
     name = "fgd"
@@ -362,17 +363,39 @@ class FGD(_Placement):
             self.workload = workload
         else:
             self.workload = Workload.from_pairs(workload)
+        self._learned: tuple[frozenset, Workload] | None = None
+        self._fixed: Workload | None = None
+        self._table: tuple[Workload, int, np.ndarray] | None = None
+
+    def place(self, job, state, workers=None):
+        # learn the target workload once per gang, not once per worker
+        self._fixed = self.target(job, state)
+        try:
+            return super().place(job, state, workers)
+        finally:
+            self._fixed = None
 
     def target(self, job: JobView, state: ClusterState) -> Workload:
         """The workload fragmentation is measured against for this decision."""
         if self.workload is not None:
             return self.workload
-        jobs = [job, *state.pending]
-        return Workload.from_requests(
-            [j.gpus_per_worker * 1000 for j in jobs],
-            [j.cpu_milli for j in jobs],
-            weights=[max(j.workers, 1) for j in jobs],
-        )
+        if self._fixed is not None:
+            return self._fixed
+        counts: dict[tuple[int, int], int] = {}
+        for j in state.pending:
+            key = (j.gpus_per_worker * 1000, j.cpu_milli)
+            counts[key] = counts.get(key, 0) + max(j.workers, 1)
+        own = (job.gpus_per_worker * 1000, job.cpu_milli)
+        if own not in counts:
+            counts[own] = max(job.workers, 1)
+        sig = frozenset(counts.items())
+        if self._learned is None or self._learned[0] != sig:  # re-learn only on change
+            keys = sorted(counts)
+            wl = Workload(
+                np.array([k[0] for k in keys]), np.array([counts[k] for k in keys], dtype=float), np.array([k[1] for k in keys])
+            )
+            self._learned = (sig, wl)
+        return self._learned[1]
 
     def delta(self, job: JobView, state: ClusterState, cands: np.ndarray) -> np.ndarray:
         """Growth of expected fragmentation (milli-GPU) if one worker goes on each candidate."""
@@ -385,7 +408,9 @@ class FGD(_Placement):
             return fragmentation(whole_gpu_free_milli(after, width), wl, cpu - job.cpu_milli) - fragmentation(
                 whole_gpu_free_milli(free, width), wl, cpu
             )
-        table = fragmentation(whole_gpu_free_milli(np.arange(width + 1), width), wl)
+        if self._table is None or self._table[0] is not wl or self._table[1] != width:
+            self._table = (wl, width, fragmentation(whole_gpu_free_milli(np.arange(width + 1), width), wl))
+        table = self._table[2]
         return table[after] - table[free]
 
     def _scores(self, job, state, cands):
