@@ -92,6 +92,8 @@ class _Placement:
     # protocol ---------------------------------------------------------------
     def place(self, job: JobView, state: ClusterState, workers: int | None = None) -> list[int] | None:
         k = _workers(job, workers)
+        if k * job.gpus_per_worker > state.free_gpus:
+            return None
         taken: list[int] = []
         try:
             for _ in range(k):
