@@ -18,7 +18,7 @@ import orjson
 from aiohttp import web
 
 from .service import Extender
-from .wire import WireError, decode_args, decode_binding, encode_binding, encode_filter, encode_priorities
+from .wire import PriorityEncoder, WireError, decode_args, decode_binding, encode_binding, encode_filter
 
 __all__ = ["make_app", "DEFAULT_MAX_BODY", "EXTENDER_KEY"]
 
@@ -84,6 +84,8 @@ def make_app(
 
     def enc_filter(args, out):
         return encode_filter(args, out.passed, out.failed, out.unresolvable)
+
+    encode_priorities = PriorityEncoder()
 
     def enc_prio(args, scores):
         return encode_priorities(args.names, scores)

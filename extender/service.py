@@ -12,6 +12,7 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Awaitable, Callable
 
 import numpy as np
@@ -65,6 +66,8 @@ class Extender:
         self._debug: OrderedDict[str, dict] = OrderedDict()
         self._debug_entries = debug_entries
         self._gpus: OrderedDict[str, tuple[int, str | None]] = OrderedDict()
+        self._idx_cache: OrderedDict[tuple, np.ndarray] = OrderedDict()
+        self._idx_topology = None
         #: creates the Binding in the API server (``None``: bind verb unavailable)
         self.binder = binder
         #: wait up to this long for the job's assumed pods to show up bound before
@@ -98,9 +101,28 @@ class Extender:
         self.cache.forget(pod.key)  # a new scheduling attempt replaces an old guess
         st = self.cache.state()
         index = st.topology.index
-        idx = np.fromiter((index.get(n, -1) for n in args.names), dtype=np.int64, count=len(args.names))
+        idx = self._indices(st, args.names)
         placed = [index[n] for n in self.cache.job_placement(pod.job, exclude=pod.key) if n in index]
         return pod, st, idx, placed
+
+    def _indices(self, st: ClusterState, names: list[str]) -> np.ndarray:
+        """Node index per name (-1: unknown). kube-scheduler sends the same candidate
+        lists again and again, so recent answers are kept per topology."""
+        if self._idx_topology is not st.topology:
+            self._idx_cache.clear()
+            self._idx_topology = st.topology
+        key = tuple(names)
+        idx = self._idx_cache.get(key)
+        if idx is None:
+            index = st.topology.index
+            idx = np.fromiter(map(index.get, names, repeat(-1)), dtype=np.int64, count=len(names))
+            idx.flags.writeable = False
+            self._idx_cache[key] = idx
+            if len(self._idx_cache) > 32:
+                self._idx_cache.popitem(last=False)
+        else:
+            self._idx_cache.move_to_end(key)
+        return idx
 
     def _remember(self, pod: PodInfo, entry: dict) -> None:
         self._gpus[pod.key] = (pod.gpus, pod.job)

@@ -1,0 +1,138 @@
+"""End to end on the real control plane: kube-scheduler's ``rlsched`` profile calls
+this extender (its own process, watching the API server) and the workers of one job
+land on topology-compact nodes, where the default scheduler spreads the same pods."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+
+import pytest
+
+pytestmark = pytest.mark.k8s
+
+WORKERS = 4
+GPUS = 2
+
+
+@pytest.fixture
+def core(kube_cluster):
+    from kubernetes import client
+
+    return client.CoreV1Api(kube_cluster.api_client())
+
+
+@pytest.fixture
+def namespace(core):
+    from kubernetes import client
+
+    name = f"ext-{uuid.uuid4().hex[:8]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    yield name
+    core.delete_namespace(name)
+
+
+@pytest.fixture
+def extender_process(kube_cluster, tmp_path):
+    """``rlsched extender serve`` on the port the rlsched profile calls."""
+    if kube_cluster.extender_port is None:
+        pytest.fail("the rlsched profile's extender URL is not local; cannot serve it here")
+    port = kube_cluster.extender_port
+    log = open(tmp_path / "extender.log", "w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlsched.cli", "extender", "serve", "--port", str(port),
+         "--kubeconfig", str(kube_cluster.kubeconfig), "--log-level", "INFO"],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/readyz", timeout=1) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            log.seek(0)
+            proc.kill()
+            pytest.fail(f"extender did not become ready:\n{log.read()}")
+        time.sleep(0.2)
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+def worker(job: str, index: int, scheduler: str):
+    from kubernetes import client
+
+    gpu = {"nvidia.com/gpu": str(GPUS)}
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(
+            name=f"{job}-w{index}",
+            labels={"rlsched.dev/job": job, "rlsched.dev/role": "worker", "rlsched.dev/worker-index": str(index)},
+        ),
+        spec=client.V1PodSpec(
+            scheduler_name=scheduler,
+            restart_policy="Never",
+            termination_grace_period_seconds=0,
+            containers=[client.V1Container(
+                name="trainer", image="registry.example/rlsched/worker:test",
+                resources=client.V1ResourceRequirements(
+                    requests={"cpu": "8", "memory": "8Gi", **gpu}, limits=gpu),
+            )],
+        ),
+    )
+
+
+def run_job(core, namespace: str, job: str, scheduler: str) -> list[str]:
+    """Create the job's workers at once; the node each one was bound to."""
+    for i in range(WORKERS):
+        core.create_namespaced_pod(namespace, worker(job, i, scheduler))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        pods = core.list_namespaced_pod(namespace, label_selector=f"rlsched.dev/job={job}").items
+        nodes = [p.spec.node_name for p in pods]
+        if len(nodes) == WORKERS and all(nodes):
+            return sorted(nodes)
+        time.sleep(0.2)
+    raise AssertionError(f"{job}: not all workers bound after 60s: {nodes}")
+
+
+def delete_job(core, namespace: str, job: str) -> None:
+    core.delete_collection_namespaced_pod(namespace, label_selector=f"rlsched.dev/job={job}", grace_period_seconds=0)
+    deadline = time.monotonic() + 30
+    while core.list_namespaced_pod(namespace, label_selector=f"rlsched.dev/job={job}").items:
+        assert time.monotonic() < deadline, "pods not deleted"
+        time.sleep(0.2)
+
+
+def test_job_lands_compact_with_the_extender_and_spreads_without(kube_cluster, core, namespace, extender_process):
+    topo = kube_cluster.topology
+    rack = {n.name: n.rack for n in topo.nodes}
+    assert len(topo.racks) >= 2 and WORKERS * GPUS <= max(n.gpus for n in topo.nodes)
+
+    compact = run_job(core, namespace, "tj-rl", "rlsched")
+    # DAS packs the gang: one rack, and here (8 GPUs fit one node) one node
+    assert len({rack[n] for n in compact}) == 1, compact
+    assert len(set(compact)) == 1, compact
+    with urllib.request.urlopen(f"{extender_process}/debug/pods/{namespace}/tj-rl-w3", timeout=5) as r:
+        assert b'"placed_workers"' in r.read()
+    with urllib.request.urlopen(f"{extender_process}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    assert 'rlsched_extender_request_duration_seconds_count{verb="prioritize"}' in text
+    delete_job(core, namespace, "tj-rl")
+
+    spread = run_job(core, namespace, "tj-default", "default-scheduler")
+    # LeastAllocated spreads the same pods over the nodes, across racks
+    assert len(set(spread)) > 1, spread
+    assert len({rack[n] for n in spread}) > 1, spread
+    delete_job(core, namespace, "tj-default")
