@@ -150,9 +150,10 @@ class Extender:
         q = pod.gpus
         cap_ok = st.free[safe] >= q
         never = st.total[safe] < q
-        allowed_models = [m for m in st.models if pod.allows_model(m)]
-        model_of = np.array([m in allowed_models for m in st.models], dtype=bool)
-        model_ok = model_of[st._node_model[safe]] if len(st.models) else np.zeros(len(idx), dtype=bool)
+        allowed_models = frozenset(m for m in st.models if pod.allows_model(m))
+        model_mask = np.zeros(len(st.total), dtype=bool)
+        model_mask[st.candidates_total(0, allowed_models)] = True
+        model_ok = model_mask[safe] if len(st.total) else np.zeros(len(idx), dtype=bool)
         topo_ok, topo_why = self._topology_rule(pod, st, safe, placed)
         ok = known & cap_ok & model_ok & topo_ok
         out = FilterOutcome(passed=np.flatnonzero(ok).tolist())

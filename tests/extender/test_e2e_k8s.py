@@ -4,6 +4,7 @@ land on topology-compact nodes, where the default scheduler spreads the same pod
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -135,4 +136,20 @@ def test_job_lands_compact_with_the_extender_and_spreads_without(kube_cluster, c
     # LeastAllocated spreads the same pods over the nodes, across racks
     assert len(set(spread)) > 1, spread
     assert len({rack[n] for n in spread}) > 1, spread
+    # the extender's watch counted the default scheduler's pods: a whole-node pod no
+    # longer fits where they run
+    pod = {"metadata": {"name": "probe", "namespace": namespace},
+           "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}
+    body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": sorted(rack)}).encode()
+    deadline = time.monotonic() + 10
+    while True:
+        req = urllib.request.Request(f"{extender_process}/filter", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            result = json.loads(r.read())
+        if set(result["FailedNodes"]) >= set(spread) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert set(result["FailedNodes"]) >= set(spread), result
+    assert all("insufficient nvidia.com/gpu" in result["FailedNodes"][n] for n in spread)
     delete_job(core, namespace, "tj-default")

@@ -11,7 +11,14 @@ from hypothesis import strategies as st
 
 from rlsched.core import Topology
 from rlsched.extender.config import build_extender, node_list
-from rlsched.extender.wire import WireError, decode_args, decode_binding, encode_filter, encode_priorities
+from rlsched.extender.wire import (
+    PriorityEncoder,
+    WireError,
+    decode_args,
+    decode_binding,
+    encode_filter,
+    encode_priorities,
+)
 
 TOPO = Topology.uniform(8, racks=2)
 NAMES = [n.name for n in TOPO.nodes]
@@ -102,3 +109,13 @@ def test_arbitrary_bytes_never_crash_the_decoders(raw):
             decode(raw)
         except WireError:
             pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.tuples(st.text(min_size=1, max_size=12), st.integers(0, 10)), max_size=30),
+       cap=st.integers(1, 8))
+def test_fast_priority_encoder_equals_the_plain_one(rows, cap):
+    enc = PriorityEncoder(max_names=cap)
+    names, scores = [r[0] for r in rows], [r[1] for r in rows]
+    for _ in range(2):  # cold and warm
+        assert orjson.loads(enc(names, scores)) == orjson.loads(encode_priorities(names, scores))
