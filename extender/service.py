@@ -184,6 +184,9 @@ class Extender:
         for reason, n in counts.items():
             if n:
                 self.metrics.filtered.labels(reason=reason).inc(n)
+        if len(out.passed) == 1 and q > 0:
+            # kube-scheduler skips scoring when one node is left: it will be that one
+            self.cache.assume(pod.key, args.names[out.passed[0]], q, pod.job)
         self._remember(
             pod,
             {

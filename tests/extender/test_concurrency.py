@@ -77,3 +77,14 @@ async def test_mixed_sizes_in_parallel_never_exceed_capacity(client, make_pod, t
         per_node[node] += sizes[key]
     assert len(bound) > 16 and max(per_node.values()) <= 8
     assert sum(per_node.values()) == 128 - int(extender.cache.state().free.sum())
+
+
+async def test_a_single_feasible_node_is_assumed_at_filter(client, make_pod, topology, extender):
+    # kube-scheduler does not call prioritize when one node passes: filter assumes it
+    names = [n.name for n in topology.nodes]
+    for i in range(1, 16):
+        extender.cache.upsert_pod(make_pod(f"full-{i}", gpus=8, node=names[i]))
+    first = await post(client, "/filter", {"Pod": make_pod("a", gpus=8), "Nodes": None, "NodeNames": names})
+    assert first["NodeNames"] == [names[0]]
+    second = await post(client, "/filter", {"Pod": make_pod("b", gpus=8), "Nodes": None, "NodeNames": names})
+    assert second["NodeNames"] == [] and "insufficient" in second["FailedNodes"][names[0]]
