@@ -1,0 +1,281 @@
+"""``rlsched sim``: run one policy on a trace, or compare several.
+
+    rlsched sim run --trace SPEC --ordering fifo --placement firstfit [--scaling NAME] --seed N --out DIR
+    rlsched sim compare --trace SPEC --policies fifo/firstfit,sjf/bestfit[/beta],... --seed N --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["register", "run_policy", "parse_policies"]
+
+log = logging.getLogger("rlsched.sim")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("sim", help="discrete-event GPU-cluster simulator")
+    sub = p.add_subparsers(dest="sim_command", metavar="SUBCOMMAND")
+
+    def common(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--trace", required=True, help="alibaba2023:<list> | pai2020:<dir> | philly:<file> | helios:<file> | synthetic:<preset>[,k=v] | <jobs.yaml|json>")
+        q.add_argument("--seed", type=int, default=0)
+        q.add_argument("--out", required=True, help="output folder")
+        q.add_argument("--data-dir", default=None, help="trace data folder (default: $RLSCHED_DATA_DIR)")
+        q.add_argument("--skip-bad", action="store_true", help="skip and count malformed trace rows instead of stopping")
+        q.add_argument("--cluster", default=None, help="YAML/JSON cluster description for traces without one")
+        q.add_argument("--backfill", action="store_true", help="start later jobs when the head of the queue does not fit")
+        q.add_argument("--scaling-interval", type=float, default=300.0, help="seconds between scaling decisions")
+        q.add_argument("--restart-cost", type=float, default=30.0, help="seconds without progress after a worker change")
+        q.add_argument("--max-time", type=float, default=float("inf"), help="stop at this simulated time")
+        q.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    r = sub.add_parser("run", help="simulate one ordering/placement[/scaling] policy")
+    common(r)
+    r.add_argument("--ordering", required=True)
+    r.add_argument("--placement", required=True)
+    r.add_argument("--scaling", default=None)
+    r.set_defaults(func=_cmd_run)
+
+    c = sub.add_parser("compare", help="simulate several policies on one trace; table, JSON and plots")
+    common(c)
+    c.add_argument("--policies", required=True, help="comma list of ordering/placement[/scaling]")
+    c.set_defaults(func=_cmd_compare)
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+
+# ------------------------------------------------------------------ helpers
+def parse_policies(text: str) -> list[tuple[str, str, str | None]]:
+    out = []
+    for item in (s.strip() for s in text.split(",")):
+        if not item:
+            continue
+        parts = item.split("/")
+        if len(parts) not in (2, 3) or not all(parts):
+            raise ValueError(f"policy {item!r}: expected ordering/placement[/scaling]")
+        out.append((parts[0], parts[1], parts[2] if len(parts) == 3 else None))
+    if not out:
+        raise ValueError("no policies given")
+    return out
+
+
+def _load(args):
+    from rlsched.core import Topology
+
+    from .traces import default_topology, load_trace
+
+    trace = load_trace(args.trace, data_dir=args.data_dir, seed=args.seed, skip_bad=args.skip_bad)
+    topo = trace.topology
+    if args.cluster:
+        import yaml
+
+        topo = Topology.from_dict(yaml.safe_load(Path(args.cluster).read_text()))
+    if topo is None:
+        topo = default_topology(trace.jobs)
+        trace.notes.append(f"trace has no cluster: using {len(topo)} nodes x 8 GPUs (--cluster to change)")
+    return trace, topo
+
+
+def run_policy(trace, topology, ordering: str, placement: str, scaling: str | None, seed: int, config, progress=None):
+    """Simulate one policy triple; returns (SimResult, metrics dict)."""
+    from rlsched.core import make_ordering, make_placement, make_scaling
+
+    from .engine import Simulator
+    from .metrics import compute_metrics
+
+    # one independent stream per policy, all from the run seed
+    so, sp, ss = np.random.SeedSequence(seed).spawn(3)
+    sim = Simulator(
+        trace.jobs,
+        topology,
+        ordering=make_ordering(ordering, rng=np.random.default_rng(so)),
+        placement=make_placement(placement, rng=np.random.default_rng(sp)),
+        scaling=make_scaling(scaling, rng=np.random.default_rng(ss)) if scaling and scaling != "none" else None,
+        seed=seed,
+        config=config,
+    )
+    res = sim.run(progress=progress)
+    res.skipped = dict(trace.skipped)
+    m = compute_metrics(res)
+    m["config"] = {
+        "trace": trace.name,
+        "ordering": ordering,
+        "placement": placement,
+        "scaling": scaling or "none",
+        "seed": seed,
+        "backfill": config.backfill,
+        "nodes": len(topology),
+    }
+    return res, m
+
+
+def _config(args):
+    from .engine import SimConfig
+
+    return SimConfig(
+        backfill=args.backfill,
+        scaling_interval=args.scaling_interval,
+        restart_cost=args.restart_cost,
+        max_time=args.max_time,
+    )
+
+
+def _progress(quiet: bool):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        disable=quiet,
+        transient=False,
+    )
+
+
+def _fail(msg: str) -> int:
+    print(f"rlsched sim: error: {msg}", file=sys.stderr)
+    return 2
+
+
+# ------------------------------------------------------------------ commands
+def _cmd_run(args) -> int:
+    from .metrics import write_metrics
+    from .traces import TraceError
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        trace, topo = _load(args)
+        config = _config(args)
+        with _progress(args.quiet) as prog:
+            task = prog.add_task(f"{args.ordering}/{args.placement}", total=len(trace.jobs))
+            _, m = run_policy(
+                trace, topo, args.ordering, args.placement, args.scaling, args.seed, config,
+                progress=lambda n, tot: prog.update(task, completed=n),
+            )
+    except (TraceError, ValueError, OSError) as exc:
+        return _fail(str(exc))
+    for note in trace.notes:
+        print(f"note: {note}", file=sys.stderr)
+    out = write_metrics(m, Path(args.out) / "metrics.json")
+    print(
+        f"{m['jobs_completed']} jobs completed ({m['jobs_unfittable']} unfittable, {m['jobs_skipped']} skipped): "
+        f"JCT mean {_fmt(m['jct_mean'])} s, p95 {_fmt(m['jct_p95'])} s, GPU util {_fmt(m['gpu_util_mean'])} -> {out}"
+    )
+    return 0
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.3g}" if abs(x) < 1000 else f"{x:,.0f}"
+    return str(x)
+
+
+TABLE_COLUMNS = (
+    ("jct_mean", "JCT mean s"), ("jct_p95", "JCT p95 s"), ("wait_mean", "wait s"),
+    ("slowdown_mean", "slowdown"), ("makespan", "makespan s"), ("gpu_util_mean", "GPU util"),
+    ("frag_share_mean", "idle share*"), ("fee_total", "fee $"), ("accuracy_final_mean", "accuracy"),
+    ("jobs_completed", "done"), ("jobs_unfittable", "unfit"),
+)
+
+
+def _cmd_compare(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .metrics import dumps
+    from .traces import TraceError
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        policies = parse_policies(args.policies)
+        trace, topo = _load(args)
+        config = _config(args)
+    except (TraceError, ValueError, OSError) as exc:
+        return _fail(str(exc))
+    for note in trace.notes:
+        print(f"note: {note}", file=sys.stderr)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    results = {}
+    try:
+        with _progress(args.quiet) as prog:
+            overall = prog.add_task("policies", total=len(policies))
+            for o, p, s in policies:
+                name = f"{o}/{p}" + (f"/{s}" if s else "")
+                task = prog.add_task(f"  {name}", total=len(trace.jobs))
+                res, m = run_policy(
+                    trace, topo, o, p, s, args.seed, config,
+                    progress=lambda n, tot, task=task: prog.update(task, completed=n),
+                )
+                rows.append({"policy": name, "metrics": m})
+                results[name] = res
+                prog.advance(overall)
+    except ValueError as exc:
+        return _fail(str(exc))
+    (out / "compare.json").write_text(dumps(rows))
+
+    table = Table(title=f"{trace.name}: {len(trace.jobs)} jobs on {len(topo)} nodes / {topo.total_gpus} GPUs, seed {args.seed}")
+    table.add_column("policy")
+    for _, head in TABLE_COLUMNS:
+        table.add_column(head, justify="right")
+    for row in rows:
+        table.add_row(row["policy"], *(_fmt(row["metrics"].get(k)) for k, _ in TABLE_COLUMNS))
+    console = Console()
+    console.print(table)
+    console.print("* idle share: unallocated GPUs while jobs wait (fragmentation + blocking)")
+    plots = _plots(results, rows, out)
+    console.print(f"wrote {out / 'compare.json'} and {', '.join(str(p) for p in plots)}")
+    return 0
+
+
+def _plots(results, rows, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, res in results.items():
+        jct = np.sort([r.end - r.submit for r in res.records])
+        if jct.size:
+            ax.step(jct, np.arange(1, jct.size + 1) / jct.size, where="post", label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("job completion time (s)")
+    ax.set_ylabel("fraction of jobs")
+    ax.set_title("JCT CDF")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(out / "jct_cdf.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    for row in rows:
+        s = row["metrics"]["series"]
+        t = np.asarray(s["t"]) / 3600.0
+        a1.plot(t, s["gpu_util"], label=row["policy"], lw=1)
+        a2.plot(t, s["queue_len"], label=row["policy"], lw=1)
+    a1.set_ylabel("GPU utilization")
+    a1.set_ylim(0, 1.02)
+    a2.set_ylabel("queued jobs")
+    a2.set_xlabel("time (h)")
+    a1.legend(fontsize=8)
+    for a in (a1, a2):
+        a.grid(alpha=0.3)
+    fig.tight_layout()
+    paths.append(out / "utilization_queue.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    return paths

@@ -1,0 +1,779 @@
+"""Deterministic discrete-event simulator of a GPU cluster running training jobs.
+
+One :class:`Simulator` holds everything: the event heap, a
+:class:`~rlsched.core.ClusterState` (mutated only through ``allocate``/``release``),
+the jobs and one seeded :class:`numpy.random.Generator`. Events are
+``(time, kind, counter, payload)`` tuples; at equal times finishes come before
+arrivals, arrivals before scaling ticks, and the counter breaks the remaining ties in
+insertion order, so a run is a pure function of its inputs and seed.
+
+Two ways to drive it:
+
+* give it an ordering and a placement policy (and optionally a scaling policy) and
+  call :meth:`Simulator.run` — after every batch of same-time events it ranks the
+  pending jobs and starts them in that order, gang-style (all workers or none),
+  stopping at the first that does not fit (head-of-line blocking) unless
+  ``SimConfig.backfill``;
+* or leave the policies out and decide yourself, one decision at a time (what the
+  RL environments do)::
+
+      sim = Simulator(jobs, topology, seed=0)
+      while not sim.done:
+          if sim.state.pending and (job := pick(sim.state)) and (nodes := place(job)):
+              sim.start(job.id, nodes)
+          else:
+              sim.advance()          # next event time
+      result = sim.result()
+
+Jobs that cannot fit even the empty cluster are reported (``result.unfittable``,
+logged) and dropped at arrival.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+import time as _time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from rlsched.core import ClusterState, JobView, Level, Ordering, Placement, PlacementError, Scaling, Topology
+
+from .convergence import ConvergenceModel, stop_epoch
+from .job import JobSpec, best_step_time, throughput, topology_limits
+
+__all__ = ["SimConfig", "Simulator", "SimResult", "JobRecord"]
+
+log = logging.getLogger("rlsched.sim")
+
+_FINISH, _ARRIVAL, _SCALE = 0, 1, 2
+_PENDING, _RUNNING, _DONE, _DROPPED, _FUTURE = 0, 1, 2, 3, 4
+#: orderings that rank by a per-job key, so ranking a subset is consistent
+_KEY_ORDERINGS = frozenset({"fifo", "sjf", "srtf", "drf", "tetris", "tiresias"})
+#: ... whose relative order of two pending jobs never changes while they wait
+_STATIC_ORDERINGS = frozenset({"fifo", "sjf", "srtf", "tiresias"})
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Engine options.
+
+    ``backfill``: keep starting later jobs when the head of the queue does not fit.
+    ``scaling_interval``: seconds between scaling-policy calls.
+    ``restart_cost``: seconds without progress after a job's worker count changes.
+    ``max_time``: stop the run at this simulated time (jobs still running are
+    reported unfinished).
+    ``record_series``: keep utilization / queue time series.
+    ``incremental_ranking``: when no GPU was released since the last pass, rank only
+    the new arrivals (plus the job blocking the queue) instead of the whole queue.
+    Exact for orderings that sort by a per-job key; ``None`` turns it on for the
+    built-in key orderings only.
+    """
+
+    backfill: bool = False
+    scaling_interval: float = 300.0
+    restart_cost: float = 30.0
+    max_time: float = math.inf
+    record_series: bool = True
+    incremental_ranking: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.scaling_interval <= 0 or self.restart_cost < 0:
+            raise ValueError("need scaling_interval > 0 and restart_cost >= 0")
+
+
+@dataclass(slots=True)
+class JobRecord:
+    """What happened to one job."""
+
+    id: str
+    submit: float
+    start: float
+    end: float
+    workers: int  # initial worker count
+    gpus: int  # initial GPUs
+    ideal_runtime: float  # run time at initial workers, ideal placement
+    fee: float
+    accuracy: float  # final accuracy (nan for fixed-duration jobs)
+    epochs: int
+    level: int  # span level at start
+    rescales: int
+
+    @property
+    def jct(self) -> float:
+        return self.end - self.submit
+
+    @property
+    def wait(self) -> float:
+        return self.start - self.submit
+
+
+@dataclass
+class SimResult:
+    """Everything metrics need from a finished (or stopped) run."""
+
+    records: list[JobRecord]
+    unfittable: list[str]
+    unfinished: list[str]
+    total_gpus: int
+    series_t: np.ndarray
+    series_used: np.ndarray
+    series_queue: np.ndarray
+    events: int
+    wall_s: float
+    first_submit: float
+    skipped: dict[str, int] = field(default_factory=dict)
+
+
+class _Job:
+    """Engine-side mutable state of one job (not part of the public API)."""
+
+    __slots__ = (
+        "spec", "view", "conv", "status", "work_total", "work_done", "rate", "seg_start",
+        "resume_at", "eff", "fee", "fee_rate", "version", "accs", "acc_first", "ideal",
+        "level0", "rescales", "w0",
+    )
+
+    def __init__(self, spec: JobSpec, conv: ConvergenceModel | None) -> None:
+        self.spec = spec
+        self.view = spec.view()
+        self.conv = conv
+        self.status = _FUTURE
+        self.work_total = 0.0
+        self.work_done = 0.0
+        self.rate = 0.0
+        self.seg_start = 0.0
+        self.resume_at = 0.0
+        self.eff = 0.0
+        self.fee = 0.0
+        self.fee_rate = 0.0
+        self.version = 0
+        self.accs: np.ndarray | None = None
+        self.acc_first = 1
+        self.ideal = 0.0
+        self.level0 = -1
+        self.rescales = 0
+        self.w0 = spec.workers
+
+
+class Simulator:
+    """A GPU cluster, a job trace and (optionally) the policies that schedule it."""
+
+    def __init__(
+        self,
+        jobs: Sequence[JobSpec],
+        topology: Topology,
+        *,
+        ordering: Ordering | None = None,
+        placement: Placement | None = None,
+        scaling: Scaling | None = None,
+        seed: int = 0,
+        config: SimConfig | None = None,
+    ) -> None:
+        if (ordering is None) != (placement is None):
+            raise ValueError("give both an ordering and a placement policy, or neither")
+        if scaling is not None and placement is None:
+            raise ValueError("a scaling policy needs a placement policy to add workers")
+        ids = set()
+        for j in jobs:
+            if j.id in ids:
+                raise ValueError(f"duplicate job id {j.id!r}")
+            ids.add(j.id)
+        self.topology = topology
+        self.config = config or SimConfig()
+        self.ordering = ordering
+        self.placement = placement
+        self.scaling = scaling
+        self.rng = np.random.default_rng(seed)
+        self.state = ClusterState(topology)
+        self.now = 0.0
+        self._bw = topology.bandwidth
+        self._limits = topology_limits(topology)
+        self._price = np.array([n.price_per_gpu_hour for n in topology.nodes]) / 3600.0
+        order = sorted(range(len(jobs)), key=lambda k: (jobs[k].submit_time, k))
+        # per-job convergence seeds and evaluation noise, drawn in job-list order
+        seeds = self.rng.integers(0, 2**63 - 1, size=len(jobs))
+        lengths = np.array([0 if j.fixed else j.max_epochs for j in jobs], dtype=np.int64)
+        noise = self.rng.standard_normal(int(lengths.sum()))
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        self._jobs: list[_Job] = []
+        for k in order:
+            spec = jobs[k]
+            conv = None
+            if not spec.fixed:
+                conv = spec.convergence_model(int(seeds[k]), noise[offsets[k] : offsets[k + 1]])
+            self._jobs.append(_Job(spec, conv))
+        self._by_id = {j.spec.id: j for j in self._jobs}
+        self._prepare_all()
+        self._next_arrival = 0
+        self._heap: list[tuple] = []
+        self._counter = 0
+        self._events = 0
+        self._dirty = False
+        self._new: list[JobView] = []  # arrivals since the last policy pass
+        self._blocked: JobView | None = None  # job that stopped the last pass
+        self._full_pass_needed = True  # GPUs were released since the last pass
+        inc = self.config.incremental_ranking
+        self._incremental = (getattr(ordering, "name", "") in _KEY_ORDERINGS) if inc is None else inc
+        self._static = self._incremental and getattr(ordering, "name", "") in _STATIC_ORDERINGS
+        self._order: list[JobView] | None = None  # last full ranking (static orderings)
+        self._pos = 0
+        self._side: list[JobView] = []  # arrivals since that ranking
+        self._fit_cache: dict[tuple, int] = {}
+        self._records: list[JobRecord] = []
+        self._unfittable: list[str] = []
+        self._series_t: list[float] = []
+        self._series_used: list[int] = []
+        self._series_queue: list[int] = []
+        self._wall = 0.0
+        self._first_submit = float(min((j.submit_time for j in jobs), default=0.0))
+        self._total_gpus = self.state.total_gpus
+        self.now = self._first_submit
+        if scaling is not None and self._jobs:
+            self._push(self._first_submit + self.config.scaling_interval, _SCALE, None)
+
+    # ================================================================== public API
+    @property
+    def done(self) -> bool:
+        """No events left (every job finished or was dropped) or max_time reached."""
+        return (not self._heap_live() and self._next_arrival >= len(self._jobs)) or self.now >= self.config.max_time
+
+    @property
+    def pending(self) -> list[JobView]:
+        return self.state.pending
+
+    @property
+    def running(self) -> list[JobView]:
+        return list(self.state.running.values())
+
+    def job(self, job_id: str) -> JobView:
+        return self._by_id[job_id].view
+
+    def spec(self, job_id: str) -> JobSpec:
+        return self._by_id[job_id].spec
+
+    def run(self, progress: Callable[[int, int], None] | None = None) -> SimResult:
+        """Run to the end with the configured policies; ``progress(done, total)`` is
+        called now and then."""
+        if self.ordering is None:
+            raise ValueError("run() needs ordering and placement policies; use start()/advance()")
+        t0 = _time.perf_counter()
+        total = len(self._jobs)
+        tick = max(total // 100, 1)
+        last = -1
+        while self.step():
+            if progress is not None:
+                n = len(self._records) + len(self._unfittable)
+                if n // tick != last:
+                    last = n // tick
+                    progress(n, total)
+        if progress is not None:
+            progress(len(self._records) + len(self._unfittable), total)
+        self._wall += _time.perf_counter() - t0
+        return self.result()
+
+    def step(self) -> bool:
+        """Process every event of the next event time, then let the policies decide.
+        Returns False when nothing is left to do."""
+        if not self.advance():
+            return False
+        if self.ordering is not None and self._dirty:
+            self._schedule()
+        return True
+
+    def advance(self) -> bool:
+        """Process every event of the next event time (no policy decisions).
+        Returns False when there is no event left or max_time is reached."""
+        t = self._next_time()
+        if t is None:
+            return False
+        if t > self.config.max_time:
+            self.now = self.config.max_time
+            return False
+        self.now = t
+        self.state.time = t
+        heap = self._heap
+        scale = False
+        while heap and heap[0][0] == t and heap[0][1] == _FINISH:
+            _, _, _, (j, version) = heapq.heappop(heap)
+            if version == j.version and j.status == _RUNNING:
+                self._events += 1
+                self._finish(j, t)
+        jobs = self._jobs
+        while self._next_arrival < len(jobs) and jobs[self._next_arrival].spec.submit_time == t:
+            j = jobs[self._next_arrival]
+            self._next_arrival += 1
+            self._events += 1
+            self._arrive(j, t)
+        while heap and heap[0][0] == t:
+            kind = heapq.heappop(heap)[1]
+            if kind == _SCALE:
+                scale = True
+                self._events += 1
+        if scale and self.scaling is not None:
+            if self._dirty:
+                self._schedule()
+            self._scale_tick(t)
+            if self.state.running or self.state.pending or self._next_arrival < len(jobs):
+                self._push(t + self.config.scaling_interval, _SCALE, None)
+        self._record(t)
+        return True
+
+    def start(self, job_id: str, nodes: Sequence[int]) -> None:
+        """Start pending job ``job_id`` with one worker on each of ``nodes`` (gang:
+        ``len(nodes)`` must be between its min and max workers)."""
+        j = self._by_id[job_id]
+        if j.status != _PENDING:
+            raise ValueError(f"job {job_id} is not pending")
+        v = j.view
+        if not (v.min_workers <= len(nodes) <= v.max_workers):
+            raise ValueError(f"job {job_id}: {len(nodes)} workers outside [{v.min_workers}, {v.max_workers}]")
+        self._start(j, list(nodes), self.now)
+        self.state.pending = [p for p in self.state.pending if p is not v]
+        self._record(self.now)
+
+    def scale(self, job_id: str, delta: int, nodes: Sequence[int] | None = None) -> bool:
+        """Add (``delta`` > 0, on ``nodes`` or where the placement policy says) or
+        remove (``delta`` < 0, the newest) workers of a running job. The job pays the
+        restart cost. Returns False when nothing changed."""
+        j = self._by_id[job_id]
+        if j.status != _RUNNING or delta == 0:
+            return False
+        ok = self._rescale(j, delta, nodes, self.now)
+        if ok:
+            self._record(self.now)
+        return ok
+
+    def fits_now(self, job_id: str) -> bool:
+        """Whether the job's current gang could be placed right now (slot count)."""
+        v = self._by_id[job_id].view
+        c = self.state.candidates(v.gpus_per_worker, v.gpu_models)
+        return int((self.state.free[c] // v.gpus_per_worker).sum()) >= v.workers
+
+    def result(self) -> SimResult:
+        unfinished = [j.spec.id for j in self._jobs if j.status in (_PENDING, _RUNNING, _FUTURE)]
+        return SimResult(
+            records=list(self._records),
+            unfittable=list(self._unfittable),
+            unfinished=unfinished,
+            total_gpus=self.state.total_gpus,
+            series_t=np.array(self._series_t, dtype=float),
+            series_used=np.array(self._series_used, dtype=np.int64),
+            series_queue=np.array(self._series_queue, dtype=np.int64),
+            events=self._events,
+            wall_s=self._wall,
+            first_submit=float(self._first_submit),
+        )
+
+    def ideal_runtime(self, job_id: str) -> float:
+        """Run time at the job's requested workers and ideal placement."""
+        j = self._by_id[job_id]
+        if j.status == _FUTURE:
+            self._prepare(j)
+        return j.ideal
+
+    # ================================================================== internals
+    def _push(self, t: float, kind: int, payload) -> None:
+        self._counter += 1
+        heapq.heappush(self._heap, (t, kind, self._counter, payload))
+
+    def _heap_live(self) -> bool:
+        heap = self._heap
+        while heap:
+            t, kind, _, payload = heap[0]
+            if kind == _FINISH:
+                j, version = payload
+                if version == j.version and j.status == _RUNNING:
+                    return True
+                heapq.heappop(heap)
+                continue
+            # a scaling tick only matters while work remains
+            if self.state.running or self.state.pending or self._next_arrival < len(self._jobs):
+                return True
+            heapq.heappop(heap)
+        return False
+
+    def _next_time(self) -> float | None:
+        live = self._heap_live()
+        ta = self._jobs[self._next_arrival].spec.submit_time if self._next_arrival < len(self._jobs) else None
+        th = self._heap[0][0] if live else None
+        if ta is None:
+            return th
+        if th is None:
+            return ta
+        return min(ta, th)
+
+    def _prepare(self, j: _Job) -> None:
+        """Ideal run time and (training jobs) the accuracy curve at the requested workers."""
+        spec = j.spec
+        w = spec.workers
+        best = best_step_time(spec, w, self._bw, self._limits)
+        if spec.fixed:
+            j.ideal = float(spec.duration)
+            j.work_total = j.ideal
+            return
+        conv = j.conv
+        spe = spec.samples_per_epoch
+        epochs = np.arange(1, spec.max_epochs + 1)
+        accs = conv.evaluate(epochs, epochs * conv.efficiency(w))
+        e_stop = stop_epoch(accs, 1, None, 0, spec.beta, spec.patience, spec.max_epochs)
+        j.accs, j.acc_first = accs, 1
+        j.work_total = float(e_stop * spe)
+        j.ideal = j.work_total / (w * spec.batch_per_worker / best)
+
+    def _prepare_all(self, chunk: int = 8192) -> None:
+        """:meth:`_prepare` for every job at once (vectorised over jobs; the same
+        formulas as :meth:`ConvergenceModel.evaluate` and :func:`stop_epoch`)."""
+        train = [j for j in self._jobs if j.conv is not None]
+        for j in self._jobs:
+            if j.conv is None:
+                self._prepare(j)
+        for lo in range(0, len(train), chunk):
+            part = train[lo : lo + chunk]
+            n = len(part)
+            emax = max(j.spec.max_epochs for j in part)
+            idx = np.arange(emax)
+            epochs = idx + 1
+            c = [j.conv for j in part]
+            eff = np.array([m.efficiency(j.spec.workers) for m, j in zip(c, part)])[:, None]
+            acc_max = np.array([m.acc_max for m in c])[:, None]
+            acc0 = np.array([m.acc0 for m in c])[:, None]
+            tau = np.array([m.tau for m in c])[:, None]
+            noise = np.zeros((n, emax))
+            for r, m in enumerate(c):
+                noise[r, : part[r].spec.max_epochs] = m.noise_at(epochs[: part[r].spec.max_epochs])
+            accs = np.clip(acc_max - (acc_max - acc0) * np.exp(-(epochs * eff) / tau) + noise, 0.0, 1.0)
+            gains = np.empty_like(accs)
+            gains[:, 0] = np.inf
+            gains[:, 1:] = np.diff(accs, axis=1)
+            beta = np.array([j.spec.beta for j in part])[:, None]
+            patience = np.array([j.spec.patience for j in part])[:, None]
+            max_e = np.array([j.spec.max_epochs for j in part])
+            small = gains < beta
+            last_big = np.maximum.accumulate(np.where(small, -1, idx), axis=1)
+            hit = ((idx - last_big) >= patience) & (idx < max_e[:, None])
+            stop = np.where(hit.any(axis=1), hit.argmax(axis=1) + 1, max_e)
+            for r, j in enumerate(part):
+                spec = j.spec
+                w = spec.workers
+                j.accs, j.acc_first = accs[r, : spec.max_epochs], 1
+                j.work_total = float(int(stop[r]) * spec.samples_per_epoch)
+                best = best_step_time(spec, w, self._bw, self._limits)
+                j.ideal = j.work_total / (w * spec.batch_per_worker / best)
+
+    def _fit_slots(self, v: JobView) -> int:
+        key = (v.gpus_per_worker, v.gpu_models)
+        slots = self._fit_cache.get(key)
+        if slots is None:
+            c = self.state.candidates_total(v.gpus_per_worker, v.gpu_models)
+            slots = int((self.state.total[c] // v.gpus_per_worker).sum())
+            self._fit_cache[key] = slots
+        return slots
+
+    def _arrive(self, j: _Job, t: float) -> None:
+        v = j.view
+        slots = self._fit_slots(v)
+        if slots < v.min_workers:
+            j.status = _DROPPED
+            self._unfittable.append(v.id)
+            log.warning(
+                "job %s can never fit: needs %d x %d GPUs%s, the empty cluster has %d slots; dropped",
+                v.id, v.min_workers, v.gpus_per_worker,
+                f" of {sorted(v.gpu_models)}" if v.gpu_models else "", slots,
+            )
+            return
+        if slots < v.workers:
+            log.warning("job %s asks %d workers, at most %d fit; starting with %d", v.id, v.workers, slots, slots)
+            v.workers = slots
+            j.w0 = slots
+            j.spec = j.spec.with_(workers=slots, max_workers=max(slots, v.min_workers))
+            self._prepare(j)
+        v.est_runtime = j.ideal
+        v.remaining = j.ideal
+        j.status = _PENDING
+        self.state.pending.append(v)
+        self._new.append(v)
+        self._dirty = True
+
+    def _schedule(self) -> None:
+        """One policy pass: rank the pending jobs and start them in order."""
+        self._dirty = False
+        st = self.state
+        pending = st.pending
+        new, self._new = self._new, []
+        if not pending or st.free_gpus == 0:
+            self._blocked = None if not pending else self._blocked
+            self._full_pass_needed = self._full_pass_needed or bool(pending)
+            return
+        backfill = self.config.backfill
+        if self._static and not backfill:
+            self._schedule_static(new)
+            return
+        if self._incremental and not self._full_pass_needed:
+            # Nothing was released since the last full pass, so every job that did not
+            # fit then still does not; only the new arrivals (and, without backfill,
+            # the job that blocked the queue) can change the outcome. Exact for
+            # orderings that sort by a per-job key (every built-in heuristic).
+            cands = new if backfill or self._blocked is None else [self._blocked, *new]
+            ranked = self.ordering.rank(cands, st) if len(cands) > 1 else cands
+        else:
+            ranked = self.ordering.rank(pending, st)
+        self._full_pass_needed = False
+        self._blocked = None
+        started = False
+        for v in ranked:
+            if v.start_time is not None:
+                continue
+            if v.gpus > st.free_gpus:
+                nodes = None
+            else:
+                nodes = self.placement.place(v, st)
+            if nodes is None:
+                if backfill:
+                    continue
+                self._blocked = v
+                break
+            if len(nodes) != v.workers:
+                raise PlacementError(
+                    f"placement {self.placement.name!r} gave {len(nodes)} nodes for {v.workers} workers of job {v.id}"
+                )
+            self._start(self._by_id[v.id], nodes, self.now)
+            started = True
+        if started:
+            st.pending = [p for p in pending if p.start_time is None]
+
+    def _schedule_static(self, new: list[JobView]) -> None:
+        """Head-of-line pass for orderings whose relative order of pending jobs never
+        changes (FIFO, SJF, SRTF, Tiresias without preemption): keep the last full
+        ranking plus a side list of later arrivals, and find each next head by ranking
+        only (head of the ranking + side list). The side list is folded into a full
+        re-ranking when it outgrows ~sqrt(queue length)."""
+        st = self.state
+        side = self._side
+        side.extend(new)
+        pending = st.pending
+        if self._order is None or len(side) > max(32, math.isqrt(len(pending))):
+            self._order = self.ordering.rank(pending, st)
+            self._pos = 0
+            side.clear()
+        elif new and len(side) > 1:
+            side[:] = self.ordering.rank(side, st)
+        order = self._order
+        started = False
+        while True:
+            pos = self._pos
+            while pos < len(order) and order[pos].start_time is not None:
+                pos += 1
+            self._pos = pos
+            head = order[pos] if pos < len(order) else None
+            if side:  # side is kept ranked: compare the two heads
+                v = side[0] if head is None else self.ordering.rank([head, side[0]], st)[0]
+            elif head is not None:
+                v = head
+            else:
+                break
+            if v.gpus > st.free_gpus or (nodes := self.placement.place(v, st)) is None:
+                break
+            if len(nodes) != v.workers:
+                raise PlacementError(
+                    f"placement {self.placement.name!r} gave {len(nodes)} nodes for {v.workers} workers of job {v.id}"
+                )
+            self._start(self._by_id[v.id], nodes, self.now)
+            started = True
+            if v is head:
+                self._pos += 1
+            else:
+                del side[0]
+        if started:
+            st.pending = [p for p in pending if p.start_time is None]
+
+    def _start(self, j: _Job, nodes: list[int], t: float) -> None:
+        v = j.view
+        if len(nodes) != v.workers:
+            v.workers = len(nodes)
+        self.state.allocate_job(v, nodes)
+        v.placement = list(nodes)
+        v.start_time = t
+        self.state.running[v.id] = v
+        j.status = _RUNNING
+        j.seg_start = t
+        j.resume_at = t
+        self._set_rate(j)
+        j.level0 = int(self._level(v))
+        if v.workers != j.w0 and not j.spec.fixed:
+            self._retarget(j)
+        self._schedule_finish(j, t)
+
+    def _level(self, v: JobView) -> Level:
+        p = v.placement
+        if len(p) == 1 or all(i == p[0] for i in p):
+            return self.topology.span_level({p[0]: v.gpus})
+        return self.state.span_level(p, v.gpus_per_worker)
+
+    def _set_rate(self, j: _Job) -> None:
+        v, spec = j.view, j.spec
+        lvl = self._level(v)
+        thr = throughput(spec, v.workers, lvl, self._bw)
+        if spec.fixed:
+            ideal_thr = spec.workers * spec.batch_per_worker / best_step_time(spec, spec.workers, self._bw, self._limits)
+            j.rate = thr / ideal_thr
+        else:
+            j.rate = thr
+        price = self._price
+        j.fee_rate = v.gpus_per_worker * float(sum(price[i] for i in v.placement))
+        v.throughput = thr / max(v.workers, 1)
+
+    def _retarget(self, j: _Job) -> None:
+        """Recompute when a training job stops, from its history and current workers."""
+        spec, conv, v = j.spec, j.conv, j.view
+        spe = spec.samples_per_epoch
+        k = v.progress.epoch
+        if k >= spec.max_epochs:
+            j.work_total = j.work_done
+            j.accs, j.acc_first = np.empty(0), k + 1
+            return
+        hist = v.progress.history
+        streak = 0
+        for a, b in zip(reversed(hist[:-1]), reversed(hist[1:])):
+            if b - a < spec.beta:
+                streak += 1
+            else:
+                break
+        if hist and streak >= spec.patience:
+            j.work_total = j.work_done
+            return
+        epochs = np.arange(k + 1, spec.max_epochs + 1)
+        eff = j.eff + (epochs * spe - j.work_done) / spe * conv.efficiency(v.workers)
+        accs = conv.evaluate(epochs, eff)
+        e_stop = stop_epoch(accs, k + 1, hist[-1] if hist else None, streak, spec.beta, spec.patience, spec.max_epochs)
+        j.accs, j.acc_first = accs, k + 1
+        j.work_total = max(float(e_stop * spe), j.work_done)
+
+    def _sync(self, j: _Job, t: float, final: bool = False) -> None:
+        """Bring a running job's progress, fee and reported accuracy up to time ``t``."""
+        v, spec = j.view, j.spec
+        dt = t - j.seg_start
+        if dt > 0:
+            active = t - max(j.seg_start, j.resume_at)
+            if active > 0:
+                delta = min(j.rate * active, j.work_total - j.work_done)
+                j.work_done += delta
+                if j.conv is not None:
+                    j.eff += delta / spec.samples_per_epoch * j.conv.efficiency(v.workers)
+            j.fee += j.fee_rate * dt
+            v.attained_service += v.gpus * dt
+            j.seg_start = t
+        if final:
+            j.work_done = j.work_total
+        if j.rate > 0:
+            v.remaining = (j.work_total - j.work_done) / j.rate
+        if j.conv is not None and j.accs is not None:
+            spe = spec.samples_per_epoch
+            k_old = v.progress.epoch
+            k_new = int(j.work_total // spe) if final else int((j.work_done + 1e-6) // spe)
+            k_new = min(k_new, j.acc_first + len(j.accs) - 1)
+            if k_new > k_old:
+                p = v.progress
+                new = j.accs[k_old + 1 - j.acc_first : k_new + 1 - j.acc_first]
+                p.history.extend(new.tolist())
+                p.epoch = k_new
+                p.accuracy = p.history[-1]
+                eff_k = j.eff - (j.work_done - k_new * spe) / spe * j.conv.efficiency(v.workers)
+                p.loss = float(j.conv.loss_at(eff_k))
+                p.max_loss = j.conv.loss0
+
+    def _schedule_finish(self, j: _Job, t: float) -> None:
+        j.version += 1
+        if j.rate <= 0:
+            return
+        t_fin = max(t, j.resume_at) + (j.work_total - j.work_done) / j.rate
+        self._push(t_fin, _FINISH, (j, j.version))
+
+    def _finish(self, j: _Job, t: float) -> None:
+        self._sync(j, t, final=True)
+        v = j.view
+        self.state.release_job(v, v.placement)
+        del self.state.running[v.id]
+        j.status = _DONE
+        j.rate = 0.0
+        self._dirty = True
+        self._full_pass_needed = True
+        self._records.append(
+            JobRecord(
+                id=v.id,
+                submit=v.submit_time,
+                start=float(v.start_time),
+                end=t,
+                workers=j.w0,
+                gpus=j.w0 * v.gpus_per_worker,
+                ideal_runtime=j.ideal,
+                fee=j.fee,
+                accuracy=v.progress.accuracy if j.conv is not None else math.nan,
+                epochs=v.progress.epoch,
+                level=j.level0,
+                rescales=j.rescales,
+            )
+        )
+
+    def _rescale(self, j: _Job, delta: int, nodes: Sequence[int] | None, t: float) -> bool:
+        v = j.view
+        new = v.workers + delta
+        if not (v.min_workers <= new <= v.max_workers):
+            return False
+        self._sync(j, t)
+        if delta > 0:
+            if nodes is None:
+                if self.placement is None:
+                    raise ValueError("no nodes given and no placement policy to choose them")
+                nodes = self.placement.place(v, self.state, workers=delta)
+                if nodes is None:
+                    return False
+            nodes = list(nodes)
+            if len(nodes) != delta:
+                raise PlacementError(f"job {v.id}: {len(nodes)} nodes for {delta} new workers")
+            self.state.allocate_job(v, nodes)
+            v.placement = v.placement + nodes
+        else:
+            gone = v.placement[new:]
+            self.state.release_job(v, gone)
+            v.placement = v.placement[:new]
+            self._dirty = True
+            self._full_pass_needed = True
+        v.workers = new
+        j.rescales += 1
+        j.resume_at = t + self.config.restart_cost
+        self._set_rate(j)
+        if not j.spec.fixed:
+            self._retarget(j)
+        self._schedule_finish(j, t)
+        return True
+
+    def _scale_tick(self, t: float) -> None:
+        running = list(self.state.running.values())
+        if not running:
+            return
+        for v in running:
+            self._sync(self._by_id[v.id], t)
+        decisions = self.scaling.decide(running, self.state)
+        # removals first so that additions can use the freed GPUs; stable id order
+        for jid in sorted(decisions, key=lambda k: (decisions[k] > 0, k)):
+            d = int(decisions[jid])
+            if d and jid in self.state.running:
+                self._rescale(self._by_id[jid], max(-1, min(1, d)), None, t)
+
+    def _record(self, t: float) -> None:
+        if not self.config.record_series:
+            return
+        used = self._total_gpus - self.state.free_gpus
+        q = len(self.state.pending)
+        st = self._series_t
+        if st and st[-1] == t:
+            self._series_used[-1] = used
+            self._series_queue[-1] = q
+        else:
+            st.append(t)
+            self._series_used.append(used)
+            self._series_queue.append(q)

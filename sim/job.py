@@ -1,0 +1,173 @@
+"""Job model: what a job asks for and how fast it runs where it is placed.
+
+A job is ``workers`` data-parallel workers of ``gpus_per_worker`` GPUs each. One
+training step of every worker costs
+
+    step_time = compute_time + comm_time
+    comm_time = 2 (n - 1) / n * grad_gb / bandwidth(level)      (ring all-reduce)
+
+where ``n = workers * gpus_per_worker`` is the number of GPUs in the ring and
+``level`` the slowest link the job's GPUs span (NVLINK < NODE < RACK < BLOCK <
+CLUSTER, :meth:`rlsched.core.Topology.span_level`). A job with one GPU does not
+communicate. Throughput is ``workers * batch_per_worker / step_time`` samples/s.
+
+Two modes:
+
+* **training** (``duration is None``): the job runs until its
+  :class:`~rlsched.sim.convergence.ConvergenceModel` accuracy stops gaining ``beta``
+  per epoch for ``patience`` evaluations, or ``max_epochs``;
+* **fixed duration** (trace pods with a measured run time): ``duration`` seconds of
+  work at the requested workers and ideal placement; a slower placement stretches it
+  by ``step_time(ideal) / step_time(actual)``, more workers shorten it in proportion
+  to throughput.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+from rlsched.core import Bandwidth, JobView, Level, Topology
+
+from .convergence import ConvergenceModel
+
+__all__ = ["JobSpec", "comm_time", "step_time", "throughput", "ideal_level", "best_step_time", "topology_limits"]
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """One job of a trace. Times in seconds, sizes in GB."""
+
+    id: str
+    submit_time: float
+    workers: int = 1
+    gpus_per_worker: int = 1
+    min_workers: int | None = None
+    max_workers: int | None = None
+    gpu_models: frozenset[str] | None = None
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    queue: str = "normal"
+    priority: float = 0.0
+    # speed model
+    compute_time: float = 0.2
+    grad_gb: float = 0.1
+    batch_per_worker: int = 32
+    # fixed-duration mode
+    duration: float | None = None
+    # training mode
+    samples_per_epoch: int = 50_000
+    max_epochs: int = 30
+    beta: float = 0.001
+    patience: int = 3
+    convergence: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise ValueError("job id must not be empty")
+        if self.workers < 1 or self.gpus_per_worker < 1:
+            raise ValueError(f"job {self.id}: workers and gpus_per_worker must be >= 1")
+        lo = self.workers if self.min_workers is None else self.min_workers
+        hi = self.workers if self.max_workers is None else self.max_workers
+        if not (1 <= lo <= self.workers <= hi):
+            raise ValueError(f"job {self.id}: need 1 <= min_workers <= workers <= max_workers")
+        object.__setattr__(self, "min_workers", lo)
+        object.__setattr__(self, "max_workers", hi)
+        if self.submit_time < 0:
+            raise ValueError(f"job {self.id}: submit_time must be >= 0")
+        if self.compute_time <= 0 or self.grad_gb < 0 or self.batch_per_worker < 1:
+            raise ValueError(f"job {self.id}: need compute_time > 0, grad_gb >= 0, batch_per_worker >= 1")
+        if self.duration is not None and self.duration <= 0:
+            raise ValueError(f"job {self.id}: duration must be > 0")
+        if self.max_epochs < 1 or self.patience < 1 or self.samples_per_epoch < 1:
+            raise ValueError(f"job {self.id}: need max_epochs, patience, samples_per_epoch >= 1")
+
+    @property
+    def gpus(self) -> int:
+        return self.workers * self.gpus_per_worker
+
+    @property
+    def fixed(self) -> bool:
+        return self.duration is not None
+
+    def convergence_model(self, seed: int, noise_values=None) -> ConvergenceModel:
+        return ConvergenceModel(self.samples_per_epoch, seed=seed, noise_values=noise_values, **dict(self.convergence))
+
+    def view(self) -> JobView:
+        """A fresh pending :class:`JobView` of this job."""
+        return JobView(
+            id=self.id,
+            submit_time=self.submit_time,
+            gpus_per_worker=self.gpus_per_worker,
+            workers=self.workers,
+            min_workers=self.min_workers,
+            max_workers=self.max_workers,
+            gpu_models=self.gpu_models,
+            priority=self.priority,
+            queue=self.queue,
+            cpu_milli=self.cpu_milli,
+            memory_mib=self.memory_mib,
+            beta=self.beta,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["gpu_models"] = sorted(self.gpu_models) if self.gpu_models is not None else None
+        d["convergence"] = dict(self.convergence)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "JobSpec":
+        allowed = set(cls.__dataclass_fields__)
+        unknown = set(d) - allowed
+        if unknown:
+            raise ValueError(f"unknown job keys {sorted(unknown)}")
+        d = dict(d)
+        if d.get("gpu_models") is not None:
+            models = d["gpu_models"]
+            d["gpu_models"] = frozenset([models] if isinstance(models, str) else models)
+        d["id"] = str(d.get("id", ""))
+        return cls(**d)
+
+    def with_(self, **changes) -> "JobSpec":
+        return replace(self, **changes)
+
+
+def comm_time(grad_gb: float, gpus: int, bandwidth_gbps: float) -> float:
+    """Ring all-reduce time of ``grad_gb`` GB over ``gpus`` GPUs at ``bandwidth_gbps`` GB/s."""
+    if gpus <= 1 or grad_gb == 0:
+        return 0.0
+    return 2.0 * (gpus - 1) / gpus * grad_gb / bandwidth_gbps
+
+
+def step_time(spec: JobSpec, workers: int, level: Level, bandwidth: Bandwidth) -> float:
+    return spec.compute_time + comm_time(spec.grad_gb, workers * spec.gpus_per_worker, bandwidth.at(level))
+
+
+def throughput(spec: JobSpec, workers: int, level: Level, bandwidth: Bandwidth) -> float:
+    """Samples per second at ``workers`` workers spanning ``level``."""
+    return workers * spec.batch_per_worker / step_time(spec, workers, level, bandwidth)
+
+
+def topology_limits(topology: Topology) -> tuple[int, int]:
+    """(largest NVLink domain, largest node) in GPUs: what :func:`ideal_level` needs."""
+    dom = max((max(n.nvlink_domain_size, 1) for n in topology.nodes), default=1)
+    return dom, max((n.gpus for n in topology.nodes), default=0)
+
+
+def ideal_level(gpus: int, limits: tuple[int, int]) -> Level:
+    """The finest level any placement of ``gpus`` GPUs can reach on a topology with
+    :func:`topology_limits` ``limits``: one NVLink domain, one node, or one rack. Used
+    for ideal (lower-bound) run times."""
+    dom, node = limits
+    if gpus <= dom:
+        return Level.NVLINK
+    if gpus <= node:
+        return Level.NODE
+    return Level.RACK
+
+
+def best_step_time(spec: JobSpec, workers: int, bandwidth: Bandwidth, limits: tuple[int, int]) -> float:
+    """Fastest step time over every level a placement could span (a lower bound)."""
+    lvl = ideal_level(workers * spec.gpus_per_worker, limits)
+    return min(step_time(spec, workers, Level(v), bandwidth) for v in range(int(lvl), int(Level.CLUSTER) + 1))
