@@ -238,8 +238,11 @@ class Simulator:
     # ================================================================== public API
     @property
     def done(self) -> bool:
-        """No events left (every job finished or was dropped) or max_time reached."""
-        return (not self._heap_live() and self._next_arrival >= len(self._jobs)) or self.now >= self.config.max_time
+        """Nothing left to happen: no pending job, no event left (every job finished or
+        was dropped), or max_time reached."""
+        if self.now >= self.config.max_time:
+            return True
+        return not self.state.pending and not self._heap_live() and self._next_arrival >= len(self._jobs)
 
     @property
     def pending(self) -> list[JobView]:
@@ -278,15 +281,22 @@ class Simulator:
     def step(self) -> bool:
         """Process every event of the next event time, then let the policies decide.
         Returns False when nothing is left to do."""
-        if not self.advance():
+        if not self._advance():
             return False
         if self.ordering is not None and self._dirty:
             self._schedule()
+        self._record(self.now)
         return True
 
     def advance(self) -> bool:
         """Process every event of the next event time (no policy decisions).
         Returns False when there is no event left or max_time is reached."""
+        if not self._advance():
+            return False
+        self._record(self.now)
+        return True
+
+    def _advance(self) -> bool:
         t = self._next_time()
         if t is None:
             return False
@@ -319,7 +329,6 @@ class Simulator:
             self._scale_tick(t)
             if self.state.running or self.state.pending or self._next_arrival < len(jobs):
                 self._push(t + self.config.scaling_interval, _SCALE, None)
-        self._record(t)
         return True
 
     def start(self, job_id: str, nodes: Sequence[int]) -> None:
@@ -504,13 +513,15 @@ class Simulator:
         st = self.state
         pending = st.pending
         new, self._new = self._new, []
+        backfill = self.config.backfill
+        if self._static and not backfill:
+            self._absorb(new)
+            if st.free_gpus > 0:
+                self._schedule_static()
+            return
         if not pending or st.free_gpus == 0:
             self._blocked = None if not pending else self._blocked
             self._full_pass_needed = self._full_pass_needed or bool(pending)
-            return
-        backfill = self.config.backfill
-        if self._static and not backfill:
-            self._schedule_static(new)
             return
         if self._incremental and not self._full_pass_needed:
             # Nothing was released since the last full pass, so every job that did not
@@ -545,22 +556,35 @@ class Simulator:
         if started:
             st.pending = [p for p in pending if p.start_time is None]
 
-    def _schedule_static(self, new: list[JobView]) -> None:
+    def _absorb(self, new: list[JobView]) -> None:
+        """Merge new arrivals into the cached ranking (static orderings)."""
+        st = self.state
+        side = self._side
+        rank = self.ordering.rank
+        if self._order is None or len(side) + len(new) > max(32, len(st.pending) // 8):
+            self._order = rank(st.pending, st)
+            self._pos = 0
+            side.clear()
+            return
+        for x in new:  # binary insertion, comparing two jobs at a time
+            lo, hi = 0, len(side)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if rank([side[mid], x], st)[0] is x:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            side.insert(lo, x)
+
+    def _schedule_static(self) -> None:
         """Head-of-line pass for orderings whose relative order of pending jobs never
         changes (FIFO, SJF, SRTF, Tiresias without preemption): keep the last full
         ranking plus a side list of later arrivals, and find each next head by ranking
         only (head of the ranking + side list). The side list is folded into a full
-        re-ranking when it outgrows ~sqrt(queue length)."""
+        re-ranking when it outgrows an eighth of the queue."""
         st = self.state
         side = self._side
-        side.extend(new)
         pending = st.pending
-        if self._order is None or len(side) > max(32, math.isqrt(len(pending))):
-            self._order = self.ordering.rank(pending, st)
-            self._pos = 0
-            side.clear()
-        elif new and len(side) > 1:
-            side[:] = self.ordering.rank(side, st)
         order = self._order
         started = False
         while True:

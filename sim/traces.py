@@ -530,14 +530,14 @@ def synthetic(arg: str = "small", *, seed: int = 0) -> Trace:
     :data:`MODEL_ZOO`, a worker count (powers of two up to ``max_workers``) and GPUs
     per worker, a target ideal run time (log-normal, median 30 min) from which its
     dataset size follows, and a convergence threshold ``beta``. Arrivals are Poisson;
-    without ``arrival_rate`` the rate gives an offered load of ``load`` (default 0.8)
+    without ``arrival_rate`` the rate gives an offered load of ``load`` (default 0.6)
     of the cluster's GPUs.
     """
     preset, kv = _parse_kv(arg)
     if preset not in SYNTHETIC_PRESETS:
         raise TraceError(f"unknown synthetic preset {preset!r}; known: {', '.join(SYNTHETIC_PRESETS)}")
     p: dict[str, float] = dict(SYNTHETIC_PRESETS[preset])
-    p.update(max_workers=8, load=0.8, seed=seed)
+    p.update(max_workers=8, load=0.6, seed=seed)
     known = set(p) | {"arrival_rate"}
     for k, v in kv.items():
         if k not in known:
