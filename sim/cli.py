@@ -230,7 +230,8 @@ def _cmd_compare(args) -> int:
         table.add_column(head, justify="right")
     for row in rows:
         table.add_row(row["policy"], *(_fmt(row["metrics"].get(k)) for k, _ in TABLE_COLUMNS))
-    console = Console()
+    # a wide table: give it room when the output is not a terminal (logs, CI)
+    console = Console(width=None if sys.stdout.isatty() else 180)
     console.print(table)
     console.print("* idle share: unallocated GPUs while jobs wait (fragmentation + blocking)")
     plots = _plots(results, rows, out)
