@@ -5,6 +5,8 @@ SPEC forms (see docs/simulator.md for the formats):
 ``alibaba2023:<list>``
     Alibaba GPU cluster trace 2023 (openb): ``openb_pod_list_<list>.csv`` and
     ``openb_node_list_gpu_node.csv`` in ``<data-dir>/alibaba-gpu-2023``.
+    The four real-trace forms accept ``,arrival_scale=X``: submit times × X (X < 1
+    compresses arrivals to raise the load; durations are kept).
 ``pai2020:<dir>``
     Alibaba PAI 2020 (header-less ``pai_job_table.csv``, ``pai_task_table.csv``,
     ``pai_machine_spec.csv``), ``<dir>`` absolute or under the data dir.
@@ -85,14 +87,22 @@ def load_trace(
     kind, _, arg = spec.partition(":")
     if kind == "synthetic":
         return synthetic(arg, seed=seed)
-    if kind == "alibaba2023":
-        return _alibaba2023(arg or "default", _need_dir(ddir, "alibaba-gpu-2023"), skip_bad)
-    if kind == "pai2020":
-        return _pai2020(_resolve(arg, ddir), skip_bad)
-    if kind == "philly":
-        return _philly(_resolve(arg, ddir), skip_bad)
-    if kind == "helios":
-        return _helios(_resolve(arg, ddir), skip_bad)
+    if kind in ("alibaba2023", "pai2020", "philly", "helios"):
+        arg, opts = _trace_options(arg)
+        if kind == "alibaba2023":
+            trace = _alibaba2023(arg or "default", _need_dir(ddir, "alibaba-gpu-2023"), skip_bad)
+        elif kind == "pai2020":
+            trace = _pai2020(_resolve(arg, ddir), skip_bad)
+        elif kind == "philly":
+            trace = _philly(_resolve(arg, ddir), skip_bad)
+        else:
+            trace = _helios(_resolve(arg, ddir), skip_bad)
+        scale = opts.get("arrival_scale", 1.0)
+        if scale != 1.0:
+            trace.jobs = [j.with_(submit_time=j.submit_time * scale) for j in trace.jobs]
+            trace.name += f",arrival_scale={scale:g}"
+            trace.notes.append(f"submit times scaled by {scale:g} (durations unchanged)")
+        return trace
     path = Path(spec)
     if path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():
         return _job_file(path)
@@ -100,6 +110,24 @@ def load_trace(
         f"unknown trace spec {spec!r}: use alibaba2023:<list>, pai2020:<dir>, philly:<file>, "
         "helios:<file>, synthetic:<small|medium|large>[,k=v...] or a .yaml/.json job file"
     )
+
+
+def _trace_options(arg: str) -> tuple[str, dict[str, float]]:
+    """``name[,arrival_scale=X]``: the trace name/path and its options."""
+    name, *rest = arg.split(",")
+    opts: dict[str, float] = {}
+    for item in rest:
+        k, eq, v = item.partition("=")
+        k = k.strip()
+        if k != "arrival_scale" or not eq:
+            raise TraceError(f"unknown trace option {item!r}; known: arrival_scale=X")
+        try:
+            opts[k] = float(v)
+        except ValueError:
+            raise TraceError(f"arrival_scale={v!r} is not a number") from None
+        if not opts[k] > 0:
+            raise TraceError("arrival_scale must be > 0")
+    return name, opts
 
 
 def _need_dir(ddir: Path | None, sub: str) -> Path:

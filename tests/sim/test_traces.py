@@ -173,3 +173,12 @@ def test_stop_epoch():
     # a prior streak of 1 small gain: epoch 1's gain (0.5 - 0.4995 = .0005) makes 2
     assert stop_epoch(accs, 1, 0.4995, 1, beta=0.001, patience=2, max_epochs=10) == 1
     assert stop_epoch(accs, 1, None, 0, beta=0.001, patience=2, max_epochs=3) == 3
+
+
+def test_arrival_scale():
+    base = {j.id: j.submit_time for j in load_trace("alibaba2023:default", data_dir=DATA).jobs}
+    tr = load_trace("alibaba2023:default,arrival_scale=0.5", data_dir=DATA)
+    assert {j.id: j.submit_time for j in tr.jobs} == {k: v * 0.5 for k, v in base.items()}
+    assert tr.jobs[0].duration == 300
+    with pytest.raises(TraceError, match="unknown trace option"):
+        load_trace("alibaba2023:default,speed=2", data_dir=DATA)
