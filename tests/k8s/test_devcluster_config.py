@@ -1,0 +1,68 @@
+"""Pure parts of rlsched.devcluster: node objects, scheduler and kwok configuration.
+No cluster needed."""
+
+from __future__ import annotations
+
+import yaml
+
+from rlsched.core.topology import NodeSpec, Topology, node_labels
+from rlsched.devcluster import KWOK_STAGES, LocalCluster, _kwok_config, kwok_node
+
+
+def test_kwok_node_carries_topology_and_gpu_resources():
+    spec = NodeSpec(name="g-1", gpus=4, gpu_model="H100", rack="r2", block="b1",
+                    clique="c7", cpu_milli=32_000, memory_mib=65_536)
+    node = kwok_node(spec)
+    assert node["metadata"]["name"] == "g-1"
+    assert node_labels(spec).items() <= node["metadata"]["labels"].items()
+    assert node["metadata"]["labels"]["nvidia.com/gpu.clique"] == "c7"
+    assert node["metadata"]["annotations"]["kwok.x-k8s.io/node"] == "fake"
+    for key in ("capacity", "allocatable"):
+        res = node["status"][key]
+        assert res == {"cpu": "32000m", "memory": "65536Mi", "pods": "110", "nvidia.com/gpu": "4"}
+    assert "taints" not in node["spec"]
+    tainted = kwok_node(spec, taint=True)
+    assert tainted["spec"]["taints"] == [
+        {"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}]
+
+
+def test_kwok_nodes_round_trip_through_topology_from_labels():
+    topo = Topology.uniform(4, gpus_per_node=8, racks=2, prefix="n")
+    nodes = [kwok_node(s) for s in topo.nodes]
+    back = Topology.from_labels(
+        (n["metadata"]["name"], n["metadata"]["labels"],
+         int(n["status"]["allocatable"]["nvidia.com/gpu"])) for n in nodes)
+    assert [(s.name, s.gpus, s.rack, s.block) for s in back.nodes] == \
+        [(s.name, s.gpus, s.rack, s.block) for s in topo.nodes]
+
+
+def test_rlsched_scheduler_config_has_the_extender_and_its_own_lease(tmp_path):
+    cluster = LocalCluster(tmp_path, extender_url="http://127.0.0.1:9999", extender_weight=3,
+                           extender_timeout_s=2.5)
+    conf = cluster.scheduler_config(extender=True)
+    assert conf["clientConnection"]["kubeconfig"] == str(tmp_path.resolve() / "kubeconfig")
+    assert conf["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert [p["schedulerName"] for p in conf["profiles"]] == ["rlsched"]
+    assert conf["leaderElection"]["resourceName"] == "rlsched-scheduler"
+    (ext,) = conf["extenders"]
+    assert ext["urlPrefix"] == "http://127.0.0.1:9999"
+    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["weight"]) == ("filter", "prioritize", 3)
+    assert ext["nodeCacheCapable"] is True and ext["ignorable"] is True
+    assert ext["httpTimeout"] == "2.5s"
+    assert ext["managedResources"] == [{"name": "nvidia.com/gpu", "ignoredByScheduler": True}]
+    default = cluster.scheduler_config(extender=False)
+    assert [p["schedulerName"] for p in default["profiles"]] == ["default-scheduler"]
+    assert "extenders" not in default
+    assert default["leaderElection"]["resourceName"] == "kube-scheduler"
+
+
+def test_kwok_config_parses_and_has_our_stages():
+    docs = list(yaml.safe_load_all(_kwok_config(KWOK_STAGES)))
+    assert docs[0]["kind"] == "KwokConfiguration"
+    assert docs[0]["options"]["manageNodesWithAnnotationSelector"] == "kwok.x-k8s.io/node=fake"
+    stages = {d["metadata"]["name"]: d for d in docs[1:]}
+    assert all(d["kind"] == "Stage" for d in stages.values())
+    assert {s["spec"]["resourceRef"]["kind"] for s in stages.values()} == {"Node", "Pod"}
+    done = stages["rlsched-pod-succeeded"]["spec"]
+    assert "rlsched.dev/duration-seconds" in done["delay"]["durationFrom"]["jq"]["expression"]
+    assert "phase: Succeeded" in done["next"]["statusTemplate"]

@@ -1,0 +1,85 @@
+"""Start/stop of the local control plane: `rlsched cluster up/down` leaves no process or
+port behind, and a component that fails to start is reported with its log."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rlsched.devcluster import REQUIRED_TOOLS, ClusterError, LocalCluster, find_tools
+
+pytestmark = pytest.mark.k8s
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlsched.cli", "cluster", *args],
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_cluster_up_then_down_leaves_nothing_running(tmp_path):
+    workdir = tmp_path / "kube"
+    up = _cli("up", "--dir", str(workdir))
+    assert up.returncode == 0, up.stderr
+    state = json.loads((workdir / "state.json").read_text())
+    pids, ports = state["pids"], state["ports"]
+    assert set(pids) == {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
+                         "rlsched-scheduler", "kwok"}
+    assert all(_alive(pid) for pid in pids.values())
+    assert f"KUBECONFIG={workdir / 'kubeconfig'}" in up.stdout
+    assert _listening(ports["apiserver"]) and _listening(ports["etcd"])
+    # every component leads its own process group, so stopping it takes its children too
+    assert all(os.getpgid(pid) == pid for pid in pids.values())
+
+    down = _cli("down", "--dir", str(workdir))
+    assert down.returncode == 0, down.stderr
+    assert [n for n, pid in pids.items() if _alive(pid)] == []
+    listening = [n for n, p in ports.items() if n != "extender" and _listening(p)]
+    assert listening == []
+    assert not (workdir / "state.json").exists()
+    assert (workdir / "kubeconfig").exists()  # the user's folder is kept
+
+    again = _cli("down", "--dir", str(workdir))
+    assert again.returncode == 1 and "no cluster state" in again.stderr
+
+
+def test_failing_component_is_reported_with_its_log_and_the_rest_stopped(tmp_path):
+    real = find_tools()
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    for tool in REQUIRED_TOOLS:
+        (fake_bin / tool).symlink_to(real / tool)
+    (fake_bin / "kube-apiserver").unlink()
+    (fake_bin / "kube-apiserver").write_text("#!/bin/sh\necho 'E0101 bad flag --nope' >&2\nexit 3\n")
+    (fake_bin / "kube-apiserver").chmod(0o755)
+
+    cluster = LocalCluster(tools_bin=fake_bin, start_timeout_s=30)
+    with pytest.raises(ClusterError) as err:
+        cluster.start()
+    msg = str(err.value)
+    assert "kube-apiserver" in msg and "exited with status 3" in msg and "bad flag --nope" in msg
+    etcd_pid = cluster.processes["etcd"].pid
+    deadline = time.monotonic() + 5
+    while _alive(etcd_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(etcd_pid)
+    assert cluster.workdir is not None and not cluster.workdir.exists()
