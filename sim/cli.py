@@ -172,7 +172,7 @@ def _cmd_run(args) -> int:
 
 
 def _fmt(x: Any) -> str:
-    if x is None:
+    if x is None or (isinstance(x, float) and x != x):
         return "-"
     if isinstance(x, float):
         return f"{x:.3g}" if abs(x) < 1000 else f"{x:,.0f}"

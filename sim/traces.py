@@ -48,6 +48,8 @@ ENV_DATA_DIR = "RLSCHED_DATA_DIR"
 #: nodes per rack when a trace gives no rack (the Alibaba/PAI node lists): an
 #: assumption, documented, since those traces carry no network topology
 NODES_PER_RACK = 16
+#: run time given to pods of the openb lists that carry no times (multigpu20)
+TIMELESS_DURATION = 3600.0
 
 
 class TraceError(ValueError):
@@ -238,6 +240,13 @@ def _alibaba2023(name: str, folder: Path, skip_bad: bool) -> Trace:
         known = sorted(p.name[len("openb_pod_list_") : -4] for p in folder.glob("openb_pod_list_*.csv"))
         raise TraceError(f"{pods}: no such pod list; known: {', '.join(known)}")
     sharing = 0
+    with open(pods, newline="") as f:
+        header = next(csv.reader(f), [])
+    timeless = "creation_time" not in header
+    if timeless:
+        trace.notes.append(
+            f"{pods.name} has no times: pods arrive 1 s apart in file order and run {TIMELESS_DURATION:.0f} s each"
+        )
 
     def pod(line: int, r: dict) -> None:
         nonlocal sharing
@@ -250,12 +259,16 @@ def _alibaba2023(name: str, folder: Path, skip_bad: bool) -> Trace:
         milli = _int(r["gpu_milli"], "gpu_milli") if r.get("gpu_milli") else 1000
         if milli < 1000:
             sharing += 1
-        created = _float(r["creation_time"], "creation_time")
-        deleted = _float(r["deletion_time"], "deletion_time")
-        sched = r.get("scheduled_time") or ""
-        began = _float(sched, "scheduled_time") if sched else created
-        if deleted < began:
-            raise ValueError(f"deletion_time {deleted} before start {began}")
+        if timeless:  # the re-sampled lists carry no times: arrive 1 s apart, in order
+            created = began = float(line - 2)
+            deleted = began + TIMELESS_DURATION
+        else:
+            created = _float(r["creation_time"], "creation_time")
+            deleted = _float(r["deletion_time"], "deletion_time")
+            sched = r.get("scheduled_time") or ""
+            began = _float(sched, "scheduled_time") if sched else created
+            if deleted < began:
+                raise ValueError(f"deletion_time {deleted} before start {began}")
         spec = r.get("gpu_spec") or ""
         models = frozenset(m for m in spec.split("|") if m) or None
         trace.jobs.append(

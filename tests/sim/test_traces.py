@@ -49,7 +49,7 @@ def test_alibaba2023_needs_data_dir(monkeypatch):
         load_trace("alibaba2023:default")
     monkeypatch.setenv("RLSCHED_DATA_DIR", str(DATA))
     assert len(load_trace("alibaba2023:default").jobs) == 4
-    with pytest.raises(TraceError, match="known: bad, default, huge"):
+    with pytest.raises(TraceError, match="known: bad, default, huge, notimes"):
         load_trace("alibaba2023:nope")
 
 
@@ -182,3 +182,11 @@ def test_arrival_scale():
     assert tr.jobs[0].duration == 300
     with pytest.raises(TraceError, match="unknown trace option"):
         load_trace("alibaba2023:default,speed=2", data_dir=DATA)
+
+
+def test_alibaba2023_list_without_times():
+    # the re-sampled openb lists (multigpu20) have no time columns
+    tr = load_trace("alibaba2023:notimes", data_dir=DATA)
+    assert [(j.id, j.submit_time, j.duration, j.gpus_per_worker) for j in tr.jobs] == [
+        ("pod-0", 0.0, 3600.0, 1), ("pod-1", 1.0, 3600.0, 2)]
+    assert any("no times" in n for n in tr.notes)
