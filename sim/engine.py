@@ -331,6 +331,17 @@ class Simulator:
                 self._push(t + self.config.scaling_interval, _SCALE, None)
         return True
 
+    def advance_until(self, t: float) -> None:
+        """Process every event up to time ``t`` (the policies decide, if set), then
+        move the clock to ``t`` — for agents acting on a fixed time step."""
+        while (nt := self._next_time()) is not None and nt <= t and nt <= self.config.max_time:
+            if self.ordering is not None:
+                self.step()
+            else:
+                self.advance()
+        if t > self.now:
+            self.now = self.state.time = min(t, self.config.max_time)
+
     def start(self, job_id: str, nodes: Sequence[int]) -> None:
         """Start pending job ``job_id`` with one worker on each of ``nodes`` (gang:
         ``len(nodes)`` must be between its min and max workers)."""

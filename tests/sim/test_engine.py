@@ -146,7 +146,8 @@ def test_elastic_scale_pays_restart_cost():
     sim = Simulator([spec], ONE_NODE, config=SimConfig(restart_cost=30))
     sim.advance()
     sim.start("e", [0])
-    sim.now = 10.0  # drive the clock by hand for the decision
+    sim.advance_until(10.0)
+    assert sim.now == 10.0
     assert sim.scale("e", +1, nodes=[0])
     while sim.advance():
         pass
@@ -272,3 +273,30 @@ def test_bad_arguments():
     with pytest.raises(ValueError):
         JobSpec(id="x", submit_time=0, workers=2, max_workers=1)
     assert math.isinf(SimConfig().max_time)
+
+
+@pytest.mark.parametrize("scaling", ["fs", "fcfs", "optimus", "beta"])
+def test_scaling_policies_keep_invariants(scaling):
+    import numpy as np
+
+    from rlsched.core import make_scaling
+    from rlsched.sim.traces import synthetic
+
+    tr = synthetic("small,jobs=40,nodes=4,racks=2", seed=5)
+    sim = Simulator(
+        tr.jobs, tr.topology, ordering=make_ordering("fifo"), placement=make_placement("firstfit"),
+        scaling=make_scaling(scaling), seed=5, config=SimConfig(scaling_interval=120, restart_cost=20),
+    )
+    total = np.array([n.gpus for n in tr.topology.nodes])
+    while sim.step():
+        used = np.zeros(len(total), dtype=int)
+        for v in sim.running:
+            assert v.min_workers <= v.workers == len(v.placement) <= v.max_workers
+            for i in v.placement:
+                used[i] += v.gpus_per_worker
+        assert (used == total - sim.state.free).all()
+    res = sim.result()
+    assert len(res.records) == 40 and not res.unfinished
+    assert sum(r.rescales for r in res.records) > 0
+    for r in res.records:
+        assert r.submit <= r.start <= r.end
