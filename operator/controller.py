@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 #: user-incremented counter of priority requests (RLPTO's N)
 REQUESTS_ANNOTATION = "rlsched.dev/priority-requests"
 MERGE = "application/merge-patch+json"
+#: on every Event the operator posts: Unix time with microseconds
+EVENT_TIME_ANNOTATION = "rlsched.dev/event-time"
 ACTIVE = ("Queued", "Starting", "Running")
 
 
@@ -257,7 +259,9 @@ class Controller:
         md = body["metadata"]
         now = format_time(self.clock())
         ev = {
-            "metadata": {"name": f"{md['name']}.{uuid.uuid4().hex[:12]}", "namespace": md["namespace"]},
+            "metadata": {"name": f"{md['name']}.{uuid.uuid4().hex[:12]}", "namespace": md["namespace"],
+                         # sub-second order of decisions (event timestamps have 1 s resolution)
+                         "annotations": {EVENT_TIME_ANNOTATION: f"{time.time():.6f}"}},
             "involvedObject": {
                 "apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingJob", "name": md["name"],
                 "namespace": md["namespace"], "uid": md["uid"],

@@ -103,6 +103,11 @@ def ns(kapi, crd, wait_until):
     name = f"op-{uuid.uuid4().hex[:8]}"
     kapi.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     yield name
+    # shown by pytest only when the test failed
+    for p in kapi.core.list_namespaced_pod(name).items:
+        print("pod", p.metadata.name, p.status.phase, p.spec.node_name, p.metadata.deletion_timestamp)
+    for e in kapi.core.list_namespaced_event(name).items:
+        print("event", e.involved_object.kind, e.involved_object.name, e.reason, e.message)
     # delete jobs first so their pods go before the namespace does
     for tj in kapi.custom.list_namespaced_custom_object("rlsched.dev", "v1alpha1", name, "trainingjobs")["items"]:
         with contextlib.suppress(Exception):
@@ -152,3 +157,44 @@ def tj(kapi):
         return kapi.custom.create_namespaced_custom_object("rlsched.dev", "v1alpha1", namespace, "trainingjobs", body)
 
     return _make
+
+
+@pytest.fixture(scope="module")
+def extender(kube_cluster, tmp_path_factory):
+    """``rlsched extender serve`` on the port the ``rlsched`` scheduler profile calls: with
+    it the scheduler accounts ``nvidia.com/gpu`` (the profile leaves GPUs to the
+    extender), so workers never overcommit a node."""
+    import os
+    import subprocess
+    import sys
+    import urllib.request
+
+    port = kube_cluster.extender_port
+    if port is None:
+        pytest.fail("the rlsched profile's extender URL is not local; cannot serve it here")
+    logf = open(tmp_path_factory.mktemp("extender") / "extender.log", "w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlsched.cli", "extender", "serve", "--port", str(port),
+         "--kubeconfig", str(kube_cluster.kubeconfig), "--log-level", "WARNING"],
+        stdout=logf, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            logf.seek(0)
+            pytest.fail(f"extender did not become ready:\n{logf.read()}")
+        time.sleep(0.2)
+    yield f"http://127.0.0.1:{port}"
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    logf.close()
