@@ -203,21 +203,35 @@ def _kubeconfig(server: str, pki: Path, name: str = "rlsched-dev") -> dict:
     }
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the parent dies (Linux prctl)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+
+
 @dataclass
 class _Process:
-    """One component: a child in its own process group, output in a log file."""
+    """One component: a child in its own process group, output in a log file.
+
+    Unless ``detach``, the child is tied to this process (it gets SIGTERM when we die,
+    e.g. a test run killed mid-way); detached ones outlive us (``rlsched cluster up``).
+    """
 
     name: str
     argv: list[str]
     log: Path
     popen: subprocess.Popen | None = None
     pid: int | None = None
+    detach: bool = False
 
     def start(self, cwd: Path) -> None:
+        tie = None if self.detach or not sys.platform.startswith("linux") else _die_with_parent
         with open(self.log, "ab") as out:
             self.popen = subprocess.Popen(
                 self.argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True,
+                start_new_session=True, preexec_fn=tie,
             )
         self.pid = self.popen.pid
 
@@ -510,13 +524,15 @@ class KwokController:
 
     def __init__(self, kubeconfig: str | os.PathLike, workdir: str | os.PathLike,
                  *, tools_bin: str | os.PathLike | None = None, stages: str = KWOK_STAGES,
-                 port: int | None = None, log: str | os.PathLike | None = None) -> None:
+                 port: int | None = None, log: str | os.PathLike | None = None,
+                 detach: bool = False) -> None:
         self.kubeconfig = Path(kubeconfig)
         self.workdir = Path(workdir)
         self.bin = find_tools(tools_bin)
         self.stages = stages
         self.port = port or _free_ports(1)[0]
         self.log = Path(log) if log else self.workdir / "kwok.log"
+        self.detach = detach
         self.process: _Process | None = None
 
     def start(self) -> None:
@@ -527,7 +543,7 @@ class KwokController:
             str(self.bin / "kwok"), f"--kubeconfig={self.kubeconfig}", f"--config={conf}",
             f"--server-address=127.0.0.1:{self.port}", "--node-ip=10.0.0.1",
             "--cidr=10.0.0.1/16",
-        ], self.log)
+        ], self.log, detach=self.detach)
         self.process.start(self.workdir)
 
     def ready(self) -> bool:
@@ -566,6 +582,9 @@ def _wait_for(check: Callable[[], bool], timeout: float, proc: _Process | None, 
 class LocalCluster:
     """etcd + kube-apiserver + kube-controller-manager + 2 kube-schedulers + kwok.
 
+    ``kwok=False`` leaves out the kwok controller (for a second, external one).
+    The components die with this process unless ``detach`` (then stop them with
+    :meth:`attach` + :meth:`stop`, as ``rlsched cluster down`` does).
     ``workdir`` holds certificates, configs, etcd data, logs (``logs/<name>.log``) and
     ``kubeconfig``; by default a fresh temporary directory removed by :meth:`stop`.
     ``extender_url`` is where the ``rlsched`` scheduler profile calls the extender;
@@ -585,6 +604,8 @@ class LocalCluster:
         extender_timeout_s: float = 5.0,
         gpu_ignored_by_scheduler: bool = True,
         start_timeout_s: float = 90.0,
+        kwok: bool = True,
+        detach: bool = False,
         keep_workdir: bool | None = None,
         progress: ProgressFn | None = None,
     ) -> None:
@@ -602,6 +623,8 @@ class LocalCluster:
         self.extender_timeout_s = extender_timeout_s
         self.gpu_ignored_by_scheduler = gpu_ignored_by_scheduler
         self.start_timeout_s = start_timeout_s
+        self.with_kwok = kwok
+        self.detach = detach
         self._progress = progress or (lambda msg: None)
         self.ports: dict[str, int] = {}
         self.processes: dict[str, _Process] = {}
@@ -701,12 +724,14 @@ class LocalCluster:
         sched = self._spawn("kube-scheduler", self._scheduler_argv("scheduler", extender=False))
         rsched = self._spawn("rlsched-scheduler",
                              self._scheduler_argv("rlsched-scheduler", extender=True))
-        self._kwok = KwokController(self.kubeconfig, d, tools_bin=self.tools_bin,
-                                    port=self.ports["kwok"], log=self.log_path("kwok"))
-        self._kwok.start()
-        assert self._kwok.process is not None
-        self.processes["kwok"] = self._kwok.process
-        self._write_state()
+        if self.with_kwok:
+            self._kwok = KwokController(self.kubeconfig, d, tools_bin=self.tools_bin,
+                                        port=self.ports["kwok"], log=self.log_path("kwok"),
+                                        detach=self.detach)
+            self._kwok.start()
+            assert self._kwok.process is not None
+            self.processes["kwok"] = self._kwok.process
+            self._write_state()
         insecure = ssl.create_default_context()
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE
@@ -714,8 +739,10 @@ class LocalCluster:
             (kcm, f"https://127.0.0.1:{self.ports['controller-manager']}/healthz", insecure),
             (sched, f"https://127.0.0.1:{self.ports['scheduler']}/healthz", insecure),
             (rsched, f"https://127.0.0.1:{self.ports['rlsched-scheduler']}/healthz", insecure),
-            (self._kwok.process, f"http://127.0.0.1:{self.ports['kwok']}/healthz", None),
         ]
+        if self._kwok and self._kwok.process:
+            waits.append((self._kwok.process, f"http://127.0.0.1:{self.ports['kwok']}/healthz",
+                          None))
         for proc, url, c in waits:
             _wait_for(lambda u=url, c=c: _http_ok(u, c), self.start_timeout_s, proc,
                       f"{proc.name} {url}", [api, etcd])
@@ -731,7 +758,7 @@ class LocalCluster:
         return str(self.tools_bin / name)
 
     def _spawn(self, name: str, argv: list[str]) -> _Process:
-        proc = _Process(name, argv, self.log_path(name))
+        proc = _Process(name, argv, self.log_path(name), detach=self.detach)
         proc.start(self._dir)
         self.processes[name] = proc
         self._write_state()
@@ -1105,7 +1132,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     try:
         topo = _load_topology(args.topology)
         with console.status("starting control plane") as status:
-            cluster = LocalCluster(workdir, extender_url=args.extender_url,
+            cluster = LocalCluster(workdir, extender_url=args.extender_url, detach=True,
                                    keep_workdir=True, progress=status.update)
             t0 = time.monotonic()
             cluster.start()
@@ -1120,7 +1147,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         console.print(f"[red]cluster up failed:[/red] {exc}")
         return 1
     console.print(f"control plane up in {time.monotonic() - t0:.1f}s: {cluster.server}, "
-                  f"{len(names)} GPU nodes, extender URL {cluster.extender_url}")
+                  f"{len(names)} GPU nodes, extender URL {cluster.extender_url}", soft_wrap=True)
     print(f"export KUBECONFIG={cluster.kubeconfig}")
     return 0
 
