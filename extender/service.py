@@ -12,7 +12,7 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import chain, islice, repeat
 from typing import Any, Awaitable, Callable
 
 import numpy as np
@@ -124,6 +124,19 @@ class Extender:
             self._idx_cache.move_to_end(key)
         return idx
 
+    def _top(self, st: ClusterState, cand, raw, ints, comp, k: int = 20) -> tuple:
+        """The best ``k`` candidates' names, scores and terms (kept for /debug, small
+        so that remembering many pods costs little)."""
+        key = np.where(np.isfinite(raw), raw, -1e300)
+        if len(key) > k:
+            part = np.argpartition(-key, k)[:k]
+            sel = part[np.argsort(-key[part], kind="stable")]
+        else:
+            sel = np.argsort(-key, kind="stable")
+        names = [st.topology.nodes[int(i)].name for i in cand[sel]]
+        terms = {name: v[sel] for name, v in comp.items()} if comp is not None else {}
+        return names, ints[sel], raw[sel], terms
+
     def _remember(self, pod: PodInfo, entry: dict) -> None:
         self._gpus[pod.key] = (pod.gpus, pod.job)
         self._gpus.move_to_end(pod.key)
@@ -193,7 +206,7 @@ class Extender:
                 "filter": {
                     "candidates": len(args.names),
                     "passed": len(out.passed),
-                    "failed": dict(list({**out.failed, **out.unresolvable}.items())[:50]),
+                    "failed": dict(islice(chain(out.failed.items(), out.unresolvable.items()), 50)),
                 }
             },
         )
@@ -307,13 +320,9 @@ class Extender:
                     "gpus": pod.gpus,
                     "placed_workers": [st.topology.nodes[i].name for i in placed],
                     "assumed_node": assumed,
-                    "_names": args.names,
-                    "_known": known,
-                    "_cand": cand,
-                    "_raw": raw,
-                    "_ints": ints,
-                    "_comp": comp,
-                    "_topology": st.topology,
+                    "candidates": len(args.names),
+                    "unknown_nodes": int(len(idx) - len(cand)),
+                    "_top": self._top(st, cand, raw, ints, comp),
                 }
             },
         )
@@ -359,8 +368,9 @@ class Extender:
             entry["bound_node"] = args.node
 
     # ------------------------------------------------------------------ debug
-    def explain(self, key: str, top: int = 20) -> dict[str, Any] | None:
-        """The last filter/prioritize answers for pod ``namespace/name``, best first."""
+    def explain(self, key: str) -> dict[str, Any] | None:
+        """The last filter/prioritize answers for pod ``namespace/name``: filter counts
+        and up to 50 failure reasons, the best 20 nodes with every score term."""
         entry = self._debug.get(key)
         if entry is None:
             return None
@@ -372,21 +382,13 @@ class Extender:
         pr = entry.get("prioritize")
         if pr is not None:
             pub = {k: v for k, v in pr.items() if not k.startswith("_")}
-            topo, cand, raw, ints, comp = pr["_topology"], pr["_cand"], pr["_raw"], pr["_ints"], pr["_comp"]
-            order = np.argsort(-np.where(np.isfinite(raw), raw, -1e300), kind="stable")[:top]
+            names, ints, raw, terms = pr["_top"]
             nodes = []
-            for k in order:
-                row = {
-                    "node": topo.nodes[int(cand[k])].name,
-                    "score": int(ints[k]),
-                    "raw": float(raw[k]) if np.isfinite(raw[k]) else None,
-                }
-                if comp is not None:
-                    for name, v in comp.items():
-                        row[name] = bool(v[k]) if v.dtype == bool else float(v[k])
+            for k, name in enumerate(names):
+                row = {"node": name, "score": int(ints[k]), "raw": float(raw[k]) if np.isfinite(raw[k]) else None}
+                for term, v in terms.items():
+                    row[term] = bool(v[k]) if v.dtype == bool else float(v[k])
                 nodes.append(row)
-            pub["candidates"] = int(len(pr["_names"]))
-            pub["unknown_nodes"] = int((~pr["_known"]).sum())
             pub["top"] = nodes
             if hasattr(self.policy, "params") and pr["policy"] == self.policy.name:
                 pub["params"] = dict(vars(self.policy.params))
