@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -83,3 +84,28 @@ def test_failing_component_is_reported_with_its_log_and_the_rest_stopped(tmp_pat
         time.sleep(0.05)
     assert not _alive(etcd_pid)
     assert cluster.workdir is not None and not cluster.workdir.exists()
+
+
+_OWNER = """
+import json, signal, sys
+from rlsched.devcluster import LocalCluster
+c = LocalCluster(start_timeout_s=120).start()
+print(json.dumps({"pids": c.pids, "workdir": str(c.workdir)}), flush=True)
+signal.pause()
+"""
+
+
+def test_components_die_with_a_killed_owner():
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER], stdout=subprocess.PIPE, text=True)
+    try:
+        info = json.loads(owner.stdout.readline())
+    finally:
+        owner.kill()
+        owner.wait()
+    pids = info["pids"]
+    assert len(pids) == 6
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in pids.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [n for n, p in pids.items() if _alive(p)] == []
+    shutil.rmtree(info["workdir"], ignore_errors=True)  # SIGKILL left it behind
