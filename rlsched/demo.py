@@ -70,7 +70,7 @@ class DemoOptions:
     """What ``rlsched demo up`` runs (all times in wall seconds)."""
 
     duration_s: float = 180.0
-    jobs: int = 24
+    jobs: int = 30
     trace: str | None = None
     data_dir: str | None = None
     seed: int = 1
@@ -122,10 +122,11 @@ def default_trace(data_dir: str | None) -> str:
 
 
 def demo_topology():
-    """The demo cluster: 8 kwok nodes x 8 A100 in 4 racks and 2 blocks (64 GPUs)."""
+    """The demo cluster: 4 kwok nodes x 8 A100 in 2 racks (32 GPUs) — small enough that
+    the submitted jobs queue, scale and preempt."""
     from rlsched.core.topology import Topology
 
-    return Topology.uniform(8, gpus_per_node=8, racks=4, blocks=2, prefix="kwok-gpu")
+    return Topology.uniform(4, gpus_per_node=8, racks=2, blocks=1, prefix="kwok-gpu")
 
 
 # --------------------------------------------------------------------------- job plan
@@ -832,9 +833,9 @@ class Demo:
 
 def _load_specs(trace: str, data_dir: str | None, seed: int) -> list:
     """JobSpecs of ``trace`` through the simulator's trace loaders."""
-    from rlsched.sim import traces
+    from rlsched.sim.traces import load_trace
 
-    return list(traces.load_trace(trace, data_dir=data_dir, seed=seed))
+    return list(load_trace(trace, data_dir=data_dir, seed=seed).jobs)
 
 
 # --------------------------------------------------------------------------- down
@@ -924,7 +925,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = p.add_subparsers(dest="demo_command", metavar="ACTION", required=True)
     up = sub.add_parser("up", help="run the live demo and stop it at the end")
     up.add_argument("--duration", type=float, default=180.0, help="seconds of the run after start-up (default 180)")
-    up.add_argument("--jobs", type=int, default=24, help="TrainingJobs to submit (default 24)")
+    up.add_argument("--jobs", type=int, default=30, help="TrainingJobs to submit (default 30)")
     up.add_argument("--trace", default=None,
                     help="trace SPEC (default: alibaba2023:default with a data dir, else synthetic:small)")
     up.add_argument("--data-dir", default=None, help="trace data folder (default $RLSCHED_DATA_DIR)")

@@ -1,0 +1,472 @@
+"""The Helm chart: lint, render, secure defaults, server-side dry-run and install into
+the real API server, and the RBAC it grants (what is allowed and what is denied)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "rlsched"
+ALL_FEATURES = [
+    "metrics.serviceMonitor.enabled=true",
+    "metrics.podMonitor.enabled=true",
+    "metrics.prometheusRule.enabled=true",
+]
+MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+# Offline renders need a Kubernetes version (helm's built-in default is old unless stamped).
+KUBE_VERSION = ["--kube-version", "v1.35.0"]
+
+
+@pytest.fixture(scope="module")
+def tools():
+    """bin directory of the tools cache (helm, kubectl); missing tools fail the test."""
+    from rlsched.devcluster import find_tools
+
+    bin_dir = find_tools()
+    for t in ("helm", "kubectl"):
+        assert (bin_dir / t).is_file(), f"{t} missing from {bin_dir}: run `make tools`"
+    return bin_dir
+
+
+@pytest.fixture(scope="module")
+def render(tools):
+    """``render(*set_pairs, namespace=..., release=...)`` -> list of rendered objects."""
+
+    def _render(*sets: str, namespace: str = "rlsched-system", release: str = "rlsched",
+                show_only: str | None = None) -> list[dict]:
+        argv = [str(tools / "helm"), "template", release, str(CHART), "--namespace", namespace, *KUBE_VERSION]
+        for s in sets:
+            argv += ["--set", s]
+        if show_only:
+            argv += ["--show-only", show_only]
+        out = subprocess.run(argv, capture_output=True, text=True, check=False)
+        assert out.returncode == 0, out.stderr
+        return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+    return _render
+
+
+def _containers(obj: dict) -> list[dict]:
+    spec = obj["spec"]["template"]["spec"] if obj["kind"] == "Deployment" else obj["spec"]
+    return spec.get("containers", []) + spec.get("initContainers", [])
+
+
+def _pod_spec(obj: dict) -> dict:
+    return obj["spec"]["template"]["spec"] if obj["kind"] == "Deployment" else obj["spec"]
+
+
+# ----------------------------------------------------------------------- no cluster
+def test_crds_in_chart_equal_the_operators():
+    for src in sorted((ROOT / "operator" / "crd").glob("*.yaml")):
+        dst = CHART / "files" / "crds" / src.name
+        assert dst.is_file(), f"{dst} missing: run `make chart-sync-crd`"
+        assert list(yaml.safe_load_all(src.read_text())) == list(yaml.safe_load_all(dst.read_text())), \
+            f"{dst} differs from {src}: run `make chart-sync-crd`"
+
+
+def test_serving_requirements_have_no_torch_and_follow_the_pins():
+    def pins(path: Path) -> dict[str, str]:
+        out = {}
+        for line in path.read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line and not line.startswith("-"):
+                name, _, ver = line.partition("==")
+                assert ver, f"{path}: {line!r} is not pinned with =="
+                out[name.lower()] = ver
+        return out
+
+    serve = pins(ROOT / "deploy" / "docker" / "requirements-serve.txt")
+    full = pins(ROOT / "requirements.txt")
+    assert not {"torch", "matplotlib", "gymnasium", "pettingzoo"} & set(serve)
+    for name, ver in serve.items():
+        assert full.get(name) == ver, f"{name}=={ver} in requirements-serve.txt, {full.get(name)} in requirements.txt"
+    for needed in ("numpy", "aiohttp", "kopf", "kubernetes", "kubernetes-asyncio", "prometheus-client", "safetensors"):
+        assert needed in serve
+
+
+@pytest.mark.parametrize("dockerfile", ["operator.Dockerfile", "scheduler.Dockerfile"])
+def test_dockerfiles_are_multistage_nonroot_without_torch(dockerfile):
+    text = (ROOT / "deploy" / "docker" / dockerfile).read_text()
+    froms = re.findall(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", text, re.M)
+    assert len(froms) >= 2, "multi-stage build expected"
+    final = text[text.rindex("\nFROM "):]
+    assert re.search(r"^USER\s+65532:65532\s*$", final, re.M), "final stage must run as the non-root user"
+    assert "COPY --from=build" in final and "pip install" not in final
+    assert "--no-deps" in text and "requirements-serve.txt" in text
+    assert "torch" not in re.sub(r"#.*", "", text).replace("find_spec('torch')", "")
+    # every path the image copies from the context is let through by its .dockerignore
+    ignore = (ROOT / "deploy" / "docker" / f"{dockerfile}.dockerignore").read_text().split()
+    for src in re.findall(r"^COPY\s+(?!--)(\S+)", text, re.M):
+        assert f"!{src}" in ignore or f"!{src.rstrip('/')}" in ignore, f"{src} is excluded by the .dockerignore"
+
+
+def test_helm_lint(tools):
+    for sets in ([], ALL_FEATURES + ["operator.watchNamespace=team-a", "operator.replicas=2"]):
+        argv = [str(tools / "helm"), "lint", "--strict", str(CHART), *KUBE_VERSION]
+        for s in sets:
+            argv += ["--set", s]
+        out = subprocess.run(argv, capture_output=True, text=True, check=False)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "0 chart(s) failed" in out.stdout
+
+
+def test_helm_refuses_replicas_without_peering(tools):
+    out = subprocess.run([str(tools / "helm"), "template", "x", str(CHART), *KUBE_VERSION, "--set", "operator.replicas=2",
+                          "--set", "operator.peering.enabled=false"], capture_output=True, text=True)
+    assert out.returncode != 0 and "peering" in out.stderr
+
+
+def test_secure_pod_defaults(render):
+    objs = render(*ALL_FEATURES)
+    pods = [o for o in objs if o["kind"] in ("Deployment", "Pod")]
+    assert {o["kind"] for o in pods} == {"Deployment", "Pod"}  # the helm test pod is checked too
+    for o in pods:
+        psc = _pod_spec(o)["securityContext"]
+        assert psc["runAsNonRoot"] is True and psc["runAsUser"] != 0, o["metadata"]["name"]
+        assert psc["seccompProfile"]["type"] == "RuntimeDefault"
+        for c in _containers(o):
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True, c["name"]
+            assert sc["allowPrivilegeEscalation"] is False, c["name"]
+            assert sc["capabilities"]["drop"] == ["ALL"] and "add" not in sc["capabilities"], c["name"]
+            assert "memory" in c["resources"]["limits"], c["name"]
+
+
+def test_scheduler_profile_extender_and_lease(render):
+    objs = render("scheduler.extender.port=9999")
+    cm = next(o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("scheduler-config"))
+    conf = yaml.safe_load(cm["data"]["scheduler-config.yaml"])
+    assert conf["kind"] == "KubeSchedulerConfiguration"
+    assert [p["schedulerName"] for p in conf["profiles"]] == ["rlsched"]
+    le = conf["leaderElection"]
+    assert le["leaderElect"] is True and le["resourceName"] == "rlsched-scheduler" != "kube-scheduler"
+    assert le["resourceNamespace"] == "rlsched-system"
+    (ext,) = conf["extenders"]
+    assert ext["urlPrefix"] == "http://127.0.0.1:9999"
+    assert ext["filterVerb"] == "filter" and ext["prioritizeVerb"] == "prioritize"
+    assert ext["nodeCacheCapable"] is True and ext["ignorable"] is True
+    assert ext["managedResources"] == [{"name": "nvidia.com/gpu", "ignoredByScheduler": False}]
+    dep = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-scheduler"))
+    containers = {c["name"]: c for c in _pod_spec(dep)["containers"]}
+    assert set(containers) == {"kube-scheduler", "extender", "metrics-relay"}
+    args = containers["extender"]["args"]
+    assert "--host=127.0.0.1" in args and "--port=9999" in args
+    assert "ports" not in containers["extender"]  # nothing but loopback
+    relay = containers["metrics-relay"]["command"]
+    assert "--upstream=http://127.0.0.1:9999" in relay and "--listen=0.0.0.0:8889" in relay
+    assert "metrics-relay.py" in cm["data"]
+    assert any(a.startswith("--config=") for a in containers["kube-scheduler"]["command"])
+    # a config change rolls the pods
+    other = render("scheduler.extender.port=9998")
+    dep2 = next(o for o in other if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-scheduler"))
+    assert dep["spec"]["template"]["metadata"]["annotations"]["checksum/config"] != \
+        dep2["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+
+
+def test_crds_rendered_with_keep_policy_and_switchable(render):
+    crds = [o for o in render() if o["kind"] == "CustomResourceDefinition"]
+    names = {c["metadata"]["name"] for c in crds}
+    assert names == {"trainingjobs.rlsched.dev", "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"}
+    for c in crds:
+        assert c["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert not [o for o in render("crds.install=false") if o["kind"] == "CustomResourceDefinition"]
+    no_keep = [o for o in render("crds.keep=false") if o["kind"] == "CustomResourceDefinition"]
+    assert all("helm.sh/resource-policy" not in (c["metadata"].get("annotations") or {}) for c in no_keep)
+
+
+def test_namespaced_operator_gets_rolebinding_not_clusterrolebinding(render):
+    objs = render("operator.watchNamespace=team-a")
+    jobs_bindings = [o for o in objs if o["kind"] in ("RoleBinding", "ClusterRoleBinding")
+                     and o["metadata"]["name"].endswith("operator-jobs")]
+    assert [(b["kind"], b["metadata"].get("namespace")) for b in jobs_bindings] == [("RoleBinding", "team-a")]
+    dep = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-operator"))
+    assert "--namespace=team-a" in _pod_spec(dep)["containers"][0]["args"]
+
+
+def test_helm_test_pod_script_compiles(render):
+    (pod,) = render(show_only="templates/tests/test-metrics.yaml")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    script = pod["spec"]["containers"][0]["args"][0]
+    compile(script, "helm-test", "exec")
+    assert "rlsched_operator_" in script and "rlsched_extender_" in script
+
+
+# ----------------------------------------------------------------------- cluster
+def _kubectl(tools: Path, kubeconfig: Path, *args: str, stdin: str | None = None, check: bool = True):
+    out = subprocess.run([str(tools / "kubectl"), f"--kubeconfig={kubeconfig}", *args], input=stdin,
+                         capture_output=True, text=True, check=False, timeout=120)
+    if check:
+        assert out.returncode == 0, f"kubectl {' '.join(args)}: {out.stdout}{out.stderr}"
+    return out
+
+
+@pytest.fixture
+def release_ns(kube_cluster, tools):
+    name = f"rlsched-t-{uuid.uuid4().hex[:6]}"
+    _kubectl(tools, kube_cluster.kubeconfig, "create", "namespace", name)
+    yield name
+    _kubectl(tools, kube_cluster.kubeconfig, "delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.mark.k8s
+def test_server_side_dry_run_of_every_object(kube_cluster, tools, render, release_ns):
+    objs = [o for o in render("operator.forecastNamespace=" + release_ns, *ALL_FEATURES, namespace=release_ns)
+            if o["kind"] not in MONITORING_KINDS]  # prometheus-operator CRDs are not in this cluster
+    kinds = {o["kind"] for o in objs}
+    assert {"CustomResourceDefinition", "Deployment", "ConfigMap", "Service", "ServiceAccount", "ClusterRole",
+            "ClusterRoleBinding", "Role", "RoleBinding", "Pod"} <= kinds
+    docs = "\n---\n".join(yaml.safe_dump(o) for o in objs)
+    out = _kubectl(tools, kube_cluster.kubeconfig, "apply", "--dry-run=server", "--server-side",
+                   "--field-manager=rlsched-test", "--force-conflicts", "-f", "-", stdin=docs)
+    applied = [ln for ln in out.stdout.splitlines() if "serverside-applied" in ln or "configured" in ln
+               or "created" in ln or "unchanged" in ln]
+    assert len(applied) == len(objs), out.stdout
+
+
+def _crd_owner(kubeconfig: Path, tools: Path) -> tuple[bool, str | None]:
+    out = _kubectl(tools, kubeconfig, "get", "crd", "trainingjobs.rlsched.dev", "-o", "json", check=False)
+    if out.returncode != 0:
+        return False, None
+    ann = json.loads(out.stdout)["metadata"].get("annotations") or {}
+    return True, ann.get("meta.helm.sh/release-name")
+
+
+def _can(tools, kubeconfig, sa: str, *args: str) -> bool:
+    out = _kubectl(tools, kubeconfig, "auth", "can-i", f"--as={sa}", *args, check=False)
+    assert out.stdout.strip() in ("yes", "no"), out.stdout + out.stderr
+    return out.stdout.strip() == "yes"
+
+
+@pytest.fixture(scope="module")
+def release(kube_cluster, tools):
+    """The chart installed (``helm install --wait``) into a fresh namespace of the real
+    API server. Its own namespace, scheduler name and lease, so that it never acts beside
+    the cluster's real rlsched release (kind in CI); image overrides come from
+    RLSCHED_HELM_SET="k=v,k=v" (the e2e workflow points them at the images it loaded)."""
+    kc = Path(kube_cluster.kubeconfig)
+    helm = [str(tools / "helm"), f"--kubeconfig={kc}"]
+    ns = f"chart-t-{uuid.uuid4().hex[:6]}"  # no "rlsched" in it: objects are <release>-rlsched-*
+    _kubectl(tools, kc, "create", "namespace", ns)
+    exists, owner = _crd_owner(kc, tools)
+    crds = ("trainingjobs.rlsched.dev", "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev")
+    if exists and owner is None:
+        # applied with kubectl by another suite: let this release adopt them (docs/deploy.md)
+        _kubectl(tools, kc, "annotate", "--overwrite", "crd", *crds, f"meta.helm.sh/release-name={ns}",
+                 f"meta.helm.sh/release-namespace={ns}", check=False)
+        _kubectl(tools, kc, "label", "--overwrite", "crd", *crds, "app.kubernetes.io/managed-by=Helm", check=False)
+    own_crds = not exists or owner is None
+    sched = f"rlsched-{ns[-6:]}"
+    sets = ["--set", f"crds.install={str(own_crds).lower()}", "--set", f"operator.forecastNamespace={ns}",
+            "--set", f"operator.watchNamespace={ns}", "--set", f"scheduler.schedulerName={sched}"]
+    if os.environ.get("RLSCHED_HELM_SET"):
+        sets += ["--set", os.environ["RLSCHED_HELM_SET"]]
+    out = subprocess.run([*helm, "install", ns, str(CHART), "-n", ns, *sets, "--wait", "--timeout", "180s"],
+                         capture_output=True, text=True, timeout=240)
+    if out.returncode != 0:  # say why, for the tests that report it
+        diag = _kubectl(tools, kc, "get", "pods,events", "-n", ns, "-o", "wide", check=False)
+        out = subprocess.CompletedProcess(out.args, out.returncode, out.stdout,
+                                          out.stderr + "\n" + diag.stdout + diag.stderr)
+    info = {"name": ns, "namespace": ns, "scheduler_name": sched, "lease": f"{sched}-scheduler", "helm": helm,
+            "sets": sets, "own_crds": own_crds, "kubeconfig": kc, "install": out}
+    try:
+        yield info
+    finally:
+        subprocess.run([*helm, "uninstall", ns, "-n", ns, "--wait", "--timeout", "120s"],
+                       capture_output=True, text=True, timeout=180)
+        _kubectl(tools, kc, "delete", "namespace", ns, "--wait=false", check=False)
+
+
+@pytest.mark.k8s
+def test_install_succeeds_with_notes_and_available_deployments(release, tools):
+    out = release["install"]
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"schedulerName: {release['scheduler_name']}" in out.stdout  # NOTES.txt
+    assert f"helm test {release['name']}" in out.stdout
+    deps = json.loads(_kubectl(tools, release["kubeconfig"], "get", "deployments", "-n", release["namespace"],
+                               "-o", "json").stdout)["items"]
+    name = release["name"]
+    assert {d["metadata"]["name"] for d in deps} == {f"{name}-rlsched-operator", f"{name}-rlsched-scheduler"}
+    for d in deps:
+        assert d["status"].get("availableReplicas") == d["spec"]["replicas"] == 1, d["metadata"]["name"]
+
+
+@pytest.mark.k8s
+def test_rbac_allows_what_is_needed_and_denies_the_rest(release, tools):
+    assert release["install"].returncode == 0, release["install"].stderr
+    kc, name, rns = release["kubeconfig"], release["name"], release["namespace"]
+    op = f"system:serviceaccount:{rns}:{name}-rlsched-operator"
+    sch = f"system:serviceaccount:{rns}:{name}-rlsched-scheduler"
+    ns = ("-n", rns)
+    allowed = [
+        (op, "create", "pods", *ns),
+        (op, "delete", "pods", *ns),
+        (op, "patch", "trainingjobs.rlsched.dev", "--subresource=status", *ns),
+        (op, "create", "roles.rbac.authorization.k8s.io", *ns),
+        (op, "create", "rolebindings.rbac.authorization.k8s.io", *ns),
+        (op, "create", "serviceaccounts", *ns),
+        (op, "patch", "kopfpeerings.kopf.dev", *ns),
+        (op, "list", "nodes"),
+        (op, "list", "pods", "--all-namespaces"),
+        (op, "update", "configmaps/rlsched-forecast", *ns),
+        (sch, "create", "pods", "--subresource=binding", "-n", "default"),
+        (sch, "list", "nodes"),
+        (sch, "watch", "pods", "--all-namespaces"),
+        (sch, "update", f"leases.coordination.k8s.io/{release['lease']}", *ns),
+        (sch, "get", "configmaps/extension-apiserver-authentication", "-n", "kube-system"),
+    ]
+    denied = [
+        # a namespaced operator writes nothing outside its namespace
+        (op, "create", "pods", "-n", "default"),
+        (op, "patch", "trainingjobs.rlsched.dev", "--subresource=status", "-n", "default"),
+        (op, "create", "rolebindings.rbac.authorization.k8s.io", "-n", "default"),
+        (op, "patch", "clusterkopfpeerings.kopf.dev"),
+        (op, "get", "secrets", *ns),
+        (op, "delete", "nodes"),
+        (op, "create", "clusterroles.rbac.authorization.k8s.io"),
+        (op, "update", "configmaps/other", *ns),
+        (op, "create", "deployments.apps", *ns),
+        (sch, "create", "pods", "-n", "default"),
+        (sch, "get", "secrets", "-n", "default"),
+        (sch, "update", "leases.coordination.k8s.io/someone-elses", *ns),
+        (sch, "update", "nodes"),
+    ]
+    wrong = [f"{sa.rsplit(':', 1)[1]} cannot {' '.join(a)}" for sa, *a in allowed if not _can(tools, kc, sa, *a)]
+    wrong += [f"{sa.rsplit(':', 1)[1]} may {' '.join(a)}" for sa, *a in denied if _can(tools, kc, sa, *a)]
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.k8s
+def test_real_kube_scheduler_runs_on_chart_config_with_chart_rbac(release, tools, tmp_path, kube_cluster):
+    """The chart's KubeSchedulerConfiguration, run by the real kube-scheduler binary as
+    the chart's ServiceAccount (impersonation): it validates, takes its own lease and
+    binds a GPU pod of its profile, with no RBAC denial in its log."""
+    import signal
+    import socket
+    import ssl
+    import time
+    import urllib.request
+
+    assert release["install"].returncode == 0, release["install"].stderr
+    kc, rns = release["kubeconfig"], release["namespace"]
+    # on a real cluster (kind) the release's own scheduler pod would compete for the lease
+    _kubectl(tools, kc, "scale", "deployment", f"{release['name']}-rlsched-scheduler", "-n", rns, "--replicas=0")
+    cm = json.loads(_kubectl(tools, kc, "get", "configmap", f"{release['name']}-rlsched-scheduler-config",
+                             "-n", rns, "-o", "json").stdout)
+    imp = yaml.safe_load(Path(kc).read_text())
+    for u in imp["users"]:
+        u["user"]["as"] = f"system:serviceaccount:{rns}:{release['name']}-rlsched-scheduler"
+    imp_path = tmp_path / "as-scheduler.kubeconfig"
+    imp_path.write_text(yaml.safe_dump(imp))
+    conf = yaml.safe_load(cm["data"]["scheduler-config.yaml"])
+    conf["clientConnection"] = {"kubeconfig": str(imp_path)}  # in-cluster config in the chart
+    conf_path = tmp_path / "scheduler-config.yaml"
+    conf_path.write_text(yaml.safe_dump(conf))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = tmp_path / "kube-scheduler.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([str(tools / "kube-scheduler"), f"--config={conf_path}",
+                                 f"--authentication-kubeconfig={imp_path}", f"--authorization-kubeconfig={imp_path}",
+                                 "--bind-address=127.0.0.1", f"--secure-port={port}", f"--cert-dir={tmp_path / 'certs'}"],
+                                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    pod = f"probe-{uuid.uuid4().hex[:6]}"
+    try:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+
+        def healthy() -> bool:
+            try:
+                return urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=ctx, timeout=2).status == 200
+            except OSError:
+                return False
+
+        deadline = time.monotonic() + 60
+        while not healthy():
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "kube-scheduler not healthy:\n" + log.read_text()[-3000:]
+            time.sleep(0.5)
+        deadline = time.monotonic() + 60
+        while True:
+            out = _kubectl(tools, kc, "get", "lease", release["lease"], "-n", rns, "-o", "json", check=False)
+            holder = json.loads(out.stdout)["spec"].get("holderIdentity", "") if out.returncode == 0 else ""
+            if holder.startswith(socket.gethostname()):
+                break
+            assert time.monotonic() < deadline, "lease never taken:\n" + log.read_text()[-3000:]
+            time.sleep(0.5)
+        manifest = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod, "namespace": rns},
+                    "spec": {"schedulerName": release["scheduler_name"], "terminationGracePeriodSeconds": 0,
+                             "containers": [{"name": "w", "image": "registry.invalid/w",
+                                             "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+        _kubectl(tools, kc, "apply", "-f", "-", stdin=json.dumps(manifest))
+        deadline = time.monotonic() + 60
+        while True:
+            node = _kubectl(tools, kc, "get", "pod", pod, "-n", rns, "-o", "jsonpath={.spec.nodeName}").stdout
+            if node:
+                break
+            assert time.monotonic() < deadline, "pod never bound:\n" + log.read_text()[-3000:]
+            time.sleep(0.5)
+        assert node in kube_cluster.node_names  # a GPU node (only kwok GPU nodes have nvidia.com/gpu)
+    finally:
+        _kubectl(tools, kc, "delete", "pod", pod, "-n", rns, "--wait=false", check=False)
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    text = log.read_text()
+    denied = [ln for ln in text.splitlines() if "forbidden" in ln.lower()]
+    assert not denied, "RBAC denials:\n" + "\n".join(denied[:20])
+
+
+@pytest.mark.k8s
+def test_upgrade_then_uninstall_keeps_crds(release, tools):
+    assert release["install"].returncode == 0, release["install"].stderr
+    kc, helm, name, rns = release["kubeconfig"], release["helm"], release["name"], release["namespace"]
+    out = subprocess.run([*helm, "upgrade", name, str(CHART), "-n", rns, *release["sets"],
+                          "--set", "scheduler.extender.weight=7", "--set", "commonLabels.rlsched-test=upgraded"],
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    cm = json.loads(_kubectl(tools, kc, "get", "configmap", f"{name}-rlsched-scheduler-config", "-n", rns,
+                             "-o", "json").stdout)
+    assert yaml.safe_load(cm["data"]["scheduler-config.yaml"])["extenders"][0]["weight"] == 7
+    if release["own_crds"]:  # CRDs in templates/: the upgrade reached them too
+        crd = json.loads(_kubectl(tools, kc, "get", "crd", "trainingjobs.rlsched.dev", "-o", "json").stdout)
+        assert crd["metadata"]["labels"].get("rlsched-test") == "upgraded"
+    out = subprocess.run([*helm, "uninstall", name, "-n", rns, "--wait", "--timeout", "120s"],
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert _crd_owner(kc, tools)[0], "the CRD (and every TrainingJob) must survive helm uninstall"
+    left = _kubectl(tools, kc, "get", "clusterroles,clusterrolebindings", "-o", "name").stdout
+    assert name not in left, "cluster-scoped objects left behind"
+
+
+def test_wheel_carries_what_the_images_serve(tmp_path):
+    """The images install the package non-editable (``pip install --no-deps .``): the
+    wheel must carry the CRDs and the default model files, or the serving images would
+    silently fall back to heuristics."""
+    import shutil
+    import sys
+    import zipfile
+
+    # build from a copy of what the Dockerfiles COPY, so no build/ lands in the checkout
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / f, src / f)
+    for d in ("rlsched", "core", "sim", "extender", "operator", "models"):
+        shutil.copytree(ROOT / d, src / d, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "runs"))
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                          "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    (wheel,) = (tmp_path / "dist").glob("rlsched-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "rlsched/operator/crd/trainingjob.yaml" in names
+    assert "rlsched/operator/__main__.py" in names and "rlsched/extender/cli.py" in names
+    for weights in sorted((ROOT / "core" / "weights").glob("*")):
+        assert f"rlsched/core/weights/{weights.name}" in names, f"{weights.name} missing from the wheel"
