@@ -621,12 +621,17 @@ def synthetic(arg: str = "small", *, seed: int = 0) -> Trace:
     limits = topology_limits(topo)
     bw = topo.bandwidth
     width = len(str(n - 1))
+    fastest: dict[int, float] = {}  # GPUs -> best bandwidth any placement reaches
     jobs = []
     for k in range(n):
         name, ct, grad, batch, _ = MODEL_ZOO[int(model[k])]
         w, g = int(workers[k]), int(gpw[k])
-        lvl = ideal_level(w * g, limits)
-        step = ct + min(comm_time(grad, w * g, bw.at(Level(v))) for v in range(int(lvl), int(Level.CLUSTER) + 1))
+        n_gpu = w * g
+        best_bw = fastest.get(n_gpu)
+        if best_bw is None:
+            lvl = int(ideal_level(n_gpu, limits))
+            best_bw = fastest[n_gpu] = max(bw.at(Level(v)) for v in range(lvl, int(Level.CLUSTER) + 1))
+        step = ct + comm_time(grad, n_gpu, best_bw)
         thr = w * batch / step
         # epochs to converge (noise-free): where the per-epoch gain falls below beta
         span = float(acc_max[k]) - 0.1
