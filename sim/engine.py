@@ -636,8 +636,7 @@ class Simulator:
         j.status = _RUNNING
         j.seg_start = t
         j.resume_at = t
-        self._set_rate(j)
-        j.level0 = int(self._level(v))
+        j.level0 = self._set_rate(j)
         if v.workers != j.w0 and not j.spec.fixed:
             self._retarget(j)
         self._schedule_finish(j, t)
@@ -648,7 +647,8 @@ class Simulator:
             return self.topology.span_level({p[0]: v.gpus})
         return self.state.span_level(p, v.gpus_per_worker)
 
-    def _set_rate(self, j: _Job) -> None:
+    def _set_rate(self, j: _Job) -> int:
+        """Rate, fee rate and throughput at the job's placement; returns its level."""
         v, spec = j.view, j.spec
         lvl = self._level(v)
         thr = throughput(spec, v.workers, lvl, self._bw)
@@ -660,6 +660,7 @@ class Simulator:
         price = self._price
         j.fee_rate = v.gpus_per_worker * float(sum(price[i] for i in v.placement))
         v.throughput = thr / max(v.workers, 1)
+        return int(lvl)
 
     def _retarget(self, j: _Job) -> None:
         """Recompute when a training job stops, from its history and current workers."""
@@ -716,9 +717,10 @@ class Simulator:
                 p.history.extend(new.tolist())
                 p.epoch = k_new
                 p.accuracy = p.history[-1]
-                eff_k = j.eff - (j.work_done - k_new * spe) / spe * j.conv.efficiency(v.workers)
-                p.loss = float(j.conv.loss_at(eff_k))
-                p.max_loss = j.conv.loss0
+                conv = j.conv
+                eff_k = j.eff - (j.work_done - k_new * spe) / spe * conv.efficiency(v.workers)
+                p.loss = conv.loss_min + (conv.loss0 - conv.loss_min) * math.exp(-eff_k / conv.tau)
+                p.max_loss = conv.loss0
 
     def _schedule_finish(self, j: _Job, t: float) -> None:
         j.version += 1
