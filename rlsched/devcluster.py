@@ -686,12 +686,23 @@ class LocalCluster:
         self.tools_bin = find_tools(self._tools_arg)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.started = True
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        for attempt in range(3):
+            try:
+                self._start()
+                return self
+            except ClusterError as exc:
+                # A port chosen free can be taken (e.g. as a client's source port)
+                # before the component binds it: try again with new ports.
+                if "address already in use" not in str(exc) or attempt == 2:
+                    self.stop()
+                    raise
+                self._stop_processes(grace=2.0)
+                self.processes, self._kwok = {}, None
+                self._progress("a port was taken meanwhile; retrying with new ports")
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
 
     def _start(self) -> None:
         t0 = time.monotonic()
@@ -877,6 +888,12 @@ class LocalCluster:
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(self._dir / _STATE_FILE)
 
+    def _stop_processes(self, grace: float) -> None:
+        for name in reversed(list(self.processes)):
+            proc = self.processes[name]
+            if proc.pid:
+                _stop_group(proc.pid, proc.popen, grace)
+
     @classmethod
     def attach(cls, workdir: str | os.PathLike) -> "LocalCluster":
         """A handle on a cluster started by another process in ``workdir`` (for stop)."""
@@ -903,10 +920,7 @@ class LocalCluster:
         ``grace`` seconds), newest first, and remove a temporary workdir."""
         if not self.started:
             return
-        for name in reversed(list(self.processes)):
-            proc = self.processes[name]
-            if proc.pid:
-                _stop_group(proc.pid, proc.popen, grace)
+        self._stop_processes(grace)
         self.started = False
         if self.workdir is None:
             return

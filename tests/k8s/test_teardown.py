@@ -109,3 +109,28 @@ def test_components_die_with_a_killed_owner():
         time.sleep(0.1)
     assert [n for n, p in pids.items() if _alive(p)] == []
     shutil.rmtree(info["workdir"], ignore_errors=True)  # SIGKILL left it behind
+
+
+def test_start_retries_when_a_chosen_port_is_taken(monkeypatch):
+    import rlsched.devcluster as dc
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    real, calls = dc._free_ports, []
+
+    def first_one_taken(n):
+        ports = real(n)
+        calls.append(n)
+        return [taken, *ports[1:]] if len(calls) == 1 else ports  # etcd's port is taken
+
+    monkeypatch.setattr(dc, "_free_ports", first_one_taken)
+    try:
+        with LocalCluster(kwok=False) as cluster:
+            assert len(calls) == 2
+            assert cluster.ports["etcd"] != taken
+            log = cluster.log_path("etcd").read_text()
+            assert "address already in use" in log
+    finally:
+        squatter.close()
