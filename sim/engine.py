@@ -485,11 +485,18 @@ class Simulator:
                 j.ideal = j.work_total / (w * spec.batch_per_worker / best)
 
     def _fit_slots(self, v: JobView) -> int:
-        key = (v.gpus_per_worker, v.gpu_models)
+        """Workers of ``v`` the empty cluster could host (GPUs, GPU model, CPU, memory)."""
+        key = (v.gpus_per_worker, v.gpu_models, v.cpu_milli, v.memory_mib)
         slots = self._fit_cache.get(key)
         if slots is None:
-            c = self.state.candidates_total(v.gpus_per_worker, v.gpu_models)
-            slots = int((self.state.total[c] // v.gpus_per_worker).sum())
+            st = self.state
+            c = st.candidates_total(v.gpus_per_worker, v.gpu_models)
+            per = st.total[c] // v.gpus_per_worker
+            if v.cpu_milli > 0:
+                per = np.minimum(per, st.cpu_total[c] // v.cpu_milli)
+            if v.memory_mib > 0:
+                per = np.minimum(per, st.mem_total[c] // v.memory_mib)
+            slots = int(per.sum())
             self._fit_cache[key] = slots
         return slots
 
@@ -500,9 +507,10 @@ class Simulator:
             j.status = _DROPPED
             self._unfittable.append(v.id)
             log.warning(
-                "job %s can never fit: needs %d x %d GPUs%s, the empty cluster has %d slots; dropped",
+                "job %s can never fit: needs %d workers of %d GPUs%s%s, the empty cluster has room for %d; dropped",
                 v.id, v.min_workers, v.gpus_per_worker,
-                f" of {sorted(v.gpu_models)}" if v.gpu_models else "", slots,
+                f" of {sorted(v.gpu_models)}" if v.gpu_models else "",
+                f", {v.cpu_milli} mCPU, {v.memory_mib} MiB" if v.cpu_milli or v.memory_mib else "", slots,
             )
             return
         if slots < v.workers:

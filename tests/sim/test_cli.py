@@ -65,9 +65,27 @@ def test_run_reports_unfittable(tmp_path):
     rc, path = _run(tmp_path, "u", 1, trace="alibaba2023:huge", extra=("--data-dir", str(DATA)))
     assert rc == 0
     m = json.loads(path.read_text())
-    # pod-1 asks 8 T4 GPUs; the only T4 node has 4
-    assert m["jobs_unfittable"] == 1 and m["unfittable_ids"] == ["pod-1"]
+    # pod-1 asks 8 T4 GPUs (the only T4 node has 4); pod-3 asks 500 CPUs (nodes have <= 96)
+    assert m["jobs_unfittable"] == 2 and m["unfittable_ids"] == ["pod-1", "pod-3"]
     assert m["jobs_completed"] == 2
+
+
+def test_trace_without_cluster(tmp_path, capsys):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("uniform: {nodes: 2, gpus_per_node: 8, racks: 1}\n")
+    out = tmp_path / "ph"
+    trace = f"philly:{DATA / 'philly_cluster_job_log.json'}"
+    assert main(["sim", "run", "--trace", trace, "--ordering", "fifo", "--placement", "firstfit",
+                 "--seed", "0", "--out", str(out), "--quiet"]) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["config"]["nodes"] == 64 and m["jobs_completed"] == 2
+    assert "trace has no cluster" in capsys.readouterr().err
+    assert main(["sim", "run", "--trace", trace, "--ordering", "fifo", "--placement", "firstfit",
+                 "--seed", "0", "--out", str(out), "--quiet", "--cluster", str(cluster)]) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    # application_1: 2 workers x 4 GPUs, 600 s; on one rack of 8-GPU nodes the ideal is
+    # one node, where first fit puts both workers: no slowdown
+    assert m["config"]["nodes"] == 2 and m["slowdown_mean"] == 1.0
 
 
 def test_compare(tmp_path, capsys):
