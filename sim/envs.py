@@ -80,20 +80,22 @@ _FEAT_LOW, _FEAT_HIGH = -1.0, 10.0
 
 
 def trace_workload(spec: str, jobs: int | None = None) -> Workload:
-    """A :data:`Workload` drawing a fresh seeded trace per episode from a trace SPEC
-    (``synthetic:small,...``; see :mod:`rlsched.sim.traces`). ``jobs`` overrides the
-    job count of synthetic specs."""
-    from . import traces  # the trace loaders; imported only when used
+    """A :data:`Workload` loading ``spec`` (:func:`rlsched.sim.traces.load_trace`) per
+    episode. Synthetic specs get a fresh seed per episode (drawn from the episode's
+    rng) and ``jobs`` overrides their job count; other traces are the same each time."""
+    from .traces import load_trace  # imported only when used
+
+    if jobs is not None and spec.startswith("synthetic:"):
+        spec = f"{spec},jobs={int(jobs)}"
 
     def draw(rng: np.random.Generator):
-        seed = int(rng.integers(0, 2**31 - 1))
-        s = spec
-        if spec.startswith("synthetic:"):
-            s = f"{spec},seed={seed}" + (f",jobs={jobs}" if jobs else "")
-        trace = traces.load(s)
+        trace = load_trace(spec, seed=int(rng.integers(0, 2**30)))
+        if trace.topology is None:
+            from .traces import default_topology
+
+            return trace.jobs, default_topology(trace.jobs)
         return trace.jobs, trace.topology
 
-    draw.spec = spec  # type: ignore[attr-defined]
     return draw
 
 
@@ -216,10 +218,18 @@ class SchedulingCore:
 
     # ------------------------------------------------------------------ placement
     def place_by_scores(self, job: JobView, scores: np.ndarray) -> list[int]:
-        """Fill the highest-scored nodes first (ties: lowest index), as many workers per
-        node as fit, until the gang is placed. The job must fit (see :meth:`mask`)."""
-        slots = worker_slots(job, self.sim.state)
-        order = np.lexsort((np.arange(len(slots)), -np.asarray(scores, dtype=float)))
+        """Place the gang by node scores, rack first: racks in order of their best
+        feasible node's score, nodes inside a rack by score (ties: lowest index), as
+        many workers per node as fit, until the gang is placed. The job must fit now
+        (see :meth:`mask`)."""
+        st = self.sim.state
+        slots = worker_slots(job, st)
+        s = np.asarray(scores, dtype=float)
+        feasible = slots > 0
+        rack_best = np.full(int(st.rack_of.max()) + 1, -np.inf)
+        np.maximum.at(rack_best, st.rack_of[feasible], s[feasible])
+        idx = np.arange(len(slots))
+        order = np.lexsort((idx, -s, st.rack_of, -rack_best[st.rack_of]))
         nodes: list[int] = []
         for i in order:
             take = min(int(slots[i]), job.workers - len(nodes))
@@ -296,16 +306,24 @@ class SchedulingCore:
             "image": np.clip(self.image(), 0.0, 1.0),
         }
 
-    def state_vector(self, phase: int = 0, slot: int | None = None) -> np.ndarray:
+    def state_vector(
+        self,
+        phase: int = 0,
+        slot: int | None = None,
+        obs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+        mask: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Fixed-size global state (independent of the cluster size): the window's job
-        features and validity, the cluster summary, the turn and the chosen slot."""
-        jobs, clus, valid = self.ordering_obs()
+        features and validity, the cluster summary, the turn and the chosen slot.
+        ``obs`` / ``mask``: :meth:`ordering_obs` / :meth:`mask` of this decision point
+        when the caller already has them."""
+        jobs, clus, valid = self.ordering_obs() if obs is None else obs
         turn = np.zeros(2, dtype=np.float32)
         turn[phase] = 1.0
         chosen = np.zeros(self.config.window, dtype=np.float32)
         if slot is not None:
             chosen[slot] = 1.0
-        mask = self.mask().astype(np.float32)
+        mask = (self.mask() if mask is None else mask).astype(np.float32)
         return np.concatenate([jobs.ravel(), valid.astype(np.float32), mask, clus, turn, chosen]).astype(np.float32)
 
     def state_size(self) -> int:

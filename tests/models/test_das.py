@@ -53,23 +53,31 @@ def test_numpy_forward_equals_torch(layers, heads):
     np.testing.assert_allclose(got[valid], ref[valid], atol=1e-5)
 
 
-def test_rwgp_log_prob_is_the_multivariate_normal_density():
+def test_rwgp_posterior_and_log_prob_are_the_gp_and_normal_formulas():
     topo = Topology.uniform(6, gpus_per_node=4, racks=2)
-    pol = das.PlacementRWGP(lam=0.5)
+    pol = das.PlacementRWGP(lam=0.5, noise=0.5)
     with torch.no_grad():
         pol.log_std.fill_(math.log(0.7))
-    chol = pol.covariance_factor(topo)
-    # the covariance is core.das's normalised random-walk kernel (+ jitter)
+    smoother, chol = pol.gp(topo)
+    # GP posterior with every node observed, by hand: S = K (K + s2 I)^-1, Sigma = K - S K
     k = core_das.TopologyKernel(topo, 0.5).matrix(normalised=True)
-    np.testing.assert_allclose(chol @ chol.T, k + 1e-3 * np.eye(6), atol=1e-10)
+    s_ref = k @ np.linalg.inv(k + 0.5 * np.eye(6))
+    np.testing.assert_allclose(smoother, s_ref, atol=1e-10)
+    cov = k - s_ref @ k
+    np.testing.assert_allclose(chol @ chol.T, cov + 1e-3 * np.eye(6), atol=1e-10)
+    # nodes of one rack share more of each other's observation than nodes across racks
+    assert smoother[0, 1] > smoother[0, 4] > 0
     feats = torch.randn(1, 6, len(das.PLACEMENT_FEATURES))
     s = torch.randn(1, 6)
+    sm = torch.from_numpy(smoother).float()[None]
     white = torch.from_numpy(np.linalg.inv(chol)).float()[None]
-    got = pol.log_prob(feats, s, white)
+    got = pol.log_prob(feats, sm, s, white)
     with torch.no_grad():
-        mu = pol.mean(feats)
-    cov = torch.from_numpy((0.49 * (k + 1e-3 * np.eye(6)))).float()
-    ref = torch.distributions.MultivariateNormal(mu, covariance_matrix=cov).log_prob(s)
+        mu = pol.mean(feats, sm)
+        a = pol.score(feats).squeeze(-1)
+    torch.testing.assert_close(mu[0], torch.from_numpy(s_ref).float() @ a[0], atol=1e-5, rtol=1e-5)
+    full = torch.from_numpy(0.49 * (cov + 1e-3 * np.eye(6))).float()
+    ref = torch.distributions.MultivariateNormal(mu, covariance_matrix=full).log_prob(s)
     assert float(got.detach()) == pytest.approx(float(ref), abs=1e-3)
 
 
@@ -87,6 +95,28 @@ def test_tiny_training_changes_parameters_and_exports_loadable_weights(tmp_path)
     w0 = {k: v.numpy() for k, v in fresh.state_dict().items()}
     assert any(not np.allclose(w0[k], order.weights[k]) for k in w0)
     assert all(np.isfinite(v).all() for v in order.weights.values())
+
+
+def test_table1_names_the_best_heuristic_and_records_the_evaluation(tmp_path):
+    args = _args(tmp_path, iterations=1, episodes_per_iter=1, minibatch=16, workload=sjf_workload,
+                 eval_traces="synthetic:small,jobs=24", eval_seeds=1)
+    das.train(args)
+    assert das.evaluate(args) == 0
+    import json
+
+    table = json.loads((tmp_path / "res" / "das_table1.json").read_text())
+    (line,) = table
+    heur = [h for h in line if "/" in h and " vs best" not in h]
+    assert len(heur) == 10  # five Table 1 heuristics, with and without backfill
+    best = min(heur, key=lambda h: line[h]["jct_mean"])
+    assert line["best_heuristic"] == best
+    for learned in ("DAS (MAPPO)", "DAS ordering + firstfit", "DAS ordering + das placement"):
+        d = line[f"{learned} vs best"]["jct"]
+        assert d == pytest.approx(line[learned]["jct_mean"] / line[best]["jct_mean"] - 1)
+    from rlsched.core.nn import load_policy_file
+
+    _, meta = load_policy_file(args.out, policy="das")
+    assert meta["evaluation"]["table1"][0]["best_heuristic"] == best
 
 
 def test_mappo_learns_shortest_job_first_on_a_toy_cluster(tmp_path):
@@ -125,7 +155,7 @@ def test_ray_engine_without_ray_is_a_clear_error():
 def test_rollouts_are_a_function_of_the_seed():
     agent = das.DASAgent(SchedulingCore(sjf_workload, EnvConfig(window=8)).state_size(), 16, 2, 1, 8)
     env = {"window": 8, "fee_weight": 0.02, "time_scale": 3600.0, "workload": sjf_workload}
-    arch = {**agent.ordering.architecture(), "lam": 0.5}
+    arch = {**agent.ordering.architecture(), "lam": 0.5, "gp_noise": 1.0}
     task = lambda s: {"weights": agent.numpy_weights(), "arch": arch, "env": env, "seed": s, "episodes": 2}  # noqa: E731
     with das.RolloutPool(das.collect_das, 1) as pool:
         a, b, c = pool.map([task(1), task(1), task(2)])

@@ -119,11 +119,12 @@ def test_dual_agent_turns_and_scores_place_on_best_nodes():
     assert env.state_space.contains(s)
 
 
-def test_place_by_scores_fills_nodes_in_score_order():
+def test_place_by_scores_fills_racks_then_nodes_in_score_order():
     core = SchedulingCore(small_workload, EnvConfig(window=4))
     core.reset(0)
     job = core.window_jobs()[0]
+    # racks: {0, 1} and {2, 3}; rack 0 holds the best node (1), so node 0 comes before 2
     nodes = core.place_by_scores(job, np.array([0.0, 3.0, 2.0, 1.0]))
     per = 4 // job.gpus_per_worker
-    expect = ([1] * per + [2] * per + [3] * per + [0] * per)[: job.workers]
+    expect = ([1] * per + [0] * per + [2] * per + [3] * per)[: job.workers]
     assert nodes == expect
