@@ -40,6 +40,7 @@ class ConvergenceModel:
         "noise",
         "seed",
         "_noise_cache",
+        "_noise_given",
     )
     # the noise sequence may be given (``noise_values``: standard normals, one per
     # epoch starting at epoch 1) instead of drawn from ``seed``; the simulator draws
@@ -75,8 +76,7 @@ class ConvergenceModel:
         self.noise = float(noise)
         self.seed = int(seed)
         self._noise_cache: np.ndarray | None = None
-        if noise_values is not None:
-            self._noise_cache = np.concatenate([[0.0], np.asarray(noise_values, dtype=float)]) * self.noise
+        self._noise_given = noise_values  # turned into the cache on first use
 
     def __repr__(self) -> str:
         return (
@@ -124,6 +124,8 @@ class ConvergenceModel:
         if self.noise == 0.0 or e.size == 0:
             return np.zeros(e.shape)
         need = int(e.max()) + 1
+        if self._noise_cache is None and self._noise_given is not None:
+            self._noise_cache = np.concatenate([[0.0], np.asarray(self._noise_given, dtype=float)]) * self.noise
         cache = self._noise_cache
         if cache is None or len(cache) < need:
             n = max(need, 64, 0 if cache is None else 2 * len(cache))

@@ -43,7 +43,7 @@ import numpy as np
 from rlsched.core import ClusterState, JobView, Level, Ordering, Placement, PlacementError, Scaling, Topology
 
 from .convergence import ConvergenceModel, stop_epoch
-from .job import JobSpec, best_step_time, throughput, topology_limits
+from .job import JobSpec, comm_time, ideal_level, throughput, topology_limits
 
 __all__ = ["SimConfig", "Simulator", "SimResult", "JobRecord"]
 
@@ -193,21 +193,24 @@ class Simulator:
         self._bw = topology.bandwidth
         self._limits = topology_limits(topology)
         self._price = np.array([n.price_per_gpu_hour for n in topology.nodes]) / 3600.0
+        self._best_bw: dict[int, float] = {}
         order = sorted(range(len(jobs)), key=lambda k: (jobs[k].submit_time, k))
         # per-job convergence seeds and evaluation noise, drawn in job-list order
-        seeds = self.rng.integers(0, 2**63 - 1, size=len(jobs))
+        seeds = self.rng.integers(0, 2**63 - 1, size=len(jobs)).tolist()
         lengths = np.array([0 if j.fixed else j.max_epochs for j in jobs], dtype=np.int64)
         noise = self.rng.standard_normal(int(lengths.sum()))
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).tolist()
         self._jobs: list[_Job] = []
+        noise_off: list[int] = []
         for k in order:
             spec = jobs[k]
             conv = None
             if not spec.fixed:
-                conv = spec.convergence_model(int(seeds[k]), noise[offsets[k] : offsets[k + 1]])
+                conv = spec.convergence_model(seeds[k], noise[offsets[k] : offsets[k + 1]])
+                noise_off.append(offsets[k])
             self._jobs.append(_Job(spec, conv))
         self._by_id = {j.spec.id: j for j in self._jobs}
-        self._prepare_all()
+        self._prepare_all(noise, noise_off)
         self._next_arrival = 0
         self._heap: list[tuple] = []
         self._counter = 0
@@ -430,11 +433,11 @@ class Simulator:
         """Ideal run time and (training jobs) the accuracy curve at the requested workers."""
         spec = j.spec
         w = spec.workers
-        best = best_step_time(spec, w, self._bw, self._limits)
         if spec.fixed:
             j.ideal = float(spec.duration)
             j.work_total = j.ideal
             return
+        best = self._best_step(spec, w)
         conv = j.conv
         spe = spec.samples_per_epoch
         epochs = np.arange(1, spec.max_epochs + 1)
@@ -444,45 +447,57 @@ class Simulator:
         j.work_total = float(e_stop * spe)
         j.ideal = j.work_total / (w * spec.batch_per_worker / best)
 
-    def _prepare_all(self, chunk: int = 8192) -> None:
-        """:meth:`_prepare` for every job at once (vectorised over jobs; the same
-        formulas as :meth:`ConvergenceModel.evaluate` and :func:`stop_epoch`)."""
+    def _best_step(self, spec: JobSpec, workers: int) -> float:
+        """Step time at the fastest level any placement of ``workers`` can reach."""
+        n = workers * spec.gpus_per_worker
+        bw = self._best_bw.get(n)
+        if bw is None:
+            lvl = int(ideal_level(n, self._limits))
+            bw = self._best_bw[n] = max(self._bw.at(Level(v)) for v in range(lvl, int(Level.CLUSTER) + 1))
+        return spec.compute_time + comm_time(spec.grad_gb, n, bw)
+
+    def _prepare_all(self, noise: np.ndarray, noise_off: list[int], chunk: int = 8192) -> None:
+        """:meth:`_prepare` for every job at once, vectorised over jobs: the same
+        formulas as :meth:`ConvergenceModel.evaluate` and :func:`stop_epoch`, with
+        ``noise[noise_off[k] + e - 1]`` the standard-normal noise of training job k
+        after epoch e."""
         train = [j for j in self._jobs if j.conv is not None]
         for j in self._jobs:
             if j.conv is None:
                 self._prepare(j)
         for lo in range(0, len(train), chunk):
             part = train[lo : lo + chunk]
-            n = len(part)
-            emax = max(j.spec.max_epochs for j in part)
+            specs = [j.spec for j in part]
+            c = [j.conv for j in part]
+            emax = max(s.max_epochs for s in specs)
             idx = np.arange(emax)
             epochs = idx + 1
-            c = [j.conv for j in part]
-            eff = np.array([m.efficiency(j.spec.workers) for m, j in zip(c, part)])[:, None]
+            max_e = np.array([s.max_epochs for s in specs])
+            inside = idx < max_e[:, None]
+            pos = np.minimum(np.array(noise_off[lo : lo + len(part)])[:, None] + idx, max(len(noise) - 1, 0))
+            sigma = np.array([m.noise for m in c])[:, None]
+            eps = np.where(inside, noise[pos] if len(noise) else 0.0, 0.0) * sigma
+            gamma = np.array([m.gamma for m in c])
+            w = np.array([s.workers for s in specs])
+            eff = (1.0 / (1.0 + gamma * (w - 1)))[:, None]
             acc_max = np.array([m.acc_max for m in c])[:, None]
             acc0 = np.array([m.acc0 for m in c])[:, None]
             tau = np.array([m.tau for m in c])[:, None]
-            noise = np.zeros((n, emax))
-            for r, m in enumerate(c):
-                noise[r, : part[r].spec.max_epochs] = m.noise_at(epochs[: part[r].spec.max_epochs])
-            accs = np.clip(acc_max - (acc_max - acc0) * np.exp(-(epochs * eff) / tau) + noise, 0.0, 1.0)
+            accs = np.clip(acc_max - (acc_max - acc0) * np.exp(-(epochs * eff) / tau) + eps, 0.0, 1.0)
             gains = np.empty_like(accs)
             gains[:, 0] = np.inf
             gains[:, 1:] = np.diff(accs, axis=1)
-            beta = np.array([j.spec.beta for j in part])[:, None]
-            patience = np.array([j.spec.patience for j in part])[:, None]
-            max_e = np.array([j.spec.max_epochs for j in part])
+            beta = np.array([s.beta for s in specs])[:, None]
+            patience = np.array([s.patience for s in specs])[:, None]
             small = gains < beta
             last_big = np.maximum.accumulate(np.where(small, -1, idx), axis=1)
-            hit = ((idx - last_big) >= patience) & (idx < max_e[:, None])
-            stop = np.where(hit.any(axis=1), hit.argmax(axis=1) + 1, max_e)
+            hit = ((idx - last_big) >= patience) & inside
+            stop = np.where(hit.any(axis=1), hit.argmax(axis=1) + 1, max_e).tolist()
             for r, j in enumerate(part):
-                spec = j.spec
-                w = spec.workers
+                spec = specs[r]
                 j.accs, j.acc_first = accs[r, : spec.max_epochs], 1
-                j.work_total = float(int(stop[r]) * spec.samples_per_epoch)
-                best = best_step_time(spec, w, self._bw, self._limits)
-                j.ideal = j.work_total / (w * spec.batch_per_worker / best)
+                j.work_total = float(stop[r] * spec.samples_per_epoch)
+                j.ideal = j.work_total / (spec.workers * spec.batch_per_worker / self._best_step(spec, spec.workers))
 
     def _fit_slots(self, v: JobView) -> int:
         """Workers of ``v`` the empty cluster could host (GPUs, GPU model, CPU, memory)."""
@@ -661,7 +676,7 @@ class Simulator:
         lvl = self._level(v)
         thr = throughput(spec, v.workers, lvl, self._bw)
         if spec.fixed:
-            ideal_thr = spec.workers * spec.batch_per_worker / best_step_time(spec, spec.workers, self._bw, self._limits)
+            ideal_thr = spec.workers * spec.batch_per_worker / self._best_step(spec, spec.workers)
             j.rate = thr / ideal_thr
         else:
             j.rate = thr
