@@ -300,3 +300,11 @@ def test_scaling_policies_keep_invariants(scaling):
     assert sum(r.rescales for r in res.records) > 0
     for r in res.records:
         assert r.submit <= r.start <= r.end
+
+
+def test_max_time_reports_unfinished():
+    # stop at t = 12: A (0-10) done, B (10-16) still running, C waiting
+    res = _sim(HAND, ONE_NODE, "fifo", config=SimConfig(max_time=12)).run()
+    assert [r.id for r in res.records] == ["A"]
+    assert sorted(res.unfinished) == ["B", "C"]
+    assert compute_metrics(res)["jobs_unfinished"] == 2
