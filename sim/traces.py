@@ -175,7 +175,8 @@ class _Rows:
                     fn(line, row)
                 except (ValueError, KeyError, TypeError) as exc:
                     if not self.skip_bad:
-                        raise TraceError(f"{self.path}:{line}: {exc}") from exc
+                        why = f"missing column {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
+                        raise TraceError(f"{self.path}:{line}: {why}") from exc
                     self.trace.skip("malformed")
 
 
