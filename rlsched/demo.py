@@ -149,7 +149,7 @@ def plan_jobs(
     namespace: str = NAMESPACE,
     max_epochs: int = 40,
     p_urgent: float = 0.2,
-    p_highest: float = 0.05,
+    p_highest: float = 0.1,
 ) -> list[DemoJob]:
     """Draw ``n`` jobs from a trace's :class:`rlsched.sim.JobSpec` list and turn them
     into TrainingJob manifests submitted over ``window_s`` seconds.
@@ -291,9 +291,9 @@ HEADLINE_QUERIES = {
     "extender_requests": "sum(rlsched_extender_request_duration_seconds_count)",
     "extender_p99_ms": "1000 * histogram_quantile(0.99, sum by (le) "
                        "(rate(rlsched_extender_request_duration_seconds_bucket[1m])))",
-    "extender_errors": "sum(rlsched_extender_errors_total)",
-    "scaling_up": 'sum(rlsched_operator_scaling_decisions_total{direction="up"})',
-    "scaling_down": 'sum(rlsched_operator_scaling_decisions_total{direction="down"})',
+    "extender_errors": "sum(rlsched_extender_errors_total) or vector(0)",
+    "scaling_up": 'sum(rlsched_operator_scaling_decisions_total{direction="up"}) or vector(0)',
+    "scaling_down": 'sum(rlsched_operator_scaling_decisions_total{direction="down"}) or vector(0)',
     "preemptions": "sum(rlsched_operator_preemptions_total)",
     "admission_wait_p90_s": "histogram_quantile(0.9, sum by (le) "
                             "(rate(rlsched_operator_admission_wait_seconds_bucket[10m])))",
@@ -666,7 +666,7 @@ class Demo:
             self._start_prometheus(tools, {"rlsched-extender": f"127.0.0.1:{port}",
                                            "rlsched-operator": f"127.0.0.1:{op_port}"})
         con.print(f"[green]up[/green]: API server {self.cluster.server}, {len(topo)} GPU nodes "
-                  f"({topo.total_gpus()} GPUs), Prometheus {self.prom_url}, "
+                  f"({topo.total_gpus} GPUs), Prometheus {self.prom_url}, "
                   f"KUBECONFIG={self.cluster.kubeconfig}")
 
     def _apply_crds(self, kubeconfig: str) -> None:
@@ -745,7 +745,7 @@ class Demo:
         specs = _load_specs(trace, opts.data_dir, opts.seed)
         topo = self.topology
         node_gpus = max(n.gpus for n in topo.nodes)
-        plan = plan_jobs(specs, opts.jobs, self.rng, node_gpus=node_gpus, cluster_gpus=topo.total_gpus(),
+        plan = plan_jobs(specs, opts.jobs, self.rng, node_gpus=node_gpus, cluster_gpus=topo.total_gpus,
                          window_s=opts.duration_s * opts.submit_fraction)
         self.console.print(f"trace [b]{trace}[/b]: {len(specs)} jobs, submitting {len(plan)} over "
                            f"{opts.duration_s * opts.submit_fraction:.0f}s; run time limit {opts.duration_s:.0f}s")
@@ -772,7 +772,7 @@ class Demo:
                 pods = api.sanitize_for_serialization(core.list_namespaced_pod(NAMESPACE).items)
                 gpus, workers = gpu_usage(pods)
                 phases = [_st(j).get("phase") for j in jobs]
-                sample = Sample(now, gpus, topo.total_gpus(), workers, phases.count("Running"),
+                sample = Sample(now, gpus, topo.total_gpus, workers, phases.count("Running"),
                                 sum(p in (None, "Queued") for p in phases), sum(p in TERMINAL for p in phases))
                 self.samples.append(sample)
                 if now - last_prom >= 5.0:
@@ -795,7 +795,7 @@ class Demo:
         self.headline = {k: _scalar(self.prom_url, q) for k, q in HEADLINE_QUERIES.items()}
         summary = summarize(jobs, planned=len(plan))
         summary.update({"trace": trace, "seed": opts.seed, "duration_s": opts.duration_s,
-                        "elapsed_s": time.monotonic() - t0, "cluster_gpus": topo.total_gpus(),
+                        "elapsed_s": time.monotonic() - t0, "cluster_gpus": topo.total_gpus,
                         "prometheus": self.headline,
                         "gpu_allocation_mean": float(np.mean([s.gpus_used / max(1, s.gpus_total)
                                                               for s in self.samples])) if self.samples else None})
@@ -877,7 +877,7 @@ def _interrupt(signum: int, frame: Any) -> None:
 def _up(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    console = Console()
+    console = Console() if sys.stdout.isatty() else Console(width=150)
     try:
         opts = DemoOptions(
             duration_s=args.duration, jobs=args.jobs, trace=args.trace,
@@ -902,6 +902,8 @@ def _up(args: argparse.Namespace) -> int:
         console.print("[yellow]interrupted[/yellow]")
         rc = 130
     except Exception as exc:  # report, then clean up below
+        if not isinstance(exc, (RuntimeError, OSError)):
+            console.print_exception(max_frames=4)
         console.print(f"[red]demo failed:[/red] {exc}")
         console.print(f"logs: {opts.state_dir / 'logs'}")
         rc = 1
