@@ -322,10 +322,13 @@ class Simulator:
             self._events += 1
             self._arrive(j, t)
         while heap and heap[0][0] == t:
-            kind = heapq.heappop(heap)[1]
+            _, kind, _, payload = heapq.heappop(heap)
             if kind == _SCALE:
                 scale = True
                 self._events += 1
+            elif kind == _FINISH and payload[1] == payload[0].version and payload[0].status == _RUNNING:
+                self._events += 1
+                self._finish(payload[0], t)
         if scale and self.scaling is not None:
             if self._dirty:
                 self._schedule()
