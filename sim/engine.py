@@ -51,8 +51,9 @@ log = logging.getLogger("rlsched.sim")
 
 _FINISH, _ARRIVAL, _SCALE = 0, 1, 2
 _PENDING, _RUNNING, _DONE, _DROPPED, _FUTURE = 0, 1, 2, 3, 4
-#: orderings that rank by a per-job key, so ranking a subset is consistent
-_KEY_ORDERINGS = frozenset({"fifo", "sjf", "srtf", "drf", "tetris", "tiresias"})
+#: orderings that rank by a per-job key, so ranking a subset is consistent (DRF is
+#: not: its progressive filling depends on the other jobs in the list)
+_KEY_ORDERINGS = frozenset({"fifo", "sjf", "srtf", "tetris", "tiresias"})
 #: ... whose relative order of two pending jobs never changes while they wait
 _STATIC_ORDERINGS = frozenset({"fifo", "sjf", "srtf", "tiresias"})
 
@@ -67,10 +68,11 @@ class SimConfig:
     ``max_time``: stop the run at this simulated time (jobs still running are
     reported unfinished).
     ``record_series``: keep utilization / queue time series.
-    ``incremental_ranking``: when no GPU was released since the last pass, rank only
-    the new arrivals (plus the job blocking the queue) instead of the whole queue.
-    Exact for orderings that sort by a per-job key; ``None`` turns it on for the
-    built-in key orderings only.
+    ``incremental_ranking``: avoid re-ranking the whole queue on every pass — with
+    backfill, rank only the arrivals since the last pass when no GPU was released;
+    without, keep the last ranking for orderings whose order never changes while jobs
+    wait (see :meth:`Simulator._schedule_static`). Exact for orderings that sort by a
+    per-job key; ``None`` turns it on for the built-in key orderings only.
     """
 
     backfill: bool = False
@@ -217,7 +219,6 @@ class Simulator:
         self._events = 0
         self._dirty = False
         self._new: list[JobView] = []  # arrivals since the last policy pass
-        self._blocked: JobView | None = None  # job that stopped the last pass
         self._full_pass_needed = True  # GPUs were released since the last pass
         inc = self.config.incremental_ranking
         self._incremental = (getattr(ordering, "name", "") in _KEY_ORDERINGS) if inc is None else inc
@@ -557,20 +558,16 @@ class Simulator:
                 self._schedule_static()
             return
         if not pending or st.free_gpus == 0:
-            self._blocked = None if not pending else self._blocked
             self._full_pass_needed = self._full_pass_needed or bool(pending)
             return
-        if self._incremental and not self._full_pass_needed:
-            # Nothing was released since the last full pass, so every job that did not
-            # fit then still does not; only the new arrivals (and, without backfill,
-            # the job that blocked the queue) can change the outcome. Exact for
-            # orderings that sort by a per-job key (every built-in heuristic).
-            cands = new if backfill or self._blocked is None else [self._blocked, *new]
-            ranked = self.ordering.rank(cands, st) if len(cands) > 1 else cands
+        if self._incremental and backfill and not self._full_pass_needed:
+            # Backfill, and nothing released since the last full pass: every job tried
+            # then still does not fit, so only the new arrivals can start. Exact for
+            # orderings that sort by a per-job key.
+            ranked = self.ordering.rank(new, st) if len(new) > 1 else new
         else:
             ranked = self.ordering.rank(pending, st)
         self._full_pass_needed = False
-        self._blocked = None
         started = False
         for v in ranked:
             if v.start_time is not None:
@@ -582,7 +579,6 @@ class Simulator:
             if nodes is None:
                 if backfill:
                     continue
-                self._blocked = v
                 break
             if len(nodes) != v.workers:
                 raise PlacementError(

@@ -226,13 +226,13 @@ def test_invariants(jobs, topo, policy, seed):
         assert r.end - r.start >= r.ideal_runtime * (1 - 1e-9)
 
 
-@settings(max_examples=15, deadline=None)
-@given(_jobs(), st.sampled_from(["fifo", "sjf", "srtf", "tiresias"]), st.integers(0, 1000))
-def test_incremental_ranking_is_exact(jobs, ordering, seed):
+@settings(max_examples=25, deadline=None)
+@given(_jobs(), st.sampled_from(["fifo", "sjf", "srtf", "tiresias", "tetris"]), st.booleans(), st.integers(0, 1000))
+def test_incremental_ranking_is_exact(jobs, ordering, backfill, seed):
     """The engine's cached ranking gives the same schedule as re-ranking everything."""
     topo = Topology.uniform(2, 4)
-    a = _sim(jobs, topo, ordering, seed=seed).run()
-    b = _sim(jobs, topo, ordering, seed=seed, config=SimConfig(incremental_ranking=False)).run()
+    a = _sim(jobs, topo, ordering, seed=seed, config=SimConfig(backfill=backfill)).run()
+    b = _sim(jobs, topo, ordering, seed=seed, config=SimConfig(backfill=backfill, incremental_ranking=False)).run()
     assert [(r.id, r.start, r.end) for r in a.records] == [(r.id, r.start, r.end) for r in b.records]
 
 
