@@ -626,6 +626,8 @@ class Simulator:
                 pos += 1
             self._pos = pos
             head = order[pos] if pos < len(order) else None
+            while side and side[0].start_time is not None:  # started from outside
+                del side[0]
             if side:  # side is kept ranked: compare the two heads
                 v = side[0] if head is None else self.ordering.rank([head, side[0]], st)[0]
             elif head is not None:
