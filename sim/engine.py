@@ -194,6 +194,7 @@ class Simulator:
         self.now = 0.0
         self._bw = topology.bandwidth
         self._limits = topology_limits(topology)
+        self._domain = [max(n.nvlink_domain_size, 1) for n in topology.nodes]
         self._price = np.array([n.price_per_gpu_hour for n in topology.nodes]) / 3600.0
         self._best_bw: dict[int, float] = {}
         order = sorted(range(len(jobs)), key=lambda k: (jobs[k].submit_time, k))
@@ -667,8 +668,10 @@ class Simulator:
 
     def _level(self, v: JobView) -> Level:
         p = v.placement
-        if len(p) == 1 or all(i == p[0] for i in p):
-            return self.topology.span_level({p[0]: v.gpus})
+        first = p[0]
+        if len(p) == 1 or all(i == first for i in p):  # one node: Topology.span_level's rule, inlined
+            dom = self._domain[first]
+            return Level.NVLINK if v.gpus <= dom else Level.NODE
         return self.state.span_level(p, v.gpus_per_worker)
 
     def _set_rate(self, j: _Job) -> int:

@@ -308,3 +308,21 @@ def test_max_time_reports_unfinished():
     assert [r.id for r in res.records] == ["A"]
     assert sorted(res.unfinished) == ["B", "C"]
     assert compute_metrics(res)["jobs_unfinished"] == 2
+
+
+@pytest.mark.parametrize("workers,gpw,nodes", [
+    (1, 8, [0]), (2, 2, [0, 0]), (1, 4, [0]), (2, 4, [0, 0]), (2, 4, [0, 1]), (2, 2, [1, 2]),
+])
+def test_span_level_matches_topology(workers, gpw, nodes):
+    # nodes of 8 GPUs in two NVLink islands of 4; n0, n1 in rack r0, n2 in rack r1
+    topo = Topology([NodeSpec(f"n{i}", 8, rack=f"r{i // 2}", nvlink_domain_size=4) for i in range(3)])
+    spec = JobSpec(id="j", submit_time=0, workers=workers, gpus_per_worker=gpw, duration=10)
+    sim = Simulator([spec], topo)
+    sim.advance()
+    sim.start("j", nodes)
+    while sim.advance():
+        pass
+    counts: dict[int, int] = {}
+    for i in nodes:
+        counts[i] = counts.get(i, 0) + gpw
+    assert sim.result().records[0].level == topo.span_level(counts)
