@@ -21,7 +21,6 @@ import argparse
 import csv
 import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Sequence
@@ -248,7 +247,7 @@ def _build(args):
     return ActorCritic(args.hidden)
 
 
-def _meta(args, train_info: dict | None = None, evaluation: dict | None = None) -> dict:
+def _meta(args) -> dict:
     return {
         "observation": {
             "features": list(RLPTO_FEATURES),
