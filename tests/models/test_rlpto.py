@@ -211,3 +211,27 @@ def test_config_file_sets_defaults_and_rejects_unknown_keys(tmp_path):
     bad.write_text("iterashuns: 3\n")
     with pytest.raises(SystemExit):
         run("train", "rlpto", ["--config", str(bad)])
+
+
+def test_rollout_pool_results_do_not_depend_on_worker_count():
+    import argparse
+
+    from rlsched.models.export import to_numpy_state
+    from rlsched.models.rollout import RolloutPool, make_pool
+
+    args = argparse.Namespace(hidden=8, step=1)
+    torch.manual_seed(0)
+    model = R._build(args)
+    payload = {"weights": to_numpy_state(R._actor_state(model)), "meta": R._meta(args), "episodes": 1, "nodes": [4],
+               "betas": [0.001], "env": {"n_jobs": 3}}
+    with RolloutPool(workers=0, seed=7) as p0:
+        a = p0.run(R.rollout, [payload, payload])
+    with RolloutPool(workers=2, seed=7) as p2:
+        b = p2.run(R.rollout, [payload, payload])
+    assert a[0]["stats"] != a[1]["stats"]  # each task has its own seed
+    for x, y in zip(a, b):
+        assert x["stats"] == y["stats"]
+        for tx, ty in zip(x["trajs"], y["trajs"]):
+            np.testing.assert_array_equal(tx["act"], ty["act"])
+    with pytest.raises(RuntimeError, match=r"rlsched\[ray\]"):
+        make_pool("ray")
