@@ -186,7 +186,7 @@ def _eval_task(payload: dict, seed: int) -> list[dict]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=2, help="rollout processes (0: in-process)")
-    p.add_argument("--engine", choices=("local", "ray"), default="local", help="rollout engine (ray: optional extra)")
+    p.add_argument("--engine", choices=("process", "ray"), default="process", help="rollout engine (ray: optional extra)")
     p.add_argument("--out", type=Path, default=Path("out/rlpto"), help="logs, checkpoints, plots")
     p.add_argument("--weights", type=Path, default=DEFAULT_WEIGHTS, help="exported policy (written by train, read by eval)")
     # environment

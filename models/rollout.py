@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["RolloutPool", "RayRolloutPool", "task_seeds"]
+__all__ = ["RolloutPool", "RayRolloutPool", "make_pool", "task_seeds"]
 
 
 def task_seeds(seed: int, n: int, round_: int = 0) -> list[int]:
@@ -111,10 +111,10 @@ class RayRolloutPool:
         return self._ray.get(refs)
 
 
-def make_pool(engine: str = "local", workers: int = 2, seed: int = 0):
-    """``"local"`` (processes) or ``"ray"``."""
-    if engine == "local":
+def make_pool(engine: str = "process", workers: int = 2, seed: int = 0):
+    """``"process"`` (local worker processes; ``"local"`` is an alias) or ``"ray"``."""
+    if engine in ("process", "local"):
         return RolloutPool(workers, seed)
     if engine == "ray":
         return RayRolloutPool(max(workers, 1), seed)
-    raise ValueError(f"unknown rollout engine {engine!r}; use 'local' or 'ray'")
+    raise ValueError(f"unknown rollout engine {engine!r}; use 'process' or 'ray'")
