@@ -61,6 +61,7 @@ PROMETHEUS = "/usr/bin/prometheus"
 TERMINAL = ("Succeeded", "Failed")
 _REPO = Path(__file__).resolve().parents[1]
 CHART = _REPO / "deploy" / "helm" / "rlsched"
+RELAY = CHART / "files" / "metrics-relay.py"
 TRAINER_IMAGE = "registry.invalid/rlsched/fake-trainer:demo"  # never pulled: kwok runs no containers
 
 
@@ -81,6 +82,8 @@ class DemoOptions:
     scrape_interval_s: float = 2.0
     submit_fraction: float = 0.4
     keep: bool = False
+    namespace: str = NAMESPACE
+    extender_model: str | None = None
 
     def __post_init__(self) -> None:
         if self.duration_s <= 0 or self.jobs < 1:
@@ -503,6 +506,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def _http_ok(url: str, timeout: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
@@ -593,7 +605,12 @@ class Demo:
         self.console = console or Console()
         self.state_dir = opts.state_dir.resolve()
         self.children: list[_Child] = []
-        self.cluster = None
+        self.cluster = None  # the LocalCluster this demo started (None on an existing one)
+        self.kubeconfig = ""
+        self.topology = None
+        self.extender_url = ""
+        self.relay_url = ""
+        self.operator_url = ""
         self.prom_url = ""
         self.samples: list[Sample] = []
         self.headline: dict[str, float | None] = {}
@@ -618,7 +635,10 @@ class Demo:
         return child
 
     # ---- lifecycle
-    def start(self) -> None:
+    def start(self, env=None) -> None:
+        """Start everything. ``env`` (a :class:`rlsched.devcluster.KubeEnv`: kubeconfig,
+        topology, extender_port) runs the demo on an existing cluster with its GPU nodes
+        instead of starting a :class:`~rlsched.devcluster.LocalCluster`."""
         from rlsched.devcluster import LocalCluster, create_gpu_nodes, find_tools, wait_nodes_ready
 
         if (self.state_dir / STATE_FILE).exists():
@@ -632,42 +652,58 @@ class Demo:
         self._write_state()
         con = self.console
         with con.status("starting the local control plane") as status:
-            self.cluster = LocalCluster(self.state_dir / "cluster", keep_workdir=False,
-                                        progress=lambda m: status.update(f"control plane: {m}"))
-            self.cluster.start()
-            kc = str(self.cluster.kubeconfig)
-            topo = demo_topology()
-            self.topology = topo
-            status.update(f"creating {len(topo)} kwok GPU nodes")
-            wait_nodes_ready(kc, create_gpu_nodes(kc, topo))
+            if env is None:
+                self.cluster = LocalCluster(self.state_dir / "cluster", keep_workdir=False,
+                                            progress=lambda m: status.update(f"control plane: {m}"))
+                self.cluster.start()
+                kc = str(self.cluster.kubeconfig)
+                topo = demo_topology()
+                status.update(f"creating {len(topo)} kwok GPU nodes")
+                wait_nodes_ready(kc, create_gpu_nodes(kc, topo))
+                port = self.cluster.extender_port
+            else:
+                kc, topo, port = str(env.kubeconfig), env.topology, env.extender_port
+            self.kubeconfig, self.topology = kc, topo
+            if port is None or not _port_free(port):
+                port = _free_port()  # kube-scheduler cannot reach it then (ignorable: placement without it)
+                con.print(f"[yellow]the cluster's extender port is not available here; extender on {port}[/yellow]")
             status.update("installing the TrainingJob CRD")
             self._apply_crds(kc)
 
-            status.update("starting the extender")
-            port = self.cluster.extender_port
-            if port is None:
-                raise RuntimeError("the cluster's extender URL is not local")
+            status.update("starting the extender and its metrics relay")
+            model = ["--model", self.opts.extender_model] if self.opts.extender_model else []
             ext = self._spawn("extender", _cli("extender", "serve", "--host", "127.0.0.1",
-                                               "--port", str(port), "--kubeconfig", kc))
-            _wait(lambda: _http_ok(f"http://127.0.0.1:{port}/readyz"), 60, "extender /readyz", [ext])
+                                               "--port", str(port), "--kubeconfig", kc, *model))
+            self.extender_url = f"http://127.0.0.1:{port}"
+            _wait(lambda: _http_ok(f"{self.extender_url}/readyz"), 60, "extender /readyz", [ext])
+            # Prometheus scrapes the extender through the chart's relay, as in a cluster
+            scrape_ext = f"127.0.0.1:{port}"
+            if RELAY.is_file():
+                relay_port = _free_port()
+                relay = self._spawn("metrics-relay", [sys.executable, str(RELAY), f"--listen=127.0.0.1:{relay_port}",
+                                                      f"--upstream={self.extender_url}"])
+                _wait(lambda: _http_ok(f"http://127.0.0.1:{relay_port}/metrics"), 30, "metrics relay", [relay])
+                scrape_ext = f"127.0.0.1:{relay_port}"
+                self.relay_url = f"http://{scrape_ext}"
 
             status.update("starting the operator and the fake trainer")
             op_port = _free_port()
+            ns = self.opts.namespace
             op = self._spawn("operator", _cli(
-                "operator", "run", "--kubeconfig", kc, "--namespace", NAMESPACE,
+                "operator", "run", "--kubeconfig", kc, "--namespace", ns,
                 "--metrics-port", str(op_port), "--cycle", f"{self.opts.cycle_s:g}",
                 "--start-timeout", "60", "--grace-period", "2", "--forecast-interval", "30"))
-            _wait(lambda: _http_ok(f"http://127.0.0.1:{op_port}/metrics"), 60, "operator /metrics", [op])
+            self.operator_url = f"http://127.0.0.1:{op_port}"
+            _wait(lambda: _http_ok(f"{self.operator_url}/metrics"), 60, "operator /metrics", [op])
             self._spawn("fake-trainer", _cli(
-                "operator", "fake-trainer", "--kubeconfig", kc, "--namespace", NAMESPACE,
+                "operator", "fake-trainer", "--kubeconfig", kc, "--namespace", ns,
                 "--epoch-seconds", f"{self.opts.epoch_s:g}", "--seed", str(self.opts.seed)))
 
             status.update("starting Prometheus")
-            self._start_prometheus(tools, {"rlsched-extender": f"127.0.0.1:{port}",
+            self._start_prometheus(tools, {"rlsched-extender": scrape_ext,
                                            "rlsched-operator": f"127.0.0.1:{op_port}"})
-        con.print(f"[green]up[/green]: API server {self.cluster.server}, {len(topo)} GPU nodes "
-                  f"({topo.total_gpus} GPUs), Prometheus {self.prom_url}, "
-                  f"KUBECONFIG={self.cluster.kubeconfig}")
+        con.print(f"[green]up[/green]: {len(topo)} GPU nodes ({topo.total_gpus} GPUs), "
+                  f"Prometheus {self.prom_url}, KUBECONFIG={kc}")
 
     def _apply_crds(self, kubeconfig: str) -> None:
         from kubernetes import client, config
@@ -696,10 +732,21 @@ class Demo:
         _wait(established, 30, "the CRDs to be established")
         core = client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
         try:
-            core.create_namespace({"metadata": {"name": NAMESPACE}})
+            core.create_namespace({"metadata": {"name": self.opts.namespace}})
         except ApiException as exc:
             if exc.status != 409:
                 raise
+        # the API server serves the new resource a moment after Established
+        custom = client.CustomObjectsApi(api.api_client)
+
+        def listable() -> bool:
+            try:
+                custom.list_namespaced_custom_object(GROUP, VERSION, self.opts.namespace, PLURAL)
+                return True
+            except ApiException:
+                return False
+
+        _wait(listable, 30, "TrainingJobs to be served")
 
     def _start_prometheus(self, tools: Path, targets: Mapping[str, str]) -> None:
         pdir = self.state_dir / "prometheus"
@@ -721,7 +768,30 @@ class Demo:
             "--storage.tsdb.retention.time=1d", "--log.level=warn"])
         _wait(lambda: _http_ok(f"{self.prom_url}/-/ready"), 60, "Prometheus /-/ready", [prom])
 
+    def _delete_jobs(self) -> None:
+        """On a cluster the demo did not start: remove its TrainingJobs (while the
+        operator still runs) and its namespace."""
+        from kubernetes import client, config
+        from kubernetes.client.exceptions import ApiException
+
+        api = config.new_client_from_config(config_file=self.kubeconfig)
+        custom, ns = client.CustomObjectsApi(api), self.opts.namespace
+        try:
+            custom.delete_collection_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]:
+                time.sleep(0.5)
+            for body in custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]:
+                custom.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body["metadata"]["name"],
+                                                      {"metadata": {"finalizers": None}})
+            client.CoreV1Api(api).delete_namespace(ns)
+        except ApiException as exc:
+            if exc.status != 404:
+                self.console.print(f"[yellow]demo cleanup in {ns}: {exc.status} {exc.reason}[/yellow]")
+
     def stop(self) -> None:
+        if self.cluster is None and self.kubeconfig:
+            self._delete_jobs()
         for c in reversed(self.children):
             if c.popen is not None and c.popen.poll() is None:
                 _stop_pgid(c.popen.pid)
@@ -746,10 +816,10 @@ class Demo:
         topo = self.topology
         node_gpus = max(n.gpus for n in topo.nodes)
         plan = plan_jobs(specs, opts.jobs, self.rng, node_gpus=node_gpus, cluster_gpus=topo.total_gpus,
-                         window_s=opts.duration_s * opts.submit_fraction)
+                         window_s=opts.duration_s * opts.submit_fraction, namespace=opts.namespace)
         self.console.print(f"trace [b]{trace}[/b]: {len(specs)} jobs, submitting {len(plan)} over "
                            f"{opts.duration_s * opts.submit_fraction:.0f}s; run time limit {opts.duration_s:.0f}s")
-        api = config.new_client_from_config(config_file=str(self.cluster.kubeconfig))
+        api = config.new_client_from_config(config_file=self.kubeconfig)
         custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
         t0 = time.monotonic()
         pending = list(plan)
@@ -763,13 +833,13 @@ class Demo:
                 while pending and pending[0].at_s <= now:
                     job = pending.pop(0)
                     try:
-                        custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, job.manifest)
+                        custom.create_namespaced_custom_object(GROUP, VERSION, opts.namespace, PLURAL, job.manifest)
                     except ApiException as exc:
                         self.console.print(f"[red]could not submit {job.name}: {exc.status} {exc.reason}[/red]")
                 for c in self.children:
                     c.check()
-                jobs = custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)["items"]
-                pods = api.sanitize_for_serialization(core.list_namespaced_pod(NAMESPACE).items)
+                jobs = custom.list_namespaced_custom_object(GROUP, VERSION, opts.namespace, PLURAL)["items"]
+                pods = api.sanitize_for_serialization(core.list_namespaced_pod(opts.namespace).items)
                 gpus, workers = gpu_usage(pods)
                 phases = [_st(j).get("phase") for j in jobs]
                 sample = Sample(now, gpus, topo.total_gpus, workers, phases.count("Running"),
@@ -883,6 +953,7 @@ def _up(args: argparse.Namespace) -> int:
             duration_s=args.duration, jobs=args.jobs, trace=args.trace,
             data_dir=args.data_dir or os.environ.get("RLSCHED_DATA_DIR") or None, seed=args.seed,
             out=Path(args.out), state_dir=Path(args.state_dir), epoch_s=args.epoch_seconds, keep=args.keep,
+            extender_model=args.extender_model,
         )
     except ValueError as exc:
         console.print(f"[red]demo: {exc}[/red]")
@@ -894,7 +965,7 @@ def _up(args: argparse.Namespace) -> int:
         demo.start()
         demo.run()
         if opts.keep:
-            console.print(f"--keep: still running. KUBECONFIG={demo.cluster.kubeconfig}, Prometheus "
+            console.print(f"--keep: still running. KUBECONFIG={demo.kubeconfig}, Prometheus "
                           f"{demo.prom_url}. Stop with `rlsched demo down` (or `make demo-down`).")
             demo.children.clear()  # leave them to `demo down`
             demo.cluster = None
@@ -936,6 +1007,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--out", default="out/demo", help="summary and plots folder (default out/demo)")
     up.add_argument("--state-dir", default=".run/demo", help="working folder of the running demo")
     up.add_argument("--keep", action="store_true", help="leave everything running at the end (then `demo down`)")
+    up.add_argument("--extender-model", default=None, help="DAS model file for the extender (default: the shipped one)")
     up.set_defaults(func=_up)
     dn = sub.add_parser("down", help="stop everything a demo started")
     dn.add_argument("--state-dir", default=".run/demo")

@@ -1,6 +1,6 @@
 """The PromQL the chart ships — every Grafana dashboard query, every alert and
-recording rule — returns data from a real Prometheus (Debian's package) scraping a
-real extender and a real operator working against the real control plane.
+recording rule — returns data from the live demo's Prometheus (Debian's package)
+scraping the real extender and the real operator on the real control plane.
 
 The expressions are parsed out of the chart (files/dashboards/rlsched.json and the
 PrometheusRule rendered by ``helm template``), so the test checks the queries actually
@@ -114,94 +114,42 @@ def _finite(result: list[dict]) -> bool:
 # ----------------------------------------------------------------------- the stack
 @pytest.fixture(scope="module")
 def stack(kube_cluster, tmp_path_factory):
-    """Extender + operator + fake trainer + Prometheus, with TrainingJobs admitted,
-    scaled and a few bad extender requests answered; yields the Prometheus URL."""
-    from kubernetes import client
+    """The live demo (:class:`rlsched.demo.Demo`) on the session's cluster: extender
+    (scraped through the chart's metrics relay), operator, fake trainer and Prometheus
+    with the chart's rules; a short run of trace-drawn TrainingJobs, plus the paths a
+    healthy run never takes (bad requests, an unplaceable pod, a corrupt model file).
+    Yields the demo's Prometheus URL and what it loaded."""
+    import io
+
+    from rich.console import Console
+
+    from rlsched.demo import Demo, DemoOptions
 
     _require_prometheus()
-    helm = _helm()
-    work = tmp_path_factory.mktemp("observability")
-    kc = str(kube_cluster.kubeconfig)
-    core = client.CoreV1Api(kube_cluster.api_client())
-    custom = client.CustomObjectsApi(kube_cluster.api_client())
-    ns = f"obs-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": ns}})
-    procs: list[tuple[str, subprocess.Popen, Path]] = []
-
-    def spawn(name: str, argv: list[str]) -> None:
-        log = work / f"{name}.log"
-        with open(log, "wb") as fh:
-            p = subprocess.Popen(argv, cwd=work, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True)
-        procs.append((name, p, log))
-
-    cli = [sys.executable, "-m", "rlsched.cli"]
+    _helm()
+    work = tmp_path_factory.mktemp("demo")
+    bad_model = work / "corrupt.safetensors"  # the extender falls back to DAS defaults
+    bad_model.write_bytes(b"\x00not a safetensors file")
+    opts = DemoOptions(duration_s=30, jobs=6, trace="synthetic:small", seed=2, out=work / "out",
+                       state_dir=work / "state", epoch_s=0.5, cycle_s=1, scrape_interval_s=1,
+                       namespace=f"obs-{uuid.uuid4().hex[:6]}", extender_model=str(bad_model))
+    demo = Demo(opts, Console(file=io.StringIO(), width=150))
     try:
-        # the operator's CRDs (idempotent: another suite may have installed them)
-        crds = subprocess.run([*cli, "operator", "crd", "--peering"], capture_output=True, text=True, check=True).stdout
-        ext_api = client.ApiextensionsV1Api(kube_cluster.api_client())
-        for doc in yaml.safe_load_all(crds):
-            if doc:
-                try:
-                    ext_api.create_custom_resource_definition(doc)
-                except client.exceptions.ApiException as exc:
-                    assert exc.status == 409, exc
-        _wait(lambda: any(c.type == "Established" and c.status == "True" for c in
-                          ext_api.read_custom_resource_definition("trainingjobs.rlsched.dev").status.conditions or []),
-              30, "the TrainingJob CRD")
-
-        # a corrupt model file: DAS falls back to its default parameters (fallback metric)
-        bad_model = work / "corrupt.safetensors"
-        bad_model.write_bytes(b"\x00not a safetensors file")
-        ext_port, relay_port, op_port, prom_port = _free_port(), _free_port(), _free_port(), _free_port()
-        spawn("extender", [*cli, "extender", "serve", "--host", "127.0.0.1", "--port", str(ext_port),
-                           "--kubeconfig", kc, "--model", str(bad_model)])
-        # the chart's metrics relay: Prometheus scrapes the extender through it, as in-cluster
-        spawn("metrics-relay", [sys.executable, str(CHART / "files" / "metrics-relay.py"),
-                                f"--listen=127.0.0.1:{relay_port}", f"--upstream=http://127.0.0.1:{ext_port}"])
-        spawn("operator", [*cli, "operator", "run", "--kubeconfig", kc, "--namespace", ns,
-                           "--metrics-port", str(op_port), "--cycle", "1", "--grace-period", "0",
-                           "--patience", "2"])
-        spawn("fake-trainer", [*cli, "operator", "fake-trainer", "--kubeconfig", kc, "--namespace", ns,
-                               "--epoch-seconds", "0.5", "--seed", "3"])
-        rules = shipped_rules(helm)
-        (work / "rules.yaml").write_text(yaml.safe_dump(rules, sort_keys=False))
-        cfg = prometheus_config({"rlsched-extender": f"127.0.0.1:{relay_port}",
-                                 "rlsched-operator": f"127.0.0.1:{op_port}"},
-                                scrape_interval_s=1, rule_files=["rules.yaml"])
-        (work / "prometheus.yml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-        spawn("prometheus", [str(PROMETHEUS), f"--config.file={work / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}",
-                             "--log.level=warn"])
-        prom = f"http://127.0.0.1:{prom_port}"
-        ext = f"http://127.0.0.1:{ext_port}"
-        _wait(lambda: _ok(f"{ext}/readyz"), 60, "extender /readyz", procs)
-        _wait(lambda: _ok(f"http://127.0.0.1:{relay_port}/readyz"), 30, "relayed /readyz", procs)
-        _wait(lambda: _ok(f"http://127.0.0.1:{op_port}/metrics"), 60, "operator /metrics", procs)
-        _wait(lambda: _ok(f"{prom}/-/ready"), 60, "Prometheus /-/ready", procs)
-
-        # TrainingJobs: an elastic one (scaling decisions) and an urgent gang
-        def tj(name: str, lo: int, hi: int, cls: str) -> dict:
-            return {"apiVersion": "rlsched.dev/v1alpha1", "kind": "TrainingJob",
-                    "metadata": {"name": name, "namespace": ns},
-                    "spec": {"minWorkers": lo, "maxWorkers": hi, "gpusPerWorker": 1, "beta": 0.001,
-                             "maxEpochs": 200, "dataSize": 2000, "priority": {"class": cls},
-                             "template": {"spec": {"containers": [{"name": "t", "image": "registry.invalid/t"}]}}}}
-
-        for body in (tj("elastic", 1, 3, "normal"), tj("gang", 2, 2, "urgent")):
-            custom.create_namespaced_custom_object("rlsched.dev", "v1alpha1", ns, "trainingjobs", body)
-
-        # scheduler traffic shaped as kube-scheduler sends it (nodeCacheCapable), and bad requests
+        demo.start(env=kube_cluster)
+        ext, prom = demo.extender_url, demo.prom_url
         pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": "probe-0", "namespace": ns, "uid": str(uuid.uuid4()),
+               "metadata": {"name": "probe-0", "namespace": opts.namespace, "uid": str(uuid.uuid4()),
                             "labels": {"rlsched.dev/job": "probe"}},
                "spec": {"schedulerName": "rlsched", "containers": [
                    {"name": "w", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"},
                                                             "requests": {"nvidia.com/gpu": "1"}}}]}}
         huge = json.loads(json.dumps(pod))
         huge["metadata"]["name"] = "probe-huge"
-        huge["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "64"}, "requests": {"nvidia.com/gpu": "64"}}
+        huge["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "64"},
+                                                      "requests": {"nvidia.com/gpu": "64"}}
+
         def traffic() -> None:
+            # shaped as kube-scheduler sends it (nodeCacheCapable), then malformed bodies
             for p in (pod, huge):
                 args = json.dumps({"Pod": p, "Nodes": None, "NodeNames": list(kube_cluster.node_names)}).encode()
                 for verb in ("filter", "prioritize"):
@@ -215,58 +163,27 @@ def stack(kube_cluster, tmp_path_factory):
         for _ in range(3):
             traffic()
             time.sleep(2.5)
+        summary = demo.run()
 
         def operator_ready() -> bool:
-            text = _get(f"http://127.0.0.1:{op_port}/metrics").decode()
+            text = _get(f"{demo.operator_url}/metrics").decode()
             return ("rlsched_operator_admission_wait_seconds_count 0.0" not in text
                     and "rlsched_operator_scaling_decisions_total{" in text)
 
-        _wait(operator_ready, 120, "the operator to admit a job and make a scaling decision", procs)
+        _wait(operator_ready, 90, "the operator to admit a job and make a scaling decision")
 
-        # Prometheus has scraped all of it (two samples after the events, for rate())
         def scraped() -> bool:
             return all(_query(prom, q) for q in (
                 "rlsched_extender_errors_total", "rlsched_operator_scaling_decisions_total",
                 "rlsched_extender_filtered_nodes_total", "rlsched_extender_policy_fallbacks_total",
                 "rlsched_operator_admission_wait_seconds_count > 0"))
 
-        _wait(scraped, 60, "Prometheus to scrape the events", procs)
-
-        # one more admission, surely after Prometheus's first samples (histogram rates)
-        def admitted() -> float:
-            res = _query(prom, "sum(rlsched_operator_admission_wait_seconds_count)")
-            return float(res[0]["value"][1]) if res else 0.0
-
-        before = admitted()
-        custom.create_namespaced_custom_object("rlsched.dev", "v1alpha1", ns, "trainingjobs", tj("late", 1, 1, "normal"))
-        _wait(lambda: admitted() > before, 90, "the late job's admission in Prometheus", procs)
+        _wait(scraped, 60, "Prometheus to scrape the events")
         time.sleep(3)
-        yield {"prometheus": prom, "rules": rules, "relay": f"http://127.0.0.1:{relay_port}"}
+        rules = yaml.safe_load((opts.state_dir / "prometheus" / "rules.yaml").read_text())
+        yield {"prometheus": prom, "rules": rules, "relay": demo.relay_url, "summary": summary, "opts": opts}
     finally:
-        # delete the jobs while the operator still runs (it may hold finalizers on them)
-        try:
-            custom.delete_collection_namespaced_custom_object("rlsched.dev", "v1alpha1", ns, "trainingjobs")
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and custom.list_namespaced_custom_object(
-                    "rlsched.dev", "v1alpha1", ns, "trainingjobs")["items"]:
-                time.sleep(0.5)
-            for body in custom.list_namespaced_custom_object("rlsched.dev", "v1alpha1", ns, "trainingjobs")["items"]:
-                custom.patch_namespaced_custom_object("rlsched.dev", "v1alpha1", ns, "trainingjobs",
-                                                      body["metadata"]["name"], {"metadata": {"finalizers": None}})
-        except client.exceptions.ApiException:
-            pass  # the CRD may never have been installed
-        for name, p, _ in reversed(procs):
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for name, p, _ in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-        core.delete_namespace(ns)
+        demo.stop()
 
 
 # ----------------------------------------------------------------------- tests
@@ -299,6 +216,16 @@ def test_metrics_relay_passes_only_read_endpoints(stack):
             _get(f"{relay}{path}")
         assert err.value.code == 404
     assert _post(f"{relay}/filter", b"{}") == 501  # no POST at all
+
+
+@pytest.mark.k8s
+def test_demo_run_submitted_admitted_and_wrote_its_outputs(stack):
+    s, opts = stack["summary"], stack["opts"]
+    assert s["submitted"] == s["planned"] >= 1
+    assert any(r["wait_s"] is not None for r in s["jobs"]), "no job was admitted"
+    assert {p.name for p in opts.out.iterdir()} >= {"summary.json", "jobs.json", "jct.png", "utilization.png",
+                                                     "accuracy.png"}
+    assert json.loads((opts.out / "summary.json").read_text())["submitted"] == s["submitted"]
 
 
 @pytest.mark.k8s
