@@ -124,6 +124,15 @@ def test_helm_refuses_replicas_without_peering(tools):
     assert out.returncode != 0 and "peering" in out.stderr
 
 
+@pytest.mark.parametrize("bad", ["scheduler.extender.polcy=das", "scheduler.extender.policy=magic",
+                                 "operator.image.pullPolicy=Sometimes", "scheduler.extender.port=70000",
+                                 "scheduler.schedulerName=Not_A_Name", "crds.instal=false"])
+def test_values_schema_rejects_typos_and_bad_values(tools, bad):
+    out = subprocess.run([str(tools / "helm"), "template", "x", str(CHART), *KUBE_VERSION, "--set", bad],
+                         capture_output=True, text=True)
+    assert out.returncode != 0 and "schema" in out.stderr, out.stderr
+
+
 def test_secure_pod_defaults(render):
     objs = render(*ALL_FEATURES)
     pods = [o for o in objs if o["kind"] in ("Deployment", "Pod")]
