@@ -104,6 +104,7 @@ def run(jobs: int, cycle_s: float, kubeconfig: str | None, out: Path) -> dict:
         "submit_seconds": round(t_submitted - t0, 3),
         "all_admitted_seconds": None if t_admitted is None else round(t_admitted - t0, 3),
         "all_running_seconds": None if t_running is None else round(t_running - t0, 3),
+        "admitted_after_last_submit_seconds": None if t_admitted is None else round(t_admitted - t_submitted, 3),
         "admission_p50_seconds": round(float(np.percentile(waits, 50)), 3) if waits.size else None,
         "admission_p95_seconds": round(float(np.percentile(waits, 95)), 3) if waits.size else None,
         "note": "poll granularity 0.25 s; times from the first submission",
@@ -120,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kubeconfig", help="use this cluster instead of starting the local control plane")
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     args = ap.parse_args(argv)
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     print(json.dumps(run(args.jobs, args.cycle, args.kubeconfig, args.out), indent=2))
     return 0
 

@@ -80,6 +80,8 @@ class OperatorConfig:
     forecast_namespace: str = "default"
     gru_model: str | None = None
     sweep_every: int = 10
+    #: API calls for different jobs in flight at once within a cycle
+    parallelism: int = 16
 
 
 def parse_time(s: str | None) -> float | None:
@@ -228,8 +230,12 @@ class Controller:
 
     # ------------------------------------------------------------------ API helpers
     async def _json(self, coro) -> Any:
+        """Await a ``_preload_content=False`` call and decode its JSON body (raw dicts,
+        camelCase, as the pure modules expect); HTTP errors raise ApiException."""
         resp = await coro
         try:
+            if resp.status >= 400:
+                raise ApiException(status=resp.status, reason=f"{resp.reason}: {(await resp.text())[:300]}")
             return await resp.json()
         finally:
             resp.release()
@@ -304,6 +310,8 @@ class Controller:
                 log.error("cycle failed: API %s %s", exc.status, exc.reason)
             except (OSError, asyncio.TimeoutError) as exc:
                 log.error("cycle failed: %r", exc)
+            except Exception:  # a bug must not stop scheduling for good: log it loudly, retry
+                log.exception("cycle failed with an unexpected error")
             wait = max(0.0, self.config.cycle_s - (time.monotonic() - t0))
             try:
                 await asyncio.wait_for(stop.wait(), timeout=wait)
@@ -346,24 +354,24 @@ class Controller:
         waiting: list[QueueEntry] = []
         running: list[RunningJob] = []
         holders: list[RunningEntry] = []
-        for j in jobs.values():
+
+        async def observe(j: _Job) -> None:
             phase = j.status.get("phase")
             if not phase and j.spec is not None:
-                continue  # the create handler has not enqueued it yet
+                return  # the create handler has not enqueued it yet
             if phase and phase not in ACTIVE:
                 for p in j.live_pods():
                     await self.delete_pod(j.ns, p["metadata"]["name"], self.config.grace_period_s)
-                continue
+                return
             if j.spec is None:
                 await self.fail(j, "InvalidSpec", j.error or "invalid spec", now)
-                continue
+                return
             if phase == "Queued":
                 waiting.append(await self._queue_entry(j, now))
             elif phase == "Starting":
                 await self._starting(j, now)
             if j.status.get("phase") == "Running":
-                rj = await self._running(j, snap.placement.get(j.key, []), now)
-                running.append(rj)
+                running.append(await self._running(j, snap.placement.get(j.key, []), now))
             if j.status.get("phase") in ("Starting", "Running"):
                 holders.append(RunningEntry(
                     key=j.key, spec=j.spec,
@@ -372,6 +380,13 @@ class Controller:
                     placement=snap.placement.get(j.key, []),
                 ))
 
+        # jobs are independent here: observe them concurrently (bounded), then decide
+        # on the whole picture in a fixed order
+        await self._each(observe, jobs.values())
+        order = {k: i for i, k in enumerate(jobs)}
+        for lst in (waiting, running, holders):
+            lst.sort(key=lambda e: order[e.key])
+
         plan = self.queues.plan(waiting, holders, snap.state, snap.releasing)
         self.last_plan = plan
         for key in plan.preempt:
@@ -379,16 +394,16 @@ class Controller:
         if plan.preempt and plan.blocked:
             # the preemptor is served before every queue until it starts (like a nominated pod)
             await self.patch_status(jobs[plan.blocked], {"nominated": True})
-        for key in plan.admit:
-            await self.admit(jobs[key], now)
+        await self._each(lambda key: self.admit(jobs[key], now), plan.admit)
 
         running = [r for r in running if r.key not in plan.preempt]
         splan = self.planner.plan(running, snap.state, reserved_gpus=plan.waiting_gpus if plan.blocked else 0)
-        for rj in running:
+
+        async def act(rj: RunningJob) -> None:
             j = jobs[rj.key]
             if rj.key in splan.finished:
                 await self.complete(j, rj, splan.finished[rj.key], now)
-                continue
+                return
             d = splan.deltas.get(rj.key, 0)
             patch: dict[str, Any] = {}
             rl = rj.state.to_status()
@@ -404,9 +419,25 @@ class Controller:
                 await self.reconcile_pods(j, target)
             elif patch:
                 await self.patch_status(j, patch)
+
+        await self._each(act, running)
         if self.config.sweep_every and self.cycles % self.config.sweep_every == 1:
             await self.sweep_rbac(uids)
         self._metrics(jobs, plan)
+
+    async def _each(self, fn, items) -> None:
+        """Run ``fn(item)`` for every item, at most ``config.parallelism`` at a time;
+        the first error is raised after all have finished."""
+        sem = asyncio.Semaphore(max(1, self.config.parallelism))
+
+        async def one(item):
+            async with sem:
+                await fn(item)
+
+        results = await asyncio.gather(*(one(i) for i in items), return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
 
     # ------------------------------------------------------------------ per phase
     async def _queue_entry(self, j: _Job, now: float) -> QueueEntry:

@@ -207,10 +207,11 @@ def build_registry(config: OperatorConfig, runtime: OperatorRuntime | None = Non
         await rt.close()
 
     @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
-    async def created(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, **_: Any) -> dict:
-        """Validate and enqueue a new TrainingJob."""
+    async def created(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        """Validate and enqueue a new TrainingJob (returns nothing: kopf would store a
+        result in the status, which the CRD schema does not allow)."""
         if (body.get("status") or {}).get("phase"):
-            return {"skipped": "already has a phase"}
+            return
         try:
             spec = parse_spec(body.get("spec"), scheduler_name=config.scheduler_name)
         except SpecError as exc:
@@ -236,6 +237,5 @@ def build_registry(config: OperatorConfig, runtime: OperatorRuntime | None = Non
         kopf.info(body, reason="Queued",
                   message=f"queued in {queue} (class {spec.priority_class}, priority {pr:g}, gang "
                           f"{spec.min_workers} x {spec.gpus_per_worker} GPUs)")
-        return {"queue": queue}
 
     return registry
