@@ -198,6 +198,11 @@ def test_namespaced_operator_gets_rolebinding_not_clusterrolebinding(render):
     assert [(b["kind"], b["metadata"].get("namespace")) for b in jobs_bindings] == [("RoleBinding", "team-a")]
     dep = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-operator"))
     assert "--namespace=team-a" in _pod_spec(dep)["containers"][0]["args"]
+    # the operator writes its forecast ConfigMap into the namespace it watches
+    forecast = [o for o in objs if o["kind"] in ("Role", "RoleBinding") and o["metadata"]["name"].endswith("-forecast")]
+    assert {o["metadata"]["namespace"] for o in forecast} == {"team-a"}
+    forecast = [o for o in render() if o["kind"] == "Role" and o["metadata"]["name"].endswith("-forecast")]
+    assert [o["metadata"]["namespace"] for o in forecast] == ["default"]
 
 
 def test_helm_test_pod_script_compiles(render):
