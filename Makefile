@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # Targets appended by the included fragments (tools/tools.mk, deploy/deploy.mk).
 TEST_DEPS :=
 
-.PHONY: help venv test test-unit test-k8s demo demo-sim bench lint clean
+.PHONY: help venv test test-unit demo demo-sim bench clean
 help:
 	@echo "make test   - set up everything and run all tests"
 	@echo "make demo   - run the demo on the embedded default"
@@ -48,7 +48,9 @@ demo-sim: venv
 	$(VENV)/bin/rlsched sim compare --trace $(if $(RLSCHED_DATA_DIR),alibaba2023:default,synthetic:medium) \
 	  --policies fifo/firstfit,sjf/bestfit,tiresias/topology,drf/loadbalance,tetris/fgd --seed 1 --out $(OUT)/demo-sim
 
-demo: demo-sim
+# The live system: control plane, extender, operator, Prometheus, TrainingJobs
+# (deploy/deploy.mk). `make demo-sim` is the simulator-only comparison.
+demo: demo-live
 
 bench: venv
 	mkdir -p bench/results
