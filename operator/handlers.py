@@ -89,7 +89,8 @@ class OperatorRuntime:
             self.api = None
 
     async def is_leader(self) -> bool:
-        """Whether this peer has the highest priority among live peers (ties: lowest id)."""
+        """Whether this peer is registered in the peering object and has the highest
+        priority among live peers (ties: lowest id)."""
         assert self.api is not None
         custom = kclient.CustomObjectsApi(self.api)
         name = self.config.peering
@@ -101,8 +102,8 @@ class OperatorRuntime:
         except kclient.exceptions.ApiException as exc:
             log.warning("peering object %s unreadable (%s); not acting", name, exc.reason)
             return False
-        leader = leader_of(obj.get("status") or {}, datetime.now(timezone.utc).timestamp())
-        return leader is None or leader == self.identity
+        # not yet registered by kopf (or expired): wait rather than risk two leaders
+        return leader_of(obj.get("status") or {}, datetime.now(timezone.utc).timestamp()) == self.identity
 
     async def forecast_loop(self) -> None:
         while not self.stop.is_set():

@@ -264,3 +264,95 @@ def test_restart_mid_scaling_no_duplicates_no_orphans(kapi, ns, tj, run_operator
         wait_until(lambda: not kapi.core.list_namespaced_pod(ns).items, 60, "pods gone")
         wait_until(lambda: not [s for s in kapi.core.list_namespaced_service_account(ns).items
                                 if s.metadata.name == "elastic-trainer"], 60, "service account gone")
+
+
+def test_operator_killed_while_scaling_resumes_cleanly(extender, kube_cluster, kapi, ns, tj, run_operator, wait_until):
+    """Stop the operator right after its first scale decision, restart it, and check the
+    worker set is always duplicate-free and converges to what status says."""
+    from rlsched.operator.fake_trainer import FakeTrainer
+
+    def workers_consistent():
+        ps = pods(kapi, ns, "grow")
+        idx = sorted(int(p.metadata.labels["rlsched.dev/worker-index"]) for p in ps)
+        assert len(idx) == len(set(idx)), idx  # never two pods for one worker
+        return idx
+
+    trainer = FakeTrainer(ns, kubeconfig=str(kube_cluster.kubeconfig), epoch_s=0.6, tau=4.0, noise=0.0005)
+    stop = threading.Event()
+    th = threading.Thread(target=trainer.run_until, args=(stop,), daemon=True)
+    try:
+        with run_operator(ns, patience=6):
+            tj(ns, "grow", 1, 4, gpus=8, beta=0.02, dataSize=10000)
+            th.start()
+            wait_until(lambda: events(kapi, ns, "grow", "ScaledUp"), 60, "first scale-up")
+        # operator down while the trainer keeps reporting
+        seen = workers_consistent()
+        target = status(kapi, ns, "grow")["targetWorkers"]
+        assert target >= 2 and len(seen) <= target
+        with run_operator(ns, patience=6):
+            wait_until(lambda: phase(kapi, ns, "grow") == "Succeeded", 120, "grow converged after restart")
+            for _ in range(3):
+                workers_consistent()
+        ups = [e.message.split(" (")[0] for e in events(kapi, ns, "grow", "ScaledUp")]
+        downs = [e.message.split(" (")[0] for e in events(kapi, ns, "grow", "ScaledDown")]
+        # every step was taken exactly once across the two operator lives
+        assert len(ups) == len(set(ups)) and len(downs) == len(set(downs))
+        wait_until(lambda: not pods(kapi, ns, "grow"), 30, "pods deleted after completion")
+    finally:
+        stop.set()
+        if th.is_alive():
+            th.join(5)
+        trainer.close()
+
+
+def test_ha_peering_only_the_leader_schedules(kube_cluster, kapi, ns, tj, wait_until):
+    """Two replicas with kopf peering: only the higher-priority one cycles; when it
+    stops, the other takes over."""
+    import asyncio
+
+    import yaml
+
+    from rlsched.operator.controller import OperatorConfig
+    from rlsched.operator.handlers import OperatorRuntime
+    from rlsched.operator.main import operator, peering_crd_path
+
+    for doc in yaml.safe_load_all(peering_crd_path().read_text()):
+        try:
+            kapi.ext.create_custom_resource_definition(doc)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    wait_until(lambda: all(any(c.type == "Established" and c.status == "True" for c in
+                               (kapi.ext.read_custom_resource_definition(n).status.conditions or []))
+                           for n in ("kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev")), 30, "peering CRDs")
+    kapi.custom.create_namespaced_custom_object("kopf.dev", "v1", ns, "kopfpeerings",
+                                                {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering",
+                                                 "metadata": {"name": "rlsched"}})
+
+    def start(priority):
+        cfg = OperatorConfig(kubeconfig=str(kube_cluster.kubeconfig), namespace=ns, cycle_s=0.5, metrics_port=None,
+                             forecast_interval_s=0, peering="rlsched", priority=priority)
+        rt, stop = OperatorRuntime(cfg), threading.Event()
+        th = threading.Thread(target=lambda: asyncio.run(operator(cfg, runtime=rt, stop_flag=stop)), daemon=True)
+        th.start()
+        return rt, stop, th
+
+    high = start(10)
+    low = None
+    try:
+        wait_until(lambda: high[0].controller and high[0].controller.cycles > 0, 30, "leader cycling")
+        low = start(0)
+        wait_until(lambda: low[0].controller, 30, "second replica started")
+        tj(ns, "ha1", 1, gpus=1)
+        wait_until(lambda: phase(kapi, ns, "ha1") == "Running", 60, "ha1 running")
+        assert high[0].controller.cycles > 0 and low[0].controller.cycles == 0
+        high[1].set()
+        high[2].join(30)
+        assert not high[2].is_alive()
+        tj(ns, "ha2", 1, gpus=1)
+        wait_until(lambda: phase(kapi, ns, "ha2") == "Running", 90, "ha2 running under the other replica")
+        assert low[0].controller.cycles > 0
+    finally:
+        for _, stop, th in (r for r in (high, low) if r):
+            stop.set()
+            th.join(30)
