@@ -14,6 +14,7 @@ RLSCHED_DATA_DIR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
 export RLSCHED_DATA_DIR
 OUT ?= out
 PYTEST_ARGS ?=
+DEMO_POLICIES ?= fifo/firstfit,sjf/bestfit,tiresias/topology,drf/loadbalance,tetris/fgd,fifo/das
 
 # Targets appended by the included fragments (tools/tools.mk, deploy/deploy.mk).
 TEST_DEPS :=
@@ -45,8 +46,10 @@ test-unit: venv
 	$(PY) -m pytest -m "not k8s" $(PYTEST_ARGS)
 
 demo-sim: venv
-	$(VENV)/bin/rlsched sim compare --trace $(if $(RLSCHED_DATA_DIR),alibaba2023:default,synthetic:medium) \
-	  --policies fifo/firstfit,sjf/bestfit,tiresias/topology,drf/loadbalance,tetris/fgd --seed 1 --out $(OUT)/demo-sim
+	$(if $(RLSCHED_DATA_DIR),$(VENV)/bin/rlsched sim compare --trace alibaba2023:default \
+	  --policies $(DEMO_POLICIES) --seed 1 --out $(OUT)/demo-sim/alibaba2023,)
+	$(VENV)/bin/rlsched sim compare --trace synthetic:medium \
+	  --policies $(DEMO_POLICIES),fifo/firstfit/optimus,fifo/firstfit/beta --seed 1 --out $(OUT)/demo-sim/synthetic
 
 # The live system: control plane, extender, operator, Prometheus, TrainingJobs
 # (deploy/deploy.mk). `make demo-sim` is the simulator-only comparison.

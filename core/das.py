@@ -463,7 +463,16 @@ class DASPlacement:
 
     name = "das"
 
-    def __init__(self, params: DASParams | None = None, model: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        params: DASParams | None = None,
+        model: str | Path | None = None,
+        *,
+        rng: np.random.Generator | None = None,
+    ) -> None:
+        # Scoring is deterministic (the GP posterior mean); ``rng`` is accepted so
+        # every registered placement is built the same way (make_placement(name, rng=...)).
+        self.rng = rng
         self.fallback: str | None = None
         if params is None and model is not None:
             try:
