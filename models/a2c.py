@@ -257,6 +257,9 @@ def evaluate_against_seed_baselines(args, name: str, act_factory: Callable[[Sche
     md = common.write_table(table, systems, [name], list(SEED_BASELINES), args.results / f"{args.tag}_table", f"{name} vs SJF, Tetris and random")
     (args.results / f"{args.tag}_eval_runs.json").write_text(json.dumps(rows, indent=2) + "\n")
     print(md)
+    from .export import update_evaluation
+
+    update_evaluation(args.model or args.out, {"table": table, "seeds": sorted({r["seed"] for r in rows})})
     return 0
 
 
