@@ -34,7 +34,7 @@ from rlsched.core.policy import ORDERINGS, SCALINGS
 
 from .metrics import OperatorMetrics
 from .queue import AdmissionPlan, DynamicPriority, QueueEntry, QueueManager, RunningEntry
-from .resources import trainer_rbac, worker_name, worker_pod
+from .resources import trainer_rbac, worker_pod
 from .scaling import BetaThreshold, RlptoState, RunningJob, ScalingPlanner
 from .snapshot import LABEL_INDEX, LABEL_JOB, build_snapshot
 from .spec import GROUP, PLURAL, VERSION, JobSpec, SpecError, parse_spec
@@ -229,7 +229,7 @@ class Controller:
         self.last_plan: AdmissionPlan | None = None
 
     # ------------------------------------------------------------------ API helpers
-    async def _json(self, coro) -> Any:
+    async def read_json(self, coro) -> Any:
         """Await a ``_preload_content=False`` call and decode its JSON body (raw dicts,
         camelCase, as the pure modules expect); HTTP errors raise ApiException."""
         resp = await coro
@@ -246,7 +246,7 @@ class Controller:
             call = self.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _preload_content=False)
         else:
             call = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, _preload_content=False)
-        return (await self._json(call))["items"]
+        return (await self.read_json(call))["items"]
 
     async def patch_status(self, job: _Job | Mapping, patch: dict) -> None:
         body = job.body if isinstance(job, _Job) else job
@@ -323,9 +323,9 @@ class Controller:
         self.cycles += 1
         bodies, pods_all, nodes = await asyncio.gather(
             self.list_jobs(),
-            self._json(self.core.list_pod_for_all_namespaces(
+            self.read_json(self.core.list_pod_for_all_namespaces(
                 field_selector="status.phase!=Succeeded,status.phase!=Failed", _preload_content=False)),
-            self._json(self.core.list_node(_preload_content=False)),
+            self.read_json(self.core.list_node(_preload_content=False)),
         )
         pods = pods_all["items"]
         snap = build_snapshot(nodes["items"], pods, time=now)
@@ -533,7 +533,7 @@ class Controller:
         """A worker name is taken by a pod that already finished (Succeeded/Failed):
         delete it so the worker can be created again next cycle."""
         try:
-            old = await self._json(self.core.read_namespaced_pod(name, ns, _preload_content=False))
+            old = await self.read_json(self.core.read_namespaced_pod(name, ns, _preload_content=False))
         except ApiException as exc:
             if exc.status == 404:
                 return
@@ -611,7 +611,7 @@ class Controller:
         for list_all, list_ns, delete in kinds:
             call = list_ns(ns, label_selector=sel, _preload_content=False) if ns else list_all(
                 label_selector=sel, _preload_content=False)
-            for item in (await self._json(call))["items"]:
+            for item in (await self.read_json(call))["items"]:
                 md = item["metadata"]
                 if not {o.get("uid") for o in md.get("ownerReferences") or []} & uids:
                     try:

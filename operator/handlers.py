@@ -125,7 +125,7 @@ class OperatorRuntime:
 
         assert self.controller is not None
         jobs = await self.controller.list_jobs()
-        nodes = await self.controller._json(self.controller.core.list_node(_preload_content=False))
+        nodes = await self.controller.read_json(self.controller.core.list_node(_preload_content=False))
         n_nodes = max(1, sum(1 for n in nodes["items"] if (n.get("status") or {}).get("allocatable", {}).get("nvidia.com/gpu")))
         days = sorted(
             int(t // 86400) for b in jobs if (t := parse_time(b["metadata"].get("creationTimestamp"))) is not None
