@@ -55,9 +55,13 @@ demo-sim: venv
 # (deploy/deploy.mk). `make demo-sim` is the simulator-only comparison.
 demo: demo-live
 
-bench: venv
+# Benchmarks write JSON under bench/results/; every figure has a baseline measured in
+# the same run (naive full-scan placement; a constant-score HTTP server).
+bench: venv $(TEST_DEPS)
 	mkdir -p bench/results
 	$(PY) bench/run.py --out bench/results
+	$(PY) bench/extender_bench.py --sizes 100,1000 --out bench/results/extender.json
+	$(PY) bench/operator_admission.py --jobs 200 --out bench/results
 
 clean:
 	rm -rf $(OUT) .pytest_cache build *.egg-info
