@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import http.client
 import json
 import os
 import shutil
@@ -33,7 +34,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -314,7 +314,7 @@ def _http_ok(url: str, ctx: ssl.SSLContext | None, expect: str | None = "ok") ->
         with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:
             body = resp.read().decode(errors="replace")
             return resp.status == 200 and (expect is None or expect in body)
-    except (urllib.error.URLError, OSError, ssl.SSLError):
+    except (OSError, http.client.HTTPException):  # URLError and SSLError are OSErrors
         return False
 
 
