@@ -678,12 +678,12 @@ class LocalCluster:
         is stopped and a :class:`ClusterError` carries the failing component's log."""
         if self.started:
             raise ClusterError("cluster already started")
+        self.tools_bin = find_tools(self._tools_arg)
         if self.workdir is None:
             self.workdir = Path(tempfile.mkdtemp(prefix="rlsched-cluster-"))
         elif (self.workdir / _STATE_FILE).exists():
             raise ClusterError(f"{self.workdir} already holds a cluster; run `rlsched cluster "
                                f"down --dir {self.workdir}` first")
-        self.tools_bin = find_tools(self._tools_arg)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.started = True
         for attempt in range(3):
