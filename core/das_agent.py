@@ -30,9 +30,10 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from . import nn
+from . import das as _das
 from .cluster import QUEUES, ClusterState, JobView
 from .placement import worker_slots
-from .policy import register_ordering
+from .policy import register_ordering, register_placement
 
 __all__ = [
     "JOB_FEATURES",
@@ -46,6 +47,11 @@ __all__ = [
     "fits_now",
     "das_logits",
     "DASOrdering",
+    "PLACEMENT_FEATURES",
+    "placement_features",
+    "rack_first_fill",
+    "rwgp_smoother",
+    "DASAgentPlacement",
 ]
 
 log = logging.getLogger(__name__)
@@ -65,6 +71,8 @@ JOB_FEATURES = (
 )
 #: Per-node features (the squeeze pools them over nodes).
 NODE_FEATURES = ("free_frac", "used_frac", "rack_free_frac", "empty")
+#: Per-node features the placement agent sees for the job being placed.
+PLACEMENT_FEATURES = ("feasible", "slots_norm", "pack", "free_frac", "rack_room", "empty")
 #: Cluster-wide scalars appended to the pooled node features.
 CLUSTER_FEATURES = ("utilization", "pending_over_window", "log_pending", "running_over_nodes")
 
@@ -230,3 +238,118 @@ class DASOrdering:
 @register_ordering("das")
 def _make_das_ordering(**kwargs) -> DASOrdering:
     return DASOrdering(**kwargs)
+
+
+# ============================================================================ placement
+def placement_features(job: JobView, state: ClusterState, slots: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(features [N, len(PLACEMENT_FEATURES)], feasible [N])`` for placing ``job``'s
+    gang on ``state``; ``slots`` = :func:`worker_slots` when the caller has it."""
+    q = job.gpus_per_worker
+    slots = worker_slots(job, state) if slots is None else slots
+    total = np.maximum(state.total, 1).astype(float)
+    need = job.workers * q
+    rack_room = np.minimum(state.rack_free[state.rack_of] / max(need, 1), 1.0)
+    feasible = slots > 0
+    feats = np.stack(
+        [
+            feasible.astype(float),
+            np.minimum(slots * q, need) / max(need, 1),
+            np.where(feasible, (state.total - state.free + q) / total, 0.0),
+            state.free / total,
+            rack_room,
+            (state.free == state.total).astype(float),
+        ],
+        axis=1,
+    ).astype(np.float32)
+    return feats, feasible
+
+
+def rack_first_fill(job: JobView, state: ClusterState, scores: np.ndarray, workers: int | None = None) -> list[int] | None:
+    """Place ``workers`` (default ``job.workers``) workers by node scores, rack first:
+    racks in order of their best feasible node's score, nodes inside a rack by score
+    (ties: lowest index; scores are compared at 1e-6 so that float32 and float64
+    evaluations of one policy place alike), as many workers per node as fit. ``None``
+    if they do not fit."""
+    need = job.workers if workers is None else int(workers)
+    slots = worker_slots(job, state)
+    if int(slots.sum()) < need:
+        return None
+    s = np.round(np.asarray(scores, dtype=float), 6)
+    feasible = slots > 0
+    rack_best = np.full(int(state.rack_of.max()) + 1, -np.inf)
+    np.maximum.at(rack_best, state.rack_of[feasible], s[feasible])
+    order = np.lexsort((np.arange(len(slots)), -s, state.rack_of, -rack_best[state.rack_of]))
+    nodes: list[int] = []
+    for i in order:
+        if len(nodes) == need:
+            break
+        nodes.extend([int(i)] * min(int(slots[i]), need - len(nodes)))
+    return nodes
+
+
+def rwgp_smoother(topology, lam: float, noise: float) -> np.ndarray:
+    """``S = K (K + noise I)^-1``: the RWGP posterior mean of node utilities given a
+    noisy observation at every node (``mu = S a``), ``K`` the normalised random-walk
+    kernel of :mod:`rlsched.core.das`."""
+    k = _das.TopologyKernel(topology, lam).matrix(normalised=True)
+    smoother, _ = _das.gp_posterior(k, k, np.diag(k), np.eye(len(k)), noise)
+    return smoother
+
+
+class DASAgentPlacement:
+    """Placement ``das-agent``: the trained DAS placement agent (RWGP posterior mean of
+    a learned linear node score, rack-first fill), read from the same weights file as
+    :class:`DASOrdering`. Falls back to first-fit scores (logged) without weights.
+    Clusters above ``max_smooth_nodes`` skip the GP smoothing (dense O(n^3) solve)."""
+
+    name = "das-agent"
+
+    def __init__(self, model: str | Path | None = None, *, max_smooth_nodes: int = 2048, rng: np.random.Generator | None = None) -> None:
+        del rng
+        self.path = Path(model) if model is not None else DEFAULT_WEIGHTS
+        self.max_smooth_nodes = max_smooth_nodes
+        self.fallback: str | None = None
+        self._smoother: tuple[object, np.ndarray | None] | None = None
+        try:
+            weights, meta = nn.load_policy_file(self.path, policy="das")
+            arch = meta.get("architecture", {})
+            self.w = np.asarray(weights["placement.score.weight"], dtype=np.float64)[0]
+            self.b = float(np.asarray(weights["placement.score.bias"]).reshape(-1)[0])
+            self.lam = float(arch["lam"])
+            self.noise = float(arch.get("gp_noise", 1.0))
+        except (nn.PolicyFileError, KeyError, TypeError, ValueError, IndexError) as exc:
+            self.fallback = f"{type(exc).__name__}: {exc}"
+            log.warning("DAS placement agent: cannot load %s (%s); falling back to first fit", self.path, self.fallback)
+
+    def _smooth(self, topology) -> np.ndarray | None:
+        hit = self._smoother
+        if hit is None or hit[0] is not topology:
+            sm = rwgp_smoother(topology, self.lam, self.noise) if len(topology) <= self.max_smooth_nodes else None
+            hit = self._smoother = (topology, sm)
+        return hit[1]
+
+    def node_scores(self, job: JobView, state: ClusterState) -> np.ndarray:
+        """The posterior-mean score of every node for ``job``."""
+        if self.fallback is not None:
+            return -np.arange(len(state.total), dtype=float)
+        feats, _ = placement_features(job, state)
+        a = feats.astype(np.float64) @ self.w + self.b
+        sm = self._smooth(state.topology)
+        return a if sm is None else sm @ a
+
+    def place(self, job: JobView, state: ClusterState, workers: int | None = None) -> list[int] | None:
+        return rack_first_fill(job, state, self.node_scores(job, state), workers)
+
+    def score(self, job: JobView, candidates: Sequence[int], state: ClusterState) -> np.ndarray:
+        cand = np.asarray(candidates, dtype=np.int64)
+        s = self.node_scores(job, state)[cand]
+        ok = worker_slots(job, state)[cand] > 0
+        return np.where(ok, s, -np.inf)
+
+    def __repr__(self) -> str:
+        return f"DASAgentPlacement(model={str(self.path)!r}{', fallback=firstfit' if self.fallback else ''})"
+
+
+@register_placement("das-agent")
+def _make_das_agent_placement(**kwargs) -> DASAgentPlacement:
+    return DASAgentPlacement(**kwargs)

@@ -416,6 +416,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fee-weight", type=float, default=0.02, help="reward units per dollar")
     parser.add_argument("--time-scale", type=float, default=3600.0, help="seconds per JCT reward unit")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="weights file (.safetensors)")
+    parser.add_argument("--init", type=Path, default=None, help="start from an exported DAS model (ordering + placement)")
     parser.add_argument("--checkpoint-every", type=int, default=10, help="export the weights every N iterations (0: only at the end)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder for CSV logs, plots and tables")
     parser.add_argument("--tag", default="das", help="file stem of logs and tables")
@@ -439,6 +440,12 @@ def train(args) -> int:
     env["workload"] = getattr(args, "workload", None)
     probe = SchedulingCore(make_workload(env), cfg)
     agent = DASAgent(probe.state_size(), args.d_model, args.heads, args.layers, args.window, args.rw_lambda, args.gp_noise)
+    if getattr(args, "init", None):
+        from rlsched.core.nn import load_policy_file
+
+        init, _ = load_policy_file(args.init, policy="das")
+        agent.ordering.load_state_dict({k: torch.as_tensor(v) for k, v in init.items() if not k.startswith("placement.")})
+        agent.placement.load_state_dict({k[len("placement.") :]: torch.as_tensor(v) for k, v in init.items() if k.startswith("placement.")})
     opt = torch.optim.Adam(agent.parameters(), lr=args.lr)
     arch = {**agent.ordering.architecture(), "lam": args.rw_lambda, "gp_noise": args.gp_noise}
     logf = CSVLog(args.results / f"{args.tag}_train.csv")

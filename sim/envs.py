@@ -46,10 +46,13 @@ from rlsched.core import JobView, Topology, make_placement
 from rlsched.core.das_agent import (
     CLUSTER_FEATURES,
     JOB_FEATURES,
+    PLACEMENT_FEATURES,
     cluster_summary,
     fits_now,
     job_features,
     node_features,
+    placement_features,
+    rack_first_fill,
 )
 from rlsched.core.placement import worker_slots
 
@@ -72,9 +75,6 @@ __all__ = [
 Workload = Callable[[np.random.Generator], tuple[Sequence[JobSpec], Topology]]
 
 ENV_ID = "rlsched/Scheduling-v0"
-
-#: Per-node features the placement agent sees for the job being placed.
-PLACEMENT_FEATURES = ("feasible", "slots_norm", "pack", "free_frac", "rack_room", "empty")
 
 _FEAT_LOW, _FEAT_HIGH = -1.0, 10.0
 
@@ -218,25 +218,13 @@ class SchedulingCore:
 
     # ------------------------------------------------------------------ placement
     def place_by_scores(self, job: JobView, scores: np.ndarray) -> list[int]:
-        """Place the gang by node scores, rack first: racks in order of their best
-        feasible node's score, nodes inside a rack by score (ties: lowest index), as
-        many workers per node as fit, until the gang is placed. The job must fit now
-        (see :meth:`mask`)."""
-        st = self.sim.state
-        slots = worker_slots(job, st)
-        s = np.asarray(scores, dtype=float)
-        feasible = slots > 0
-        rack_best = np.full(int(st.rack_of.max()) + 1, -np.inf)
-        np.maximum.at(rack_best, st.rack_of[feasible], s[feasible])
-        idx = np.arange(len(slots))
-        order = np.lexsort((idx, -s, st.rack_of, -rack_best[st.rack_of]))
-        nodes: list[int] = []
-        for i in order:
-            take = min(int(slots[i]), job.workers - len(nodes))
-            nodes.extend([int(i)] * take)
-            if len(nodes) == job.workers:
-                return nodes
-        raise ValueError(f"job {job.id} does not fit now")
+        """Place the gang by node scores, rack first
+        (:func:`rlsched.core.das_agent.rack_first_fill`). The job must fit now (see
+        :meth:`mask`)."""
+        nodes = rack_first_fill(job, self.sim.state, scores)
+        if nodes is None:
+            raise ValueError(f"job {job.id} does not fit now")
+        return nodes
 
     def place_by_policy(self, job: JobView, name: str) -> list[int]:
         """Nodes from a core placement heuristic (first-fit fill if it declines)."""
@@ -259,26 +247,9 @@ class SchedulingCore:
         return np.clip(feats, _FEAT_LOW, _FEAT_HIGH), np.clip(clus, _FEAT_LOW, _FEAT_HIGH), valid
 
     def placement_obs(self, job: JobView) -> tuple[np.ndarray, np.ndarray]:
-        """``(features [N, len(PLACEMENT_FEATURES)], feasible [N])`` for placing ``job``."""
-        st = self.sim.state
-        q = job.gpus_per_worker
-        slots = worker_slots(job, st)
-        total = np.maximum(st.total, 1).astype(float)
-        need = job.workers * q
-        rack_room = np.minimum(st.rack_free[st.rack_of] / max(need, 1), 1.0)
-        feasible = slots > 0
-        feats = np.stack(
-            [
-                feasible.astype(float),
-                np.minimum(slots * q, need) / max(need, 1),
-                np.where(feasible, (st.total - st.free + q) / total, 0.0),
-                st.free / total,
-                rack_room,
-                (st.free == st.total).astype(float),
-            ],
-            axis=1,
-        ).astype(np.float32)
-        return feats, feasible
+        """``(features [N, len(PLACEMENT_FEATURES)], feasible [N])`` for placing ``job``
+        (:func:`rlsched.core.das_agent.placement_features`)."""
+        return placement_features(job, self.sim.state)
 
     def image(self) -> np.ndarray:
         """``[nodes, image_steps]``: share of each node's GPUs busy at now + k·image_dt,

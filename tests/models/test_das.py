@@ -161,3 +161,51 @@ def test_rollouts_are_a_function_of_the_seed():
         a, b, c = pool.map([task(1), task(1), task(2)])
     assert a["slot"] == b["slot"] and a["reward"] == b["reward"]
     assert a["slot"] != c["slot"] or a["reward"] != c["reward"]
+
+
+def racked_workload(rng: np.random.Generator):
+    topo = Topology.uniform(6, gpus_per_node=4, racks=3)
+    jobs = [
+        JobSpec(id=f"j{k}", submit_time=float(20 * k), workers=int(rng.choice([1, 2, 3])), gpus_per_worker=int(rng.choice([1, 2])), duration=float(rng.choice([300.0, 3000.0])))
+        for k in range(14)
+    ]
+    return jobs, topo
+
+
+def test_served_placement_agent_equals_the_trained_policy_mean(tmp_path):
+    args = _args(tmp_path, iterations=1, episodes_per_iter=1, minibatch=16, workload=racked_workload, rw_lambda=0.6, gp_noise=0.5)
+    das.train(args)
+    from rlsched.core.das_agent import DASAgentPlacement, rwgp_smoother
+    from rlsched.core.nn import load_policy_file
+
+    served = DASAgentPlacement(args.out)
+    assert served.fallback is None
+    weights, meta = load_policy_file(args.out, policy="das")
+    rwgp = das.PlacementRWGP(0.6, 0.5)
+    core = SchedulingCore(racked_workload, EnvConfig(window=args.window))
+    core.reset(3)
+    np.testing.assert_allclose(rwgp_smoother(core.topology, 0.6, 0.5), rwgp.gp(core.topology)[0], atol=1e-10)
+    checked = 0
+    while not core.done:
+        d = das.das_act(core, weights, meta["architecture"], None, rwgp.gp(core.topology))
+        nodes = core.place_by_scores(d["job"], d["scores"])
+        np.testing.assert_allclose(served.node_scores(d["job"], core.sim.state), d["scores"], rtol=1e-5, atol=1e-5)
+        assert served.place(d["job"], core.sim.state) == nodes
+        core.start(d["slot"], nodes)
+        checked += 1
+    assert checked == 14
+
+
+def test_served_placement_falls_back_to_first_fit_without_weights(tmp_path):
+    from rlsched.core import make_placement
+
+    bad = tmp_path / "das.safetensors"
+    bad.write_bytes(b"not a safetensors file")
+    (tmp_path / "das.json").write_text("{}")
+    p = make_placement("das-agent", model=bad)
+    assert p.fallback is not None
+    core = SchedulingCore(racked_workload, EnvConfig(window=4))
+    core.reset(0)
+    job = core.window_jobs()[0]
+    assert p.place(job, core.sim.state) == make_placement("firstfit").place(job, core.sim.state)
+    assert DASOrdering(bad).fallback is not None
