@@ -710,7 +710,7 @@ def evaluate(args) -> int:
     traces_ = eval_traces(args)
     rows = []
     heur = [f"{b}" for b in TABLE1_BASELINES] + [f"{b}+backfill" for b in TABLE1_BASELINES]
-    learned = ["DAS (MAPPO)", "DAS ordering + firstfit", "DAS ordering + das placement"]
+    learned = ["DAS (MAPPO)", "DAS ordering + das-agent placement", "DAS ordering + firstfit", "DAS ordering + das placement"]
     for label, seed, tr in tqdm(traces_, desc="eval das", unit="trace"):
         for h in heur:
             o, p = h.replace("+backfill", "").split("/")
@@ -719,8 +719,8 @@ def evaluate(args) -> int:
         m = run_policy_in_env(tr.jobs, tr.topology, das_policy, env_cfg, seed)
         rows.append({"trace": label, "seed": seed, "system": learned[0], "jct_mean": m["jct_mean"], "fee_total": m["fee_total"]})
         # what serving runs: the numpy ordering agent in the engine's own scheduling loop
-        for name, served_placement in ((learned[1], "firstfit"), (learned[2], "das")):
-            sim = Simulator(tr.jobs, tr.topology, ordering=DASOrdering(model), placement=make_placement(served_placement), seed=seed)
+        for name, served_placement, kw in ((learned[1], "das-agent", {"model": model}), (learned[2], "firstfit", {}), (learned[3], "das", {})):
+            sim = Simulator(tr.jobs, tr.topology, ordering=DASOrdering(model), placement=make_placement(served_placement, **kw), seed=seed)
             m = compute_metrics(sim.run())
             rows.append({"trace": label, "seed": seed, "system": name, "jct_mean": m["jct_mean"], "fee_total": m["fee_total"]})
     systems = heur + learned

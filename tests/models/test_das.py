@@ -110,7 +110,7 @@ def test_table1_names_the_best_heuristic_and_records_the_evaluation(tmp_path):
     assert len(heur) == 10  # five Table 1 heuristics, with and without backfill
     best = min(heur, key=lambda h: (round(line[h]["jct_mean"], 6), line[h]["fee_total"]))
     assert line["best_heuristic"] == best
-    for learned in ("DAS (MAPPO)", "DAS ordering + firstfit", "DAS ordering + das placement"):
+    for learned in ("DAS (MAPPO)", "DAS ordering + das-agent placement", "DAS ordering + firstfit", "DAS ordering + das placement"):
         d = line[f"{learned} vs best"]["jct"]
         assert d == pytest.approx(line[learned]["jct_mean"] / line[best]["jct_mean"] - 1)
     from rlsched.core.nn import load_policy_file
