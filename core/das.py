@@ -452,6 +452,11 @@ class DASParams:
             raise ModelError(f"{path}: {exc}") from exc
 
 
+#: The committed trained DAS policy (placement parameters: λ and the learned linear
+#: mean); the extender serves it by default.
+DEFAULT_MODEL = Path(__file__).resolve().parent / "weights" / "das.safetensors"
+
+
 # --------------------------------------------------------------------------- policy
 class DASPlacement:
     """RWGP placement scoring (see the module docstring); placement name ``das``.

@@ -26,7 +26,10 @@ def register(subparsers) -> None:
     src.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
     src.add_argument("--static-nodes", metavar="FILE", help="load nodes (and pods) once from a NodeList YAML/JSON file")
     s.add_argument("--policy", default="das", choices=("das", "firstfit", "bestfit", "loadbalance", "topology", "fgd", "random"))
-    s.add_argument("--model", help="DAS model file (.safetensors or .json); unreadable -> default parameters")
+    s.add_argument("--model", default=None,
+                   help="DAS model file (.safetensors or .json; default: the committed trained weights "
+                   "core/weights/das.safetensors; 'none': the documented default parameters); "
+                   "unreadable -> default parameters, logged and counted")
     s.add_argument("--topology-levels", default=",".join(DEFAULT_TOPOLOGY_LEVELS),
                    help="node-label keys, coarse to fine (last: hostname)")
     s.add_argument("--assume-ttl", type=float, default=30.0, help="seconds a scored, unbound pod keeps its GPUs")
@@ -56,9 +59,10 @@ async def _serve(args: argparse.Namespace) -> int:
     from .config import build_extender, load_static
 
     levels = tuple(x.strip() for x in args.topology_levels.split(",") if x.strip())
+    model = resolve_model(args.policy, args.model)
     ext = build_extender(
         args.policy,
-        args.model,
+        model,
         levels=levels,
         assume_ttl=args.assume_ttl,
         settle_timeout=0.0 if args.static_nodes else args.settle_timeout,
@@ -103,3 +107,13 @@ async def _serve(args: argparse.Namespace) -> int:
     if api is not None:
         await api.api_client.close()
     return rc
+
+
+def resolve_model(policy: str, model: str | None) -> str | None:
+    """The model file the extender serves: ``--model`` as given, the committed trained
+    DAS weights when DAS runs without one, nothing for ``none`` or a heuristic."""
+    from ..core.das import DEFAULT_MODEL
+
+    if model is not None:
+        return None if model.lower() == "none" else model
+    return str(DEFAULT_MODEL) if policy == "das" else None

@@ -23,7 +23,9 @@ def register(subparsers) -> None:
     r.add_argument("--ordering-model", help="weights file of a learned ordering (DAS)")
     r.add_argument("--scaling", default="auto",
                    help="core scaling policy (auto: rlpto with --scaling-model, else beta; fs, optimus, none, ...)")
-    r.add_argument("--scaling-model", help="weights file of the learned scaling policy (RLPTO PPO)")
+    r.add_argument("--scaling-model", default=None,
+                   help="weights file of the learned scaling policy (RLPTO PPO; default: the committed "
+                   "core/weights/rlpto.safetensors; 'none': the beta rule)")
     r.add_argument("--patience", type=int, default=5, help="evaluations with gain < beta before a job converged")
     r.add_argument("--mu", type=float, default=0.1, help="priority step per user request (RLPTO mu)")
     r.add_argument("--promote-at", type=float, default=1.0, help="priority at which a normal job becomes urgent")
@@ -58,11 +60,12 @@ def _run(args: argparse.Namespace) -> int:
     from .main import run
 
     kopf.configure(verbose=args.verbose)
+    scaling_model = resolve_scaling_model(args.scaling, args.scaling_model)
     cfg = OperatorConfig(
         kubeconfig=args.kubeconfig, namespace=args.namespace, cycle_s=args.cycle,
         start_timeout_s=args.start_timeout, grace_period_s=args.grace_period,
         scheduler_name=args.scheduler_name, ordering=args.ordering, ordering_model=args.ordering_model,
-        scaling=args.scaling, scaling_model=args.scaling_model, patience=args.patience, mu=args.mu,
+        scaling=args.scaling, scaling_model=scaling_model, patience=args.patience, mu=args.mu,
         promote_at=args.promote_at, demote_at=args.demote_at, backfill=args.backfill,
         preemption=not args.no_preemption, metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         peering=args.peering, priority=args.priority, forecast_interval_s=args.forecast_interval,
@@ -87,3 +90,13 @@ def _fake(args: argparse.Namespace) -> int:
 
     asyncio.run(FakeTrainer(args.namespace, kubeconfig=args.kubeconfig, epoch_s=args.epoch_seconds, seed=args.seed).run())
     return 0
+
+
+def resolve_scaling_model(scaling: str, model: str | None) -> str | None:
+    """The scaling model the operator uses: ``--scaling-model`` as given, the committed
+    trained RLPTO weights for ``auto``/``rlpto`` without one, nothing for ``none``."""
+    from ..core.learned import DEFAULT_WEIGHTS
+
+    if model is not None:
+        return None if model.lower() == "none" else model
+    return str(DEFAULT_WEIGHTS) if scaling in ("auto", "rlpto") else None
