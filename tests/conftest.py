@@ -9,7 +9,13 @@ A cluster that cannot start makes the tests using it fail, never skip.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -25,3 +31,49 @@ def kube_cluster():
         extender_url=os.environ.get("RLSCHED_EXTENDER_URL") or None,
     ) as env:
         yield env
+
+
+@pytest.fixture(scope="session")
+def launch_extender():
+    """``launch_extender(kube_cluster, log_path, log_level)``: a context manager running
+    the real extender for the ``rlsched`` profile (see :func:`_serve_extender`)."""
+    return _serve_extender
+
+
+@contextlib.contextmanager
+def _serve_extender(kube_cluster, log_path: Path, log_level: str = "WARNING"):
+    """Run ``rlsched extender serve`` (its own process, watching the API server) on the
+    port the ``rlsched`` scheduler profile calls; yield its base URL once /readyz
+    answers; stop it afterwards. Fails the test with the extender's log if it does
+    not become ready in 30 s."""
+    port = kube_cluster.extender_port
+    if port is None:
+        pytest.fail("the rlsched profile's extender URL is not local; cannot serve it here")
+    url = f"http://127.0.0.1:{port}"
+    with open(log_path, "w+") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rlsched.cli", "extender", "serve", "--port", str(port),
+             "--kubeconfig", str(kube_cluster.kubeconfig), "--log-level", log_level],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    with urllib.request.urlopen(f"{url}/readyz", timeout=1) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    pytest.fail(f"extender did not become ready:\n{log.read()}")
+                time.sleep(0.2)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -5,9 +5,6 @@ land on topology-compact nodes, where the default scheduler spreads the same pod
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -38,38 +35,10 @@ def namespace(core):
 
 
 @pytest.fixture
-def extender_process(kube_cluster, tmp_path):
+def extender_process(kube_cluster, tmp_path, launch_extender):
     """``rlsched extender serve`` on the port the rlsched profile calls."""
-    if kube_cluster.extender_port is None:
-        pytest.fail("the rlsched profile's extender URL is not local; cannot serve it here")
-    port = kube_cluster.extender_port
-    log = open(tmp_path / "extender.log", "w+")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rlsched.cli", "extender", "serve", "--port", str(port),
-         "--kubeconfig", str(kube_cluster.kubeconfig), "--log-level", "INFO"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/readyz", timeout=1) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            log.seek(0)
-            proc.kill()
-            pytest.fail(f"extender did not become ready:\n{log.read()}")
-        time.sleep(0.2)
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    with launch_extender(kube_cluster, tmp_path / "extender.log", log_level="INFO") as url:
+        yield url
 
 
 def worker(job: str, index: int, scheduler: str):

@@ -160,41 +160,9 @@ def tj(kapi):
 
 
 @pytest.fixture(scope="module")
-def extender(kube_cluster, tmp_path_factory):
+def extender(kube_cluster, tmp_path_factory, launch_extender):
     """``rlsched extender serve`` on the port the ``rlsched`` scheduler profile calls: with
     it the scheduler accounts ``nvidia.com/gpu`` (the profile leaves GPUs to the
     extender), so workers never overcommit a node."""
-    import os
-    import subprocess
-    import sys
-    import urllib.request
-
-    port = kube_cluster.extender_port
-    if port is None:
-        pytest.fail("the rlsched profile's extender URL is not local; cannot serve it here")
-    logf = open(tmp_path_factory.mktemp("extender") / "extender.log", "w+")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rlsched.cli", "extender", "serve", "--port", str(port),
-         "--kubeconfig", str(kube_cluster.kubeconfig), "--log-level", "WARNING"],
-        stdout=logf, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            logf.seek(0)
-            pytest.fail(f"extender did not become ready:\n{logf.read()}")
-        time.sleep(0.2)
-    yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    logf.close()
+    with launch_extender(kube_cluster, tmp_path_factory.mktemp("extender") / "extender.log") as url:
+        yield url
