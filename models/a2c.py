@@ -115,6 +115,17 @@ def load_net(kind: str, spec: dict, state: dict[str, np.ndarray]) -> nn.Module:
     return net.eval()
 
 
+def load_for_eval(args, kind: str) -> nn.Module:
+    """The trained ``kind`` network from ``--model`` (default ``--out``), on one torch
+    thread, with ``args.window`` set to the window it was trained with."""
+    torch.set_num_threads(1)
+    from rlsched.core import nn as core_nn
+
+    weights, meta = core_nn.load_policy_file(args.model or args.out, policy=kind)
+    args.window = int(meta["architecture"]["window"])
+    return load_net(kind, meta["architecture"], weights)
+
+
 def numpy_state(net: nn.Module) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy().copy() for k, v in net.state_dict().items()}
 
@@ -347,12 +358,7 @@ def train(args) -> int:
 
 
 def evaluate(args) -> int:
-    torch.set_num_threads(1)
-    from rlsched.core import nn as core_nn
-
-    weights, meta = core_nn.load_policy_file(args.model or args.out, policy="a2c")
-    net = load_net("a2c", meta["architecture"], weights)
-    args.window = int(meta["architecture"]["window"])
+    net = load_for_eval(args, "a2c")
 
     def factory(core):
         def step(c):

@@ -37,6 +37,7 @@ from .a2c import (
     evaluate_against_seed_baselines,
     export,
     gym_mask,
+    load_for_eval,
     load_net,
     make_core,
     numpy_state,
@@ -282,12 +283,7 @@ def collect_dqn_apex(task: dict) -> dict:
 
 
 def evaluate(args) -> int:
-    torch.set_num_threads(1)
-    from rlsched.core import nn as core_nn
-
-    weights, meta = core_nn.load_policy_file(args.model or args.out, policy="dqn")
-    net = load_net("dqn", meta["architecture"], weights)
-    args.window = int(meta["architecture"]["window"])
+    net = load_for_eval(args, "dqn")
 
     def factory(core):
         def step(c):

@@ -35,6 +35,7 @@ from .a2c import (
     episode_summary,
     evaluate_against_seed_baselines,
     export,
+    load_for_eval,
     load_net,
     make_core,
     n_step_returns,
@@ -271,12 +272,7 @@ def train(args) -> int:
 
 
 def evaluate(args) -> int:
-    torch.set_num_threads(1)
-    from rlsched.core import nn as core_nn
-
-    weights, meta = core_nn.load_policy_file(args.model or args.out, policy="hierrl")
-    net = load_net("hierrl", meta["architecture"], weights)
-    args.window = int(meta["architecture"]["window"])
+    net = load_for_eval(args, "hierrl")
 
     def factory(core):
         sched = HierScheduler(net, core, None)
