@@ -763,6 +763,37 @@ class LocalCluster:
                   "the default ServiceAccount", [api])
         self._progress(f"control plane ready in {time.monotonic() - t0:.1f}s")
 
+    def restart_apiserver(self, grace: float = 30.0) -> None:
+        """Stop kube-apiserver (SIGTERM, SIGKILL after ``grace`` seconds) and start it
+        again with the same port, certificates and etcd data; return once /readyz
+        answers. Components that exited meanwhile (the schedulers exit when they cannot
+        renew their leader lease) are started again, as a kubelet would, and waited
+        for; the others reconnect on their own. Call it from the thread that started
+        the cluster: components die with the thread that spawned them."""
+        old = self.processes.get("kube-apiserver")
+        if not self.started or old is None or old.popen is None:
+            raise ClusterError("no kube-apiserver started by this handle to restart")
+        self._progress("restarting kube-apiserver")
+        _stop_group(old.pid, old.popen, grace)
+        api = self._spawn("kube-apiserver", self._apiserver_argv(self._dir / "pki"))
+        ctx = self._ssl_context()
+        _wait_for(lambda: _http_ok(f"{self.server}/readyz", ctx), self.start_timeout_s, api,
+                  "kube-apiserver /readyz", [self.processes["etcd"]])
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE
+        for name, port in (("kube-controller-manager", "controller-manager"),
+                           ("kube-scheduler", "scheduler"),
+                           ("rlsched-scheduler", "rlsched-scheduler")):
+            proc = self.processes.get(name)
+            if proc is None or proc.exited() is None:
+                continue
+            self._progress(f"{name} exited during the restart; starting it again")
+            proc = self._spawn(name, proc.argv)
+            url = f"https://127.0.0.1:{self.ports[port]}/healthz"
+            _wait_for(lambda u=url: _http_ok(u, insecure), self.start_timeout_s, proc,
+                      f"{name} {url}", [api])
+
     def _tool(self, name: str) -> str:
         if self.tools_bin is None:
             raise ClusterError("cluster not started")
