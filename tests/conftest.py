@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,24 @@ def kube_cluster():
         extender_url=os.environ.get("RLSCHED_EXTENDER_URL") or None,
     ) as env:
         yield env
+
+
+@pytest.fixture(scope="session")
+def core_api(kube_cluster):
+    from kubernetes import client
+
+    return client.CoreV1Api(kube_cluster.api_client())
+
+
+@pytest.fixture
+def namespace(core_api):
+    """A fresh namespace per test, deleted afterwards."""
+    from kubernetes import client
+
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    core_api.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    yield name
+    core_api.delete_namespace(name)
 
 
 @pytest.fixture(scope="session")

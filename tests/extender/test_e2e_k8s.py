@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
-import uuid
 
 import pytest
 
@@ -15,23 +14,6 @@ pytestmark = pytest.mark.k8s
 
 WORKERS = 4
 GPUS = 2
-
-
-@pytest.fixture
-def core(kube_cluster):
-    from kubernetes import client
-
-    return client.CoreV1Api(kube_cluster.api_client())
-
-
-@pytest.fixture
-def namespace(core):
-    from kubernetes import client
-
-    name = f"ext-{uuid.uuid4().hex[:8]}"
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    yield name
-    core.delete_namespace(name)
 
 
 @pytest.fixture
@@ -85,7 +67,8 @@ def delete_job(core, namespace: str, job: str) -> None:
         time.sleep(0.2)
 
 
-def test_job_lands_compact_with_the_extender_and_spreads_without(kube_cluster, core, namespace, extender_process):
+def test_job_lands_compact_with_the_extender_and_spreads_without(kube_cluster, core_api, namespace, extender_process):
+    core = core_api
     topo = kube_cluster.topology
     rack = {n.name: n.rack for n in topo.nodes}
     assert len(topo.racks) >= 2 and WORKERS * GPUS <= max(n.gpus for n in topo.nodes)

@@ -3,24 +3,9 @@
 from __future__ import annotations
 
 import time
-import uuid
 
 import pytest
 from kubernetes import client
-
-
-@pytest.fixture(scope="session")
-def core_api(kube_cluster):
-    return client.CoreV1Api(kube_cluster.api_client())
-
-
-@pytest.fixture
-def namespace(core_api):
-    """A fresh namespace per test, deleted afterwards."""
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    core_api.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    yield name
-    core_api.delete_namespace(name)
 
 
 @pytest.fixture
