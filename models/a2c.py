@@ -29,7 +29,7 @@ from rlsched.core.das_agent import JOB_FEATURES
 from rlsched.sim.envs import EnvConfig, SchedulingCore
 
 from . import das as common
-from .das import CLUSTER_DIM, CSVLog, RolloutPool, merge, plot_curve, seed_everything
+from .das import CLUSTER_DIM, CSVLog, RolloutPool, iteration_row, merge, plot_curve, seed_everything, split_episodes
 
 __all__ = ["A2CNet", "add_arguments", "train", "evaluate", "SEED_BASELINES", "n_step_returns"]
 
@@ -201,19 +201,11 @@ def run_iterations(args, collect: Callable[[dict], dict], make_task: Callable[[i
     with RolloutPool(collect, args.workers, args.engine) as pool:
         bar = tqdm(range(args.iterations), desc=f"train {args.tag}", unit="it")
         for it in bar:
-            per = [args.episodes_per_iter // pool.workers + (1 if k < args.episodes_per_iter % pool.workers else 0) for k in range(pool.workers)]
+            per = split_episodes(args.episodes_per_iter, pool.workers)
             tasks = [make_task(int(rng.integers(0, 2**31 - 1)), n) | {"actor": k, "iteration": it} for k, n in enumerate(per) if n > 0]
             data = merge(pool.map(tasks))
             stats = update(data)
-            row = {
-                "iteration": it,
-                "decisions": len(data["reward"]),
-                "episode_return": float(np.mean(data["episode_return"])),
-                "episode_jct_mean": float(np.mean(data["episode_jct"])),
-                "episode_fee": float(np.mean(data["episode_fee"])),
-                **stats,
-                "wall_s": time.time() - t0,
-            }
+            row = iteration_row(it, data, stats, t0)
             logf.write(row)
             bar.set_postfix(ret=f"{row['episode_return']:.2f}", jct=f"{row['episode_jct_mean']:.0f}")
     plot_curve(logf.rows, args.results / f"{args.tag}_learning_curve.png", "iteration", ["episode_return", "episode_jct_mean"], title)

@@ -344,6 +344,26 @@ class CSVLog:
             w.writerow(row)
 
 
+def split_episodes(total: int, workers: int) -> list[int]:
+    """Episodes per rollout worker for one iteration: ``total`` spread as evenly as
+    possible, the first workers taking the remainder."""
+    return [total // workers + (1 if k < total % workers else 0) for k in range(workers)]
+
+
+def iteration_row(it: int, data: dict, stats: dict, t0: float) -> dict:
+    """One learning-curve CSV row: rollout figures of the iteration, update statistics
+    and wall time since ``t0``."""
+    return {
+        "iteration": it,
+        "decisions": len(data["reward"]),
+        "episode_return": float(np.mean(data["episode_return"])),
+        "episode_jct_mean": float(np.mean(data["episode_jct"])),
+        "episode_fee": float(np.mean(data["episode_fee"])),
+        **stats,
+        "wall_s": time.time() - t0,
+    }
+
+
 def plot_curve(rows: Sequence[dict], path: Path, x: str, ys: Sequence[str], title: str) -> None:
     import matplotlib
 
@@ -456,7 +476,7 @@ def train(args) -> int:
         bar = tqdm(range(args.iterations), desc=f"train {args.tag}", unit="it")
         for it in bar:
             weights = agent.numpy_weights()
-            per = [args.episodes_per_iter // pool.workers + (1 if k < args.episodes_per_iter % pool.workers else 0) for k in range(pool.workers)]
+            per = split_episodes(args.episodes_per_iter, pool.workers)
             tasks = [
                 {"weights": weights, "arch": arch, "env": env, "seed": int(rng.integers(0, 2**31 - 1)), "episodes": n}
                 for n in per
@@ -464,15 +484,7 @@ def train(args) -> int:
             ]
             data = merge(pool.map(tasks))
             stats = _mappo_update(agent, opt, data, args, rng)
-            row = {
-                "iteration": it,
-                "decisions": len(data["reward"]),
-                "episode_return": float(np.mean(data["episode_return"])),
-                "episode_jct_mean": float(np.mean(data["episode_jct"])),
-                "episode_fee": float(np.mean(data["episode_fee"])),
-                **stats,
-                "wall_s": time.time() - t0,
-            }
+            row = iteration_row(it, data, stats, t0)
             logf.write(row)
             bar.set_postfix(ret=f"{row['episode_return']:.2f}", jct=f"{row['episode_jct_mean']:.0f}")
             if args.checkpoint_every and (it + 1) % args.checkpoint_every == 0 and it + 1 < args.iterations:
