@@ -13,6 +13,8 @@ exported to ``core/weights/rlpto.safetensors`` (+ ``.json``).
 Evaluation (``rlsched eval rlpto``): RLPTO Tables II/III — mean final accuracy and total
 training time of RLPTO vs FS, FCFS, Optimus-style, SLAQ-style and TRADL-style for
 β ∈ {0.00005 … 0.001} on 12 and 16 nodes, on workloads the policy never trained on.
+``--budget oracle|recipe`` picks the jobs' epoch budget (:func:`rlsched.sim.scaling_env.make_jobs`)
+in training and evaluation; the tables are written per budget.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import numpy as np
 from rlsched.core import ClusterState, JobView
 from rlsched.core.learned import DEFAULT_WEIGHTS, RLPTO_FEATURES, RLPTOActor, RLPTOScaling
 from rlsched.core.nn import log_softmax
-from rlsched.sim.scaling_env import K_W, ScalingEnv, ScalingEnvConfig
+from rlsched.sim.scaling_env import BUDGETS, K_W, OVERPROVISION, ScalingEnv, ScalingEnvConfig
 
 __all__ = ["add_arguments", "train", "evaluate", "SLAQScaling", "BASELINES", "BETAS", "rollout"]
 
@@ -197,6 +199,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step", type=int, default=1, help="i: workers per +/- action")
     p.add_argument("--k-w", type=float, default=K_W)
     p.add_argument("--beta0", type=float, default=None, help="reward threshold β0 (default: each job's β)")
+    p.add_argument("--budget", choices=BUDGETS, default="oracle",
+                   help="jobs' epoch budget: 'oracle' (epochs the curve needs to converge) or 'recipe' "
+                        f"(a user's budget: oracle x U{OVERPROVISION} per job)")
     # PPO
     p.add_argument("--iterations", type=int, default=200)
     p.add_argument("--episodes", type=int, default=8, help="episodes per iteration")
@@ -224,7 +229,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _env_cfg(args) -> dict:
-    return {"n_jobs": args.n_jobs, "interval": args.interval, "step": args.step, "k_w": args.k_w, "beta0": args.beta0}
+    return {"n_jobs": args.n_jobs, "interval": args.interval, "step": args.step, "k_w": args.k_w, "beta0": args.beta0,
+            "budget": args.budget}
 
 
 # ---------------------------------------------------------------------- training
@@ -273,11 +279,18 @@ def _export(args, model, path: Path, training: dict, evaluation: dict | None = N
         trained_on={
             "environment": "rlsched.sim.scaling_env.ScalingEnv over ConvergenceModel",
             "workload": f"make_jobs: {args.n_jobs} jobs, Poisson arrivals, seeds < {VAL_SEED_BASE}",
+            "budget": _budget_text(args.budget),
             "nodes": list(args.nodes), "betas": list(args.betas), "interval_s": args.interval,
             "reward": f"v_a + sign(v_a - beta0)*T*w*k_w, k_w={args.k_w}, T in minutes",
         },
         evaluation=evaluation,
     )
+
+
+def _budget_text(budget: str) -> str:
+    if budget == "oracle":
+        return "oracle: epochs the noise-free curve needs to reach 0.1 points below its plateau"
+    return f"recipe: oracle epochs x U{OVERPROVISION} per job (a user's budget set before training)"
 
 
 def _validate(args, weights_path: Path, pool) -> dict:
@@ -447,21 +460,23 @@ def evaluate(args) -> int:
             rows.extend(r for part in res for r in part)
     res_dir = Path(args.results)
     res_dir.mkdir(parents=True, exist_ok=True)
-    with open(res_dir / "rlpto_eval_episodes.csv", "w", newline="") as fh:
+    with open(res_dir / f"rlpto_eval_episodes_{args.budget}.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
     summary = _summarize(rows, labels, args)
-    (res_dir / "rlpto_tables.json").write_text(json.dumps(summary, indent=2) + "\n")
+    stem = f"rlpto_tables_{args.budget}"
+    (res_dir / f"{stem}.json").write_text(json.dumps(summary, indent=2) + "\n")
     md = _markdown(summary, labels, args)
-    (res_dir / "rlpto_tables.md").write_text(md)
-    _plot_tables(summary, labels, args, res_dir / "rlpto_tables.png")
+    (res_dir / f"{stem}.md").write_text(md)
+    _plot_tables(summary, labels, args, res_dir / f"{stem}.png")
     print(md)
     if "RLPTO" in labels and not args.no_update_metadata:
         from .export import update_evaluation
 
-        update_evaluation(weights, {"rlpto_tables": summary["headline"], "eval_seeds": args.eval_seeds,
-                                    "eval_wall_s": round(time.time() - t0, 1)})
+        update_evaluation(weights, {f"rlpto_tables_{args.budget}": {
+            "budget": _budget_text(args.budget), "vs_fs": summary["headline"], "eval_seeds": args.eval_seeds,
+            "eval_wall_s": round(time.time() - t0, 1)}})
     return 0
 
 
@@ -482,18 +497,27 @@ def _summarize(rows: list[dict], labels: list[str], args) -> dict:
         for n in args.nodes:
             for b in args.betas:
                 r, f = cells[f"RLPTO|{n}|{b}"], cells[f"FS|{n}|{b}"]
-                headline[f"{n}nodes_beta{b}"] = {
+                h = headline[f"{n}nodes_beta{b}"] = {
                     "sum_jct_vs_fs_pct": 100 * (r["sum_jct_h"] / f["sum_jct_h"] - 1),
                     "makespan_vs_fs_pct": 100 * (r["total_time_h"] / f["total_time_h"] - 1),
                     "accuracy_vs_fs_points": 100 * (r["mean_accuracy"] - f["mean_accuracy"]),
                 }
-    return {"cells": cells, "headline": headline, "policies": labels, "nodes": list(args.nodes),
+                if "FS+beta" in labels:  # the saving of the β stop alone, and what scaling adds to it
+                    fb = cells[f"FS+beta|{n}|{b}"]
+                    h["fs_beta_sum_jct_vs_fs_pct"] = 100 * (fb["sum_jct_h"] / f["sum_jct_h"] - 1)
+                    h["fs_beta_makespan_vs_fs_pct"] = 100 * (fb["total_time_h"] / f["total_time_h"] - 1)
+                    h["fs_beta_accuracy_vs_fs_points"] = 100 * (fb["mean_accuracy"] - f["mean_accuracy"])
+                    h["sum_jct_vs_fs_beta_pct"] = 100 * (r["sum_jct_h"] / fb["sum_jct_h"] - 1)
+    return {"cells": cells, "headline": headline, "budget": args.budget, "policies": labels, "nodes": list(args.nodes),
             "betas": list(args.betas), "eval_seeds": args.eval_seeds, "seed_base": EVAL_SEED_BASE}
 
 
 def _markdown(summary: dict, labels: list[str], args) -> str:
     cells = summary["cells"]
-    out = [f"<!-- generated by `rlsched eval rlpto` ({args.eval_seeds} workloads per cell, seeds {EVAL_SEED_BASE}+) -->\n"]
+    out = [f"<!-- generated by `rlsched eval rlpto --budget {args.budget}` ({args.eval_seeds} workloads per cell, "
+           f"seeds {EVAL_SEED_BASE}+) -->\n",
+           f"Epoch budget of the jobs: **{_budget_text(args.budget)}**. FS, FCFS, Optimus, SLAQ and TRADL train "
+           "every job for its budget; RLPTO, beta-rule and FS+beta stop it by the β rule or at the budget.\n"]
     for title, key, fmt in (
         ("Table II — mean final accuracy (%)", "mean_accuracy", lambda v: f"{100 * v:.2f}"),
         ("Table III — total training time: sum of task completion times (h)", "sum_jct_h", lambda v: f"{v:.1f}"),
@@ -516,6 +540,16 @@ def _markdown(summary: dict, labels: list[str], args) -> str:
                 out.append(f"| {n} | {b:g} | {h['sum_jct_vs_fs_pct']:+.1f}% | {h['makespan_vs_fs_pct']:+.1f}% | "
                            f"{h['accuracy_vs_fs_points']:+.2f} |")
         out.append("")
+        if "FS+beta" in labels:
+            out.append("### Decomposition: the β stop alone (FS+beta vs FS) and RLPTO's scaling on top (RLPTO vs FS+beta)\n")
+            out.append("| nodes | β | FS+beta vs FS: sum of JCTs | makespan | accuracy (points) | RLPTO vs FS+beta: sum of JCTs |")
+            out.append("|---|---|---|---|---|---|")
+            for n in args.nodes:
+                for b in args.betas:
+                    h = summary["headline"][f"{n}nodes_beta{b}"]
+                    out.append(f"| {n} | {b:g} | {h['fs_beta_sum_jct_vs_fs_pct']:+.1f}% | {h['fs_beta_makespan_vs_fs_pct']:+.1f}% | "
+                               f"{h['fs_beta_accuracy_vs_fs_points']:+.2f} | {h['sum_jct_vs_fs_beta_pct']:+.1f}% |")
+            out.append("")
     return "\n".join(out)
 
 
@@ -531,8 +565,8 @@ def _plot_tables(summary: dict, labels: list[str], args, png: Path) -> None:
         for lab in labels:
             ax[0, c].plot(args.betas, [100 * cells[f"{lab}|{n}|{b}"]["mean_accuracy"] for b in args.betas], "o-", label=lab)
             ax[1, c].plot(args.betas, [cells[f"{lab}|{n}|{b}"]["sum_jct_h"] for b in args.betas], "o-", label=lab)
-        ax[0, c].set(xscale="log", title=f"{n} nodes: mean final accuracy (%)", xlabel="β")
-        ax[1, c].set(xscale="log", title=f"{n} nodes: total training time (sum of JCTs, h)", xlabel="β")
+        ax[0, c].set(xscale="log", title=f"{n} nodes, {args.budget} budget: mean final accuracy (%)", xlabel="β")
+        ax[1, c].set(xscale="log", title=f"{n} nodes, {args.budget} budget: sum of JCTs (h)", xlabel="β")
     ax[0, 0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=110)

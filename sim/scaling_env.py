@@ -13,7 +13,9 @@ Time advances in decision intervals of ``interval`` seconds. In every interval:
 3. every running job processes ``throughput(w) · interval`` samples. Its accuracy is
    evaluated after each epoch (the convergence model's curve plus its seeded noise);
    it stops when ``patience`` consecutive evaluations gain less than its ``beta``, or
-   at ``max_epochs`` (the β rule of RLPTO, as ``sim.convergence.stop_epoch``).
+   at ``max_epochs`` (the β rule of RLPTO, as ``sim.convergence.stop_epoch``). The
+   baselines' ``stop="epochs"`` trains every job for ``max_epochs``, its epoch budget
+   (``budget``: an oracle or a user's recipe, see :func:`make_jobs`).
 
 Throughput of ``w`` workers is synchronous data parallelism with ring all-reduce:
 ``w · batch / (compute + 2 (w − 1)/w · grad_gb / bandwidth)`` samples/s; each sample
@@ -44,11 +46,17 @@ from rlsched.core.learned import rlpto_observation
 
 from .convergence import ConvergenceModel
 
-__all__ = ["ScalingJob", "ScalingEnvConfig", "ScalingEnv", "make_jobs", "EpisodeResult", "K_W"]
+__all__ = ["ScalingJob", "ScalingEnvConfig", "ScalingEnv", "make_jobs", "EpisodeResult", "K_W", "BUDGETS"]
 
 #: RLPTO's worker-cost coefficient k_w
 K_W = 0.000625
 ACTIONS = (-1, 0, 1)
+#: epoch-budget models of :func:`make_jobs`
+BUDGETS = ("oracle", "recipe")
+#: range of the per-job over-provisioning factor of the "recipe" budget: a user's
+#: budget is at best what the job needs and at most twice that (mean 1.5x); chosen once,
+#: before any RLPTO result under it was seen (docs/training.md)
+OVERPROVISION = (1.0, 2.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +100,12 @@ class ScalingEnvConfig:
     #: how a job ends: "beta" (RLPTO's rule: ``patience`` evaluations gaining < β, or
     #: max_epochs) or "epochs" (the traditional fixed epoch budget, max_epochs)
     stop: str = "beta"
+    #: epoch budget of the generated jobs (:func:`make_jobs`): "oracle" or "recipe"
+    budget: str = "oracle"
 
     def __post_init__(self) -> None:
+        if self.budget not in BUDGETS:
+            raise ValueError(f"budget must be one of {BUDGETS}, not {self.budget!r}")
         if self.stop not in ("beta", "epochs"):
             raise ValueError(f"stop must be 'beta' or 'epochs', not {self.stop!r}")
         if self.nodes < 1 or self.interval <= 0 or self.step < 1 or self.n_jobs < 1:
@@ -108,14 +120,27 @@ def make_jobs(
     mean_interarrival: float = 300.0,
     max_workers: int = 8,
     converged_gap: float = 0.001,
+    budget: str = "oracle",
+    overprovision: tuple[float, float] = OVERPROVISION,
 ) -> list[ScalingJob]:
     """A synthetic elastic workload: Poisson arrivals; dataset size, step time, gradient
     size and convergence curve drawn per job (the first job arrives at 0).
 
-    Each job's epoch budget ``max_epochs`` is what a user who trains "to convergence"
-    would set: the epochs its noise-free curve needs, at the workers it asks for, to come
-    within ``converged_gap`` (0.1 accuracy points) of its plateau.
+    ``budget`` sets each job's epoch budget ``max_epochs``:
+
+    * ``"oracle"``: the epochs its noise-free curve needs, at the workers it asks for, to
+      come within ``converged_gap`` (0.1 accuracy points) of its plateau — a budget no
+      user can know before training;
+    * ``"recipe"``: a budget set from a recipe before training, independent of the
+      curve: the oracle epochs times a factor drawn per job from
+      ``U(*overprovision)``, rounded up. The factors are drawn after every other
+      attribute, so for one seed both models give the same jobs except ``max_epochs``.
     """
+    if budget not in BUDGETS:
+        raise ValueError(f"budget must be one of {BUDGETS}, not {budget!r}")
+    lo, hi = overprovision
+    if not 1.0 <= lo <= hi:
+        raise ValueError(f"overprovision must be (lo, hi) with 1 <= lo <= hi, got {overprovision!r}")
     t = 0.0
     jobs = []
     for k in range(n):
@@ -131,13 +156,13 @@ def make_jobs(
             "seed": int(rng.integers(2**31)),
         }
         spe = int(rng.integers(20_000, 80_001))
-        budget = ConvergenceModel(spe, **conv).epochs_to(conv["acc_max"] - converged_gap, workers)
+        needed = ConvergenceModel(spe, **conv).epochs_to(conv["acc_max"] - converged_gap, workers)
         jobs.append(
             ScalingJob(
                 id=f"job-{k:03d}",
                 submit_time=t,
                 workers=workers,
-                max_epochs=max(int(math.ceil(budget)), 1),
+                max_epochs=max(int(math.ceil(needed)), 1),
                 min_workers=1,
                 max_workers=max_workers,
                 compute_time=float(rng.uniform(0.1, 0.3)),
@@ -146,6 +171,9 @@ def make_jobs(
                 convergence=conv,
             )
         )
+    if budget == "recipe":
+        factors = rng.uniform(lo, hi, size=n)
+        jobs = [replace(j, max_epochs=int(math.ceil(j.max_epochs * float(f)))) for j, f in zip(jobs, factors)]
     return jobs
 
 
@@ -211,7 +239,7 @@ class ScalingEnv:
         elif self._factory is not None:
             specs = list(self._factory(rng))
         else:
-            specs = make_jobs(rng, self.config.n_jobs, self.config.mean_interarrival)
+            specs = make_jobs(rng, self.config.n_jobs, self.config.mean_interarrival, budget=self.config.budget)
         cfg = self.config
         self.state = ClusterState(self.topology)
         self.time = min(s.submit_time for s in specs)

@@ -235,3 +235,34 @@ def test_rollout_pool_results_do_not_depend_on_worker_count():
             np.testing.assert_array_equal(tx["act"], ty["act"])
     with pytest.raises(RuntimeError, match=r"rlsched\[ray\]"):
         make_pool("ray")
+
+
+def test_budget_flag_reaches_training_evaluation_and_metadata(tmp_path):
+    import json
+
+    from rlsched.models.cli import build_algo_parser
+
+    args = build_algo_parser("train", "rlpto", R).parse_args(["--budget", "recipe"])
+    assert R._env_for(R._env_cfg(args), 4, 0.001).config.budget == "recipe"
+    assert build_algo_parser("train", "rlpto", R).parse_args([]).budget == "oracle"  # old results stay reproducible
+    with pytest.raises(SystemExit):
+        run("eval", "rlpto", ["--budget", "guess"])
+    w = _tiny_train(tmp_path, "--budget", "recipe")
+    meta = RLPTOScaling(path=w).metadata
+    assert meta["training"]["budget"] == "recipe" and meta["trained_on"]["budget"].startswith("recipe")
+    res = tmp_path / "res"
+    argv = ["--weights", str(w), "--budget", "recipe", "--results", str(res), "--policies", "RLPTO", "FS", "FS+beta",
+            "--nodes", "4", "--n-jobs", "3", "--betas", "0.001", "--eval-seeds", "2", "--workers", "0"]
+    assert run("eval", "rlpto", argv) == 0
+    assert "--budget recipe" in (res / "rlpto_tables_recipe.md").read_text()
+    assert (res / "rlpto_eval_episodes_recipe.csv").is_file() and not (res / "rlpto_tables_oracle.md").exists()
+    summary = json.loads((res / "rlpto_tables_recipe.json").read_text())
+    assert summary["budget"] == "recipe"
+    h = summary["headline"]["4nodes_beta0.001"]
+    c = summary["cells"]
+    assert h["fs_beta_sum_jct_vs_fs_pct"] == pytest.approx(100 * (c["FS+beta|4|0.001"]["sum_jct_h"] / c["FS|4|0.001"]["sum_jct_h"] - 1))
+    # the decomposition multiplies back: (RLPTO/FS) = (FS+beta/FS) * (RLPTO/FS+beta)
+    assert 1 + h["sum_jct_vs_fs_pct"] / 100 == pytest.approx(
+        (1 + h["fs_beta_sum_jct_vs_fs_pct"] / 100) * (1 + h["sum_jct_vs_fs_beta_pct"] / 100))
+    ev = RLPTOScaling(path=w).metadata["evaluation"]["rlpto_tables_recipe"]
+    assert ev["budget"].startswith("recipe") and ev["vs_fs"]["4nodes_beta0.001"] == h
