@@ -6,7 +6,12 @@ SPEC forms (see docs/simulator.md for the formats):
     Alibaba GPU cluster trace 2023 (openb): ``openb_pod_list_<list>.csv`` and
     ``openb_node_list_gpu_node.csv`` in ``<data-dir>/alibaba-gpu-2023``.
     The four real-trace forms accept ``,arrival_scale=X``: submit times × X (X < 1
-    compresses arrivals to raise the load; durations are kept).
+    compresses arrivals to raise the load; durations are kept); ``,nodes=N``: replay on
+    N of the trace's nodes (every k-th node in file order, so the GPU-model mix is
+    kept; jobs that fit none of them are dropped and counted in
+    ``skipped["unfit_subset"]``); ``,load=X``: the arrival scale that makes the offered
+    load (GPU-seconds asked / (GPUs × submission span)) equal X on the (sub)cluster.
+    ``load`` and ``arrival_scale`` exclude each other.
 ``pai2020:<dir>``
     Alibaba PAI 2020 (header-less ``pai_job_table.csv``, ``pai_task_table.csv``,
     ``pai_machine_spec.csv``), ``<dir>`` absolute or under the data dir.
@@ -99,11 +104,16 @@ def load_trace(
             trace = _philly(_resolve(arg, ddir), skip_bad)
         else:
             trace = _helios(_resolve(arg, ddir), skip_bad)
-        scale = opts.get("arrival_scale", 1.0)
+        if "nodes" in opts:
+            _subset_nodes(trace, int(opts["nodes"]))
+        if "load" in opts:
+            scale = _scale_for_load(trace, opts["load"])
+        else:
+            scale = opts.get("arrival_scale", 1.0)
         if scale != 1.0:
             trace.jobs = [j.with_(submit_time=j.submit_time * scale) for j in trace.jobs]
-            trace.name += f",arrival_scale={scale:g}"
-            trace.notes.append(f"submit times scaled by {scale:g} (durations unchanged)")
+            trace.name += f",load={opts['load']:g}" if "load" in opts else f",arrival_scale={scale:g}"
+            trace.notes.append(f"submit times scaled by {scale:.4g} (durations unchanged)")
         return trace
     path = Path(spec)
     if path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():
@@ -114,22 +124,63 @@ def load_trace(
     )
 
 
+_TRACE_OPTIONS = ("arrival_scale", "nodes", "load")
+
+
 def _trace_options(arg: str) -> tuple[str, dict[str, float]]:
-    """``name[,arrival_scale=X]``: the trace name/path and its options."""
+    """``name[,arrival_scale=X][,nodes=N][,load=X]``: the trace name/path and its options."""
     name, *rest = arg.split(",")
     opts: dict[str, float] = {}
     for item in rest:
         k, eq, v = item.partition("=")
         k = k.strip()
-        if k != "arrival_scale" or not eq:
-            raise TraceError(f"unknown trace option {item!r}; known: arrival_scale=X")
+        if k not in _TRACE_OPTIONS or not eq:
+            raise TraceError(f"unknown trace option {item!r}; known: arrival_scale=X, nodes=N, load=X")
         try:
             opts[k] = float(v)
         except ValueError:
-            raise TraceError(f"arrival_scale={v!r} is not a number") from None
+            raise TraceError(f"{k}={v!r} is not a number") from None
         if not opts[k] > 0:
-            raise TraceError("arrival_scale must be > 0")
+            raise TraceError(f"{k} must be > 0")
+    if "nodes" in opts and opts["nodes"] != int(opts["nodes"]):
+        raise TraceError(f"nodes={opts['nodes']:g} is not a whole number")
+    if "load" in opts and "arrival_scale" in opts:
+        raise TraceError("give load=X or arrival_scale=X, not both")
     return name, opts
+
+
+def _subset_nodes(trace: Trace, n: int) -> None:
+    """Keep ``n`` of the trace's nodes, every k-th in file order; drop (and count) the
+    jobs that no kept node can host."""
+    if trace.topology is None:
+        raise TraceError("nodes=N needs a trace that carries its cluster")
+    nodes = trace.topology.nodes
+    if n > len(nodes):
+        raise TraceError(f"nodes={n} but the trace has only {len(nodes)} nodes")
+    idx = np.unique(np.floor(np.arange(n) * len(nodes) / n).astype(int))
+    keep = [nodes[i] for i in idx]
+    trace.topology = Topology(_racked([dict(name=x.name, gpus=x.gpus, gpu_model=x.gpu_model, cpu_milli=x.cpu_milli, memory_mib=x.memory_mib) for x in keep]), trace.topology.bandwidth)
+    kept = []
+    for j in trace.jobs:
+        if any(x.gpus >= j.gpus_per_worker and (j.gpu_models is None or x.gpu_model in j.gpu_models) for x in keep):
+            kept.append(j)
+        else:
+            trace.skip("unfit_subset")
+    trace.jobs = kept
+    trace.name += f",nodes={n}"
+    trace.notes.append(f"replayed on {n} of {len(nodes)} nodes; {trace.skipped.get('unfit_subset', 0)} jobs fit none of them and were dropped")
+
+
+def _scale_for_load(trace: Trace, load: float) -> float:
+    """Arrival scale giving offered load ``load``: Σ GPUs × duration over
+    (cluster GPUs × submission span × scale)."""
+    if trace.topology is None or not trace.jobs:
+        raise TraceError("load=X needs a trace with jobs and a cluster")
+    work = sum(j.workers * j.gpus_per_worker * j.duration for j in trace.jobs if j.duration)
+    span = max(j.submit_time for j in trace.jobs) - min(j.submit_time for j in trace.jobs)
+    if span <= 0 or work <= 0:
+        raise TraceError("load=X needs jobs with durations submitted over a time span")
+    return work / (load * trace.topology.total_gpus * span)
 
 
 def _need_dir(ddir: Path | None, sub: str) -> Path:
@@ -568,9 +619,10 @@ def synthetic(arg: str = "small", *, seed: int = 0) -> Trace:
     """Seeded multi-worker training jobs on a uniform cluster.
 
     ``arg`` = ``<small|medium|large>[,jobs=N,nodes=N,gpus_per_node=N,racks=N,
-    arrival_rate=X,max_workers=N,load=X,seed=N]``. Each job picks a model from
+    arrival_rate=X,max_workers=N,load=X,runtime_sigma=X,seed=N]``. Each job picks a model from
     :data:`MODEL_ZOO`, a worker count (powers of two up to ``max_workers``) and GPUs
-    per worker, a target ideal run time (log-normal, median 30 min) from which its
+    per worker, a target ideal run time (log-normal, median 30 min, shape
+    ``runtime_sigma``, default 1.1; clipped to 2 min .. 7 days) from which its
     dataset size follows, and a convergence threshold ``beta``. Arrivals are Poisson;
     without ``arrival_rate`` the rate gives an offered load of ``load`` (default 0.6)
     of the cluster's GPUs.
@@ -579,18 +631,18 @@ def synthetic(arg: str = "small", *, seed: int = 0) -> Trace:
     if preset not in SYNTHETIC_PRESETS:
         raise TraceError(f"unknown synthetic preset {preset!r}; known: {', '.join(SYNTHETIC_PRESETS)}")
     p: dict[str, float] = dict(SYNTHETIC_PRESETS[preset])
-    p.update(max_workers=8, load=0.6, seed=seed)
+    p.update(max_workers=8, load=0.6, runtime_sigma=1.1, seed=seed)
     known = set(p) | {"arrival_rate"}
     for k, v in kv.items():
         if k not in known:
             raise TraceError(f"synthetic: unknown parameter {k!r}; known: {', '.join(sorted(known))}")
         try:
-            p[k] = float(v) if k in ("arrival_rate", "load") else int(v)
+            p[k] = float(v) if k in ("arrival_rate", "load", "runtime_sigma") else int(v)
         except ValueError:
             raise TraceError(f"synthetic: {k}={v!r} is not a number") from None
     n, nodes, gpn, racks = int(p["jobs"]), int(p["nodes"]), int(p["gpus_per_node"]), int(p["racks"])
-    if n < 1 or nodes < 1 or gpn < 1 or racks < 1 or p["max_workers"] < 1 or p["load"] <= 0:
-        raise TraceError("synthetic: jobs, nodes, gpus_per_node, racks, max_workers must be >= 1, load > 0")
+    if n < 1 or nodes < 1 or gpn < 1 or racks < 1 or p["max_workers"] < 1 or p["load"] <= 0 or p["runtime_sigma"] < 0:
+        raise TraceError("synthetic: jobs, nodes, gpus_per_node, racks, max_workers must be >= 1, load > 0, runtime_sigma >= 0")
     topo = Topology.uniform(nodes, gpn, racks=min(racks, nodes), blocks=max(1, min(racks, nodes) // 10))
     rng = np.random.default_rng(int(p["seed"]))
 
@@ -603,7 +655,7 @@ def synthetic(arg: str = "small", *, seed: int = 0) -> Trace:
     g_choices = [g for g in (1, 2, 4, 8) if g <= gpn] or [1]
     g_p = np.array([0.55, 0.2, 0.1, 0.15][: len(g_choices)])
     gpw = np.array(g_choices)[rng.choice(len(g_choices), size=n, p=g_p / g_p.sum())]
-    runtime = np.clip(rng.lognormal(math.log(1800.0), 1.1, size=n), 120.0, 7 * 86400.0)
+    runtime = np.clip(rng.lognormal(math.log(1800.0), float(p["runtime_sigma"]), size=n), 120.0, 7 * 86400.0)
     beta = rng.choice([0.001, 0.002, 0.004], size=n)
     tau = rng.uniform(3.0, 8.0, size=n)
     acc_max = rng.uniform(0.7, 0.95, size=n)

@@ -190,3 +190,49 @@ def test_alibaba2023_list_without_times():
     assert [(j.id, j.submit_time, j.duration, j.gpus_per_worker) for j in tr.jobs] == [
         ("pod-0", 0.0, 3600.0, 1), ("pod-1", 1.0, 3600.0, 2)]
     assert any("no times" in n for n in tr.notes)
+
+
+def test_nodes_option_keeps_every_kth_node_and_drops_jobs_that_fit_none():
+    full = load_trace("alibaba2023:default", data_dir=DATA)
+    names = [n.name for n in full.topology.nodes]  # GPU nodes in file order
+    tr = load_trace("alibaba2023:default,nodes=2", data_dir=DATA)
+    kept = [n.name for n in tr.topology.nodes]
+    assert kept == [names[0], names[len(names) // 2]]
+    biggest = max(n.gpus for n in tr.topology.nodes)
+    assert all(j.gpus_per_worker <= biggest for j in tr.jobs)
+    dropped = [j for j in full.jobs if not any(n.gpus >= j.gpus_per_worker and (j.gpu_models is None or n.gpu_model in j.gpu_models) for n in tr.topology.nodes)]
+    assert tr.skipped.get("unfit_subset", 0) == len(dropped)
+    assert len(tr.jobs) + len(dropped) == len(full.jobs)
+    assert tr.name.endswith(",nodes=2")
+    with pytest.raises(TraceError, match="only"):
+        load_trace(f"alibaba2023:default,nodes={len(names) + 1}", data_dir=DATA)
+    with pytest.raises(TraceError, match="whole number"):
+        load_trace("alibaba2023:default,nodes=1.5", data_dir=DATA)
+
+
+def test_load_option_sets_the_offered_load():
+    tr = load_trace("alibaba2023:default,load=0.5", data_dir=DATA)
+    work = sum(j.workers * j.gpus_per_worker * j.duration for j in tr.jobs)
+    span = max(j.submit_time for j in tr.jobs) - min(j.submit_time for j in tr.jobs)
+    assert work / (tr.topology.total_gpus * span) == pytest.approx(0.5)
+    base = {j.id: j.submit_time for j in load_trace("alibaba2023:default", data_dir=DATA).jobs}
+    ratios = {round(j.submit_time / base[j.id], 9) for j in tr.jobs if base[j.id] > 0}
+    assert len(ratios) == 1  # one scale for every submit time; durations kept
+    with pytest.raises(TraceError, match="not both"):
+        load_trace("alibaba2023:default,load=1,arrival_scale=0.5", data_dir=DATA)
+    with pytest.raises(TraceError, match="must be > 0"):
+        load_trace("alibaba2023:default,load=0", data_dir=DATA)
+
+
+def test_synthetic_runtime_sigma_widens_the_runtime_spread():
+    def spread(sigma):
+        tr = load_trace(f"synthetic:small,jobs=400,runtime_sigma={sigma}", seed=3)
+        ideal = np.array([j.samples_per_epoch * j.max_epochs for j in tr.jobs], dtype=float)
+        return np.log(ideal).std()
+
+    assert spread(2.0) > spread(1.1) > spread(0.3)
+    default = [(j.id, j.samples_per_epoch) for j in load_trace("synthetic:small", seed=3).jobs]
+    same = [(j.id, j.samples_per_epoch) for j in load_trace("synthetic:small,runtime_sigma=1.1", seed=3).jobs]
+    assert default == same
+    with pytest.raises(TraceError):
+        load_trace("synthetic:small,runtime_sigma=-1", seed=3)
