@@ -10,6 +10,12 @@ encoder over a window of jobs. Per job ``j`` in the window (oldest first)::
     H   = TransformerEncoder(h)                    self-attention over the window
     logit_j = w_o . H_j + b_o
 
+The window is the ``W`` oldest pending jobs (``window_select="oldest"``, the layout of
+models trained before it existed), or (``"mixed"``) the ``ceil(W/2)`` oldest plus the
+shortest-remaining of the rest, those that fit now first; either way the window is
+listed oldest first. The mixed window keeps old jobs in view (no starvation) and lets
+the agent see short jobs queued behind a long backlog.
+
 The agent starts the job with the highest logit among those that fit now; as an
 :class:`~rlsched.core.policy.Ordering` it ranks the window by queue class and priority
 (as every ordering does), then jobs that fit first, then by logit, and keeps jobs beyond the window in FIFO order after it.
@@ -33,6 +39,7 @@ from . import nn
 from . import das as _das
 from .cluster import QUEUES, ClusterState, JobView
 from .placement import worker_slots
+from .ordering import remaining_time
 from .policy import register_ordering, register_placement
 
 __all__ = [
@@ -45,6 +52,8 @@ __all__ = [
     "cluster_summary",
     "positional_encoding",
     "fits_now",
+    "select_window",
+    "WINDOW_SELECT",
     "das_logits",
     "DASOrdering",
     "PLACEMENT_FEATURES",
@@ -86,6 +95,27 @@ def fits_now(job: JobView, state: ClusterState) -> bool:
     """Whether ``job.workers`` workers fit the free capacity now (several workers may
     share a node; CPU and memory count when the job asks for them)."""
     return int(worker_slots(job, state).sum()) >= job.workers
+
+
+#: Ways to pick the window of pending jobs (see the module docstring).
+WINDOW_SELECT = ("oldest", "mixed")
+
+
+def _age_key(job: JobView) -> tuple:
+    return (job.submit_time, job.id)
+
+
+def select_window(pending: Sequence[JobView], state: ClusterState, window: int, mode: str = "oldest") -> list[JobView]:
+    """The (at most ``window``) pending jobs the agent chooses from, oldest first."""
+    if mode not in WINDOW_SELECT:
+        raise ValueError(f"window_select must be one of {WINDOW_SELECT}, not {mode!r}")
+    fifo = sorted(pending, key=_age_key)
+    if mode == "oldest" or len(fifo) <= window:
+        return fifo[:window]
+    n_old = (window + 1) // 2
+    rest = fifo[n_old:]
+    short = sorted(rest, key=lambda j: (not fits_now(j, state), remaining_time(j), _age_key(j)))
+    return sorted(fifo[:n_old] + short[: window - n_old], key=_age_key)
 
 
 def job_features(job: JobView, state: ClusterState) -> np.ndarray:
@@ -199,16 +229,19 @@ class DASOrdering:
             self.window = int(arch["window"])
             self.num_heads = int(arch["num_heads"])
             self.num_layers = int(arch["num_layers"])
+            self.window_select = str(arch.get("window_select", "oldest"))
+            if self.window_select not in WINDOW_SELECT:
+                raise ValueError(f"unknown window_select {self.window_select!r}")
         except (nn.PolicyFileError, KeyError, TypeError, ValueError) as exc:
             self.fallback = f"{type(exc).__name__}: {exc}"
             self.window, self.num_heads, self.num_layers = 0, 1, 0
+            self.window_select = "oldest"
             log.warning("DAS ordering: cannot load %s (%s); falling back to FIFO", self.path, self.fallback)
 
     def observe(self, pending: Sequence[JobView], state: ClusterState) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[JobView]]:
-        """``(jobs [W, F], cluster [C], valid [W], window_jobs)`` for the oldest
-        ``window`` pending jobs."""
-        fifo = sorted(pending, key=lambda j: (j.submit_time, j.id))
-        head = fifo[: self.window]
+        """``(jobs [W, F], cluster [C], valid [W], window_jobs)`` for the window of
+        pending jobs (:func:`select_window`)."""
+        head = select_window(pending, state, self.window, self.window_select)
         feats = np.zeros((self.window, len(JOB_FEATURES)), dtype=np.float32)
         for k, job in enumerate(head):
             feats[k] = job_features(job, state)
@@ -229,7 +262,8 @@ class DASOrdering:
             range(len(head)),
             key=lambda k: (_QUEUE_RANK.get(head[k].queue, 1.0), -head[k].priority, not fits[k], -logits[k], k),
         )
-        return [head[k] for k in order] + fifo[self.window :]
+        chosen = {id(j) for j in head}
+        return [head[k] for k in order] + [j for j in fifo if id(j) not in chosen]
 
     def __repr__(self) -> str:
         return f"DASOrdering(model={str(self.path)!r}{', fallback=FIFO' if self.fallback else ''})"

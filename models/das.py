@@ -193,7 +193,24 @@ def make_workload(env: dict) -> Callable:
 
 
 def _env_config(args: dict) -> EnvConfig:
-    return EnvConfig(window=int(args["window"]), fee_weight=float(args["fee_weight"]), time_scale=float(args["time_scale"]))
+    return EnvConfig(
+        window=int(args["window"]),
+        window_select=str(args.get("window_select", "oldest")),
+        fee_weight=float(args["fee_weight"]),
+        time_scale=float(args["time_scale"]),
+    )
+
+
+def teacher_slot(core: SchedulingCore, ordering, mask: np.ndarray) -> int:
+    """The window slot a heuristic ``ordering`` (a core Ordering) would start: its
+    highest-ranked job among those that fit now."""
+    window = core.window_jobs()
+    slot_of = {id(j): k for k, j in enumerate(window)}
+    for job in ordering.rank(window, core.sim.state):
+        k = slot_of[id(job)]
+        if mask[k]:
+            return k
+    raise ValueError("no job of the window fits now")
 
 
 def das_act(
@@ -236,6 +253,7 @@ def collect_das(task: dict) -> dict:
     core = SchedulingCore(make_workload(task["env"]), cfg)
     rng = np.random.default_rng(task["seed"])
     placement = PlacementRWGP(task["arch"]["lam"], task["arch"]["gp_noise"])
+    teacher = make_ordering(task["teacher"]) if task.get("teacher") else None
     out: dict[str, list] = {k: [] for k in ("jobs", "cluster", "valid", "mask", "slot", "pfeats", "scores", "smoother", "white", "state", "reward", "done")}
     returns, jcts, fees = [], [], []
     for _ in range(task["episodes"]):
@@ -245,6 +263,10 @@ def collect_das(task: dict) -> dict:
         smoother32 = smoother.astype(np.float32)
         while not core.done:
             d = das_act(core, task["weights"], task["arch"], rng, (smoother, chol))
+            if teacher is not None:  # behaviour cloning: the heuristic picks the job
+                d["slot"] = teacher_slot(core, teacher, d["mask"])
+                d["job"] = core.window_jobs()[d["slot"]]
+                d["pfeats"], _ = core.placement_obs(d["job"])
             st = core.state_vector(0, obs=(d["jobs"], d["cluster"], d["valid"]), mask=d["mask"])
             nodes = core.place_by_scores(d["job"], d["scores"])
             r = core.start(d["slot"], nodes)
@@ -428,6 +450,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ent-coef", type=float, default=0.01)
     parser.add_argument("--reward-scale", type=float, default=0.1)
     parser.add_argument("--window", type=int, default=16)
+    parser.add_argument("--window-select", choices=("oldest", "mixed"), default="oldest", help="which pending jobs fill the window (core.das_agent.select_window)")
+    parser.add_argument("--bc-teacher", default=None, help="core ordering to imitate first (e.g. sjf); with --bc-iterations")
+    parser.add_argument("--bc-iterations", type=int, default=0, help="behaviour-cloning iterations before MAPPO")
     parser.add_argument("--d-model", type=int, default=32)
     parser.add_argument("--heads", type=int, default=2)
     parser.add_argument("--layers", type=int, default=1)
@@ -455,7 +480,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def train(args) -> int:
     torch.set_num_threads(1)
     rng = seed_everything(args.seed)
-    env = {"trace": args.trace, "episode_jobs": args.episode_jobs, "window": args.window, "fee_weight": args.fee_weight, "time_scale": args.time_scale}
+    env = {
+        "trace": args.trace,
+        "episode_jobs": args.episode_jobs,
+        "window": args.window,
+        "window_select": getattr(args, "window_select", "oldest"),
+        "fee_weight": args.fee_weight,
+        "time_scale": args.time_scale,
+    }
     cfg = _env_config(env)
     env["workload"] = getattr(args, "workload", None)
     probe = SchedulingCore(make_workload(env), cfg)
@@ -467,32 +499,37 @@ def train(args) -> int:
         agent.ordering.load_state_dict({k: torch.as_tensor(v) for k, v in init.items() if not k.startswith("placement.")})
         agent.placement.load_state_dict({k[len("placement.") :]: torch.as_tensor(v) for k, v in init.items() if k.startswith("placement.")})
     opt = torch.optim.Adam(agent.parameters(), lr=args.lr)
-    arch = {**agent.ordering.architecture(), "lam": args.rw_lambda, "gp_noise": args.gp_noise}
+    arch = {**agent.ordering.architecture(), "window_select": env["window_select"], "lam": args.rw_lambda, "gp_noise": args.gp_noise}
+    bc_iters = int(getattr(args, "bc_iterations", 0) or 0)
+    teacher = getattr(args, "bc_teacher", None)
+    if bc_iters and not teacher:
+        raise ValueError("--bc-iterations needs --bc-teacher")
     logf = CSVLog(args.results / f"{args.tag}_train.csv")
     t0 = time.time()
     from tqdm import tqdm
 
     with RolloutPool(collect_das, args.workers, args.engine) as pool:
-        bar = tqdm(range(args.iterations), desc=f"train {args.tag}", unit="it")
+        bar = tqdm(range(bc_iters + args.iterations), desc=f"train {args.tag}", unit="it")
         for it in bar:
+            bc = it < bc_iters
             weights = agent.numpy_weights()
             per = split_episodes(args.episodes_per_iter, pool.workers)
             tasks = [
-                {"weights": weights, "arch": arch, "env": env, "seed": int(rng.integers(0, 2**31 - 1)), "episodes": n}
+                {"weights": weights, "arch": arch, "env": env, "seed": int(rng.integers(0, 2**31 - 1)), "episodes": n, "teacher": teacher if bc else None}
                 for n in per
                 if n > 0
             ]
             data = merge(pool.map(tasks))
-            stats = _mappo_update(agent, opt, data, args, rng)
-            row = iteration_row(it, data, stats, t0)
+            stats = _bc_update(agent, opt, data, args, rng) if bc else _mappo_update(agent, opt, data, args, rng)
+            row = {"phase": f"bc:{teacher}" if bc else "mappo", **iteration_row(it, data, stats, t0)}
             logf.write(row)
             bar.set_postfix(ret=f"{row['episode_return']:.2f}", jct=f"{row['episode_jct_mean']:.0f}")
-            if args.checkpoint_every and (it + 1) % args.checkpoint_every == 0 and it + 1 < args.iterations:
+            if args.checkpoint_every and (it + 1) % args.checkpoint_every == 0 and it + 1 < bc_iters + args.iterations:
                 _export_das(args, agent, arch, time.time() - t0, it + 1)
                 plot_curve(logf.rows, args.results / f"{args.tag}_learning_curve.png", "iteration", ["episode_return", "episode_jct_mean", "episode_fee"], f"DAS (MAPPO) on {args.trace}")
     wall = time.time() - t0
     plot_curve(logf.rows, args.results / f"{args.tag}_learning_curve.png", "iteration", ["episode_return", "episode_jct_mean", "episode_fee"], f"DAS (MAPPO) on {args.trace}")
-    _export_das(args, agent, arch, wall, args.iterations)
+    _export_das(args, agent, arch, wall, bc_iters + args.iterations)
     print(f"wrote {args.out} ({wall:.0f} s)")
     return 0
 
@@ -587,7 +624,41 @@ def _mappo_update(agent: DASAgent, opt, data: dict, args, rng) -> dict:
             hist["approx_kl"].append(float(((ro - 1) - (lo - mb["lo_old"])).mean().detach()))
     out = {k: float(np.mean(v)) for k, v in hist.items()}
     out["placement_std"] = float(agent.placement.log_std.detach().exp())
+    out["bc_accuracy"] = math.nan
     return out
+
+
+def _bc_update(agent: DASAgent, opt, data: dict, args, rng) -> dict:
+    """Behaviour cloning of the teacher's choices: cross-entropy on the ordering
+    logits (over the jobs that fit) and the critic regressed on the discounted
+    returns of the teacher's episodes (so MAPPO starts with a fitted critic). The
+    placement agent is not changed."""
+    rewards = np.asarray(data["reward"], dtype=np.float64) * args.reward_scale
+    dones = np.asarray(data["done"], dtype=np.float64)
+    _, ret = gae(rewards, np.zeros_like(rewards), dones, 0.0, args.gamma, 1.0)
+    jobs, clus = _tensor(data["jobs"]), _tensor(data["cluster"])
+    valid, mask = _tensor(data["valid"], torch.bool), _tensor(data["mask"], torch.bool)
+    slot, states, ret_t = _tensor(data["slot"], torch.long), _tensor(data["state"]), _tensor(ret)
+    n = len(rewards)
+    hist: dict[str, list[float]] = {"loss_ordering": [], "loss_value": [], "bc_accuracy": []}
+    for _ in range(args.epochs):
+        perm = rng.permutation(n)
+        for s in range(0, n, args.minibatch):
+            idx = torch.as_tensor(perm[s : s + args.minibatch])
+            logits = agent.ordering(jobs[idx], clus[idx], valid[idx]).masked_fill(~mask[idx], float("-inf"))
+            loss_o = nn.functional.cross_entropy(logits, slot[idx])
+            loss_v = 0.5 * ((agent.critic(states[idx]) - ret_t[idx]) ** 2).mean()
+            opt.zero_grad()
+            (loss_o + 0.5 * loss_v).backward()
+            for part in (agent.ordering, agent.critic):
+                torch.nn.utils.clip_grad_norm_(part.parameters(), 0.5)
+            opt.step()
+            hist["loss_ordering"].append(float(loss_o.detach()))
+            hist["loss_value"].append(float(loss_v.detach()))
+            hist["bc_accuracy"].append(float((logits.argmax(-1) == slot[idx]).float().mean()))
+    out = {k: float(np.mean(v)) for k, v in hist.items()}
+    # the same columns as a MAPPO iteration, so one CSV holds both phases
+    return {"loss_ordering": out["loss_ordering"], "loss_placement": math.nan, "loss_value": out["loss_value"], "entropy": math.nan, "approx_kl": math.nan, "placement_std": float(agent.placement.log_std.detach().exp()), "bc_accuracy": out["bc_accuracy"]}
 
 
 def _log_probs(agent: DASAgent, b: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -711,7 +782,7 @@ def evaluate(args) -> int:
     model = args.model or args.out
     weights, meta = core_nn.load_policy_file(model, policy="das")
     arch = meta["architecture"]
-    env_cfg = EnvConfig(window=int(arch["window"]), fee_weight=args.fee_weight, time_scale=args.time_scale)
+    env_cfg = EnvConfig(window=int(arch["window"]), window_select=str(arch.get("window_select", "oldest")), fee_weight=args.fee_weight, time_scale=args.time_scale)
 
     rwgp = PlacementRWGP(float(arch["lam"]), float(arch.get("gp_noise", 1.0)))
 

@@ -53,6 +53,8 @@ from rlsched.core.das_agent import (
     node_features,
     placement_features,
     rack_first_fill,
+    select_window,
+    WINDOW_SELECT,
 )
 from rlsched.core.placement import worker_slots
 
@@ -103,7 +105,8 @@ def trace_workload(spec: str, jobs: int | None = None) -> Workload:
 class EnvConfig:
     """Options of the scheduling environments.
 
-    ``window``: job slots the agents choose from. ``time_scale``: seconds per unit of
+    ``window``: job slots the agents choose from; ``window_select``: which pending jobs
+    fill them (:func:`rlsched.core.das_agent.select_window`). ``time_scale``: seconds per unit of
     the JCT reward. ``fee_weight``: reward units per dollar of fee. ``image_steps`` x
     ``image_dt``: horizon of the cluster image (node x future time busy share).
     ``placements``: the heuristics :class:`SchedulingEnv` offers. ``max_nodes``: node
@@ -111,6 +114,7 @@ class EnvConfig:
     """
 
     window: int = 16
+    window_select: str = "oldest"
     time_scale: float = 3600.0
     fee_weight: float = 0.02
     image_steps: int = 16
@@ -119,6 +123,8 @@ class EnvConfig:
     sim: SimConfig = field(default_factory=lambda: SimConfig(record_series=False))
 
     def __post_init__(self) -> None:
+        if self.window_select not in WINDOW_SELECT:
+            raise ValueError(f"window_select must be one of {WINDOW_SELECT}, not {self.window_select!r}")
         if self.window < 1 or self.image_steps < 1:
             raise ValueError("window and image_steps must be >= 1")
         if self.time_scale <= 0 or self.image_dt <= 0 or self.fee_weight < 0:
@@ -159,8 +165,7 @@ class SchedulingCore:
         return self.sim is None or (self.sim.done and not self.mask().any())
 
     def window_jobs(self) -> list[JobView]:
-        pending = sorted(self.sim.pending, key=lambda j: (j.submit_time, j.id))
-        return pending[: self.config.window]
+        return select_window(self.sim.pending, self.sim.state, self.config.window, self.config.window_select)
 
     def mask(self) -> np.ndarray:
         """Bool per job slot: holds a job that fits now."""
