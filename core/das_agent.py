@@ -12,8 +12,9 @@ encoder over a window of jobs. Per job ``j`` in the window (oldest first)::
 
 The window is the ``W`` oldest pending jobs (``window_select="oldest"``, the layout of
 models trained before it existed), or (``"mixed"``) the ``ceil(W/2)`` oldest plus the
-shortest-remaining of the rest, those that fit now first; either way the window is
-listed oldest first. The mixed window keeps old jobs in view (no starvation) and lets
+shortest-remaining of the rest, those that fit now first, or (``"shortest"``) only the
+shortest-remaining jobs, those that fit now first; the window is always listed oldest
+first. The mixed window keeps old jobs in view (no starvation) and lets
 the agent see short jobs queued behind a long backlog.
 
 The agent starts the job with the highest logit among those that fit now; as an
@@ -98,7 +99,7 @@ def fits_now(job: JobView, state: ClusterState) -> bool:
 
 
 #: Ways to pick the window of pending jobs (see the module docstring).
-WINDOW_SELECT = ("oldest", "mixed")
+WINDOW_SELECT = ("oldest", "mixed", "shortest")
 
 
 def _age_key(job: JobView) -> tuple:
@@ -112,7 +113,7 @@ def select_window(pending: Sequence[JobView], state: ClusterState, window: int, 
     fifo = sorted(pending, key=_age_key)
     if mode == "oldest" or len(fifo) <= window:
         return fifo[:window]
-    n_old = (window + 1) // 2
+    n_old = (window + 1) // 2 if mode == "mixed" else 0
     rest = fifo[n_old:]
     short = sorted(rest, key=lambda j: (not fits_now(j, state), remaining_time(j), _age_key(j)))
     return sorted(fifo[:n_old] + short[: window - n_old], key=_age_key)

@@ -453,7 +453,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ent-coef", type=float, default=0.01)
     parser.add_argument("--reward-scale", type=float, default=0.1)
     parser.add_argument("--window", type=int, default=16)
-    parser.add_argument("--window-select", choices=("oldest", "mixed"), default="oldest", help="which pending jobs fill the window (core.das_agent.select_window)")
+    parser.add_argument("--window-select", choices=("oldest", "mixed", "shortest"), default="oldest", help="which pending jobs fill the window (core.das_agent.select_window)")
     parser.add_argument("--bc-teacher", default=None, help="core ordering to imitate first (e.g. sjf); with --bc-iterations")
     parser.add_argument("--bc-iterations", type=int, default=0, help="behaviour-cloning iterations before MAPPO")
     parser.add_argument("--d-model", type=int, default=32)

@@ -58,3 +58,8 @@ def test_das_ordering_ranks_every_pending_job_exactly_once(tmp_path):
     ranked = order.rank(jobs, _state())
     assert sorted(j.id for j in ranked) == sorted(j.id for j in jobs)
     assert len(ranked) == len(jobs)
+
+
+def test_shortest_window_is_the_shortest_jobs_listed_oldest_first():
+    jobs = _jobs(20)
+    assert [j.id for j in select_window(jobs[::-1], _state(), 4, "shortest")] == ["j16", "j17", "j18", "j19"]
