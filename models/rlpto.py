@@ -531,25 +531,23 @@ def _markdown(summary: dict, labels: list[str], args) -> str:
                 out.append(f"| {lab} | " + " | ".join(fmt(cells[f'{lab}|{n}|{b}'][key]) for b in args.betas) + " |")
             out.append("")
     if summary["headline"]:
-        out.append("### RLPTO vs FS\n")
-        out.append("| nodes | β | sum of JCTs | makespan | accuracy (points) |")
-        out.append("|---|---|---|---|---|")
-        for n in args.nodes:
-            for b in args.betas:
-                h = summary["headline"][f"{n}nodes_beta{b}"]
-                out.append(f"| {n} | {b:g} | {h['sum_jct_vs_fs_pct']:+.1f}% | {h['makespan_vs_fs_pct']:+.1f}% | "
-                           f"{h['accuracy_vs_fs_points']:+.2f} |")
-        out.append("")
-        if "FS+beta" in labels:
-            out.append("### Decomposition: the β stop alone (FS+beta vs FS) and RLPTO's scaling on top (RLPTO vs FS+beta)\n")
-            out.append("| nodes | β | FS+beta vs FS: sum of JCTs | makespan | accuracy (points) | RLPTO vs FS+beta: sum of JCTs |")
-            out.append("|---|---|---|---|---|---|")
+
+        def per_cell(title: str, columns: list[str], row) -> None:
+            out.append(f"### {title}\n")
+            out.append("| nodes | β | " + " | ".join(columns) + " |")
+            out.append("|---" * (len(columns) + 2) + "|")
             for n in args.nodes:
                 for b in args.betas:
-                    h = summary["headline"][f"{n}nodes_beta{b}"]
-                    out.append(f"| {n} | {b:g} | {h['fs_beta_sum_jct_vs_fs_pct']:+.1f}% | {h['fs_beta_makespan_vs_fs_pct']:+.1f}% | "
-                               f"{h['fs_beta_accuracy_vs_fs_points']:+.2f} | {h['sum_jct_vs_fs_beta_pct']:+.1f}% |")
+                    out.append(f"| {n} | {b:g} | " + " | ".join(row(summary["headline"][f"{n}nodes_beta{b}"])) + " |")
             out.append("")
+
+        per_cell("RLPTO vs FS", ["sum of JCTs", "makespan", "accuracy (points)"],
+                 lambda h: [f"{h['sum_jct_vs_fs_pct']:+.1f}%", f"{h['makespan_vs_fs_pct']:+.1f}%", f"{h['accuracy_vs_fs_points']:+.2f}"])
+        if "FS+beta" in labels:
+            per_cell("Decomposition: the β stop alone (FS+beta vs FS) and RLPTO's scaling on top (RLPTO vs FS+beta)",
+                     ["FS+beta vs FS: sum of JCTs", "makespan", "accuracy (points)", "RLPTO vs FS+beta: sum of JCTs"],
+                     lambda h: [f"{h['fs_beta_sum_jct_vs_fs_pct']:+.1f}%", f"{h['fs_beta_makespan_vs_fs_pct']:+.1f}%",
+                                f"{h['fs_beta_accuracy_vs_fs_points']:+.2f}", f"{h['sum_jct_vs_fs_beta_pct']:+.1f}%"])
     return "\n".join(out)
 
 
