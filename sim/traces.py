@@ -232,13 +232,8 @@ class _Rows:
 
 
 def _int(s: str | None, what: str) -> int:
-    if s is None or s == "":
-        raise ValueError(f"missing {what}")
-    try:
-        v = float(s)
-    except ValueError:
-        raise ValueError(f"{what} is not a number: {s!r}") from None
-    if not math.isfinite(v) or v != int(v):
+    v = _float(s, what)
+    if v != int(v):
         raise ValueError(f"{what} is not an integer: {s!r}")
     return int(v)
 
