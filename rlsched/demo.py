@@ -550,29 +550,6 @@ def _tail(path: Path, n: int = 25) -> str:
         return "(no log)"
 
 
-def _stop_pgid(pid: int, grace: float = 5.0) -> None:
-    """SIGTERM the process group led by ``pid``; SIGKILL what is left after ``grace``."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pid, 0)
-        except ProcessLookupError:
-            return
-        try:  # reap our own child so it does not linger as a zombie
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-        time.sleep(0.1)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
 def _started_in(pid: int, cwd: Path) -> bool:
     try:
         return Path(os.readlink(f"/proc/{pid}/cwd")).resolve() == cwd.resolve()
@@ -790,11 +767,13 @@ class Demo:
                 self.console.print(f"[yellow]demo cleanup in {ns}: {exc.status} {exc.reason}[/yellow]")
 
     def stop(self) -> None:
+        from rlsched.devcluster import stop_process_group
+
         if self.cluster is None and self.kubeconfig:
             self._delete_jobs()
         for c in reversed(self.children):
             if c.popen is not None and c.popen.poll() is None:
-                _stop_pgid(c.popen.pid)
+                stop_process_group(c.popen.pid, c.popen)
             if c.popen is not None:
                 c.popen.wait()
         self.children.clear()
@@ -912,7 +891,7 @@ def _load_specs(trace: str, data_dir: str | None, seed: int) -> list:
 def down(state_dir: Path, console=None) -> int:
     """Stop what a demo started from ``state_dir`` (processes it recorded, verified by
     their working directory, and its control plane). Safe to run twice."""
-    from rlsched.devcluster import ClusterError, LocalCluster
+    from rlsched.devcluster import ClusterError, LocalCluster, stop_process_group
 
     d = state_dir.resolve()
     state_path = d / STATE_FILE
@@ -921,7 +900,7 @@ def down(state_dir: Path, console=None) -> int:
         state = json.loads(state_path.read_text())
         for name, pid in (state.get("pids") or {}).items():
             if _started_in(int(pid), d):
-                _stop_pgid(int(pid))
+                stop_process_group(int(pid))
                 stopped.append(name)
     cluster_dir = d / "cluster"
     if cluster_dir.is_dir():

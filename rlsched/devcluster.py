@@ -45,6 +45,7 @@ import yaml
 from rlsched.core.topology import RESOURCE_GPU, NodeSpec, Topology, node_labels
 
 __all__ = [
+    "stop_process_group",
     "ClusterError",
     "LocalCluster",
     "KwokController",
@@ -263,8 +264,9 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _stop_group(pid: int, popen: subprocess.Popen | None, grace: float) -> None:
-    """SIGTERM the process group ``pid``, then SIGKILL what is left after ``grace``."""
+def stop_process_group(pid: int, popen: subprocess.Popen | None = None, grace: float = 5.0) -> None:
+    """SIGTERM the process group ``pid``, then SIGKILL what is left after ``grace``
+    (``popen``: our own handle on its leader, reaped here)."""
     try:
         os.killpg(pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -551,7 +553,7 @@ class KwokController:
 
     def stop(self, grace: float = 5.0) -> None:
         if self.process and self.process.pid:
-            _stop_group(self.process.pid, self.process.popen, grace)
+            stop_process_group(self.process.pid, self.process.popen, grace)
 
     def __enter__(self) -> "KwokController":
         self.start()
@@ -774,7 +776,7 @@ class LocalCluster:
         if not self.started or old is None or old.popen is None:
             raise ClusterError("no kube-apiserver started by this handle to restart")
         self._progress("restarting kube-apiserver")
-        _stop_group(old.pid, old.popen, grace)
+        stop_process_group(old.pid, old.popen, grace)
         api = self._spawn("kube-apiserver", self._apiserver_argv(self._dir / "pki"))
         ctx = self._ssl_context()
         _wait_for(lambda: _http_ok(f"{self.server}/readyz", ctx), self.start_timeout_s, api,
@@ -923,7 +925,7 @@ class LocalCluster:
         for name in reversed(list(self.processes)):
             proc = self.processes[name]
             if proc.pid:
-                _stop_group(proc.pid, proc.popen, grace)
+                stop_process_group(proc.pid, proc.popen, grace)
 
     @classmethod
     def attach(cls, workdir: str | os.PathLike) -> "LocalCluster":

@@ -21,6 +21,25 @@ from pathlib import Path
 import pytest
 
 
+def _poll(fn, timeout: float = 30.0, what: str = "condition", every: float = 0.2):
+    """Call ``fn()`` every ``every`` s until it returns a truthy value (returned);
+    AssertionError naming ``what`` and the last value after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+
+
+@pytest.fixture
+def wait_until():
+    """``wait_until(fn, timeout, what, every)``: :func:`_poll`."""
+    return _poll
+
+
 @pytest.fixture(scope="session")
 def kube_cluster():
     """A :class:`rlsched.devcluster.KubeEnv`: ``.kubeconfig``, ``.server``, ``.topology``,

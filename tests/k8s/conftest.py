@@ -2,27 +2,8 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from kubernetes import client
-
-
-@pytest.fixture
-def wait_for():
-    """``wait_for(fn, timeout, what)``: poll ``fn()`` until it returns a truthy value."""
-
-    def _wait(fn, timeout: float = 30.0, what: str = "condition"):
-        deadline = time.monotonic() + timeout
-        last = None
-        while time.monotonic() < deadline:
-            last = fn()
-            if last:
-                return last
-            time.sleep(0.2)
-        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
-
-    return _wait
 
 
 @pytest.fixture

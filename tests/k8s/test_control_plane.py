@@ -46,22 +46,22 @@ def test_gpu_nodes_follow_the_topology(core_api, kube_cluster):
 
 @pytest.mark.parametrize("scheduler", ["rlsched", "default-scheduler"])
 def test_gpu_pod_is_bound_to_a_kwok_node_and_runs(core_api, kube_cluster, namespace, make_pod,
-                                                  wait_for, scheduler):
+                                                  wait_until, scheduler):
     core_api.create_namespaced_pod(namespace, make_pod("gpu", gpus=2, scheduler=scheduler))
 
     def running():
         pod = core_api.read_namespaced_pod("gpu", namespace)
         return pod if pod.status.phase == "Running" else None
 
-    pod = wait_for(running, 60, "pod Running")
+    pod = wait_until(running, 60, "pod Running")
     assert pod.spec.node_name in kube_cluster.node_names
     assert pod.status.container_statuses[0].state.running is not None
-    assert wait_for(lambda: _scheduled_by(core_api, namespace, "gpu"), 20, "Scheduled event") \
+    assert wait_until(lambda: _scheduled_by(core_api, namespace, "gpu"), 20, "Scheduled event") \
         == {scheduler}
 
 
 def test_pod_wanting_more_gpus_than_any_node_stays_pending(core_api, kube_cluster, namespace,
-                                                           make_pod, wait_for):
+                                                           make_pod, wait_until):
     too_many = max(n.gpus for n in kube_cluster.topology.nodes) + 1
     core_api.create_namespaced_pod(namespace, make_pod("big", gpus=too_many,
                                                        scheduler="default-scheduler"))
@@ -71,13 +71,13 @@ def test_pod_wanting_more_gpus_than_any_node_stays_pending(core_api, kube_cluste
             namespace, field_selector="involvedObject.name=big,reason=FailedScheduling").items
         return events
 
-    events = wait_for(unschedulable, 60, "FailedScheduling event")
+    events = wait_until(unschedulable, 60, "FailedScheduling event")
     assert RESOURCE_GPU in events[0].message
     pod = core_api.read_namespaced_pod("big", namespace)
     assert pod.spec.node_name is None and pod.status.phase == "Pending"
 
 
-def test_duration_annotation_makes_the_pod_succeed(core_api, namespace, make_pod, wait_for):
+def test_duration_annotation_makes_the_pod_succeed(core_api, namespace, make_pod, wait_until):
     core_api.create_namespaced_pod(
         namespace, make_pod("short", annotations={DURATION_ANNOTATION: "2"}))
     core_api.create_namespaced_pod(namespace, make_pod("endless"))
@@ -85,20 +85,20 @@ def test_duration_annotation_makes_the_pod_succeed(core_api, namespace, make_pod
     def phase(name):
         return core_api.read_namespaced_pod(name, namespace).status.phase
 
-    wait_for(lambda: phase("short") == "Running", 60, "short pod Running")
-    wait_for(lambda: phase("short") == "Succeeded", 30, "short pod Succeeded")
+    wait_until(lambda: phase("short") == "Running", 60, "short pod Running")
+    wait_until(lambda: phase("short") == "Succeeded", 30, "short pod Succeeded")
     pod = core_api.read_namespaced_pod("short", namespace)
     term = pod.status.container_statuses[0].state.terminated
     assert term is not None and term.exit_code == 0
     assert phase("endless") == "Running"
 
 
-def test_deleted_pod_goes_away(core_api, namespace, make_pod, wait_for):
+def test_deleted_pod_goes_away(core_api, namespace, make_pod, wait_until):
     core_api.create_namespaced_pod(namespace, make_pod("gone"))
-    wait_for(lambda: core_api.read_namespaced_pod("gone", namespace).status.phase == "Running",
+    wait_until(lambda: core_api.read_namespaced_pod("gone", namespace).status.phase == "Running",
              60, "pod Running")
     core_api.delete_namespaced_pod("gone", namespace)
-    wait_for(lambda: not core_api.list_namespaced_pod(namespace).items, 30, "pod deleted")
+    wait_until(lambda: not core_api.list_namespaced_pod(namespace).items, 30, "pod deleted")
 
 
 class _Extender(BaseHTTPRequestHandler):
@@ -125,7 +125,7 @@ class _Extender(BaseHTTPRequestHandler):
         pass
 
 
-def test_rlsched_profile_calls_the_extender(core_api, kube_cluster, namespace, make_pod, wait_for):
+def test_rlsched_profile_calls_the_extender(core_api, kube_cluster, namespace, make_pod, wait_until):
     if kube_cluster.extender_port is None:
         pytest.skip("extender URL is not local (cluster given by RLSCHED_KUBECONFIG)")
     server = ThreadingHTTPServer(("127.0.0.1", kube_cluster.extender_port), _Extender)
@@ -134,7 +134,7 @@ def test_rlsched_profile_calls_the_extender(core_api, kube_cluster, namespace, m
     thread.start()
     try:
         core_api.create_namespaced_pod(namespace, make_pod("picked", gpus=1))
-        pod = wait_for(lambda: (p := core_api.read_namespaced_pod("picked", namespace))
+        pod = wait_until(lambda: (p := core_api.read_namespaced_pod("picked", namespace))
                        .spec.node_name and p, 60, "pod bound")
     finally:
         server.shutdown()

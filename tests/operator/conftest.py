@@ -77,23 +77,6 @@ def crd(kapi):
 
 
 @pytest.fixture
-def wait_until():
-    """``wait_until(fn, timeout, what)``: poll ``fn()`` until it returns a truthy value."""
-
-    def _wait(fn, timeout: float = 30.0, what: str = "condition", every: float = 0.2):
-        deadline = time.monotonic() + timeout
-        last = None
-        while time.monotonic() < deadline:
-            last = fn()
-            if last:
-                return last
-            time.sleep(every)
-        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
-
-    return _wait
-
-
-@pytest.fixture
 def ns(kapi, crd, wait_until):
     """A fresh namespace; waits first until no worker pod of an earlier test holds GPUs."""
     from kubernetes import client
