@@ -7,6 +7,7 @@ whole nodes (``gpusPerWorker: 8``) so that who fits is unambiguous.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import urllib.request
 
@@ -17,6 +18,24 @@ from kubernetes.client.exceptions import ApiException
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
 
 G, V, P = "rlsched.dev", "v1alpha1", "trainingjobs"
+
+
+@contextlib.contextmanager
+def fake_trainer(ns, kube_cluster):
+    """The fake trainer of ``ns`` on a thread (started by the test: ``th.start()``);
+    stopped, joined and closed on exit."""
+    from rlsched.operator.fake_trainer import FakeTrainer
+
+    trainer = FakeTrainer(ns, kubeconfig=str(kube_cluster.kubeconfig), epoch_s=0.6, tau=4.0, noise=0.0005)
+    stop = threading.Event()
+    th = threading.Thread(target=trainer.run_until, args=(stop,), daemon=True)
+    try:
+        yield th
+    finally:
+        stop.set()
+        if th.is_alive():
+            th.join(5)
+        trainer.close()
 
 
 def get(kapi, ns, name):
@@ -133,12 +152,7 @@ def test_highest_preempts_lowest_and_preempted_job_resumes_first(extender, kapi,
 
 
 def test_converging_job_shrinks_one_per_cycle_and_waiting_job_gets_gpus(extender, kube_cluster, kapi, ns, tj, run_operator, wait_until):
-    from rlsched.operator.fake_trainer import FakeTrainer
-
-    trainer = FakeTrainer(ns, kubeconfig=str(kube_cluster.kubeconfig), epoch_s=0.6, tau=4.0, noise=0.0005)
-    stop = threading.Event()
-    th = threading.Thread(target=trainer.run_until, args=(stop,), daemon=True)
-    try:
+    with fake_trainer(ns, kube_cluster) as th:
         with run_operator(ns, patience=6):
             tj(ns, "conv", 1, 4, gpus=8, beta=0.02, dataSize=10000)
             th.start()
@@ -160,11 +174,6 @@ def test_converging_job_shrinks_one_per_cycle_and_waiting_job_gets_gpus(extender
             second_down = float(events(kapi, ns, "conv", "ScaledDown")[1].metadata.annotations["rlsched.dev/event-time"])
             assert admitted > second_down
             wait_until(lambda: not pods(kapi, ns, "conv"), 30, "conv pods deleted")
-    finally:
-        stop.set()
-        if th.is_alive():
-            th.join(5)
-        trainer.close()
 
 
 def test_invalid_jobs_rejected_and_no_pods(kapi, ns, tj, run_operator, wait_until):
@@ -269,18 +278,13 @@ def test_restart_mid_scaling_no_duplicates_no_orphans(kapi, ns, tj, run_operator
 def test_operator_killed_while_scaling_resumes_cleanly(extender, kube_cluster, kapi, ns, tj, run_operator, wait_until):
     """Stop the operator right after its first scale decision, restart it, and check the
     worker set is always duplicate-free and converges to what status says."""
-    from rlsched.operator.fake_trainer import FakeTrainer
-
     def workers_consistent():
         ps = pods(kapi, ns, "grow")
         idx = sorted(int(p.metadata.labels["rlsched.dev/worker-index"]) for p in ps)
         assert len(idx) == len(set(idx)), idx  # never two pods for one worker
         return idx
 
-    trainer = FakeTrainer(ns, kubeconfig=str(kube_cluster.kubeconfig), epoch_s=0.6, tau=4.0, noise=0.0005)
-    stop = threading.Event()
-    th = threading.Thread(target=trainer.run_until, args=(stop,), daemon=True)
-    try:
+    with fake_trainer(ns, kube_cluster) as th:
         with run_operator(ns, patience=6):
             tj(ns, "grow", 1, 4, gpus=8, beta=0.02, dataSize=10000)
             th.start()
@@ -298,11 +302,6 @@ def test_operator_killed_while_scaling_resumes_cleanly(extender, kube_cluster, k
         # every step was taken exactly once across the two operator lives
         assert len(ups) == len(set(ups)) and len(downs) == len(set(downs))
         wait_until(lambda: not pods(kapi, ns, "grow"), 30, "pods deleted after completion")
-    finally:
-        stop.set()
-        if th.is_alive():
-            th.join(5)
-        trainer.close()
 
 
 def test_ha_peering_only_the_leader_schedules(kube_cluster, kapi, ns, tj, wait_until):
