@@ -19,7 +19,7 @@ import numpy as np
 
 from ..core.cluster import ClusterState, JobView
 from ..core.policy import Placement, scores_to_extender
-from ..core.topology import Level
+from ..core.planning import required_topology
 from .cache import ClusterCache
 from .metrics import ExtenderMetrics
 from .objects import PodInfo, parse_pod
@@ -167,7 +167,10 @@ class Extender:
         model_mask = np.zeros(len(st.total), dtype=bool)
         model_mask[st.candidates_total(0, allowed_models)] = True
         model_ok = model_mask[safe] if len(st.total) else np.zeros(len(idx), dtype=bool)
-        topo_ok, topo_why = self._topology_rule(pod, st, safe, placed)
+        topo_ok, topo_why = required_topology(
+            pod.required_level, job=pod.job, gpus=pod.gpus, gang_size=pod.gang_size,
+            state=st, candidates=safe, placed=placed,
+        )
         ok = known & cap_ok & model_ok & topo_ok
         out = FilterOutcome(passed=np.flatnonzero(ok).tolist())
         counts = {"unknown_node": 0, "gpu_model": 0, "capacity": 0, "topology": 0}
@@ -211,60 +214,6 @@ class Extender:
             },
         )
         return out
-
-    def _topology_rule(self, pod: PodInfo, st: ClusterState, safe: np.ndarray, placed: list[int]):
-        """Mask of candidates meeting ``rlsched.dev/required-topology`` and a reason
-        builder for those that do not."""
-        level = pod.required_level
-        n = len(safe)
-        if level is None:
-            return np.ones(n, dtype=bool), None
-        topo = st.topology
-        racks = st.rack_of
-        blocks_id = {b: k for k, b in enumerate(topo.blocks)}
-        block_of = np.array([blocks_id[b] for b in topo.block_of], dtype=np.int64)
-        word = level.name.lower()
-        if placed:
-            p = np.array(placed, dtype=np.int64)
-            if level <= Level.NODE:
-                ok = np.all(safe[:, None] == p[None, :], axis=1)
-                if level == Level.NVLINK:
-                    cl = topo.nodes[placed[0]].clique
-                    same_clique = cl != "" and all(topo.nodes[i].clique == cl for i in placed)
-                    if same_clique:
-                        ok = np.array([topo.nodes[i].clique == cl for i in safe], dtype=bool)
-                    else:
-                        dom = topo.nodes[placed[0]].nvlink_domain_size
-                        ok &= (len(placed) + 1) * pod.gpus <= max(dom, 1)
-                where = f"node {topo.nodes[placed[0]].name}"
-            elif level == Level.RACK:
-                ok = np.all(racks[safe][:, None] == racks[p][None, :], axis=1)
-                where = f"rack {topo.rack_of[placed[0]]}"
-            else:
-                ok = np.all(block_of[safe][:, None] == block_of[p][None, :], axis=1)
-                where = f"block {topo.block_of[placed[0]]}"
-            return ok, lambda pos: (
-                f"{pod.job}: required topology {word}, the job's placed workers are in {where}"
-                f"{' (and beyond)' if len(set(placed)) > 1 and level <= Level.NODE else ''}"
-            )
-        if pod.gang_size is None:
-            return np.ones(n, dtype=bool), None
-        need = pod.gang_size * pod.gpus
-        if level <= Level.NODE:
-            room = st.free[safe]
-            if level == Level.NVLINK:
-                dom = np.array([max(topo.nodes[i].nvlink_domain_size, 1) for i in safe])
-                room = np.minimum(room, dom)
-        elif level == Level.RACK:
-            room = st.rack_free[racks[safe]]
-        else:
-            bfree = np.bincount(block_of, weights=st.free, minlength=len(topo.blocks))
-            room = bfree[block_of[safe]]
-        ok = room >= need
-        return ok, lambda pos: (
-            f"{pod.job}: required topology {word}: the gang needs {need} GPUs in one {word}, "
-            f"this {word} has {int(room[pos])} free"
-        )
 
     # ------------------------------------------------------------------ prioritize
     async def prioritize(self, args: ExtenderArgs) -> list[int]:

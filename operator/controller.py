@@ -32,12 +32,22 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from rlsched.core import Progress, make_ordering, make_scaling
 from rlsched.core.policy import ORDERINGS, SCALINGS
 
+from rlsched.core.planning import (
+    Admission,
+    AdmissionPlan,
+    DynamicPriority,
+    ElasticState,
+    QueueEntry,
+    RunningEntry,
+    RunningJob,
+    ScalingPlanner,
+    TrainingSpec,
+)
+
 from .metrics import OperatorMetrics
-from .queue import AdmissionPlan, DynamicPriority, QueueEntry, QueueManager, RunningEntry
 from .resources import trainer_rbac, worker_pod
-from .scaling import BetaThreshold, RlptoState, RunningJob, ScalingPlanner
 from .snapshot import LABEL_INDEX, LABEL_JOB, build_snapshot
-from .spec import GROUP, PLURAL, VERSION, JobSpec, SpecError, parse_spec
+from .spec import GROUP, PLURAL, VERSION, SpecError, parse_spec
 
 __all__ = ["OperatorConfig", "Controller", "REQUESTS_ANNOTATION", "parse_time", "format_time"]
 
@@ -145,22 +155,15 @@ def _model_kwargs(factory, model: str | None) -> dict:
 
 
 def build_scaling(name: str, model: str | None):
-    """The core scaling policy (``rlpto`` with its weights file, ``beta``, ...); the
-    operator's own β-threshold rule if core registers no ``beta``."""
+    """The core scaling policy (``rlpto`` with its weights file, ``beta``, ...)."""
     if name == "auto":
         name = "rlpto" if model else "beta"
-    try:
-        make_scaling("none")  # loads the builtin policy modules
-        factory = SCALINGS.get(name.lower())
-        policy = make_scaling(name, **(_model_kwargs(factory, model) if factory else {}))
-        if getattr(policy, "fallback_reason", None):
-            log.warning("scaling %s: %s", name, policy.fallback_reason)
-        return policy
-    except ValueError:
-        if name == "beta" and "beta" not in SCALINGS:
-            log.warning("core registers no 'beta' scaling yet; using the operator's β-threshold rule")
-            return BetaThreshold()
-        raise
+    make_scaling("none")  # loads the builtin policy modules
+    factory = SCALINGS.get(name.lower())
+    policy = make_scaling(name, **(_model_kwargs(factory, model) if factory else {}))
+    if getattr(policy, "fallback_reason", None):
+        log.warning("scaling %s: %s", name, policy.fallback_reason)
+    return policy
 
 
 def build_ordering(name: str, model: str | None):
@@ -175,7 +178,7 @@ class _Job:
     """One TrainingJob as read this cycle."""
 
     body: dict
-    spec: JobSpec | None
+    spec: TrainingSpec | None
     error: str | None
     pods: list[dict] = field(default_factory=list)
 
@@ -219,7 +222,7 @@ class Controller:
         self.custom = client.CustomObjectsApi(api)
         self.rbac = client.RbacAuthorizationV1Api(api)
         self.priority = DynamicPriority(config.mu, config.promote_at, config.demote_at)
-        self.queues = QueueManager(
+        self.queues = Admission(
             build_ordering(config.ordering, config.ordering_model),
             backfill=config.backfill,
             preemption=config.preemption,
@@ -415,7 +418,7 @@ class Controller:
                 self.metrics.scaling_decisions.labels(direction="up" if d > 0 else "down").inc()
                 await self.patch_status(j, patch)
                 await self.event(j.body, "ScaledUp" if d > 0 else "ScaledDown",
-                                 f"workers {rj.workers} -> {target} (accuracy gain {rj.state.c:.4g}, beta {rj.spec.beta})")
+                                 f"workers {rj.workers} -> {target} (accuracy gain {rj.state.gain:.4g}, beta {rj.spec.beta})")
                 await self.reconcile_pods(j, target)
             elif patch:
                 await self.patch_status(j, patch)
@@ -498,7 +501,7 @@ class Controller:
         if j.status.get("workers") != len(live) or j.status.get("readyWorkers") != ready:
             await self.patch_status(j, {"workers": len(live), "readyWorkers": ready})
         prog = progress_of(j.status)
-        state = RlptoState.from_status(j.status.get("rlpto"))
+        state = ElasticState.from_status(j.status.get("rlpto"))
         start = parse_time(j.status.get("startTime")) or now
         state.observe(prog, target, now - start, j.spec.beta, j.spec.data_size)
         submit = parse_time(j.body["metadata"].get("creationTimestamp")) or now

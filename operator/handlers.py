@@ -28,7 +28,7 @@ from kubernetes_asyncio import config as kconfig
 
 from .controller import Controller, OperatorConfig, format_time, parse_time, requests_count, set_condition
 from .metrics import OperatorMetrics
-from .queue import DynamicPriority
+from rlsched.core.planning import DynamicPriority
 from .spec import GROUP, PLURAL, VERSION, SpecError, parse_spec
 
 __all__ = ["build_registry", "OperatorRuntime", "make_api_client", "leader_of"]

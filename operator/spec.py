@@ -11,17 +11,16 @@ installed with validation (older clusters, ``kubectl --validate=false``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Mapping
 
-__all__ = ["JobSpec", "SpecError", "parse_spec", "PRIORITY_CLASSES", "GROUP", "VERSION", "PLURAL"]
+from rlsched.core.planning import PRIORITY_CLASSES, TrainingSpec
+
+__all__ = ["SpecError", "parse_spec", "GROUP", "VERSION", "PLURAL"]
 
 GROUP = "rlsched.dev"
 VERSION = "v1alpha1"
 PLURAL = "trainingjobs"
 KIND = "TrainingJob"
-#: service classes, most important first
-PRIORITY_CLASSES = ("highest", "urgent", "normal")
 RESOURCE_GPU = "nvidia.com/gpu"
 
 
@@ -31,27 +30,6 @@ class SpecError(ValueError):
     def __init__(self, problems: list[str]) -> None:
         super().__init__("; ".join(problems))
         self.problems = problems
-
-
-@dataclass(frozen=True, slots=True)
-class JobSpec:
-    """The parts of a TrainingJob spec the scheduler decides on."""
-
-    min_workers: int
-    max_workers: int
-    gpus_per_worker: int = 1
-    priority_class: str = "normal"
-    priority_value: float = 0.0
-    beta: float = 0.001
-    max_epochs: int = 100
-    data_size: int = 0
-    estimated_runtime: float = 0.0
-    #: pinned worker count (``spec.workers``, what ``kubectl scale`` sets), or None
-    pinned_workers: int | None = None
-
-    @property
-    def gang_gpus(self) -> int:
-        return self.min_workers * self.gpus_per_worker
 
 
 def _int(spec: Mapping, key: str, default: Any, problems: list[str]) -> Any:
@@ -71,7 +49,7 @@ def _num(v: Any, where: str, default: float, problems: list[str]) -> float:
     return float(v)
 
 
-def parse_spec(spec: Mapping[str, Any] | None, *, scheduler_name: str = "rlsched") -> JobSpec:
+def parse_spec(spec: Mapping[str, Any] | None, *, scheduler_name: str = "rlsched") -> TrainingSpec:
     """Parse and validate ``spec``; raise :class:`SpecError` listing every problem."""
     problems: list[str] = []
     if not isinstance(spec, Mapping):
@@ -118,7 +96,7 @@ def parse_spec(spec: Mapping[str, Any] | None, *, scheduler_name: str = "rlsched
     _check_template(spec.get("template"), gpw or 1, scheduler_name, problems)
     if problems:
         raise SpecError(problems)
-    return JobSpec(
+    return TrainingSpec(
         min_workers=mn,
         max_workers=mx,
         gpus_per_worker=gpw,

@@ -41,6 +41,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from rlsched.core import ClusterState, JobView, Level, Ordering, Placement, PlacementError, Scaling, Topology
+from rlsched.core.planning import admit_in_order, scaling_steps
 
 from .convergence import ConvergenceModel, stop_epoch
 from .job import JobSpec, comm_time, ideal_level, throughput, topology_limits
@@ -569,26 +570,26 @@ class Simulator:
         else:
             ranked = self.ordering.rank(pending, st)
         self._full_pass_needed = False
-        started = False
-        for v in ranked:
-            if v.start_time is not None:
-                continue
-            if v.gpus > st.free_gpus:
-                nodes = None
-            else:
-                nodes = self.placement.place(v, st)
-            if nodes is None:
-                if backfill:
-                    continue
-                break
-            if len(nodes) != v.workers:
-                raise PlacementError(
-                    f"placement {self.placement.name!r} gave {len(nodes)} nodes for {v.workers} workers of job {v.id}"
-                )
-            self._start(self._by_id[v.id], nodes, self.now)
-            started = True
+        started, _ = admit_in_order(
+            (v for v in ranked if v.start_time is None), self._try_start, backfill=backfill
+        )
         if started:
             st.pending = [p for p in pending if p.start_time is None]
+
+    def _try_start(self, v: JobView) -> bool:
+        """Start pending job ``v`` where the placement policy says, if it fits now."""
+        st = self.state
+        if v.gpus > st.free_gpus:
+            return False
+        nodes = self.placement.place(v, st)
+        if nodes is None:
+            return False
+        if len(nodes) != v.workers:
+            raise PlacementError(
+                f"placement {self.placement.name!r} gave {len(nodes)} nodes for {v.workers} workers of job {v.id}"
+            )
+        self._start(self._by_id[v.id], nodes, self.now)
+        return True
 
     def _absorb(self, new: list[JobView]) -> None:
         """Merge new arrivals into the cached ranking (static orderings)."""
@@ -616,11 +617,17 @@ class Simulator:
         ranking plus a side list of later arrivals, and find each next head by ranking
         only (head of the ranking + side list). The side list is folded into a full
         re-ranking when it outgrows an eighth of the queue."""
+        started, _ = admit_in_order(self._static_heads(), self._try_start, backfill=False)
+        if started:
+            st = self.state
+            st.pending = [p for p in st.pending if p.start_time is None]
+
+    def _static_heads(self):
+        """The successive heads of the cached ranking + side list; resumed only after
+        the last head started (a blocked head ends the head-of-line walk)."""
         st = self.state
         side = self._side
-        pending = st.pending
         order = self._order
-        started = False
         while True:
             pos = self._pos
             while pos < len(order) and order[pos].start_time is not None:
@@ -634,21 +641,12 @@ class Simulator:
             elif head is not None:
                 v = head
             else:
-                break
-            if v.gpus > st.free_gpus or (nodes := self.placement.place(v, st)) is None:
-                break
-            if len(nodes) != v.workers:
-                raise PlacementError(
-                    f"placement {self.placement.name!r} gave {len(nodes)} nodes for {v.workers} workers of job {v.id}"
-                )
-            self._start(self._by_id[v.id], nodes, self.now)
-            started = True
+                return
+            yield v
             if v is head:
                 self._pos += 1
             else:
                 del side[0]
-        if started:
-            st.pending = [p for p in pending if p.start_time is None]
 
     def _start(self, j: _Job, nodes: list[int], t: float) -> None:
         v = j.view
@@ -821,12 +819,10 @@ class Simulator:
             return
         for v in running:
             self._sync(self._by_id[v.id], t)
-        decisions = self.scaling.decide(running, self.state)
-        # removals first so that additions can use the freed GPUs; stable id order
-        for jid in sorted(decisions, key=lambda k: (decisions[k] > 0, k)):
-            d = int(decisions[jid])
-            if d and jid in self.state.running:
-                self._rescale(self._by_id[jid], max(-1, min(1, d)), None, t)
+        # one step per job, removals first so that additions can use the freed GPUs
+        for jid, step in scaling_steps(self.scaling.decide(running, self.state)):
+            if jid in self.state.running:
+                self._rescale(self._by_id[jid], step, None, t)
 
     def _record(self, t: float) -> None:
         if not self.config.record_series:

@@ -168,7 +168,7 @@ def test_converging_job_shrinks_one_per_cycle_and_waiting_job_gets_gpus(extender
             # the scale-downs happened on distinct evaluations, one per cycle
             assert st["reason"] == "Converged" and st["jctSeconds"] > 0
             assert st["progress"]["epoch"] >= 6 and len(st["progress"]["history"]) == st["progress"]["epoch"]
-            assert st["rlpto"]["streak"] >= 6 and st["rlpto"]["n"] >= 1 and st["rlpto"]["m"] == 10000
+            assert st["rlpto"]["streak"] >= 6 and st["rlpto"]["workers"] >= 1 and st["rlpto"]["dataSize"] == 10000
             # late was admitted only once conv had given back two nodes
             admitted = float(events(kapi, ns, "late", "Admitted")[0].metadata.annotations["rlsched.dev/event-time"])
             second_down = float(events(kapi, ns, "conv", "ScaledDown")[1].metadata.annotations["rlsched.dev/event-time"])

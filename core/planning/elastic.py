@@ -1,6 +1,6 @@
-"""Elastic scaling and completion of running jobs (RLPTO), as pure decisions.
+"""Elastic planning: RLPTO scaling and completion of running jobs, as pure decisions.
 
-Each cycle the control loop hands :class:`ScalingPlanner` the running jobs (with the
+Each cycle the operator hands :class:`ScalingPlanner` the running jobs (with the
 progress their chiefs reported) and a cluster snapshot; it returns, per job, ``+1``,
 ``-1`` or ``0`` workers and which jobs are finished. The scaling *policy* comes from
 core (``make_scaling("rlpto", model=...)`` for the learned PPO policy, ``"beta"`` for
@@ -12,84 +12,96 @@ the β-threshold rule); the planner enforces what must hold whatever the policy 
 * scale-ups only use GPUs that the head of the waiting queue does not need, highest
   accuracy gain first (freed GPUs go to waiting jobs, then to jobs that still gain);
 * a pinned job (``spec.workers``) moves one worker per cycle towards the pin;
-* completion: ``patience`` consecutive evaluations with gain below ``beta``
-  (converged), or ``maxEpochs`` reached.
+* completion (the β stop): ``patience`` consecutive evaluations with gain below
+  ``beta`` (converged), or ``maxEpochs`` reached.
 
-RLPTO's per-job state ``(m, e, l, n, a, c, w)`` is kept in :class:`RlptoState`.
+What the planner remembers of a job between cycles is :class:`ElasticState` (kept
+in the TrainingJob's ``status.rlpto``). The learned policy's observation is a
+different thing, built from a snapshot by :func:`rlsched.core.learned.job_observation`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import numpy as np
 
-from rlsched.core import ClusterState, JobView, Progress, Scaling
+from ..cluster import ClusterState, JobView, Progress
+from ..policy import Scaling
+from .spec import TrainingSpec
 
-from .spec import JobSpec
+__all__ = ["ElasticState", "RunningJob", "ScalingPlan", "ScalingPlanner", "scaling_steps"]
 
-__all__ = ["RlptoState", "RunningJob", "ScalingPlan", "ScalingPlanner", "BetaThreshold"]
+
+def scaling_steps(decisions: Mapping[str, int]) -> list[tuple[str, int]]:
+    """A policy's (integer) decisions as one step each (``-1``/``+1``, zeros dropped), removals
+    first so that additions can use the freed GPUs, then by job id."""
+    steps = [(k, 1 if int(d) > 0 else -1) for k, d in decisions.items() if int(d)]
+    return sorted(steps, key=lambda kd: (kd[1] > 0, kd[0]))
 
 
 @dataclass(slots=True)
-class RlptoState:
-    """RLPTO's observation of one job (Lu et al., IEEE TPDS 34(12), 2023, §V).
+class ElasticState:
+    """What the planner remembers of one job between cycles.
 
-    ``m`` training data size (samples, 0 if unknown), ``e`` epochs done, ``l`` loss
-    normalised by the largest loss seen (1 at the start, towards 0 as it converges),
-    ``n`` workers, ``a`` accuracy, ``c`` accuracy change of the last evaluation (the
-    convergence signal compared with β), ``w`` seconds the job has trained.
-    ``streak`` counts consecutive evaluations with ``c < beta``; ``decided_epoch`` is
-    the epoch of the last scaling decision.
+    ``data_size`` training samples (0 if unknown), ``epoch`` evaluations seen,
+    ``loss_norm`` loss over the largest loss seen (1 at the start, towards 0 as it
+    converges), ``workers``, ``accuracy``, ``gain`` accuracy change of the last
+    evaluation (the convergence signal compared with β), ``trained_s`` seconds the job
+    has trained. ``streak`` counts consecutive evaluations with ``gain < beta``;
+    ``decided_epoch`` is the epoch of the last scaling decision.
     """
 
-    m: int = 0
-    e: int = 0
-    l: float = 1.0  # noqa: E741  (the paper's name)
-    n: int = 0
-    a: float = 0.0
-    c: float = float("inf")
-    w: float = 0.0
+    data_size: int = 0
+    epoch: int = 0
+    loss_norm: float = 1.0
+    workers: int = 0
+    accuracy: float = 0.0
+    gain: float = float("inf")
+    trained_s: float = 0.0
     streak: int = 0
     decided_epoch: int = 0
 
-    def observe(self, progress: Progress, workers: int, trained_s: float, beta: float, m: int) -> None:
+    def observe(self, progress: Progress, workers: int, trained_s: float, beta: float, data_size: int) -> None:
         """Fold a progress report in; the streak grows once per new evaluation."""
-        new_eval = progress.epoch > self.e
-        self.m = m
-        self.n = workers
-        self.w = trained_s
+        new_eval = progress.epoch > self.epoch
+        self.data_size = data_size
+        self.workers = workers
+        self.trained_s = trained_s
         if not new_eval:
             return
-        self.e = progress.epoch
-        self.a = progress.accuracy
+        self.epoch = progress.epoch
+        self.accuracy = progress.accuracy
         gain = progress.gain
-        self.c = gain
+        self.gain = gain
         ml = progress.max_loss
-        self.l = progress.loss / ml if (ml and math.isfinite(ml) and ml > 0 and math.isfinite(progress.loss)) else 1.0
+        ok = ml and math.isfinite(ml) and ml > 0 and math.isfinite(progress.loss)
+        self.loss_norm = progress.loss / ml if ok else 1.0
         self.streak = self.streak + 1 if gain < beta else 0
 
     def to_status(self) -> dict:
-        d = asdict(self)
-        if not math.isfinite(d["c"]):
-            d["c"] = None
-        return {"m": d["m"], "e": d["e"], "l": d["l"], "n": d["n"], "a": d["a"], "c": d["c"], "w": d["w"],
-                "streak": d["streak"], "decidedEpoch": d["decided_epoch"]}
+        """The ``status.rlpto`` object (camelCase; an infinite gain is ``null``)."""
+        return {
+            "dataSize": self.data_size, "epoch": self.epoch, "lossNorm": self.loss_norm,
+            "workers": self.workers, "accuracy": self.accuracy,
+            "gain": self.gain if math.isfinite(self.gain) else None,
+            "trainedSeconds": self.trained_s, "streak": self.streak, "decidedEpoch": self.decided_epoch,
+        }
 
     @classmethod
-    def from_status(cls, d: Mapping | None) -> "RlptoState":
+    def from_status(cls, d: Mapping | None) -> "ElasticState":
         d = d or {}
-        c = d.get("c")
+        gain = d.get("gain")
         return cls(
-            m=int(d.get("m", 0)),
-            e=int(d.get("e", 0)),
-            l=float(d.get("l", 1.0)),
-            n=int(d.get("n", 0)),
-            a=float(d.get("a", 0.0)),
-            c=float("inf") if c is None else float(c),
-            w=float(d.get("w", 0.0)),
+            data_size=int(d.get("dataSize", 0)),
+            epoch=int(d.get("epoch", 0)),
+            loss_norm=float(d.get("lossNorm", 1.0)),
+            workers=int(d.get("workers", 0)),
+            accuracy=float(d.get("accuracy", 0.0)),
+            gain=float("inf") if gain is None else float(gain),
+            trained_s=float(d.get("trainedSeconds", 0.0)),
             streak=int(d.get("streak", 0)),
             decided_epoch=int(d.get("decidedEpoch", 0)),
         )
@@ -100,10 +112,10 @@ class RunningJob:
     """A running job as the planner sees it."""
 
     key: str
-    spec: JobSpec
+    spec: TrainingSpec
     workers: int
     progress: Progress
-    state: RlptoState
+    state: ElasticState
     submit_time: float = 0.0
     start_time: float = 0.0
     placement: list[int] = field(default_factory=list)
@@ -133,18 +145,6 @@ class ScalingPlan:
     finished: dict[str, str] = field(default_factory=dict)
     #: what the policy asked before bounds and capacity (for events/metrics)
     asked: dict[str, int] = field(default_factory=dict)
-
-
-class BetaThreshold:
-    """RLPTO's β-threshold rule: −1 when the last accuracy gain fell below β, else +1.
-
-    Used by the operator only when core registers no ``beta`` scaling policy.
-    """
-
-    name = "beta"
-
-    def decide(self, running: Sequence[JobView], state: ClusterState) -> dict[str, int]:
-        return {j.id: (-1 if j.progress.gain < j.beta else 1) for j in running}
 
 
 class ScalingPlanner:
@@ -180,9 +180,9 @@ class ScalingPlanner:
         asked: dict[str, int] = {}
         auto = [j for j in live if j.spec.pinned_workers is None and j.progress.epoch > j.state.decided_epoch]
         if auto:
-            decided = self.policy.decide([j.view() for j in auto], state)
+            steps = dict(scaling_steps(self.policy.decide([j.view() for j in auto], state)))
             for j in auto:
-                asked[j.key] = int(np.sign(decided.get(j.key, 0)))
+                asked[j.key] = steps.get(j.key, 0)
                 j.state.decided_epoch = j.progress.epoch
         for j in live:
             if j.spec.pinned_workers is not None:

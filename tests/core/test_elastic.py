@@ -3,7 +3,8 @@ import math
 import pytest
 
 from rlsched.core import Progress
-from rlsched.operator.scaling import BetaThreshold, RlptoState, RunningJob, ScalingPlanner
+from rlsched.core import make_scaling
+from rlsched.core.planning import ElasticState, RunningJob, ScalingPlanner
 
 
 def prog(*accs, epoch=None, loss=1.0, max_loss=2.0):
@@ -13,31 +14,31 @@ def prog(*accs, epoch=None, loss=1.0, max_loss=2.0):
 
 def job(make_spec, key, workers, progress, *, mn=1, mx=4, beta=0.01, decided=0, pinned=None, max_epochs=100, streak=0):
     s = make_spec(mn=mn, mx=mx, beta=beta, pinned_workers=pinned, max_epochs=max_epochs)
-    st = RlptoState(decided_epoch=decided, streak=streak)
+    st = ElasticState(decided_epoch=decided, streak=streak)
     return RunningJob(key=key, spec=s, workers=workers, progress=progress, state=st)
 
 
 @pytest.fixture
 def planner():
-    return ScalingPlanner(BetaThreshold(), patience=3)
+    return ScalingPlanner(make_scaling("beta"), patience=3)
 
 
 def test_rlpto_state_observes_once_per_evaluation():
-    st = RlptoState()
-    st.observe(prog(0.5, 0.505, loss=0.5, max_loss=2.0), workers=3, trained_s=10.0, beta=0.01, m=1000)
-    assert (st.m, st.e, st.n, st.w) == (1000, 2, 3, 10.0)
-    assert st.a == 0.505 and st.c == pytest.approx(0.005) and st.l == pytest.approx(0.25) and st.streak == 1
-    st.observe(prog(0.5, 0.505, loss=0.5, max_loss=2.0), workers=3, trained_s=11.0, beta=0.01, m=1000)
-    assert st.streak == 1 and st.w == 11.0  # same epoch: not counted twice
-    st.observe(prog(0.5, 0.505, 0.6), workers=3, trained_s=12.0, beta=0.01, m=1000)
-    assert st.streak == 0 and st.c == pytest.approx(0.095)
-    back = RlptoState.from_status(st.to_status())
+    st = ElasticState()
+    st.observe(prog(0.5, 0.505, loss=0.5, max_loss=2.0), workers=3, trained_s=10.0, beta=0.01, data_size=1000)
+    assert (st.data_size, st.epoch, st.workers, st.trained_s) == (1000, 2, 3, 10.0)
+    assert st.accuracy == 0.505 and st.gain == pytest.approx(0.005) and st.loss_norm == pytest.approx(0.25) and st.streak == 1
+    st.observe(prog(0.5, 0.505, loss=0.5, max_loss=2.0), workers=3, trained_s=11.0, beta=0.01, data_size=1000)
+    assert st.streak == 1 and st.trained_s == 11.0  # same epoch: not counted twice
+    st.observe(prog(0.5, 0.505, 0.6), workers=3, trained_s=12.0, beta=0.01, data_size=1000)
+    assert st.streak == 0 and st.gain == pytest.approx(0.095)
+    back = ElasticState.from_status(st.to_status())
     assert back == st
 
 
 def test_rlpto_state_roundtrips_infinite_gain():
-    st = RlptoState()
-    assert st.to_status()["c"] is None and math.isinf(RlptoState.from_status(st.to_status()).c)
+    st = ElasticState()
+    assert st.to_status()["gain"] is None and math.isinf(ElasticState.from_status(st.to_status()).gain)
 
 
 def test_converging_job_shrinks_one_and_gaining_job_grows(planner, make_cluster, make_spec):
@@ -90,25 +91,3 @@ def test_completion_converged_or_max_epochs(planner, make_cluster, make_spec):
     plan = planner.plan([conv, maxed, going], st)
     assert plan.finished == {"conv": "Converged", "maxed": "MaxEpochs"}
     assert "conv" not in plan.deltas and "maxed" not in plan.deltas
-
-
-def test_core_beta_policy_when_registered(make_cluster, make_spec):
-    from rlsched.core.policy import SCALINGS
-    from rlsched.operator.controller import build_scaling
-
-    pol = build_scaling("beta", None)
-    if "beta" in SCALINGS:
-        assert type(pol).__module__.startswith("rlsched.core")
-    else:
-        assert isinstance(pol, BetaThreshold)
-    with pytest.raises(ValueError, match="unknown scaling policy"):
-        build_scaling("no-such-policy", None)
-
-
-def test_auto_scaling_is_learned_with_a_model_else_beta(tmp_path, caplog):
-    from rlsched.operator.controller import build_scaling
-
-    assert build_scaling("auto", None).name == "beta"
-    with caplog.at_level("WARNING"):
-        pol = build_scaling("auto", str(tmp_path / "missing.safetensors"))
-    assert pol.name == "rlpto" and "missing.safetensors" in caplog.text

@@ -2,12 +2,12 @@ import numpy as np
 import pytest
 
 from rlsched.core import make_ordering
-from rlsched.operator.queue import DynamicPriority, QueueEntry, QueueManager, RunningEntry, gang_fits, take_gang
+from rlsched.core.planning import Admission, DynamicPriority, QueueEntry, RunningEntry, gang_fits, take_gang
 
 
 @pytest.fixture
 def qm():
-    return QueueManager(make_ordering("fifo"))
+    return Admission(make_ordering("fifo"))
 
 
 def entry(make_spec, key, t, *, queue="normal", pr=0.0, nominated=False, **spec):
@@ -87,7 +87,7 @@ def test_admits_in_order_and_blocks_head_of_line(qm, make_cluster, make_spec):
 
 
 def test_backfill_lets_small_jobs_pass(make_cluster, make_spec):
-    qm = QueueManager(make_ordering("fifo"), backfill=True)
+    qm = Admission(make_ordering("fifo"), backfill=True)
     st = make_cluster(4, 4)
     es = [entry(make_spec, "a", 1.0, mn=2, gpw=2), entry(make_spec, "b", 2.0, mn=3, gpw=2), entry(make_spec, "c", 3.0)]
     assert qm.plan(es, [], st).admit == ["a", "c"]

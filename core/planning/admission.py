@@ -1,8 +1,9 @@
-"""The admission queues: which waiting TrainingJobs start, and whom a job preempts.
+"""Admission: which waiting jobs start, in which order, and whom a job preempts.
 
-Pure logic over :mod:`rlsched.core` snapshots — no Kubernetes here; the control loop
-translates objects into :class:`QueueEntry` / :class:`RunningEntry` and the returned
-:class:`AdmissionPlan` back into API calls.
+Pure logic over core snapshots. The operator translates TrainingJobs into
+:class:`QueueEntry` / :class:`RunningEntry` and the returned :class:`AdmissionPlan`
+back into API calls; the simulator walks its ranked queue through the same
+:func:`admit_in_order` (head-of-line blocking unless backfill).
 
 Queues (RLPTO §V) are served ``interrupt > urgent > normal``: a preempted job resumes
 before anything else. Inside a queue the core ordering policy decides (priority value
@@ -19,20 +20,24 @@ whose ``pr`` reaches ``promote_at`` moves to the urgent queue; an urgent one who
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from rlsched.core import ClusterState, JobView, Ordering
+from ..cluster import ClusterState, JobView
+from ..policy import Ordering
+from .spec import TrainingSpec
 
-from .spec import JobSpec
-
-__all__ = ["DynamicPriority", "QueueEntry", "RunningEntry", "AdmissionPlan", "QueueManager", "HIGHEST_BONUS"]
+__all__ = [
+    "DynamicPriority", "QueueEntry", "RunningEntry", "AdmissionPlan", "Admission", "HIGHEST_BONUS",
+    "CLASS_RANK", "admit_in_order", "gang_fits", "take_gang",
+]
 
 #: added to a ``highest`` job's priority so that it ranks before every urgent job
 #: (spec values are bounded to [-1000, 1000] by the CRD schema)
 HIGHEST_BONUS = 1.0e6
-_CLASS_RANK = {"highest": 0, "urgent": 1, "normal": 2}
+#: service class -> rank (0 is served first)
+CLASS_RANK = {"highest": 0, "urgent": 1, "normal": 2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +80,7 @@ class QueueEntry:
     """A waiting job."""
 
     key: str
-    spec: JobSpec
+    spec: TrainingSpec
     submit_time: float
     priority: float
     queue: str = "normal"
@@ -103,7 +108,7 @@ class RunningEntry:
     """A job holding GPUs: its class, priority, start time and node of each worker."""
 
     key: str
-    spec: JobSpec
+    spec: TrainingSpec
     priority: float
     start_time: float
     placement: list[int] = field(default_factory=list)
@@ -119,6 +124,33 @@ class AdmissionPlan:
     order: list[str] = field(default_factory=list)
     blocked: str | None = None
     waiting_gpus: int = 0
+
+
+def admit_in_order(
+    candidates: Iterable[JobView | QueueEntry],
+    try_start: Callable[[JobView | QueueEntry], bool],
+    *,
+    backfill: bool,
+) -> tuple[list, object | None]:
+    """Walk ``candidates`` in service order, starting each with ``try_start`` (True when
+    it started). The first that does not start blocks everything behind it
+    (head-of-line), unless ``backfill`` lets later jobs start past it.
+
+    Returns ``(started, blocked)``: the candidates that started, in order, and the
+    first that could not (None when all did). ``candidates`` may be a generator that
+    looks at what started so far (the simulator's incremental ranking does).
+    """
+    started: list = []
+    blocked = None
+    for c in candidates:
+        if try_start(c):
+            started.append(c)
+            continue
+        if blocked is None:
+            blocked = c
+        if not backfill:
+            break
+    return started, blocked
 
 
 def gang_fits(free: np.ndarray, gpus_per_worker: int, workers: int) -> bool:
@@ -140,7 +172,7 @@ def take_gang(free: np.ndarray, gpus_per_worker: int, workers: int) -> None:
         raise ValueError("gang does not fit")
 
 
-class QueueManager:
+class Admission:
     """Orders waiting jobs and decides admissions and preemptions for one cycle.
 
     ``ordering`` is a core ordering policy (``make_ordering("fifo")`` by default);
@@ -175,16 +207,15 @@ class QueueManager:
         free = state.free.astype(np.int64).copy()
         releasing = np.zeros_like(free) if releasing is None else np.asarray(releasing, dtype=np.int64)
         plan = AdmissionPlan()
-        for entry in self.order(waiting, state):
-            plan.order.append(entry.key)
+        order = self.order(waiting, state)
+        plan.order = [e.key for e in order]
+
+        def try_start(entry: QueueEntry) -> bool:
             s = entry.spec
-            if plan.blocked is not None and not self.backfill:
-                continue
             if gang_fits(free, s.gpus_per_worker, s.min_workers):
                 take_gang(free, s.gpus_per_worker, s.min_workers)
-                plan.admit.append(entry.key)
-                continue
-            if plan.blocked is None:
+                return True
+            if plan.blocked is None:  # the head of line: it may preempt (GPUs as of now)
                 plan.blocked = entry.key
                 plan.waiting_gpus = s.gang_gpus
                 if (
@@ -192,8 +223,11 @@ class QueueManager:
                     and s.priority_class == "highest"
                     and not gang_fits(free + releasing, s.gpus_per_worker, s.min_workers)
                 ):
-                    victims = self.choose_victims(entry, running, free + releasing, state.total)
-                    plan.preempt.extend(victims)
+                    plan.preempt.extend(self.choose_victims(entry, running, free + releasing, state.total))
+            return False
+
+        started, _ = admit_in_order(order, try_start, backfill=self.backfill)
+        plan.admit = [e.key for e in started]
         return plan
 
     def choose_victims(
@@ -209,9 +243,9 @@ class QueueManager:
         then the lowest priority, then the most recently started goes first (it loses
         the least work). Returns ``[]`` if even evicting all of them would not help.
         """
-        rank = _CLASS_RANK[job.spec.priority_class]
-        cands = [r for r in running if _CLASS_RANK[r.spec.priority_class] > rank]
-        cands.sort(key=lambda r: (-_CLASS_RANK[r.spec.priority_class], r.priority, -r.start_time, r.key))
+        rank = CLASS_RANK[job.spec.priority_class]
+        cands = [r for r in running if CLASS_RANK[r.spec.priority_class] > rank]
+        cands.sort(key=lambda r: (-CLASS_RANK[r.spec.priority_class], r.priority, -r.start_time, r.key))
         f = free.copy()
         chosen: list[str] = []
         s = job.spec
@@ -224,7 +258,7 @@ class QueueManager:
         return []
 
     @staticmethod
-    def _prune(chosen: list[str], cands: Sequence[RunningEntry], free: np.ndarray, total: np.ndarray, s: JobSpec) -> list[str]:
+    def _prune(chosen: list[str], cands: Sequence[RunningEntry], free: np.ndarray, total: np.ndarray, s: TrainingSpec) -> list[str]:
         """Drop victims (highest priority first) that are not needed after all."""
         by_key = {r.key: r for r in cands}
         keep = list(chosen)

@@ -1,0 +1,35 @@
+"""What planning knows of a training job: the scheduling-relevant part of its spec.
+
+The operator parses a TrainingJob's ``spec`` into a :class:`TrainingSpec`
+(``rlsched.operator.spec.parse_spec``); the simulator builds one from a trace job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["TrainingSpec", "PRIORITY_CLASSES"]
+
+#: service classes, most important first
+PRIORITY_CLASSES = ("highest", "urgent", "normal")
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingSpec:
+    """The parts of a TrainingJob spec the scheduler decides on."""
+
+    min_workers: int
+    max_workers: int
+    gpus_per_worker: int = 1
+    priority_class: str = "normal"
+    priority_value: float = 0.0
+    beta: float = 0.001
+    max_epochs: int = 100
+    data_size: int = 0
+    estimated_runtime: float = 0.0
+    #: pinned worker count (``spec.workers``, what ``kubectl scale`` sets), or None
+    pinned_workers: int | None = None
+
+    @property
+    def gang_gpus(self) -> int:
+        return self.min_workers * self.gpus_per_worker
