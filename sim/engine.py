@@ -41,7 +41,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from rlsched.core import ClusterState, JobView, Level, Ordering, Placement, PlacementError, Scaling, Topology
-from rlsched.core.planning import admit_in_order, scaling_steps
+from rlsched.core.planning import Admission, scaling_steps
 
 from .convergence import ConvergenceModel, stop_epoch
 from .job import JobSpec, comm_time, ideal_level, throughput, topology_limits
@@ -188,6 +188,8 @@ class Simulator:
         self.topology = topology
         self.config = config or SimConfig()
         self.ordering = ordering
+        #: the operator's admission rules (head-of-line blocking, or backfill)
+        self.admission = None if ordering is None else Admission(ordering, backfill=self.config.backfill, preemption=False)
         self.placement = placement
         self.scaling = scaling
         self.rng = np.random.default_rng(seed)
@@ -570,9 +572,7 @@ class Simulator:
         else:
             ranked = self.ordering.rank(pending, st)
         self._full_pass_needed = False
-        started, _ = admit_in_order(
-            (v for v in ranked if v.start_time is None), self._try_start, backfill=backfill
-        )
+        started, _ = self.admission.walk((v for v in ranked if v.start_time is None), self._try_start)
         if started:
             st.pending = [p for p in pending if p.start_time is None]
 
@@ -617,7 +617,7 @@ class Simulator:
         ranking plus a side list of later arrivals, and find each next head by ranking
         only (head of the ranking + side list). The side list is folded into a full
         re-ranking when it outgrows an eighth of the queue."""
-        started, _ = admit_in_order(self._static_heads(), self._try_start, backfill=False)
+        started, _ = self.admission.walk(self._static_heads(), self._try_start)  # backfill is off here
         if started:
             st = self.state
             st.pending = [p for p in st.pending if p.start_time is None]

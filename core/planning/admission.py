@@ -185,6 +185,11 @@ class Admission:
         self.backfill = backfill
         self.preemption = preemption
 
+    def walk(self, candidates: Iterable, try_start: Callable[[object], bool]) -> tuple[list, object | None]:
+        """:func:`admit_in_order` with this admission's backfill setting: the
+        simulator starts its ranked pending jobs through it."""
+        return admit_in_order(candidates, try_start, backfill=self.backfill)
+
     def order(self, waiting: Sequence[QueueEntry], state: ClusterState) -> list[QueueEntry]:
         """Service order: nominated preemptors, then interrupt, urgent, normal; inside a
         queue the ordering policy."""
@@ -226,7 +231,7 @@ class Admission:
                     plan.preempt.extend(self.choose_victims(entry, running, free + releasing, state.total))
             return False
 
-        started, _ = admit_in_order(order, try_start, backfill=self.backfill)
+        started, _ = self.walk(order, try_start)
         plan.admit = [e.key for e in started]
         return plan
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from rlsched.core import make_ordering
-from rlsched.core.planning import Admission, DynamicPriority, QueueEntry, RunningEntry, gang_fits, take_gang
+from rlsched.core.planning import Admission, DynamicPriority, QueueEntry, RunningEntry, admit_in_order, gang_fits, take_gang
 
 
 @pytest.fixture
@@ -161,3 +161,36 @@ def test_normal_and_urgent_jobs_never_preempt(qm, make_cluster, make_spec):
     st = full_cluster(make_cluster, holders)
     u = entry(make_spec, "u", 10.0, mn=1, klass="urgent", queue="urgent", value=100)
     assert qm.plan([u], holders, st).preempt == []
+
+
+# ---------------------------------------------------------------- the shared walk
+def test_walk_blocks_head_of_line_or_backfills():
+    fits = {"a": True, "b": False, "c": True}
+    tried = []
+
+    def try_start(k):
+        tried.append(k)
+        return fits[k]
+
+    assert admit_in_order("abc", try_start, backfill=False) == (["a"], "b") and tried == ["a", "b"]
+    tried.clear()
+    assert admit_in_order("abc", try_start, backfill=True) == (["a", "c"], "b") and tried == ["a", "b", "c"]
+    assert admit_in_order("ac", try_start, backfill=False) == (["a", "c"], None)
+
+
+def test_simulator_admits_through_the_same_admission_object():
+    from rlsched.core import NodeSpec, Topology, make_placement
+    from rlsched.sim import SimConfig, Simulator
+    from rlsched.sim.job import JobSpec
+
+    topo = Topology([NodeSpec(name="n0", gpus=5, rack="r0", block="b0")])
+    jobs = [JobSpec(id="big", submit_time=0.0, workers=1, gpus_per_worker=4, duration=10.0),
+            JobSpec(id="wide", submit_time=1.0, workers=1, gpus_per_worker=4, duration=10.0),
+            JobSpec(id="small", submit_time=2.0, workers=1, gpus_per_worker=1, duration=10.0)]
+    for backfill in (False, True):
+        sim = Simulator(jobs, topo, ordering=make_ordering("fifo"), placement=make_placement("firstfit"),
+                        config=SimConfig(backfill=backfill))
+        assert isinstance(sim.admission, Admission) and sim.admission.backfill is backfill
+        starts = {r.id: r.start for r in sim.run().records}
+        # "wide" waits for "big"; "small" (1 GPU free) passes it only with backfill
+        assert starts["wide"] == 10.0 and starts["small"] == (10.0 if not backfill else 2.0)

@@ -4,7 +4,7 @@ import pytest
 
 from rlsched.core import Progress
 from rlsched.core import make_scaling
-from rlsched.core.planning import ElasticState, RunningJob, ScalingPlanner
+from rlsched.core.planning import ElasticState, RunningJob, ScalingPlanner, scaling_steps
 
 
 def prog(*accs, epoch=None, loss=1.0, max_loss=2.0):
@@ -91,3 +91,7 @@ def test_completion_converged_or_max_epochs(planner, make_cluster, make_spec):
     plan = planner.plan([conv, maxed, going], st)
     assert plan.finished == {"conv": "Converged", "maxed": "MaxEpochs"}
     assert "conv" not in plan.deltas and "maxed" not in plan.deltas
+
+
+def test_scaling_steps_are_single_steps_removals_first():
+    assert scaling_steps({"b": 3, "a": 1, "z": -2, "c": 0, "y": -1}) == [("y", -1), ("z", -1), ("a", 1), ("b", 1)]
