@@ -226,6 +226,7 @@ class Controller:
             build_ordering(config.ordering, config.ordering_model),
             backfill=config.backfill,
             preemption=config.preemption,
+            start_timeout_s=config.start_timeout_s,
         )
         self.planner = ScalingPlanner(build_scaling(config.scaling, config.scaling_model), patience=config.patience)
         self.cycles = 0
@@ -480,7 +481,7 @@ class Controller:
             await self.event(j.body, "Started", f"gang of {target} workers running after {wait:.1f}s in the queue")
             return
         admitted = parse_time(j.status.get("admittedTime")) or now
-        if now - admitted > self.config.start_timeout_s:
+        if self.queues.start_timed_out(admitted, now):
             for p in j.pods:
                 await self.delete_pod(j.ns, p["metadata"]["name"], 0)
             j.pods = []

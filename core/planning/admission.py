@@ -177,13 +177,24 @@ class Admission:
 
     ``ordering`` is a core ordering policy (``make_ordering("fifo")`` by default);
     ``backfill`` lets smaller jobs behind a blocked head start (off by default: strict
-    priority order); ``preemption`` lets ``highest`` jobs evict lower-class ones.
+    priority order); ``preemption`` lets ``highest`` jobs evict lower-class ones;
+    ``start_timeout_s`` is how long an admitted gang may take to run.
     """
 
-    def __init__(self, ordering: Ordering, *, backfill: bool = False, preemption: bool = True) -> None:
+    def __init__(
+        self, ordering: Ordering, *, backfill: bool = False, preemption: bool = True, start_timeout_s: float = 120.0
+    ) -> None:
+        if start_timeout_s <= 0:
+            raise ValueError(f"start_timeout_s must be > 0, got {start_timeout_s}")
         self.ordering = ordering
         self.backfill = backfill
         self.preemption = preemption
+        self.start_timeout_s = start_timeout_s
+
+    def start_timed_out(self, admitted_at: float, now: float) -> bool:
+        """An admitted gang whose workers are not all running ``start_timeout_s`` after
+        admission goes back to its queue (its pods are deleted)."""
+        return now - admitted_at > self.start_timeout_s
 
     def walk(self, candidates: Iterable, try_start: Callable[[object], bool]) -> tuple[list, object | None]:
         """:func:`admit_in_order` with this admission's backfill setting: the

@@ -194,3 +194,11 @@ def test_simulator_admits_through_the_same_admission_object():
         starts = {r.id: r.start for r in sim.run().records}
         # "wide" waits for "big"; "small" (1 GPU free) passes it only with backfill
         assert starts["wide"] == 10.0 and starts["small"] == (10.0 if not backfill else 2.0)
+
+
+def test_gang_start_timeout(make_cluster):
+    adm = Admission(make_ordering("fifo"), start_timeout_s=120.0)
+    assert not adm.start_timed_out(admitted_at=1000.0, now=1120.0)
+    assert adm.start_timed_out(admitted_at=1000.0, now=1120.5)
+    with pytest.raises(ValueError, match="start_timeout_s"):
+        Admission(make_ordering("fifo"), start_timeout_s=0)
