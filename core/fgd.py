@@ -11,7 +11,7 @@ A node's GPU capacity is *fragmented for a task* when the task could not use it:
 The expected fragmentation of a node under a target workload ``M`` (task classes ``m``
 with popularity ``p_m``) is ``F_n(M) = Σ_m p_m F_n(m)``; a cluster's is the sum over its
 nodes. FGD places a task where ``F_n`` grows least. Both the whole-GPU ``fgd``
-placement and the GPU-sharing experiment in ``rlsched.sim.fragmentation`` use
+placement and the GPU-sharing experiment in ``bench/fragmentation.py`` use
 :func:`fragmentation`, which works on per-GPU free milli-GPU vectors.
 """
 

@@ -9,7 +9,9 @@ training step of every worker costs
 where ``n = workers * gpus_per_worker`` is the number of GPUs in the ring and
 ``level`` the slowest link the job's GPUs span (NVLINK < NODE < RACK < BLOCK <
 CLUSTER, :meth:`rlsched.core.Topology.span_level`). A job with one GPU does not
-communicate. Throughput is ``workers * batch_per_worker / step_time`` samples/s.
+communicate. Throughput is ``workers * batch_per_worker / step_time`` samples/s
+(:func:`ring_throughput`, the one formula; RLPTO's scaling environment uses it too,
+with one ring member per worker).
 
 Two modes:
 
@@ -31,7 +33,7 @@ from rlsched.core import Bandwidth, JobView, Level, Topology
 
 from .convergence import ConvergenceModel
 
-__all__ = ["JobSpec", "comm_time", "step_time", "throughput", "ideal_level", "best_step_time", "topology_limits"]
+__all__ = ["JobSpec", "comm_time", "ring_throughput", "step_time", "throughput", "ideal_level", "best_step_time", "topology_limits"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,13 +142,28 @@ def comm_time(grad_gb: float, gpus: int, bandwidth_gbps: float) -> float:
     return 2.0 * (gpus - 1) / gpus * grad_gb / bandwidth_gbps
 
 
+def ring_throughput(
+    workers: int, batch_per_worker: int, compute_time: float, grad_gb: float, ring: int, bandwidth_gbps: float
+) -> float:
+    """Samples per second of ``workers`` synchronous data-parallel workers whose
+    gradients all-reduce over a ring of ``ring`` members at ``bandwidth_gbps`` GB/s:
+    ``workers * batch_per_worker / (compute_time + comm_time(grad_gb, ring, bandwidth_gbps))``.
+
+    ``ring`` is who takes part in the all-reduce: every GPU of the job in this
+    simulator (``workers * gpus_per_worker``, :func:`throughput`), one member per
+    worker in RLPTO's scaling environment (a worker holds a whole node there)."""
+    return workers * batch_per_worker / (compute_time + comm_time(grad_gb, ring, bandwidth_gbps))
+
+
 def step_time(spec: JobSpec, workers: int, level: Level, bandwidth: Bandwidth) -> float:
     return spec.compute_time + comm_time(spec.grad_gb, workers * spec.gpus_per_worker, bandwidth.at(level))
 
 
 def throughput(spec: JobSpec, workers: int, level: Level, bandwidth: Bandwidth) -> float:
     """Samples per second at ``workers`` workers spanning ``level``."""
-    return workers * spec.batch_per_worker / step_time(spec, workers, level, bandwidth)
+    return ring_throughput(
+        workers, spec.batch_per_worker, spec.compute_time, spec.grad_gb, workers * spec.gpus_per_worker, bandwidth.at(level)
+    )
 
 
 def topology_limits(topology: Topology) -> tuple[int, int]:

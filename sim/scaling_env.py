@@ -17,8 +17,9 @@ Time advances in decision intervals of ``interval`` seconds. In every interval:
    baselines' ``stop="epochs"`` trains every job for ``max_epochs``, its epoch budget
    (``budget``: an oracle or a user's recipe, see :func:`make_jobs`).
 
-Throughput of ``w`` workers is synchronous data parallelism with ring all-reduce:
-``w · batch / (compute + 2 (w − 1)/w · grad_gb / bandwidth)`` samples/s; each sample
+Throughput of ``w`` workers is synchronous data parallelism with ring all-reduce,
+the simulator's formula (:func:`rlsched.sim.job.ring_throughput`) with one ring member
+per worker: ``w · batch / (compute + 2 (w − 1)/w · grad_gb / bandwidth)`` samples/s; each sample
 is worth ``efficiency(w)`` effective samples (the convergence model's large-batch
 discount), so adding workers has diminishing returns.
 
@@ -45,6 +46,7 @@ from rlsched.core import ClusterState, JobView, Topology
 from rlsched.core.learned import rlpto_observation
 
 from .convergence import ConvergenceModel
+from .job import ring_throughput
 
 __all__ = ["ScalingJob", "ScalingEnvConfig", "ScalingEnv", "make_jobs", "EpisodeResult", "K_W", "BUDGETS"]
 
@@ -77,11 +79,11 @@ class ScalingJob:
     convergence: Mapping[str, float] = field(default_factory=dict)
 
     def throughput(self, w: int, bandwidth_gbps: float) -> float:
-        """Samples per second with ``w`` workers."""
+        """Samples per second with ``w`` workers: the simulator's
+        :func:`~rlsched.sim.job.ring_throughput` with one ring member per worker."""
         if w <= 0:
             return 0.0
-        comm = 0.0 if w == 1 else 2.0 * (w - 1) / w * self.grad_gb / bandwidth_gbps
-        return w * self.batch_per_worker / (self.compute_time + comm)
+        return ring_throughput(w, self.batch_per_worker, self.compute_time, self.grad_gb, w, bandwidth_gbps)
 
 
 @dataclass(frozen=True)

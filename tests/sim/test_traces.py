@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlsched.sim.convergence import ConvergenceModel, stop_epoch
 from rlsched.sim.traces import TraceError, load_trace, synthetic
 
 DATA = Path(__file__).parent / "data"
 
 
+# ---------------------------------------------------------------- alibaba2023
 def test_alibaba2023_default():
     tr = load_trace("alibaba2023:default", data_dir=DATA)
     # node-c has no GPU and is not a GPU node of the simulator
@@ -53,6 +53,15 @@ def test_alibaba2023_needs_data_dir(monkeypatch):
         load_trace("alibaba2023:nope")
 
 
+def test_alibaba2023_list_without_times():
+    # the re-sampled openb lists (multigpu20) have no time columns
+    tr = load_trace("alibaba2023:notimes", data_dir=DATA)
+    assert [(j.id, j.submit_time, j.duration, j.gpus_per_worker) for j in tr.jobs] == [
+        ("pod-0", 0.0, 3600.0, 1), ("pod-1", 1.0, 3600.0, 2)]
+    assert any("no times" in n for n in tr.notes)
+
+
+# ---------------------------------------------------------------- pai2020
 def test_pai2020():
     tr = load_trace("pai2020:pai", data_dir=DATA)
     assert [n.name for n in tr.topology.nodes] == ["m1", "m2"]
@@ -76,6 +85,7 @@ def test_pai2020_malformed():
     assert tr.skipped == {"malformed": 1} and len(tr.jobs) == 1
 
 
+# ---------------------------------------------------------------- philly
 def test_philly():
     tr = load_trace(f"philly:{DATA / 'philly_cluster_job_log.json'}")
     jobs = {j.id: j for j in tr.jobs}
@@ -95,6 +105,7 @@ def test_philly_malformed():
     assert load_trace("philly:philly_bad.json", data_dir=DATA, skip_bad=True).skipped == {"malformed": 1}
 
 
+# ---------------------------------------------------------------- helios
 def test_helios():
     tr = load_trace("helios:helios_cluster_log.csv", data_dir=DATA)
     jobs = {j.id: j for j in tr.jobs}
@@ -110,21 +121,14 @@ def test_helios_malformed():
     assert load_trace("helios:helios_bad.csv", data_dir=DATA, skip_bad=True).skipped == {"malformed": 1}
 
 
+# ---------------------------------------------------------------- job files
 def test_job_file():
     tr = load_trace(str(DATA / "jobs.yaml"))
     assert len(tr.topology) == 2 and [j.id for j in tr.jobs] == ["a", "b", "c"]
     assert tr.jobs[2].fixed is False and tr.jobs[0].duration == 10
 
 
-def test_bad_specs():
-    with pytest.raises(TraceError, match="unknown trace spec"):
-        load_trace("nonsense:1")
-    with pytest.raises(TraceError, match="unknown parameter"):
-        load_trace("synthetic:small,colour=red")
-    with pytest.raises(TraceError, match="unknown synthetic preset"):
-        load_trace("synthetic:enormous")
-
-
+# ---------------------------------------------------------------- synthetic
 def test_synthetic_is_seeded_and_parameterised():
     a = synthetic("small,jobs=50,nodes=8,racks=2,max_workers=4", seed=1)
     b = synthetic("small,jobs=50,nodes=8,racks=2,max_workers=4", seed=1)
@@ -144,35 +148,28 @@ def test_synthetic_is_seeded_and_parameterised():
     assert 1.8 < gaps.mean() < 2.2
 
 
-# ---------------------------------------------------------------- convergence model
-def test_convergence_curves():
-    m = ConvergenceModel(1000, acc_max=0.9, acc0=0.1, tau=5.0, gamma=0.1, noise=0.0)
-    accs = [m.accuracy(s) for s in (0, 1000, 5000, 50_000)]
-    assert accs[0] == pytest.approx(0.1) and accs == sorted(accs) and accs[-1] < 0.9
-    # accuracy(E) = 0.9 - 0.8 * exp(-E / 5): after 5 epochs 0.9 - 0.8 / e
-    assert m.accuracy(5000) == pytest.approx(0.9 - 0.8 * np.exp(-1))
-    # diminishing returns: the same samples are worth less with more workers
-    assert m.accuracy(5000, workers=8) < m.accuracy(5000, workers=1)
-    assert m.efficiency(8) == pytest.approx(1 / 1.7)
-    assert m.loss(0) == pytest.approx(2.3) and m.loss(50_000) < m.loss(5000)
-    assert m.epochs_to(0.9 - 0.8 * np.exp(-1)) == pytest.approx(5.0)
+def test_synthetic_runtime_sigma_widens_the_runtime_spread():
+    def spread(sigma):
+        tr = load_trace(f"synthetic:small,jobs=400,runtime_sigma={sigma}", seed=3)
+        ideal = np.array([j.samples_per_epoch * j.max_epochs for j in tr.jobs], dtype=float)
+        return np.log(ideal).std()
+
+    assert spread(2.0) > spread(1.1) > spread(0.3)
+    default = [(j.id, j.samples_per_epoch) for j in load_trace("synthetic:small", seed=3).jobs]
+    same = [(j.id, j.samples_per_epoch) for j in load_trace("synthetic:small,runtime_sigma=1.1", seed=3).jobs]
+    assert default == same
+    with pytest.raises(TraceError):
+        load_trace("synthetic:small,runtime_sigma=-1", seed=3)
 
 
-def test_convergence_noise_is_seeded():
-    a = ConvergenceModel(1000, noise=0.01, seed=1).noise_at(np.arange(1, 10))
-    b = ConvergenceModel(1000, noise=0.01, seed=1).noise_at(np.arange(1, 10))
-    c = ConvergenceModel(1000, noise=0.01, seed=2).noise_at(np.arange(1, 10))
-    assert (a == b).all() and not (a == c).all()
-
-
-def test_stop_epoch():
-    # accuracies after epochs 1..6; gains: inf, .1, .0005, .0005, .2, .0001
-    accs = np.array([0.5, 0.6, 0.6005, 0.601, 0.801, 0.8011])
-    assert stop_epoch(accs, 1, None, 0, beta=0.001, patience=2, max_epochs=10) == 4
-    assert stop_epoch(accs, 1, None, 0, beta=0.001, patience=3, max_epochs=10) == 10
-    # a prior streak of 1 small gain: epoch 1's gain (0.5 - 0.4995 = .0005) makes 2
-    assert stop_epoch(accs, 1, 0.4995, 1, beta=0.001, patience=2, max_epochs=10) == 1
-    assert stop_epoch(accs, 1, None, 0, beta=0.001, patience=2, max_epochs=3) == 3
+# ---------------------------------------------------------------- specs and replay options (sim/traces/spec.py)
+def test_bad_specs():
+    with pytest.raises(TraceError, match="unknown trace spec"):
+        load_trace("nonsense:1")
+    with pytest.raises(TraceError, match="unknown parameter"):
+        load_trace("synthetic:small,colour=red")
+    with pytest.raises(TraceError, match="unknown synthetic preset"):
+        load_trace("synthetic:enormous")
 
 
 def test_arrival_scale():
@@ -182,14 +179,6 @@ def test_arrival_scale():
     assert tr.jobs[0].duration == 300
     with pytest.raises(TraceError, match="unknown trace option"):
         load_trace("alibaba2023:default,speed=2", data_dir=DATA)
-
-
-def test_alibaba2023_list_without_times():
-    # the re-sampled openb lists (multigpu20) have no time columns
-    tr = load_trace("alibaba2023:notimes", data_dir=DATA)
-    assert [(j.id, j.submit_time, j.duration, j.gpus_per_worker) for j in tr.jobs] == [
-        ("pod-0", 0.0, 3600.0, 1), ("pod-1", 1.0, 3600.0, 2)]
-    assert any("no times" in n for n in tr.notes)
 
 
 def test_nodes_option_keeps_every_kth_node_and_drops_jobs_that_fit_none():
@@ -222,17 +211,3 @@ def test_load_option_sets_the_offered_load():
         load_trace("alibaba2023:default,load=1,arrival_scale=0.5", data_dir=DATA)
     with pytest.raises(TraceError, match="must be > 0"):
         load_trace("alibaba2023:default,load=0", data_dir=DATA)
-
-
-def test_synthetic_runtime_sigma_widens_the_runtime_spread():
-    def spread(sigma):
-        tr = load_trace(f"synthetic:small,jobs=400,runtime_sigma={sigma}", seed=3)
-        ideal = np.array([j.samples_per_epoch * j.max_epochs for j in tr.jobs], dtype=float)
-        return np.log(ideal).std()
-
-    assert spread(2.0) > spread(1.1) > spread(0.3)
-    default = [(j.id, j.samples_per_epoch) for j in load_trace("synthetic:small", seed=3).jobs]
-    same = [(j.id, j.samples_per_epoch) for j in load_trace("synthetic:small,runtime_sigma=1.1", seed=3).jobs]
-    assert default == same
-    with pytest.raises(TraceError):
-        load_trace("synthetic:small,runtime_sigma=-1", seed=3)

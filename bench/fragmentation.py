@@ -27,7 +27,10 @@ also takes CPU and memory, and ``gpu_spec`` restricts GPU models. Policies:
 ``fgd``      the node and GPU whose fragmentation grows least (FGD), ties broken as
              ``bestfit``.
 
-Run: ``python -m rlsched.sim.fragmentation --out docs/fgd`` (data folder from
+A separate experiment with its own cluster model (GPU sharing per GPU), so it lives
+beside the benchmarks, not in the simulator.
+
+Run: ``python bench/fragmentation.py --out docs/fgd`` (data folder from
 ``--data-dir`` or ``RLSCHED_DATA_DIR``).
 """
 
@@ -45,6 +48,7 @@ from typing import Sequence
 import numpy as np
 
 from rlsched.core.fgd import MILLI, Workload, fragmentation
+from rlsched.sim.traces import TraceError
 
 __all__ = [
     "POLICIES",
@@ -63,10 +67,6 @@ __all__ = [
 
 POLICIES = ("random", "bestfit", "packing", "fgd")
 DATA_SUBDIR = "alibaba-gpu-2023"
-
-
-class TraceError(ValueError):
-    """A malformed row in a trace file (message names the file and line)."""
 
 
 @dataclass(frozen=True)
@@ -463,8 +463,8 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def _parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    p = p or argparse.ArgumentParser(prog="python -m rlsched.sim.fragmentation", description=__doc__.splitlines()[0])
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python bench/fragmentation.py", description=__doc__.splitlines()[0])
     p.add_argument("--data-dir", default=None, help="trace data folder (default: $RLSCHED_DATA_DIR)")
     p.add_argument("--pods", default="default", help="openb pod list name (default, gpushare40, multigpu20)")
     p.add_argument("--out", required=True, help="output folder for fragmentation.json/.png")
@@ -516,13 +516,6 @@ def cmd(args: argparse.Namespace) -> int:
         )
     print(f"wrote {out / 'fragmentation.json'} and {out / 'fragmentation.png'}")
     return 0
-
-
-def add_subcommand(subparsers) -> None:
-    """Add ``fragmentation`` to a subparsers object (for ``rlsched sim``)."""
-    p = subparsers.add_parser("fragmentation", help="FGD's fragmentation experiment on the Alibaba 2023 trace")
-    _parser(p)
-    p.set_defaults(func=cmd)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,26 +1,41 @@
-"""FGD's fragmentation experiment: hand-checked choices, trace loading, the real trace."""
+"""FGD's fragmentation experiment (bench/fragmentation.py): hand-checked choices, trace
+loading, the real trace."""
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from rlsched.core.fgd import Workload
-from rlsched.sim.fragmentation import (
-    POLICIES,
-    Nodes,
-    Pods,
-    SharedCluster,
-    TraceError,
-    arrival_order,
-    choose,
-    experiment,
-    load_openb,
-    run,
-    subsample,
-    value_at,
-)
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _bench_module(name: str):
+    """bench/ holds scripts, not an installed package: load ``bench/<name>.py`` by path."""
+    spec = importlib.util.spec_from_file_location(f"rlsched_bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+fragmentation = _bench_module("fragmentation")
+POLICIES = fragmentation.POLICIES
+Nodes = fragmentation.Nodes
+Pods = fragmentation.Pods
+SharedCluster = fragmentation.SharedCluster
+TraceError = fragmentation.TraceError
+arrival_order = fragmentation.arrival_order
+choose = fragmentation.choose
+experiment = fragmentation.experiment
+load_openb = fragmentation.load_openb
+run = fragmentation.run
+subsample = fragmentation.subsample
+value_at = fragmentation.value_at
 
 
 def data_dir() -> Path | None:

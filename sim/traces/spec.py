@@ -1,0 +1,137 @@
+"""A trace SPEC to a :class:`~.common.Trace`: the registry of ``source:`` prefixes, the
+replay options of the real traces and :func:`load_trace`."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from rlsched.core import Topology
+
+from . import alibaba2023, helios, jobfile, pai2020, philly
+from .common import Trace, TraceError, racked
+from .common import data_dir as _data_dir
+from .synthetic import FORM as SYNTHETIC_FORM
+from .synthetic import synthetic
+
+__all__ = ["Source", "SOURCES", "TRACE_OPTIONS", "load_trace", "parse_options", "apply_options", "subset_nodes", "scale_for_load"]
+
+
+@dataclass(frozen=True)
+class Source:
+    """A real trace: how its spec is written and its loader ``(arg, data folder,
+    skip_bad) -> Trace``, ``arg`` being the spec after ``source:`` without options."""
+
+    form: str
+    load: Callable[[str, Path | None, bool], Trace]
+
+
+#: the real traces by ``source:`` prefix; each takes the :data:`TRACE_OPTIONS`
+SOURCES: dict[str, Source] = {
+    "alibaba2023": Source(alibaba2023.FORM, alibaba2023.load),
+    "pai2020": Source(pai2020.FORM, pai2020.load),
+    "philly": Source(philly.FORM, philly.load),
+    "helios": Source(helios.FORM, helios.load),
+}
+
+#: options of the real traces: ``name[,arrival_scale=X][,nodes=N][,load=X]``
+TRACE_OPTIONS = ("arrival_scale", "nodes", "load")
+
+
+def load_trace(
+    spec: str,
+    *,
+    data_dir: str | os.PathLike | None = None,
+    seed: int = 0,
+    skip_bad: bool = False,
+) -> Trace:
+    """Load the trace named by ``spec`` (the forms are in :mod:`rlsched.sim.traces`)."""
+    ddir = _data_dir(data_dir)
+    kind, _, arg = spec.partition(":")
+    if kind == "synthetic":
+        return synthetic(arg, seed=seed)
+    source = SOURCES.get(kind)
+    if source is not None:
+        arg, opts = parse_options(arg)
+        return apply_options(source.load(arg, ddir, skip_bad), opts)
+    path = Path(spec)
+    if path.suffix.lower() in jobfile.SUFFIXES or path.exists():
+        return jobfile.read(path)
+    forms = [s.form for s in SOURCES.values()] + [SYNTHETIC_FORM]
+    raise TraceError(f"unknown trace spec {spec!r}: use {', '.join(forms)} or a .yaml/.json job file")
+
+
+def parse_options(arg: str) -> tuple[str, dict[str, float]]:
+    """``name[,arrival_scale=X][,nodes=N][,load=X]``: the trace name/path and its options."""
+    name, *rest = arg.split(",")
+    opts: dict[str, float] = {}
+    for item in rest:
+        k, eq, v = item.partition("=")
+        k = k.strip()
+        if k not in TRACE_OPTIONS or not eq:
+            raise TraceError(f"unknown trace option {item!r}; known: arrival_scale=X, nodes=N, load=X")
+        try:
+            opts[k] = float(v)
+        except ValueError:
+            raise TraceError(f"{k}={v!r} is not a number") from None
+        if not opts[k] > 0:
+            raise TraceError(f"{k} must be > 0")
+    if "nodes" in opts and opts["nodes"] != int(opts["nodes"]):
+        raise TraceError(f"nodes={opts['nodes']:g} is not a whole number")
+    if "load" in opts and "arrival_scale" in opts:
+        raise TraceError("give load=X or arrival_scale=X, not both")
+    return name, opts
+
+
+def apply_options(trace: Trace, opts: dict[str, float]) -> Trace:
+    """``nodes`` first (:func:`subset_nodes`), then the arrival scale: ``arrival_scale``
+    or the one that gives offered load ``load`` (:func:`scale_for_load`)."""
+    if "nodes" in opts:
+        subset_nodes(trace, int(opts["nodes"]))
+    if "load" in opts:
+        scale = scale_for_load(trace, opts["load"])
+    else:
+        scale = opts.get("arrival_scale", 1.0)
+    if scale != 1.0:
+        trace.jobs = [j.with_(submit_time=j.submit_time * scale) for j in trace.jobs]
+        trace.name += f",load={opts['load']:g}" if "load" in opts else f",arrival_scale={scale:g}"
+        trace.notes.append(f"submit times scaled by {scale:.4g} (durations unchanged)")
+    return trace
+
+
+def subset_nodes(trace: Trace, n: int) -> None:
+    """Keep ``n`` of the trace's nodes, every k-th in file order; drop (and count) the
+    jobs that no kept node can host."""
+    if trace.topology is None:
+        raise TraceError("nodes=N needs a trace that carries its cluster")
+    nodes = trace.topology.nodes
+    if n > len(nodes):
+        raise TraceError(f"nodes={n} but the trace has only {len(nodes)} nodes")
+    idx = np.unique(np.floor(np.arange(n) * len(nodes) / n).astype(int))
+    keep = [nodes[i] for i in idx]
+    trace.topology = Topology(racked([dict(name=x.name, gpus=x.gpus, gpu_model=x.gpu_model, cpu_milli=x.cpu_milli, memory_mib=x.memory_mib) for x in keep]), trace.topology.bandwidth)
+    kept = []
+    for j in trace.jobs:
+        if any(x.gpus >= j.gpus_per_worker and (j.gpu_models is None or x.gpu_model in j.gpu_models) for x in keep):
+            kept.append(j)
+        else:
+            trace.skip("unfit_subset")
+    trace.jobs = kept
+    trace.name += f",nodes={n}"
+    trace.notes.append(f"replayed on {n} of {len(nodes)} nodes; {trace.skipped.get('unfit_subset', 0)} jobs fit none of them and were dropped")
+
+
+def scale_for_load(trace: Trace, load: float) -> float:
+    """Arrival scale giving offered load ``load``: Σ GPUs × duration over
+    (cluster GPUs × submission span × scale)."""
+    if trace.topology is None or not trace.jobs:
+        raise TraceError("load=X needs a trace with jobs and a cluster")
+    work = sum(j.workers * j.gpus_per_worker * j.duration for j in trace.jobs if j.duration)
+    span = max(j.submit_time for j in trace.jobs) - min(j.submit_time for j in trace.jobs)
+    if span <= 0 or work <= 0:
+        raise TraceError("load=X needs jobs with durations submitted over a time span")
+    return work / (load * trace.topology.total_gpus * span)
