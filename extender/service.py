@@ -18,6 +18,7 @@ from typing import Any, Awaitable, Callable
 import numpy as np
 
 from ..core.cluster import ClusterState, JobView
+from ..core.contract import RESOURCE_GPU
 from ..core.policy import Placement, scores_to_extender
 from ..core.topology import Level
 from .cache import ClusterCache
@@ -185,7 +186,7 @@ class Extender:
                 counts["gpu_model"] += 1
             elif not cap_ok[pos]:
                 used = int(st.total[i] - st.free[i])
-                msg = f"insufficient nvidia.com/gpu: pod requests {q}, node has {int(st.free[i])} free of {int(st.total[i])} ({used} used by bound or assumed pods)"
+                msg = f"insufficient {RESOURCE_GPU}: pod requests {q}, node has {int(st.free[i])} free of {int(st.total[i])} ({used} used by bound or assumed pods)"
                 if never[pos]:
                     out.unresolvable[name] = msg
                 else:
@@ -347,7 +348,7 @@ class Extender:
                 return f"cannot bind {args.key}: node {args.node} is not in the extender's node cache"
             if gpus > int(st.free[i]):
                 return (
-                    f"cannot bind {args.key} to {args.node}: it needs {gpus} nvidia.com/gpu, "
+                    f"cannot bind {args.key} to {args.node}: it needs {gpus} {RESOURCE_GPU}, "
                     f"{int(st.free[i])} free (taken since filter)"
                 )
             if gpus:
