@@ -45,7 +45,7 @@ import numpy as np
 from . import nn
 from .cluster import ClusterState, JobView
 from .placement import worker_slots
-from .policy import register_placement
+from .policy import Placement, register_placement
 from .topology import Topology
 
 __all__ = [
@@ -458,7 +458,7 @@ DEFAULT_MODEL = Path(__file__).resolve().parent / "weights" / "das.safetensors"
 
 
 # --------------------------------------------------------------------------- policy
-class DASPlacement:
+class DASPlacement(Placement):
     """RWGP placement scoring (see the module docstring); placement name ``das``.
 
     ``model``: optional model-file path. When it cannot be read the documented
@@ -573,6 +573,15 @@ class DASPlacement:
 
     def score(self, job: JobView, candidates: Sequence[int], state: ClusterState) -> np.ndarray:
         return self.combine(self.components(job, candidates, state))
+
+    def score_terms(
+        self, job: JobView, candidates: Sequence[int], state: ClusterState
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        comp = self.components(job, candidates, state)
+        return self.combine(comp), comp
+
+    def parameters(self) -> dict:
+        return dict(vars(self.params))
 
     def place(self, job: JobView, state: ClusterState, workers: int | None = None) -> list[int] | None:
         """Greedy gang placement by :meth:`score`; all ``workers`` or ``None``.

@@ -41,7 +41,7 @@ from . import das as _das
 from .cluster import QUEUES, ClusterState, JobView
 from .placement import worker_slots
 from .ordering import remaining_time
-from .policy import register_ordering, register_placement
+from .policy import Placement, register_ordering, register_placement
 
 __all__ = [
     "JOB_FEATURES",
@@ -328,7 +328,7 @@ def rwgp_smoother(topology, lam: float, noise: float) -> np.ndarray:
     return smoother
 
 
-class DASAgentPlacement:
+class DASAgentPlacement(Placement):
     """Placement ``das-agent``: the trained DAS placement agent (RWGP posterior mean of
     a learned linear node score, rack-first fill), read from the same weights file as
     :class:`DASOrdering`. Falls back to first-fit scores (logged) without weights.

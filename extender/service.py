@@ -74,7 +74,7 @@ class Extender:
         #: wait up to this long for the job's assumed pods to show up bound before
         #: scoring the next worker (kube-scheduler binds asynchronously; 0: never wait)
         self.settle_timeout = settle_timeout
-        if cache.on_observation is None and hasattr(policy, "observe"):
+        if cache.on_observation is None:
             cache.on_observation = policy.observe
         self.metrics.bind_sources(cache.age, lambda: len(cache.assumed))
         self.metrics.model.info(
@@ -288,13 +288,8 @@ class Extender:
             placement=placed,
         )
         used = self.policy
-        comp = None
         try:
-            if hasattr(self.policy, "components"):
-                comp = self.policy.components(job, cand, st)
-                raw = self.policy.combine(comp)
-            else:
-                raw = self.policy.score(job, cand, st)
+            raw, comp = self.policy.score_terms(job, cand, st)
         except Exception as exc:  # a policy bug must not stop scheduling
             log.exception("policy %s failed on pod %s; using fallback", self.policy.name, pod.key)
             self.metrics.fallbacks.labels(reason="policy_error").inc()
@@ -391,8 +386,9 @@ class Extender:
                     row[term] = bool(v[k]) if v.dtype == bool else float(v[k])
                 nodes.append(row)
             pub["top"] = nodes
-            if hasattr(self.policy, "params") and pr["policy"] == self.policy.name:
-                pub["params"] = dict(vars(self.policy.params))
+            params = self.policy.parameters() if pr["policy"] == self.policy.name else None
+            if params is not None:
+                pub["params"] = params
             out["prioritize"] = pub
         return out
 

@@ -152,7 +152,7 @@ def build_scaling(name: str, model: str | None):
         make_scaling("none")  # loads the builtin policy modules
         factory = SCALINGS.get(name.lower())
         policy = make_scaling(name, **(_model_kwargs(factory, model) if factory else {}))
-        if getattr(policy, "fallback_reason", None):
+        if policy.fallback_reason:
             log.warning("scaling %s: %s", name, policy.fallback_reason)
         return policy
     except ValueError:
