@@ -30,6 +30,7 @@ import orjson
 from tqdm import tqdm
 
 from rlsched.core import Topology
+from rlsched.core.contract import LABEL_INDEX, LABEL_JOB, RESOURCE_GPU
 from rlsched.extender.config import node_list
 
 
@@ -47,9 +48,9 @@ def cluster_file(nodes: int, directory: Path) -> tuple[Path, list[str]]:
     items = node_list(topo)["items"]
     pods = []
     for k, (job, i) in enumerate([("bench", 3), ("bench", 4), ("other", nodes // 2)]):
-        pods.append({"kind": "Pod", "metadata": {"name": f"run-{k}", "namespace": "bench", "labels": {"rlsched.dev/job": job}},
+        pods.append({"kind": "Pod", "metadata": {"name": f"run-{k}", "namespace": "bench", "labels": {LABEL_JOB: job}},
                      "spec": {"nodeName": topo.nodes[i].name,
-                              "containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "2"}}}]},
+                              "containers": [{"name": "c", "resources": {"requests": {RESOURCE_GPU: "2"}}}]},
                      "status": {"phase": "Running"}})
     path = directory / f"nodes-{nodes}.json"
     path.write_bytes(orjson.dumps({"kind": "List", "items": items + pods}))
@@ -59,11 +60,11 @@ def cluster_file(nodes: int, directory: Path) -> tuple[Path, list[str]]:
 def request_body(names: list[str]) -> bytes:
     pod = {
         "metadata": {"name": "bench-w2", "namespace": "bench", "uid": "u-bench",
-                     "labels": {"rlsched.dev/job": "bench", "rlsched.dev/worker-index": "2"}},
+                     "labels": {LABEL_JOB: "bench", LABEL_INDEX: "2"}},
         "spec": {"schedulerName": "rlsched",
                  "containers": [{"name": "trainer", "image": "x",
-                                 "resources": {"requests": {"nvidia.com/gpu": "2", "cpu": "4"},
-                                               "limits": {"nvidia.com/gpu": "2"}}}]},
+                                 "resources": {"requests": {RESOURCE_GPU: "2", "cpu": "4"},
+                                               "limits": {RESOURCE_GPU: "2"}}}]},
         "status": {"phase": "Pending"},
     }
     return orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": names})

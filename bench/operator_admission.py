@@ -21,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-G, V, P = "rlsched.dev", "v1alpha1", "trainingjobs"
+from rlsched.core.contract import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 
 def _job(name: str) -> dict:
     return {
-        "apiVersion": f"{G}/{V}", "kind": "TrainingJob", "metadata": {"name": name},
+        "apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name},
         "spec": {"minWorkers": 1, "maxWorkers": 1, "gpusPerWorker": 1,
                  "template": {"spec": {"containers": [{"name": "t", "image": "registry.example/bench:1"}]}}},
     }
@@ -70,7 +70,7 @@ def run(jobs: int, cycle_s: float, kubeconfig: str | None, out: Path) -> dict:
         with Progress(transient=True) as prog:
             task = prog.add_task("submitting", total=jobs)
             for i in range(jobs):
-                custom.create_namespaced_custom_object(G, V, ns, P, _job(f"j{i:04d}"))
+                custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _job(f"j{i:04d}"))
                 prog.advance(task)
             t_submitted = time.time()
             task2 = prog.add_task("admitted", total=jobs)
@@ -78,7 +78,7 @@ def run(jobs: int, cycle_s: float, kubeconfig: str | None, out: Path) -> dict:
             t_admitted = t_running = None
             deadline = time.time() + 600
             while time.time() < deadline:
-                items = custom.list_namespaced_custom_object(G, V, ns, P)["items"]
+                items = custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
                 now = time.time()
                 running = 0
                 for it in items:

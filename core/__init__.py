@@ -1,8 +1,9 @@
 """rlsched.core: the cluster model and every scheduling policy, pure Python + numpy.
 
-Nothing here imports Kubernetes, aiohttp, kopf or torch (checked by import-linter in
-the tests). The simulator, the extender and the operator all decide through these
-objects.
+Nothing here imports Kubernetes, aiohttp, kopf or torch (checked on the source by
+``tests/unit/test_import_contracts.py``). The simulator, the extender and the operator
+all decide through these objects; :mod:`rlsched.core.contract` is the one description
+of the Kubernetes names and object shapes they translate.
 """
 
 from .cluster import QUEUES, ClusterState, JobView, PlacementError, Progress

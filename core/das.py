@@ -44,8 +44,9 @@ import numpy as np
 
 from . import nn
 from .cluster import ClusterState, JobView
+from .nn import PolicyFileError, PolicyFileNotFound
 from .placement import worker_slots
-from .policy import register_placement
+from .policy import Placement, register_placement
 from .topology import Topology
 
 __all__ = [
@@ -53,7 +54,6 @@ __all__ = [
     "DASPlacement",
     "PLACEMENT_FEATURES",
     "placement_features",
-    "ModelError",
     "TopologyKernel",
     "gp_posterior",
     "random_walk_kernel",
@@ -87,10 +87,6 @@ def placement_features(job: JobView, state: ClusterState, candidates: np.ndarray
         ],
         axis=1,
     )
-
-
-class ModelError(ValueError):
-    """A DAS model file is missing, unreadable or holds invalid parameters."""
 
 
 # --------------------------------------------------------------------------- kernels
@@ -362,23 +358,23 @@ class DASParams:
     def from_mapping(cls, values: dict, version: str = "unversioned") -> "DASParams":
         unknown = set(values) - set(cls.FIELDS) - {"max_observations"}
         if unknown:
-            raise ModelError(f"unknown DAS parameters {sorted(unknown)}")
+            raise PolicyFileError(f"unknown DAS parameters {sorted(unknown)}")
         kw = {}
         for k, v in values.items():
             if isinstance(v, (bool, str)) or v is None:
-                raise ModelError(f"DAS parameter {k} must be a number, got {v!r:.40}")
+                raise PolicyFileError(f"DAS parameter {k} must be a number, got {v!r:.40}")
             arr = np.asarray(v, dtype=float).reshape(-1)
             if arr.size != 1:
-                raise ModelError(f"DAS parameter {k} must be a scalar, got shape {np.shape(v)}")
+                raise PolicyFileError(f"DAS parameter {k} must be a scalar, got shape {np.shape(v)}")
             kw[k] = int(arr[0]) if k == "max_observations" else float(arr[0])
         try:
             return cls(**kw, version=str(version))
         except ValueError as exc:
-            raise ModelError(str(exc)) from exc
+            raise PolicyFileError(str(exc)) from exc
 
     @classmethod
     def load(cls, path: str | Path) -> "DASParams":
-        """Read parameters from a model file (raises :class:`ModelError`).
+        """Read parameters from a model file (raises :class:`~rlsched.core.nn.PolicyFileError`).
 
         ``*.json``: ``{"policy": "das", "version": "...", "params": {name: value}}``.
         ``*.safetensors``: one scalar tensor per parameter name (``lam``, ``noise``,
@@ -388,7 +384,7 @@ class DASParams:
         """
         p = Path(path)
         if not p.is_file():
-            raise ModelError(f"model file {p} does not exist")
+            raise PolicyFileNotFound(f"model file {p} does not exist")
         try:
             side = p.with_suffix(".json")
             if p.suffix == ".safetensors" and side.is_file():
@@ -398,9 +394,9 @@ class DASParams:
             if p.suffix == ".json":
                 doc = json.loads(p.read_text())
                 if not isinstance(doc, dict) or not isinstance(doc.get("params"), dict):
-                    raise ModelError(f"{p}: expected an object with a 'params' object")
+                    raise PolicyFileError(f"{p}: expected an object with a 'params' object")
                 if doc.get("policy", "das") != "das":
-                    raise ModelError(f"{p}: model is for policy {doc.get('policy')!r}, not 'das'")
+                    raise PolicyFileError(f"{p}: model is for policy {doc.get('policy')!r}, not 'das'")
                 return cls.from_mapping(doc["params"], doc.get("version", "unversioned"))
             from safetensors import safe_open
 
@@ -413,12 +409,12 @@ class DASParams:
                 if isinstance(sdoc, dict):
                     meta = {**{k: str(v) for k, v in sdoc.items()}, **meta}
             if meta.get("policy", "das") != "das":
-                raise ModelError(f"{p}: model is for policy {meta.get('policy')!r}, not 'das'")
+                raise PolicyFileError(f"{p}: model is for policy {meta.get('policy')!r}, not 'das'")
             return cls.from_mapping(tensors, meta.get("version", "unversioned"))
-        except ModelError:
+        except PolicyFileError:
             raise
-        except Exception as exc:  # any parse failure of a corrupt file is a ModelError
-            raise ModelError(f"{p}: cannot read DAS model: {type(exc).__name__}: {exc}") from exc
+        except Exception as exc:  # any parse failure of a corrupt file is a PolicyFileError
+            raise PolicyFileError(f"{p}: cannot read DAS model: {type(exc).__name__}: {exc}") from exc
 
     @classmethod
     def _from_policy_file(cls, path: Path) -> "DASParams":
@@ -426,10 +422,13 @@ class DASParams:
         ``lam`` from ``architecture.lam``, the learned linear mean from the tensors
         ``placement.score.weight`` / ``placement.score.bias``, any ``placement.<param>``
         scalar overriding a default."""
-        weights, meta = nn.load_policy_file(path, policy="das")
+        try:
+            weights, meta = nn.load_policy_file(path, policy="das")
+        except PolicyFileError as exc:
+            raise PolicyFileError(f"{path}: cannot read DAS model: {type(exc).__name__}: {exc}") from exc
         feats = (meta.get("observation") or {}).get("placement_features")
         if feats is not None and tuple(feats) != PLACEMENT_FEATURES:
-            raise ModelError(f"{path}: placement features {feats} differ from {list(PLACEMENT_FEATURES)}")
+            raise PolicyFileError(f"{path}: placement features {feats} differ from {list(PLACEMENT_FEATURES)}")
         values: dict = {}
         lam = (meta.get("architecture") or {}).get("lam")
         if lam is not None:
@@ -449,7 +448,7 @@ class DASParams:
                 mean_bias=float(np.asarray(b, dtype=float).reshape(-1)[0]),
             )
         except ValueError as exc:
-            raise ModelError(f"{path}: {exc}") from exc
+            raise PolicyFileError(f"{path}: {exc}") from exc
 
 
 #: The committed trained DAS policy (placement parameters: λ and the learned linear
@@ -458,7 +457,7 @@ DEFAULT_MODEL = Path(__file__).resolve().parent / "weights" / "das.safetensors"
 
 
 # --------------------------------------------------------------------------- policy
-class DASPlacement:
+class DASPlacement(Placement):
     """RWGP placement scoring (see the module docstring); placement name ``das``.
 
     ``model``: optional model-file path. When it cannot be read the documented
@@ -482,10 +481,8 @@ class DASPlacement:
         if params is None and model is not None:
             try:
                 params = DASParams.load(model)
-            except ModelError as exc:
+            except PolicyFileError as exc:
                 self.fallback = str(exc)
-            except nn.PolicyFileError as exc:
-                self.fallback = f"{model}: {exc}"
         self.params = params or DASParams()
         self._obs: deque[tuple[str, float]] = deque(maxlen=int(self.params.max_observations))
         self._obs_version = 0
@@ -573,6 +570,15 @@ class DASPlacement:
 
     def score(self, job: JobView, candidates: Sequence[int], state: ClusterState) -> np.ndarray:
         return self.combine(self.components(job, candidates, state))
+
+    def score_terms(
+        self, job: JobView, candidates: Sequence[int], state: ClusterState
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        comp = self.components(job, candidates, state)
+        return self.combine(comp), comp
+
+    def parameters(self) -> dict:
+        return dict(vars(self.params))
 
     def place(self, job: JobView, state: ClusterState, workers: int | None = None) -> list[int] | None:
         """Greedy gang placement by :meth:`score`; all ``workers`` or ``None``.

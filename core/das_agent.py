@@ -41,7 +41,7 @@ from . import das as _das
 from .cluster import QUEUES, ClusterState, JobView
 from .placement import worker_slots
 from .ordering import remaining_time
-from .policy import register_ordering, register_placement
+from .policy import Placement, register_ordering, register_placement
 
 __all__ = [
     "JOB_FEATURES",
@@ -57,7 +57,6 @@ __all__ = [
     "WINDOW_SELECT",
     "das_logits",
     "DASOrdering",
-    "PLACEMENT_FEATURES",
     "placement_features",
     "rack_first_fill",
     "rwgp_smoother",
@@ -81,8 +80,6 @@ JOB_FEATURES = (
 )
 #: Per-node features (the squeeze pools them over nodes).
 NODE_FEATURES = ("free_frac", "used_frac", "rack_free_frac", "empty")
-#: Per-node features the placement agent sees for the job being placed.
-PLACEMENT_FEATURES = ("feasible", "slots_norm", "pack", "free_frac", "rack_room", "empty")
 #: Cluster-wide scalars appended to the pooled node features.
 CLUSTER_FEATURES = ("utilization", "pending_over_window", "log_pending", "running_over_nodes")
 
@@ -277,7 +274,7 @@ def _make_das_ordering(**kwargs) -> DASOrdering:
 
 # ============================================================================ placement
 def placement_features(job: JobView, state: ClusterState, slots: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``(features [N, len(PLACEMENT_FEATURES)], feasible [N])`` for placing ``job``'s
+    """``(features [N, len(das.PLACEMENT_FEATURES)], feasible [N])`` for placing ``job``'s
     gang on ``state``; ``slots`` = :func:`worker_slots` when the caller has it."""
     q = job.gpus_per_worker
     slots = worker_slots(job, state) if slots is None else slots
@@ -331,7 +328,7 @@ def rwgp_smoother(topology, lam: float, noise: float) -> np.ndarray:
     return smoother
 
 
-class DASAgentPlacement:
+class DASAgentPlacement(Placement):
     """Placement ``das-agent``: the trained DAS placement agent (RWGP posterior mean of
     a learned linear node score, rack-first fill), read from the same weights file as
     :class:`DASOrdering`. Falls back to first-fit scores (logged) without weights.

@@ -63,7 +63,8 @@ FORMAT = "rlsched-policy/1"
 
 
 class PolicyFileError(ValueError):
-    """A policy file (weights or metadata) is missing, unreadable or inconsistent."""
+    """A policy's model file (weights, metadata or parameters) is missing, unreadable,
+    corrupt or not for this policy: the one error every policy loader raises."""
 
 
 class PolicyFileNotFound(PolicyFileError, FileNotFoundError):

@@ -19,7 +19,7 @@ import numpy as np
 
 from .cluster import ClusterState, JobView
 from .fgd import Workload, fragmentation, whole_gpu_free_milli
-from .policy import register_placement
+from .policy import Placement, register_placement
 from .topology import Level
 
 __all__ = [
@@ -68,7 +68,7 @@ def _workers(job: JobView, workers: int | None) -> int:
     return k
 
 
-class _Placement:
+class _Placement(Placement):
     """Shared machinery: gang placement one worker at a time, tentative allocation."""
 
     name = ""

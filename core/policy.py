@@ -4,11 +4,16 @@ A policy is a pure object over a :class:`~rlsched.core.cluster.ClusterState`: it
 reads the snapshot and returns a decision; it never mutates the state it is given
 (placements may allocate tentatively but must release before returning). The same
 object decides in the simulator, the extender and the operator.
+
+Besides the decision, each protocol declares what the adapters ask of a policy (the
+extender's debug terms and node-speed feedback, the operator's fallback notice), with
+a default: the built-in policies inherit the protocol class, so the adapters call these
+methods directly.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -57,12 +62,31 @@ class Placement(Protocol):
         ``job``; candidates that cannot host it get ``-inf``."""
         ...
 
+    def score_terms(
+        self, job: JobView, candidates: Sequence[int], state: ClusterState
+    ) -> tuple[np.ndarray, dict[str, np.ndarray] | None]:
+        """:meth:`score` and the unweighted terms behind it, one array per term over
+        the candidates (shown by the extender's ``/debug``); ``None``: no terms."""
+        return self.score(job, candidates, state), None
+
+    def observe(self, node: str, performance: float) -> None:
+        """A measured performance of ``node`` (by name; 1.0 = nominal speed), fed by
+        the extender from pods' ``rlsched.dev/observed-speed``. Default: ignored."""
+        return None
+
+    def parameters(self) -> dict[str, Any] | None:
+        """The policy's parameters (shown by the extender's ``/debug``); ``None``: none."""
+        return None
+
 
 @runtime_checkable
 class Scaling(Protocol):
     """Decides +1 / -1 / 0 workers for each running job."""
 
     name: str
+    #: why the policy decides with a fallback rather than as configured (e.g. its
+    #: weights file could not be read); ``None`` when it runs as configured
+    fallback_reason: str | None = None
 
     def decide(self, running: Sequence[JobView], state: ClusterState) -> dict[str, int]: ...
 

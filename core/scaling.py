@@ -19,7 +19,7 @@ import numpy as np
 from .cluster import ClusterState, JobView
 from .ordering import remaining_time
 from .placement import FirstFit
-from .policy import register_scaling
+from .policy import Scaling, register_scaling
 
 __all__ = ["NoScaling", "FairShare", "FCFSScaling", "Optimus", "BetaThreshold"]
 
@@ -74,7 +74,7 @@ class _Tentative:
         self._log.clear()
 
 
-class _Scaling:
+class _Scaling(Scaling):
     name = ""
 
     def __init__(self, *, rng: np.random.Generator | None = None) -> None:

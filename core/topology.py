@@ -22,6 +22,21 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Iterable, Mapping
 
+# the node labels are part of the Kubernetes contract; re-exported here for topology users
+from .contract import (
+    DEFAULT_TOPOLOGY_LEVELS,
+    LABEL_BLOCK,
+    LABEL_GPU_CLIQUE,
+    LABEL_GPU_COUNT,
+    LABEL_GPU_PRESENT,
+    LABEL_GPU_PRICE,
+    LABEL_GPU_PRODUCT,
+    LABEL_HOSTNAME,
+    LABEL_NVLINK_DOMAIN_SIZE,
+    LABEL_RACK,
+    RESOURCE_GPU,
+)
+
 __all__ = [
     "Level",
     "Bandwidth",
@@ -39,17 +54,6 @@ __all__ = [
     "DEFAULT_TOPOLOGY_LEVELS",
     "node_labels",
 ]
-
-LABEL_BLOCK = "topology.rlsched.dev/block"
-LABEL_RACK = "topology.rlsched.dev/rack"
-LABEL_HOSTNAME = "kubernetes.io/hostname"
-LABEL_GPU_COUNT = "nvidia.com/gpu.count"
-LABEL_GPU_PRODUCT = "nvidia.com/gpu.product"
-LABEL_GPU_CLIQUE = "nvidia.com/gpu.clique"
-LABEL_NVLINK_DOMAIN_SIZE = "rlsched.dev/nvlink-domain-size"
-LABEL_GPU_PRICE = "rlsched.dev/gpu-price-per-hour"
-RESOURCE_GPU = "nvidia.com/gpu"
-DEFAULT_TOPOLOGY_LEVELS = (LABEL_BLOCK, LABEL_RACK, LABEL_HOSTNAME)
 
 
 class Level(IntEnum):
@@ -324,7 +328,7 @@ def node_labels(node: NodeSpec) -> dict[str, str]:
         LABEL_GPU_PRODUCT: node.gpu_model,
         LABEL_NVLINK_DOMAIN_SIZE: str(node.nvlink_domain_size),
         LABEL_GPU_PRICE: f"{node.price_per_gpu_hour:g}",
-        "nvidia.com/gpu.present": "true",
+        LABEL_GPU_PRESENT: "true",
     }
     if node.clique:
         labels[LABEL_GPU_CLIQUE] = node.clique

@@ -17,8 +17,9 @@ import time
 import orjson
 from aiohttp import web
 
+from ..core.contract import ShapeError
 from .service import Extender
-from .wire import PriorityEncoder, WireError, decode_args, decode_binding, encode_binding, encode_filter
+from .wire import PriorityEncoder, decode_args, decode_binding, encode_binding, encode_filter
 
 __all__ = ["make_app", "DEFAULT_MAX_BODY", "EXTENDER_KEY"]
 
@@ -64,7 +65,7 @@ def make_app(
                     metrics.nodes.labels(verb=verb).observe(len(args.names))
                 result = await decide(args)
                 resp = web.Response(body=encode(args, result), content_type=_JSON)
-            except WireError as exc:
+            except ShapeError as exc:  # the request or its pod is malformed (WireError too)
                 resp = _error(400, f"{verb}: {exc}")
             except web.HTTPRequestEntityTooLarge:
                 resp = _error(413, f"{verb}: request body larger than {max_body} bytes")

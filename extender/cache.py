@@ -19,8 +19,9 @@ from collections import Counter
 from typing import Callable, Iterable, Mapping
 
 from ..core.cluster import ClusterState
-from ..core.topology import DEFAULT_TOPOLOGY_LEVELS, Topology
-from .objects import NodeInfo, PodInfo, parse_node, parse_pod
+from ..core.contract import DEFAULT_TOPOLOGY_LEVELS, NodeShape, node_shape
+from ..core.topology import Topology
+from .objects import PodInfo, parse_pod
 
 __all__ = ["ClusterCache"]
 
@@ -43,7 +44,7 @@ class ClusterCache:
         self.assume_ttl = float(assume_ttl)
         self.clock = clock
         self.on_observation = on_observation
-        self.nodes: dict[str, NodeInfo] = {}
+        self.nodes: dict[str, NodeShape] = {}
         self.pods: dict[str, PodInfo] = {}
         #: pod key -> (node, gpus, job, expiry time)
         self.assumed: dict[str, tuple[str, int, str | None, float]] = {}
@@ -63,7 +64,7 @@ class ClusterCache:
         self.last_update = self.clock()
 
     def upsert_node(self, obj: Mapping) -> None:
-        info = parse_node(obj)
+        info = node_shape(obj)
         old = self.nodes.get(info.name)
         if old != info:
             self.nodes[info.name] = info
@@ -79,7 +80,7 @@ class ClusterCache:
         """A fresh list of all nodes (after a (re-)list)."""
         new = {}
         for o in objs:
-            info = parse_node(o)
+            info = node_shape(o)
             new[info.name] = info
         if new != self.nodes:
             self.nodes = new

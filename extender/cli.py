@@ -9,7 +9,7 @@ import signal
 
 import numpy as np
 
-from ..core.topology import DEFAULT_TOPOLOGY_LEVELS
+from ..core.contract import DEFAULT_TOPOLOGY_LEVELS
 
 __all__ = ["register", "serve"]
 

@@ -10,7 +10,8 @@ import yaml
 
 from ..core.das import DASPlacement
 from ..core.policy import Placement, make_placement
-from ..core.topology import DEFAULT_TOPOLOGY_LEVELS
+from ..core.contract import DEFAULT_TOPOLOGY_LEVELS, RESOURCE_GPU
+from ..core.topology import node_labels
 from .cache import ClusterCache
 from .metrics import ExtenderMetrics
 from .service import Extender
@@ -107,8 +108,6 @@ def load_static(path: str | Path, cache: ClusterCache) -> tuple[int, int]:
 def node_list(topology) -> dict:
     """A ``NodeList`` for a :class:`~rlsched.core.topology.Topology` (labels as the
     fake nodes of the integration tests carry them), e.g. for ``--static-nodes``."""
-    from ..core.topology import RESOURCE_GPU, node_labels
-
     items = []
     for n in topology.nodes:
         gpus = str(n.gpus)

@@ -18,6 +18,7 @@ from typing import Any, Awaitable, Callable
 import numpy as np
 
 from ..core.cluster import ClusterState, JobView
+from ..core.contract import RESOURCE_GPU
 from ..core.policy import Placement, scores_to_extender
 from ..core.planning import required_topology
 from .cache import ClusterCache
@@ -73,7 +74,7 @@ class Extender:
         #: wait up to this long for the job's assumed pods to show up bound before
         #: scoring the next worker (kube-scheduler binds asynchronously; 0: never wait)
         self.settle_timeout = settle_timeout
-        if cache.on_observation is None and hasattr(policy, "observe"):
+        if cache.on_observation is None:
             cache.on_observation = policy.observe
         self.metrics.bind_sources(cache.age, lambda: len(cache.assumed))
         self.metrics.model.info(
@@ -188,7 +189,7 @@ class Extender:
                 counts["gpu_model"] += 1
             elif not cap_ok[pos]:
                 used = int(st.total[i] - st.free[i])
-                msg = f"insufficient nvidia.com/gpu: pod requests {q}, node has {int(st.free[i])} free of {int(st.total[i])} ({used} used by bound or assumed pods)"
+                msg = f"insufficient {RESOURCE_GPU}: pod requests {q}, node has {int(st.free[i])} free of {int(st.total[i])} ({used} used by bound or assumed pods)"
                 if never[pos]:
                     out.unresolvable[name] = msg
                 else:
@@ -236,13 +237,8 @@ class Extender:
             placement=placed,
         )
         used = self.policy
-        comp = None
         try:
-            if hasattr(self.policy, "components"):
-                comp = self.policy.components(job, cand, st)
-                raw = self.policy.combine(comp)
-            else:
-                raw = self.policy.score(job, cand, st)
+            raw, comp = self.policy.score_terms(job, cand, st)
         except Exception as exc:  # a policy bug must not stop scheduling
             log.exception("policy %s failed on pod %s; using fallback", self.policy.name, pod.key)
             self.metrics.fallbacks.labels(reason="policy_error").inc()
@@ -296,7 +292,7 @@ class Extender:
                 return f"cannot bind {args.key}: node {args.node} is not in the extender's node cache"
             if gpus > int(st.free[i]):
                 return (
-                    f"cannot bind {args.key} to {args.node}: it needs {gpus} nvidia.com/gpu, "
+                    f"cannot bind {args.key} to {args.node}: it needs {gpus} {RESOURCE_GPU}, "
                     f"{int(st.free[i])} free (taken since filter)"
                 )
             if gpus:
@@ -339,8 +335,9 @@ class Extender:
                     row[term] = bool(v[k]) if v.dtype == bool else float(v[k])
                 nodes.append(row)
             pub["top"] = nodes
-            if hasattr(self.policy, "params") and pr["policy"] == self.policy.name:
-                pub["params"] = dict(vars(self.policy.params))
+            params = self.policy.parameters() if pr["policy"] == self.policy.name else None
+            if params is not None:
+                pub["params"] = params
             out["prioritize"] = pub
         return out
 

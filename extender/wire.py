@@ -15,6 +15,8 @@ from typing import Any, Mapping, Sequence
 
 import orjson
 
+from ..core.contract import ShapeError
+
 __all__ = [
     "WireError",
     "ExtenderArgs",
@@ -34,8 +36,9 @@ MAX_PRIORITY = 10
 MAX_NODES = 100_000
 
 
-class WireError(ValueError):
-    """The request body is not a valid ExtenderArgs (answered with HTTP 400)."""
+class WireError(ShapeError):
+    """The request body is not a valid ExtenderArgs (answered with HTTP 400, as is
+    any :class:`~rlsched.core.contract.ShapeError` of the pod it carries)."""
 
 
 @dataclass(slots=True)

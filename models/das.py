@@ -44,7 +44,8 @@ from rlsched.core import das as core_das
 from rlsched.core import make_ordering, make_placement
 from rlsched.core.das_agent import CLUSTER_FEATURES, JOB_FEATURES, NODE_FEATURES, das_logits, positional_encoding
 from rlsched.sim import SimConfig, Simulator, compute_metrics
-from rlsched.sim.envs import PLACEMENT_FEATURES, EnvConfig, SchedulingCore, trace_workload
+from rlsched.core.das import PLACEMENT_FEATURES
+from rlsched.sim.envs import EnvConfig, SchedulingCore, trace_workload
 
 from .ppo import gae
 

@@ -30,8 +30,9 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from rlsched.core import Progress, make_ordering, make_scaling
-from rlsched.core.policy import ORDERINGS, SCALINGS
-
+from rlsched.core.contract import ANNOTATION_EVENT_TIME as EVENT_TIME_ANNOTATION
+from rlsched.core.contract import ANNOTATION_PRIORITY_REQUESTS as REQUESTS_ANNOTATION
+from rlsched.core.contract import API_VERSION, DEFAULT_SCHEDULER_NAME, GROUP, KIND, LABEL_INDEX, LABEL_JOB, PLURAL, VERSION
 from rlsched.core.planning import (
     Admission,
     AdmissionPlan,
@@ -43,21 +44,18 @@ from rlsched.core.planning import (
     ScalingPlanner,
     TrainingSpec,
 )
+from rlsched.core.policy import ORDERINGS, SCALINGS
 
 from .metrics import OperatorMetrics
 from .resources import trainer_rbac, worker_pod
-from .snapshot import LABEL_INDEX, LABEL_JOB, build_snapshot
-from .spec import GROUP, PLURAL, VERSION, SpecError, parse_spec
+from .snapshot import build_snapshot
+from .spec import SpecError, parse_spec
 
 __all__ = ["OperatorConfig", "Controller", "REQUESTS_ANNOTATION", "parse_time", "format_time"]
 
 log = logging.getLogger(__name__)
 
-#: user-incremented counter of priority requests (RLPTO's N)
-REQUESTS_ANNOTATION = "rlsched.dev/priority-requests"
 MERGE = "application/merge-patch+json"
-#: on every Event the operator posts: Unix time with microseconds
-EVENT_TIME_ANNOTATION = "rlsched.dev/event-time"
 ACTIVE = ("Queued", "Starting", "Running")
 
 
@@ -70,7 +68,7 @@ class OperatorConfig:
     cycle_s: float = 5.0
     start_timeout_s: float = 120.0
     grace_period_s: int = 30
-    scheduler_name: str = "rlsched"
+    scheduler_name: str = DEFAULT_SCHEDULER_NAME
     ordering: str = "fifo"
     ordering_model: str | None = None
     #: "auto": the learned RLPTO policy when ``scaling_model`` is set, else "beta"
@@ -161,7 +159,7 @@ def build_scaling(name: str, model: str | None):
     make_scaling("none")  # loads the builtin policy modules
     factory = SCALINGS.get(name.lower())
     policy = make_scaling(name, **(_model_kwargs(factory, model) if factory else {}))
-    if getattr(policy, "fallback_reason", None):
+    if policy.fallback_reason:
         log.warning("scaling %s: %s", name, policy.fallback_reason)
     return policy
 
@@ -273,7 +271,7 @@ class Controller:
                          # sub-second order of decisions (event timestamps have 1 s resolution)
                          "annotations": {EVENT_TIME_ANNOTATION: f"{time.time():.6f}"}},
             "involvedObject": {
-                "apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingJob", "name": md["name"],
+                "apiVersion": API_VERSION, "kind": KIND, "name": md["name"],
                 "namespace": md["namespace"], "uid": md["uid"],
             },
             "reason": reason, "message": message[:1000], "type": type_,

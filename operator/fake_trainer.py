@@ -24,7 +24,7 @@ from rlsched.sim.convergence import ConvergenceModel
 from rlsched.trainer import Reporter
 
 from .resources import trainer_account_name
-from .spec import GROUP, PLURAL, VERSION
+from rlsched.core.contract import GROUP, PLURAL, VERSION
 
 __all__ = ["FakeTrainer"]
 

@@ -26,10 +26,12 @@ import kopf
 from kubernetes_asyncio import client as kclient
 from kubernetes_asyncio import config as kconfig
 
+from rlsched.core.contract import GROUP, LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY_OPERATOR, PLURAL, VERSION, node_gpus
+from rlsched.core.planning import DynamicPriority
+
 from .controller import Controller, OperatorConfig, format_time, parse_time, requests_count, set_condition
 from .metrics import OperatorMetrics
-from rlsched.core.planning import DynamicPriority
-from .spec import GROUP, PLURAL, VERSION, SpecError, parse_spec
+from .spec import SpecError, parse_spec
 
 __all__ = ["build_registry", "OperatorRuntime", "make_api_client", "leader_of"]
 
@@ -126,7 +128,7 @@ class OperatorRuntime:
         assert self.controller is not None
         jobs = await self.controller.list_jobs()
         nodes = await self.controller.read_json(self.controller.core.list_node(_preload_content=False))
-        n_nodes = max(1, sum(1 for n in nodes["items"] if (n.get("status") or {}).get("allocatable", {}).get("nvidia.com/gpu")))
+        n_nodes = max(1, sum(1 for n in nodes["items"] if node_gpus(n) > 0))
         days = sorted(
             int(t // 86400) for b in jobs if (t := parse_time(b["metadata"].get("creationTimestamp"))) is not None
         )
@@ -150,7 +152,7 @@ class OperatorRuntime:
         }
         ns = self.config.namespace or self.config.forecast_namespace
         cm = {"metadata": {"name": self.config.forecast_configmap, "namespace": ns,
-                           "labels": {"app.kubernetes.io/managed-by": "rlsched-operator"}}, "data": data}
+                           "labels": {LABEL_MANAGED_BY: MANAGED_BY_OPERATOR}}, "data": data}
         core = self.controller.core
         try:
             await core.replace_namespaced_config_map(self.config.forecast_configmap, ns, cm)
@@ -232,7 +234,7 @@ def build_registry(config: OperatorConfig, runtime: OperatorRuntime | None = Non
         patch.status.update({
             "phase": "Queued", "queue": queue, "effectivePriority": pr, "priorityRequestsSeen": seen,
             "queuedTime": format_time(now), "workers": 0, "readyWorkers": 0,
-            "selector": f"rlsched.dev/job={body['metadata']['name']}",
+            "selector": f"{LABEL_JOB}={body['metadata']['name']}",
             "conditions": set_condition(None, "Valid", "True", "SpecValid", "spec accepted", now),
         })
         kopf.info(body, reason="Queued",

@@ -12,22 +12,33 @@ from __future__ import annotations
 import copy
 from typing import Any, Mapping
 
-from .snapshot import LABEL_INDEX, LABEL_JOB, LABEL_ROLE
-from .spec import GROUP, KIND, PLURAL, VERSION
+from rlsched.core.contract import (
+    API_VERSION,
+    DEFAULT_SCHEDULER_NAME,
+    ENV_INDEX,
+    ENV_JOB,
+    ENV_NAMESPACE,
+    ENV_ROLE,
+    GROUP,
+    KIND,
+    LABEL_INDEX,
+    LABEL_JOB,
+    LABEL_MANAGED_BY,
+    LABEL_ROLE,
+    MANAGED_BY_OPERATOR,
+    PLURAL,
+    RESOURCE_GPU,
+    ROLE_CHIEF,
+    ROLE_WORKER,
+)
 
-__all__ = ["owner_reference", "worker_name", "worker_pod", "trainer_rbac", "trainer_account_name", "ENV_JOB", "ENV_NAMESPACE"]
-
-ENV_JOB = "RLSCHED_JOB_NAME"
-ENV_NAMESPACE = "RLSCHED_JOB_NAMESPACE"
-ENV_INDEX = "RLSCHED_WORKER_INDEX"
-ENV_ROLE = "RLSCHED_ROLE"
-RESOURCE_GPU = "nvidia.com/gpu"
+__all__ = ["owner_reference", "worker_name", "worker_pod", "trainer_rbac", "trainer_account_name"]
 
 
 def owner_reference(body: Mapping, controller: bool = True) -> dict:
     md = body["metadata"]
     return {
-        "apiVersion": f"{GROUP}/{VERSION}",
+        "apiVersion": API_VERSION,
         "kind": KIND,
         "name": md["name"],
         "uid": md["uid"],
@@ -45,7 +56,7 @@ def trainer_account_name(job: str) -> str:
 
 
 def job_labels(job: str) -> dict[str, str]:
-    return {LABEL_JOB: job, "app.kubernetes.io/managed-by": "rlsched-operator"}
+    return {LABEL_JOB: job, LABEL_MANAGED_BY: MANAGED_BY_OPERATOR}
 
 
 def worker_pod(
@@ -53,7 +64,7 @@ def worker_pod(
     index: int,
     gpus_per_worker: int,
     *,
-    scheduler_name: str = "rlsched",
+    scheduler_name: str = DEFAULT_SCHEDULER_NAME,
     grace_period_s: int = 30,
 ) -> dict:
     """The pod of worker ``index`` (0 is the chief) from the job's pod template."""
@@ -62,7 +73,7 @@ def worker_pod(
     template = copy.deepcopy(body["spec"]["template"])
     tmd = template.get("metadata") or {}
     pod_spec: dict[str, Any] = template["spec"]
-    role = "chief" if index == 0 else "worker"
+    role = ROLE_CHIEF if index == 0 else ROLE_WORKER
     labels = {**(tmd.get("labels") or {}), **job_labels(job), LABEL_ROLE: role, LABEL_INDEX: str(index)}
     pod_spec["schedulerName"] = scheduler_name
     pod_spec["restartPolicy"] = pod_spec.get("restartPolicy") or "Never"

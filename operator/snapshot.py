@@ -1,7 +1,8 @@
 """Kubernetes objects (plain dicts, as the API returns them) → a core ClusterState.
 
-Free GPUs per node are the node's allocatable ``nvidia.com/gpu`` minus the requests of
-its non-terminated pods (phase not Succeeded/Failed). Pods the operator created that
+Free GPUs per node are the node's GPUs (:func:`rlsched.core.contract.node_gpus`:
+allocatable ``nvidia.com/gpu``) minus the requests (:func:`rlsched.core.contract.pod_gpus`)
+of its non-terminated pods (phase not Succeeded/Failed). Pods the operator created that
 are not bound yet also hold GPUs — they are committed to a gang — and are charged to
 the freest nodes so that the next admission does not count them twice. Pods being
 deleted are reported separately (``releasing``): they still hold their GPUs but will
@@ -11,46 +12,14 @@ give them back, which stops a waiting job from preempting twice.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
 import numpy as np
 
 from rlsched.core import ClusterState, Topology
-from rlsched.core.topology import DEFAULT_TOPOLOGY_LEVELS
+from rlsched.core.contract import DEFAULT_TOPOLOGY_LEVELS, LABEL_JOB, node_shape, pod_gpus
 
-__all__ = ["Snapshot", "build_snapshot", "pod_gpus", "parse_quantity_int", "LABEL_JOB", "LABEL_ROLE", "LABEL_INDEX"]
-
-RESOURCE_GPU = "nvidia.com/gpu"
-LABEL_JOB = "rlsched.dev/job"
-LABEL_ROLE = "rlsched.dev/role"
-LABEL_INDEX = "rlsched.dev/worker-index"
-
-
-def parse_quantity_int(v: Any) -> int:
-    """Integer count from a Kubernetes quantity of a countable resource ("4", 4, "4k")."""
-    if v is None:
-        return 0
-    s = str(v).strip()
-    mult = {"k": 10**3, "M": 10**6, "G": 10**9}
-    if s and s[-1] in mult:
-        return int(float(s[:-1]) * mult[s[-1]])
-    return int(float(s))
-
-
-def pod_gpus(pod: Mapping) -> int:
-    """GPUs a pod requests (sum over containers; init containers by max, as the scheduler does)."""
-    spec = pod.get("spec") or {}
-
-    def req(c: Mapping) -> int:
-        res = c.get("resources") or {}
-        r = (res.get("requests") or {}).get(RESOURCE_GPU)
-        if r is None:
-            r = (res.get("limits") or {}).get(RESOURCE_GPU)
-        return parse_quantity_int(r)
-
-    main = sum(req(c) for c in spec.get("containers") or [])
-    init = max((req(c) for c in spec.get("initContainers") or []), default=0)
-    return max(main, init)
+__all__ = ["Snapshot", "build_snapshot"]
 
 
 def _terminated(pod: Mapping) -> bool:
@@ -90,11 +59,9 @@ def build_snapshot(
     for n in nodes:
         if not _schedulable(n):
             continue
-        gpus = parse_quantity_int(((n.get("status") or {}).get("allocatable") or {}).get(RESOURCE_GPU))
-        if gpus <= 0:
-            continue
-        md = n.get("metadata") or {}
-        specs.append((md["name"], md.get("labels") or {}, gpus))
+        shape = node_shape(n)
+        if shape.gpus > 0:
+            specs.append((shape.name, shape.labels, shape.gpus))
     topo = Topology.from_labels(specs, levels=levels)
     state = ClusterState(topo, time=time)
     index = {name: i for i, (name, _, _) in enumerate(specs)}

@@ -13,15 +13,10 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+from rlsched.core.contract import DEFAULT_SCHEDULER_NAME, RESOURCE_GPU, ShapeError, pod_gpus
 from rlsched.core.planning import PRIORITY_CLASSES, TrainingSpec
 
-__all__ = ["SpecError", "parse_spec", "GROUP", "VERSION", "PLURAL"]
-
-GROUP = "rlsched.dev"
-VERSION = "v1alpha1"
-PLURAL = "trainingjobs"
-KIND = "TrainingJob"
-RESOURCE_GPU = "nvidia.com/gpu"
+__all__ = ["SpecError", "parse_spec"]
 
 
 class SpecError(ValueError):
@@ -49,7 +44,7 @@ def _num(v: Any, where: str, default: float, problems: list[str]) -> float:
     return float(v)
 
 
-def parse_spec(spec: Mapping[str, Any] | None, *, scheduler_name: str = "rlsched") -> TrainingSpec:
+def parse_spec(spec: Mapping[str, Any] | None, *, scheduler_name: str = DEFAULT_SCHEDULER_NAME) -> TrainingSpec:
     """Parse and validate ``spec``; raise :class:`SpecError` listing every problem."""
     problems: list[str] = []
     if not isinstance(spec, Mapping):
@@ -127,19 +122,14 @@ def _check_template(template: Any, gpw: int, scheduler_name: str, problems: list
         )
     if pod.get("nodeName"):
         problems.append("spec.template.spec.nodeName must be unset: the scheduler places workers")
-    total = 0
-    for c in containers:
-        if not isinstance(c, Mapping):
-            problems.append("spec.template.spec.containers entries must be objects")
-            return
-        res = c.get("resources") or {}
-        for kind in ("limits", "requests"):
-            v = (res.get(kind) or {}).get(RESOURCE_GPU)
-            if v is not None:
-                try:
-                    total = max(total, int(str(v)))
-                except ValueError:
-                    problems.append(f"container {c.get('name')!r}: {RESOURCE_GPU} {kind} {v!r} is not an integer")
+    if not all(isinstance(c, Mapping) for c in containers):
+        problems.append("spec.template.spec.containers entries must be objects")
+        return
+    try:
+        total = pod_gpus(template, "spec.template")
+    except ShapeError as exc:
+        problems.append(str(exc))
+        return
     if total and total != gpw:
         problems.append(
             f"the pod template asks for {total} {RESOURCE_GPU} but spec.gpusPerWorker is {gpw}; "

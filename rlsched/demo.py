@@ -38,6 +38,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import yaml
 
+from rlsched.core.contract import ANNOTATION_TRACE_JOB, API_VERSION, GROUP, KIND, PLURAL, VERSION, pod_gpus
+
 __all__ = [
     "DemoJob",
     "DemoOptions",
@@ -54,7 +56,6 @@ __all__ = [
     "register",
 ]
 
-GROUP, VERSION, PLURAL = "rlsched.dev", "v1alpha1", "trainingjobs"
 NAMESPACE = "rlsched-demo"
 STATE_FILE = "demo.json"
 PROMETHEUS = "/usr/bin/prometheus"
@@ -191,13 +192,13 @@ def plan_jobs(
         name = _dns_name("tj", i, spec.id)
         beta = float(min(max(spec.beta, 1e-6), 0.5))
         manifest = {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "TrainingJob",
+            "apiVersion": API_VERSION,
+            "kind": KIND,
             "metadata": {
                 "name": name,
                 "namespace": namespace,
                 "labels": {"app.kubernetes.io/part-of": "rlsched-demo"},
-                "annotations": {"rlsched.dev/trace-job": str(spec.id)},
+                "annotations": {ANNOTATION_TRACE_JOB: str(spec.id)},
             },
             "spec": {
                 "minWorkers": lo,
@@ -304,16 +305,6 @@ HEADLINE_QUERIES = {
 
 
 # --------------------------------------------------------------------------- observation
-def _gpus_of(pod: Mapping) -> int:
-    total = 0
-    for c in (pod.get("spec") or {}).get("containers") or []:
-        res = c.get("resources") or {}
-        q = (res.get("limits") or {}).get("nvidia.com/gpu") or (res.get("requests") or {}).get("nvidia.com/gpu")
-        if q is not None:
-            total += int(str(q))
-    return total
-
-
 def gpu_usage(pods: Iterable[Mapping]) -> tuple[int, int]:
     """(GPUs held, worker pods) by pods bound to a node and not finished."""
     gpus = workers = 0
@@ -324,7 +315,7 @@ def gpu_usage(pods: Iterable[Mapping]) -> tuple[int, int]:
             continue
         if (p.get("metadata") or {}).get("deletionTimestamp"):
             continue
-        gpus += _gpus_of(p)
+        gpus += pod_gpus(p)
         workers += 1
     return gpus, workers
 

@@ -22,12 +22,11 @@ import os
 from datetime import datetime, timezone
 from typing import Any
 
+from rlsched.core.contract import ENV_JOB, ENV_NAMESPACE, GROUP, PLURAL, VERSION
+
 __all__ = ["Reporter", "report", "ENV_JOB", "ENV_NAMESPACE"]
 
-ENV_JOB = "RLSCHED_JOB_NAME"
-ENV_NAMESPACE = "RLSCHED_JOB_NAMESPACE"
 _SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-GROUP, VERSION, PLURAL = "rlsched.dev", "v1alpha1", "trainingjobs"
 
 
 def _default_api():

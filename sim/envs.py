@@ -43,10 +43,10 @@ from gymnasium import spaces
 from pettingzoo import ParallelEnv
 
 from rlsched.core import JobView, Topology, make_placement
+from rlsched.core.das import PLACEMENT_FEATURES
 from rlsched.core.das_agent import (
     CLUSTER_FEATURES,
     JOB_FEATURES,
-    PLACEMENT_FEATURES,
     cluster_summary,
     fits_now,
     job_features,
@@ -67,7 +67,6 @@ __all__ = [
     "SchedulingCore",
     "SchedulingEnv",
     "DualAgentSchedulingEnv",
-    "PLACEMENT_FEATURES",
     "trace_workload",
     "ENV_ID",
     "register_envs",

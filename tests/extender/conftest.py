@@ -9,6 +9,7 @@ from typing import Any, Callable
 import pytest
 
 from rlsched.core import Topology
+from rlsched.core.contract import LABEL_JOB
 from rlsched.extender.app import make_app
 from rlsched.extender.config import build_extender, node_list
 
@@ -83,7 +84,7 @@ def make_pod() -> Callable[..., dict]:
         pod["metadata"]["namespace"] = namespace
         pod["metadata"]["uid"] = f"uid-{namespace}-{name}"
         if job is not None:
-            pod["metadata"]["labels"]["rlsched.dev/job"] = job
+            pod["metadata"]["labels"][LABEL_JOB] = job
         pod["metadata"]["annotations"].update(annotations or {})
         res = pod["spec"]["containers"][0]["resources"]
         res["limits"]["nvidia.com/gpu"] = str(gpus)

@@ -10,11 +10,11 @@ import pytest
 from safetensors.numpy import save_file
 
 from rlsched.core import ClusterState, JobView, NodeSpec, Topology, make_placement
+from rlsched.core.nn import PolicyFileError
 from rlsched.core.das import (
     PLACEMENT_FEATURES,
     DASParams,
     DASPlacement,
-    ModelError,
     TopologyKernel,
     gp_posterior,
     random_walk_kernel,
@@ -260,5 +260,5 @@ def test_missing_or_corrupt_model_falls_back_to_defaults(tmp_path, content, why)
     das = DASPlacement(model=f)
     assert das.fallback is not None and why in das.fallback
     assert das.params == DASParams()
-    with pytest.raises(ModelError):
+    with pytest.raises(PolicyFileError):
         DASParams.load(f)

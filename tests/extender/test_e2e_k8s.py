@@ -10,6 +10,8 @@ import urllib.request
 
 import pytest
 
+from rlsched.core.contract import LABEL_INDEX, LABEL_JOB, LABEL_ROLE
+
 pytestmark = pytest.mark.k8s
 
 WORKERS = 4
@@ -30,7 +32,7 @@ def worker(job: str, index: int, scheduler: str):
     return client.V1Pod(
         metadata=client.V1ObjectMeta(
             name=f"{job}-w{index}",
-            labels={"rlsched.dev/job": job, "rlsched.dev/role": "worker", "rlsched.dev/worker-index": str(index)},
+            labels={LABEL_JOB: job, LABEL_ROLE: "worker", LABEL_INDEX: str(index)},
         ),
         spec=client.V1PodSpec(
             scheduler_name=scheduler,
@@ -51,7 +53,7 @@ def run_job(core, namespace: str, job: str, scheduler: str) -> list[str]:
         core.create_namespaced_pod(namespace, worker(job, i, scheduler))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        pods = core.list_namespaced_pod(namespace, label_selector=f"rlsched.dev/job={job}").items
+        pods = core.list_namespaced_pod(namespace, label_selector=f"{LABEL_JOB}={job}").items
         nodes = [p.spec.node_name for p in pods]
         if len(nodes) == WORKERS and all(nodes):
             return sorted(nodes)
@@ -60,9 +62,9 @@ def run_job(core, namespace: str, job: str, scheduler: str) -> list[str]:
 
 
 def delete_job(core, namespace: str, job: str) -> None:
-    core.delete_collection_namespaced_pod(namespace, label_selector=f"rlsched.dev/job={job}", grace_period_seconds=0)
+    core.delete_collection_namespaced_pod(namespace, label_selector=f"{LABEL_JOB}={job}", grace_period_seconds=0)
     deadline = time.monotonic() + 30
-    while core.list_namespaced_pod(namespace, label_selector=f"rlsched.dev/job={job}").items:
+    while core.list_namespaced_pod(namespace, label_selector=f"{LABEL_JOB}={job}").items:
         assert time.monotonic() < deadline, "pods not deleted"
         time.sleep(0.2)
 

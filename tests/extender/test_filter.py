@@ -79,7 +79,7 @@ def test_required_topology_with_gang_size_needs_room_for_the_gang(extender, make
 
 
 def test_bad_required_topology_is_a_client_error(extender, make_pod):
-    from rlsched.extender.wire import WireError
+    from rlsched.core.contract import ShapeError
 
-    with pytest.raises(WireError, match="required-topology"):
+    with pytest.raises(ShapeError, match="required-topology"):
         run_filter(extender, make_pod(annotations={"rlsched.dev/required-topology": "galaxy"}), ["node-00"])

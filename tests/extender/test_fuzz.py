@@ -1,5 +1,6 @@
 """Hypothesis fuzzing of the request decoding and the decisions behind the handlers:
-every input is either rejected with WireError (HTTP 400) or answered well-formed."""
+every input is either rejected with a ShapeError (HTTP 400; WireError is one) or answered
+well-formed."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlsched.core import Topology
+from rlsched.core.contract import LABEL_JOB, ShapeError
 from rlsched.extender.config import build_extender, node_list
 from rlsched.extender.wire import (
     PriorityEncoder,
@@ -30,7 +32,7 @@ json_values = st.recursive(
 )
 
 BASE_POD = {
-    "metadata": {"name": "w", "namespace": "ns", "labels": {"rlsched.dev/job": "j"},
+    "metadata": {"name": "w", "namespace": "ns", "labels": {LABEL_JOB: "j"},
                  "annotations": {"rlsched.dev/gang-size": "3"}},
     "spec": {
         "containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "2"}}}],
@@ -41,7 +43,7 @@ BASE_POD = {
     "status": {"phase": "Pending"},
 }
 PATHS = [
-    (), ("metadata",), ("metadata", "name"), ("metadata", "labels"), ("metadata", "labels", "rlsched.dev/job"),
+    (), ("metadata",), ("metadata", "name"), ("metadata", "labels"), ("metadata", "labels", LABEL_JOB),
     ("metadata", "annotations"), ("metadata", "annotations", "rlsched.dev/gang-size"),
     ("metadata", "annotations", "rlsched.dev/required-topology"), ("spec",), ("spec", "containers"),
     ("spec", "containers", 0), ("spec", "containers", 0, "resources"),
@@ -89,7 +91,7 @@ def test_filter_and_prioritize_answer_or_reject(doc):
         args = decode_args(body)
         out = ext.filter_now(args)
         scores = ext.prioritize_now(args)
-    except WireError as exc:
+    except ShapeError as exc:
         assert str(exc)
         return
     res = orjson.loads(encode_filter(args, out.passed, out.failed, out.unresolvable))

@@ -8,6 +8,8 @@ import uuid
 
 import pytest
 
+from rlsched.core.contract import API_VERSION, GROUP, KIND, LABEL_JOB, PLURAL, VERSION
+
 
 # ------------------------------------------------------------------ control-plane fixtures
 
@@ -57,7 +59,7 @@ def ns(kapi, crd, wait_until):
     """A fresh namespace; waits first until no worker pod of an earlier test holds GPUs."""
     from kubernetes import client
 
-    wait_until(lambda: not kapi.core.list_pod_for_all_namespaces(label_selector="rlsched.dev/job").items,
+    wait_until(lambda: not kapi.core.list_pod_for_all_namespaces(label_selector=LABEL_JOB).items,
                60, "GPUs of earlier tests to be released")
     name = f"op-{uuid.uuid4().hex[:8]}"
     kapi.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
@@ -68,9 +70,9 @@ def ns(kapi, crd, wait_until):
     for e in kapi.core.list_namespaced_event(name).items:
         print("event", e.involved_object.kind, e.involved_object.name, e.reason, e.message)
     # delete jobs first so their pods go before the namespace does
-    for tj in kapi.custom.list_namespaced_custom_object("rlsched.dev", "v1alpha1", name, "trainingjobs")["items"]:
+    for tj in kapi.custom.list_namespaced_custom_object(GROUP, VERSION, name, PLURAL)["items"]:
         with contextlib.suppress(Exception):
-            kapi.custom.delete_namespaced_custom_object("rlsched.dev", "v1alpha1", name, "trainingjobs",
+            kapi.custom.delete_namespaced_custom_object(GROUP, VERSION, name, PLURAL,
                                                         tj["metadata"]["name"])
     kapi.core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
     kapi.core.delete_namespace(name)
@@ -104,7 +106,7 @@ def tj(kapi):
 
     def _make(namespace, name, mn=1, mx=None, gpus=1, klass="normal", value=0, annotations=None, **spec):
         body = {
-            "apiVersion": "rlsched.dev/v1alpha1", "kind": "TrainingJob",
+            "apiVersion": API_VERSION, "kind": KIND,
             "metadata": {"name": name, "annotations": annotations or {}},
             "spec": {
                 "minWorkers": mn, "maxWorkers": mn if mx is None else mx, "gpusPerWorker": gpus,
@@ -113,7 +115,7 @@ def tj(kapi):
                 **spec,
             },
         }
-        return kapi.custom.create_namespaced_custom_object("rlsched.dev", "v1alpha1", namespace, "trainingjobs", body)
+        return kapi.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
 
     return _make
 

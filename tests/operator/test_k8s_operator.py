@@ -15,10 +15,12 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from rlsched.core.contract import GROUP as G
+from rlsched.core.contract import LABEL_JOB
+from rlsched.core.contract import PLURAL as P
+from rlsched.core.contract import VERSION as V
+
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
-
-G, V, P = "rlsched.dev", "v1alpha1", "trainingjobs"
-
 
 @contextlib.contextmanager
 def fake_trainer(ns, kube_cluster):
@@ -56,7 +58,7 @@ def phase(kapi, ns, name):
 
 
 def pods(kapi, ns, job=None):
-    sel = f"rlsched.dev/job={job}" if job else "rlsched.dev/job"
+    sel = f"{LABEL_JOB}={job}" if job else LABEL_JOB
     return [p for p in kapi.core.list_namespaced_pod(ns, label_selector=sel).items if p.metadata.deletion_timestamp is None]
 
 

@@ -1,5 +1,6 @@
+from rlsched.core.contract import LABEL_INDEX, LABEL_JOB, LABEL_ROLE, PLURAL, pod_gpus
 from rlsched.operator.resources import trainer_rbac, worker_pod
-from rlsched.operator.snapshot import build_snapshot, pod_gpus
+from rlsched.operator.snapshot import build_snapshot
 
 
 def node(name, gpus, ready="True", unschedulable=False, labels=None):
@@ -9,7 +10,7 @@ def node(name, gpus, ready="True", unschedulable=False, labels=None):
 
 
 def pod(name, gpus, node=None, phase="Running", job=None, deleting=False, ns="ns"):
-    md = {"name": name, "namespace": ns, "labels": {"rlsched.dev/job": job} if job else {}}
+    md = {"name": name, "namespace": ns, "labels": {LABEL_JOB: job} if job else {}}
     if deleting:
         md["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     spec = {"containers": [{"resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}
@@ -52,8 +53,8 @@ def test_worker_pod_labels_owner_scheduler_gpus_env():
     p = worker_pod(JOB, 1, 2, scheduler_name="rlsched", grace_period_s=45)
     md, spec = p["metadata"], p["spec"]
     assert md["name"] == "tj1-worker-1"
-    assert md["labels"] == {"team": "x", "rlsched.dev/job": "tj1", "rlsched.dev/role": "worker",
-                            "rlsched.dev/worker-index": "1", "app.kubernetes.io/managed-by": "rlsched-operator"}
+    assert md["labels"] == {"team": "x", LABEL_JOB: "tj1", LABEL_ROLE: "worker",
+                            LABEL_INDEX: "1", "app.kubernetes.io/managed-by": "rlsched-operator"}
     assert md["ownerReferences"][0]["uid"] == "u-1" and md["ownerReferences"][0]["controller"] is True
     assert spec["schedulerName"] == "rlsched" and spec["terminationGracePeriodSeconds"] == 45
     assert spec["serviceAccountName"] == "tj1-trainer"
@@ -72,6 +73,6 @@ def test_trainer_rbac_limited_to_own_job():
     assert sa["metadata"]["name"] == role["metadata"]["name"] == rb["metadata"]["name"] == "tj1-trainer"
     for rule in role["rules"]:
         assert rule["resourceNames"] == ["tj1"] and "create" not in rule["verbs"] and "delete" not in rule["verbs"]
-    assert {tuple(r["resources"]) for r in role["rules"]} == {("trainingjobs",), ("trainingjobs/status",)}
+    assert {tuple(r["resources"]) for r in role["rules"]} == {(PLURAL,), (f"{PLURAL}/status",)}
     assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "tj1-trainer", "namespace": "ns"}]
     assert all(o["metadata"]["ownerReferences"][0]["uid"] == "u-1" for o in (sa, role, rb))

@@ -1,0 +1,316 @@
+"""The Kubernetes contract of rlsched in one place: names, and a pure parser of shapes.
+
+Names: the TrainingJob CRD (group, version, plural, kind, short name), the labels and
+annotations rlsched reads and writes, the environment of worker pods, the GPU resource,
+the default scheduler name and the node labels of the topology (topology levels and
+NVIDIA GPU Feature Discovery). The CRD manifests (``operator/crd/trainingjob.yaml`` and
+the Helm chart's copy) spell the same names; a test holds them equal.
+
+Parser: objects are plain dicts with camelCase keys, as the API server serves them
+(or kube-scheduler sends them). :func:`parse_quantity` reads a Kubernetes quantity
+(``"4"``, ``"1.5"``, ``"500m"``, ``"4k"``, ``"1Ki"``, ``"1e3"``) exactly;
+:func:`gpu_count` requires a whole, non-negative number of GPUs of it;
+:func:`pod_gpus` is the GPU request of a pod by the scheduler's effective-request rule
+and :func:`node_shape` the name, labels and GPUs of a node. Anything of the wrong shape
+raises :class:`ShapeError` with the path of the offending field.
+
+Pure: no Kubernetes client, no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any, Mapping
+
+__all__ = [
+    # CRD
+    "GROUP",
+    "VERSION",
+    "API_VERSION",
+    "PLURAL",
+    "SINGULAR",
+    "KIND",
+    "SHORT_NAME",
+    "CRD_NAME",
+    # pods
+    "DEFAULT_SCHEDULER_NAME",
+    "RESOURCE_GPU",
+    "LABEL_JOB",
+    "LABEL_ROLE",
+    "LABEL_INDEX",
+    "LABEL_MANAGED_BY",
+    "MANAGED_BY_OPERATOR",
+    "ROLE_CHIEF",
+    "ROLE_WORKER",
+    "ANNOTATION_REQUIRED_TOPOLOGY",
+    "ANNOTATION_GANG_SIZE",
+    "ANNOTATION_GPU_MODELS",
+    "ANNOTATION_OBSERVED_SPEED",
+    "ANNOTATION_PRIORITY_REQUESTS",
+    "ANNOTATION_EVENT_TIME",
+    "ANNOTATION_DURATION",
+    "ANNOTATION_TRACE_JOB",
+    "ENV_JOB",
+    "ENV_NAMESPACE",
+    "ENV_INDEX",
+    "ENV_ROLE",
+    # nodes
+    "LABEL_BLOCK",
+    "LABEL_RACK",
+    "LABEL_HOSTNAME",
+    "LABEL_GPU_COUNT",
+    "LABEL_GPU_PRODUCT",
+    "LABEL_GPU_CLIQUE",
+    "LABEL_GPU_PRESENT",
+    "LABEL_NVLINK_DOMAIN_SIZE",
+    "LABEL_GPU_PRICE",
+    "DEFAULT_TOPOLOGY_LEVELS",
+    # parser
+    "ShapeError",
+    "MAX_GPUS",
+    "field",
+    "str_map",
+    "parse_quantity",
+    "gpu_count",
+    "whole_number",
+    "container_gpus",
+    "pod_gpus",
+    "NodeShape",
+    "node_shape",
+    "node_gpus",
+]
+
+# --------------------------------------------------------------------------- the CRD
+GROUP = "rlsched.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+PLURAL = "trainingjobs"
+SINGULAR = "trainingjob"
+KIND = "TrainingJob"
+SHORT_NAME = "tj"
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+# --------------------------------------------------------------------------- pods
+#: ``schedulerName`` of worker pods: kube-scheduler's profile that calls the extender
+DEFAULT_SCHEDULER_NAME = "rlsched"
+#: the extended resource of NVIDIA's device plugin
+RESOURCE_GPU = "nvidia.com/gpu"
+
+#: worker pods: name of their TrainingJob (also on gang pods the extender places together)
+LABEL_JOB = "rlsched.dev/job"
+#: worker pods: ``chief`` (index 0, reports progress) or ``worker``
+LABEL_ROLE = "rlsched.dev/role"
+#: worker pods: 0, 1, ... (the pod is ``<job>-worker-<index>``)
+LABEL_INDEX = "rlsched.dev/worker-index"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY_OPERATOR = "rlsched-operator"
+ROLE_CHIEF = "chief"
+ROLE_WORKER = "worker"
+
+#: pods: every worker of the job within one ``nvlink``/``node``/``rack``/``block``
+ANNOTATION_REQUIRED_TOPOLOGY = "rlsched.dev/required-topology"
+#: pods: number of workers of the gang (for the required-topology room check)
+ANNOTATION_GANG_SIZE = "rlsched.dev/gang-size"
+#: pods: comma-separated GPU products the pod may run on
+ANNOTATION_GPU_MODELS = "rlsched.dev/gpu-models"
+#: pods: measured speed relative to nominal (1.0), fed to DAS's node-performance GP
+ANNOTATION_OBSERVED_SPEED = "rlsched.dev/observed-speed"
+#: TrainingJobs: user-incremented counter of priority requests (RLPTO's N)
+ANNOTATION_PRIORITY_REQUESTS = "rlsched.dev/priority-requests"
+#: Events posted by the operator: Unix time with microseconds
+ANNOTATION_EVENT_TIME = "rlsched.dev/event-time"
+#: pods on the local control plane (kwok): Succeeded after this many seconds
+ANNOTATION_DURATION = "rlsched.dev/duration-seconds"
+#: TrainingJobs submitted by the demo: the id of the trace job they replay
+ANNOTATION_TRACE_JOB = "rlsched.dev/trace-job"
+
+#: environment of worker pods (the operator sets it; ``rlsched.trainer`` reads it)
+ENV_JOB = "RLSCHED_JOB_NAME"
+ENV_NAMESPACE = "RLSCHED_JOB_NAMESPACE"
+ENV_INDEX = "RLSCHED_WORKER_INDEX"
+ENV_ROLE = "RLSCHED_ROLE"
+
+# --------------------------------------------------------------------------- nodes
+LABEL_BLOCK = "topology.rlsched.dev/block"
+LABEL_RACK = "topology.rlsched.dev/rack"
+LABEL_HOSTNAME = "kubernetes.io/hostname"
+#: NVIDIA GPU Feature Discovery labels
+LABEL_GPU_COUNT = "nvidia.com/gpu.count"
+LABEL_GPU_PRODUCT = "nvidia.com/gpu.product"
+LABEL_GPU_CLIQUE = "nvidia.com/gpu.clique"
+LABEL_GPU_PRESENT = "nvidia.com/gpu.present"
+#: GPUs per NVLink island of a node (default: all of the node's GPUs)
+LABEL_NVLINK_DOMAIN_SIZE = "rlsched.dev/nvlink-domain-size"
+LABEL_GPU_PRICE = "rlsched.dev/gpu-price-per-hour"
+#: topology levels as node-label keys, coarse to fine (Kueue style)
+DEFAULT_TOPOLOGY_LEVELS = (LABEL_BLOCK, LABEL_RACK, LABEL_HOSTNAME)
+
+
+# =========================================================================== parser
+class ShapeError(ValueError):
+    """A Kubernetes object or quantity does not have the shape the contract expects;
+    the message starts with the path of the offending field."""
+
+
+#: GPU counts above this are refused as nonsense
+MAX_GPUS = 1_000_000
+
+
+def field(obj: Any, key: str, kind: type | tuple[type, ...], where: str, default: Any = None) -> Any:
+    """``obj[key]`` when it is a ``kind``, ``default`` when absent or null; a
+    :class:`ShapeError` when ``obj`` is not an object or the value has another type.
+    ``dict`` stands for any mapping (JSON objects are dicts; client views are mappings)."""
+    if not isinstance(obj, (dict, Mapping)):
+        raise ShapeError(f"{where}: expected an object, got {type(obj).__name__}")
+    v = obj.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, kind) and not (kind is dict and isinstance(v, Mapping)):
+        name = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise ShapeError(f"{where}.{key}: expected {name}, got {type(v).__name__}")
+    return v
+
+
+def str_map(obj: Any, key: str, where: str) -> dict[str, str]:
+    """A ``map[string]string`` field (labels, annotations, nodeSelector); ``{}`` when absent."""
+    m = field(obj, key, dict, where, {})
+    for k, v in m.items():
+        if not isinstance(v, str):
+            raise ShapeError(f"{where}.{key}[{k!r}]: expected a string, got {type(v).__name__}")
+    return m
+
+
+# <signedNumber><suffix>, suffix one of binary SI, decimal SI or a decimal exponent
+# (k8s.io/apimachinery/pkg/api/resource, "Quantity")
+_QUANTITY = re.compile(
+    r"(?P<sign>[+-])?(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+    r"(?:(?P<bin>[KMGTPE]i)|[eE](?P<exp>[+-]?[0-9]+)|(?P<dec>[mkMGTPE]))?"
+)
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_MAX_QUANTITY_CHARS = 64
+_MAX_EXPONENT = 1000
+
+
+def parse_quantity(value: Any, where: str = "quantity") -> Fraction:
+    """The exact value of a Kubernetes quantity: a string in the API's grammar
+    (``"2"``, ``"1.5"``, ``"500m"``, ``"4k"``, ``"1Ki"``, ``"1e3"``, surrounding blanks
+    ignored as the API's JSON decoder does) or a JSON number."""
+    if isinstance(value, bool):
+        raise ShapeError(f"{where}: expected a quantity, got a boolean")
+    if isinstance(value, int):
+        return Fraction(value)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ShapeError(f"{where}: {value!r} is not a quantity")
+        return Fraction(value)
+    if not isinstance(value, str):
+        raise ShapeError(f"{where}: expected a quantity, got {type(value).__name__}")
+    s = value.strip()
+    m = _QUANTITY.fullmatch(s) if len(s) <= _MAX_QUANTITY_CHARS else None
+    if m is None:
+        raise ShapeError(f"{where}: {value!r:.40} is not a quantity")
+    q = Fraction(Decimal(m["num"]))
+    if m["bin"]:
+        q *= _BINARY[m["bin"]]
+    else:
+        exp = int(m["exp"]) if m["exp"] is not None else _DECIMAL.get(m["dec"] or "", 0)
+        if abs(exp) > _MAX_EXPONENT:
+            raise ShapeError(f"{where}: {value!r:.40} is out of range")
+        q *= Fraction(10) ** exp
+    return -q if m["sign"] == "-" else q
+
+
+def gpu_count(value: Any, where: str = "quantity") -> int:
+    """A whole number of GPUs, 0..:data:`MAX_GPUS`, from a quantity (``2``, ``"2"``,
+    ``"2000m"``, ``"1e3"``); ``"1.5"``, ``"500m"`` or anything not a quantity raise."""
+    if isinstance(value, bool):
+        raise ShapeError(f"{where}: expected a GPU count, got a boolean")
+    try:
+        q = parse_quantity(value, where)
+    except ShapeError:
+        q = None
+    if q is None or q.denominator != 1:
+        raise ShapeError(f"{where}: {value!r:.40} is not a whole number of GPUs")
+    n = int(q)
+    if n < 0 or n > MAX_GPUS:
+        raise ShapeError(f"{where}: GPU count {n} out of range")
+    return n
+
+
+def whole_number(value: Any, where: str, *, maximum: int = MAX_GPUS) -> int:
+    """A count written as plain digits (an annotation such as ``rlsched.dev/gang-size``),
+    or a JSON integer; 0..``maximum``."""
+    if isinstance(value, bool):
+        raise ShapeError(f"{where}: expected a whole number, got a boolean")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, float) and value == value and value not in (float("inf"), float("-inf")) and value.is_integer():
+        n = int(value)
+    elif isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        n = int(value.strip())
+    else:
+        raise ShapeError(f"{where}: {value!r:.40} is not a whole number")
+    if n < 0 or n > maximum:
+        raise ShapeError(f"{where}: {n} out of range")
+    return n
+
+
+def container_gpus(container: Any, where: str = "container") -> int:
+    """GPUs of one container: ``requests`` if it names the GPU resource, else
+    ``limits`` (for an extended resource the API server defaults requests to limits
+    and allows no other value)."""
+    res = field(container, "resources", dict, where, {})
+    for part in ("requests", "limits"):
+        q = field(res, part, dict, f"{where}.resources", {})
+        if RESOURCE_GPU in q:
+            return gpu_count(q[RESOURCE_GPU], f"{where}.resources.{part}[{RESOURCE_GPU!r}]")
+    return 0
+
+
+def pod_gpus(pod: Any, where: str = "Pod") -> int:
+    """The GPU request of a pod (or of a pod template's ``{"spec": ...}``) by
+    kube-scheduler's effective-request rule: ``max(sum(containers), max(initContainers))``
+    (init containers run one at a time, before the containers)."""
+    spec = field(pod, "spec", dict, where, {})
+    containers = field(spec, "containers", list, f"{where}.spec", [])
+    gpus = sum(container_gpus(c, f"{where}.spec.containers[{i}]") for i, c in enumerate(containers))
+    inits = field(spec, "initContainers", list, f"{where}.spec", [])
+    if inits:
+        gpus = max(gpus, max(container_gpus(c, f"{where}.spec.initContainers[{i}]") for i, c in enumerate(inits)))
+    return gpus
+
+
+@dataclass(frozen=True, slots=True)
+class NodeShape:
+    """What scheduling reads of a node: its name, labels (topology levels, GPU Feature
+    Discovery) and GPUs."""
+
+    name: str
+    labels: dict[str, str]
+    gpus: int
+
+
+def node_gpus(node: Any, where: str = "Node") -> int:
+    """GPUs of a node: ``status.allocatable``, else ``status.capacity``, else the GFD
+    label ``nvidia.com/gpu.count``, else 0."""
+    status = field(node, "status", dict, where, {})
+    for part in ("allocatable", "capacity"):
+        q = field(status, part, dict, f"{where}.status", {})
+        if RESOURCE_GPU in q:
+            return gpu_count(q[RESOURCE_GPU], f"{where}.status.{part}[{RESOURCE_GPU!r}]")
+    labels = str_map(field(node, "metadata", dict, where, {}), "labels", f"{where}.metadata")
+    return gpu_count(labels.get(LABEL_GPU_COUNT, 0), f"{where}.metadata.labels[{LABEL_GPU_COUNT!r}]")
+
+
+def node_shape(node: Any, where: str = "Node") -> NodeShape:
+    """Name, labels and GPUs (:func:`node_gpus`) of a v1.Node."""
+    meta = field(node, "metadata", dict, where, {})
+    name = field(meta, "name", str, f"{where}.metadata", "")
+    if not name:
+        raise ShapeError(f"{where}.metadata.name: expected a non-empty string")
+    labels = str_map(meta, "labels", f"{where}.metadata")
+    return NodeShape(name=name, labels=labels, gpus=node_gpus(node, where))
