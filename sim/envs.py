@@ -33,7 +33,6 @@ All randomness comes from the seed given to ``reset``: it seeds the workload dra
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -56,7 +55,6 @@ from rlsched.core.das_agent import (
     select_window,
     WINDOW_SELECT,
 )
-from rlsched.core.placement import worker_slots
 
 from .engine import SimConfig, Simulator
 from .job import JobSpec
