@@ -13,8 +13,9 @@ profile of a process, so the extender profile lives in its own process, as it do
 when deployed beside a cluster's own scheduler.
 
 Nodes are kwok nodes made from :class:`rlsched.core.topology.Topology` by
-:func:`create_gpu_nodes`; kwok Stages make bound pods Running and, when they carry
-the ``rlsched.dev/duration-seconds`` annotation, Succeeded after that many seconds.
+:func:`rlsched.dev.nodes.create_gpu_nodes`; kwok Stages (:mod:`rlsched.dev.kwok`) make
+bound pods Running and, when they carry the ``rlsched.dev/duration-seconds``
+annotation, Succeeded after that many seconds.
 
 Command line: ``rlsched cluster up|down|status [--dir D]``.
 """
@@ -22,562 +23,40 @@ Command line: ``rlsched cluster up|down|status [--dir D]``.
 from __future__ import annotations
 
 import argparse
-import base64
-import http.client
 import json
 import os
 import shutil
-import signal
-import socket
 import ssl
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterator
 
 import yaml
 
-from rlsched.core.topology import RESOURCE_GPU, NodeSpec, Topology, node_labels
+from rlsched.core.topology import RESOURCE_GPU, Topology
+
+from .kwok import KwokController
+from .nodes import create_gpu_nodes, default_topology, delete_gpu_nodes, load_topology, wait_nodes_ready
+from .pki import admin_kubeconfig, make_pki
+from .probe import http_ok
+from .proc import ClusterError, Process, free_ports, started_in, wait_for
+from .tools import find_tools
 
 __all__ = [
-    "stop_process_group",
-    "ClusterError",
     "LocalCluster",
-    "KwokController",
     "KubeEnv",
     "kube_env",
-    "find_tools",
-    "create_gpu_nodes",
-    "delete_gpu_nodes",
-    "wait_nodes_ready",
-    "kwok_node",
-    "default_topology",
-    "KWOK_STAGES",
-    "DURATION_ANNOTATION",
-    "KWOK_NODE_ANNOTATION",
     "register",
 ]
 
-DURATION_ANNOTATION = "rlsched.dev/duration-seconds"
-KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
-KWOK_TAINT_KEY = "kwok.x-k8s.io/node"
 SCHEDULER_NAME = "rlsched"
-REQUIRED_TOOLS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 _STATE_FILE = "state.json"
-_NODE_STATE_TAINTS = {"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"}
 
 ProgressFn = Callable[[str], None]
-
-
-class ClusterError(RuntimeError):
-    """The control plane (or one of its components) failed to start or stop."""
-
-
-# --------------------------------------------------------------------------- tools
-def find_tools(bin_dir: str | os.PathLike | None = None) -> Path:
-    """Directory holding the built binaries.
-
-    Looked up in order: ``bin_dir``, ``$RLSCHED_TOOLS_BIN``, ``tools/build.sh
-    --print-bin`` of this source tree (same cache key as ``make tools``), and the
-    ``current`` link the last build left in the cache. Raises :class:`ClusterError`
-    naming ``make tools`` when the binaries are missing.
-    """
-    candidates: list[Path] = []
-    if bin_dir:
-        candidates.append(Path(bin_dir))
-    elif os.environ.get("RLSCHED_TOOLS_BIN"):
-        candidates.append(Path(os.environ["RLSCHED_TOOLS_BIN"]))
-    else:
-        script = Path(__file__).resolve().parents[1] / "tools" / "build.sh"
-        if script.is_file() and shutil.which(os.environ.get("GO", "go")):
-            out = subprocess.run(
-                ["bash", str(script), "--print-bin"], capture_output=True, text=True, check=False
-            )
-            if out.returncode == 0 and out.stdout.strip():
-                candidates.append(Path(out.stdout.strip()))
-        cache = os.environ.get("RLSCHED_TOOLS_CACHE") or os.path.join(
-            os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "rlsched", "tools"
-        )
-        candidates.append(Path(cache) / "current" / "bin")
-    for cand in candidates:
-        if all((cand / t).is_file() and os.access(cand / t, os.X_OK) for t in REQUIRED_TOOLS):
-            return cand
-    tried = ", ".join(str(c) for c in candidates) or "(nothing)"
-    raise ClusterError(
-        f"control-plane binaries not found (tried {tried}); build them with `make tools` "
-        "or point RLSCHED_TOOLS_BIN at their directory"
-    )
-
-
-# --------------------------------------------------------------------------- helpers
-def _free_ports(n: int) -> list[int]:
-    """``n`` distinct ports free on 127.0.0.1 right now (held open while choosing)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except FileNotFoundError:
-        return "(no log)"
-    return "\n".join(text[-lines:])
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    exe = shutil.which("openssl")
-    if exe is None:
-        raise ClusterError("openssl is needed to create the cluster's certificates")
-    res = subprocess.run([exe, *args], cwd=cwd, capture_output=True, text=True, check=False)
-    if res.returncode != 0:
-        raise ClusterError(f"openssl {' '.join(args[:2])} failed: {res.stderr.strip()}")
-
-
-_OPENSSL_CNF = """\
-[req]
-distinguished_name = dn
-prompt = no
-[dn]
-CN = unused
-[ca]
-basicConstraints = critical, CA:TRUE
-keyUsage = critical, keyCertSign, cRLSign, digitalSignature
-subjectKeyIdentifier = hash
-[server]
-basicConstraints = critical, CA:FALSE
-keyUsage = critical, digitalSignature, keyEncipherment
-extendedKeyUsage = serverAuth
-subjectAltName = IP:127.0.0.1, IP:10.96.0.1, DNS:localhost, DNS:kubernetes, DNS:kubernetes.default, DNS:kubernetes.default.svc, DNS:kubernetes.default.svc.cluster.local
-[client]
-basicConstraints = critical, CA:FALSE
-keyUsage = critical, digitalSignature, keyEncipherment
-extendedKeyUsage = clientAuth
-"""
-
-
-def _make_pki(pki: Path) -> None:
-    """CA, API server serving cert, admin client cert, service-account key (EC P-256)."""
-    pki.mkdir(parents=True, exist_ok=True)
-    (pki / "openssl.cnf").write_text(_OPENSSL_CNF)
-    for key in ("ca", "server", "admin", "sa"):
-        _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256",
-                 "-out", f"{key}.key", cwd=pki)
-    _openssl("req", "-x509", "-new", "-key", "ca.key", "-config", "openssl.cnf",
-             "-extensions", "ca", "-subj", "/CN=rlsched-devcluster-ca", "-days", "3650",
-             "-out", "ca.crt", cwd=pki)
-    for name, subj, ext in (
-        ("server", "/CN=kube-apiserver", "server"),
-        ("admin", "/O=system:masters/CN=rlsched-admin", "client"),
-    ):
-        _openssl("req", "-new", "-key", f"{name}.key", "-config", "openssl.cnf",
-                 "-subj", subj, "-out", f"{name}.csr", cwd=pki)
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-                 "-set_serial", str(int.from_bytes(os.urandom(8), "big")), "-days", "365",
-                 "-extfile", "openssl.cnf", "-extensions", ext, "-out", f"{name}.crt", cwd=pki)
-    _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
-
-
-def _kubeconfig(server: str, pki: Path, name: str = "rlsched-dev") -> dict:
-    b64 = lambda p: base64.b64encode((pki / p).read_bytes()).decode()  # noqa: E731
-    return {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": name, "cluster": {
-            "server": server, "certificate-authority-data": b64("ca.crt")}}],
-        "users": [{"name": "admin", "user": {
-            "client-certificate-data": b64("admin.crt"), "client-key-data": b64("admin.key")}}],
-        "contexts": [{"name": name, "context": {"cluster": name, "user": "admin"}}],
-        "current-context": name,
-    }
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGTERM when the parent dies (Linux prctl)."""
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-
-
-@dataclass
-class _Process:
-    """One component: a child in its own process group, output in a log file.
-
-    Unless ``detach``, the child is tied to this process (it gets SIGTERM when we die,
-    e.g. a test run killed mid-way); detached ones outlive us (``rlsched cluster up``).
-    """
-
-    name: str
-    argv: list[str]
-    log: Path
-    popen: subprocess.Popen | None = None
-    pid: int | None = None
-    detach: bool = False
-
-    def start(self, cwd: Path) -> None:
-        tie = None if self.detach or not sys.platform.startswith("linux") else _die_with_parent
-        with open(self.log, "ab") as out:
-            self.popen = subprocess.Popen(
-                self.argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=tie,
-            )
-        self.pid = self.popen.pid
-
-    def exited(self) -> int | None:
-        if self.popen is not None:
-            return self.popen.poll()
-        return None if self.pid and _alive(self.pid) else -1
-
-    def error(self, what: str) -> ClusterError:
-        rc = self.exited()
-        state = f"exited with status {rc}" if rc is not None else "still running"
-        return ClusterError(
-            f"{self.name}: {what} ({state}); last lines of {self.log}:\n{_tail(self.log)}"
-        )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours still answers kill(0); treat it as gone.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-def stop_process_group(pid: int, popen: subprocess.Popen | None = None, grace: float = 5.0) -> None:
-    """SIGTERM the process group ``pid``, then SIGKILL what is left after ``grace``
-    (``popen``: our own handle on its leader, reaped here)."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if popen is not None and popen.poll() is not None and not _group_alive(pid):
-            return
-        if popen is None and not _group_alive(pid):
-            return
-        time.sleep(0.05)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    if popen is not None:
-        popen.wait(timeout=10)
-    else:
-        end = time.monotonic() + 10
-        while _group_alive(pid) and time.monotonic() < end:
-            time.sleep(0.05)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # Only zombies left (reaped by nobody yet)?  Look for a live member.
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            return True
-    return False
-
-
-def _http_ok(url: str, ctx: ssl.SSLContext | None, expect: str | None = "ok") -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:
-            body = resp.read().decode(errors="replace")
-            return resp.status == 200 and (expect is None or expect in body)
-    except (OSError, http.client.HTTPException):  # URLError and SSLError are OSErrors
-        return False
-
-
-# --------------------------------------------------------------------------- kwok stages
-KWOK_STAGES = """\
-# kwok Stages of the rlsched dev cluster: Nodes become Ready and keep a heartbeat;
-# bound Pods become Running; Pods annotated rlsched.dev/duration-seconds become
-# Succeeded that many seconds after they started running; deleted Pods go away.
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: rlsched-node-ready
-spec:
-  resourceRef: {apiGroup: v1, kind: Node}
-  selector:
-    matchExpressions:
-    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
-      operator: NotIn
-      values: ['True']
-  next:
-    statusTemplate: |
-      {{ $now := Now }}
-      conditions:
-      {{ range NodeConditions }}
-      - lastHeartbeatTime: {{ $now | Quote }}
-        lastTransitionTime: {{ $now | Quote }}
-        message: {{ .message | Quote }}
-        reason: {{ .reason | Quote }}
-        status: {{ .status | Quote }}
-        type: {{ .type | Quote }}
-      {{ end }}
-      addresses:
-      - address: {{ NodeIP | Quote }}
-        type: InternalIP
-      - address: {{ .metadata.name | Quote }}
-        type: Hostname
-      allocatable:
-      {{ YAML .status.allocatable 1 }}
-      capacity:
-      {{ YAML .status.capacity 1 }}
-      nodeInfo:
-        architecture: amd64
-        operatingSystem: linux
-        kubeletVersion: {{ printf "kwok-%s" Version | Quote }}
-        kubeProxyVersion: {{ printf "kwok-%s" Version | Quote }}
-        containerRuntimeVersion: {{ printf "kwok-%s" Version | Quote }}
-        kernelVersion: {{ printf "kwok-%s" Version | Quote }}
-        machineID: ""
-        bootID: ""
-        osImage: ""
-        systemUUID: ""
-      phase: Running
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: rlsched-node-heartbeat
-spec:
-  resourceRef: {apiGroup: v1, kind: Node}
-  selector:
-    matchExpressions:
-    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
-      operator: In
-      values: ['True']
-  delay:
-    durationMilliseconds: 20000
-    jitterDurationMilliseconds: 25000
-  next:
-    statusTemplate: |
-      {{ $now := Now }}
-      conditions:
-      {{ range .status.conditions }}
-      - lastHeartbeatTime: {{ $now | Quote }}
-        lastTransitionTime: {{ .lastTransitionTime | Quote }}
-        message: {{ .message | Quote }}
-        reason: {{ .reason | Quote }}
-        status: {{ .status | Quote }}
-        type: {{ .type | Quote }}
-      {{ end }}
-  immediateNextStage: true
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: rlsched-pod-running
-spec:
-  resourceRef: {apiGroup: v1, kind: Pod}
-  selector:
-    matchExpressions:
-    - key: '.metadata.deletionTimestamp'
-      operator: DoesNotExist
-    - key: '.status.phase'
-      operator: In
-      values: ['Pending']
-    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
-      operator: NotIn
-      values: ['True']
-  next:
-    statusTemplate: |
-      {{ $now := Now }}
-      conditions:
-      - {lastTransitionTime: {{ $now | Quote }}, status: "True", type: Initialized}
-      - {lastTransitionTime: {{ $now | Quote }}, status: "True", type: Ready}
-      - {lastTransitionTime: {{ $now | Quote }}, status: "True", type: ContainersReady}
-      - {lastTransitionTime: {{ $now | Quote }}, status: "True", type: PodScheduled}
-      containerStatuses:
-      {{ range .spec.containers }}
-      - image: {{ .image | Quote }}
-        name: {{ .name | Quote }}
-        ready: true
-        started: true
-        restartCount: 0
-        state:
-          running:
-            startedAt: {{ $now | Quote }}
-      {{ end }}
-      {{ with NodeIPWith .spec.nodeName }}
-      hostIP: {{ . | Quote }}
-      {{ end }}
-      {{ with PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) }}
-      podIP: {{ . | Quote }}
-      {{ end }}
-      phase: Running
-      startTime: {{ $now | Quote }}
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: rlsched-pod-succeeded
-spec:
-  resourceRef: {apiGroup: v1, kind: Pod}
-  selector:
-    matchExpressions:
-    - key: '.metadata.deletionTimestamp'
-      operator: DoesNotExist
-    - key: '.status.phase'
-      operator: In
-      values: ['Running']
-    - key: '.metadata.annotations["rlsched.dev/duration-seconds"]'
-      operator: Exists
-  delay:
-    durationMilliseconds: 0
-    durationFrom:
-      jq:
-        expression: '.metadata.annotations["rlsched.dev/duration-seconds"] + "s"'
-  next:
-    statusTemplate: |
-      {{ $now := Now }}
-      conditions:
-      - {lastTransitionTime: {{ $now | Quote }}, status: "False", reason: PodCompleted, type: Ready}
-      - {lastTransitionTime: {{ $now | Quote }}, status: "False", reason: PodCompleted, type: ContainersReady}
-      containerStatuses:
-      {{ range .spec.containers }}
-      - image: {{ .image | Quote }}
-        name: {{ .name | Quote }}
-        ready: false
-        started: false
-        restartCount: 0
-        state:
-          terminated:
-            exitCode: 0
-            reason: Completed
-            finishedAt: {{ $now | Quote }}
-      {{ end }}
-      phase: Succeeded
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: rlsched-pod-delete
-spec:
-  resourceRef: {apiGroup: v1, kind: Pod}
-  selector:
-    matchExpressions:
-    - key: '.metadata.deletionTimestamp'
-      operator: Exists
-  next:
-    finalizers: {empty: true}
-    delete: true
-"""
-
-
-def _kwok_config(stages: str) -> str:
-    conf = {
-        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
-        "kind": "KwokConfiguration",
-        "options": {
-            "manageAllNodes": False,
-            "manageNodesWithAnnotationSelector": f"{KWOK_NODE_ANNOTATION}=fake",
-            "nodeLeaseDurationSeconds": 40,
-            # kwok leaves these at 0 (and refuses to start) when read from a file
-            "nodeLeaseParallelism": 4,
-            "podPlayStageParallelism": 4,
-            "nodePlayStageParallelism": 4,
-            "podsOnNodeSyncParallelism": 2,
-        },
-    }
-    return yaml.safe_dump(conf, sort_keys=False) + "---\n" + stages
-
-
-class KwokController:
-    """The kwok controller as a local process, against any API server.
-
-    Used by :class:`LocalCluster`, and on its own for a cluster handed over as a
-    kubeconfig (kind in CI), so the fake nodes behave the same everywhere.
-    """
-
-    def __init__(self, kubeconfig: str | os.PathLike, workdir: str | os.PathLike,
-                 *, tools_bin: str | os.PathLike | None = None, stages: str = KWOK_STAGES,
-                 port: int | None = None, log: str | os.PathLike | None = None,
-                 detach: bool = False) -> None:
-        self.kubeconfig = Path(kubeconfig)
-        self.workdir = Path(workdir)
-        self.bin = find_tools(tools_bin)
-        self.stages = stages
-        self.port = port or _free_ports(1)[0]
-        self.log = Path(log) if log else self.workdir / "kwok.log"
-        self.detach = detach
-        self.process: _Process | None = None
-
-    def start(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        conf = self.workdir / "kwok.yaml"
-        conf.write_text(_kwok_config(self.stages))
-        self.process = _Process("kwok", [
-            str(self.bin / "kwok"), f"--kubeconfig={self.kubeconfig}", f"--config={conf}",
-            f"--server-address=127.0.0.1:{self.port}", "--node-ip=10.0.0.1",
-            "--cidr=10.0.0.1/16",
-        ], self.log, detach=self.detach)
-        self.process.start(self.workdir)
-
-    def ready(self) -> bool:
-        return _http_ok(f"http://127.0.0.1:{self.port}/healthz", None)
-
-    def stop(self, grace: float = 5.0) -> None:
-        if self.process and self.process.pid:
-            stop_process_group(self.process.pid, self.process.popen, grace)
-
-    def __enter__(self) -> "KwokController":
-        self.start()
-        _wait_for(self.ready, 30.0, self.process, "healthz")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def _wait_for(check: Callable[[], bool], timeout: float, proc: _Process | None, what: str,
-              others: Iterable[_Process] = ()) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        for p in [proc, *others]:
-            if p is not None and p.exited() is not None:
-                raise p.error(f"exited while waiting for {what}")
-        if check():
-            return
-        if time.monotonic() > deadline:
-            if proc is None:
-                raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}")
-            raise proc.error(f"not ready after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.1)
 
 
 # --------------------------------------------------------------------------- cluster
@@ -629,7 +108,7 @@ class LocalCluster:
         self.detach = detach
         self._progress = progress or (lambda msg: None)
         self.ports: dict[str, int] = {}
-        self.processes: dict[str, _Process] = {}
+        self.processes: dict[str, Process] = {}
         self._kwok: KwokController | None = None
         self.started = False
 
@@ -713,24 +192,24 @@ class LocalCluster:
         shutil.rmtree(d / "etcd", ignore_errors=True)  # a cluster always starts empty
         names = ["etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler",
                  "rlsched-scheduler", "kwok", "extender"]
-        self.ports = dict(zip(names, _free_ports(len(names))))
+        self.ports = dict(zip(names, free_ports(len(names))))
         self._progress("creating certificates")
         pki = d / "pki"
-        _make_pki(pki)
-        self.kubeconfig.write_text(yaml.safe_dump(_kubeconfig(self.server, pki), sort_keys=False))
+        make_pki(pki)
+        self.kubeconfig.write_text(yaml.safe_dump(admin_kubeconfig(self.server, pki), sort_keys=False))
         self.kubeconfig.chmod(0o600)
         self._write_state()
 
         self._progress(f"starting etcd on 127.0.0.1:{self.ports['etcd']}")
         etcd = self._spawn("etcd", self._etcd_argv())
-        _wait_for(lambda: _http_ok(f"http://127.0.0.1:{self.ports['etcd']}/health", None,
-                                   '"health":"true"'), self.start_timeout_s, etcd, "etcd /health")
+        wait_for(lambda: http_ok(f"http://127.0.0.1:{self.ports['etcd']}/health", expect='"health":"true"'),
+                 self.start_timeout_s, "etcd /health", etcd)
 
         self._progress(f"starting kube-apiserver on {self.server}")
         api = self._spawn("kube-apiserver", self._apiserver_argv(pki))
         ctx = self._ssl_context()
-        _wait_for(lambda: _http_ok(f"{self.server}/readyz", ctx), self.start_timeout_s, api,
-                  "kube-apiserver /readyz", [etcd])
+        wait_for(lambda: http_ok(f"{self.server}/readyz", ctx, expect="ok"), self.start_timeout_s,
+                 "kube-apiserver /readyz", api, [etcd])
 
         self._progress("starting kube-controller-manager, kube-schedulers and kwok")
         kcm = self._spawn("kube-controller-manager", self._kcm_argv(pki))
@@ -757,12 +236,11 @@ class LocalCluster:
             waits.append((self._kwok.process, f"http://127.0.0.1:{self.ports['kwok']}/healthz",
                           None))
         for proc, url, c in waits:
-            _wait_for(lambda u=url, c=c: _http_ok(u, c), self.start_timeout_s, proc,
-                      f"{proc.name} {url}", [api, etcd])
+            wait_for(lambda u=url, c=c: http_ok(u, c, expect="ok"), self.start_timeout_s,
+                     f"{proc.name} {url}", proc, [api, etcd])
         # Pods need the default ServiceAccount, which the controller manager creates.
         sa = f"{self.server}/api/v1/namespaces/default/serviceaccounts/default"
-        _wait_for(lambda: _http_ok(sa, ctx, expect=None), self.start_timeout_s, kcm,
-                  "the default ServiceAccount", [api])
+        wait_for(lambda: http_ok(sa, ctx), self.start_timeout_s, "the default ServiceAccount", kcm, [api])
         self._progress(f"control plane ready in {time.monotonic() - t0:.1f}s")
 
     def restart_apiserver(self, grace: float = 30.0) -> None:
@@ -776,11 +254,11 @@ class LocalCluster:
         if not self.started or old is None or old.popen is None:
             raise ClusterError("no kube-apiserver started by this handle to restart")
         self._progress("restarting kube-apiserver")
-        stop_process_group(old.pid, old.popen, grace)
+        old.stop(grace)
         api = self._spawn("kube-apiserver", self._apiserver_argv(self._dir / "pki"))
         ctx = self._ssl_context()
-        _wait_for(lambda: _http_ok(f"{self.server}/readyz", ctx), self.start_timeout_s, api,
-                  "kube-apiserver /readyz", [self.processes["etcd"]])
+        wait_for(lambda: http_ok(f"{self.server}/readyz", ctx, expect="ok"), self.start_timeout_s,
+                 "kube-apiserver /readyz", api, [self.processes["etcd"]])
         insecure = ssl.create_default_context()
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE
@@ -793,16 +271,16 @@ class LocalCluster:
             self._progress(f"{name} exited during the restart; starting it again")
             proc = self._spawn(name, proc.argv)
             url = f"https://127.0.0.1:{self.ports[port]}/healthz"
-            _wait_for(lambda u=url: _http_ok(u, insecure), self.start_timeout_s, proc,
-                      f"{name} {url}", [api])
+            wait_for(lambda u=url: http_ok(u, insecure, expect="ok"), self.start_timeout_s,
+                     f"{name} {url}", proc, [api])
 
     def _tool(self, name: str) -> str:
         if self.tools_bin is None:
             raise ClusterError("cluster not started")
         return str(self.tools_bin / name)
 
-    def _spawn(self, name: str, argv: list[str]) -> _Process:
-        proc = _Process(name, argv, self.log_path(name), detach=self.detach)
+    def _spawn(self, name: str, argv: list[str]) -> Process:
+        proc = Process(name, argv, self.log_path(name), detach=self.detach)
         proc.start(self._dir)
         self.processes[name] = proc
         self._write_state()
@@ -924,8 +402,7 @@ class LocalCluster:
     def _stop_processes(self, grace: float) -> None:
         for name in reversed(list(self.processes)):
             proc = self.processes[name]
-            if proc.pid:
-                stop_process_group(proc.pid, proc.popen, grace)
+            proc.stop(grace)
 
     @classmethod
     def attach(cls, workdir: str | os.PathLike) -> "LocalCluster":
@@ -942,8 +419,8 @@ class LocalCluster:
         self.ports = {k: int(v) for k, v in state.get("ports", {}).items()}
         self.processes = {}
         for name, pid in state.get("pids", {}).items():
-            if _belongs_to(int(pid), d):
-                self.processes[name] = _Process(name, [], d / "logs" / f"{name}.log", pid=int(pid))
+            if started_in(int(pid), d):
+                self.processes[name] = Process(name, [], d / "logs" / f"{name}.log", pid=int(pid))
         self._kwok = None
         self.started = True
         return self
@@ -963,135 +440,6 @@ class LocalCluster:
         else:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-
-def _belongs_to(pid: int, workdir: Path) -> bool:
-    """True when ``pid`` is alive and was started with ``workdir`` as its cwd."""
-    try:
-        return Path(os.readlink(f"/proc/{pid}/cwd")).resolve() == workdir
-    except OSError:
-        return False
-
-
-# --------------------------------------------------------------------------- nodes
-def default_topology() -> Topology:
-    """The small GPU cluster of the integration tests: 2 racks of 2 nodes, 8 A100 each."""
-    return Topology.uniform(4, gpus_per_node=8, racks=2, blocks=1, prefix="kwok-gpu")
-
-
-def kwok_node(spec: NodeSpec, *, taint: bool = False, pods: int = 110) -> dict[str, Any]:
-    """The Node object kwok manages for one topology node (a plain dict)."""
-    labels = {
-        **node_labels(spec),
-        "type": "kwok",
-        "kubernetes.io/os": "linux",
-        "kubernetes.io/arch": "amd64",
-        "node.kubernetes.io/instance-type": f"gpu-{spec.gpu_model.lower()}-x{spec.gpus}",
-    }
-    resources = {
-        "cpu": f"{spec.cpu_milli}m",
-        "memory": f"{spec.memory_mib}Mi",
-        "pods": str(pods),
-        RESOURCE_GPU: str(spec.gpus),
-    }
-    node: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": spec.name,
-            "labels": labels,
-            "annotations": {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
-        },
-        "spec": {},
-        "status": {"capacity": resources, "allocatable": dict(resources)},
-    }
-    if taint:
-        node["spec"]["taints"] = [{"key": KWOK_TAINT_KEY, "value": "fake", "effect": "NoSchedule"}]
-    return node
-
-
-def _core_api(api_or_kubeconfig: Any):
-    from kubernetes import client, config
-
-    if isinstance(api_or_kubeconfig, client.CoreV1Api):
-        return api_or_kubeconfig
-    if isinstance(api_or_kubeconfig, client.ApiClient):
-        return client.CoreV1Api(api_or_kubeconfig)
-    return client.CoreV1Api(config.new_client_from_config(config_file=str(api_or_kubeconfig)))
-
-
-def create_gpu_nodes(api_or_kubeconfig: Any, topology: Topology, *, taint: bool = False,
-                     replace: bool = True) -> list[str]:
-    """Create one kwok Node per topology node; returns their names.
-
-    ``api_or_kubeconfig``: a ``kubernetes`` CoreV1Api/ApiClient or a kubeconfig path.
-    ``replace`` deletes an existing node of the same name first. ``taint`` adds kwok's
-    ``kwok.x-k8s.io/node=fake:NoSchedule`` taint (pods then need a toleration).
-    """
-    from kubernetes.client.exceptions import ApiException
-
-    api = _core_api(api_or_kubeconfig)
-    names = []
-    for spec in topology.nodes:
-        body = kwok_node(spec, taint=taint)
-        try:
-            api.create_node(body)
-        except ApiException as exc:
-            if exc.status != 409 or not replace:
-                raise
-            api.delete_node(spec.name, grace_period_seconds=0)
-            _wait_gone(api, spec.name, 30.0)
-            api.create_node(body)
-        names.append(spec.name)
-    return names
-
-
-def _wait_gone(api, name: str, timeout: float) -> None:
-    from kubernetes.client.exceptions import ApiException
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            api.read_node(name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return
-            raise
-        time.sleep(0.1)
-    raise ClusterError(f"node {name} still present after {timeout:.0f}s")
-
-
-def delete_gpu_nodes(api_or_kubeconfig: Any, names: Iterable[str]) -> None:
-    from kubernetes.client.exceptions import ApiException
-
-    api = _core_api(api_or_kubeconfig)
-    for name in names:
-        try:
-            api.delete_node(name, grace_period_seconds=0)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-
-
-def wait_nodes_ready(api_or_kubeconfig: Any, names: Iterable[str], timeout: float = 60.0) -> None:
-    """Wait until every named node is Ready (set by kwok) and schedulable: the
-    ``node.kubernetes.io/not-ready`` taint a new node starts with has been lifted."""
-    api = _core_api(api_or_kubeconfig)
-    pending = set(names)
-    deadline = time.monotonic() + timeout
-    while pending:
-        for node in api.list_node().items:
-            conds = {c.type: c.status for c in (node.status.conditions or [])}
-            taints = {t.key for t in (node.spec.taints or [])}
-            if conds.get("Ready") == "True" and not taints & _NODE_STATE_TAINTS:
-                pending.discard(node.metadata.name)
-        if not pending:
-            return
-        if time.monotonic() > deadline:
-            raise ClusterError(
-                f"nodes not Ready after {timeout:.0f}s: {sorted(pending)} "
-                "(is the kwok controller running and managing them?)"
-            )
-        time.sleep(0.2)
 
 
 # --------------------------------------------------------------------------- test env
@@ -1163,13 +511,6 @@ def kube_env(
 
 
 # --------------------------------------------------------------------------- CLI
-def _load_topology(path: str | None) -> Topology:
-    if not path:
-        return default_topology()
-    with open(path) as f:
-        data: Mapping = yaml.safe_load(f)
-    return Topology.from_dict(data)
-
 
 def _cmd_up(args: argparse.Namespace) -> int:
     from rich.console import Console
@@ -1177,7 +518,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     workdir = Path(args.dir).resolve()
     try:
-        topo = _load_topology(args.topology)
+        topo = load_topology(args.topology)
         with console.status("starting control plane") as status:
             cluster = LocalCluster(workdir, extender_url=args.extender_url, detach=True,
                                    keep_workdir=True, progress=status.update)

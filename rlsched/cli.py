@@ -18,8 +18,10 @@ _COMMANDS = {
     "operator": "rlsched.operator.cli",
     "train": "rlsched.models.cli",
     "eval": "rlsched.models.cli",
-    "cluster": "rlsched.devcluster",
-    "demo": "rlsched.demo",
+    # the dev tooling: a separate distribution (rlsched-dev); absent when not installed
+    "cluster": "rlsched.dev.cluster",
+    "demo": "rlsched.dev.demo",
+    "fake-trainer": "rlsched.dev.fake_trainer",
 }
 
 
