@@ -6,7 +6,8 @@ kube-scheduler, kwok) with kwok GPU nodes, then the extender, the operator and t
 fake trainer (:mod:`rlsched.dev.fake_trainer`) as processes, and a real Prometheus
 (``prometheus`` on ``PATH``, e.g. Debian's package) scraping the extender and the
 operator with the alert rules of the Helm chart (``--chart``, default
-``deploy/helm/rlsched`` under the current directory) loaded. It submits a mix of TrainingJobs drawn from a trace (Alibaba GPU 2023 when
+``deploy/helm/rlsched`` under the current directory) loaded. It submits a mix of
+TrainingJobs drawn from a trace (Alibaba GPU 2023 when
 ``RLSCHED_DATA_DIR`` holds it, the synthetic generator otherwise), shows a live view
 (jobs, queues, workers, accuracy), and at the end prints a summary table and writes
 ``summary.json`` and plots into ``--out``. Everything it started is stopped on exit;
