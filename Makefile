@@ -27,7 +27,7 @@ help:
 	@echo "make tools  - build etcd, kube-apiserver, kube-scheduler, kubectl, kwok, helm from Go modules"
 	@echo "make cluster-up / cluster-down - local control plane for manual testing"
 
-# rlsched and its dev tooling (dev/: the rlsched-dev distribution, rlsched.dev), both
+# rlsched and its dev tooling (dev/: the rlsched-dev distribution, rlsched_dev), both
 # editable; the dev tooling is never part of the rlsched wheel or the serving images.
 $(VENV)/.stamp: requirements.txt requirements-dev.txt pyproject.toml dev/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -13,7 +13,7 @@ profile of a process, so the extender profile lives in its own process, as it do
 when deployed beside a cluster's own scheduler.
 
 Nodes are kwok nodes made from :class:`rlsched.core.topology.Topology` by
-:func:`rlsched.dev.nodes.create_gpu_nodes`; kwok Stages (:mod:`rlsched.dev.kwok`) make
+:func:`rlsched_dev.nodes.create_gpu_nodes`; kwok Stages (:mod:`rlsched_dev.kwok`) make
 bound pods Running and, when they carry the ``rlsched.dev/duration-seconds``
 annotation, Succeeded after that many seconds.
 

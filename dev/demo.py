@@ -1,9 +1,9 @@
 """``rlsched demo up|down``: the live system on this machine.
 
-``up`` starts the local control plane (:class:`rlsched.dev.cluster.LocalCluster`:
+``up`` starts the local control plane (:class:`rlsched_dev.cluster.LocalCluster`:
 etcd, kube-apiserver, kube-controller-manager, the default and the ``rlsched``
 kube-scheduler, kwok) with kwok GPU nodes, then the extender, the operator and the
-fake trainer (:mod:`rlsched.dev.fake_trainer`) as processes, and a real Prometheus
+fake trainer (:mod:`rlsched_dev.fake_trainer`) as processes, and a real Prometheus
 (``prometheus`` on ``PATH``, e.g. Debian's package) scraping the extender and the
 operator with the alert rules of the Helm chart (``--chart``, default
 ``deploy/helm/rlsched`` under the current directory) loaded. It submits a mix of
@@ -556,9 +556,9 @@ class Demo:
 
     # ---- lifecycle
     def start(self, env=None) -> None:
-        """Start everything. ``env`` (a :class:`rlsched.dev.cluster.KubeEnv`: kubeconfig,
+        """Start everything. ``env`` (a :class:`rlsched_dev.cluster.KubeEnv`: kubeconfig,
         topology, extender_port) runs the demo on an existing cluster with its GPU nodes
-        instead of starting a :class:`~rlsched.dev.cluster.LocalCluster`."""
+        instead of starting a :class:`~rlsched_dev.cluster.LocalCluster`."""
         from .cluster import LocalCluster
         from .nodes import create_gpu_nodes, wait_nodes_ready
 

@@ -59,7 +59,7 @@ def kwok_config(stages: str) -> str:
 class KwokController:
     """The kwok controller as a local process, against any API server.
 
-    Used by :class:`rlsched.dev.cluster.LocalCluster`, and on its own for a cluster
+    Used by :class:`rlsched_dev.cluster.LocalCluster`, and on its own for a cluster
     handed over as a kubeconfig (kind in CI), so the fake nodes behave the same
     everywhere. ``stages``: the Stage manifests (default :func:`kwok_stages`).
     """

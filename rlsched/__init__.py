@@ -3,7 +3,7 @@
 Subpackages: ``rlsched.core`` (cluster model and policies), ``rlsched.sim``
 (discrete-event simulator), ``rlsched.extender`` (kube-scheduler extender),
 ``rlsched.operator`` (TrainingJob operator), ``rlsched.models`` (policy training);
-``rlsched.dev`` (local control plane, demo, fake trainer) is a separate distribution.
+``rlsched_dev`` (local control plane, demo, fake trainer) is a separate distribution.
 """
 
 __version__ = "0.1.0"

@@ -19,9 +19,9 @@ _COMMANDS = {
     "train": "rlsched.models.cli",
     "eval": "rlsched.models.cli",
     # the dev tooling: a separate distribution (rlsched-dev); absent when not installed
-    "cluster": "rlsched.dev.cluster",
-    "demo": "rlsched.dev.demo",
-    "fake-trainer": "rlsched.dev.fake_trainer",
+    "cluster": "rlsched_dev.cluster",
+    "demo": "rlsched_dev.demo",
+    "fake-trainer": "rlsched_dev.fake_trainer",
 }
 
 

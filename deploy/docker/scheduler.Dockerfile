@@ -23,7 +23,7 @@ COPY operator/ operator/
 COPY models/ models/
 RUN /opt/rlsched/bin/pip install --no-deps . \
  && /opt/rlsched/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is not None)" \
- && /opt/rlsched/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('rlsched.dev') is not None)" \
+ && /opt/rlsched/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('rlsched_dev') is not None)" \
  && /opt/rlsched/bin/rlsched --version
 
 FROM ${PYTHON_IMAGE}

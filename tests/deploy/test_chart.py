@@ -28,7 +28,7 @@ KUBE_VERSION = ["--kube-version", "v1.35.0"]
 @pytest.fixture(scope="module")
 def tools():
     """bin directory of the tools cache (helm, kubectl); missing tools fail the test."""
-    from rlsched.dev.tools import find_tools
+    from rlsched_dev.tools import find_tools
 
     bin_dir = find_tools()
     for t in ("helm", "kubectl"):
@@ -111,7 +111,7 @@ def test_dockerfiles_install_no_dev_package_and_no_torch(dockerfile):
         assert "[" not in args, f"no extras in the serving images: {args}"
     serve = re.sub(r"#.*", "", (ROOT / "deploy" / "docker" / "requirements-serve.txt").read_text().lower())
     assert "rlsched" not in serve and "torch" not in serve
-    for mod in ("torch", "rlsched.dev"):
+    for mod in ("torch", "rlsched_dev"):
         assert f"sys.exit(u.find_spec('{mod}') is not None)" in code, f"the build must check that {mod} is absent"
 
 
@@ -509,5 +509,5 @@ def test_wheel_carries_what_the_images_serve(tmp_path):
     assert "rlsched/operator/__main__.py" in names and "rlsched/extender/cli.py" in names
     for weights in sorted((ROOT / "core" / "weights").glob("*")):
         assert f"rlsched/core/weights/{weights.name}" in names, f"{weights.name} missing from the wheel"
-    assert not [n for n in names if n.startswith("rlsched/dev/")], "the dev tooling must not be in the wheel"
+    assert not [n for n in names if n.startswith(("rlsched_dev/", "rlsched/dev/"))], "the dev tooling must not be in the wheel"
     assert not [n for n in names if n.startswith(("rlsched/tests/", "tests/", "dev/"))]

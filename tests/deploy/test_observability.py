@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlsched.dev.demo import prometheus_config, shipped_rules
+from rlsched_dev.demo import prometheus_config, shipped_rules
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "rlsched"
@@ -48,7 +48,7 @@ def _dashboard_queries() -> list[tuple[str, str]]:
 
 
 def _helm() -> Path:
-    from rlsched.dev.tools import find_tools
+    from rlsched_dev.tools import find_tools
 
     helm = find_tools() / "helm"
     assert helm.is_file(), f"helm missing from {helm.parent}: run `make tools`"
@@ -117,7 +117,7 @@ def _finite(result: list[dict]) -> bool:
 # ----------------------------------------------------------------------- the stack
 @pytest.fixture(scope="module")
 def stack(kube_cluster, tmp_path_factory):
-    """The live demo (:class:`rlsched.dev.demo.Demo`) on the session's cluster: extender
+    """The live demo (:class:`rlsched_dev.demo.Demo`) on the session's cluster: extender
     (scraped through the chart's metrics relay), operator, fake trainer and Prometheus
     with the chart's rules; a short run of trace-drawn TrainingJobs, plus the paths a
     healthy run never takes (bad requests, an unplaceable pod, a corrupt model file).
@@ -126,7 +126,7 @@ def stack(kube_cluster, tmp_path_factory):
 
     from rich.console import Console
 
-    from rlsched.dev.demo import Demo, DemoOptions
+    from rlsched_dev.demo import Demo, DemoOptions
 
     prometheus = _program("prometheus")
     _helm()

@@ -1,4 +1,4 @@
-"""Pure parts of rlsched.dev.cluster, .nodes and .kwok: node objects, scheduler and kwok configuration.
+"""Pure parts of rlsched_dev.cluster, .nodes and .kwok: node objects, scheduler and kwok configuration.
 No cluster needed."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import yaml
 
 from rlsched.core.topology import NodeSpec, Topology, node_labels
-from rlsched.dev.cluster import LocalCluster
-from rlsched.dev.kwok import kwok_config, kwok_stages
-from rlsched.dev.nodes import kwok_node
+from rlsched_dev.cluster import LocalCluster
+from rlsched_dev.kwok import kwok_config, kwok_stages
+from rlsched_dev.nodes import kwok_node
 
 
 def test_kwok_node_carries_topology_and_gpu_resources():

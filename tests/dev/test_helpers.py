@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from rlsched.dev.demo import find_chart
-from rlsched.dev.probe import http_ok
-from rlsched.dev.proc import ClusterError, Process, alive, free_ports, tail, wait_for
-from rlsched.dev.tools import REQUIRED_TOOLS, find_program, find_tools
+from rlsched_dev.demo import find_chart
+from rlsched_dev.probe import http_ok
+from rlsched_dev.proc import ClusterError, Process, alive, free_ports, tail, wait_for
+from rlsched_dev.tools import REQUIRED_TOOLS, find_program, find_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from rlsched.dev.cluster import LocalCluster
-from rlsched.dev.proc import ClusterError
-from rlsched.dev.tools import REQUIRED_TOOLS, find_tools
+from rlsched_dev.cluster import LocalCluster
+from rlsched_dev.proc import ClusterError
+from rlsched_dev.tools import REQUIRED_TOOLS, find_tools
 
 pytestmark = pytest.mark.k8s
 
@@ -90,7 +90,7 @@ def test_failing_component_is_reported_with_its_log_and_the_rest_stopped(tmp_pat
 
 _OWNER = """
 import json, signal, sys
-from rlsched.dev.cluster import LocalCluster
+from rlsched_dev.cluster import LocalCluster
 c = LocalCluster(start_timeout_s=120).start()
 print(json.dumps({"pids": c.pids, "workdir": str(c.workdir)}), flush=True)
 signal.pause()
@@ -114,7 +114,7 @@ def test_components_die_with_a_killed_owner():
 
 
 def test_start_retries_when_a_chosen_port_is_taken(monkeypatch):
-    import rlsched.dev.cluster as dc
+    import rlsched_dev.cluster as dc
 
     squatter = socket.socket()
     squatter.bind(("127.0.0.1", 0))

@@ -24,7 +24,7 @@ G, V, P = "rlsched.dev", "v1alpha1", "trainingjobs"
 def fake_trainer(ns, kube_cluster):
     """The fake trainer of ``ns`` on a thread (started by the test: ``th.start()``);
     stopped, joined and closed on exit."""
-    from rlsched.dev.fake_trainer import FakeTrainer
+    from rlsched_dev.fake_trainer import FakeTrainer
 
     trainer = FakeTrainer(ns, kubeconfig=str(kube_cluster.kubeconfig), epoch_s=0.6, tau=4.0, noise=0.0005)
     stop = threading.Event()

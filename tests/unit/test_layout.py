@@ -25,15 +25,22 @@ def test_subpackages_map_to_top_level_folders():
 
     # a namespace portion, found through the link rlsched/operator -> ../operator
     assert ROOT / "operator" in [Path(p).resolve() for p in rlsched.operator.__path__]
-    import rlsched.dev
+    import rlsched_dev
 
-    assert Path(rlsched.dev.__file__).parent == ROOT / "dev"
+    assert Path(rlsched_dev.__file__).parent == ROOT / "dev"
 
 
 def test_rlsched_imports_only_its_own_subpackages(tmp_path):
     """The repository root is not on rlsched's search path: `rlsched.tests` does not
-    import, `rlsched.operator` does, from any directory."""
+    import, `rlsched.operator` does, from any directory; and rlsched stays the regular
+    package of rlsched/__init__.py beside the dev distribution (no namespace hides it)."""
     for cwd in (ROOT, tmp_path):
+        pkg = subprocess.run([sys.executable, "-c", "import rlsched, rlsched_dev; print(rlsched.__file__, rlsched.__version__)"],
+                             cwd=cwd, capture_output=True, text=True)
+        assert pkg.returncode == 0, pkg.stderr
+        assert pkg.stdout.split()[0] == str(ROOT / "rlsched" / "__init__.py")
+        version = subprocess.run([sys.executable, "-m", "rlsched.cli", "--version"], cwd=cwd, capture_output=True, text=True)
+        assert version.returncode == 0 and version.stdout.startswith("rlsched "), version.stderr
         bad = subprocess.run([sys.executable, "-c", "import rlsched.tests"], cwd=cwd, capture_output=True, text=True)
         assert bad.returncode != 0 and "No module named 'rlsched.tests'" in bad.stderr
         ok = subprocess.run([sys.executable, "-c", "import rlsched.operator.controller as c; print(c.__name__)"],
@@ -47,22 +54,22 @@ def test_rlsched_imports_only_its_own_subpackages(tmp_path):
 
 def test_base_distribution_has_no_dev_package():
     """The rlsched wheel's package list (setuptools reads it from pyproject.toml) holds no
-    dev tooling; the rlsched-dev distribution in dev/ provides exactly rlsched.dev."""
+    dev tooling; the rlsched-dev distribution in dev/ provides exactly rlsched_dev."""
     base = tomllib.loads((ROOT / "pyproject.toml").read_text())
     st = base["tool"]["setuptools"]
-    assert not [p for p in st["packages"] if p == "rlsched.dev" or p.startswith("rlsched.dev.")]
+    assert not [p for p in st["packages"] if p.startswith(("rlsched_dev", "rlsched.dev"))]
     assert "dev" not in {d.strip("./") for d in st["package-dir"].values()}
-    assert not [p for p in base["tool"]["setuptools"].get("package-data", {}) if p.startswith("rlsched.dev")]
+    assert not [p for p in st.get("package-data", {}) if p.startswith(("rlsched_dev", "rlsched.dev"))]
     assert base["project"]["optional-dependencies"]["dev"] == ["rlsched-dev==" + base["project"]["version"]]
     dev = tomllib.loads((ROOT / "dev" / "pyproject.toml").read_text())
     assert dev["project"]["name"] == "rlsched-dev"
-    assert dev["tool"]["setuptools"]["packages"] == ["rlsched.dev"]
+    assert dev["tool"]["setuptools"]["packages"] == ["rlsched_dev"]
     assert f"rlsched=={base['project']['version']}" in dev["project"]["dependencies"]
 
 
 def test_cli_without_the_dev_package_has_no_dev_commands():
     code = (
-        "import sys; sys.modules['rlsched.dev'] = None\n"  # as if rlsched-dev were not installed
+        "import sys; sys.modules['rlsched_dev'] = None\n"  # as if rlsched-dev were not installed
         "from rlsched.cli import build_parser\n"
         "sub = next(a for a in build_parser()._actions if a.dest == 'command')\n"
         "print(' '.join(sorted(sub.choices)))"
