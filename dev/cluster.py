@@ -400,8 +400,7 @@ class LocalCluster:
         tmp.replace(self._dir / _STATE_FILE)
 
     def _stop_processes(self, grace: float) -> None:
-        for name in reversed(list(self.processes)):
-            proc = self.processes[name]
+        for proc in reversed(list(self.processes.values())):
             proc.stop(grace)
 
     @classmethod
