@@ -1,6 +1,6 @@
 # rlsched — every set-up step a fresh machine needs lives here.
 #   make test    virtualenv + pinned deps + Go tools, then the whole test suite
-#   make demo    the main demo on the embedded default
+#   make demo    the live demo (local control plane, extender, operator, Prometheus)
 #   make bench   benchmarks, JSON under bench/results/
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -22,16 +22,18 @@ TEST_DEPS :=
 .PHONY: help venv test test-unit demo demo-sim bench clean
 help:
 	@echo "make test   - set up everything and run all tests"
-	@echo "make demo   - run the demo on the embedded default"
+	@echo "make demo   - run the live demo (make demo-sim: the simulator comparison)"
 	@echo "make bench  - run the benchmarks (JSON in bench/results/)"
 	@echo "make tools  - build etcd, kube-apiserver, kube-scheduler, kubectl, kwok, helm from Go modules"
 	@echo "make cluster-up / cluster-down - local control plane for manual testing"
 
-$(VENV)/.stamp: requirements.txt requirements-dev.txt pyproject.toml
+# rlsched and its dev tooling (dev/: the rlsched-dev distribution, rlsched_dev), both
+# editable; the dev tooling is never part of the rlsched wheel or the serving images.
+$(VENV)/.stamp: requirements.txt requirements-dev.txt pyproject.toml dev/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --disable-pip-version-check pip==25.3
 	$(PIP) install --disable-pip-version-check -r requirements-dev.txt
-	$(PIP) install --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(PIP) install --disable-pip-version-check --no-deps --no-build-isolation -e . -e ./dev
 	touch $@
 
 venv: $(VENV)/.stamp

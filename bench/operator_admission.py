@@ -39,7 +39,7 @@ def run(jobs: int, cycle_s: float, kubeconfig: str | None, out: Path) -> dict:
     from rich.progress import Progress
 
     from rlsched.core import Topology
-    from rlsched.devcluster import kube_env
+    from rlsched_dev.cluster import kube_env
     from rlsched.operator.controller import OperatorConfig
     from rlsched.operator.main import crd_path, operator
 

@@ -1,4 +1,4 @@
-"""``rlsched operator ...``: run the operator, print its CRDs, run the fake trainer."""
+"""``rlsched operator ...``: run the operator, print its CRDs."""
 
 from __future__ import annotations
 
@@ -44,12 +44,6 @@ def register(subparsers) -> None:
     c.add_argument("--peering", action="store_true")
     c.set_defaults(func=_crd)
 
-    f = sub.add_parser("fake-trainer", help="write convergence-model progress for running TrainingJobs")
-    f.add_argument("--kubeconfig")
-    f.add_argument("--namespace", "-n", required=True)
-    f.add_argument("--epoch-seconds", type=float, default=1.0, help="wall seconds per simulated epoch")
-    f.add_argument("--seed", type=int, default=0)
-    f.set_defaults(func=_fake)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
 
@@ -80,15 +74,6 @@ def _crd(args: argparse.Namespace) -> int:
     sys.stdout.write(crd_path().read_text())
     if args.peering:
         sys.stdout.write("---\n" + peering_crd_path().read_text())
-    return 0
-
-
-def _fake(args: argparse.Namespace) -> int:
-    import asyncio
-
-    from .fake_trainer import FakeTrainer
-
-    asyncio.run(FakeTrainer(args.namespace, kubeconfig=args.kubeconfig, epoch_s=args.epoch_seconds, seed=args.seed).run())
     return 0
 
 

@@ -18,8 +18,10 @@ _COMMANDS = {
     "operator": "rlsched.operator.cli",
     "train": "rlsched.models.cli",
     "eval": "rlsched.models.cli",
-    "cluster": "rlsched.devcluster",
-    "demo": "rlsched.demo",
+    # the dev tooling: a separate distribution (rlsched-dev); absent when not installed
+    "cluster": "rlsched_dev.cluster",
+    "demo": "rlsched_dev.demo",
+    "fake-trainer": "rlsched_dev.fake_trainer",
 }
 
 

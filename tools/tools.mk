@@ -3,7 +3,7 @@
 #                      kubectl, kwok, kwokctl and helm into a versioned cache (or reuse it)
 #   make cluster-up    local control plane + kwok GPU nodes; kubeconfig in $(CLUSTER_DIR)/
 #   make cluster-down  stop it
-# RLSCHED_TOOLS_BIN (exported) is the bin directory; python's rlsched.devcluster reads it.
+# RLSCHED_TOOLS_BIN (exported) is the bin directory; rlsched_dev.tools.find_tools reads it.
 
 ifeq ($(origin RLSCHED_TOOLS_BIN),undefined)
 RLSCHED_TOOLS_BIN := $(shell bash tools/build.sh --print-bin 2>/dev/null)

@@ -4,7 +4,8 @@
 # Multi-stage: dependencies and the package are installed into a virtualenv in the
 # build stage; the final stage copies only that virtualenv and runs as a non-root user.
 # No torch: the package is installed with --no-deps on top of requirements-serve.txt and
-# learned policies are served with numpy.
+# learned policies are served with numpy. No dev tooling: dev/ (the rlsched-dev
+# distribution: local control plane, demo, fake trainer) is neither copied nor installed.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
@@ -22,6 +23,7 @@ COPY operator/ operator/
 COPY models/ models/
 RUN /opt/rlsched/bin/pip install --no-deps . \
  && /opt/rlsched/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is not None)" \
+ && /opt/rlsched/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('rlsched_dev') is not None)" \
  && /opt/rlsched/bin/rlsched --version
 
 FROM ${PYTHON_IMAGE}

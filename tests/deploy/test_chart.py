@@ -28,7 +28,7 @@ KUBE_VERSION = ["--kube-version", "v1.35.0"]
 @pytest.fixture(scope="module")
 def tools():
     """bin directory of the tools cache (helm, kubectl); missing tools fail the test."""
-    from rlsched.devcluster import find_tools
+    from rlsched_dev.tools import find_tools
 
     bin_dir = find_tools()
     for t in ("helm", "kubectl"):
@@ -90,6 +90,29 @@ def test_serving_requirements_have_no_torch_and_follow_the_pins():
         assert full.get(name) == ver, f"{name}=={ver} in requirements-serve.txt, {full.get(name)} in requirements.txt"
     for needed in ("numpy", "aiohttp", "kopf", "kubernetes", "kubernetes-asyncio", "prometheus-client", "safetensors"):
         assert needed in serve
+
+
+@pytest.mark.parametrize("dockerfile", ["operator.Dockerfile", "scheduler.Dockerfile"])
+def test_dockerfiles_install_no_dev_package_and_no_torch(dockerfile):
+    """The serving images get neither the dev tooling (dev/, the rlsched-dev distribution)
+    nor torch: not in the build context, not copied, not installed, and the build checks
+    that neither is importable."""
+    text = (ROOT / "deploy" / "docker" / dockerfile).read_text()
+    code = re.sub(r"#.*", "", text)
+    copied = [src.rstrip("/") for src in re.findall(r"^COPY\s+(?!--)(\S+)", code, re.M)]
+    assert copied and not [c for c in copied if c == "dev" or c.startswith("dev/") or c == "."]
+    ignore = [ln.strip() for ln in (ROOT / "deploy" / "docker" / f"{dockerfile}.dockerignore").read_text().splitlines()
+              if ln.strip() and not ln.lstrip().startswith("#")]
+    assert ignore[0] == "**" and not [p for p in ignore if p.lstrip("!").rstrip("/") == "dev"]
+    installs = re.findall(r"pip install\s+([^\n&\\]*)", code)
+    assert installs
+    for args in installs:
+        assert "dev" not in args.replace("--no-deps", "") and "torch" not in args, args
+        assert "[" not in args, f"no extras in the serving images: {args}"
+    serve = re.sub(r"#.*", "", (ROOT / "deploy" / "docker" / "requirements-serve.txt").read_text().lower())
+    assert "rlsched" not in serve and "torch" not in serve
+    for mod in ("torch", "rlsched_dev"):
+        assert f"sys.exit(u.find_spec('{mod}') is not None)" in code, f"the build must check that {mod} is absent"
 
 
 @pytest.mark.parametrize("dockerfile", ["operator.Dockerfile", "scheduler.Dockerfile"])
@@ -468,13 +491,15 @@ def test_wheel_carries_what_the_images_serve(tmp_path):
     import sys
     import zipfile
 
-    # build from a copy of what the Dockerfiles COPY, so no build/ lands in the checkout
+    # build from a copy of what the Dockerfiles COPY (links kept, as COPY keeps them), so
+    # no build/ lands in the checkout; plus dev/, which the wheel must leave out anyway
     src = tmp_path / "src"
     src.mkdir()
     for f in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / f, src / f)
-    for d in ("rlsched", "core", "sim", "extender", "operator", "models"):
-        shutil.copytree(ROOT / d, src / d, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "runs"))
+    for d in ("rlsched", "core", "sim", "extender", "operator", "models", "dev"):
+        shutil.copytree(ROOT / d, src / d, symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "runs"))
     out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                           "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -484,3 +509,5 @@ def test_wheel_carries_what_the_images_serve(tmp_path):
     assert "rlsched/operator/__main__.py" in names and "rlsched/extender/cli.py" in names
     for weights in sorted((ROOT / "core" / "weights").glob("*")):
         assert f"rlsched/core/weights/{weights.name}" in names, f"{weights.name} missing from the wheel"
+    assert not [n for n in names if n.startswith(("rlsched_dev/", "rlsched/dev/"))], "the dev tooling must not be in the wheel"
+    assert not [n for n in names if n.startswith(("rlsched/tests/", "tests/", "dev/"))]

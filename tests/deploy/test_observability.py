@@ -4,7 +4,8 @@ scraping the real extender and the real operator on the real control plane.
 
 The expressions are parsed out of the chart (files/dashboards/rlsched.json and the
 PrometheusRule rendered by ``helm template``), so the test checks the queries actually
-shipped. A missing /usr/bin/prometheus fails the tests: ``make test`` installs it.
+shipped. A missing ``prometheus`` (looked up on PATH) fails the tests: ``make test``
+installs it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,12 +29,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlsched.demo import prometheus_config, shipped_rules
+from rlsched_dev.demo import prometheus_config, shipped_rules
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "rlsched"
-PROMETHEUS = Path("/usr/bin/prometheus")
-PROMTOOL = Path("/usr/bin/promtool")
 RATE_INTERVAL = "2m"  # what Grafana's $__rate_interval stands for in these queries
 # a trailing comparison with a literal: the alert's threshold
 THRESHOLD = re.compile(r"^(?P<lhs>.*?)\s*(?:>=|<=|==|!=|>|<)\s*-?[0-9.]+(?:e[-+]?[0-9]+)?\s*$", re.S | re.I)
@@ -48,16 +48,19 @@ def _dashboard_queries() -> list[tuple[str, str]]:
 
 
 def _helm() -> Path:
-    from rlsched.devcluster import find_tools
+    from rlsched_dev.tools import find_tools
 
     helm = find_tools() / "helm"
     assert helm.is_file(), f"helm missing from {helm.parent}: run `make tools`"
     return helm
 
 
-def _require_prometheus() -> None:
-    assert PROMETHEUS.is_file() and os.access(PROMETHEUS, os.X_OK), \
-        f"{PROMETHEUS} is missing: run `make prometheus` (apt-get install prometheus)"
+def _program(name: str) -> str:
+    """``name`` (prometheus, promtool) on PATH; fails the test when it is missing."""
+    exe = shutil.which(name)
+    assert exe is not None and os.access(exe, os.X_OK), \
+        f"{name} is missing from PATH: run `make prometheus` (apt-get install prometheus)"
+    return exe
 
 
 def _free_port() -> int:
@@ -114,7 +117,7 @@ def _finite(result: list[dict]) -> bool:
 # ----------------------------------------------------------------------- the stack
 @pytest.fixture(scope="module")
 def stack(kube_cluster, tmp_path_factory):
-    """The live demo (:class:`rlsched.demo.Demo`) on the session's cluster: extender
+    """The live demo (:class:`rlsched_dev.demo.Demo`) on the session's cluster: extender
     (scraped through the chart's metrics relay), operator, fake trainer and Prometheus
     with the chart's rules; a short run of trace-drawn TrainingJobs, plus the paths a
     healthy run never takes (bad requests, an unplaceable pod, a corrupt model file).
@@ -123,16 +126,17 @@ def stack(kube_cluster, tmp_path_factory):
 
     from rich.console import Console
 
-    from rlsched.demo import Demo, DemoOptions
+    from rlsched_dev.demo import Demo, DemoOptions
 
-    _require_prometheus()
+    prometheus = _program("prometheus")
     _helm()
     work = tmp_path_factory.mktemp("demo")
     bad_model = work / "corrupt.safetensors"  # the extender falls back to DAS defaults
     bad_model.write_bytes(b"\x00not a safetensors file")
     opts = DemoOptions(duration_s=30, jobs=6, trace="synthetic:small", seed=2, out=work / "out",
                        state_dir=work / "state", epoch_s=0.5, cycle_s=1, scrape_interval_s=1,
-                       namespace=f"obs-{uuid.uuid4().hex[:6]}", extender_model=str(bad_model))
+                       namespace=f"obs-{uuid.uuid4().hex[:6]}", extender_model=str(bad_model),
+                       chart=CHART, prometheus=prometheus)
     demo = Demo(opts, Console(file=io.StringIO(), width=150))
     try:
         demo.start(env=kube_cluster)
@@ -198,10 +202,10 @@ def test_dashboard_in_configmap_is_the_shipped_file(tmp_path):
 
 
 def test_promtool_accepts_the_shipped_rules(tmp_path):
-    assert PROMTOOL.is_file(), f"{PROMTOOL} is missing: run `make prometheus` (apt-get install prometheus)"
+    promtool = _program("promtool")
     path = tmp_path / "rules.yaml"
-    path.write_text(yaml.safe_dump(shipped_rules(_helm()), sort_keys=False))
-    out = subprocess.run([str(PROMTOOL), "check", "rules", str(path)], capture_output=True, text=True)
+    path.write_text(yaml.safe_dump(shipped_rules(_helm(), CHART), sort_keys=False))
+    out = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     assert re.search(r"SUCCESS: \d+ rules found", out.stdout)
 

@@ -1,6 +1,6 @@
 """The extender survives an API server restart and loses nothing.
 
-A second, small :class:`~rlsched.devcluster.LocalCluster` (the shared session cluster
+A second, small :class:`~rlsched_dev.cluster.LocalCluster` (the shared session cluster
 must not lose its API server under other tests) with the real extender process
 watching it: a GPU pod is bound through the ``rlsched`` profile, kube-apiserver is
 restarted, the extender keeps answering meanwhile, and afterwards its view (read
@@ -28,7 +28,8 @@ PROBE = "probe"  # name of the never-created pod the test asks /filter about
 def cluster():
     """Its own control plane with two 8-GPU kwok nodes."""
     from rlsched.core import Topology
-    from rlsched.devcluster import LocalCluster, create_gpu_nodes, wait_nodes_ready
+    from rlsched_dev.cluster import LocalCluster
+    from rlsched_dev.nodes import create_gpu_nodes, wait_nodes_ready
 
     topo = Topology.uniform(2, gpus_per_node=GPUS, racks=1, blocks=1, prefix="rs-gpu")
     with LocalCluster() as c:
@@ -131,7 +132,7 @@ def api_ready(server: str) -> bool:
 
 def test_extender_recovers_from_apiserver_restart(cluster, extender_url, core):
     from rlsched.core import Topology
-    from rlsched.devcluster import create_gpu_nodes, delete_gpu_nodes
+    from rlsched_dev.nodes import create_gpu_nodes, delete_gpu_nodes
 
     ns = f"rs-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})

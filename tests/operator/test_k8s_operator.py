@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
 def fake_trainer(ns, kube_cluster):
     """The fake trainer of ``ns`` on a thread (started by the test: ``th.start()``);
     stopped, joined and closed on exit."""
-    from rlsched.operator.fake_trainer import FakeTrainer
+    from rlsched_dev.fake_trainer import FakeTrainer
 
     trainer = FakeTrainer(ns, kubeconfig=str(kube_cluster.kubeconfig), epoch_s=0.6, tau=4.0, noise=0.0005)
     stop = threading.Event()

@@ -10,23 +10,25 @@ at the gang size, more with more workers — and reports the accuracy and loss t
 Reports go through :func:`rlsched.trainer.report` with the job's own ServiceAccount
 token (TokenRequest API), so they exercise the per-job RBAC the operator created; with
 ``use_job_token=False`` the trainer's own credentials are used instead.
+
+Command line: ``rlsched fake-trainer --namespace NS [--kubeconfig K]`` (the demo runs it).
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import threading
 import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from rlsched.core.contract import GROUP, PLURAL, VERSION
+from rlsched.operator.resources import trainer_account_name
 from rlsched.sim.convergence import ConvergenceModel
 from rlsched.trainer import Reporter
 
-from .resources import trainer_account_name
-from rlsched.core.contract import GROUP, PLURAL, VERSION
-
-__all__ = ["FakeTrainer"]
+__all__ = ["FakeTrainer", "register"]
 
 log = logging.getLogger(__name__)
 
@@ -143,3 +145,20 @@ class FakeTrainer:
             if r.reporter is not None:
                 r.reporter.api.api_client.close()
         self.admin.close()
+
+
+def _run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    asyncio.run(FakeTrainer(args.namespace, kubeconfig=args.kubeconfig, epoch_s=args.epoch_seconds, seed=args.seed).run())
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``rlsched fake-trainer``."""
+    f = subparsers.add_parser("fake-trainer", help="write convergence-model progress for running TrainingJobs (dev)")
+    f.add_argument("--kubeconfig")
+    f.add_argument("--namespace", "-n", required=True)
+    f.add_argument("--epoch-seconds", type=float, default=1.0, help="wall seconds per simulated epoch")
+    f.add_argument("--seed", type=int, default=0)
+    f.set_defaults(func=_run)

@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client
 
 from rlsched.core.topology import RESOURCE_GPU, node_labels
-from rlsched.devcluster import DURATION_ANNOTATION
+from rlsched_dev.kwok import DURATION_ANNOTATION
 
 pytestmark = pytest.mark.k8s
 

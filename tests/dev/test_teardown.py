@@ -13,7 +13,9 @@ import time
 
 import pytest
 
-from rlsched.devcluster import REQUIRED_TOOLS, ClusterError, LocalCluster, find_tools
+from rlsched_dev.cluster import LocalCluster
+from rlsched_dev.proc import ClusterError
+from rlsched_dev.tools import REQUIRED_TOOLS, find_tools
 
 pytestmark = pytest.mark.k8s
 
@@ -88,7 +90,7 @@ def test_failing_component_is_reported_with_its_log_and_the_rest_stopped(tmp_pat
 
 _OWNER = """
 import json, signal, sys
-from rlsched.devcluster import LocalCluster
+from rlsched_dev.cluster import LocalCluster
 c = LocalCluster(start_timeout_s=120).start()
 print(json.dumps({"pids": c.pids, "workdir": str(c.workdir)}), flush=True)
 signal.pause()
@@ -112,20 +114,20 @@ def test_components_die_with_a_killed_owner():
 
 
 def test_start_retries_when_a_chosen_port_is_taken(monkeypatch):
-    import rlsched.devcluster as dc
+    import rlsched_dev.cluster as dc
 
     squatter = socket.socket()
     squatter.bind(("127.0.0.1", 0))
     squatter.listen()
     taken = squatter.getsockname()[1]
-    real, calls = dc._free_ports, []
+    real, calls = dc.free_ports, []
 
     def first_one_taken(n):
         ports = real(n)
         calls.append(n)
         return [taken, *ports[1:]] if len(calls) == 1 else ports  # etcd's port is taken
 
-    monkeypatch.setattr(dc, "_free_ports", first_one_taken)
+    monkeypatch.setattr(dc, "free_ports", first_one_taken)
     try:
         with LocalCluster(kwok=False) as cluster:
             assert len(calls) == 2

@@ -1,11 +1,13 @@
 """``rlsched demo up|down``: the live system on this machine.
 
-``up`` starts the local control plane (:class:`rlsched.devcluster.LocalCluster`:
+``up`` starts the local control plane (:class:`rlsched_dev.cluster.LocalCluster`:
 etcd, kube-apiserver, kube-controller-manager, the default and the ``rlsched``
 kube-scheduler, kwok) with kwok GPU nodes, then the extender, the operator and the
-operator's fake trainer as processes, and a real Prometheus (``/usr/bin/prometheus``,
-Debian's package) scraping the extender and the operator with the chart's alert rules
-loaded. It submits a mix of TrainingJobs drawn from a trace (Alibaba GPU 2023 when
+fake trainer (:mod:`rlsched_dev.fake_trainer`) as processes, and a real Prometheus
+(``prometheus`` on ``PATH``, e.g. Debian's package) scraping the extender and the
+operator with the alert rules of the Helm chart (``--chart``, default
+``deploy/helm/rlsched`` under the current directory) loaded. It submits a mix of
+TrainingJobs drawn from a trace (Alibaba GPU 2023 when
 ``RLSCHED_DATA_DIR`` holds it, the synthetic generator otherwise), shows a live view
 (jobs, queues, workers, accuracy), and at the end prints a summary table and writes
 ``summary.json`` and plots into ``--out``. Everything it started is stopped on exit;
@@ -24,14 +26,12 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -40,12 +40,17 @@ import yaml
 
 from rlsched.core.contract import ANNOTATION_TRACE_JOB, API_VERSION, GROUP, KIND, PLURAL, VERSION, pod_gpus
 
+from .nodes import default_topology
+from .probe import http_ok
+from .proc import ClusterError, Process, free_ports, port_free, started_in, stop_process_group, wait_for
+from .tools import find_program, find_tools
+
 __all__ = [
     "DemoJob",
     "DemoOptions",
     "Sample",
     "default_trace",
-    "demo_topology",
+    "find_chart",
     "plan_jobs",
     "prometheus_config",
     "shipped_rules",
@@ -58,11 +63,10 @@ __all__ = [
 
 NAMESPACE = "rlsched-demo"
 STATE_FILE = "demo.json"
-PROMETHEUS = "/usr/bin/prometheus"
 TERMINAL = ("Succeeded", "Failed")
-_REPO = Path(__file__).resolve().parents[1]
-CHART = _REPO / "deploy" / "helm" / "rlsched"
-RELAY = CHART / "files" / "metrics-relay.py"
+DEFAULT_CHART = Path("deploy/helm/rlsched")  # the chart of a source tree, from its root
+RELAY = Path("files/metrics-relay.py")  # inside the chart
+PROMETHEUS_HINT = "install it (Debian's package: `make prometheus`, i.e. apt-get install prometheus) or pass --prometheus"
 TRAINER_IMAGE = "registry.invalid/rlsched/fake-trainer:demo"  # never pulled: kwok runs no containers
 
 
@@ -85,6 +89,8 @@ class DemoOptions:
     keep: bool = False
     namespace: str = NAMESPACE
     extender_model: str | None = None
+    chart: Path = DEFAULT_CHART
+    prometheus: str | None = None  # the executable; default: prometheus on PATH
 
     def __post_init__(self) -> None:
         if self.duration_s <= 0 or self.jobs < 1:
@@ -125,12 +131,15 @@ def default_trace(data_dir: str | None) -> str:
     return "synthetic:small"
 
 
-def demo_topology():
-    """The demo cluster: 4 kwok nodes x 8 A100 in 2 racks (32 GPUs) — small enough that
-    the submitted jobs queue, scale and preempt."""
-    from rlsched.core.topology import Topology
-
-    return Topology.uniform(4, gpus_per_node=8, racks=2, blocks=1, prefix="kwok-gpu")
+def find_chart(chart: str | os.PathLike = DEFAULT_CHART) -> Path:
+    """The Helm chart directory whose alert rules and metrics relay the demo uses
+    (relative paths from the current directory); :class:`ClusterError` when it holds no
+    chart."""
+    path = Path(chart).resolve()
+    if not (path / "Chart.yaml").is_file():
+        raise ClusterError(f"no Helm chart at {path}: run from the repository root or pass --chart DIR "
+                           f"(the rlsched chart, {DEFAULT_CHART} in a source tree)")
+    return path
 
 
 # --------------------------------------------------------------------------- job plan
@@ -251,11 +260,12 @@ def prometheus_config(
     }
 
 
-def shipped_rules(helm: str | os.PathLike, chart: str | os.PathLike = CHART,
+def shipped_rules(helm: str | os.PathLike, chart: str | os.PathLike = DEFAULT_CHART,
                   values: Mapping[str, Any] | None = None) -> dict:
     """The Prometheus rule groups the chart ships (its PrometheusRule's spec), rendered
-    by ``helm template`` with ``values`` (``--set`` pairs)."""
-    argv = [str(helm), "template", "rlsched", str(chart), "--namespace", "rlsched-system",
+    by ``helm template`` with ``values`` (``--set`` pairs); ``chart`` as for
+    :func:`find_chart`."""
+    argv = [str(helm), "template", "rlsched", str(find_chart(chart)), "--namespace", "rlsched-system",
             "--kube-version", "v1.35.0",
             "--set", "metrics.prometheusRule.enabled=true",
             "--show-only", "templates/prometheusrule.yaml"]
@@ -491,76 +501,8 @@ def write_plots(summary: Mapping, samples: Sequence[Sample], jobs: Sequence[Mapp
 
 
 # --------------------------------------------------------------------------- processes
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-def _http_ok(url: str, timeout: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return 200 <= r.status < 300
-    except (OSError, ValueError):
-        return False
-
-
-@dataclass
-class _Child:
-    name: str
-    argv: list[str]
-    log: Path
-    popen: subprocess.Popen | None = None
-
-    def start(self, cwd: Path, env: Mapping[str, str] | None = None) -> None:
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "ab") as fh:
-            self.popen = subprocess.Popen(self.argv, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, start_new_session=True,
-                                          env=dict(env) if env is not None else None)
-
-    def check(self) -> None:
-        if self.popen is not None and self.popen.poll() is not None:
-            raise RuntimeError(f"{self.name} exited with {self.popen.returncode}; last lines of {self.log}:\n"
-                               + _tail(self.log))
-
-
-def _tail(path: Path, n: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return "(no log)"
-
-
-def _started_in(pid: int, cwd: Path) -> bool:
-    try:
-        return Path(os.readlink(f"/proc/{pid}/cwd")).resolve() == cwd.resolve()
-    except OSError:
-        return False
-
-
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "rlsched.cli", *args]
-
-
-def _wait(check, timeout: float, what: str, children: Sequence[_Child] = ()) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for c in children:
-            c.check()
-        if check():
-            return
-        time.sleep(0.3)
-    raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 class Demo:
@@ -572,7 +514,7 @@ class Demo:
         self.opts = opts
         self.console = console or Console()
         self.state_dir = opts.state_dir.resolve()
-        self.children: list[_Child] = []
+        self.children: list[Process] = []
         self.cluster = None  # the LocalCluster this demo started (None on an existing one)
         self.kubeconfig = ""
         self.topology = None
@@ -595,8 +537,9 @@ class Demo:
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(self.state_dir / STATE_FILE)
 
-    def _spawn(self, name: str, argv: list[str]) -> _Child:
-        child = _Child(name, argv, self.state_dir / "logs" / f"{name}.log")
+    def _spawn(self, name: str, argv: list[str]) -> Process:
+        # detached: with --keep they outlive this process (then `demo down` stops them)
+        child = Process(name, argv, self.state_dir / "logs" / f"{name}.log", detach=True)
         child.start(self.state_dir)
         self.children.append(child)
         self._write_state()
@@ -604,17 +547,17 @@ class Demo:
 
     # ---- lifecycle
     def start(self, env=None) -> None:
-        """Start everything. ``env`` (a :class:`rlsched.devcluster.KubeEnv`: kubeconfig,
+        """Start everything. ``env`` (a :class:`rlsched_dev.cluster.KubeEnv`: kubeconfig,
         topology, extender_port) runs the demo on an existing cluster with its GPU nodes
-        instead of starting a :class:`~rlsched.devcluster.LocalCluster`."""
-        from rlsched.devcluster import LocalCluster, create_gpu_nodes, find_tools, wait_nodes_ready
+        instead of starting a :class:`~rlsched_dev.cluster.LocalCluster`."""
+        from .cluster import LocalCluster
+        from .nodes import create_gpu_nodes, wait_nodes_ready
 
         if (self.state_dir / STATE_FILE).exists():
-            raise RuntimeError(f"a demo is already running from {self.state_dir} "
+            raise ClusterError(f"a demo is already running from {self.state_dir} "
                                "(stop it with `rlsched demo down`)")
-        if not os.access(PROMETHEUS, os.X_OK):
-            raise RuntimeError(f"{PROMETHEUS} not found: install Debian's package "
-                               "(`make prometheus`, i.e. apt-get install prometheus)")
+        prometheus = find_program("prometheus", PROMETHEUS_HINT, self.opts.prometheus)
+        chart = find_chart(self.opts.chart)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         tools = find_tools()
         self._write_state()
@@ -625,15 +568,15 @@ class Demo:
                                             progress=lambda m: status.update(f"control plane: {m}"))
                 self.cluster.start()
                 kc = str(self.cluster.kubeconfig)
-                topo = demo_topology()
+                topo = default_topology()
                 status.update(f"creating {len(topo)} kwok GPU nodes")
                 wait_nodes_ready(kc, create_gpu_nodes(kc, topo))
                 port = self.cluster.extender_port
             else:
                 kc, topo, port = str(env.kubeconfig), env.topology, env.extender_port
             self.kubeconfig, self.topology = kc, topo
-            if port is None or not _port_free(port):
-                port = _free_port()  # kube-scheduler cannot reach it then (ignorable: placement without it)
+            if port is None or not port_free(port):
+                port = free_ports(1)[0]  # kube-scheduler cannot reach it then (ignorable: placement without it)
                 con.print(f"[yellow]the cluster's extender port is not available here; extender on {port}[/yellow]")
             status.update("installing the TrainingJob CRD")
             self._apply_crds(kc)
@@ -643,33 +586,35 @@ class Demo:
             ext = self._spawn("extender", _cli("extender", "serve", "--host", "127.0.0.1",
                                                "--port", str(port), "--kubeconfig", kc, *model))
             self.extender_url = f"http://127.0.0.1:{port}"
-            _wait(lambda: _http_ok(f"{self.extender_url}/readyz"), 60, "extender /readyz", [ext])
+            wait_for(lambda: http_ok(f"{self.extender_url}/readyz"), 60, "extender /readyz", ext, every=0.3)
             # Prometheus scrapes the extender through the chart's relay, as in a cluster
             scrape_ext = f"127.0.0.1:{port}"
-            if RELAY.is_file():
-                relay_port = _free_port()
-                relay = self._spawn("metrics-relay", [sys.executable, str(RELAY), f"--listen=127.0.0.1:{relay_port}",
+            if (chart / RELAY).is_file():
+                relay_port = free_ports(1)[0]
+                relay = self._spawn("metrics-relay", [sys.executable, str(chart / RELAY),
+                                                      f"--listen=127.0.0.1:{relay_port}",
                                                       f"--upstream={self.extender_url}"])
-                _wait(lambda: _http_ok(f"http://127.0.0.1:{relay_port}/metrics"), 30, "metrics relay", [relay])
+                wait_for(lambda: http_ok(f"http://127.0.0.1:{relay_port}/metrics"), 30, "metrics relay", relay,
+                         every=0.3)
                 scrape_ext = f"127.0.0.1:{relay_port}"
                 self.relay_url = f"http://{scrape_ext}"
 
             status.update("starting the operator and the fake trainer")
-            op_port = _free_port()
+            op_port = free_ports(1)[0]
             ns = self.opts.namespace
             op = self._spawn("operator", _cli(
                 "operator", "run", "--kubeconfig", kc, "--namespace", ns,
                 "--metrics-port", str(op_port), "--cycle", f"{self.opts.cycle_s:g}",
                 "--start-timeout", "60", "--grace-period", "2", "--forecast-interval", "30"))
             self.operator_url = f"http://127.0.0.1:{op_port}"
-            _wait(lambda: _http_ok(f"{self.operator_url}/metrics"), 60, "operator /metrics", [op])
+            wait_for(lambda: http_ok(f"{self.operator_url}/metrics"), 60, "operator /metrics", op, every=0.3)
             self._spawn("fake-trainer", _cli(
-                "operator", "fake-trainer", "--kubeconfig", kc, "--namespace", ns,
+                "fake-trainer", "--kubeconfig", kc, "--namespace", ns,
                 "--epoch-seconds", f"{self.opts.epoch_s:g}", "--seed", str(self.opts.seed)))
 
             status.update("starting Prometheus")
-            self._start_prometheus(tools, {"rlsched-extender": scrape_ext,
-                                           "rlsched-operator": f"127.0.0.1:{op_port}"})
+            self._start_prometheus(prometheus, tools / "helm", chart,
+                                   {"rlsched-extender": scrape_ext, "rlsched-operator": f"127.0.0.1:{op_port}"})
         con.print(f"[green]up[/green]: {len(topo)} GPU nodes ({topo.total_gpus} GPUs), "
                   f"Prometheus {self.prom_url}, KUBECONFIG={kc}")
 
@@ -697,7 +642,7 @@ class Demo:
                     return False
             return True
 
-        _wait(established, 30, "the CRDs to be established")
+        wait_for(established, 30, "the CRDs to be established", every=0.3)
         core = client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
         try:
             core.create_namespace({"metadata": {"name": self.opts.namespace}})
@@ -714,27 +659,26 @@ class Demo:
             except ApiException:
                 return False
 
-        _wait(listable, 30, "TrainingJobs to be served")
+        wait_for(listable, 30, "TrainingJobs to be served", every=0.3)
 
-    def _start_prometheus(self, tools: Path, targets: Mapping[str, str]) -> None:
+    def _start_prometheus(self, prometheus: str, helm: Path, chart: Path, targets: Mapping[str, str]) -> None:
         pdir = self.state_dir / "prometheus"
         pdir.mkdir(parents=True, exist_ok=True)
         rule_files = []
-        helm = tools / "helm"
-        if helm.is_file() and CHART.is_dir():
-            (pdir / "rules.yaml").write_text(yaml.safe_dump(shipped_rules(helm), sort_keys=False))
+        if helm.is_file():
+            (pdir / "rules.yaml").write_text(yaml.safe_dump(shipped_rules(helm, chart), sort_keys=False))
             rule_files.append("rules.yaml")
         else:
-            self.console.print("[yellow]helm or the chart not found: Prometheus runs without the alert rules[/yellow]")
+            self.console.print("[yellow]helm not found: Prometheus runs without the alert rules[/yellow]")
         cfg = prometheus_config(targets, scrape_interval_s=self.opts.scrape_interval_s, rule_files=rule_files)
         (pdir / "prometheus.yml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-        port = _free_port()
+        port = free_ports(1)[0]
         self.prom_url = f"http://127.0.0.1:{port}"
         prom = self._spawn("prometheus", [
-            PROMETHEUS, f"--config.file={pdir / 'prometheus.yml'}",
+            prometheus, f"--config.file={pdir / 'prometheus.yml'}",
             f"--storage.tsdb.path={pdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
             "--storage.tsdb.retention.time=1d", "--log.level=warn"])
-        _wait(lambda: _http_ok(f"{self.prom_url}/-/ready"), 60, "Prometheus /-/ready", [prom])
+        wait_for(lambda: http_ok(f"{self.prom_url}/-/ready"), 60, "Prometheus /-/ready", prom, every=0.3)
 
     def _delete_jobs(self) -> None:
         """On a cluster the demo did not start: remove its TrainingJobs (while the
@@ -758,13 +702,11 @@ class Demo:
                 self.console.print(f"[yellow]demo cleanup in {ns}: {exc.status} {exc.reason}[/yellow]")
 
     def stop(self) -> None:
-        from rlsched.devcluster import stop_process_group
-
         if self.cluster is None and self.kubeconfig:
             self._delete_jobs()
         for c in reversed(self.children):
             if c.popen is not None and c.popen.poll() is None:
-                stop_process_group(c.popen.pid, c.popen)
+                c.stop()
             if c.popen is not None:
                 c.popen.wait()
         self.children.clear()
@@ -882,7 +824,7 @@ def _load_specs(trace: str, data_dir: str | None, seed: int) -> list:
 def down(state_dir: Path, console=None) -> int:
     """Stop what a demo started from ``state_dir`` (processes it recorded, verified by
     their working directory, and its control plane). Safe to run twice."""
-    from rlsched.devcluster import ClusterError, LocalCluster, stop_process_group
+    from .cluster import LocalCluster
 
     d = state_dir.resolve()
     state_path = d / STATE_FILE
@@ -890,7 +832,7 @@ def down(state_dir: Path, console=None) -> int:
     if state_path.exists():
         state = json.loads(state_path.read_text())
         for name, pid in (state.get("pids") or {}).items():
-            if _started_in(int(pid), d):
+            if started_in(int(pid), d):
                 stop_process_group(int(pid))
                 stopped.append(name)
     cluster_dir = d / "cluster"
@@ -923,7 +865,7 @@ def _up(args: argparse.Namespace) -> int:
             duration_s=args.duration, jobs=args.jobs, trace=args.trace,
             data_dir=args.data_dir or os.environ.get("RLSCHED_DATA_DIR") or None, seed=args.seed,
             out=Path(args.out), state_dir=Path(args.state_dir), epoch_s=args.epoch_seconds, keep=args.keep,
-            extender_model=args.extender_model,
+            extender_model=args.extender_model, chart=Path(args.chart), prometheus=args.prometheus,
         )
     except ValueError as exc:
         console.print(f"[red]demo: {exc}[/red]")
@@ -978,6 +920,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--state-dir", default=".run/demo", help="working folder of the running demo")
     up.add_argument("--keep", action="store_true", help="leave everything running at the end (then `demo down`)")
     up.add_argument("--extender-model", default=None, help="DAS model file for the extender (default: the shipped one)")
+    up.add_argument("--chart", default=str(DEFAULT_CHART),
+                    help=f"the rlsched Helm chart (alert rules, metrics relay; default {DEFAULT_CHART})")
+    up.add_argument("--prometheus", default=None, help="Prometheus executable (default: prometheus on PATH)")
     up.set_defaults(func=_up)
     dn = sub.add_parser("down", help="stop everything a demo started")
     dn.add_argument("--state-dir", default=".run/demo")

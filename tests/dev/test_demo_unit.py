@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import yaml
 
-from rlsched import demo
+from rlsched_dev import demo
 from rlsched.sim import JobSpec
 
 

@@ -1,4 +1,4 @@
-"""Pure parts of rlsched.devcluster: node objects, scheduler and kwok configuration.
+"""Pure parts of rlsched_dev.cluster, .nodes and .kwok: node objects, scheduler and kwok configuration.
 No cluster needed."""
 
 from __future__ import annotations
@@ -6,7 +6,9 @@ from __future__ import annotations
 import yaml
 
 from rlsched.core.topology import NodeSpec, Topology, node_labels
-from rlsched.devcluster import KWOK_STAGES, LocalCluster, _kwok_config, kwok_node
+from rlsched_dev.cluster import LocalCluster
+from rlsched_dev.kwok import kwok_config, kwok_stages
+from rlsched_dev.nodes import kwok_node
 
 
 def test_kwok_node_carries_topology_and_gpu_resources():
@@ -57,7 +59,7 @@ def test_rlsched_scheduler_config_has_the_extender_and_its_own_lease(tmp_path):
 
 
 def test_kwok_config_parses_and_has_our_stages():
-    docs = list(yaml.safe_load_all(_kwok_config(KWOK_STAGES)))
+    docs = list(yaml.safe_load_all(kwok_config(kwok_stages())))
     assert docs[0]["kind"] == "KwokConfiguration"
     assert docs[0]["options"]["manageNodesWithAnnotationSelector"] == "kwok.x-k8s.io/node=fake"
     stages = {d["metadata"]["name"]: d for d in docs[1:]}

@@ -1,0 +1,587 @@
+"""A real Kubernetes control plane as local processes, for tests and manual work.
+
+:class:`LocalCluster` runs etcd, kube-apiserver, kube-controller-manager, two
+kube-scheduler processes and the kwok controller on 127.0.0.1, all built from Go
+modules by ``make tools`` (see ``tools/build.sh`` and ``docs/control-plane.md``).
+Every instance picks free ports and works in its own directory, so several test runs
+can share one machine.
+
+The two schedulers: ``default-scheduler`` (stock configuration) and ``rlsched`` (one
+profile, ``schedulerName: rlsched``, with the rlsched extender and its own
+leader-election lease). Extenders in a KubeSchedulerConfiguration apply to every
+profile of a process, so the extender profile lives in its own process, as it does
+when deployed beside a cluster's own scheduler.
+
+Nodes are kwok nodes made from :class:`rlsched.core.topology.Topology` by
+:func:`rlsched_dev.nodes.create_gpu_nodes`; kwok Stages (:mod:`rlsched_dev.kwok`) make
+bound pods Running and, when they carry the ``rlsched.dev/duration-seconds``
+annotation, Succeeded after that many seconds.
+
+Command line: ``rlsched cluster up|down|status [--dir D]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import ssl
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import yaml
+
+from rlsched.core.topology import RESOURCE_GPU, Topology
+
+from .kwok import KwokController
+from .nodes import create_gpu_nodes, default_topology, delete_gpu_nodes, load_topology, wait_nodes_ready
+from .pki import admin_kubeconfig, make_pki
+from .probe import http_ok
+from .proc import ClusterError, Process, free_ports, started_in, wait_for
+from .tools import find_tools
+
+__all__ = [
+    "LocalCluster",
+    "KubeEnv",
+    "kube_env",
+    "register",
+]
+
+SCHEDULER_NAME = "rlsched"
+_STATE_FILE = "state.json"
+
+ProgressFn = Callable[[str], None]
+
+
+# --------------------------------------------------------------------------- cluster
+class LocalCluster:
+    """etcd + kube-apiserver + kube-controller-manager + 2 kube-schedulers + kwok.
+
+    ``kwok=False`` leaves out the kwok controller (for a second, external one).
+    The components die with this process unless ``detach`` (then stop them with
+    :meth:`attach` + :meth:`stop`, as ``rlsched cluster down`` does).
+    ``workdir`` holds certificates, configs, etcd data, logs (``logs/<name>.log``) and
+    ``kubeconfig``; by default a fresh temporary directory removed by :meth:`stop`.
+    ``extender_url`` is where the ``rlsched`` scheduler profile calls the extender;
+    by default ``http://127.0.0.1:<free port>``, a port the test can then serve on.
+
+    >>> with LocalCluster() as c:             # doctest: +SKIP
+    ...     print(c.kubeconfig, c.server, c.extender_url)
+    """
+
+    def __init__(
+        self,
+        workdir: str | os.PathLike | None = None,
+        *,
+        tools_bin: str | os.PathLike | None = None,
+        extender_url: str | None = None,
+        extender_weight: int = 5,
+        extender_timeout_s: float = 5.0,
+        gpu_ignored_by_scheduler: bool = True,
+        start_timeout_s: float = 90.0,
+        kwok: bool = True,
+        detach: bool = False,
+        keep_workdir: bool | None = None,
+        progress: ProgressFn | None = None,
+    ) -> None:
+        if extender_weight < 1:
+            raise ValueError("extender_weight must be >= 1")
+        if extender_timeout_s <= 0 or start_timeout_s <= 0:
+            raise ValueError("timeouts must be positive")
+        self._own_dir = workdir is None
+        self.workdir = Path(workdir).resolve() if workdir else None
+        self.keep_workdir = (not self._own_dir) if keep_workdir is None else keep_workdir
+        self._tools_arg = tools_bin
+        self.tools_bin: Path | None = None
+        self._extender_url = extender_url
+        self.extender_weight = extender_weight
+        self.extender_timeout_s = extender_timeout_s
+        self.gpu_ignored_by_scheduler = gpu_ignored_by_scheduler
+        self.start_timeout_s = start_timeout_s
+        self.with_kwok = kwok
+        self.detach = detach
+        self._progress = progress or (lambda msg: None)
+        self.ports: dict[str, int] = {}
+        self.processes: dict[str, Process] = {}
+        self._kwok: KwokController | None = None
+        self.started = False
+
+    # -- public properties
+    @property
+    def kubeconfig(self) -> Path:
+        return self._dir / "kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports['apiserver']}"
+
+    @property
+    def extender_url(self) -> str:
+        return self._extender_url or f"http://127.0.0.1:{self.ports['extender']}"
+
+    @property
+    def extender_port(self) -> int | None:
+        """Port of :attr:`extender_url` when it is a local one."""
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(self.extender_url)
+        return parts.port if parts.hostname in ("127.0.0.1", "localhost") else None
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {n: p.pid for n, p in self.processes.items() if p.pid}
+
+    @property
+    def _dir(self) -> Path:
+        if self.workdir is None:
+            raise ClusterError("cluster not started")
+        return self.workdir
+
+    def log_path(self, component: str) -> Path:
+        return self._dir / "logs" / f"{component}.log"
+
+    # -- lifecycle
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> "LocalCluster":
+        """Start every component and wait until the API server, the schedulers, the
+        controller manager and kwok are healthy. On failure everything started so far
+        is stopped and a :class:`ClusterError` carries the failing component's log."""
+        if self.started:
+            raise ClusterError("cluster already started")
+        self.tools_bin = find_tools(self._tools_arg)
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="rlsched-cluster-"))
+        elif (self.workdir / _STATE_FILE).exists():
+            raise ClusterError(f"{self.workdir} already holds a cluster; run `rlsched cluster "
+                               f"down --dir {self.workdir}` first")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.started = True
+        for attempt in range(3):
+            try:
+                self._start()
+                return self
+            except ClusterError as exc:
+                # A port chosen free can be taken (e.g. as a client's source port)
+                # before the component binds it: try again with new ports.
+                if "address already in use" not in str(exc) or attempt == 2:
+                    self.stop()
+                    raise
+                self._stop_processes(grace=2.0)
+                self.processes, self._kwok = {}, None
+                self._progress("a port was taken meanwhile; retrying with new ports")
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
+
+    def _start(self) -> None:
+        t0 = time.monotonic()
+        d = self._dir
+        (d / "logs").mkdir(exist_ok=True)
+        shutil.rmtree(d / "etcd", ignore_errors=True)  # a cluster always starts empty
+        names = ["etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler",
+                 "rlsched-scheduler", "kwok", "extender"]
+        self.ports = dict(zip(names, free_ports(len(names))))
+        self._progress("creating certificates")
+        pki = d / "pki"
+        make_pki(pki)
+        self.kubeconfig.write_text(yaml.safe_dump(admin_kubeconfig(self.server, pki), sort_keys=False))
+        self.kubeconfig.chmod(0o600)
+        self._write_state()
+
+        self._progress(f"starting etcd on 127.0.0.1:{self.ports['etcd']}")
+        etcd = self._spawn("etcd", self._etcd_argv())
+        wait_for(lambda: http_ok(f"http://127.0.0.1:{self.ports['etcd']}/health", expect='"health":"true"'),
+                 self.start_timeout_s, "etcd /health", etcd)
+
+        self._progress(f"starting kube-apiserver on {self.server}")
+        api = self._spawn("kube-apiserver", self._apiserver_argv(pki))
+        ctx = self._ssl_context()
+        wait_for(lambda: http_ok(f"{self.server}/readyz", ctx, expect="ok"), self.start_timeout_s,
+                 "kube-apiserver /readyz", api, [etcd])
+
+        self._progress("starting kube-controller-manager, kube-schedulers and kwok")
+        kcm = self._spawn("kube-controller-manager", self._kcm_argv(pki))
+        sched = self._spawn("kube-scheduler", self._scheduler_argv("scheduler", extender=False))
+        rsched = self._spawn("rlsched-scheduler",
+                             self._scheduler_argv("rlsched-scheduler", extender=True))
+        if self.with_kwok:
+            self._kwok = KwokController(self.kubeconfig, d, tools_bin=self.tools_bin,
+                                        port=self.ports["kwok"], log=self.log_path("kwok"),
+                                        detach=self.detach)
+            self._kwok.start()
+            assert self._kwok.process is not None
+            self.processes["kwok"] = self._kwok.process
+            self._write_state()
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE
+        waits = [
+            (kcm, f"https://127.0.0.1:{self.ports['controller-manager']}/healthz", insecure),
+            (sched, f"https://127.0.0.1:{self.ports['scheduler']}/healthz", insecure),
+            (rsched, f"https://127.0.0.1:{self.ports['rlsched-scheduler']}/healthz", insecure),
+        ]
+        if self._kwok and self._kwok.process:
+            waits.append((self._kwok.process, f"http://127.0.0.1:{self.ports['kwok']}/healthz",
+                          None))
+        for proc, url, c in waits:
+            wait_for(lambda u=url, c=c: http_ok(u, c, expect="ok"), self.start_timeout_s,
+                     f"{proc.name} {url}", proc, [api, etcd])
+        # Pods need the default ServiceAccount, which the controller manager creates.
+        sa = f"{self.server}/api/v1/namespaces/default/serviceaccounts/default"
+        wait_for(lambda: http_ok(sa, ctx), self.start_timeout_s, "the default ServiceAccount", kcm, [api])
+        self._progress(f"control plane ready in {time.monotonic() - t0:.1f}s")
+
+    def restart_apiserver(self, grace: float = 30.0) -> None:
+        """Stop kube-apiserver (SIGTERM, SIGKILL after ``grace`` seconds) and start it
+        again with the same port, certificates and etcd data; return once /readyz
+        answers. Components that exited meanwhile (the schedulers exit when they cannot
+        renew their leader lease) are started again, as a kubelet would, and waited
+        for; the others reconnect on their own. Call it from the thread that started
+        the cluster: components die with the thread that spawned them."""
+        old = self.processes.get("kube-apiserver")
+        if not self.started or old is None or old.popen is None:
+            raise ClusterError("no kube-apiserver started by this handle to restart")
+        self._progress("restarting kube-apiserver")
+        old.stop(grace)
+        api = self._spawn("kube-apiserver", self._apiserver_argv(self._dir / "pki"))
+        ctx = self._ssl_context()
+        wait_for(lambda: http_ok(f"{self.server}/readyz", ctx, expect="ok"), self.start_timeout_s,
+                 "kube-apiserver /readyz", api, [self.processes["etcd"]])
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE
+        for name, port in (("kube-controller-manager", "controller-manager"),
+                           ("kube-scheduler", "scheduler"),
+                           ("rlsched-scheduler", "rlsched-scheduler")):
+            proc = self.processes.get(name)
+            if proc is None or proc.exited() is None:
+                continue
+            self._progress(f"{name} exited during the restart; starting it again")
+            proc = self._spawn(name, proc.argv)
+            url = f"https://127.0.0.1:{self.ports[port]}/healthz"
+            wait_for(lambda u=url: http_ok(u, insecure, expect="ok"), self.start_timeout_s,
+                     f"{name} {url}", proc, [api])
+
+    def _tool(self, name: str) -> str:
+        if self.tools_bin is None:
+            raise ClusterError("cluster not started")
+        return str(self.tools_bin / name)
+
+    def _spawn(self, name: str, argv: list[str]) -> Process:
+        proc = Process(name, argv, self.log_path(name), detach=self.detach)
+        proc.start(self._dir)
+        self.processes[name] = proc
+        self._write_state()
+        return proc
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        pki = self._dir / "pki"
+        ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        return ctx
+
+    def _etcd_argv(self) -> list[str]:
+        p = self.ports
+        client, peer = f"http://127.0.0.1:{p['etcd']}", f"http://127.0.0.1:{p['etcd-peer']}"
+        return [
+            self._tool("etcd"), "--name=rlsched", f"--data-dir={self._dir / 'etcd'}",
+            f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=rlsched={peer}", "--initial-cluster-state=new",
+            "--unsafe-no-fsync", "--log-level=warn", "--quota-backend-bytes=2147483648",
+        ]
+
+    def _apiserver_argv(self, pki: Path) -> list[str]:
+        return [
+            self._tool("kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
+            "--bind-address=127.0.0.1", f"--secure-port={self.ports['apiserver']}",
+            "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
+            f"--tls-cert-file={pki / 'server.crt'}", f"--tls-private-key-file={pki / 'server.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            # front-proxy (aggregation) settings, so delegated authn in the controller
+            # manager and schedulers finds a complete extension-apiserver-authentication
+            f"--requestheader-client-ca-file={pki / 'ca.crt'}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            "--authorization-mode=Node,RBAC", "--allow-privileged=true",
+            "--enable-priority-and-fairness=false", "--profiling=false",
+            f"--cert-dir={pki}",
+        ]
+
+    def _kcm_argv(self, pki: Path) -> list[str]:
+        kc = str(self.kubeconfig)
+        return [
+            self._tool("kube-controller-manager"),
+            f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            "--bind-address=127.0.0.1", f"--secure-port={self.ports['controller-manager']}",
+            f"--cert-dir={self._dir / 'kcm-certs'}", "--leader-elect=false",
+            # The node lifecycle controller lifts the not-ready taint once kwok reports a
+            # node Ready. No eviction (a slow kwok on a busy machine must not evict pods),
+            # no pod CIDRs (kwok assigns pod IPs).
+            "--controllers=*,-taint-eviction-controller,-node-ipam-controller",
+            "--node-monitor-period=2s",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--root-ca-file={pki / 'ca.crt'}",
+            f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+            f"--cluster-signing-key-file={pki / 'ca.key'}", "--profiling=false",
+        ]
+
+    def scheduler_config(self, extender: bool) -> dict[str, Any]:
+        """The KubeSchedulerConfiguration of the default (``extender=False``) or the
+        ``rlsched`` scheduler process."""
+        conf: dict[str, Any] = {
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": str(self.kubeconfig)},
+            "enableProfiling": False,
+            "leaderElection": {"leaderElect": True, "resourceNamespace": "kube-system",
+                               "resourceName": "kube-scheduler"},
+            "profiles": [{"schedulerName": "default-scheduler"}],
+        }
+        if extender:
+            conf["leaderElection"]["resourceName"] = "rlsched-scheduler"
+            conf["profiles"] = [{"schedulerName": SCHEDULER_NAME}]
+            conf["extenders"] = [{
+                "urlPrefix": self.extender_url,
+                "filterVerb": "filter",
+                "prioritizeVerb": "prioritize",
+                "weight": self.extender_weight,
+                "enableHTTPS": False,
+                "nodeCacheCapable": True,
+                "ignorable": True,
+                "httpTimeout": f"{self.extender_timeout_s:g}s",
+                "managedResources": [{"name": RESOURCE_GPU,
+                                      "ignoredByScheduler": self.gpu_ignored_by_scheduler}],
+            }]
+        return conf
+
+    def _scheduler_argv(self, name: str, extender: bool) -> list[str]:
+        path = self._dir / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(self.scheduler_config(extender), sort_keys=False))
+        kc = str(self.kubeconfig)
+        return [
+            self._tool("kube-scheduler"), f"--config={path}",
+            f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
+            "--bind-address=127.0.0.1", f"--secure-port={self.ports[name]}",
+            f"--cert-dir={self._dir / (name + '-certs')}",
+        ]
+
+    # -- state for `rlsched cluster down` in another process
+    def _write_state(self) -> None:
+        state = {
+            "server": self.server if "apiserver" in self.ports else None,
+            "extender_url": self.extender_url if self.ports else self._extender_url,
+            "ports": self.ports,
+            "pids": self.pids,
+            "own_dir": self._own_dir,
+        }
+        tmp = self._dir / (_STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(self._dir / _STATE_FILE)
+
+    def _stop_processes(self, grace: float) -> None:
+        for proc in reversed(list(self.processes.values())):
+            proc.stop(grace)
+
+    @classmethod
+    def attach(cls, workdir: str | os.PathLike) -> "LocalCluster":
+        """A handle on a cluster started by another process in ``workdir`` (for stop)."""
+        d = Path(workdir).resolve()
+        try:
+            state = json.loads((d / _STATE_FILE).read_text())
+        except FileNotFoundError:
+            raise ClusterError(f"no cluster state in {d}") from None
+        self = cls.__new__(cls)
+        self.workdir, self._own_dir = d, bool(state.get("own_dir"))
+        self.keep_workdir = not self._own_dir
+        self._extender_url = state.get("extender_url")
+        self.ports = {k: int(v) for k, v in state.get("ports", {}).items()}
+        self.processes = {}
+        for name, pid in state.get("pids", {}).items():
+            if started_in(int(pid), d):
+                self.processes[name] = Process(name, [], d / "logs" / f"{name}.log", pid=int(pid))
+        self._kwok = None
+        self.started = True
+        return self
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop all components (SIGTERM to each process group, SIGKILL after
+        ``grace`` seconds), newest first, and remove a temporary workdir."""
+        if not self.started:
+            return
+        self._stop_processes(grace)
+        self.started = False
+        if self.workdir is None:
+            return
+        if self.keep_workdir:
+            state = self.workdir / _STATE_FILE
+            state.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+
+# --------------------------------------------------------------------------- test env
+@dataclass
+class KubeEnv:
+    """A cluster ready for integration tests: kubeconfig, GPU nodes, extender URL."""
+
+    kubeconfig: Path
+    server: str
+    topology: Topology
+    node_names: list[str]
+    extender_url: str | None
+    cluster: LocalCluster | None = None
+
+    @property
+    def extender_port(self) -> int | None:
+        """Local port the ``rlsched`` scheduler calls the extender on (None if remote)."""
+        from urllib.parse import urlsplit
+
+        if not self.extender_url:
+            return None
+        parts = urlsplit(self.extender_url)
+        return parts.port if parts.hostname in ("127.0.0.1", "localhost") else None
+
+    def api_client(self):
+        """A new ``kubernetes.client.ApiClient`` for this cluster."""
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+
+@contextmanager
+def kube_env(
+    topology: Topology | None = None,
+    *,
+    kubeconfig: str | os.PathLike | None = None,
+    extender_url: str | None = None,
+    workdir: str | os.PathLike | None = None,
+    progress: ProgressFn | None = None,
+) -> Iterator[KubeEnv]:
+    """Start a :class:`LocalCluster` (or use the cluster of ``kubeconfig`` with a local
+    kwok controller), create the kwok GPU nodes of ``topology``, yield a
+    :class:`KubeEnv`, and tear everything down afterwards."""
+    topo = topology or default_topology()
+    if kubeconfig is None:
+        with LocalCluster(workdir, extender_url=extender_url, progress=progress) as cluster:
+            names = create_gpu_nodes(cluster.kubeconfig, topo)
+            wait_nodes_ready(cluster.kubeconfig, names)
+            yield KubeEnv(cluster.kubeconfig, cluster.server, topo, names,
+                          cluster.extender_url, cluster)
+        return
+    from kubernetes import config
+
+    kc = Path(kubeconfig).resolve()
+    server = config.new_client_from_config(config_file=str(kc)).configuration.host
+    own = workdir is None
+    wd = Path(tempfile.mkdtemp(prefix="rlsched-kwok-")) if own else Path(workdir)
+    try:
+        with KwokController(kc, wd):
+            names = create_gpu_nodes(kc, topo)
+            try:
+                wait_nodes_ready(kc, names)
+                yield KubeEnv(kc, server, topo, names, extender_url)
+            finally:
+                delete_gpu_nodes(kc, names)
+    finally:
+        if own:
+            shutil.rmtree(wd, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- CLI
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    workdir = Path(args.dir).resolve()
+    try:
+        topo = load_topology(args.topology)
+        with console.status("starting control plane") as status:
+            cluster = LocalCluster(workdir, extender_url=args.extender_url, detach=True,
+                                   keep_workdir=True, progress=status.update)
+            t0 = time.monotonic()
+            cluster.start()
+            try:
+                status.update(f"creating {len(topo)} kwok GPU nodes")
+                names = create_gpu_nodes(cluster.kubeconfig, topo)
+                wait_nodes_ready(cluster.kubeconfig, names)
+            except BaseException:
+                cluster.stop()
+                raise
+    except (ClusterError, ValueError, OSError) as exc:
+        console.print(f"[red]cluster up failed:[/red] {exc}")
+        return 1
+    console.print(f"control plane up in {time.monotonic() - t0:.1f}s: {cluster.server}, "
+                  f"{len(names)} GPU nodes, extender URL {cluster.extender_url}", soft_wrap=True)
+    print(f"export KUBECONFIG={cluster.kubeconfig}")
+    return 0
+
+
+def _cmd_down(args: argparse.Namespace) -> int:
+    workdir = Path(args.dir).resolve()
+    try:
+        cluster = LocalCluster.attach(workdir)
+    except ClusterError as exc:
+        print(f"cluster down: {exc}", file=sys.stderr)
+        return 0 if args.missing_ok else 1
+    cluster.stop()
+    print(f"stopped the cluster in {workdir}", file=sys.stderr)
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    workdir = Path(args.dir).resolve()
+    try:
+        cluster = LocalCluster.attach(workdir)
+    except ClusterError as exc:
+        print(f"{exc}", file=sys.stderr)
+        return 1
+    for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
+                 "rlsched-scheduler", "kwok"):
+        proc = cluster.processes.get(name)
+        print(f"{name:24} {'running pid ' + str(proc.pid) if proc else 'not running'}")
+    print(f"kubeconfig {cluster.kubeconfig}\nextender URL {cluster.extender_url}")
+    return 0 if len(cluster.processes) == 6 else 1
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``rlsched cluster up|down|status``."""
+    parser = subparsers.add_parser("cluster", help="local Kubernetes control plane (dev/test)")
+    sub = parser.add_subparsers(dest="cluster_command", metavar="ACTION", required=True)
+    up = sub.add_parser("up", help="start etcd, API server, schedulers, kwok; create GPU nodes")
+    up.add_argument("--dir", default=".kube", help="working directory (default .kube)")
+    up.add_argument("--extender-url", default=None,
+                    help="URL the rlsched scheduler profile calls (default: a free local port)")
+    up.add_argument("--topology", default=None,
+                    help="cluster description YAML/JSON (core Topology.from_dict); "
+                         "default 4 nodes x 8 GPUs in 2 racks")
+    up.set_defaults(func=_cmd_up)
+    down = sub.add_parser("down", help="stop the cluster started by `up`")
+    down.add_argument("--dir", default=".kube")
+    down.add_argument("--missing-ok", action="store_true", help="no error when none is running")
+    down.set_defaults(func=_cmd_down)
+    status = sub.add_parser("status", help="show the components of the cluster in --dir")
+    status.add_argument("--dir", default=".kube")
+    status.set_defaults(func=_cmd_status)
