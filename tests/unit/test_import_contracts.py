@@ -2,9 +2,10 @@
 statement, including ones inside functions), for every package of the repository.
 
     extender, operator, sim -> core;  models -> core, sim;  the top-level rlsched
-    package (CLI, trainer helper) -> core;  the dev package (local control plane, demo,
-    fake trainer) may import anything;  nothing else imports extender or operator;
-    core imports no Kubernetes client, web, operator framework or torch.
+    package (CLI, trainer helper) -> core;  the dev package rlsched_dev (local control
+    plane, demo, fake trainer; dev/) may import anything and nothing imports it;
+    nothing else imports extender or operator; core imports no Kubernetes client, web,
+    operator framework or torch.
 
 And no import cycle among the repository's modules (function-level imports count).
 """
@@ -23,11 +24,11 @@ PACKAGES = {
     "extender": "rlsched.extender",
     "operator": "rlsched.operator",
     "models": "rlsched.models",
-    "dev": "rlsched.dev",
+    "dev": "rlsched_dev",
     "rlsched": "rlsched",
 }
 K8S = {"kubernetes", "kubernetes_asyncio", "kopf"}
-OURS = {"rlsched.core", "rlsched.sim", "rlsched.extender", "rlsched.operator", "rlsched.models", "rlsched.dev"}
+OURS = {"rlsched.core", "rlsched.sim", "rlsched.extender", "rlsched.operator", "rlsched.models", "rlsched_dev"}
 
 #: what each package may import of ours (besides itself); every other package of ours is forbidden
 ALLOWED_OURS = {
@@ -184,3 +185,9 @@ def test_checker_catches_a_cycle(tmp_path):
     (tmp_path / "models" / "b.py").write_text("from rlsched.models.a import f\n")
     (tmp_path / "models" / "c.py").write_text("from . import a\n")
     assert _cycles(tmp_path) == [["rlsched.models.a", "rlsched.models.b"]]
+
+
+def test_nothing_in_the_product_imports_the_dev_package(tmp_path):
+    (tmp_path / "rlsched").mkdir()
+    (tmp_path / "rlsched" / "cli.py").write_text("def f():\n    from rlsched_dev.demo import register\n")
+    assert _violations("rlsched", tmp_path) == ["rlsched/cli.py:2 imports rlsched_dev.demo"]
