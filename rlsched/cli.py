@@ -18,6 +18,7 @@ _COMMANDS = {
     "operator": "rlsched.operator.cli",
     "train": "rlsched.models.cli",
     "eval": "rlsched.models.cli",
+    "models": "rlsched.models.cli",
     "cluster": "rlsched.devcluster",
     "demo": "rlsched.demo",
 }
