@@ -173,3 +173,25 @@ def test_training_writes_only_its_run_directory(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "out" / "train" / name / "lsp_eval_synthetic.json").read_text())["test_days"] == 7
     assert promote_cli(name, "--weights-dir", str(tmp_path / "w")) == 0
     assert load_policy_file(tmp_path / "w" / "lsp_gru.safetensors", policy="lsp_gru")[1]["promotion"]["run"] == name
+
+
+CONFIGS = sorted((REPO / "models" / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
+def test_the_published_training_configs_use_known_options_and_run_directories(config):
+    from rlsched.models.cli import read_config
+
+    algo = config.stem.split("_")[0]
+    cfg = read_config(config)
+    parser = build_algo_parser("train", algo, _load_module(algo))
+    assert set(cfg) <= {a.dest for a in parser._actions}
+    assert cfg["run"] and "runs_dir" not in cfg  # a named run under out/train/
+    if "init" in cfg:  # starts from another published run's model
+        init = Path(cfg["init"])
+        assert init.parts[:2] == ("out", "train") and init.name == "model.safetensors"
+        assert any(read_config(c).get("run") == init.parts[2] for c in CONFIGS)
+
+
+def test_configs_exist():
+    assert {c.stem for c in CONFIGS} >= {"das_stage0_init", "das_stage1", "das_stage2", "a2c", "dqn", "hierrl"}
