@@ -155,7 +155,8 @@ def train(args) -> int:
         return {k: float(np.mean(v)) for k, v in stats.items()}
 
     run_iterations(args, run, collect_a2c, make_task, update, f"A2C (CNN, {args.n_step}-step TD) on {args.trace}")
-    print(f"wrote {export_model(args, run, net, 'a2c', spec, time.time() - t0, {'image': 'nodes x image_steps busy share'})}")
+    model = export_model(args, run, net, "a2c", spec, time.time() - t0, {"image": "nodes x image_steps busy share"})
+    print(f"wrote {model}")
     return 0
 
 

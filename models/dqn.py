@@ -278,7 +278,8 @@ def train(args) -> int:
         update,
         f"DQN (dueling, prioritized replay) on {args.trace}",
     )
-    print(f"wrote {export_model(args, run, net, 'dqn', spec, time.time() - t0)}")
+    model = export_model(args, run, net, "dqn", spec, time.time() - t0)
+    print(f"wrote {model}")
     return 0
 
 

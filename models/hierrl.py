@@ -273,7 +273,8 @@ def train(args) -> int:
         return {"loss": float(loss.detach()), "loss_value": float(lv.detach()), "entropy": float(ent.detach()), "waits": sum(r["low"] is None for r in recs)}
 
     run_iterations(args, run, collect_hierrl, make_task, update, f"HierRL on {args.trace}")
-    print(f"wrote {export_model(args, run, net, 'hierrl', spec, time.time() - t0, {'group_features': list(GROUP_FEATURES)})}")
+    model = export_model(args, run, net, "hierrl", spec, time.time() - t0, {"group_features": list(GROUP_FEATURES)})
+    print(f"wrote {model}")
     return 0
 
 
