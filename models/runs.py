@@ -165,9 +165,9 @@ def promote(run: str, name: str | None = None, runs_dir: Path = RUNS_DIR, weight
     if dst_meta.is_file():
         try:
             old = json.loads(dst_meta.read_text()).get("policy")
-        except ValueError:
-            old = None
-        if old is not None and old != meta["policy"]:
+        except ValueError as exc:
+            raise RunError(f"{dst_meta} is not valid JSON ({exc}); remove it to promote into its place") from None
+        if old != meta["policy"]:
             raise RunError(f"{dst_meta} holds policy {old!r}; run {run!r} has a {meta['policy']!r} model (give another --name)")
     training = meta.get("training", {})
     meta["promotion"] = {
@@ -178,9 +178,11 @@ def promote(run: str, name: str | None = None, runs_dir: Path = RUNS_DIR, weight
         "evaluation": sorted(meta.get("evaluation", {})),
     }
     weights_dir.mkdir(parents=True, exist_ok=True)
-    for target, write in ((dst, lambda tmp: shutil.copyfile(src.model, tmp)),
-                          (dst_meta, lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n"))):
-        tmp = target.with_name(f".{target.name}.promote")
-        write(tmp)
-        os.replace(tmp, target)
+    # each file is written beside its target, then renamed over it
+    tmp = dst.with_name(f".{dst.name}.promote")
+    shutil.copyfile(src.model, tmp)
+    os.replace(tmp, dst)
+    tmp = dst_meta.with_name(f".{dst_meta.name}.promote")
+    tmp.write_text(json.dumps(meta, indent=2) + "\n")
+    os.replace(tmp, dst_meta)
     return dst

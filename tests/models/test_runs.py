@@ -104,6 +104,9 @@ def test_promote_never_replaces_a_model_of_another_policy(tmp_path):
     with pytest.raises(RunError, match="holds policy 'das'"):
         promote("toy-run", "das", runs_dir=runs, weights_dir=served)
     assert load_policy_file(served / "das.safetensors")[1]["promotion"]["run"] == "das-run"
+    (served / "broken.json").write_text("{not json")
+    with pytest.raises(RunError, match="broken.json is not valid JSON"):
+        promote("toy-run", "broken", runs_dir=runs, weights_dir=served)
 
 
 # ------------------------------------------------------------------------------ runs
