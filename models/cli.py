@@ -1,9 +1,11 @@
-"""``rlsched train <algo>`` and ``rlsched eval <algo>``.
+"""``rlsched train <algo>``, ``rlsched eval <algo>`` and ``rlsched models promote RUN``.
 
 Each algorithm lives in ``rlsched.models.<algo>`` and exposes ``add_arguments(parser)``,
 ``train(args) -> int`` and ``evaluate(args) -> int``. The module is imported only when
 its subcommand runs, so ``rlsched --help`` never imports torch. ``--config F`` (YAML or
 JSON mapping of option names to values) sets defaults; options on the command line win.
+Training writes into ``out/train/<run>/``; ``rlsched models promote`` copies a run's
+model into ``core/weights/`` (:mod:`rlsched.models.runs`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ import importlib
 import json
 import sys
 from pathlib import Path
+
+from .rollout import EngineUnavailable
+from .runs import RUNS_DIR, RunError, promote
 
 __all__ = ["ALGORITHMS", "register", "build_algo_parser", "run"]
 
@@ -38,6 +43,28 @@ def register(subparsers) -> None:
         p.add_argument("algo", choices=sorted(ALGORITHMS), help="which policy")
         p.add_argument("rest", nargs=argparse.REMAINDER, help="the algorithm's options (--config F, --seed N, ...)")
         p.set_defaults(func=lambda args, _c=command: run(_c, args.algo, args.rest))
+    models = subparsers.add_parser("models", help="manage trained models", description="manage trained models")
+    msub = models.add_subparsers(dest="models_command", metavar="ACTION", required=True)
+    p = msub.add_parser(
+        "promote",
+        help="serve a training run's model: copy it into core/weights/",
+        description="Check the model of out/train/RUN/ and copy it (safetensors + JSON metadata) into core/weights/ "
+        "as NAME.safetensors, recording the promotion (run, time, figures) in the metadata.",
+    )
+    p.add_argument("run", help="training run name (a folder of --runs-dir)")
+    p.add_argument("--name", default=None, help="file stem in core/weights/ (default: the model's policy name, e.g. das, rlpto, lsp_gru)")
+    p.add_argument("--runs-dir", type=Path, default=RUNS_DIR, help="parent of the run directories")
+    p.add_argument("--weights-dir", type=Path, default=None, help="where served models live (default: core/weights/ of rlsched.core)")
+    p.set_defaults(func=_promote)
+
+
+def _promote(args) -> int:
+    try:
+        dst = promote(args.run, args.name, args.runs_dir, args.weights_dir)
+    except RunError as exc:
+        raise SystemExit(f"rlsched models promote: {exc}") from None
+    print(f"promoted run {args.run!r}: {dst} (+ {dst.with_suffix('.json').name})")
+    return 0
 
 
 def _load_module(algo: str):
@@ -92,7 +119,10 @@ def run(command: str, algo: str, argv: list[str]) -> int:
     args.command = command
     args.algo = algo
     fn = module.train if command == "train" else module.evaluate
-    return int(fn(args) or 0)
+    try:
+        return int(fn(args) or 0)
+    except (RunError, EngineUnavailable) as exc:
+        raise SystemExit(f"rlsched {command} {algo}: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:  # pragma: no cover - convenience

@@ -16,25 +16,18 @@
 
 Rollouts run in ``--workers`` simulator processes (numpy inference, one seed each);
 ``--engine ray`` runs Ape-X-style actors on Ray (optional extra ``rlsched[ray]``).
-
-This module also holds the pieces A2C, HierRL and DQN share: workload and rollout
-pools (:class:`RolloutPool`), seeding, CSV logs, learning-curve plots and the
-baseline table helpers.
+Training writes the run directory (:mod:`rlsched.models.runs`); ``rlsched eval das``
+writes Table 1 against the paper's heuristics.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
-import logging
 import math
-import os
 import time
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -42,21 +35,33 @@ from torch import nn
 
 from rlsched.core import das as core_das
 from rlsched.core import make_ordering, make_placement
-from rlsched.core.das_agent import CLUSTER_FEATURES, JOB_FEATURES, NODE_FEATURES, das_logits, positional_encoding
-from rlsched.sim import SimConfig, Simulator, compute_metrics
 from rlsched.core.das import PLACEMENT_FEATURES
-from rlsched.sim.envs import EnvConfig, SchedulingCore, trace_workload
+from rlsched.core.das_agent import CLUSTER_FEATURES, DEFAULT_WEIGHTS, JOB_FEATURES, NODE_FEATURES, das_logits, positional_encoding
+from rlsched.sim import SimConfig, Simulator, compute_metrics
+from rlsched.sim.envs import EnvConfig, SchedulingCore
 
+from .base import CSVLog, iteration_row, jsonable_options, plot_curve, seed_everything, summarize, write_table
 from .ppo import gae
-
-log = logging.getLogger(__name__)
+from .rollout import make_pool, merge, split_episodes
+from .runs import Run, eval_target, new_run
+from .scheduling import (
+    CLUSTER_DIM,
+    add_env_arguments,
+    add_eval_arguments,
+    add_loop_arguments,
+    env_config,
+    env_dict,
+    eval_traces,
+    make_workload,
+    run_heuristic,
+)
 
 __all__ = [
     "OrderingNet",
     "PlacementRWGP",
     "Critic",
     "DASAgent",
-    "RolloutPool",
+    "collect_das",
     "add_arguments",
     "train",
     "evaluate",
@@ -64,10 +69,6 @@ __all__ = [
 ]
 
 VERSION = "1"
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO / "core" / "weights" / "das.safetensors"
-RESULTS = REPO / "docs" / "results"
-CLUSTER_DIM = len(NODE_FEATURES) + len(CLUSTER_FEATURES)
 
 #: DAS Table 1 baselines (ordering/placement); Tetris packs by alignment: tetris/bestfit.
 TABLE1_BASELINES = ("fifo/firstfit", "fifo/loadbalance", "drf/firstfit", "drf/loadbalance", "tetris/bestfit")
@@ -183,28 +184,6 @@ class DASAgent(nn.Module):
 
 
 # ============================================================================ rollouts
-def seed_everything(seed: int) -> np.random.Generator:
-    torch.manual_seed(seed)
-    return np.random.default_rng(seed)
-
-
-def make_workload(env: dict) -> Callable:
-    """The episode workload of an env dict: ``env["workload"]`` (a callable, e.g. in
-    tests) or a trace SPEC ``env["trace"]`` with ``env["episode_jobs"]`` jobs."""
-    if env.get("workload") is not None:
-        return env["workload"]
-    return trace_workload(env["trace"], env.get("episode_jobs"))
-
-
-def _env_config(args: dict) -> EnvConfig:
-    return EnvConfig(
-        window=int(args["window"]),
-        window_select=str(args.get("window_select", "oldest")),
-        fee_weight=float(args["fee_weight"]),
-        time_scale=float(args["time_scale"]),
-    )
-
-
 def teacher_slot(core: SchedulingCore, ordering, mask: np.ndarray) -> int:
     """The window slot a heuristic ``ordering`` (a core Ordering) would start: its
     highest-ranked job among those that fit now."""
@@ -253,8 +232,7 @@ def collect_das(task: dict) -> dict:
 
     A picklable top-level function so that it runs in worker processes."""
     torch.set_num_threads(1)
-    cfg = _env_config(task["env"])
-    core = SchedulingCore(make_workload(task["env"]), cfg)
+    core = SchedulingCore(make_workload(task["env"]), env_config(task["env"]))
     rng = np.random.default_rng(task["seed"])
     placement = PlacementRWGP(task["arch"]["lam"], task["arch"]["gp_noise"])
     teacher = make_ordering(task["teacher"]) if task.get("teacher") else None
@@ -291,132 +269,6 @@ def collect_das(task: dict) -> dict:
     return out
 
 
-class RolloutPool:
-    """Runs rollout tasks in ``workers`` simulator processes (spawned, one seed per
-    task) or in-process when ``workers <= 1``. ``engine="ray"`` uses Ray actors
-    (Ape-X style: actors run episodes with the latest weights, the learner updates)."""
-
-    def __init__(self, fn: Callable[[dict], dict], workers: int = 2, engine: str = "process") -> None:
-        self.fn = fn
-        self.workers = max(int(workers), 1)
-        self.engine = engine
-        self._pool = None
-        if engine == "ray":
-            try:
-                import ray  # noqa: F401
-            except ImportError:
-                raise SystemExit(
-                    "rlsched: --engine ray needs Ray, which is not installed; install the optional extra with "
-                    "`pip install rlsched[ray]` or use --engine process"
-                ) from None
-            if not ray.is_initialized():
-                ray.init(num_cpus=self.workers, include_dashboard=False)
-            self._remote = ray.remote(num_cpus=1)(fn)
-        elif engine != "process":
-            raise ValueError(f"unknown rollout engine {engine!r}; use 'process' or 'ray'")
-        elif self.workers > 1:
-            import multiprocessing as mp
-
-            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=mp.get_context("spawn"))
-
-    def map(self, tasks: Sequence[dict]) -> list[dict]:
-        if self.engine == "ray":
-            import ray
-
-            return ray.get([self._remote.remote(t) for t in tasks])
-        if self._pool is None:
-            return [self.fn(t) for t in tasks]
-        return list(self._pool.map(self.fn, tasks))
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
-def merge(parts: Sequence[dict]) -> dict:
-    out: dict[str, list] = {}
-    for p in parts:
-        for k, v in p.items():
-            out.setdefault(k, []).extend(v)
-    return out
-
-
-# ============================================================================ logging
-class CSVLog:
-    """Appends one row per iteration to a CSV file (header from the first row)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fields: list[str] | None = None
-        self.rows: list[dict] = []
-
-    def write(self, row: dict) -> None:
-        self.rows.append(row)
-        new = self._fields is None
-        if new:
-            self._fields = list(row)
-        with self.path.open("w" if new else "a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=self._fields, extrasaction="ignore")
-            if new:
-                w.writeheader()
-            w.writerow(row)
-
-
-def split_episodes(total: int, workers: int) -> list[int]:
-    """Episodes per rollout worker for one iteration: ``total`` spread as evenly as
-    possible, the first workers taking the remainder."""
-    return [total // workers + (1 if k < total % workers else 0) for k in range(workers)]
-
-
-def iteration_row(it: int, data: dict, stats: dict, t0: float) -> dict:
-    """One learning-curve CSV row: rollout figures of the iteration, update statistics
-    and wall time since ``t0``."""
-    return {
-        "iteration": it,
-        "decisions": len(data["reward"]),
-        "episode_return": float(np.mean(data["episode_return"])),
-        "episode_jct_mean": float(np.mean(data["episode_jct"])),
-        "episode_fee": float(np.mean(data["episode_fee"])),
-        **stats,
-        "wall_s": time.time() - t0,
-    }
-
-
-def plot_curve(rows: Sequence[dict], path: Path, x: str, ys: Sequence[str], title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(ys), figsize=(4.2 * len(ys), 3.2))
-    axes = np.atleast_1d(axes)
-    xs = [r[x] for r in rows]
-    k = max(len(rows) // 15, 1)
-    for ax, y in zip(axes, ys):
-        v = np.array([r[y] for r in rows], dtype=float)
-        ax.plot(xs, v, lw=0.8, alpha=0.4, label="per iteration")
-        if k > 1:
-            smooth = np.convolve(v, np.ones(k) / k, mode="valid")
-            ax.plot(xs[k - 1 :], smooth, lw=1.8, label=f"mean of {k}")
-            ax.legend(fontsize=7)
-        ax.set_xlabel(x)
-        ax.set_ylabel(y)
-        ax.grid(alpha=0.3)
-    fig.suptitle(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 # ============================================================================ training
 def _tensor(xs, dtype=torch.float32) -> torch.Tensor:
     return torch.as_tensor(np.asarray(xs), dtype=dtype)
@@ -438,22 +290,13 @@ def _pad_white(arrs: Sequence[np.ndarray], n: int) -> np.ndarray:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace", default="synthetic:small", help="training trace SPEC (a fresh seed per episode)")
-    parser.add_argument("--episode-jobs", type=int, default=60, help="jobs per training episode")
-    parser.add_argument("--iterations", type=int, default=50)
-    parser.add_argument("--episodes-per-iter", type=int, default=8)
-    parser.add_argument("--workers", type=int, default=2, help="rollout processes")
-    parser.add_argument("--engine", choices=("process", "ray"), default="process")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--lr", type=float, default=3e-4)
-    parser.add_argument("--gamma", type=float, default=0.99)
+    add_env_arguments(parser)
+    add_loop_arguments(parser, iterations=50, lr=3e-4)
     parser.add_argument("--gae-lambda", type=float, default=0.95)
     parser.add_argument("--clip", type=float, default=0.2)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--minibatch", type=int, default=256)
     parser.add_argument("--ent-coef", type=float, default=0.01)
-    parser.add_argument("--reward-scale", type=float, default=0.1)
-    parser.add_argument("--window", type=int, default=16)
     parser.add_argument("--window-select", choices=("oldest", "mixed", "shortest"), default="oldest", help="which pending jobs fill the window (core.das_agent.select_window)")
     parser.add_argument("--bc-teacher", default=None, help="core ordering to imitate first (e.g. sjf); with --bc-iterations")
     parser.add_argument("--bc-iterations", type=int, default=0, help="behaviour-cloning iterations before MAPPO")
@@ -462,39 +305,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--rw-lambda", type=float, default=0.5, help="random-walk kernel decay")
     parser.add_argument("--gp-noise", type=float, default=1.0, help="RWGP observation noise variance")
-    parser.add_argument("--fee-weight", type=float, default=0.02, help="reward units per dollar")
-    parser.add_argument("--time-scale", type=float, default=3600.0, help="seconds per JCT reward unit")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="weights file (.safetensors)")
     parser.add_argument("--init", type=Path, default=None, help="start from an exported DAS model (ordering + placement)")
     parser.add_argument("--checkpoint-every", type=int, default=10, help="export the weights every N iterations (0: only at the end)")
-    parser.add_argument("--results", type=Path, default=RESULTS, help="folder for CSV logs, plots and tables")
-    parser.add_argument("--tag", default="das", help="file stem of logs and tables")
-    # evaluation
-    parser.add_argument(
-        "--eval-traces",
-        default="synthetic:small;synthetic:medium;synthetic:large,jobs=5000",
-        help="';'-separated evaluation trace SPECs (large capped at 5,000 jobs by default)",
-    )
-    parser.add_argument("--eval-seeds", type=int, default=3, help="eval traces per cluster size")
-    parser.add_argument("--eval-jobs", type=int, default=None, help="jobs per eval trace (default: the generator's)")
-    parser.add_argument("--data-dir", type=Path, default=None, help="RLSCHED_DATA_DIR for the Alibaba 2023 trace")
-    parser.add_argument("--model", type=Path, default=None, help="weights to evaluate (default --out)")
+    add_eval_arguments(parser, "das", served=DEFAULT_WEIGHTS)
 
 
 def train(args) -> int:
     torch.set_num_threads(1)
     rng = seed_everything(args.seed)
-    env = {
-        "trace": args.trace,
-        "episode_jobs": args.episode_jobs,
-        "window": args.window,
-        "window_select": getattr(args, "window_select", "oldest"),
-        "fee_weight": args.fee_weight,
-        "time_scale": args.time_scale,
-    }
-    cfg = _env_config(env)
-    env["workload"] = getattr(args, "workload", None)
-    probe = SchedulingCore(make_workload(env), cfg)
+    env = env_dict(args)
+    probe = SchedulingCore(make_workload(env), env_config(env))
     agent = DASAgent(probe.state_size(), args.d_model, args.heads, args.layers, args.window, args.rw_lambda, args.gp_noise)
     if getattr(args, "init", None):
         from rlsched.core.nn import load_policy_file
@@ -508,41 +328,44 @@ def train(args) -> int:
     teacher = getattr(args, "bc_teacher", None)
     if bc_iters and not teacher:
         raise ValueError("--bc-iterations needs --bc-teacher")
-    logf = CSVLog(args.results / f"{args.tag}_train.csv")
+    run = new_run(args, "das")
+    logf = CSVLog(run.log)
+    title = f"DAS (MAPPO) on {args.trace}"
+    curve = ["episode_return", "episode_jct_mean", "episode_fee"]
     t0 = time.time()
     from tqdm import tqdm
 
-    with RolloutPool(collect_das, args.workers, args.engine) as pool:
+    with make_pool(args.engine, args.workers, args.seed) as pool:
         bar = tqdm(range(bc_iters + args.iterations), desc=f"train {args.tag}", unit="it")
         for it in bar:
             bc = it < bc_iters
             weights = agent.numpy_weights()
-            per = split_episodes(args.episodes_per_iter, pool.workers)
+            per = split_episodes(args.episodes_per_iter, args.workers)
             tasks = [
                 {"weights": weights, "arch": arch, "env": env, "seed": int(rng.integers(0, 2**31 - 1)), "episodes": n, "teacher": teacher if bc else None}
                 for n in per
                 if n > 0
             ]
-            data = merge(pool.map(tasks))
+            data = merge(pool.map(collect_das, tasks))
             stats = _bc_update(agent, opt, data, args, rng) if bc else _mappo_update(agent, opt, data, args, rng)
             row = {"phase": f"bc:{teacher}" if bc else "mappo", **iteration_row(it, data, stats, t0)}
             logf.write(row)
             bar.set_postfix(ret=f"{row['episode_return']:.2f}", jct=f"{row['episode_jct_mean']:.0f}")
             if args.checkpoint_every and (it + 1) % args.checkpoint_every == 0 and it + 1 < bc_iters + args.iterations:
-                _export_das(args, agent, arch, time.time() - t0, it + 1)
-                plot_curve(logf.rows, args.results / f"{args.tag}_learning_curve.png", "iteration", ["episode_return", "episode_jct_mean", "episode_fee"], f"DAS (MAPPO) on {args.trace}")
+                _export_das(args, run, agent, arch, time.time() - t0, it + 1)
+                plot_curve(logf.rows, run.curve, "iteration", curve, title)
     wall = time.time() - t0
-    plot_curve(logf.rows, args.results / f"{args.tag}_learning_curve.png", "iteration", ["episode_return", "episode_jct_mean", "episode_fee"], f"DAS (MAPPO) on {args.trace}")
-    _export_das(args, agent, arch, wall, bc_iters + args.iterations)
-    print(f"wrote {args.out} ({wall:.0f} s)")
+    plot_curve(logf.rows, run.curve, "iteration", curve, title)
+    _export_das(args, run, agent, arch, wall, bc_iters + args.iterations)
+    print(f"wrote {run.model} ({wall:.0f} s)")
     return 0
 
 
-def _export_das(args, agent: DASAgent, arch: dict, wall: float, iterations: int) -> None:
+def _export_das(args, run: Run, agent: DASAgent, arch: dict, wall: float, iterations: int) -> None:
     from .export import export_policy
 
     export_policy(
-        args.out,
+        run.model,
         agent.numpy_weights(),
         policy="das",
         version=VERSION,
@@ -555,19 +378,9 @@ def _export_das(args, agent: DASAgent, arch: dict, wall: float, iterations: int)
             "action": "ordering: index of the window job to start (jobs that fit); placement: score per node, workers fill the best nodes",
         },
         architecture={**arch, "placement": "mu = S (w . x + b), S = K (K + gp_noise I)^-1 with K core.das's normalised random-walk kernel; sampling covariance exp(2 log_std) x GP posterior covariance"},
-        training={**_jsonable_args(args), "iterations_done": iterations, "wall_s": wall, "torch_threads": 1, "device": "cpu"},
+        training={**jsonable_options(args), "iterations_done": iterations, "wall_s": wall, "torch_threads": 1, "device": "cpu"},
         trained_on={"trace": args.trace, "episode_jobs": args.episode_jobs, "episodes": iterations * args.episodes_per_iter, "seeds": "episode seeds drawn below 2**30 from --seed"},
     )
-
-
-def _jsonable_args(args) -> dict:
-    """The run's options as JSON values (paths as strings, callables left out)."""
-    out = {}
-    for k, v in vars(args).items():
-        if callable(v):
-            continue
-        out[k] = str(v) if isinstance(v, Path) else v
-    return out
 
 
 def _mappo_update(agent: DASAgent, opt, data: dict, args, rng) -> dict:
@@ -673,21 +486,6 @@ def _log_probs(agent: DASAgent, b: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # ============================================================================ evaluation
-def run_heuristic(jobs, topology, ordering: str, placement: str, seed: int, backfill: bool = False) -> dict:
-    sim = Simulator(
-        jobs,
-        topology,
-        ordering=make_ordering(ordering, rng=np.random.default_rng(seed)),
-        placement=make_placement(placement, rng=np.random.default_rng(seed + 1)),
-        seed=seed,
-        config=SimConfig(backfill=backfill),
-    )
-    res = sim.run()
-    m = compute_metrics(res)
-    m["ideal_runtime_mean"] = float(np.mean([r.ideal_runtime for r in res.records])) if res.records else float("nan")
-    return m
-
-
 def run_policy_in_env(jobs, topology, act: Callable[[SchedulingCore], tuple[int, list[int]]], env_cfg: EnvConfig, seed: int) -> dict:
     """Drive one fixed trace decision by decision with ``act(core) -> (slot, nodes)``."""
     core = SchedulingCore(lambda _rng: (jobs, topology), EnvConfig(**{**env_cfg.__dict__, "sim": SimConfig()}))
@@ -698,84 +496,6 @@ def run_policy_in_env(jobs, topology, act: Callable[[SchedulingCore], tuple[int,
     return compute_metrics(core.sim.result())
 
 
-def eval_traces(args) -> list[tuple[str, int, Any]]:
-    """``(label, seed, trace)`` for every evaluation trace. ``--eval-traces`` is a
-    ``;``-separated list of SPECs; synthetic ones get seeds ``2**30 + ...`` that
-    training (episode seeds below ``2**30``) never draws. The Alibaba 2023 trace is
-    added when the data folder has it."""
-    from rlsched.sim.traces import TraceError, data_dir, load_trace
-
-    out = []
-    for spec in [s.strip() for s in args.eval_traces.split(";") if s.strip()]:
-        if not spec.startswith("synthetic:"):
-            out.append((spec, 0, load_trace(spec, data_dir=args.data_dir)))
-            continue
-        for k in range(args.eval_seeds):
-            seed = 2**30 + 7919 * k + 1
-            s = spec + (f",jobs={args.eval_jobs}" if args.eval_jobs else "")
-            out.append((spec, seed, load_trace(s, seed=seed)))
-    ddir = data_dir(args.data_dir)
-    if ddir is not None and (ddir / "alibaba-gpu-2023").is_dir() and not any(l.startswith("alibaba2023") for l, _, _ in out):
-        try:
-            out.append(("alibaba2023:default", 0, load_trace("alibaba2023:default", data_dir=ddir)))
-        except TraceError as exc:  # reported in the log; the table then lacks the row
-            log.warning("Alibaba 2023 trace not evaluated: %s", exc)
-    for label, _, tr in out:
-        if tr.topology is None:
-            from rlsched.sim.traces import default_topology
-
-            tr.topology = default_topology(tr.jobs)
-    return out
-
-
-def summarize(rows: list[dict], systems: Sequence[str]) -> list[dict]:
-    """Mean JCT and fee per (trace, system), averaged over seeds."""
-    table = []
-    for spec in dict.fromkeys(r["trace"] for r in rows):
-        line: dict[str, Any] = {"trace": spec}
-        for sys_ in systems:
-            sel = [r for r in rows if r["trace"] == spec and r["system"] == sys_]
-            if sel:
-                line[sys_] = {"jct_mean": float(np.mean([r["jct_mean"] for r in sel])), "fee_total": float(np.mean([r["fee_total"] for r in sel]))}
-        table.append(line)
-    return table
-
-
-def write_table(table: list[dict], systems: Sequence[str], learned: Sequence[str], heuristics: Sequence[str], path_stem: Path, title: str) -> str:
-    """Markdown + JSON table in the papers' shape — one row per system, a "JCT / fee"
-    column per trace — then the best heuristic per trace (lowest mean JCT, then fee) and each
-    learned system's change against it."""
-    traces_ = [line["trace"] for line in table]
-    lines = [f"# {title}", "", "Mean JCT (s) / total fee ($) per trace, averaged over its evaluation seeds.", ""]
-    lines += ["| system | " + " | ".join(traces_) + " |", "|---|" + "---|" * len(traces_)]
-    for sys_ in systems:
-        cells = [f"{line[sys_]['jct_mean']:.0f} / {line[sys_]['fee_total']:.1f}" if sys_ in line else "—" for line in table]
-        name = f"**{sys_}**" if sys_ in learned else (sys_ if sys_ in heuristics else f"{sys_} (reference, not a Table 1 baseline)")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", "Against the best heuristic of each trace (negative = better):", ""]
-    lines += ["| trace | best heuristic | " + " | ".join(f"{l}: JCT / fee" for l in learned) + " |", "|---|---|" + "---|" * len(learned)]
-    for line in table:
-        hs = [h for h in heuristics if h in line]
-        # lowest mean JCT; ties (e.g. a trace that never queues) go to the lower fee
-        best = min(hs, key=lambda h: (round(line[h]["jct_mean"], 6), line[h]["fee_total"])) if hs else None
-        line["best_heuristic"] = best
-        deltas = []
-        for l in learned:
-            if best and l in line:
-                dj = line[l]["jct_mean"] / line[best]["jct_mean"] - 1
-                df = line[l]["fee_total"] / line[best]["fee_total"] - 1
-                line[f"{l} vs best"] = {"jct": dj, "fee": df}
-                deltas.append(f"{dj:+.1%} / {df:+.1%}")
-            else:
-                deltas.append("—")
-        lines.append(f"| {line['trace']} | {best} | " + " | ".join(deltas) + " |")
-    md = "\n".join(lines) + "\n"
-    path_stem.parent.mkdir(parents=True, exist_ok=True)
-    path_stem.with_suffix(".md").write_text(md)
-    path_stem.with_suffix(".json").write_text(json.dumps(table, indent=2) + "\n")
-    return md
-
-
 def evaluate(args) -> int:
     torch.set_num_threads(1)
     from tqdm import tqdm
@@ -783,7 +503,7 @@ def evaluate(args) -> int:
     from rlsched.core import nn as core_nn
     from rlsched.core.das_agent import DASOrdering
 
-    model = args.model or args.out
+    model, results, record = eval_target(args, "das", served=DEFAULT_WEIGHTS)
     weights, meta = core_nn.load_policy_file(model, policy="das")
     arch = meta["architecture"]
     env_cfg = EnvConfig(window=int(arch["window"]), window_select=str(arch.get("window_select", "oldest")), fee_weight=args.fee_weight, time_scale=args.time_scale)
@@ -818,7 +538,7 @@ def evaluate(args) -> int:
         sel = [r["ideal_runtime_mean"] for r in rows if r["trace"] == line["trace"] and "ideal_runtime_mean" in r and r["system"] == heur[0]]
         if sel:
             line["jct_lower_bound"] = bounds[line["trace"]] = float(np.mean(sel))
-    md = write_table(table, systems, learned, heur, args.results / f"{args.tag}_table1", "DAS Table 1: mean JCT and fee against the heuristics")
+    md = write_table(table, systems, learned, heur, results / f"{args.tag}_table1", "DAS Table 1: mean JCT and fee against the heuristics")
     if bounds:
         md += "\nLower bound on mean JCT (every job starts on arrival at its ideal placement) and the most any scheduler could gain on the best heuristic:\n\n"
         md += "| trace | lower bound (s) | best possible vs best heuristic |\n|---|---|---|\n"
@@ -826,12 +546,13 @@ def evaluate(args) -> int:
             if line["trace"] in bounds and line.get("best_heuristic"):
                 lb = bounds[line["trace"]]
                 md += f"| {line['trace']} | {lb:.0f} | {lb / line[line['best_heuristic']]['jct_mean'] - 1:+.1%} |\n"
-        (args.results / f"{args.tag}_table1.md").write_text(md)
-        (args.results / f"{args.tag}_table1.json").write_text(json.dumps(table, indent=2) + "\n")
-    (args.results / f"{args.tag}_eval_runs.json").write_text(json.dumps(rows, indent=2) + "\n")
+        (results / f"{args.tag}_table1.md").write_text(md)
+        (results / f"{args.tag}_table1.json").write_text(json.dumps(table, indent=2) + "\n")
+    (results / f"{args.tag}_eval_runs.json").write_text(json.dumps(rows, indent=2) + "\n")
     print(md)
-    from .export import update_evaluation
+    if record:
+        from .export import update_evaluation
 
-    key = "table1" if args.tag == "das" else f"table1:{args.tag}"
-    update_evaluation(model, {key: table, f"{key}:seeds": sorted({r["seed"] for r in rows})})
+        key = "table1" if args.tag == "das" else f"table1:{args.tag}"
+        update_evaluation(model, {key: table, f"{key}:seeds": sorted({r["seed"] for r in rows})})
     return 0

@@ -28,25 +28,26 @@ from torch import nn
 from rlsched.core.das_agent import JOB_FEATURES
 from rlsched.sim.envs import EnvConfig
 
-from .a2c import (
+from .base import seed_everything
+from .runs import new_run
+from .scheduling import (
+    CLUSTER_DIM,
     apply_gym_action,
-    build,
     common_arguments,
     env_dict,
     episode_summary,
     evaluate_against_seed_baselines,
-    export,
+    export_model,
     gym_mask,
     load_for_eval,
-    load_net,
+    load_state,
     make_core,
     numpy_state,
     run_iterations,
     stack_obs,
 )
-from .das import CLUSTER_DIM, seed_everything
 
-__all__ = ["DuelingQNet", "dueling_aggregate", "SumTree", "PrioritizedReplay", "apex_epsilons", "add_arguments", "train", "evaluate"]
+__all__ = ["DuelingQNet", "make_net", "dueling_aggregate", "SumTree", "PrioritizedReplay", "apex_epsilons", "add_arguments", "train", "evaluate"]
 
 
 def dueling_aggregate(value: torch.Tensor, advantage: torch.Tensor) -> torch.Tensor:
@@ -74,6 +75,11 @@ class DuelingQNet(nn.Module):
         h = self.features(obs)
         per_slot = torch.cat([obs["jobs"], h[:, None, :].expand(-1, obs["jobs"].shape[1], -1)], -1)
         return dueling_aggregate(self.value(h), self.advantage(per_slot).flatten(1))
+
+
+def make_net(spec: dict) -> DuelingQNet:
+    """The network of an exported or training ``spec`` (its architecture metadata)."""
+    return DuelingQNet(spec["window"], spec["n_placements"], spec.get("hidden", 128))
 
 
 class SumTree:
@@ -170,7 +176,7 @@ def apex_epsilons(n: int, eps: float = 0.4, alpha: float = 7.0) -> np.ndarray:
 
 def collect_dqn(task: dict) -> dict:
     torch.set_num_threads(1)
-    net = load_net("dqn", task["spec"], task["state"])
+    net = load_state(make_net(task["spec"]), task["state"])
     core = make_core(task["env"])
     rng = np.random.default_rng(task["seed"])
     eps = task["epsilon"]
@@ -212,8 +218,8 @@ def train(args) -> int:
     seed_everything(args.seed)
     placements = EnvConfig().placements
     spec = {"window": args.window, "n_placements": len(placements), "hidden": 128, "placements": list(placements)}
-    net = build("dqn", spec)
-    target = build("dqn", spec)
+    net = make_net(spec)
+    target = make_net(spec)
     target.load_state_dict(net.state_dict())
     opt = torch.optim.Adam(net.parameters(), lr=args.lr)
     replay = PrioritizedReplay(args.buffer, args.alpha, args.beta)
@@ -221,6 +227,7 @@ def train(args) -> int:
     rng = np.random.default_rng(args.seed)
     eps = apex_epsilons(args.workers, args.epsilon)
     counter = {"updates": 0}
+    run = new_run(args, "dqn")
     t0 = time.time()
 
     def make_task(seed: int, episodes: int) -> dict:
@@ -265,13 +272,14 @@ def train(args) -> int:
     # actor k explores at eps[k] (Ape-X); the learner samples the shared replay
     run_iterations(
         args,
+        run,
         collect_dqn_apex,
         lambda seed, n: make_task(seed, n) | {"epsilons": eps.tolist()},
         update,
         f"DQN (dueling, prioritized replay) on {args.trace}",
     )
-    export(args, net, "dqn", spec, time.time() - t0)
-    print(f"wrote {args.out}")
+    model = export_model(args, run, net, "dqn", spec, time.time() - t0)
+    print(f"wrote {model}")
     return 0
 
 
@@ -283,7 +291,7 @@ def collect_dqn_apex(task: dict) -> dict:
 
 
 def evaluate(args) -> int:
-    net = load_for_eval(args, "dqn")
+    net, target = load_for_eval(args, "dqn", make_net)
 
     def factory(core):
         def step(c):
@@ -293,4 +301,4 @@ def evaluate(args) -> int:
 
         return step
 
-    return evaluate_against_seed_baselines(args, "DQN", factory)
+    return evaluate_against_seed_baselines(args, target, "DQN", factory)

@@ -10,7 +10,8 @@
   assigned job fits its group the cluster waits for the next event.
 
 Both levels and a critic ``V(state)`` on the environment's global state are trained
-as an advantage actor-critic with multi-step TD targets (as :mod:`.a2c`); every action
+as an advantage actor-critic with multi-step TD targets (as :mod:`.a2c`,
+:func:`rlsched.models.ppo.n_step_returns`); every action
 taken at a decision point shares that point's advantage. Score networks work per
 (job, group) pair, so one model runs on any cluster size.
 """
@@ -26,25 +27,25 @@ from torch import nn
 
 from rlsched.core.das_agent import JOB_FEATURES
 from rlsched.core.placement import worker_slots
-from rlsched.sim.envs import EnvConfig, SchedulingCore
+from rlsched.sim.envs import SchedulingCore
 
-from .a2c import (
-    build,
+from .base import seed_everything
+from .ppo import n_step_returns
+from .runs import new_run
+from .scheduling import (
     common_arguments,
     env_dict,
     episode_summary,
     evaluate_against_seed_baselines,
-    export,
+    export_model,
     load_for_eval,
-    load_net,
+    load_state,
     make_core,
-    n_step_returns,
     numpy_state,
     run_iterations,
 )
-from .das import seed_everything
 
-__all__ = ["HierNet", "HierScheduler", "GROUP_FEATURES", "add_arguments", "train", "evaluate"]
+__all__ = ["HierNet", "make_net", "HierScheduler", "GROUP_FEATURES", "add_arguments", "train", "evaluate"]
 
 #: per-group features for one job
 GROUP_FEATURES = ("is_any", "free_frac", "size_frac", "fits_now", "queue_frac")
@@ -68,6 +69,11 @@ class HierNet(nn.Module):
 
     def value(self, s: torch.Tensor) -> torch.Tensor:
         return self.critic(s).squeeze(-1)
+
+
+def make_net(spec: dict) -> HierNet:
+    """The network of an exported or training ``spec`` (its architecture metadata)."""
+    return HierNet(spec.get("hidden", 64), spec.get("state_dim", 0))
 
 
 def _np_mlp(x: np.ndarray, seq: nn.Sequential) -> np.ndarray:
@@ -181,7 +187,7 @@ def _job_row(job, st) -> np.ndarray:
 
 def collect_hierrl(task: dict) -> dict:
     torch.set_num_threads(1)
-    net = load_net("hierrl", task["spec"], task["state"])
+    net = load_state(make_net(task["spec"]), task["state"])
     core = make_core(task["env"])
     rng = np.random.default_rng(task["seed"])
     out: dict[str, list] = {k: [] for k in ("records", "reward", "episode_return", "episode_jct", "episode_fee")}
@@ -219,8 +225,9 @@ def train(args) -> int:
     seed_everything(args.seed)
     env = env_dict(args)
     spec = {"hidden": 64, "state_dim": make_core(env).state_size(), "window": args.window, "group_features": list(GROUP_FEATURES)}
-    net = build("hierrl", spec)
+    net = make_net(spec)
     opt = torch.optim.Adam(net.parameters(), lr=args.lr)
+    run = new_run(args, "hierrl")
     t0 = time.time()
 
     def make_task(seed: int, episodes: int) -> dict:
@@ -265,17 +272,17 @@ def train(args) -> int:
         opt.step()
         return {"loss": float(loss.detach()), "loss_value": float(lv.detach()), "entropy": float(ent.detach()), "waits": sum(r["low"] is None for r in recs)}
 
-    run_iterations(args, collect_hierrl, make_task, update, f"HierRL on {args.trace}")
-    export(args, net, "hierrl", spec, time.time() - t0, {"group_features": list(GROUP_FEATURES)})
-    print(f"wrote {args.out}")
+    run_iterations(args, run, collect_hierrl, make_task, update, f"HierRL on {args.trace}")
+    model = export_model(args, run, net, "hierrl", spec, time.time() - t0, {"group_features": list(GROUP_FEATURES)})
+    print(f"wrote {model}")
     return 0
 
 
 def evaluate(args) -> int:
-    net = load_for_eval(args, "hierrl")
+    net, target = load_for_eval(args, "hierrl", make_net)
 
     def factory(core):
         sched = HierScheduler(net, core, None)
         return lambda c: sched.step()
 
-    return evaluate_against_seed_baselines(args, "HierRL", factory)
+    return evaluate_against_seed_baselines(args, target, "HierRL", factory)

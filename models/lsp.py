@@ -4,10 +4,11 @@
 Alibaba GPU 2023 trace (``$RLSCHED_DATA_DIR/alibaba-gpu-2023/openb_pod_list_default.csv``,
 ``creation_time``) when ``RLSCHED_DATA_DIR`` is set, else a seeded synthetic series
 (weekly cycle, trend, noise) — trains ``nn.GRU(1, hidden)`` + ``nn.Linear(hidden, 1)``
-on z-scored windows, holds out the last ``--test-days`` days, and exports
-``core/weights/lsp_gru.safetensors`` + ``.json`` in the layout
-:class:`rlsched.core.forecast.GRUForecaster` reads (tensors ``gru.*`` and ``head.*``;
-metadata ``mean``, ``std``, ``window``). ``rlsched eval lsp`` reports the held-out error
+on z-scored windows, holds out the last ``--test-days`` days, and exports the run's
+model (``out/train/<run>/model.safetensors`` + ``.json``; :mod:`rlsched.models.runs`) in
+the layout :class:`rlsched.core.forecast.GRUForecaster` reads (tensors ``gru.*`` and
+``head.*``; metadata ``mean``, ``std``, ``window``); ``rlsched models promote <run>``
+serves it as ``core/weights/lsp_gru.*``. ``rlsched eval lsp`` reports the held-out error
 of the GRU, ARIMA, their LSP mix and naive baselines.
 """
 
@@ -22,9 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
+from .runs import add_run_arguments, eval_target, new_run, served_dir
+
 __all__ = ["add_arguments", "train", "evaluate", "daily_volume", "synthetic_volume", "windows"]
 
-DEFAULT_WEIGHTS = Path(__file__).resolve().parent.parent / "core" / "weights" / "lsp_gru.safetensors"
+#: the served forecaster's file name in core/weights/
+SERVED = "lsp_gru.safetensors"
 TRACE = Path("alibaba-gpu-2023") / "openb_pod_list_default.csv"
 
 
@@ -91,9 +95,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weight-decay", type=float, default=1e-4)
     p.add_argument("--test-days", type=int, default=7)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--weights", type=Path, default=DEFAULT_WEIGHTS)
-    p.add_argument("--out", type=Path, default=Path("out/lsp"))
-    p.add_argument("--results", type=Path, default=Path("docs/results"))
+    add_run_arguments(p, served=Path(SERVED))
 
 
 def _split(series: np.ndarray, window: int, test_days: int):
@@ -130,10 +132,9 @@ def train(args) -> int:
     opt = torch.optim.Adam(net.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     xt = torch.tensor((Xtr - mean) / std, dtype=torch.float32)
     yt = torch.tensor((ytr - mean) / std, dtype=torch.float32)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    run = new_run(args, "lsp")
     t0 = time.time()
-    with open(out / "train_log.csv", "w", newline="") as fh:
+    with open(run.log, "w", newline="") as fh:
         log = csv.writer(fh)
         log.writerow(["epoch", "train_mse_z"])
         for ep in tqdm(range(1, args.epochs + 1), desc="lsp", unit="epoch", dynamic_ncols=True):
@@ -147,7 +148,7 @@ def train(args) -> int:
         pred = net(torch.tensor((Xte - mean) / std, dtype=torch.float32)).numpy() * std + mean
     mae = float(np.mean(np.abs(pred - yte)))
     export_policy(
-        args.weights,
+        run.model,
         {k: v for k, v in net.state_dict().items()},
         policy="lsp_gru",
         version="1",
@@ -160,7 +161,7 @@ def train(args) -> int:
         evaluation={"test_mae_tasks": mae},
         extra={"mean": mean, "std": std, "window": args.window},
     )
-    print(f"lsp: exported {args.weights}; held-out MAE {mae:.1f} tasks/day over {args.test_days} days ({source})")
+    print(f"lsp: exported {run.model}; held-out MAE {mae:.1f} tasks/day over {args.test_days} days ({source})")
     return 0
 
 
@@ -168,8 +169,9 @@ def evaluate(args) -> int:
     """Held-out MAE of the exported GRU (numpy), ARIMA, the LSP mix and naive forecasts."""
     from rlsched.core.forecast import GRUForecaster, arima_forecast, combine
 
+    model, results, _ = eval_target(args, "lsp", served=served_dir() / SERVED)
     series, source = load_series(args)
-    gru = GRUForecaster.from_file(args.weights)
+    gru = GRUForecaster.from_file(model)
     n = len(series)
     rows = []
     for t in range(n - args.test_days, n):
@@ -181,8 +183,8 @@ def evaluate(args) -> int:
     res = {k: float(np.mean([abs(r[k] - r["actual"]) for r in rows])) for k in ("gru", "arima", "lsp", "last_value", "mean_7", "same_day_last_week")}
     summary = {"source": source, "test_days": args.test_days, "mae_tasks_per_day": res,
                "mean_actual": float(np.mean([r["actual"] for r in rows]))}
-    Path(args.results).mkdir(parents=True, exist_ok=True)
+    results.mkdir(parents=True, exist_ok=True)
     tag = "alibaba" if source.startswith("alibaba") else "synthetic"
-    (Path(args.results) / f"lsp_eval_{tag}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (results / f"lsp_eval_{tag}.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
     return 0

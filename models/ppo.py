@@ -1,7 +1,8 @@
 """Proximal Policy Optimization pieces shared by every on-policy agent.
 
 - :func:`gae` and :func:`discounted_returns` work on numpy arrays of shape ``[T]`` or
-  ``[T, N]`` (time first, N parallel environments).
+  ``[T, N]`` (time first, N parallel environments); :func:`n_step_returns` gives the
+  multi-step TD targets of the advantage actor-critics (A2C, HierRL).
 - :func:`clipped_surrogate`, :func:`kl_penalized_surrogate`, :func:`value_loss` are the
   torch losses (Schulman et al. 2017, "Proximal Policy Optimization Algorithms",
   eqs. 7 and 8); :class:`AdaptiveKL` is the β update of §4 of that paper.
@@ -23,6 +24,7 @@ import torch
 __all__ = [
     "gae",
     "discounted_returns",
+    "n_step_returns",
     "clipped_surrogate",
     "kl_penalized_surrogate",
     "value_loss",
@@ -74,6 +76,31 @@ def discounted_returns(
     g = np.broadcast_to(np.asarray(last_value, dtype=np.float64), rewards.shape[1:]).copy()
     for t in range(len(rewards) - 1, -1, -1):
         g = rewards[t] + gamma * (1.0 - dones[t]) * g
+        out[t] = g
+    return out
+
+
+def n_step_returns(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, n: int, gamma: float) -> np.ndarray:
+    """Multi-step TD targets ``G_t = sum_{k<m} g^k r_{t+k} + g^m V(s_{t+m})`` with
+    ``m = min(n, steps to the episode end)``; nothing is bootstrapped past a ``done``
+    (``dones[t] = 1`` when the episode ended after step ``t``). ``values[t] = V(s_t)``."""
+    rewards = np.asarray(rewards, dtype=np.float64)
+    values = np.asarray(values, dtype=np.float64)
+    dones = np.asarray(dones, dtype=bool)
+    T = len(rewards)
+    out = np.zeros(T)
+    for t in range(T):
+        g, disc, k = 0.0, 1.0, t
+        while True:
+            g += disc * rewards[k]
+            disc *= gamma
+            if dones[k]:
+                break
+            k += 1
+            if k - t == n or k >= T:
+                if k < T:
+                    g += disc * values[k]
+                break
         out[t] = g
     return out
 

@@ -8,7 +8,8 @@ objective is PPO-Clip, or adaptive-KL PPO with ``--objective kl``. Rollouts run 
 ``--workers`` processes (numpy actor, no torch there); each training episode draws its
 cluster size and β from the evaluation grid. The greedy policy is validated against
 fair share on held-out seeds every ``--val-every`` iterations and the best one is
-exported to ``core/weights/rlpto.safetensors`` (+ ``.json``).
+exported as the run's model (``out/train/<run>/model.safetensors`` + ``.json``;
+:mod:`rlsched.models.runs`); ``rlsched models promote <run>`` serves it.
 
 Evaluation (``rlsched eval rlpto``): RLPTO Tables II/III — mean final accuracy and total
 training time of RLPTO vs FS, FCFS, Optimus-style, SLAQ-style and TRADL-style for
@@ -33,6 +34,10 @@ from rlsched.core import ClusterState, JobView
 from rlsched.core.learned import DEFAULT_WEIGHTS, RLPTO_FEATURES, RLPTOActor, RLPTOScaling
 from rlsched.core.nn import log_softmax
 from rlsched.sim.scaling_env import BUDGETS, K_W, OVERPROVISION, ScalingEnv, ScalingEnvConfig
+
+from .base import CSVLog
+from .rollout import make_pool, split_episodes
+from .runs import add_run_arguments, eval_target, new_run
 
 __all__ = ["add_arguments", "train", "evaluate", "SLAQScaling", "BASELINES", "BETAS", "rollout"]
 
@@ -187,10 +192,9 @@ def _eval_task(payload: dict, seed: int) -> list[dict]:
 # ---------------------------------------------------------------------- arguments
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=2, help="rollout processes (0: in-process)")
+    p.add_argument("--workers", type=int, default=2, help="rollout processes (0 or 1: in the learner's process)")
     p.add_argument("--engine", choices=("process", "ray"), default="process", help="rollout engine (ray: optional extra)")
-    p.add_argument("--out", type=Path, default=Path("out/rlpto"), help="logs, checkpoints, plots")
-    p.add_argument("--weights", type=Path, default=DEFAULT_WEIGHTS, help="exported policy (written by train, read by eval)")
+    add_run_arguments(p, served=DEFAULT_WEIGHTS)
     # environment
     p.add_argument("--nodes", type=int, nargs="+", default=list(NODES))
     p.add_argument("--betas", type=float, nargs="+", default=list(BETAS))
@@ -224,7 +228,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # evaluation
     p.add_argument("--eval-seeds", type=int, default=5, help="workloads per (nodes, β) cell")
     p.add_argument("--policies", nargs="+", default=["RLPTO", *BASELINES])
-    p.add_argument("--results", type=Path, default=Path("docs/results"), help="where eval writes the tables")
     p.add_argument("--no-update-metadata", action="store_true", help="eval: do not record results in the weights' metadata")
 
 
@@ -313,13 +316,12 @@ def train(args) -> int:
 
     from .export import to_numpy_state
     from .ppo import AdaptiveKL, PPOConfig, gae, ppo_update
-    from .rollout import make_pool
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    run = new_run(args, "rlpto")
+    out = run.dir
     model = _build(args).to(args.device)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     cfg = PPOConfig(objective=args.objective, clip=args.clip, kl_target=args.kl_target, epochs=args.epochs,
@@ -328,7 +330,6 @@ def train(args) -> int:
     meta = _meta(args)
     hyper = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("func",)}
     hyper.pop("config", None)
-    log_path = out / "train_log.csv"
     fields = ["iter", "samples", "wall_s", "mean_reward", "episode_sum_jct_h", "episode_makespan_h", "episode_acc",
               "policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "p_minus", "p_zero", "p_plus",
               "val_jct_ratio", "val_makespan_ratio", "val_acc_diff"]
@@ -336,14 +337,12 @@ def train(args) -> int:
     best = (math.inf, None)
     t0 = time.time()
     samples = 0
-    with open(log_path, "w", newline="") as fh, make_pool(args.engine, args.workers, args.seed) as pool:
-        log = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
-        log.writeheader()
+    log = CSVLog(run.log, fields)
+    with make_pool(args.engine, args.workers, args.seed) as pool:
         bar = tqdm(range(1, args.iterations + 1), desc="rlpto", unit="it", dynamic_ncols=True)
         for it in bar:
             weights = to_numpy_state(_actor_state(model))
-            n_tasks = max(args.workers, 1)
-            per = [args.episodes // n_tasks + (1 if k < args.episodes % n_tasks else 0) for k in range(n_tasks)]
+            per = split_episodes(args.episodes, args.workers)
             payloads = [{"weights": weights, "meta": meta, "episodes": e, "nodes": args.nodes, "betas": args.betas,
                          "env": _env_cfg(args)} for e in per if e > 0]
             results = pool.run(rollout, payloads)
@@ -397,8 +396,7 @@ def train(args) -> int:
                     ckpt.replace(out / "best.safetensors")
                     ckpt.with_suffix(".json").replace(out / "best.json")
                 bar.set_postfix(val_jct=f"{row['val_jct_ratio']:.3f}", best=f"{best[0]:.3f}@{best[1]}")
-            log.writerow(row)
-            fh.flush()
+            log.write(row)
             if args.time_budget is not None and time.time() - t0 > args.time_budget * 60:
                 break
     wall = time.time() - t0
@@ -407,9 +405,9 @@ def train(args) -> int:
     training = {**hyper, "iterations_run": it, "best_iteration": best[1], "best_val_jct_ratio": best[0],
                 "samples": samples, "wall_s": round(wall, 1), "torch": torch.__version__, "device": args.device,
                 "ppo": cfg.as_dict()}
-    _export(args, model, Path(args.weights), training)
-    _plot_learning_curve(log_path, out / "learning_curve.png")
-    print(f"rlpto: exported {args.weights} (best validation iteration {best[1]}, sum-JCT ratio vs FS {best[0]:.3f}) "
+    _export(args, model, run.model, training)
+    _plot_learning_curve(run.log, run.curve)
+    print(f"rlpto: exported {run.model} (best validation iteration {best[1]}, sum-JCT ratio vs FS {best[0]:.3f}) "
           f"after {it} iterations, {samples} samples, {wall / 60:.1f} min")
     return 0
 
@@ -443,12 +441,10 @@ def _plot_learning_curve(log_path: Path, png: Path) -> None:
 
 # ---------------------------------------------------------------------- evaluation
 def evaluate(args) -> int:
-    from .rollout import make_pool
-
     labels = list(args.policies)
     grid = [(n, b, EVAL_SEED_BASE + k) for n in args.nodes for b in args.betas for k in range(args.eval_seeds)]
     env = _env_cfg(args)
-    weights = Path(args.weights)
+    weights, res_dir, record = eval_target(args, "rlpto", served=DEFAULT_WEIGHTS)
     t0 = time.time()
     from tqdm import tqdm
 
@@ -458,7 +454,6 @@ def evaluate(args) -> int:
         for lab in tqdm(labels, desc="eval rlpto", unit="policy"):
             res = pool.run(_eval_task, [{"label": lab, "grid": c, "env": env, "weights": weights} for c in chunks if c])
             rows.extend(r for part in res for r in part)
-    res_dir = Path(args.results)
     res_dir.mkdir(parents=True, exist_ok=True)
     with open(res_dir / f"rlpto_eval_episodes_{args.budget}.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
@@ -471,7 +466,7 @@ def evaluate(args) -> int:
     (res_dir / f"{stem}.md").write_text(md)
     _plot_tables(summary, labels, args, res_dir / f"{stem}.png")
     print(md)
-    if "RLPTO" in labels and not args.no_update_metadata:
+    if "RLPTO" in labels and record and not args.no_update_metadata:
         from .export import update_evaluation
 
         update_evaluation(weights, {f"rlpto_tables_{args.budget}": {

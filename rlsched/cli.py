@@ -18,6 +18,7 @@ _COMMANDS = {
     "operator": "rlsched.operator.cli",
     "train": "rlsched.models.cli",
     "eval": "rlsched.models.cli",
+    "models": "rlsched.models.cli",
     # the dev tooling: a separate distribution (rlsched-dev); absent when not installed
     "cluster": "rlsched_dev.cluster",
     "demo": "rlsched_dev.demo",

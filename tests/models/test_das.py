@@ -13,6 +13,7 @@ from rlsched.core import Topology, make_ordering
 from rlsched.core import das as core_das
 from rlsched.core.das_agent import DASOrdering, das_logits
 from rlsched.models import das
+from rlsched.models.rollout import make_pool
 from rlsched.sim.envs import EnvConfig, SchedulingCore
 from rlsched.sim.job import JobSpec
 
@@ -20,10 +21,15 @@ from rlsched.sim.job import JobSpec
 def _args(tmp_path, **over):
     p = argparse.ArgumentParser()
     das.add_arguments(p)
-    a = p.parse_args(["--workers", "1", "--out", str(tmp_path / "das.safetensors"), "--results", str(tmp_path / "res")])
+    a = p.parse_args(["--workers", "1", "--runs-dir", str(tmp_path), "--run", "das"])
     for k, v in over.items():
         setattr(a, k, v)
     return a
+
+
+def model(args):
+    """The model a training run of ``args`` exports."""
+    return args.runs_dir / args.run / "model.safetensors"
 
 
 def sjf_workload(rng: np.random.Generator):
@@ -85,9 +91,9 @@ def test_tiny_training_changes_parameters_and_exports_loadable_weights(tmp_path)
     args = _args(tmp_path, iterations=2, episodes_per_iter=2, minibatch=16, workload=sjf_workload)
     torch.manual_seed(0)
     assert das.train(args) == 0
-    order = DASOrdering(args.out)
+    order = DASOrdering(model(args))
     assert order.fallback is None
-    rows = (tmp_path / "res" / "das_train.csv").read_text().splitlines()
+    rows = (tmp_path / "das" / "train.csv").read_text().splitlines()
     assert len(rows) == 3
     # the exported ordering differs from a freshly initialised one
     torch.manual_seed(args.seed)
@@ -107,7 +113,7 @@ def test_table1_names_the_best_heuristic_and_records_the_evaluation(tmp_path):
     assert das.evaluate(args) == 0
     import json
 
-    table = json.loads((tmp_path / "res" / "das_table1.json").read_text())
+    table = json.loads((tmp_path / "das" / "das_table1.json").read_text())
     (line,) = table
     heur = [h for h in line if "/" in h and " vs best" not in h and h not in das.REFERENCE_BASELINES]
     assert len(heur) == 10  # five Table 1 heuristics, with and without backfill
@@ -119,7 +125,7 @@ def test_table1_names_the_best_heuristic_and_records_the_evaluation(tmp_path):
         assert d == pytest.approx(line[learned]["jct_mean"] / line[best]["jct_mean"] - 1)
     from rlsched.core.nn import load_policy_file
 
-    _, meta = load_policy_file(args.out, policy="das")
+    _, meta = load_policy_file(model(args), policy="das")
     assert meta["evaluation"]["table1"][0]["best_heuristic"] == best
 
 
@@ -137,23 +143,11 @@ def test_mappo_learns_shortest_job_first_on_a_toy_cluster(tmp_path):
         return compute_metrics(Simulator(jobs, topo, ordering=o, placement=make_placement("firstfit")).run())["jct_mean"]
 
     seeds = range(100, 110)
-    learned = np.mean([jct(DASOrdering(args.out), s) for s in seeds])
+    learned = np.mean([jct(DASOrdering(model(args)), s) for s in seeds])
     fifo = np.mean([jct("fifo", s) for s in seeds])
     sjf = np.mean([jct("sjf", s) for s in seeds])
     # FIFO on shuffled jobs is half-way on average; the agent must close most of the gap
     assert learned < sjf + 0.25 * (fifo - sjf)
-
-
-def test_ray_engine_without_ray_is_a_clear_error():
-    pytest.importorskip("torch")
-    try:
-        import ray  # noqa: F401
-
-        pytest.skip("ray is installed")
-    except ImportError:
-        pass
-    with pytest.raises(SystemExit, match=r"rlsched\[ray\]"):
-        das.RolloutPool(das.collect_das, 2, "ray")
 
 
 def test_rollouts_are_a_function_of_the_seed():
@@ -161,8 +155,8 @@ def test_rollouts_are_a_function_of_the_seed():
     env = {"window": 8, "fee_weight": 0.02, "time_scale": 3600.0, "workload": sjf_workload}
     arch = {**agent.ordering.architecture(), "lam": 0.5, "gp_noise": 1.0}
     task = lambda s: {"weights": agent.numpy_weights(), "arch": arch, "env": env, "seed": s, "episodes": 2}  # noqa: E731
-    with das.RolloutPool(das.collect_das, 1) as pool:
-        a, b, c = pool.map([task(1), task(1), task(2)])
+    with make_pool("process", 1) as pool:
+        a, b, c = pool.map(das.collect_das, [task(1), task(1), task(2)])
     assert a["slot"] == b["slot"] and a["reward"] == b["reward"]
     assert a["slot"] != c["slot"] or a["reward"] != c["reward"]
 
@@ -182,9 +176,9 @@ def test_served_placement_agent_equals_the_trained_policy_mean(tmp_path):
     from rlsched.core.das_agent import DASAgentPlacement, rwgp_smoother
     from rlsched.core.nn import load_policy_file
 
-    served = DASAgentPlacement(args.out)
+    served = DASAgentPlacement(model(args))
     assert served.fallback is None
-    weights, meta = load_policy_file(args.out, policy="das")
+    weights, meta = load_policy_file(model(args), policy="das")
     rwgp = das.PlacementRWGP(0.6, 0.5)
     core = SchedulingCore(racked_workload, EnvConfig(window=args.window))
     core.reset(3)
@@ -233,7 +227,7 @@ def test_behaviour_cloning_copies_the_teacher_before_any_mappo(tmp_path):
     args = _args(tmp_path, iterations=0, bc_iterations=12, bc_teacher="sjf", episodes_per_iter=8, minibatch=32, lr=3e-3,
                  workload=sjf_workload, window=8, seed=2)
     assert das.train(args) == 0
-    rows = (tmp_path / "res" / "das_train.csv").read_text().splitlines()
+    rows = (tmp_path / "das" / "train.csv").read_text().splitlines()
     assert rows[1].startswith("bc:sjf") and len(rows) == 13
     from rlsched.core import make_placement
     from rlsched.sim import Simulator, compute_metrics
@@ -243,7 +237,7 @@ def test_behaviour_cloning_copies_the_teacher_before_any_mappo(tmp_path):
         return compute_metrics(Simulator(jobs, topo, ordering=ordering, placement=make_placement("firstfit")).run())["jct_mean"]
 
     seeds = range(200, 210)
-    learned = np.mean([jct(DASOrdering(args.out), s) for s in seeds])
+    learned = np.mean([jct(DASOrdering(model(args)), s) for s in seeds])
     sjf = np.mean([jct(make_ordering("sjf"), s) for s in seeds])
     fifo = np.mean([jct(make_ordering("fifo"), s) for s in seeds])
     assert learned < sjf + 0.1 * (fifo - sjf)

@@ -74,15 +74,15 @@ def test_tiny_training_loss_finite_and_parameters_change(tmp_path):
     p = argparse.ArgumentParser()
     dqn.add_arguments(p)
     a = p.parse_args(["--iterations", "3", "--episodes-per-iter", "2", "--workers", "1", "--batch", "8", "--updates-per-iter", "5",
-                      "--out", str(tmp_path / "dqn.safetensors"), "--results", str(tmp_path)])
+                      "--runs-dir", str(tmp_path), "--run", "dqn"])
     a.workload = _wl
     torch.manual_seed(a.seed)
     before = {k: v.clone() for k, v in dqn.DuelingQNet(a.window, 4, 128).state_dict().items()}
     assert dqn.train(a) == 0
     from rlsched.core.nn import load_policy_file
 
-    w, meta = load_policy_file(a.out, policy="dqn")
+    w, meta = load_policy_file(tmp_path / "dqn" / "model.safetensors", policy="dqn")
     assert any(not np.allclose(before[k].numpy(), w[k]) for k in before)
-    rows = (tmp_path / "dqn_train.csv").read_text().splitlines()[1:]
+    rows = (tmp_path / "dqn" / "train.csv").read_text().splitlines()[1:]
     losses = [float(r.split(",")[5]) for r in rows]
     assert np.isfinite(losses[-1])

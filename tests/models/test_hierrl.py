@@ -47,13 +47,13 @@ def test_tiny_training_updates_parameters(tmp_path):
     p = argparse.ArgumentParser()
     hierrl.add_arguments(p)
     a = p.parse_args(["--iterations", "3", "--episodes-per-iter", "2", "--workers", "1", "--window", "4",
-                      "--out", str(tmp_path / "h.safetensors"), "--results", str(tmp_path)])
+                      "--runs-dir", str(tmp_path), "--run", "h"])
     a.workload = workload
     torch.manual_seed(a.seed)
     before = {k: v.clone() for k, v in hierrl.HierNet(64, SchedulingCore(workload, EnvConfig(window=4)).state_size()).state_dict().items()}
     assert hierrl.train(a) == 0
     from rlsched.core.nn import load_policy_file
 
-    w, _ = load_policy_file(a.out, policy="hierrl")
+    w, _ = load_policy_file(tmp_path / "h" / "model.safetensors", policy="hierrl")
     assert any(not np.allclose(before[k].numpy(), w[k]) for k in before)
     assert all(np.isfinite(v).all() for v in w.values())

@@ -39,10 +39,10 @@ def test_synthetic_series_is_seeded_and_weekly():
 
 def test_train_exports_a_forecaster_that_beats_the_mean(tmp_path, monkeypatch):
     monkeypatch.delenv("RLSCHED_DATA_DIR", raising=False)
-    w = tmp_path / "lsp.safetensors"
     assert run("train", "lsp", ["--source", "synthetic", "--days", "120", "--epochs", "150", "--hidden", "8",
-                                "--weights", str(w), "--out", str(tmp_path / "o")]) == 0
-    log = np.loadtxt(tmp_path / "o" / "train_log.csv", delimiter=",", skiprows=1)
+                                "--runs-dir", str(tmp_path), "--run", "o"]) == 0
+    w = tmp_path / "o" / "model.safetensors"
+    log = np.loadtxt(tmp_path / "o" / "train.csv", delimiter=",", skiprows=1)
     assert log[-1, 1] < 0.5 * log[0, 1]  # training error fell by half at least
     f = GRUForecaster.from_file(w)
     assert f.window == 7

@@ -14,6 +14,7 @@ from rlsched.models.ppo import (
     discounted_returns,
     gae,
     kl_penalized_surrogate,
+    n_step_returns,
     ppo_update,
     value_loss,
 )
@@ -121,3 +122,21 @@ def test_ppo_update_raises_the_advantaged_action():
     assert torch.softmax(logits, 0)[1] > 0.6
     with pytest.raises(ValueError):
         PPOConfig(objective="bogus")
+
+
+def test_n_step_returns_by_hand():
+    r = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    v = np.array([10.0, 20.0, 30.0, 40.0, 50.0])
+    d = np.array([0, 0, 1, 0, 0])  # the first episode ends after step 2
+    g = 0.5
+    got = n_step_returns(r, v, d, n=2, gamma=g)
+    expect = [
+        1 + g * 2 + g * g * 30,  # bootstrap from V(s_2)
+        2 + g * 3,  # ends at step 2: no bootstrap
+        3,
+        4 + g * 5,  # the rollout ends at step 4 without done: nothing to bootstrap from
+        5,
+    ]
+    np.testing.assert_allclose(got, expect)
+    # n = 1 is one-step TD
+    np.testing.assert_allclose(n_step_returns(r, v, d, 1, g), [1 + g * 20, 2 + g * 30, 3, 4 + g * 50, 5])

@@ -97,12 +97,11 @@ def test_make_jobs_budget_reaches_convergence():
 
 
 def _tiny_train(tmp_path, *extra):
-    w = tmp_path / "rlpto.safetensors"
     argv = ["--iterations", "4", "--episodes", "2", "--workers", "0", "--nodes", "4", "--n-jobs", "3", "--betas", "0.001",
-            "--val-every", "100", "--val-seeds", "1", "--minibatch", "256", "--lr", "3e-3", "--out", str(tmp_path / "out"),
-            "--weights", str(w), *extra]
+            "--val-every", "100", "--val-seeds", "1", "--minibatch", "256", "--lr", "3e-3", "--runs-dir", str(tmp_path),
+            "--run", "out", *extra]
     assert run("train", "rlpto", argv) == 0
-    return w
+    return tmp_path / "out" / "model.safetensors"
 
 
 def test_smoke_training_learns_that_minus_one_pays(tmp_path):
@@ -119,7 +118,7 @@ def test_smoke_training_learns_that_minus_one_pays(tmp_path):
     p /= p.sum(1, keepdims=True)
     # the initial policy is uniform to within 1% (last layer scaled by 0.01)
     assert p[:, 0].mean() > 0.45
-    log = (tmp_path / "out" / "train_log.csv").read_text().splitlines()
+    log = (tmp_path / "out" / "train.csv").read_text().splitlines()
     assert len(log) == 5
 
 
@@ -202,9 +201,9 @@ def test_slaq_baseline_fills_the_cluster_by_loss_reduction():
 def test_config_file_sets_defaults_and_rejects_unknown_keys(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("iterations: 1\nepisodes: 1\nworkers: 0\nnodes: [3]\nn-jobs: 2\nval_every: 1\nval-seeds: 1\n"
-                   f"out: {tmp_path / 'o'}\nweights: {tmp_path / 'w.safetensors'}\nbetas: [0.001]\n")
+                   f"runs-dir: {tmp_path}\nrun: w\nbetas: [0.001]\n")
     assert run("train", "rlpto", ["--config", str(cfg), "--seed", "3"]) == 0
-    meta = RLPTOScaling(path=tmp_path / "w.safetensors").metadata
+    meta = RLPTOScaling(path=tmp_path / "w" / "model.safetensors").metadata
     assert meta["training"]["iterations"] == 1 and meta["training"]["seed"] == 3
     assert meta["trained_on"]["nodes"] == [3]
     bad = tmp_path / "bad.yaml"
@@ -251,7 +250,7 @@ def test_budget_flag_reaches_training_evaluation_and_metadata(tmp_path):
     meta = RLPTOScaling(path=w).metadata
     assert meta["training"]["budget"] == "recipe" and meta["trained_on"]["budget"].startswith("recipe")
     res = tmp_path / "res"
-    argv = ["--weights", str(w), "--budget", "recipe", "--results", str(res), "--policies", "RLPTO", "FS", "FS+beta",
+    argv = ["--model", str(w), "--budget", "recipe", "--results", str(res), "--policies", "RLPTO", "FS", "FS+beta",
             "--nodes", "4", "--n-jobs", "3", "--betas", "0.001", "--eval-seeds", "2", "--workers", "0"]
     assert run("eval", "rlpto", argv) == 0
     assert "--budget recipe" in (res / "rlpto_tables_recipe.md").read_text()
