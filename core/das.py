@@ -477,12 +477,12 @@ class DASPlacement(Placement):
         # Scoring is deterministic (the GP posterior mean); ``rng`` is accepted so
         # every registered placement is built the same way (make_placement(name, rng=...)).
         self.rng = rng
-        self.fallback: str | None = None
+        self.fallback_reason: str | None = None
         if params is None and model is not None:
             try:
                 params = DASParams.load(model)
             except PolicyFileError as exc:
-                self.fallback = str(exc)
+                self.fallback_reason = str(exc)
         self.params = params or DASParams()
         self._obs: deque[tuple[str, float]] = deque(maxlen=int(self.params.max_observations))
         self._obs_version = 0

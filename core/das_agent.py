@@ -218,7 +218,7 @@ class DASOrdering:
     def __init__(self, model: str | Path | None = None, *, rng: np.random.Generator | None = None) -> None:
         del rng  # deterministic at serving time
         self.path = Path(model) if model is not None else DEFAULT_WEIGHTS
-        self.fallback: str | None = None
+        self.fallback_reason: str | None = None
         self.weights: dict[str, np.ndarray] = {}
         self.metadata: dict = {}
         try:
@@ -231,10 +231,10 @@ class DASOrdering:
             if self.window_select not in WINDOW_SELECT:
                 raise ValueError(f"unknown window_select {self.window_select!r}")
         except (nn.PolicyFileError, KeyError, TypeError, ValueError) as exc:
-            self.fallback = f"{type(exc).__name__}: {exc}"
+            self.fallback_reason = f"{type(exc).__name__}: {exc}"
             self.window, self.num_heads, self.num_layers = 0, 1, 0
             self.window_select = "oldest"
-            log.warning("DAS ordering: cannot load %s (%s); falling back to FIFO", self.path, self.fallback)
+            log.warning("DAS ordering: cannot load %s (%s); falling back to FIFO", self.path, self.fallback_reason)
 
     def observe(self, pending: Sequence[JobView], state: ClusterState) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[JobView]]:
         """``(jobs [W, F], cluster [C], valid [W], window_jobs)`` for the window of
@@ -249,7 +249,7 @@ class DASOrdering:
 
     def rank(self, pending: Sequence[JobView], state: ClusterState) -> list[JobView]:
         fifo = sorted(pending, key=lambda j: (j.submit_time, j.id))
-        if self.fallback is not None or not fifo:
+        if self.fallback_reason is not None or not fifo:
             return fifo
         feats, clus, valid, head = self.observe(fifo, state)
         logits = das_logits(
@@ -264,7 +264,7 @@ class DASOrdering:
         return [head[k] for k in order] + [j for j in fifo if id(j) not in chosen]
 
     def __repr__(self) -> str:
-        return f"DASOrdering(model={str(self.path)!r}{', fallback=FIFO' if self.fallback else ''})"
+        return f"DASOrdering(model={str(self.path)!r}{', fallback=FIFO' if self.fallback_reason else ''})"
 
 
 @register_ordering("das")
@@ -340,7 +340,7 @@ class DASAgentPlacement(Placement):
         del rng
         self.path = Path(model) if model is not None else DEFAULT_WEIGHTS
         self.max_smooth_nodes = max_smooth_nodes
-        self.fallback: str | None = None
+        self.fallback_reason: str | None = None
         self._smoother: tuple[object, np.ndarray | None] | None = None
         try:
             weights, meta = nn.load_policy_file(self.path, policy="das")
@@ -350,8 +350,8 @@ class DASAgentPlacement(Placement):
             self.lam = float(arch["lam"])
             self.noise = float(arch.get("gp_noise", 1.0))
         except (nn.PolicyFileError, KeyError, TypeError, ValueError, IndexError) as exc:
-            self.fallback = f"{type(exc).__name__}: {exc}"
-            log.warning("DAS placement agent: cannot load %s (%s); falling back to first fit", self.path, self.fallback)
+            self.fallback_reason = f"{type(exc).__name__}: {exc}"
+            log.warning("DAS placement agent: cannot load %s (%s); falling back to first fit", self.path, self.fallback_reason)
 
     def _smooth(self, topology) -> np.ndarray | None:
         hit = self._smoother
@@ -362,7 +362,7 @@ class DASAgentPlacement(Placement):
 
     def node_scores(self, job: JobView, state: ClusterState) -> np.ndarray:
         """The posterior-mean score of every node for ``job``."""
-        if self.fallback is not None:
+        if self.fallback_reason is not None:
             return -np.arange(len(state.total), dtype=float)
         feats, _ = placement_features(job, state)
         a = feats.astype(np.float64) @ self.w + self.b
@@ -379,7 +379,7 @@ class DASAgentPlacement(Placement):
         return np.where(ok, s, -np.inf)
 
     def __repr__(self) -> str:
-        return f"DASAgentPlacement(model={str(self.path)!r}{', fallback=firstfit' if self.fallback else ''})"
+        return f"DASAgentPlacement(model={str(self.path)!r}{', fallback=firstfit' if self.fallback_reason else ''})"
 
 
 @register_placement("das-agent")

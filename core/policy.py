@@ -50,6 +50,9 @@ class Placement(Protocol):
     """Chooses nodes for a job's workers, and scores candidates for one pod."""
 
     name: str
+    #: why the policy places with a fallback rather than as configured (e.g. its
+    #: model file could not be read); ``None`` when it runs as configured
+    fallback_reason: str | None = None
 
     def place(self, job: JobView, state: ClusterState, workers: int | None = None) -> list[int] | None:
         """Node index for each of ``workers`` (default ``job.workers``) new workers,

@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator
 
 import yaml
 
+from rlsched.core.contract import DEFAULT_SCHEDULER_NAME
 from rlsched.core.topology import RESOURCE_GPU, Topology
 
 from .kwok import KwokController
@@ -53,7 +54,7 @@ __all__ = [
     "register",
 ]
 
-SCHEDULER_NAME = "rlsched"
+SCHEDULER_NAME = DEFAULT_SCHEDULER_NAME
 _STATE_FILE = "state.json"
 
 ProgressFn = Callable[[str], None]

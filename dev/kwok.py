@@ -14,6 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from rlsched.core.contract import ANNOTATION_DURATION
+
 from .probe import http_ok
 from .proc import Process, free_ports, wait_for
 from .tools import find_tools
@@ -27,7 +29,7 @@ __all__ = [
     "kwok_stages",
 ]
 
-DURATION_ANNOTATION = "rlsched.dev/duration-seconds"
+DURATION_ANNOTATION = ANNOTATION_DURATION  # the stage YAML spells it too (data)
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_TAINT_KEY = "kwok.x-k8s.io/node"
 

@@ -48,7 +48,7 @@ def build_extender(
     version = ""
     if name == "das":
         placement = DASPlacement(model=model)
-        reason = placement.fallback
+        reason = placement.fallback_reason
         version = placement.params.version
         if reason:
             log.warning("DAS model not used, falling back to default parameters: %s", reason)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rlsched.core.contract import DEFAULT_SCHEDULER_NAME
+
 __all__ = ["register"]
 
 
@@ -18,7 +20,8 @@ def register(subparsers) -> None:
     r.add_argument("--cycle", type=float, default=5.0, help="seconds between scheduling cycles (default 5)")
     r.add_argument("--start-timeout", type=float, default=120.0, help="seconds a gang may stay Pending (default 120)")
     r.add_argument("--grace-period", type=int, default=30, help="termination grace period of preempted/removed workers")
-    r.add_argument("--scheduler-name", default="rlsched", help="schedulerName of worker pods (default rlsched)")
+    r.add_argument("--scheduler-name", default=DEFAULT_SCHEDULER_NAME,
+                   help=f"schedulerName of worker pods (default {DEFAULT_SCHEDULER_NAME})")
     r.add_argument("--ordering", default="fifo", help="core ordering policy inside a queue (fifo, sjf, das, ...)")
     r.add_argument("--ordering-model", help="weights file of a learned ordering (DAS)")
     r.add_argument("--scaling", default="auto",

@@ -15,10 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CONTRACT = Path("core") / "contract.py"
 
 #: contract values that are also ordinary words elsewhere (the scheduler profile and the
-#: Helm release are both "rlsched"; "chief"/"worker" name roles and processes), and the
-#: kwok duration annotation the dev cluster still spells in its stage YAML
+#: Helm release are both "rlsched"; "chief"/"worker" name roles and processes)
 NOT_SCANNED = {"DEFAULT_SCHEDULER_NAME", "SHORT_NAME", "SINGULAR", "VERSION", "ROLE_CHIEF", "ROLE_WORKER",
-               "MANAGED_BY_OPERATOR", "ANNOTATION_DURATION"}
+               "MANAGED_BY_OPERATOR"}
 #: one definition each, in core: the pod/node shape parser, the bad-shape and bad-model-file errors
 DEFINED_ONCE = {
     "pod_gpus": CONTRACT, "node_gpus": CONTRACT, "node_shape": CONTRACT, "parse_quantity": CONTRACT,

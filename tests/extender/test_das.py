@@ -196,7 +196,7 @@ def test_observations_move_the_posterior_along_the_topology():
 
 def test_registered_as_placement_das():
     p = make_placement("das")
-    assert isinstance(p, DASPlacement) and p.name == "das" and p.fallback is None
+    assert isinstance(p, DASPlacement) and p.name == "das" and p.fallback_reason is None
 
 
 # ------------------------------------------------------------------------- model files
@@ -204,7 +204,7 @@ def test_model_json_is_read(tmp_path):
     f = tmp_path / "das.json"
     f.write_text(json.dumps({"policy": "das", "version": "7", "params": {"lam": 0.6, "w_pack": 2.0}}))
     das = DASPlacement(model=f)
-    assert das.fallback is None
+    assert das.fallback_reason is None
     assert das.params.lam == 0.6 and das.params.w_pack == 2.0 and das.params.version == "7"
 
 
@@ -213,7 +213,7 @@ def test_model_safetensors_is_read(tmp_path):
     save_file({"lam": np.array([0.7], dtype=np.float32), "kappa": np.array(1.5, dtype=np.float32)},
               str(f), metadata={"policy": "das", "version": "v3"})
     das = DASPlacement(model=f)
-    assert das.fallback is None
+    assert das.fallback_reason is None
     assert das.params.lam == pytest.approx(0.7) and das.params.kappa == 1.5 and das.params.version == "v3"
 
 
@@ -228,7 +228,7 @@ def test_trained_policy_file_with_learned_mean_is_read(tmp_path):
             "architecture": {"lam": 0.8}, "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
     f.with_suffix(".json").write_text(json.dumps(meta))
     das = DASPlacement(model=f)
-    assert das.fallback is None, das.fallback
+    assert das.fallback_reason is None, das.fallback_reason
     assert das.params.lam == 0.8 and das.params.version == "11"
     assert das.params.mean_weights == (0.0, 0.0, 5.0, 0.0, 0.0, 0.0)
     st = ClusterState(Topology.uniform(4))
@@ -238,7 +238,7 @@ def test_trained_policy_file_with_learned_mean_is_read(tmp_path):
     # a tampered weights file fails the recorded SHA-256: fallback, not a crash
     f.write_bytes(f.read_bytes()[:-1] + b" ")
     bad = DASPlacement(model=f)
-    assert bad.fallback is not None and "SHA-256" in bad.fallback
+    assert bad.fallback_reason is not None and "SHA-256" in bad.fallback_reason
     assert bad.params == DASParams()
 
 
@@ -258,7 +258,7 @@ def test_missing_or_corrupt_model_falls_back_to_defaults(tmp_path, content, why)
     if content is not None:
         f.write_bytes(content)
     das = DASPlacement(model=f)
-    assert das.fallback is not None and why in das.fallback
+    assert das.fallback_reason is not None and why in das.fallback_reason
     assert das.params == DASParams()
     with pytest.raises(PolicyFileError):
         DASParams.load(f)

@@ -92,7 +92,7 @@ def test_tiny_training_changes_parameters_and_exports_loadable_weights(tmp_path)
     torch.manual_seed(0)
     assert das.train(args) == 0
     order = DASOrdering(model(args))
-    assert order.fallback is None
+    assert order.fallback_reason is None
     rows = (tmp_path / "das" / "train.csv").read_text().splitlines()
     assert len(rows) == 3
     # the exported ordering differs from a freshly initialised one
@@ -177,7 +177,7 @@ def test_served_placement_agent_equals_the_trained_policy_mean(tmp_path):
     from rlsched.core.nn import load_policy_file
 
     served = DASAgentPlacement(model(args))
-    assert served.fallback is None
+    assert served.fallback_reason is None
     weights, meta = load_policy_file(model(args), policy="das")
     rwgp = das.PlacementRWGP(0.6, 0.5)
     core = SchedulingCore(racked_workload, EnvConfig(window=args.window))
@@ -201,12 +201,12 @@ def test_served_placement_falls_back_to_first_fit_without_weights(tmp_path):
     bad.write_bytes(b"not a safetensors file")
     (tmp_path / "das.json").write_text("{}")
     p = make_placement("das-agent", model=bad)
-    assert p.fallback is not None
+    assert p.fallback_reason is not None
     core = SchedulingCore(racked_workload, EnvConfig(window=4))
     core.reset(0)
     job = core.window_jobs()[0]
     assert p.place(job, core.sim.state) == make_placement("firstfit").place(job, core.sim.state)
-    assert DASOrdering(bad).fallback is not None
+    assert DASOrdering(bad).fallback_reason is not None
 
 
 def test_teacher_slot_is_the_heuristics_first_job_that_fits():

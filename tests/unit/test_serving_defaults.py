@@ -9,7 +9,7 @@ from rlsched.operator.cli import resolve_scaling_model
 def test_extender_serves_the_trained_das_weights_by_default():
     path = resolve_model("das", None)
     placement = DASPlacement(model=path)
-    assert placement.fallback is None
+    assert placement.fallback_reason is None
     assert placement.params.mean_weights is not None  # the learned linear mean, not the defaults
     assert placement.params != DASParams()
     assert resolve_model("das", "none") is None
