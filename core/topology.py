@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Iterable, Mapping
 
-# the node labels are part of the Kubernetes contract; re-exported here for topology users
+# node labels belong to the Kubernetes contract (import them from rlsched.core.contract)
 from .contract import (
     DEFAULT_TOPOLOGY_LEVELS,
     LABEL_BLOCK,
@@ -34,26 +34,9 @@ from .contract import (
     LABEL_HOSTNAME,
     LABEL_NVLINK_DOMAIN_SIZE,
     LABEL_RACK,
-    RESOURCE_GPU,
 )
 
-__all__ = [
-    "Level",
-    "Bandwidth",
-    "NodeSpec",
-    "Topology",
-    "LABEL_BLOCK",
-    "LABEL_RACK",
-    "LABEL_HOSTNAME",
-    "LABEL_GPU_COUNT",
-    "LABEL_GPU_PRODUCT",
-    "LABEL_GPU_CLIQUE",
-    "LABEL_NVLINK_DOMAIN_SIZE",
-    "LABEL_GPU_PRICE",
-    "RESOURCE_GPU",
-    "DEFAULT_TOPOLOGY_LEVELS",
-    "node_labels",
-]
+__all__ = ["Level", "Bandwidth", "NodeSpec", "Topology", "node_labels"]
 
 
 class Level(IntEnum):

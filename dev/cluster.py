@@ -37,8 +37,8 @@ from typing import Any, Callable, Iterator
 
 import yaml
 
-from rlsched.core.contract import DEFAULT_SCHEDULER_NAME
-from rlsched.core.topology import RESOURCE_GPU, Topology
+from rlsched.core.contract import DEFAULT_SCHEDULER_NAME, RESOURCE_GPU
+from rlsched.core.topology import Topology
 
 from .kwok import KwokController
 from .nodes import create_gpu_nodes, default_topology, delete_gpu_nodes, load_topology, wait_nodes_ready

@@ -13,7 +13,8 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
-from rlsched.core.topology import RESOURCE_GPU, NodeSpec, Topology, node_labels
+from rlsched.core.contract import RESOURCE_GPU
+from rlsched.core.topology import NodeSpec, Topology, node_labels
 
 from .kwok import KWOK_NODE_ANNOTATION, KWOK_TAINT_KEY
 from .proc import ClusterError

@@ -11,7 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from kubernetes import client
 
-from rlsched.core.topology import RESOURCE_GPU, node_labels
+from rlsched.core.contract import RESOURCE_GPU
+from rlsched.core.topology import node_labels
 from rlsched_dev.kwok import DURATION_ANNOTATION
 
 pytestmark = pytest.mark.k8s
