@@ -89,18 +89,8 @@ class QueueEntry:
 
     def view(self) -> JobView:
         bonus = HIGHEST_BONUS if self.spec.priority_class == "highest" else 0.0
-        return JobView(
-            id=self.key,
-            submit_time=self.submit_time,
-            gpus_per_worker=self.spec.gpus_per_worker,
-            workers=self.spec.min_workers,
-            min_workers=self.spec.min_workers,
-            max_workers=self.spec.max_workers,
-            priority=self.priority + bonus,
-            queue=self.queue,
-            est_runtime=self.spec.estimated_runtime,
-            beta=self.spec.beta,
-        )
+        return self.spec.view(self.key, submit_time=self.submit_time, workers=self.spec.min_workers,
+                              priority=self.priority + bonus, queue=self.queue)
 
 
 @dataclass(slots=True)

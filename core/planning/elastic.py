@@ -121,20 +121,9 @@ class RunningJob:
     placement: list[int] = field(default_factory=list)
 
     def view(self) -> JobView:
-        return JobView(
-            id=self.key,
-            submit_time=self.submit_time,
-            gpus_per_worker=self.spec.gpus_per_worker,
-            workers=self.workers,
-            min_workers=self.spec.min_workers,
-            max_workers=self.spec.max_workers,
-            priority=self.spec.priority_value,
-            est_runtime=self.spec.estimated_runtime,
-            start_time=self.start_time,
-            placement=list(self.placement),
-            progress=self.progress,
-            beta=self.spec.beta,
-        )
+        return self.spec.view(self.key, submit_time=self.submit_time, workers=self.workers,
+                              priority=self.spec.priority_value, start_time=self.start_time,
+                              placement=list(self.placement), progress=self.progress)
 
 
 @dataclass(slots=True)

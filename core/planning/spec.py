@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..cluster import JobView
+
 __all__ = ["TrainingSpec", "PRIORITY_CLASSES"]
 
 #: service classes, most important first
@@ -33,3 +35,20 @@ class TrainingSpec:
     @property
     def gang_gpus(self) -> int:
         return self.min_workers * self.gpus_per_worker
+
+    def view(self, key: str, *, submit_time: float, workers: int, priority: float, **state) -> JobView:
+        """The job as policies see it: the spec's bounds, GPUs, β and the user's run-time
+        estimate (never a true run time), plus the live ``state`` (queue, progress,
+        start time, placement)."""
+        return JobView(
+            id=key,
+            submit_time=submit_time,
+            gpus_per_worker=self.gpus_per_worker,
+            workers=workers,
+            min_workers=self.min_workers,
+            max_workers=self.max_workers,
+            priority=priority,
+            est_runtime=self.estimated_runtime,
+            beta=self.beta,
+            **state,
+        )
