@@ -64,6 +64,7 @@ bench: venv $(TEST_DEPS)
 	$(PY) bench/run.py --out bench/results
 	$(PY) bench/extender_bench.py --sizes 100,1000 --out bench/results/extender.json
 	$(PY) bench/operator_admission.py --jobs 200 --out bench/results
+	$(PY) bench/faults.py --rounds 20 --out bench/results/faults.json
 
 clean:
 	rm -rf $(OUT) .pytest_cache build *.egg-info

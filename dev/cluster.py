@@ -71,6 +71,12 @@ class LocalCluster:
     ``kubeconfig``; by default a fresh temporary directory removed by :meth:`stop`.
     ``extender_url`` is where the ``rlsched`` scheduler profile calls the extender;
     by default ``http://127.0.0.1:<free port>``, a port the test can then serve on.
+    kube-scheduler counts ``nvidia.com/gpu`` itself (``ignoredByScheduler: false``,
+    the configuration the docs recommend): the extender narrows and scores but is never
+    the only one counting GPUs, so neither a tie kube-scheduler breaks elsewhere nor a
+    dead or hung extender can bind more GPUs than a node has.
+    ``gpu_ignored_by_scheduler=True`` is the unsafe setting, kept to reproduce that
+    over-commit in the fault benchmark (``bench/faults.py``).
 
     >>> with LocalCluster() as c:             # doctest: +SKIP
     ...     print(c.kubeconfig, c.server, c.extender_url)
@@ -84,7 +90,7 @@ class LocalCluster:
         extender_url: str | None = None,
         extender_weight: int = 5,
         extender_timeout_s: float = 5.0,
-        gpu_ignored_by_scheduler: bool = True,
+        gpu_ignored_by_scheduler: bool = False,
         start_timeout_s: float = 90.0,
         kwok: bool = True,
         detach: bool = False,

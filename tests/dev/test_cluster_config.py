@@ -51,7 +51,12 @@ def test_rlsched_scheduler_config_has_the_extender_and_its_own_lease(tmp_path):
     assert (ext["filterVerb"], ext["prioritizeVerb"], ext["weight"]) == ("filter", "prioritize", 3)
     assert ext["nodeCacheCapable"] is True and ext["ignorable"] is True
     assert ext["httpTimeout"] == "2.5s"
-    assert ext["managedResources"] == [{"name": "nvidia.com/gpu", "ignoredByScheduler": True}]
+    # kube-scheduler counts GPUs itself (NodeResourcesFit): the extender only narrows
+    # and scores, so a tie broken elsewhere or a dead extender can never over-commit
+    assert ext["managedResources"] == [{"name": "nvidia.com/gpu", "ignoredByScheduler": False}]
+    unsafe = LocalCluster(tmp_path, extender_url="http://127.0.0.1:9999",
+                          gpu_ignored_by_scheduler=True).scheduler_config(extender=True)
+    assert unsafe["extenders"][0]["managedResources"][0]["ignoredByScheduler"] is True
     default = cluster.scheduler_config(extender=False)
     assert [p["schedulerName"] for p in default["profiles"]] == ["default-scheduler"]
     assert "extenders" not in default

@@ -122,8 +122,8 @@ def tj(kapi):
 
 @pytest.fixture(scope="module")
 def extender(kube_cluster, tmp_path_factory, launch_extender):
-    """``rlsched extender serve`` on the port the ``rlsched`` scheduler profile calls: with
-    it the scheduler accounts ``nvidia.com/gpu`` (the profile leaves GPUs to the
-    extender), so workers never overcommit a node."""
+    """``rlsched extender serve`` on the port the ``rlsched`` scheduler profile calls, so
+    workers are placed by DAS (kube-scheduler counts ``nvidia.com/gpu`` itself either
+    way: no node is ever overcommitted, with or without the extender)."""
     with launch_extender(kube_cluster, tmp_path_factory.mktemp("extender") / "extender.log") as url:
         yield url
