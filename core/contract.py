@@ -13,6 +13,9 @@ Parser: objects are plain dicts with camelCase keys, as the API server serves th
 :func:`pod_gpus` is the GPU request of a pod by the scheduler's effective-request rule
 and :func:`node_shape` the name, labels and GPUs of a node. Anything of the wrong shape
 raises :class:`ShapeError` with the path of the offending field.
+:func:`controlling_job` names the TrainingJob that controls a pod (the only pods the
+operator owns) and :func:`dns_label_error` checks a name against RFC 1123's label rule
+(pod names the operator derives, label values).
 
 Pure: no Kubernetes client, no I/O.
 """
@@ -81,6 +84,10 @@ __all__ = [
     "NodeShape",
     "node_shape",
     "node_gpus",
+    "DNS_LABEL_MAX",
+    "dns_label_error",
+    "JobOwner",
+    "controlling_job",
 ]
 
 # --------------------------------------------------------------------------- the CRD
@@ -314,3 +321,50 @@ def node_shape(node: Any, where: str = "Node") -> NodeShape:
         raise ShapeError(f"{where}.metadata.name: expected a non-empty string")
     labels = str_map(meta, "labels", f"{where}.metadata")
     return NodeShape(name=name, labels=labels, gpus=node_gpus(node, where))
+
+
+# --------------------------------------------------------------------------- names and owners
+#: longest RFC 1123 label (and longest label value): 63 characters
+DNS_LABEL_MAX = 63
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def dns_label_error(value: Any, what: str = "name") -> str | None:
+    """Why ``value`` is not an RFC 1123 label (lower-case alphanumerics and ``-``,
+    alphanumeric at both ends, at most :data:`DNS_LABEL_MAX` characters), or None."""
+    if not isinstance(value, str) or not value:
+        return f"{what} must be a non-empty string"
+    if len(value) > DNS_LABEL_MAX:
+        return f"{what} {value[:40]!r}... is {len(value)} characters, more than {DNS_LABEL_MAX}"
+    if not _DNS_LABEL.fullmatch(value):
+        return f"{what} {value!r} is not an RFC 1123 label (lower-case letters, digits and '-')"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class JobOwner:
+    """The TrainingJob a pod's controller ownerReference points to."""
+
+    name: str
+    uid: str
+
+
+def controlling_job(obj: Any) -> JobOwner | None:
+    """The TrainingJob controlling ``obj`` (a pod or any object dict): its
+    ``metadata.ownerReferences`` entry with ``controller: true``, kind
+    :data:`KIND` and an ``apiVersion`` of group :data:`GROUP`; None when there is none
+    (a pod the operator did not create, whatever its labels say). Malformed
+    references count as none."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    refs = meta.get("ownerReferences") if isinstance(meta, Mapping) else None
+    if not isinstance(refs, list):
+        return None
+    for ref in refs:
+        if not isinstance(ref, Mapping) or ref.get("controller") is not True or ref.get("kind") != KIND:
+            continue
+        api_version, name, uid = ref.get("apiVersion"), ref.get("name"), ref.get("uid")
+        if not isinstance(api_version, str) or api_version.split("/", 1)[0] != GROUP:
+            continue
+        if isinstance(name, str) and name and isinstance(uid, str) and uid:
+            return JobOwner(name=name, uid=uid)
+    return None

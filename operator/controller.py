@@ -14,11 +14,92 @@ a kube-controller-manager either.
 Each component writes only its own status fields: the operator merge-patches phase,
 queue, workers, conditions, timing and ``rlpto``; ``status.progress`` belongs to the
 job's chief (``rlsched.trainer.report``).
+
+What is the operator's
+    Only objects whose controller ownerReference is a TrainingJob of ``rlsched.dev``
+    (:func:`rlsched.core.contract.controlling_job`). Such pods are a job's workers;
+    such a pod, ServiceAccount, Role or RoleBinding whose TrainingJob no longer exists
+    is an orphan and deleted. A pod that merely carries the ``rlsched.dev/job`` label
+    (a plain gang pod for the extender, or one named after an existing job) is never
+    touched nor counted as a worker.
+
+Failures are contained to the object that caused them
+    A cycle is aborted only when it cannot read the cluster (listing jobs, pods or
+    nodes fails); ``rlsched_operator_cycle_errors_total`` counts those cycles. Every
+    per-job step (observe, admit, preempt, scale, complete) runs on its own: an error
+    there is logged, counted in ``rlsched_operator_job_errors_total{kind}`` and the
+    rest of the cycle goes on.
+
+    A worker pod the API server refuses is classified by its answer:
+
+    * *permanent* — 400, 422 (the pod is invalid) and 403 (an admission plugin refused
+      it: an unknown ``priorityClassName``, a Pod Security violation): the same pod
+      would be refused again, so the job fails at once (``phase: Failed``, condition
+      ``PodsCreated=False`` whose reason is the API server's (``Invalid``,
+      ``Forbidden``, ...) and whose message is the API server's message, a Warning
+      Event) and every pod it got is deleted, giving its GPUs back;
+    * *transient* — 5xx, 429, a timeout or a lost connection, and the 403s that are not
+      the job's fault (``exceeded quota``: quota may free up; ``cannot create
+      resource``: the operator's own RBAC): condition ``PodsCreated=False`` and a
+      Warning Event, the job keeps its place and the pods are created again next
+      cycle (an admitted gang still times out after ``start_timeout_s``).
+
+    A pod or node whose GPUs cannot be read is counted conservatively by the snapshot
+    (see :mod:`rlsched.operator.snapshot`) and logged once; it never fails the cycle.
+    Jobs are validated before they hold GPUs: a spec the pure checks refuse (worker
+    names longer than 63 characters, GPU totals other than ``gpusPerWorker``) fails
+    as ``InvalidSpec``; a gang that cannot fit even the empty cluster never blocks the
+    queue: it stays ``Queued`` with condition ``Schedulable=False`` (reason
+    ``Unfittable``, the numbers) and a Warning Event, and is admitted once nodes make
+    it fit.
+
+What the operator trusts of a job's status
+    The job's chief may patch ``trainingjobs/status`` (its Role allows it, for
+    ``progress``), so every status field the operator acts on is checked against the
+    spec or the operator's own record. The operator keeps, per job, the last value it
+    wrote of the fields it owns (``OWNED_FIELDS``); a different value in the status
+    was written by someone else and is restored (Warning Event ``StatusReset``,
+    ``rlsched_operator_status_resets_total``). With no record (the first cycle after
+    the operator started or became leader) the status is adopted within the bounds
+    below. Field by field, what a hostile chief could try and what stops it:
+
+    * ``phase`` — ``Running``/``Starting`` on a queued or preempted job to get pods
+      without admission, ``Queued`` to be admitted twice: restored from the record;
+      without one, ``Starting``/``Running`` counts only for a job with a live worker
+      pod it controls (else it is queued again);
+    * ``targetWorkers`` — 40 on a ``maxWorkers: 2`` job to get 40 pods: restored, and
+      whatever the source always clamped to ``[minWorkers, maxWorkers]``
+      (``minWorkers`` while ``Starting``), so never more pods than the spec allows;
+    * ``effectivePriority``, ``priorityRequestsSeen`` — to jump the queue or dodge
+      preemption: never read; the priority is recomputed from the spec and the
+      ``rlsched.dev/priority-requests`` annotation
+      (:meth:`~rlsched.core.planning.DynamicPriority.expected`) and a different status
+      value is reset;
+    * ``queue`` (``interrupt`` resumes first) and ``nominated`` (served before every
+      queue): restored from the record; without one, ``nominated`` counts only on a
+      queued ``highest`` job (the only kind the operator nominates);
+    * ``queuedTime``, ``admittedTime``, ``startTime`` — FIFO position, gang start
+      timeout, training time: restored; without a record, bounded by the job's
+      creation and the current time;
+    * ``rlpto`` (the planner's memory) — restored from the record;
+    * ``progress`` — the chief's own report: it can only steer its own job within the
+      planner's bounds (scale between ``minWorkers`` and ``maxWorkers`` on spare GPUs,
+      finish early); a malformed report fails that job's step, not the cycle, and the
+      job still counts as holding its GPUs;
+    * ``workers``, ``readyWorkers``, ``preemptions``, ``conditions``, ``reason``,
+      ``message`` — informational, recomputed or only appended to.
+
+    The window left is a restart of the operator (or a change of leader) while a
+    chief is alive: what the status says of ``queue``, ``rlpto`` and the times is
+    adopted within the bounds above; the admission policy in ``deploy/`` that lets
+    trainers change only ``status.progress`` closes it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
+import json
 import logging
 import time
 import uuid
@@ -32,7 +113,16 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from rlsched.core import Progress, make_ordering, make_scaling
 from rlsched.core.contract import ANNOTATION_EVENT_TIME as EVENT_TIME_ANNOTATION
 from rlsched.core.contract import ANNOTATION_PRIORITY_REQUESTS as REQUESTS_ANNOTATION
-from rlsched.core.contract import API_VERSION, DEFAULT_SCHEDULER_NAME, GROUP, KIND, LABEL_INDEX, LABEL_JOB, PLURAL, VERSION
+from rlsched.core.contract import (
+    API_VERSION,
+    DEFAULT_SCHEDULER_NAME,
+    GROUP,
+    KIND,
+    LABEL_INDEX,
+    PLURAL,
+    VERSION,
+    controlling_job,
+)
 from rlsched.core.planning import (
     Admission,
     AdmissionPlan,
@@ -51,12 +141,157 @@ from .resources import trainer_rbac, worker_pod
 from .snapshot import build_snapshot
 from .spec import SpecError, parse_spec
 
-__all__ = ["OperatorConfig", "Controller", "REQUESTS_ANNOTATION", "parse_time", "format_time"]
+__all__ = ["OperatorConfig", "Controller", "REQUESTS_ANNOTATION", "parse_time", "format_time", "OWNED_FIELDS",
+           "JobRejected", "api_error", "permanent_rejection", "guard_status", "merge_patch", "merge_diff"]
 
 log = logging.getLogger(__name__)
 
 MERGE = "application/merge-patch+json"
 ACTIVE = ("Queued", "Starting", "Running")
+PHASES = ("Queued", "Starting", "Running", "Succeeded", "Failed")
+#: status fields only the operator writes and then acts on (see "What the operator
+#: trusts" above); its last written value of each is its record
+OWNED_FIELDS = ("phase", "targetWorkers", "queue", "nominated", "queuedTime", "admittedTime", "startTime", "rlpto")
+TIME_FIELDS = ("queuedTime", "admittedTime", "startTime")
+#: clock skew tolerated between the operator, the API server and earlier operators
+SKEW_S = 300.0
+#: ``Status.reason`` the API server gives for each HTTP status (when its body has none)
+HTTP_REASONS = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 409: "AlreadyExists",
+                410: "Expired", 422: "Invalid", 429: "TooManyRequests", 500: "InternalError",
+                503: "ServiceUnavailable", 504: "Timeout"}
+
+
+class JobRejected(Exception):
+    """A job cannot go on: the API server refused its worker pods for good, or its pod
+    could not be built. The job fails with condition ``ctype=False``, ``reason`` and
+    ``message``."""
+
+    def __init__(self, ctype: str, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.ctype, self.reason, self.message = ctype, reason, message
+
+
+def api_error(exc: ApiException) -> tuple[str, str]:
+    """``(reason, message)`` of an API error: the ``reason`` and ``message`` of the
+    ``Status`` object in its body when there is one, else from the HTTP status."""
+    reason = message = None
+    body = getattr(exc, "body", None)
+    if body:
+        try:
+            st = json.loads(body)
+        except ValueError:
+            st = None
+            message = (body.decode(errors="replace") if isinstance(body, bytes) else str(body))[:500]
+        if isinstance(st, dict):
+            reason = st.get("reason") if isinstance(st.get("reason"), str) else None
+            message = st.get("message") if isinstance(st.get("message"), str) else message
+    reason = reason or HTTP_REASONS.get(exc.status or 0) or ("ServerError" if (exc.status or 0) >= 500 else "ApiError")
+    message = message or str(exc.reason or f"HTTP {exc.status}")
+    return reason, message
+
+
+def permanent_rejection(status: int | None, message: str) -> bool:
+    """Whether the API server's refusal of a pod would repeat for the same pod: 400,
+    422, and 403 except quota (``exceeded quota``, may free up) and the operator's own
+    RBAC (``cannot create resource``, fixed by an administrator, not by the job)."""
+    if status in (400, 422):
+        return True
+    if status == 403:
+        return "exceeded quota" not in message and "cannot create resource" not in message
+    return False
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """``target`` after a JSON merge patch (RFC 7386): objects merge key by key, null
+    deletes, anything else replaces. Neither argument is modified."""
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, Mapping) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
+def merge_diff(current: Any, wanted: Any) -> Any:
+    """The merge patch turning ``current`` into ``wanted`` (None: delete the field)."""
+    if isinstance(wanted, Mapping) and isinstance(current, Mapping):
+        out: dict = {k: None for k in current if k not in wanted}
+        for k, v in wanted.items():
+            if current.get(k) != v:
+                out[k] = merge_diff(current.get(k), v)
+        return out
+    return copy.deepcopy(wanted)
+
+
+def _stored(v: Any) -> Any:
+    """``v`` as the API server keeps it after a merge patch (null members dropped)."""
+    return merge_patch(None, v) if isinstance(v, Mapping) else v
+
+
+def _time(v: Any) -> float | None:
+    if not isinstance(v, str):
+        return None
+    try:
+        return parse_time(v)
+    except ValueError:
+        return None
+
+
+def guard_status(
+    status: Mapping,
+    record: Mapping | None,
+    spec: TrainingSpec | None,
+    *,
+    created: float | None,
+    now: float,
+    live_workers: int | None = None,
+) -> tuple[dict, dict]:
+    """The status the operator acts on, and the fields it must write back.
+
+    ``record`` is the operator's own last written value of each of
+    :data:`OWNED_FIELDS` (None when it has none: adopt ``status``). Returns
+    ``(trusted, changed)``: ``trusted`` is ``status`` with every owned field as
+    recorded, then bounded by the spec (``targetWorkers`` in ``[minWorkers,
+    maxWorkers]``, exactly ``minWorkers`` while ``Starting``; ``nominated`` only on a
+    queued ``highest`` job unless recorded; times within ``[creation, now]`` give or
+    take :data:`SKEW_S`); adopted without a record, ``Starting``/``Running`` needs a
+    live worker the job controls (``live_workers``), else the job is ``Queued`` again
+    (admitted anew: at worst a delay). ``changed`` maps each field whose trusted value
+    differs from the status to ``(status value, trusted value)``.
+    """
+    st = copy.deepcopy(dict(status))
+    if record is not None:
+        for k in OWNED_FIELDS:
+            if k in record:
+                if record[k] is None:
+                    st.pop(k, None)
+                else:
+                    st[k] = copy.deepcopy(record[k])
+    elif st.get("phase") in ("Starting", "Running") and live_workers == 0:
+        st["phase"], st["targetWorkers"] = "Queued", 0
+    phase = st.get("phase")
+    if spec is not None:
+        if phase == "Starting":
+            st["targetWorkers"] = spec.min_workers
+        elif phase == "Running":
+            st["targetWorkers"] = spec.clamp_workers(st.get("targetWorkers"))
+        if st.get("nominated") and record is None and not (phase == "Queued" and spec.priority_class == "highest"):
+            st["nominated"] = False
+    for k in TIME_FIELDS:
+        if k not in st:
+            continue
+        t = _time(st[k])
+        if t is None:
+            st.pop(k)
+        elif t > now + SKEW_S:
+            st[k] = format_time(now)
+        elif created is not None and t < created - SKEW_S:
+            st[k] = format_time(created)
+    changed = {k: (status.get(k), st.get(k)) for k in OWNED_FIELDS if _stored(status.get(k)) != _stored(st.get(k))}
+    return st, changed
 
 
 @dataclass
@@ -120,20 +355,31 @@ def progress_of(status: Mapping) -> Progress:
     )
 
 
+def get_condition(conditions: Any, ctype: str) -> dict | None:
+    """The condition of type ``ctype`` in a status' ``conditions`` (None if absent)."""
+    if not isinstance(conditions, list):
+        return None
+    return next((c for c in conditions if isinstance(c, Mapping) and c.get("type") == ctype), None)
+
+
 def set_condition(conditions: list[dict] | None, ctype: str, status: str, reason: str, message: str, now: float) -> list[dict]:
-    """Upsert one condition; keeps lastTransitionTime when the status did not change."""
-    out = [dict(c) for c in conditions or [] if c.get("type") != ctype]
-    old = next((c for c in conditions or [] if c.get("type") == ctype), None)
+    """Upsert one condition; keeps lastTransitionTime when the status did not change.
+    Entries that are not objects are dropped."""
+    conditions = [c for c in conditions if isinstance(c, Mapping)] if isinstance(conditions, list) else []
+    out = [dict(c) for c in conditions if c.get("type") != ctype]
+    old = get_condition(conditions, ctype)
     ltt = old.get("lastTransitionTime") if old and old.get("status") == status else format_time(now)
     out.append({"type": ctype, "status": status, "reason": reason, "message": message, "lastTransitionTime": ltt})
     return out
 
 
 def requests_count(body: Mapping) -> int:
+    """The user's priority-request counter (annotation); 0 when absent or not an integer."""
     v = ((body.get("metadata") or {}).get("annotations") or {}).get(REQUESTS_ANNOTATION, "0")
     try:
         return int(v)
-    except ValueError:
+    except (TypeError, ValueError):
+        log.debug("%s: annotation %s=%r is not an integer; 0 requests", job_key(body), REQUESTS_ANNOTATION, v)
         return 0
 
 
@@ -193,6 +439,10 @@ class _Job:
         return self.body["metadata"]["namespace"]
 
     @property
+    def uid(self) -> str:
+        return self.body["metadata"]["uid"]
+
+    @property
     def status(self) -> dict:
         return self.body.get("status") or {}
 
@@ -229,6 +479,12 @@ class Controller:
         self.planner = ScalingPlanner(build_scaling(config.scaling, config.scaling_model), patience=config.patience)
         self.cycles = 0
         self.last_plan: AdmissionPlan | None = None
+        #: job uid -> the operator's last written value of each of OWNED_FIELDS
+        self.record: dict[str, dict[str, Any]] = {}
+        #: unreadable objects already logged (each is logged once while it lasts)
+        self._reported: set[str] = set()
+        #: job uid -> the unexpected error last reported on it by an event
+        self._errors: dict[str, str] = {}
 
     # ------------------------------------------------------------------ API helpers
     async def read_json(self, coro) -> Any:
@@ -250,17 +506,33 @@ class Controller:
             call = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, _preload_content=False)
         return (await self.read_json(call))["items"]
 
-    async def patch_status(self, job: _Job | Mapping, patch: dict) -> None:
+    async def patch_status(self, job: _Job | Mapping, patch: dict, *, forget_on_error: bool = True) -> None:
+        """Merge-patch the job's status and keep the record of the owned fields written.
+        A failed patch (other than 404: the job is gone) forgets the record
+        (``forget_on_error``), since what the status now holds is unknown; the next
+        cycle adopts it within bounds."""
         body = job.body if isinstance(job, _Job) else job
         md = body["metadata"]
+        uid = md.get("uid")
         try:
             await self.custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, md["namespace"], PLURAL, md["name"], {"status": patch}, _content_type=MERGE
             )
         except ApiException as exc:
             if exc.status != 404:
+                if forget_on_error:
+                    self.record.pop(uid, None)
                 raise
-        body.setdefault("status", {}).update(patch)
+        except BaseException:
+            if forget_on_error:
+                self.record.pop(uid, None)
+            raise
+        rec = self.record.get(uid)
+        if rec is not None:
+            for k in OWNED_FIELDS:
+                if k in patch:
+                    rec[k] = _stored(merge_patch({k: rec.get(k)}, {k: patch[k]}).get(k))
+        body["status"] = merge_patch(body.get("status") or {}, patch)
 
     async def event(self, body: Mapping, reason: str, message: str, type_: str = "Normal") -> None:
         """Post a core/v1 Event on the TrainingJob (every decision gets one)."""
@@ -282,7 +554,8 @@ class Controller:
             await self.core.create_namespaced_event(md["namespace"], ev)
         except ApiException as exc:  # events are best-effort, but never silent
             log.warning("could not post event %s on %s: %s", reason, md["name"], exc.reason)
-        log.info("%s/%s %s: %s", md["namespace"], md["name"], reason, message)
+        log.log(logging.WARNING if type_ == "Warning" else logging.INFO,
+                "%s/%s %s: %s", md["namespace"], md["name"], reason, message)
 
     async def create_ignoring_conflict(self, coro) -> bool:
         try:
@@ -302,17 +575,23 @@ class Controller:
 
     # ------------------------------------------------------------------ the cycle
     async def run(self, stop: asyncio.Event, is_leader: Callable[[], Any] | None = None) -> None:
-        """Cycle every ``cycle_s`` until ``stop`` is set; API errors are logged and retried."""
+        """Cycle every ``cycle_s`` until ``stop`` is set; a cycle that fails is logged,
+        counted (``rlsched_operator_cycle_errors_total``) and retried."""
         while not stop.is_set():
             t0 = time.monotonic()
             try:
                 if is_leader is None or await is_leader():
                     await self.cycle()
+                else:
+                    self.record.clear()  # another replica writes now: its values are not ours
             except ApiException as exc:
+                self.metrics.cycle_errors.inc()
                 log.error("cycle failed: API %s %s", exc.status, exc.reason)
             except (OSError, asyncio.TimeoutError) as exc:
+                self.metrics.cycle_errors.inc()
                 log.error("cycle failed: %r", exc)
             except Exception:  # a bug must not stop scheduling for good: log it loudly, retry
+                self.metrics.cycle_errors.inc()
                 log.exception("cycle failed with an unexpected error")
             wait = max(0.0, self.config.cycle_s - (time.monotonic() - t0))
             try:
@@ -323,6 +602,7 @@ class Controller:
     async def cycle(self) -> None:
         now = self.clock()
         self.cycles += 1
+        self.metrics.cycles.inc()
         bodies, pods_all, nodes = await asyncio.gather(
             self.list_jobs(),
             self.read_json(self.core.list_pod_for_all_namespaces(
@@ -331,88 +611,109 @@ class Controller:
         )
         pods = pods_all["items"]
         snap = build_snapshot(nodes["items"], pods, time=now)
+        self._report_unreadable(snap.problems)
         jobs: dict[str, _Job] = {}
         for b in bodies:
             try:
-                spec, err = parse_spec(b.get("spec"), scheduler_name=self.config.scheduler_name), None
+                spec, err = parse_spec(b.get("spec"), scheduler_name=self.config.scheduler_name,
+                                       name=b["metadata"]["name"]), None
             except SpecError as exc:
                 spec, err = None, str(exc)
             jobs[job_key(b)] = _Job(b, spec, err)
-        uids = {b["metadata"]["uid"] for b in bodies}
+        by_uid = {j.uid: j for j in jobs.values()}
+        for uid in set(self.record) - set(by_uid):
+            del self.record[uid]
+        for uid in set(self._errors) - set(by_uid):
+            del self._errors[uid]
+
+        # the operator's pods are those a TrainingJob controls; labels alone mean nothing
+        orphans: list[dict] = []
         for p in pods:
+            owner = controlling_job(p)
+            if owner is None:
+                continue
             md = p["metadata"]
-            job = (md.get("labels") or {}).get(LABEL_JOB)
-            if not job:
-                continue
-            j = jobs.get(f"{md['namespace']}/{job}")
-            owners = {o.get("uid") for o in md.get("ownerReferences") or []}
-            if j is None or not owners & uids:
-                if self.config.namespace in (None, md["namespace"]):
-                    await self.delete_pod(md["namespace"], md["name"], 0)
-                    log.info("deleted orphan pod %s/%s", md["namespace"], md["name"])
-                continue
-            j.pods.append(p)
+            j = by_uid.get(owner.uid)
+            if j is not None and j.ns == md.get("namespace"):
+                j.pods.append(p)
+            elif self.config.namespace in (None, md.get("namespace")) and md.get("deletionTimestamp") is None:
+                orphans.append(p)
+        for p in orphans:
+            md = p["metadata"]
+            try:
+                await self.delete_pod(md["namespace"], md["name"], 0)
+                log.info("deleted orphan pod %s/%s (its TrainingJob is gone)", md["namespace"], md["name"])
+            except (ApiException, OSError, asyncio.TimeoutError) as exc:
+                self.metrics.job_errors.labels(kind="transient").inc()
+                log.warning("could not delete orphan pod %s/%s: %r", md["namespace"], md["name"], exc)
 
         waiting: list[QueueEntry] = []
         running: list[RunningJob] = []
         holders: list[RunningEntry] = []
 
         async def observe(j: _Job) -> None:
+            if not j.status.get("phase") and j.uid not in self.record:
+                if j.spec is None:
+                    await self.fail(j, "InvalidSpec", j.error or "invalid spec", now)
+                return  # a valid job: the create handler has not enqueued it yet
+            await self._trust(j, now)
             phase = j.status.get("phase")
-            if not phase and j.spec is not None:
-                return  # the create handler has not enqueued it yet
-            if phase and phase not in ACTIVE:
+            if phase not in ACTIVE:
                 for p in j.live_pods():
                     await self.delete_pod(j.ns, p["metadata"]["name"], self.config.grace_period_s)
                 return
             if j.spec is None:
                 await self.fail(j, "InvalidSpec", j.error or "invalid spec", now)
                 return
-            if phase == "Queued":
-                waiting.append(await self._queue_entry(j, now))
-            elif phase == "Starting":
-                await self._starting(j, now)
-            if j.status.get("phase") == "Running":
-                running.append(await self._running(j, snap.placement.get(j.key, []), now))
-            if j.status.get("phase") in ("Starting", "Running"):
-                holders.append(RunningEntry(
-                    key=j.key, spec=j.spec,
-                    priority=float(j.status.get("effectivePriority", j.spec.priority_value)),
-                    start_time=parse_time(j.status.get("admittedTime")) or now,
-                    placement=snap.placement.get(j.key, []),
-                ))
+            try:
+                if phase == "Queued":
+                    waiting.append(await self._queue_entry(j, now))
+                elif phase == "Starting":
+                    await self._starting(j, now)
+                if j.status.get("phase") == "Running":
+                    running.append(await self._running(j, snap.placement.get(j.key, []), now))
+            finally:
+                # a job holding GPUs stays visible to preemption even when a step failed
+                if j.status.get("phase") in ("Starting", "Running"):
+                    holders.append(RunningEntry(
+                        key=j.key, spec=j.spec, priority=self._priority(j),
+                        start_time=parse_time(j.status.get("admittedTime")) or now,
+                        placement=snap.placement.get(j.key, []),
+                    ))
 
         # jobs are independent here: observe them concurrently (bounded), then decide
         # on the whole picture in a fixed order
-        await self._each(observe, jobs.values())
+        await self._each(observe, jobs.values(), now)
         order = {k: i for i, k in enumerate(jobs)}
         for lst in (waiting, running, holders):
             lst.sort(key=lambda e: order[e.key])
 
         plan = self.queues.plan(waiting, holders, snap.state, snap.releasing)
         self.last_plan = plan
-        for key in plan.preempt:
-            await self.preempt(jobs[key], plan.blocked or "", now)
+        await self._each(lambda j: self._schedulable(j, plan.unfittable.get(j.key), now),
+                         [jobs[e.key] for e in waiting], now)
+        await self._each(lambda j: self.preempt(j, plan.blocked or "", now), [jobs[k] for k in plan.preempt], now)
         if plan.preempt and plan.blocked:
             # the preemptor is served before every queue until it starts (like a nominated pod)
-            await self.patch_status(jobs[plan.blocked], {"nominated": True})
-        await self._each(lambda key: self.admit(jobs[key], now), plan.admit)
+            await self._each(lambda j: self.patch_status(j, {"nominated": True}), [jobs[plan.blocked]], now)
+        await self._each(lambda j: self.admit(j, now), [jobs[k] for k in plan.admit], now)
 
         running = [r for r in running if r.key not in plan.preempt]
         splan = self.planner.plan(running, snap.state, reserved_gpus=plan.waiting_gpus if plan.blocked else 0)
+        by_key = {r.key: r for r in running}
 
-        async def act(rj: RunningJob) -> None:
-            j = jobs[rj.key]
+        async def act(j: _Job) -> None:
+            rj = by_key[j.key]
             if rj.key in splan.finished:
                 await self.complete(j, rj, splan.finished[rj.key], now)
                 return
             d = splan.deltas.get(rj.key, 0)
             patch: dict[str, Any] = {}
-            rl = rj.state.to_status()
-            if rl != j.status.get("rlpto"):
-                patch["rlpto"] = rl
+            rl = _stored(rj.state.to_status())
+            if rl != _stored(j.status.get("rlpto")):
+                patch["rlpto"] = merge_diff(j.status.get("rlpto"), rl) if isinstance(j.status.get("rlpto"), Mapping) else rl
             if d:
-                target = rj.workers + d
+                target = j.spec.clamp_workers(rj.workers + d)
                 patch["targetWorkers"] = target
                 self.metrics.scaling_decisions.labels(direction="up" if d > 0 else "down").inc()
                 await self.patch_status(j, patch)
@@ -422,38 +723,128 @@ class Controller:
             elif patch:
                 await self.patch_status(j, patch)
 
-        await self._each(act, running)
+        await self._each(act, [jobs[r.key] for r in running], now)
         if self.config.sweep_every and self.cycles % self.config.sweep_every == 1:
-            await self.sweep_rbac(uids)
+            try:
+                await self.sweep_rbac(set(by_uid))
+            except (ApiException, OSError, asyncio.TimeoutError) as exc:
+                self.metrics.job_errors.labels(kind="transient").inc()
+                log.warning("RBAC sweep failed, retried later: %r", exc)
         self._metrics(jobs, plan)
 
-    async def _each(self, fn, items) -> None:
-        """Run ``fn(item)`` for every item, at most ``config.parallelism`` at a time;
-        the first error is raised after all have finished."""
+    async def _each(self, fn, jobs, now: float) -> None:
+        """Run ``fn(job)`` for every job, at most ``config.parallelism`` at a time; an
+        error is contained to its job (:meth:`_contain`)."""
         sem = asyncio.Semaphore(max(1, self.config.parallelism))
 
-        async def one(item):
+        async def one(j: _Job) -> None:
             async with sem:
-                await fn(item)
+                await self._contain(j, fn, now)
 
-        results = await asyncio.gather(*(one(i) for i in items), return_exceptions=True)
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
+        await asyncio.gather(*(one(j) for j in jobs))
+
+    async def _contain(self, j: _Job, fn, now: float) -> None:
+        """``await fn(j)``; what goes wrong stays with ``j``: a :class:`JobRejected`
+        fails the job, an API or network error is retried next cycle, anything else
+        (a bug) is logged with its traceback and reported on the job."""
+        try:
+            await fn(j)
+            return
+        except JobRejected as exc:
+            self.metrics.job_errors.labels(kind="rejected").inc()
+            failure = exc
+        except ApiException as exc:
+            self.metrics.job_errors.labels(kind="transient").inc()
+            reason, message = api_error(exc)
+            log.warning("%s: API %s %s: %s; retried next cycle", j.key, exc.status, reason, message)
+            return
+        except (OSError, asyncio.TimeoutError) as exc:
+            self.metrics.job_errors.labels(kind="transient").inc()
+            log.warning("%s: %r; retried next cycle", j.key, exc)
+            return
+        except Exception as exc:
+            self.metrics.job_errors.labels(kind="unexpected").inc()
+            log.exception("%s: unexpected error; the job is retried next cycle", j.key)
+            msg = f"unexpected error, retried every cycle: {exc!r}"
+            if self._errors.get(j.uid) != msg:  # one event per distinct error, not one per cycle
+                self._errors[j.uid] = msg
+                try:
+                    await self.event(j.body, "ReconcileError", msg, "Warning")
+                except Exception:
+                    log.exception("%s: could not report the error", j.key)
+            return
+        try:
+            await self.fail(j, failure.reason, failure.message, now, ctype=failure.ctype)
+        except Exception:
+            log.exception("%s: could not fail the job after %s: %s", j.key, failure.reason, failure.message)
+
+    def _report_unreadable(self, problems: Mapping[str, str]) -> None:
+        """Log each object the snapshot could not read once (while it lasts)."""
+        for key in sorted(set(problems) - self._reported):
+            log.warning("%s: %s", key, problems[key])
+        self._reported = set(problems)
+
+    def _priority(self, j: _Job) -> float:
+        """The job's dynamic priority from its spec and request counter (never its status)."""
+        return self.priority.expected(j.spec.priority_value, requests_count(j.body))
+
+    async def _trust(self, j: _Job, now: float) -> None:
+        """Replace the job's status by what the operator may act on
+        (:func:`guard_status`); write back and report fields someone else changed."""
+        rec = self.record.get(j.uid)
+        created = parse_time(j.body["metadata"].get("creationTimestamp"))
+        trusted, changed = guard_status(j.status, rec, j.spec, created=created, now=now,
+                                        live_workers=len(j.live_pods()))
+        if rec is None:
+            self.record[j.uid] = {k: _stored(trusted.get(k)) for k in OWNED_FIELDS}
+        if changed:
+            status = j.status
+            patch = {k: merge_diff(status.get(k), trusted.get(k)) if isinstance(status.get(k), Mapping)
+                     and isinstance(trusted.get(k), Mapping) else trusted.get(k) for k in changed}
+            self.metrics.status_resets.inc(len(changed))
+            # the record holds what the status must say whether or not this write lands
+            await self.patch_status(j, patch, forget_on_error=False)
+            what = ", ".join(f"{k} {_short(old)} -> {_short(new)}" for k, (old, new) in sorted(changed.items()))
+            await self.event(j.body, "StatusReset",
+                             f"status fields the operator acts on were not as it left them or out of bounds; "
+                             f"restored: {what}", "Warning")
+        j.body["status"] = trusted
+
+    async def _schedulable(self, j: _Job, why: str | None, now: float) -> None:
+        """Condition ``Schedulable``: False (reason ``Unfittable``) while the gang cannot
+        fit the whole cluster; back to True once it can."""
+        old = get_condition(j.status.get("conditions"), "Schedulable")
+        if why:
+            s = j.spec
+            msg = f"the gang of {s.min_workers} workers x {s.gpus_per_worker} GPUs cannot fit this cluster: {why}; " \
+                  f"it waits in the queue without blocking it"
+            if old and old.get("status") == "False" and old.get("message") == msg:
+                return
+            await self.patch_status(j, {"conditions": set_condition(
+                j.status.get("conditions"), "Schedulable", "False", "Unfittable", msg, now)})
+            await self.event(j.body, "Unfittable", msg, "Warning")
+        elif old and old.get("status") != "True":
+            await self.patch_status(j, {"conditions": set_condition(
+                j.status.get("conditions"), "Schedulable", "True", "Fits", "the gang fits the cluster", now)})
 
     # ------------------------------------------------------------------ per phase
     async def _queue_entry(self, j: _Job, now: float) -> QueueEntry:
         st = j.status
-        pr = float(st.get("effectivePriority", j.spec.priority_value))
-        seen = int(st.get("priorityRequestsSeen", 0))
         total = requests_count(j.body)
+        pr = self._priority(j)
         interrupted = st.get("queue") == "interrupt"
-        if total != seen:
-            pr, seen = self.priority.update(pr, total, seen)
         queue = self.priority.queue(j.spec.priority_class, pr, interrupted)
-        if queue != st.get("queue") or pr != st.get("effectivePriority") or seen != st.get("priorityRequestsSeen"):
+        old_pr, seen = st.get("effectivePriority"), st.get("priorityRequestsSeen")
+        same_pr = isinstance(old_pr, (int, float)) and not isinstance(old_pr, bool) and abs(old_pr - pr) <= 1e-9 * max(1.0, abs(pr))
+        if queue != st.get("queue") or not same_pr or seen != total:
             old = st.get("queue")
-            await self.patch_status(j, {"queue": queue, "effectivePriority": pr, "priorityRequestsSeen": seen})
+            await self.patch_status(j, {"queue": queue, "effectivePriority": pr, "priorityRequestsSeen": total})
+            if old_pr is not None and not same_pr and seen == total:
+                # no new request, yet another priority: not one DynamicPriority gives
+                self.metrics.status_resets.inc()
+                await self.event(j.body, "StatusReset",
+                                 f"effectivePriority {_short(old_pr)} is not what spec.priority.value "
+                                 f"{j.spec.priority_value:g} and {total} requests give; reset to {pr:g}", "Warning")
             if old and queue != old:
                 await self.event(j.body, "Promoted" if queue == "urgent" else "Demoted",
                                  f"priority {pr:.3g}: queue {old} -> {queue}")
@@ -462,7 +853,7 @@ class Controller:
                           nominated=bool(st.get("nominated")))
 
     async def _starting(self, j: _Job, now: float) -> None:
-        target = int(j.status.get("targetWorkers") or j.spec.min_workers)
+        target = j.spec.min_workers
         await self.reconcile_pods(j, target)
         live = j.live_pods()
         running = [p for p in live if (p.get("status") or {}).get("phase") == "Running"]
@@ -492,7 +883,7 @@ class Controller:
             await self.event(j.body, "GangTimeout", f"only {len(running)}/{target} workers running; pods deleted, requeued", "Warning")
 
     async def _running(self, j: _Job, placement: list[int], now: float) -> RunningJob:
-        target = int(j.status.get("targetWorkers") or j.spec.min_workers)
+        target = j.spec.clamp_workers(j.status.get("targetWorkers"))
         await self.reconcile_pods(j, target)
         live = j.live_pods()
         ready = sum(1 for p in live if any(c.get("type") == "Ready" and c.get("status") == "True"
@@ -509,7 +900,12 @@ class Controller:
 
     # ------------------------------------------------------------------ actions
     async def reconcile_pods(self, j: _Job, target: int) -> None:
-        """Create missing workers ``0..target-1``, delete those with index >= target."""
+        """Create missing workers ``0..target-1``, delete those with index >= target.
+
+        ``target`` is clamped to the spec first. A pod the API server refuses for good
+        raises :class:`JobRejected` (the job fails); a transient refusal sets condition
+        ``PodsCreated=False`` and leaves the rest to the next cycle."""
+        target = j.spec.clamp_workers(target)
         have: dict[int, dict] = {}
         for p in j.live_pods():
             try:
@@ -524,12 +920,42 @@ class Controller:
         if missing:
             await self.ensure_rbac(j)  # idempotent; the pods run under the job's account
         for idx in missing:
-            pod = worker_pod(j.body, idx, j.spec.gpus_per_worker,
-                             scheduler_name=self.config.scheduler_name, grace_period_s=self.config.grace_period_s)
-            if await self.create_ignoring_conflict(self.core.create_namespaced_pod(j.ns, pod)):
+            try:
+                pod = worker_pod(j.body, idx, j.spec.gpus_per_worker,
+                                 scheduler_name=self.config.scheduler_name, grace_period_s=self.config.grace_period_s)
+            except ValueError as exc:  # WorkerGPUError, ShapeError: the template cannot make a worker
+                raise JobRejected("Valid", "InvalidSpec", str(exc)) from exc
+            name = pod["metadata"]["name"]
+            try:
+                created = await self.create_ignoring_conflict(self.core.create_namespaced_pod(j.ns, pod))
+            except ApiException as exc:
+                reason, message = api_error(exc)
+                if permanent_rejection(exc.status, message):
+                    raise JobRejected("PodsCreated", reason,
+                                      f"the API server refused worker pod {name} ({exc.status} {reason}): {message}") from exc
+                self.metrics.job_errors.labels(kind="transient").inc()
+                await self._pods_pending(j, reason, f"creating worker pod {name} failed ({exc.status} {reason}): "
+                                                    f"{message}; retried next cycle")
+                return
+            if created:
                 j.pods.append(pod)
             else:
-                await self._clear_finished(j.ns, pod["metadata"]["name"])
+                await self._clear_finished(j.ns, name)
+        old = get_condition(j.status.get("conditions"), "PodsCreated")
+        if missing and old and old.get("status") != "True":
+            await self.patch_status(j, {"conditions": set_condition(
+                j.status.get("conditions"), "PodsCreated", "True", "Created", f"workers 0..{target - 1} exist",
+                self.clock())})
+
+    async def _pods_pending(self, j: _Job, reason: str, message: str) -> None:
+        """Condition ``PodsCreated=False`` (and a Warning Event when it changes)."""
+        old = get_condition(j.status.get("conditions"), "PodsCreated")
+        if old and old.get("status") == "False" and old.get("reason") == reason:
+            log.warning("%s: %s", j.key, message)
+            return
+        await self.patch_status(j, {"conditions": set_condition(
+            j.status.get("conditions"), "PodsCreated", "False", reason, message, self.clock())})
+        await self.event(j.body, "PodsNotCreated", message, "Warning")
 
     async def _clear_finished(self, ns: str, name: str) -> None:
         """A worker name is taken by a pod that already finished (Succeeded/Failed):
@@ -567,9 +993,11 @@ class Controller:
         for p in j.live_pods():
             await self.delete_pod(j.ns, p["metadata"]["name"], self.config.grace_period_s)
         self.metrics.preemptions.inc()
+        before = j.status.get("preemptions")
+        count = before if isinstance(before, int) and not isinstance(before, bool) and before >= 0 else 0
         await self.patch_status(j, {
             "phase": "Queued", "queue": "interrupt", "targetWorkers": 0, "workers": 0, "readyWorkers": 0,
-            "preemptions": int(j.status.get("preemptions", 0)) + 1, "queuedTime": format_time(now),
+            "preemptions": count + 1, "queuedTime": format_time(now),
             "conditions": set_condition(j.status.get("conditions"), "Running", "False", "Preempted",
                                         f"preempted by {by}; resumes first from the interrupt queue", now),
         })
@@ -590,17 +1018,22 @@ class Controller:
         await self.event(j.body, "Completed", f"{why} at epoch {rj.progress.epoch}, accuracy "
                                               f"{rj.progress.accuracy:.4f}, JCT {now - created:.1f}s")
 
-    async def fail(self, j: _Job, reason: str, message: str, now: float) -> None:
+    async def fail(self, j: _Job, reason: str, message: str, now: float, *, ctype: str = "Valid") -> None:
+        """Fail the job for good: its pods are deleted at once (their GPUs freed), phase
+        ``Failed`` with condition ``ctype=False`` (``reason``, ``message``) and a
+        Warning Event."""
         for p in j.live_pods():
             await self.delete_pod(j.ns, p["metadata"]["name"], 0)
         await self.patch_status(j, {
-            "phase": "Failed", "reason": reason, "message": message, "queue": "",
-            "conditions": set_condition(j.status.get("conditions"), "Valid", "False", reason, message, now),
+            "phase": "Failed", "reason": reason, "message": message, "queue": "", "targetWorkers": 0,
+            "workers": 0, "readyWorkers": 0, "nominated": False,
+            "conditions": set_condition(j.status.get("conditions"), ctype, "False", reason, message, now),
         })
         await self.event(j.body, reason, message, "Warning")
 
     async def sweep_rbac(self, uids: set[str]) -> None:
-        """Delete trainer ServiceAccounts/Roles/RoleBindings whose job is gone."""
+        """Delete trainer ServiceAccounts/Roles/RoleBindings controlled by a
+        TrainingJob that is gone (objects only labelled as the operator's are kept)."""
         sel = "app.kubernetes.io/managed-by=rlsched-operator"
         ns = self.config.namespace
         kinds = [
@@ -614,13 +1047,15 @@ class Controller:
             call = list_ns(ns, label_selector=sel, _preload_content=False) if ns else list_all(
                 label_selector=sel, _preload_content=False)
             for item in (await self.read_json(call))["items"]:
+                owner = controlling_job(item)
+                if owner is None or owner.uid in uids:
+                    continue
                 md = item["metadata"]
-                if not {o.get("uid") for o in md.get("ownerReferences") or []} & uids:
-                    try:
-                        await delete(md["name"], md["namespace"])
-                    except ApiException as exc:
-                        if exc.status != 404:
-                            raise
+                try:
+                    await delete(md["name"], md["namespace"])
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
 
     def _metrics(self, jobs: Mapping[str, _Job], plan: AdmissionPlan) -> None:
         m = self.metrics
@@ -640,3 +1075,10 @@ class Controller:
         for q, n in queues.items():
             m.queue_length.labels(queue=q).set(n)
         m.workers.set(workers)
+        m.unfittable.set(len(plan.unfittable))
+
+
+def _short(v: Any) -> str:
+    """A status value for a message, at most 60 characters."""
+    text = json.dumps(v, sort_keys=True, default=str) if v is not None else "(unset)"
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -216,7 +216,7 @@ def build_registry(config: OperatorConfig, runtime: OperatorRuntime | None = Non
         if (body.get("status") or {}).get("phase"):
             return
         try:
-            spec = parse_spec(body.get("spec"), scheduler_name=config.scheduler_name)
+            spec = parse_spec(body.get("spec"), scheduler_name=config.scheduler_name, name=body["metadata"]["name"])
         except SpecError as exc:
             msg = f"invalid TrainingJob: {exc}"
             now = datetime.now(timezone.utc).timestamp()

@@ -19,6 +19,27 @@ class OperatorMetrics:
         self.scaling_decisions = Counter(
             "rlsched_operator_scaling_decisions_total", "Worker count changes applied", ["direction"], registry=r
         )
+        self.cycles = Counter("rlsched_operator_cycles_total", "Control-loop cycles started", registry=r)
+        self.cycle_errors = Counter(
+            "rlsched_operator_cycle_errors_total",
+            "Control-loop cycles aborted by an error (decisions of that cycle lost)",
+            registry=r,
+        )
+        self.job_errors = Counter(
+            "rlsched_operator_job_errors_total",
+            "Errors contained to one TrainingJob within a cycle, by kind: rejected (the API server "
+            "refused its pods for good: job failed), transient (retried next cycle), unexpected (a bug)",
+            ["kind"],
+            registry=r,
+        )
+        self.status_resets = Counter(
+            "rlsched_operator_status_resets_total",
+            "Status fields of a TrainingJob that someone other than the operator changed and the operator restored",
+            registry=r,
+        )
+        self.unfittable = Gauge(
+            "rlsched_operator_unfittable_jobs", "Waiting TrainingJobs whose gang cannot fit the whole cluster", registry=r
+        )
         self.preemptions = Counter("rlsched_operator_preemptions_total", "TrainingJobs preempted", registry=r)
         self.admission_wait = Histogram(
             "rlsched_operator_admission_wait_seconds",

@@ -5,6 +5,12 @@ and the ``rlsched.dev/job`` label (so the operator can also sweep orphans itself
 control planes that run no garbage collector). Worker names are deterministic,
 ``<job>-worker-<index>``: a restarted operator re-creating a worker gets 409 Conflict
 instead of a duplicate.
+
+GPUs: the operator puts ``gpusPerWorker`` on the first container
+(:func:`set_worker_gpus`); the pod's effective request (:func:`~rlsched.core.contract.pod_gpus`:
+containers summed, init containers by their maximum) must come out at exactly
+``gpusPerWorker`` — :func:`worker_pod` refuses to build any other pod
+(:class:`WorkerGPUError`), and ``parse_spec`` rejects such templates up front.
 """
 
 from __future__ import annotations
@@ -30,9 +36,15 @@ from rlsched.core.contract import (
     RESOURCE_GPU,
     ROLE_CHIEF,
     ROLE_WORKER,
+    pod_gpus,
 )
 
-__all__ = ["owner_reference", "worker_name", "worker_pod", "trainer_rbac", "trainer_account_name"]
+__all__ = ["owner_reference", "worker_name", "worker_pod", "trainer_rbac", "trainer_account_name",
+           "set_worker_gpus", "WorkerGPUError"]
+
+
+class WorkerGPUError(ValueError):
+    """The worker pod built from the template would not ask for ``gpusPerWorker`` GPUs."""
 
 
 def owner_reference(body: Mapping, controller: bool = True) -> dict:
@@ -57,6 +69,20 @@ def trainer_account_name(job: str) -> str:
 
 def job_labels(job: str) -> dict[str, str]:
     return {LABEL_JOB: job, LABEL_MANAGED_BY: MANAGED_BY_OPERATOR}
+
+
+def set_worker_gpus(pod_spec: dict, gpus_per_worker: int) -> dict:
+    """Put ``gpus_per_worker`` GPUs (requests and limits) on the first container of
+    ``pod_spec`` (changed in place and returned); other containers keep what they ask."""
+    c = pod_spec["containers"][0]
+    if not isinstance(c.get("resources"), dict):
+        c["resources"] = {}
+    res = c["resources"]
+    for part in ("limits", "requests"):
+        if not isinstance(res.get(part), dict):
+            res[part] = {}
+        res[part][RESOURCE_GPU] = str(gpus_per_worker)
+    return pod_spec
 
 
 def worker_pod(
@@ -85,14 +111,11 @@ def worker_pod(
         {"name": ENV_INDEX, "value": str(index)},
         {"name": ENV_ROLE, "value": role},
     ]
-    for k, c in enumerate(pod_spec["containers"]):
+    for c in pod_spec["containers"]:
         names = {e.get("name") for e in env}
         c["env"] = [e for e in c.get("env") or [] if e.get("name") not in names] + env
-        if k == 0:
-            res = c.setdefault("resources", {})
-            res.setdefault("limits", {})[RESOURCE_GPU] = str(gpus_per_worker)
-            res.setdefault("requests", {})[RESOURCE_GPU] = str(gpus_per_worker)
-    return {
+    set_worker_gpus(pod_spec, gpus_per_worker)
+    pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -104,6 +127,13 @@ def worker_pod(
         },
         "spec": pod_spec,
     }
+    got = pod_gpus(pod, f"worker pod {worker_name(job, index)}")
+    if got != gpus_per_worker:
+        raise WorkerGPUError(
+            f"worker pod {worker_name(job, index)} would ask for {got} {RESOURCE_GPU}, "
+            f"spec.gpusPerWorker is {gpus_per_worker}"
+        )
+    return pod
 
 
 def trainer_rbac(body: Mapping) -> tuple[dict, dict, dict]:

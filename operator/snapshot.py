@@ -7,6 +7,17 @@ are not bound yet also hold GPUs — they are committed to a gang — and are ch
 the freest nodes so that the next admission does not count them twice. Pods being
 deleted are reported separately (``releasing``): they still hold their GPUs but will
 give them back, which stops a waiting job from preempting twice.
+
+One bad object never makes the snapshot fail (it is built every cycle, and every job
+depends on it): a node whose GPUs cannot be read is left out (no GPUs to offer); a pod
+whose GPU request cannot be read (``nvidia.com/gpu: 2M``, over
+:data:`~rlsched.core.contract.MAX_GPUS`) is counted conservatively — bound, it is
+assumed to hold every GPU of its node; unbound, it is ignored. Each such object is
+reported in ``Snapshot.problems`` (the controller logs it once).
+
+A job's workers (``placement``) are the pods its TrainingJob controls (ownerReference,
+:func:`~rlsched.core.contract.controlling_job`), never pods that merely carry the
+``rlsched.dev/job`` label.
 """
 
 from __future__ import annotations
@@ -17,7 +28,7 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from rlsched.core import ClusterState, Topology
-from rlsched.core.contract import DEFAULT_TOPOLOGY_LEVELS, LABEL_JOB, node_shape, pod_gpus
+from rlsched.core.contract import DEFAULT_TOPOLOGY_LEVELS, ShapeError, controlling_job, node_shape, pod_gpus
 
 __all__ = ["Snapshot", "build_snapshot"]
 
@@ -45,6 +56,9 @@ class Snapshot:
     placement: dict[str, list[int]] = field(default_factory=dict)
     #: per-node GPUs held by pods that are being deleted
     releasing: np.ndarray | None = None
+    #: objects that could not be read, ``"Node/<name>"`` or ``"Pod/<ns>/<name>"`` ->
+    #: what was wrong and how it was counted
+    problems: dict[str, str] = field(default_factory=dict)
 
 
 def build_snapshot(
@@ -56,10 +70,16 @@ def build_snapshot(
 ) -> Snapshot:
     """Build the snapshot from node and pod dicts (camelCase, as the API serves them)."""
     specs = []
+    problems: dict[str, str] = {}
     for n in nodes:
         if not _schedulable(n):
             continue
-        shape = node_shape(n)
+        try:
+            shape = node_shape(n)
+        except ShapeError as exc:
+            name = ((n.get("metadata") or {}).get("name")) if isinstance(n, Mapping) else None
+            problems[f"Node/{name}"] = f"{exc}; node left out"
+            continue
         if shape.gpus > 0:
             specs.append((shape.name, shape.labels, shape.gpus))
     topo = Topology.from_labels(specs, levels=levels)
@@ -71,9 +91,17 @@ def build_snapshot(
     for p in pods:
         if _terminated(p):
             continue
-        g = pod_gpus(p)
         md = p.get("metadata") or {}
         node = (p.get("spec") or {}).get("nodeName")
+        try:
+            g = pod_gpus(p)
+        except ShapeError as exc:
+            where = f"Pod/{md.get('namespace', '')}/{md.get('name', '')}"
+            if not node:
+                problems[where] = f"{exc}; unbound, not counted"
+                continue
+            problems[where] = f"{exc}; counted as holding every GPU of node {node}"
+            g = None
         if not node:
             if md.get("deletionTimestamp") is None:
                 unbound += g
@@ -81,19 +109,19 @@ def build_snapshot(
         i = index.get(node)
         if i is None:
             continue
-        take = min(g, int(state.free[i]))
+        take = int(state.free[i]) if g is None else min(g, int(state.free[i]))
         if take:
             state.allocate(i, take)
         if md.get("deletionTimestamp") is not None:
             releasing[i] += take
             continue
-        job = (md.get("labels") or {}).get(LABEL_JOB)
-        if job:
-            placement.setdefault(f"{md.get('namespace', '')}/{job}", []).append(i)
+        owner = controlling_job(p)
+        if owner is not None:
+            placement.setdefault(f"{md.get('namespace', '')}/{owner.name}", []).append(i)
     # unbound pods: charge the freest nodes
     while unbound > 0 and state.free_gpus > 0:
         i = int(np.argmax(state.free))
         take = min(unbound, int(state.free[i]))
         state.allocate(i, take)
         unbound -= take
-    return Snapshot(state=state, node_index=index, placement=placement, releasing=releasing)
+    return Snapshot(state=state, node_index=index, placement=placement, releasing=releasing, problems=problems)

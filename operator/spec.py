@@ -6,6 +6,16 @@ create handler and the control loop agree on what a valid job is: the pod templa
 must not fight the operator (its own scheduler name, GPU requests that disagree with
 ``gpusPerWorker``) and the numbers must make sense even when the schema was not
 installed with validation (older clusters, ``kubectl --validate=false``).
+
+GPUs: the operator puts ``gpusPerWorker`` on the first container; the worker pod's
+effective request (containers summed, init containers by their maximum, as
+kube-scheduler counts) must then be exactly ``gpusPerWorker``. So other containers may
+not ask for GPUs and no init container may ask for more than ``gpusPerWorker``.
+
+Names: with the job's ``name``, every worker pod name ``<name>-worker-<maxWorkers-1>``
+must be an RFC 1123 label (at most 63 characters; the job name is also the value of
+the ``rlsched.dev/job`` label), or the API server would refuse the pods once the job
+holds GPUs.
 """
 
 from __future__ import annotations
@@ -13,8 +23,19 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from rlsched.core.contract import DEFAULT_SCHEDULER_NAME, RESOURCE_GPU, ShapeError, pod_gpus
+import copy
+
+from rlsched.core.contract import (
+    DEFAULT_SCHEDULER_NAME,
+    RESOURCE_GPU,
+    ShapeError,
+    container_gpus,
+    dns_label_error,
+    pod_gpus,
+)
 from rlsched.core.planning import PRIORITY_CLASSES, TrainingSpec
+
+from .resources import set_worker_gpus, worker_name
 
 __all__ = ["SpecError", "parse_spec"]
 
@@ -44,8 +65,11 @@ def _num(v: Any, where: str, default: float, problems: list[str]) -> float:
     return float(v)
 
 
-def parse_spec(spec: Mapping[str, Any] | None, *, scheduler_name: str = DEFAULT_SCHEDULER_NAME) -> TrainingSpec:
-    """Parse and validate ``spec``; raise :class:`SpecError` listing every problem."""
+def parse_spec(
+    spec: Mapping[str, Any] | None, *, scheduler_name: str = DEFAULT_SCHEDULER_NAME, name: str | None = None
+) -> TrainingSpec:
+    """Parse and validate ``spec`` (of the job called ``name``, when given: its worker
+    pod names are checked too); raise :class:`SpecError` listing every problem."""
     problems: list[str] = []
     if not isinstance(spec, Mapping):
         raise SpecError(["spec is missing"])
@@ -89,6 +113,14 @@ def parse_spec(spec: Mapping[str, Any] | None, *, scheduler_name: str = DEFAULT_
     value = _num(prio.get("value", 0.0), "spec.priority.value", 0.0, problems)
 
     _check_template(spec.get("template"), gpw or 1, scheduler_name, problems)
+    if name is not None:
+        err = dns_label_error(name, "the job name")
+        if err is None and mx is not None and mx >= 1:
+            err = dns_label_error(worker_name(name, mx - 1), "worker pod name")
+            if err is not None:
+                err += f" (from the job name and spec.maxWorkers {mx}); shorten the name"
+        if err is not None:
+            problems.append(err)
     if problems:
         raise SpecError(problems)
     return TrainingSpec(
@@ -135,3 +167,24 @@ def _check_template(template: Any, gpw: int, scheduler_name: str, problems: list
             f"the pod template asks for {total} {RESOURCE_GPU} but spec.gpusPerWorker is {gpw}; "
             f"set the GPUs in gpusPerWorker only"
         )
+        return
+    before = len(problems)
+    for i, c in enumerate(containers[1:], 1):
+        n = container_gpus(c, f"spec.template.spec.containers[{i}]")
+        if n:
+            problems.append(
+                f"spec.template.spec.containers[{i}] asks for {n} {RESOURCE_GPU}: the operator gives "
+                f"the first container spec.gpusPerWorker ({gpw}) GPUs, other containers may not ask for any"
+            )
+    inits = pod.get("initContainers") or []
+    for i, c in enumerate(inits if isinstance(inits, list) else []):
+        n = container_gpus(c, f"spec.template.spec.initContainers[{i}]")
+        if n > gpw:
+            problems.append(
+                f"spec.template.spec.initContainers[{i}] asks for {n} {RESOURCE_GPU}, more than "
+                f"spec.gpusPerWorker ({gpw}): each worker would hold {n}"
+            )
+    built = set_worker_gpus(copy.deepcopy(dict(pod)), gpw)
+    effective = pod_gpus({"spec": built}, "spec.template")
+    if effective != gpw and len(problems) == before:
+        problems.append(f"a worker pod would ask for {effective} {RESOURCE_GPU}, spec.gpusPerWorker is {gpw}")

@@ -27,6 +27,7 @@ from .admission import (
     admit_in_order,
     gang_fits,
     take_gang,
+    unfittable_reason,
 )
 from .elastic import ElasticState, RunningJob, ScalingPlan, ScalingPlanner, scaling_steps
 from .spec import PRIORITY_CLASSES, TrainingSpec
@@ -43,6 +44,7 @@ __all__ = [
     "admit_in_order",
     "gang_fits",
     "take_gang",
+    "unfittable_reason",
     "ElasticState",
     "RunningJob",
     "ScalingPlan",

@@ -14,7 +14,14 @@ only ones allowed to preempt.
 Dynamic priority (RLPTO §V): ``pr_t = pr_{t-1} + mu * N`` where ``N`` is the number of
 new user requests since the last update (a counter in an annotation). A normal job
 whose ``pr`` reaches ``promote_at`` moves to the urgent queue; an urgent one whose
-``pr`` falls to ``demote_at`` or below moves to the normal queue.
+``pr`` falls to ``demote_at`` or below moves to the normal queue. Summed up from the
+spec's value this is ``pr = value + mu * requests`` (:meth:`DynamicPriority.expected`):
+the only priority a job can have, whatever its status says.
+
+A gang that could not fit even the empty cluster (a worker larger than every node,
+more GPUs than the cluster has, more workers than the nodes can host:
+:func:`unfittable_reason`) never blocks the queue: :meth:`Admission.plan` reports it
+in ``AdmissionPlan.unfittable`` and walks on (it stays waiting: nodes may be added).
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from .spec import TrainingSpec
 
 __all__ = [
     "DynamicPriority", "QueueEntry", "RunningEntry", "AdmissionPlan", "Admission", "HIGHEST_BONUS",
-    "CLASS_RANK", "admit_in_order", "gang_fits", "take_gang",
+    "CLASS_RANK", "admit_in_order", "gang_fits", "take_gang", "unfittable_reason",
 ]
 
 #: added to a ``highest`` job's priority so that it ranks before every urgent job
@@ -61,6 +68,13 @@ class DynamicPriority:
         """
         n = int(requests_total) - int(requests_seen)
         return pr + self.mu * n, int(requests_total)
+
+    def expected(self, value: float, requests_total: int) -> float:
+        """The priority :meth:`update` reaches from the spec's ``value`` after
+        ``requests_total`` requests: ``value + mu * requests_total``. The operator
+        derives a job's priority from this (spec and annotation), never from a status
+        field someone else could have written."""
+        return float(value) + self.mu * int(requests_total)
 
     def queue(self, klass: str, pr: float, interrupted: bool = False) -> str:
         """The queue a job of service class ``klass`` and priority ``pr`` waits in."""
@@ -114,6 +128,9 @@ class AdmissionPlan:
     order: list[str] = field(default_factory=list)
     blocked: str | None = None
     waiting_gpus: int = 0
+    #: waiting jobs whose gang cannot fit the whole cluster (key -> why, with the
+    #: numbers); they are skipped, never blocking the queue nor preempting
+    unfittable: dict[str, str] = field(default_factory=dict)
 
 
 def admit_in_order(
@@ -146,6 +163,23 @@ def admit_in_order(
 def gang_fits(free: np.ndarray, gpus_per_worker: int, workers: int) -> bool:
     """Whether ``workers`` workers of ``gpus_per_worker`` GPUs fit the per-node ``free``."""
     return int((np.maximum(free, 0) // gpus_per_worker).sum()) >= workers
+
+
+def unfittable_reason(total: np.ndarray, gpus_per_worker: int, workers: int) -> str | None:
+    """Why a gang of ``workers`` x ``gpus_per_worker`` GPUs can never fit nodes of
+    ``total`` GPUs each (even with every GPU free), or None when it can."""
+    total = np.maximum(np.asarray(total, dtype=np.int64), 0)
+    g, n = int(gpus_per_worker), int(workers)
+    largest = int(total.max()) if total.size else 0
+    cluster = int(total.sum())
+    if g > largest:
+        return f"a worker needs {g} GPUs, the largest node has {largest}"
+    if g * n > cluster:
+        return f"the gang needs {n} x {g} = {g * n} GPUs, the cluster has {cluster}"
+    if g > 0 and not gang_fits(total, g, n):
+        slots = int((total // g).sum())
+        return f"the gang needs {n} workers of {g} GPUs, the cluster's nodes can host {slots}"
+    return None
 
 
 def take_gang(free: np.ndarray, gpus_per_worker: int, workers: int) -> None:
@@ -215,6 +249,13 @@ class Admission:
         plan = AdmissionPlan()
         order = self.order(waiting, state)
         plan.order = [e.key for e in order]
+        fitting = []
+        for e in order:
+            why = unfittable_reason(state.total, e.spec.gpus_per_worker, e.spec.min_workers)
+            if why is None:
+                fitting.append(e)
+            else:
+                plan.unfittable[e.key] = why
 
         def try_start(entry: QueueEntry) -> bool:
             s = entry.spec
@@ -232,7 +273,7 @@ class Admission:
                     plan.preempt.extend(self.choose_victims(entry, running, free + releasing, state.total))
             return False
 
-        started, _ = self.walk(order, try_start)
+        started, _ = self.walk(fitting, try_start)
         plan.admit = [e.key for e in started]
         return plan
 

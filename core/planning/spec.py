@@ -36,6 +36,14 @@ class TrainingSpec:
     def gang_gpus(self) -> int:
         return self.min_workers * self.gpus_per_worker
 
+    def clamp_workers(self, n: object) -> int:
+        """``n`` workers clamped into ``[minWorkers, maxWorkers]``: the only worker counts
+        a running job may have, whoever wrote ``n`` (a status field is not trusted).
+        Anything not a whole number gives ``minWorkers``."""
+        if isinstance(n, bool) or not isinstance(n, (int, float)) or n != n or n in (float("inf"), float("-inf")):
+            return self.min_workers
+        return max(self.min_workers, min(self.max_workers, int(n)))
+
     def view(self, key: str, *, submit_time: float, workers: int, priority: float, **state) -> JobView:
         """The job as policies see it: the spec's bounds, GPUs, β and the user's run-time
         estimate (never a true run time), plus the live ``state`` (queue, progress,

@@ -2,7 +2,16 @@ import numpy as np
 import pytest
 
 from rlsched.core import make_ordering
-from rlsched.core.planning import Admission, DynamicPriority, QueueEntry, RunningEntry, admit_in_order, gang_fits, take_gang
+from rlsched.core.planning import (
+    Admission,
+    DynamicPriority,
+    QueueEntry,
+    RunningEntry,
+    admit_in_order,
+    gang_fits,
+    take_gang,
+    unfittable_reason,
+)
 
 
 @pytest.fixture
@@ -202,3 +211,64 @@ def test_gang_start_timeout(make_cluster):
     assert adm.start_timed_out(admitted_at=1000.0, now=1120.5)
     with pytest.raises(ValueError, match="start_timeout_s"):
         Admission(make_ordering("fifo"), start_timeout_s=0)
+
+
+# ---------------------------------------------------------------- priority from the spec
+def test_expected_priority_is_what_update_reaches():
+    dp = DynamicPriority(mu=0.1)
+    pr, seen = 2.0, 0
+    for total in (3, 7, 4, 10):
+        pr, seen = dp.update(pr, total, seen)
+        assert pr == pytest.approx(dp.expected(2.0, total))
+    assert dp.expected(0.0, 10) == pytest.approx(1.0) and dp.queue("normal", dp.expected(0.0, 10)) == "urgent"
+
+
+# ---------------------------------------------------------------- gangs that can never fit
+@pytest.mark.parametrize("nodes, mn, gpw, needle", [
+    ((8, 8, 8, 8), 1024, 64, "a worker needs 64 GPUs, the largest node has 8"),
+    ((8, 8), 1, 9, "a worker needs 9 GPUs, the largest node has 8"),
+    ((8, 8), 17, 1, "the gang needs 17 x 1 = 17 GPUs, the cluster has 16"),
+    # 12 GPUs in all, but only one 6-GPU worker per node
+    ((6, 3, 3), 2, 6, "the gang needs 2 workers of 6 GPUs, the cluster's nodes can host 1"),
+    ((), 1, 1, "the largest node has 0"),
+])
+def test_unfittable_reason_names_the_numbers(nodes, mn, gpw, needle):
+    why = unfittable_reason(np.array(nodes, dtype=np.int64), gpw, mn)
+    assert why is not None and needle in why
+
+
+def test_unfittable_reason_is_none_for_gangs_that_fit_the_empty_cluster():
+    total = np.array([8, 8, 4])
+    assert unfittable_reason(total, 8, 2) is None and unfittable_reason(total, 4, 5) is None
+    assert unfittable_reason(total, 1, 20) is None
+
+
+def test_unfittable_gang_does_not_block_the_queue(qm, make_cluster, make_spec):
+    """Issue 12 item 6: a 1024 x 64 GPU gang at the head of the queue is reported and
+    skipped; the 1-GPU job behind it is admitted (strict head-of-line otherwise)."""
+    st = make_cluster(8, 8, 8, 8)
+    es = [entry(make_spec, "huge", 1.0, mn=1024, gpw=64), entry(make_spec, "tiny", 2.0),
+          entry(make_spec, "wide", 3.0, mn=1, gpw=16)]
+    plan = qm.plan(es, [], st)
+    assert plan.admit == ["tiny"] and plan.blocked is None and plan.waiting_gpus == 0
+    assert plan.unfittable == {"huge": "a worker needs 64 GPUs, the largest node has 8",
+                               "wide": "a worker needs 16 GPUs, the largest node has 8"}
+    assert plan.order == ["huge", "tiny", "wide"]
+
+
+def test_unfittable_is_judged_on_capacity_not_on_free_gpus(qm, make_cluster, make_spec):
+    st = make_cluster(8, 8)
+    st.allocate(0, 8)
+    st.allocate(1, 8)
+    es = [entry(make_spec, "full-cluster", 1.0, mn=2, gpw=8), entry(make_spec, "tiny", 2.0)]
+    plan = qm.plan(es, [], st)
+    # it fits the empty cluster: it is the blocked head, not unfittable
+    assert plan.unfittable == {} and plan.blocked == "full-cluster" and plan.admit == []
+
+
+def test_unfittable_highest_job_preempts_nobody(qm, make_cluster, make_spec):
+    holders = [running(make_spec, "n", "normal", 0.0, 1.0, [0, 0, 0, 0, 1, 1, 1, 1])]
+    st = full_cluster(make_cluster, holders)
+    boss = entry(make_spec, "boss", 5.0, mn=3, gpw=4, klass="highest", queue="urgent")
+    plan = qm.plan([boss], holders, st)
+    assert plan.preempt == [] and plan.unfittable == {"boss": "the gang needs 3 x 4 = 12 GPUs, the cluster has 8"}

@@ -95,3 +95,11 @@ def test_completion_converged_or_max_epochs(planner, make_cluster, make_spec):
 
 def test_scaling_steps_are_single_steps_removals_first():
     assert scaling_steps({"b": 3, "a": 1, "z": -2, "c": 0, "y": -1}) == [("y", -1), ("z", -1), ("a", 1), ("b", 1)]
+
+
+def test_worker_counts_are_clamped_to_the_spec(make_spec):
+    """Issue 12 item 4: whatever a status says (40 on a maxWorkers-2 job), the worker
+    count acted on lies in [minWorkers, maxWorkers]."""
+    s = make_spec(mn=1, mx=2)
+    assert [s.clamp_workers(n) for n in (40, 2, 1, 0, -5)] == [2, 2, 1, 1, 1]
+    assert [s.clamp_workers(n) for n in (None, "40", True, float("nan"), float("inf"), 1.9)] == [1, 1, 1, 1, 1, 1]

@@ -1,5 +1,7 @@
-from rlsched.core.contract import LABEL_INDEX, LABEL_JOB, LABEL_ROLE, PLURAL, pod_gpus
-from rlsched.operator.resources import trainer_rbac, worker_pod
+import pytest
+
+from rlsched.core.contract import API_VERSION, LABEL_INDEX, LABEL_JOB, LABEL_ROLE, PLURAL, pod_gpus
+from rlsched.operator.resources import WorkerGPUError, trainer_rbac, worker_pod
 from rlsched.operator.snapshot import build_snapshot
 
 
@@ -9,8 +11,13 @@ def node(name, gpus, ready="True", unschedulable=False, labels=None):
             "status": {"allocatable": {"nvidia.com/gpu": str(gpus)}, "conditions": [{"type": "Ready", "status": ready}]}}
 
 
-def pod(name, gpus, node=None, phase="Running", job=None, deleting=False, ns="ns"):
+def pod(name, gpus, node=None, phase="Running", job=None, deleting=False, ns="ns", owned=True):
+    """A pod; with ``job`` it carries the job label and (``owned``) the TrainingJob's
+    controller ownerReference, as the operator's workers do."""
     md = {"name": name, "namespace": ns, "labels": {LABEL_JOB: job} if job else {}}
+    if job and owned:
+        md["ownerReferences"] = [{"apiVersion": API_VERSION, "kind": "TrainingJob", "name": job,
+                                  "uid": f"uid-{job}", "controller": True}]
     if deleting:
         md["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     spec = {"containers": [{"resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}
@@ -32,6 +39,50 @@ def test_free_gpus_allocatable_minus_live_pods():
     assert snap.state.free.tolist() == [2, 0]
     assert snap.placement == {"ns/j1": [0, 0]}
     assert snap.releasing.tolist() == [0, 3]
+
+
+def test_only_pods_a_trainingjob_controls_are_its_workers():
+    nodes = [node("a", 8)]
+    plain = pod("gang-0", 1, "a", job="j1", owned=False)  # label only: a plain gang pod
+    other_kind = pod("other", 1, "a", job="j1")
+    other_kind["metadata"]["ownerReferences"][0]["kind"] = "Job"
+    not_controller = pod("ref", 1, "a", job="j1")
+    not_controller["metadata"]["ownerReferences"][0]["controller"] = False
+    foreign_group = pod("grp", 1, "a", job="j1")
+    foreign_group["metadata"]["ownerReferences"][0]["apiVersion"] = "example.com/v1"
+    mine = pod("j1-worker-0", 1, "a", job="j1")
+    snap = build_snapshot(nodes, [plain, other_kind, not_controller, foreign_group, mine])
+    assert snap.placement == {"ns/j1": [0]}
+    assert snap.state.free.tolist() == [3]  # every pod still holds its GPUs
+
+
+@pytest.mark.parametrize("quantity", ["2M", "1e7", "0.5", "banana", "-1"])
+def test_unreadable_gpu_quantity_never_fails_the_snapshot(quantity):
+    """A pod anywhere whose GPU request cannot be read: bound, it holds its whole node;
+    unbound, it is ignored; both are reported."""
+    nodes = [node("a", 8), node("b", 8)]
+    bad_bound = pod("bad", 1, "a")
+    bad_bound["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = quantity
+    bad_unbound = pod("bad2", 1, None, phase="Pending")
+    bad_unbound["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = quantity
+    ok = pod("ok", 2, "b", job="j1")
+    snap = build_snapshot(nodes, [bad_bound, bad_unbound, ok])
+    assert snap.state.free.tolist() == [0, 6]
+    assert set(snap.problems) == {"Pod/ns/bad", "Pod/ns/bad2"}
+    assert "every GPU of node a" in snap.problems["Pod/ns/bad"]
+    assert "not counted" in snap.problems["Pod/ns/bad2"]
+
+
+def test_huge_but_valid_quantity_fills_the_node():
+    snap = build_snapshot([node("a", 8), node("b", 8)], [pod("kilo", "1Ki", "a")])
+    assert snap.state.free.tolist() == [0, 8] and snap.problems == {}
+
+
+def test_unreadable_node_is_left_out():
+    bad = node("bad", 8)
+    bad["status"]["allocatable"]["nvidia.com/gpu"] = "lots"
+    snap = build_snapshot([bad, node("a", 8)], [])
+    assert list(snap.node_index) == ["a"] and "Node/bad" in snap.problems
 
 
 def test_pod_gpus_sums_containers_and_takes_init_max():
@@ -76,3 +127,22 @@ def test_trainer_rbac_limited_to_own_job():
     assert {tuple(r["resources"]) for r in role["rules"]} == {(PLURAL,), (f"{PLURAL}/status",)}
     assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "tj1-trainer", "namespace": "ns"}]
     assert all(o["metadata"]["ownerReferences"][0]["uid"] == "u-1" for o in (sa, role, rb))
+
+
+@pytest.mark.parametrize("template_spec, got", [
+    # a second container asking for a GPU on top of the first container's
+    ({"containers": [{"name": "a"}, {"name": "b", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}, 3),
+    # an init container asking for more than gpusPerWorker
+    ({"containers": [{"name": "a"}], "initContainers": [{"name": "i", "resources": {"limits": {"nvidia.com/gpu": 8}}}]}, 8),
+])
+def test_worker_pod_refuses_other_gpu_totals(template_spec, got):
+    job = {**JOB, "spec": {**JOB["spec"], "template": {"spec": template_spec}}}
+    with pytest.raises(WorkerGPUError, match=f"would ask for {got} nvidia.com/gpu, spec.gpusPerWorker is 2"):
+        worker_pod(job, 0, 2)
+
+
+def test_worker_pod_effective_gpus_equal_gpus_per_worker():
+    job = {**JOB, "spec": {**JOB["spec"], "template": {"spec": {
+        "containers": [{"name": "a", "resources": {"limits": None}}, {"name": "side"}],
+        "initContainers": [{"name": "i", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}}}
+    assert pod_gpus(worker_pod(job, 0, 2)) == 2

@@ -39,6 +39,23 @@ def test_defaults():
         ({"template": {"spec": {"schedulerName": "default-scheduler", "containers": [{}]}}}, "schedulerName"),
         ({"template": {"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "4"}}}]}}},
          "asks for 4 nvidia.com/gpu but spec.gpusPerWorker is 2"),
+        # issue 12 item 6: two containers x 1 GPU, or an 8-GPU init container, with gpusPerWorker 1
+        ({"gpusPerWorker": 1, "template": {"spec": {"containers": [
+            {"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+            {"name": "b", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}},
+         "asks for 2 nvidia.com/gpu but spec.gpusPerWorker is 1"),
+        ({"gpusPerWorker": 1, "template": {"spec": {
+            "containers": [{"name": "a"}],
+            "initContainers": [{"name": "i", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}},
+         "asks for 8 nvidia.com/gpu but spec.gpusPerWorker is 1"),
+        # the template's total matches, but the operator puts the GPUs on the first container
+        ({"gpusPerWorker": 1, "template": {"spec": {"containers": [
+            {"name": "a"}, {"name": "b", "resources": {"requests": {"nvidia.com/gpu": 1}}}]}}},
+         "spec.template.spec.containers[1] asks for 1 nvidia.com/gpu"),
+        ({"gpusPerWorker": 2, "template": {"spec": {"containers": [
+            {"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+            {"name": "b", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}},
+         "containers[1] asks for 1 nvidia.com/gpu"),
     ],
 )
 def test_invalid_specs_name_the_problem(over, needle):
@@ -56,3 +73,26 @@ def test_all_problems_are_listed():
 def test_missing_spec():
     with pytest.raises(SpecError, match="spec is missing"):
         parse_spec(None)
+
+
+def test_template_gpus_that_come_out_at_gpus_per_worker_are_valid():
+    # GPUs on the first container, an init container asking for no more than a worker has
+    s = parse_spec(body(gpusPerWorker=2, template={"spec": {
+        "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "2"}}}, {"name": "side"}],
+        "initContainers": [{"name": "i", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}))
+    assert s.gpus_per_worker == 2
+
+
+def test_worker_pod_names_must_be_dns_labels():
+    """Issue 12 item 3: a job whose worker pod names exceed 63 characters is refused
+    before it holds GPUs (the API server would refuse its pods with 422)."""
+    ok = "a" * (63 - len("-worker-3"))  # maxWorkers 4: the last worker is -worker-3
+    assert parse_spec(body(), name=ok).max_workers == 4
+    with pytest.raises(SpecError, match="worker pod name .* is 64 characters, more than 63"):
+        parse_spec(body(), name=ok + "b")
+    with pytest.raises(SpecError, match="more than 63"):
+        parse_spec(body(maxWorkers=11), name=ok)  # -worker-10 is one character longer
+    with pytest.raises(SpecError, match="more than 63"):
+        parse_spec(body(), name="x" * 64)
+    # without a name (a spec alone) nothing is said about names
+    assert parse_spec(body()).max_workers == 4

@@ -1,0 +1,173 @@
+"""The pure guards of the control loop (issue 12 items 3-5): what a refused pod means,
+which status values the operator acts on, which pods are its own."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from rlsched.core.contract import API_VERSION, controlling_job, dns_label_error
+from rlsched.core.planning import TrainingSpec
+from rlsched.operator.controller import (
+    OWNED_FIELDS,
+    api_error,
+    format_time,
+    guard_status,
+    merge_diff,
+    merge_patch,
+    permanent_rejection,
+    set_condition,
+)
+
+SPEC = TrainingSpec(min_workers=1, max_workers=2)
+HIGHEST = TrainingSpec(min_workers=1, max_workers=2, priority_class="highest")
+NOW = 1_800_000_000.0
+CREATED = NOW - 3600
+
+
+def exc(status, message, reason=None):
+    e = ApiException(status=status, reason="Unprocessable Entity")
+    e.body = json.dumps({"kind": "Status", "status": "Failure", "message": message,
+                         **({"reason": reason} if reason else {}), "code": status}).encode()
+    return e
+
+
+# ------------------------------------------------------------------ refused pods
+def test_api_error_carries_the_api_servers_reason_and_message():
+    e = exc(403, 'pods "j-worker-0" is forbidden: no PriorityClass with name no-such-class was found', "Forbidden")
+    assert api_error(e) == ("Forbidden", 'pods "j-worker-0" is forbidden: no PriorityClass with name no-such-class was found')
+    # no Status body: the reason follows the HTTP status
+    bare = ApiException(status=503, reason="Service Unavailable")
+    assert api_error(bare) == ("ServiceUnavailable", "Service Unavailable")
+    text = ApiException(status=500, reason="x")
+    text.body = b"<html>oops</html>"
+    assert api_error(text) == ("InternalError", "<html>oops</html>")
+
+
+@pytest.mark.parametrize("status, message, permanent", [
+    (422, 'Pod "x" is invalid: metadata.labels: Invalid value', True),
+    (400, "bad request", True),
+    (403, "no PriorityClass with name no-such-class was found", True),
+    (403, 'pods "x" is forbidden: exceeded quota: gpu, requested: requests.nvidia.com/gpu=1', False),
+    (403, 'pods is forbidden: User "system:serviceaccount:rlsched:op" cannot create resource "pods"', False),
+    (500, "etcdserver: request timed out", False),
+    (503, "unavailable", False),
+    (429, "too many requests", False),
+    (404, 'namespaces "x" not found', False),
+])
+def test_refusals_that_would_repeat_are_permanent(status, message, permanent):
+    assert permanent_rejection(status, message) is permanent
+
+
+# ------------------------------------------------------------------ merge patches
+def test_merge_patch_and_diff_round_trip():
+    cur = {"a": 1, "b": {"x": 1, "y": 2, "junk": 3}, "gone": True}
+    want = {"a": 1, "b": {"x": 1, "y": 5}}
+    d = merge_diff(cur, want)
+    assert d == {"gone": None, "b": {"junk": None, "y": 5}}
+    assert merge_patch(cur, d) == want
+    assert merge_patch({"k": {"g": 1}}, {"k": {"g": None, "h": 2}}) == {"k": {"h": 2}}
+
+
+# ------------------------------------------------------------------ the status a chief may have written
+def status(**kw):
+    return {"phase": "Running", "targetWorkers": 1, "queue": "normal", "startTime": format_time(NOW - 60),
+            "admittedTime": format_time(NOW - 70), "queuedTime": format_time(NOW - 100), **kw}
+
+
+def record(st):
+    return {k: st.get(k) for k in OWNED_FIELDS}
+
+
+def test_target_workers_is_clamped_to_the_spec_without_a_record():
+    """Issue 12 item 4: {"status": {"targetWorkers": 40}} on a maxWorkers-2 job."""
+    trusted, changed = guard_status(status(targetWorkers=40), None, SPEC, created=CREATED, now=NOW)
+    assert trusted["targetWorkers"] == 2 and changed == {"targetWorkers": (40, 2)}
+    trusted, changed = guard_status(status(phase="Starting", targetWorkers=40), None, SPEC, created=CREATED, now=NOW)
+    assert trusted["targetWorkers"] == 1 and changed == {"targetWorkers": (40, 1)}
+    trusted, changed = guard_status(status(targetWorkers=-3), None, SPEC, created=CREATED, now=NOW)
+    assert trusted["targetWorkers"] == 1
+
+
+def test_recorded_fields_are_restored_whoever_changed_them():
+    mine = status()
+    hostile = status(targetWorkers=2, phase="Running", queue="interrupt", nominated=True,
+                     queuedTime=format_time(CREATED - 10 * 86400), rlpto={"decidedEpoch": 0, "streak": -100})
+    trusted, changed = guard_status(hostile, record(mine), SPEC, created=CREATED, now=NOW)
+    assert {k: trusted.get(k) for k in OWNED_FIELDS} == record(mine) | {"nominated": None, "rlpto": None}
+    assert set(changed) == {"targetWorkers", "queue", "nominated", "queuedTime", "rlpto"}
+    # a queued (preempted) job whose chief flips it to Running gets no pods
+    queued = status(phase="Queued", targetWorkers=0, queue="interrupt")
+    trusted, changed = guard_status(status(phase="Running", targetWorkers=2), record(queued), SPEC,
+                                    created=CREATED, now=NOW)
+    assert trusted["phase"] == "Queued" and trusted["targetWorkers"] == 0 and "phase" in changed
+    # nothing changed: nothing to write
+    assert guard_status(mine, record(mine), SPEC, created=CREATED, now=NOW)[1] == {}
+
+
+def test_nominated_counts_only_on_a_queued_highest_job_without_a_record():
+    q = status(phase="Queued", targetWorkers=0, nominated=True)
+    assert guard_status(q, None, SPEC, created=CREATED, now=NOW)[0]["nominated"] is False
+    assert guard_status(q, None, HIGHEST, created=CREATED, now=NOW)[0]["nominated"] is True
+    assert guard_status(status(nominated=True), None, HIGHEST, created=CREATED, now=NOW)[0]["nominated"] is False
+
+
+def test_times_are_bounded_by_creation_and_now():
+    st = status(queuedTime=format_time(CREATED - 86400), admittedTime=format_time(NOW + 86400), startTime="yesterday")
+    trusted, changed = guard_status(st, None, SPEC, created=CREATED, now=NOW)
+    assert trusted["queuedTime"] == format_time(CREATED) and trusted["admittedTime"] == format_time(NOW)
+    assert "startTime" not in trusted and set(changed) == {"queuedTime", "admittedTime", "startTime"}
+    # a few seconds of clock skew is no tampering
+    ok = status(queuedTime=format_time(CREATED - 2))
+    assert guard_status(ok, None, SPEC, created=CREATED, now=NOW)[1] == {}
+
+
+def test_null_members_are_no_change():
+    """The operator writes ``rlpto.gain: null`` (merge patch: deleted): the record and
+    the stored status must compare equal."""
+    rl = {"epoch": 3, "gain": None, "streak": 1}
+    mine = status(rlpto=rl)
+    stored = status(rlpto={"epoch": 3, "streak": 1})
+    assert guard_status(stored, record(mine), SPEC, created=CREATED, now=NOW)[1] == {}
+
+
+def test_garbage_conditions_do_not_break_set_condition():
+    out = set_condition(["junk", {"type": "Valid", "status": "True"}], "Schedulable", "False", "Unfittable", "m", NOW)
+    assert [c["type"] for c in out] == ["Valid", "Schedulable"]
+    assert set_condition("junk", "Valid", "True", "r", "m", NOW)[0]["type"] == "Valid"
+
+
+# ------------------------------------------------------------------ whose pods
+def owned(**ref):
+    return {"metadata": {"ownerReferences": [{"apiVersion": API_VERSION, "kind": "TrainingJob", "name": "j",
+                                              "uid": "u1", "controller": True, **ref}]}}
+
+
+def test_controlling_job_only_for_a_trainingjob_controller_reference():
+    assert controlling_job(owned()).uid == "u1" and controlling_job(owned()).name == "j"
+    assert controlling_job(owned(controller=False)) is None
+    assert controlling_job(owned(kind="Job")) is None
+    assert controlling_job(owned(apiVersion="rlsched.example/v1")) is None
+    assert controlling_job(owned(uid="")) is None
+    assert controlling_job({"metadata": {"labels": {"rlsched.dev/job": "j"}}}) is None
+    assert controlling_job({"metadata": {"ownerReferences": "junk"}}) is None
+
+
+def test_dns_label_error():
+    assert dns_label_error("job-worker-3") is None and dns_label_error("a" * 63) is None
+    assert "64 characters, more than 63" in dns_label_error("a" * 64)
+    assert "RFC 1123" in dns_label_error("Job_1") and "RFC 1123" in dns_label_error("-a")
+    assert dns_label_error("") is not None and dns_label_error(None) is not None
+
+
+def test_running_without_a_live_worker_is_not_adopted():
+    """A chief whose pods are being deleted (preempted) flips its job to Running while
+    the operator restarts: with no record and no live worker, the job is queued."""
+    st = status(phase="Running", targetWorkers=2)
+    trusted, changed = guard_status(st, None, SPEC, created=CREATED, now=NOW, live_workers=0)
+    assert (trusted["phase"], trusted["targetWorkers"]) == ("Queued", 0)
+    assert set(changed) == {"phase", "targetWorkers"}
+    trusted, changed = guard_status(st, None, SPEC, created=CREATED, now=NOW, live_workers=1)
+    assert (trusted["phase"], trusted["targetWorkers"], changed) == ("Running", 2, {})
