@@ -33,6 +33,7 @@ from rlsched.core import Progress, make_ordering, make_scaling
 from rlsched.core.contract import ANNOTATION_EVENT_TIME as EVENT_TIME_ANNOTATION
 from rlsched.core.contract import ANNOTATION_PRIORITY_REQUESTS as REQUESTS_ANNOTATION
 from rlsched.core.contract import API_VERSION, DEFAULT_SCHEDULER_NAME, GROUP, KIND, LABEL_INDEX, LABEL_JOB, PLURAL, VERSION
+from rlsched.core.contract import POD_SECURITY_BASELINE
 from rlsched.core.planning import (
     Admission,
     AdmissionPlan,
@@ -47,6 +48,7 @@ from rlsched.core.planning import (
 from rlsched.core.policy import ORDERINGS, SCALINGS
 
 from .metrics import OperatorMetrics
+from .podsecurity import POD_SECURITY_REASON, PodSecurityGate
 from .resources import trainer_rbac, worker_pod
 from .snapshot import build_snapshot
 from .spec import SpecError, parse_spec
@@ -90,6 +92,11 @@ class OperatorConfig:
     sweep_every: int = 10
     #: API calls for different jobs in flight at once within a cycle
     parallelism: int = 16
+    #: Pod Security Standard of worker templates in namespaces without a
+    #: pod-security.kubernetes.io/enforce label (operator/podsecurity.py)
+    pod_security_level: str = POD_SECURITY_BASELINE
+    #: let every namespace's templates read Secrets (else only namespaces labelled so)
+    allow_secret_mounts: bool = False
 
 
 def parse_time(s: str | None) -> float | None:
@@ -227,6 +234,7 @@ class Controller:
             start_timeout_s=config.start_timeout_s,
         )
         self.planner = ScalingPlanner(build_scaling(config.scaling, config.scaling_model), patience=config.patience)
+        self.pod_security = PodSecurityGate(self.core, self.read_json, config)
         self.cycles = 0
         self.last_plan: AdmissionPlan | None = None
 
@@ -368,6 +376,11 @@ class Controller:
             if j.spec is None:
                 await self.fail(j, "InvalidSpec", j.error or "invalid spec", now)
                 return
+            refusal = await self.pod_security.check(j.body, self.cycles)
+            if refusal is not None and (refusal.final or phase == "Queued"):
+                if refusal.final:
+                    await self.fail(j, POD_SECURITY_REASON, refusal.message, now)
+                return  # else its namespace is unreadable: not admitted until it can be checked
             if phase == "Queued":
                 waiting.append(await self._queue_entry(j, now))
             elif phase == "Starting":
