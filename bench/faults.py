@@ -81,7 +81,7 @@ def _poison_run(cycles: int, cycle_s: float, progress, task) -> dict:
     from kubernetes import client, config
     from kubernetes.client.exceptions import ApiException
 
-    from rlsched.core.contract import GROUP, LABEL_JOB, PLURAL, VERSION
+    from rlsched.core.contract import GROUP, LABEL_JOB, PLURAL, RESOURCE_GPU, VERSION
     from rlsched.operator.controller import OperatorConfig
     from rlsched.operator.handlers import OperatorRuntime, build_registry
     from rlsched.operator.main import crd_path
@@ -105,7 +105,7 @@ def _poison_run(cycles: int, cycle_s: float, progress, task) -> dict:
         cfg = OperatorConfig(kubeconfig=str(cluster.kubeconfig), namespace=ns, cycle_s=cycle_s, metrics_port=0,
                              forecast_interval_s=0, start_timeout_s=600, grace_period_s=1)
         rt = OperatorRuntime(cfg)
-        gpu = {"nvidia.com/gpu": "2M"}
+        gpu = {RESOURCE_GPU: "2M"}
         poison = {
             "forbidden_priority_class": _tj("forbidden", 2, 8, klass="urgent", template={"spec": {
                 "priorityClassName": "no-such-class", "containers": [{"name": "t", "image": IMAGE}]}}),
@@ -115,7 +115,7 @@ def _poison_run(cycles: int, cycle_s: float, progress, task) -> dict:
             "never_fits": _tj("never-fits", 1024, 64, klass="urgent"),
             "extra_gpu_container": _tj("extra-gpus", 1, 1, template={"spec": {"containers": [
                 {"name": "t", "image": IMAGE},
-                {"name": "side", "image": IMAGE, "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}),
+                {"name": "side", "image": IMAGE, "resources": {"limits": {RESOURCE_GPU: "1"}}}]}}),
         }
         # 18 GPUs in all: they fit beside the 8 the foreign pod is charged with
         valid = {f"good-{i}": _tj(f"good-{i}", 1 + i % 2, 2, max_workers=2 + i % 2) for i in range(6)}

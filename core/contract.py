@@ -71,6 +71,14 @@ __all__ = [
     "LABEL_NVLINK_DOMAIN_SIZE",
     "LABEL_GPU_PRICE",
     "DEFAULT_TOPOLOGY_LEVELS",
+    # pod security
+    "POD_SECURITY_PRIVILEGED",
+    "POD_SECURITY_BASELINE",
+    "POD_SECURITY_RESTRICTED",
+    "POD_SECURITY_LEVELS",
+    "LABEL_POD_SECURITY_ENFORCE",
+    "LABEL_ALLOW_SECRET_MOUNTS",
+    "ANNOTATION_APPARMOR_PREFIX",
     # parser
     "ShapeError",
     "MAX_GPUS",
@@ -154,6 +162,22 @@ LABEL_NVLINK_DOMAIN_SIZE = "rlsched.dev/nvlink-domain-size"
 LABEL_GPU_PRICE = "rlsched.dev/gpu-price-per-hour"
 #: topology levels as node-label keys, coarse to fine (Kueue style)
 DEFAULT_TOPOLOGY_LEVELS = (LABEL_BLOCK, LABEL_RACK, LABEL_HOSTNAME)
+
+# --------------------------------------------------------------------------- pod security
+#: levels of the Kubernetes Pod Security Standards, least to most restrictive
+#: (https://kubernetes.io/docs/concepts/security/pod-security-standards/)
+POD_SECURITY_PRIVILEGED = "privileged"
+POD_SECURITY_BASELINE = "baseline"
+POD_SECURITY_RESTRICTED = "restricted"
+POD_SECURITY_LEVELS = (POD_SECURITY_PRIVILEGED, POD_SECURITY_BASELINE, POD_SECURITY_RESTRICTED)
+#: namespaces: the level Pod Security Admission enforces there; the operator holds
+#: TrainingJob pod templates of the namespace to the same level
+LABEL_POD_SECURITY_ENFORCE = "pod-security.kubernetes.io/enforce"
+#: namespaces: ``"true"`` lets the namespace's TrainingJobs mount Secrets (refused by default)
+LABEL_ALLOW_SECRET_MOUNTS = "rlsched.dev/allow-secret-mounts"
+#: pods: ``<prefix><container name>`` names the AppArmor profile of a container (the
+#: annotation form of ``securityContext.appArmorProfile``)
+ANNOTATION_APPARMOR_PREFIX = "container.apparmor.security.beta.kubernetes.io/"
 
 
 # =========================================================================== parser

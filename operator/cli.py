@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlsched.core.contract import DEFAULT_SCHEDULER_NAME
+from rlsched.core.contract import DEFAULT_SCHEDULER_NAME, LABEL_ALLOW_SECRET_MOUNTS, LABEL_POD_SECURITY_ENFORCE
+from rlsched.core.contract import POD_SECURITY_BASELINE, POD_SECURITY_LEVELS
 
 __all__ = ["register"]
 
@@ -40,6 +41,12 @@ def register(subparsers) -> None:
     r.add_argument("--priority", type=int, default=0, help="peering priority of this replica")
     r.add_argument("--forecast-interval", type=float, default=3600.0, help="seconds between LSP forecasts (0: off)")
     r.add_argument("--gru-model", help="weights of the LSP GRU (default: ARIMA only)")
+    r.add_argument("--pod-security-level", choices=POD_SECURITY_LEVELS, default=POD_SECURITY_BASELINE,
+                   help=f"Pod Security Standard worker templates must meet in namespaces without a "
+                   f"{LABEL_POD_SECURITY_ENFORCE} label (default {POD_SECURITY_BASELINE})")
+    r.add_argument("--allow-secret-mounts", action="store_true",
+                   help=f"let worker templates read Secrets in every namespace (default: only in namespaces "
+                   f"labelled {LABEL_ALLOW_SECRET_MOUNTS}=true)")
     r.add_argument("--verbose", "-v", action="store_true")
     r.set_defaults(func=_run)
 
@@ -66,7 +73,8 @@ def _run(args: argparse.Namespace) -> int:
         promote_at=args.promote_at, demote_at=args.demote_at, backfill=args.backfill,
         preemption=not args.no_preemption, metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         peering=args.peering, priority=args.priority, forecast_interval_s=args.forecast_interval,
-        gru_model=args.gru_model,
+        gru_model=args.gru_model, pod_security_level=args.pod_security_level,
+        allow_secret_mounts=args.allow_secret_mounts,
     )
     return run(cfg)
 

@@ -120,6 +120,7 @@ from rlsched.core.contract import (
     KIND,
     LABEL_INDEX,
     PLURAL,
+    POD_SECURITY_BASELINE,
     VERSION,
     controlling_job,
 )
@@ -137,6 +138,7 @@ from rlsched.core.planning import (
 from rlsched.core.policy import ORDERINGS, SCALINGS
 
 from .metrics import OperatorMetrics
+from .podsecurity import POD_SECURITY_REASON, PodSecurityGate
 from .resources import trainer_rbac, worker_pod
 from .snapshot import build_snapshot
 from .spec import SpecError, parse_spec
@@ -325,6 +327,11 @@ class OperatorConfig:
     sweep_every: int = 10
     #: API calls for different jobs in flight at once within a cycle
     parallelism: int = 16
+    #: Pod Security Standard of worker templates in namespaces without a
+    #: pod-security.kubernetes.io/enforce label (operator/podsecurity.py)
+    pod_security_level: str = POD_SECURITY_BASELINE
+    #: let every namespace's templates read Secrets (else only namespaces labelled so)
+    allow_secret_mounts: bool = False
 
 
 def parse_time(s: str | None) -> float | None:
@@ -477,6 +484,7 @@ class Controller:
             start_timeout_s=config.start_timeout_s,
         )
         self.planner = ScalingPlanner(build_scaling(config.scaling, config.scaling_model), patience=config.patience)
+        self.pod_security = PodSecurityGate(self.core, self.read_json, config)
         self.cycles = 0
         self.last_plan: AdmissionPlan | None = None
         #: job uid -> the operator's last written value of each of OWNED_FIELDS
@@ -665,6 +673,11 @@ class Controller:
             if j.spec is None:
                 await self.fail(j, "InvalidSpec", j.error or "invalid spec", now)
                 return
+            refusal = await self.pod_security.check(j.body, self.cycles)
+            if refusal is not None and (refusal.final or phase == "Queued"):
+                if refusal.final:
+                    await self.fail(j, POD_SECURITY_REASON, refusal.message, now)
+                return  # else its namespace is unreadable: not admitted until it can be checked
             try:
                 if phase == "Queued":
                     waiting.append(await self._queue_entry(j, now))

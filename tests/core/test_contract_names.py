@@ -15,9 +15,10 @@ ROOT = Path(__file__).resolve().parents[2]
 CONTRACT = Path("core") / "contract.py"
 
 #: contract values that are also ordinary words elsewhere (the scheduler profile and the
-#: Helm release are both "rlsched"; "chief"/"worker" name roles and processes)
+#: Helm release are both "rlsched"; "chief"/"worker" name roles and processes; "privileged"
+#: is a level of the Pod Security Standards and a field of a container's securityContext)
 NOT_SCANNED = {"DEFAULT_SCHEDULER_NAME", "SHORT_NAME", "SINGULAR", "VERSION", "ROLE_CHIEF", "ROLE_WORKER",
-               "MANAGED_BY_OPERATOR"}
+               "MANAGED_BY_OPERATOR", "POD_SECURITY_PRIVILEGED"}
 #: one definition each, in core: the pod/node shape parser, the bad-shape and bad-model-file errors
 DEFINED_ONCE = {
     "pod_gpus": CONTRACT, "node_gpus": CONTRACT, "node_shape": CONTRACT, "parse_quantity": CONTRACT,

@@ -149,7 +149,8 @@ def test_helm_refuses_replicas_without_peering(tools):
 
 @pytest.mark.parametrize("bad", ["scheduler.extender.polcy=das", "scheduler.extender.policy=magic",
                                  "operator.image.pullPolicy=Sometimes", "scheduler.extender.port=70000",
-                                 "scheduler.schedulerName=Not_A_Name", "crds.instal=false"])
+                                 "scheduler.schedulerName=Not_A_Name", "crds.instal=false",
+                                 "operator.podSecurity.defaultLevel=strict"])
 def test_values_schema_rejects_typos_and_bad_values(tools, bad):
     out = subprocess.run([str(tools / "helm"), "template", "x", str(CHART), *KUBE_VERSION, "--set", bad],
                          capture_output=True, text=True)
@@ -226,6 +227,20 @@ def test_namespaced_operator_gets_rolebinding_not_clusterrolebinding(render):
     assert {o["metadata"]["namespace"] for o in forecast} == {"team-a"}
     forecast = [o for o in render() if o["kind"] == "Role" and o["metadata"]["name"].endswith("-forecast")]
     assert [o["metadata"]["namespace"] for o in forecast] == ["default"]
+
+
+def test_operator_pod_security_flags(render):
+    def args(*sets):
+        dep = next(o for o in render(*sets) if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-operator"))
+        return _pod_spec(dep)["containers"][0]["args"]
+
+    default = args()
+    assert "--pod-security-level=baseline" in default and "--allow-secret-mounts" not in default
+    changed = args("operator.podSecurity.defaultLevel=restricted", "operator.podSecurity.allowSecretMounts=true")
+    assert "--pod-security-level=restricted" in changed and "--allow-secret-mounts" in changed
+    # the operator reads the level label of a job's namespace
+    role = next(o for o in render() if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith("operator-cluster"))
+    assert any("namespaces" in r["resources"] and {"get", "list"} <= set(r["verbs"]) for r in role["rules"])
 
 
 def test_helm_test_pod_script_compiles(render):
@@ -352,6 +367,8 @@ def test_rbac_allows_what_is_needed_and_denies_the_rest(release, tools):
         (op, "patch", "kopfpeerings.kopf.dev", *ns),
         (op, "list", "nodes"),
         (op, "list", "pods", "--all-namespaces"),
+        (op, "get", f"namespaces/{rns}"),
+        (op, "list", "namespaces"),
         (op, "update", "configmaps/rlsched-forecast", *ns),
         (sch, "create", "pods", "--subresource=binding", "-n", "default"),
         (sch, "list", "nodes"),
