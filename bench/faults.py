@@ -10,7 +10,8 @@ shows the measurement can see an over-commit.
 
 Cycles lost. The operator runs ``--cycles`` cycles on a fresh control plane with
 poison objects beside valid jobs (pods the API server refuses, a name too long for
-its workers, a gang that never fits, a template asking for extra GPUs, a foreign pod
+its workers, a gang that never fits, a template asking for extra GPUs, a privileged
+hostPath pod with a Secret, a foreign pod
 whose GPU count no parser accepts, a plain gang pod, a hostile ``targetWorkers``
 patch): it reports cycles lost (must be 0), the cycle by which each valid job was
 admitted and what became of every poison object.
@@ -113,6 +114,12 @@ def _poison_run(cycles: int, cycle_s: float, progress, task) -> dict:
                 "containers": [{"name": "Bad_Name", "image": IMAGE}]}}),
             "name_over_63": _tj("poison-" + "x" * 53, 1, 1, klass="urgent"),
             "never_fits": _tj("never-fits", 1024, 64, klass="urgent"),
+            "privileged_hostpath_secret": _tj("escalate", 1, 1, template={"spec": {
+                "containers": [{"name": "t", "image": IMAGE, "securityContext": {"privileged": True},
+                                "volumeMounts": [{"name": "root", "mountPath": "/host"},
+                                                 {"name": "s", "mountPath": "/s"}]}],
+                "volumes": [{"name": "root", "hostPath": {"path": "/"}},
+                            {"name": "s", "secret": {"secretName": "anything"}}]}}),
             "extra_gpu_container": _tj("extra-gpus", 1, 1, template={"spec": {"containers": [
                 {"name": "t", "image": IMAGE},
                 {"name": "side", "image": IMAGE, "resources": {"limits": {RESOURCE_GPU: "1"}}}]}}),
