@@ -29,7 +29,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from ..core.contract import ShapeError
 from .service import Extender, bounded
-from .wire import PriorityEncoder, decode_args, decode_binding, encode_binding, encode_filter
+from .wire import decode_args, decode_binding, encode_binding, encode_filter
 
 __all__ = ["make_app", "DEFAULT_MAX_BODY", "EXTENDER_KEY", "CLIENT_CLOSED"]
 
@@ -123,7 +123,7 @@ def make_app(
             except ShapeError as exc:  # not an ExtenderArgs (WireError); a bad pod is no error
                 resp = _error(400, f"{verb}: {exc}")
             except ClientGone as exc:
-                log.debug("%s: client closed the connection before sending its request: %s", verb, exc)
+                log.debug("%s: client closed the connection before its request was read: %s", verb, exc)
                 metrics.errors.labels(verb=verb, code=CLIENT_CLOSED).inc()
                 return web.Response(status=400)  # nobody to send it to; aiohttp drops it
             except asyncio.CancelledError:  # server stopping (or a client gone, with handler_cancellation)
@@ -143,7 +143,7 @@ def make_app(
     def enc_filter(args, out):
         return encode_filter(args, out.passed, out.failed, out.unresolvable)
 
-    encode_priorities = PriorityEncoder()
+    encode_priorities = extender.encoder
 
     def enc_prio(args, scores):
         return encode_priorities(args.names, scores)

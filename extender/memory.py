@@ -72,10 +72,10 @@ class ByteLRU(Generic[K, V]):
         return item[0]
 
     def put(self, key: K, value: V, size: int) -> bool:
-        """Keep ``value`` under ``key`` (replacing any old one); ``False`` when it alone
-        is larger than the budget and was not kept."""
+        """Keep ``value`` under ``key`` (replacing any old one); ``size`` is the bytes of
+        both. ``False`` when the entry alone is larger than the budget and was not kept."""
         self.pop(key)
-        size = int(size) + ENTRY_OVERHEAD + approx_bytes(key)
+        size = int(size) + ENTRY_OVERHEAD
         if size > self.max_bytes:
             self.refused += 1
             return False

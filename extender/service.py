@@ -36,7 +36,7 @@ from .cache import ClusterCache
 from .memory import ByteLRU, approx_bytes
 from .metrics import ExtenderMetrics
 from .objects import PodInfo, parse_pod
-from .wire import MAX_PRIORITY, BindingArgs, ExtenderArgs, WireError
+from .wire import MAX_PRIORITY, BindingArgs, ExtenderArgs, PriorityEncoder, WireError
 
 __all__ = ["Extender", "FilterOutcome", "MAX_REASON", "DEFAULT_DEBUG_BYTES"]
 
@@ -50,6 +50,10 @@ DEFAULT_DEBUG_BYTES = 16 * 1024 * 1024
 INDEX_CACHE_BYTES = 16 * 1024 * 1024
 
 
+#: bytes of a str object beyond its characters, plus its slot in a tuple
+_STR_BYTES = 57
+#: bookkeeping of one /debug entry or part: dicts, small ints, floats
+_ENTRY_BYTES = 1024
 #: upper bound of one ``_gpus`` entry: a pod key and a job of valid names, a tuple
 _GPUS_ENTRY_BYTES = 1024
 
@@ -83,6 +87,7 @@ class Extender:
         policy_fallback: str | None = None,
         debug_entries: int = 1024,
         debug_bytes: int = DEFAULT_DEBUG_BYTES,
+        index_cache_bytes: int = INDEX_CACHE_BYTES,
         binder: Callable[[BindingArgs], Awaitable[None]] | None = None,
         settle_timeout: float = 0.0,
     ) -> None:
@@ -99,7 +104,11 @@ class Extender:
         #: pod key -> (GPUs, job) of recently scored pods, for bind (keys and jobs are
         #: valid Kubernetes names, so an entry is a few hundred bytes)
         self._gpus: OrderedDict[str, tuple[int, str | None]] = OrderedDict()
-        self._idx_cache: ByteLRU[tuple, np.ndarray] = ByteLRU(INDEX_CACHE_BYTES, 32)
+        #: candidate list -> node indices, and node name -> JSON of its score entry
+        #: (kube-scheduler sends the same lists again and again), each within
+        #: ``index_cache_bytes``
+        self._idx_cache: ByteLRU[tuple, np.ndarray] = ByteLRU(index_cache_bytes, 32)
+        self.encoder = PriorityEncoder(max_bytes=index_cache_bytes)
         self._idx_topology = None
         #: creates the Binding in the API server (``None``: bind verb unavailable)
         self.binder = binder
@@ -161,7 +170,8 @@ class Extender:
                 except ShapeError as exc:
                     raise WireError(str(exc)) from None
             idx.flags.writeable = False
-            self._idx_cache.put(key, idx, approx_bytes(key) + idx.nbytes)
+            # the key's strings and tuple slots, the array: counted at C speed
+            self._idx_cache.put(key, idx, sum(map(len, names)) + _STR_BYTES * len(names) + idx.nbytes)
         return idx
 
     def _validated(self, args: ExtenderArgs) -> None:
@@ -189,14 +199,17 @@ class Extender:
         terms = {name: v[sel] for name, v in comp.items()} if comp is not None else {}
         return names, ints[sel], raw[sel], terms
 
-    def _remember(self, pod: PodInfo, entry: dict) -> None:
+    def _remember(self, pod: PodInfo, part: str, doc: dict, size: int) -> None:
+        """Keep ``doc`` (about ``size`` bytes) as the ``part`` ("filter", "prioritize")
+        of the pod's /debug explanation, within the byte budget."""
         self._gpus[pod.key] = (pod.gpus, pod.job)
         self._gpus.move_to_end(pod.key)
         while len(self._gpus) > self._debug_entries:
             self._gpus.popitem(last=False)
-        entry["time"] = time.time()
-        merged = {**self._debug.get(pod.key, {}), **entry}
-        self._debug.put(pod.key, merged, approx_bytes(merged))
+        old = self._debug.get(pod.key, {}, touch=False)
+        sizes = {**old.get("_sizes", {}), part: size}
+        entry = {**old, part: doc, "time": time.time(), "_sizes": sizes}
+        self._debug.put(pod.key, entry, _ENTRY_BYTES + 2 * len(pod.key) + sum(sizes.values()))
 
     # ------------------------------------------------------------------ filter
     async def filter(self, args: ExtenderArgs) -> FilterOutcome:
@@ -274,15 +287,12 @@ class Extender:
         if len(out.passed) == 1 and q > 0:
             # kube-scheduler skips scoring when one node is left: it will be that one
             self.cache.assume(pod.key, args.names[out.passed[0]], q, pod.job)
+        failed = dict(islice(chain(out.failed.items(), out.unresolvable.items()), 50))
         self._remember(
             pod,
-            {
-                "filter": {
-                    "candidates": len(args.names),
-                    "passed": len(out.passed),
-                    "failed": dict(islice(chain(out.failed.items(), out.unresolvable.items()), 50)),
-                }
-            },
+            "filter",
+            {"candidates": len(args.names), "passed": len(out.passed), "failed": failed},
+            _ENTRY_BYTES + sum(2 * (len(k) + len(v)) + 2 * _STR_BYTES for k, v in failed.items()),
         )
         return out
 
@@ -341,20 +351,23 @@ class Extender:
             best = int(cand[int(np.argmax(raw))])
             assumed = st.topology.nodes[best].name
             self.cache.assume(pod.key, assumed, pod.gpus, pod.job)
+        top = self._top(st, cand, raw, ints, comp)
         self._remember(
             pod,
+            "prioritize",
             {
-                "prioritize": {
-                    "policy": used.name,
-                    "job": pod.job,
-                    "gpus": pod.gpus,
-                    "placed_workers": [st.topology.nodes[i].name for i in placed],
-                    "assumed_node": assumed,
-                    "candidates": len(args.names),
-                    "unknown_nodes": int(len(idx) - len(cand)),
-                    "_top": self._top(st, cand, raw, ints, comp),
-                }
+                "policy": used.name,
+                "job": pod.job,
+                "gpus": pod.gpus,
+                "placed_workers": [st.topology.nodes[i].name for i in placed],
+                "assumed_node": assumed,
+                "candidates": len(args.names),
+                "unknown_nodes": int(len(idx) - len(cand)),
+                "_top": top,
             },
+            # node names are the topology's own strings: a pointer each
+            2 * _ENTRY_BYTES + 2 * len(pod.job or "") + 8 * (len(placed) + len(top[0]))
+            + sum(approx_bytes(a) for a in (top[1], top[2], *top[3].values())) + _STR_BYTES * len(top[3]),
         )
         return full.tolist()
 
@@ -416,8 +429,8 @@ class Extender:
     # ------------------------------------------------------------------ debug
     def retained_bytes(self) -> int:
         """Estimated bytes kept across requests: /debug explanations, cached candidate
-        lists and the GPUs of recently scored pods."""
-        return self._debug.bytes + self._idx_cache.bytes + len(self._gpus) * _GPUS_ENTRY_BYTES
+        lists and score-entry prefixes, the GPUs of recently scored pods."""
+        return self._debug.bytes + self._idx_cache.bytes + self.encoder.bytes + len(self._gpus) * _GPUS_ENTRY_BYTES
 
     def overcommit(self) -> list[dict[str, Any]]:
         """Nodes with more GPUs in use (bound and assumed pods) than they have."""

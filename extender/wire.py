@@ -68,7 +68,12 @@ def _node_name(obj: Any, where: str) -> str:
 
 
 def decode_args(body: bytes) -> ExtenderArgs:
-    """Parse and validate an ``ExtenderArgs`` body (raises :class:`WireError`)."""
+    """Parse and validate an ``ExtenderArgs`` body (raises :class:`WireError`). The
+    names of ``Nodes`` must be DNS-1123 subdomains; ``NodeNames`` are checked by the
+    extender against its node cache (a name it does not know must be one), which
+    costs nothing for the lists kube-scheduler sends again and again. The pod is only
+    checked to be an object: a pod that cannot be read is unschedulable, not a bad
+    request."""
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
