@@ -74,7 +74,7 @@ class ExtenderMetrics:
         )
         self.retained = Gauge(
             "rlsched_extender_retained_bytes",
-            "Estimated bytes kept across requests (/debug explanations, cached candidate lists).",
+            "Estimated bytes kept across requests (/debug explanations, cached candidate lists and score entries).",
             registry=r,
         )
         self.cache_age = Gauge(

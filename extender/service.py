@@ -139,10 +139,10 @@ class Extender:
 
     def _prepare(self, args: ExtenderArgs, pod: PodInfo) -> tuple[PodInfo, ClusterState, np.ndarray, list[int]]:
         self.cache.expire()
+        idx = self._indices(self.cache.state(), args)  # a bad request changes nothing
         self.cache.forget(pod.key)  # a new scheduling attempt replaces an old guess
         st = self.cache.state()
         index = st.topology.index
-        idx = self._indices(st, args)
         placed = [index[n] for n in self.cache.job_placement(pod.job, exclude=pod.key) if n in index]
         return pod, st, idx, placed
 
