@@ -14,8 +14,11 @@ Parser: objects are plain dicts with camelCase keys, as the API server serves th
 and :func:`node_shape` the name, labels and GPUs of a node. Anything of the wrong shape
 raises :class:`ShapeError` with the path of the offending field.
 :func:`controlling_job` names the TrainingJob that controls a pod (the only pods the
-operator owns) and :func:`dns_label_error` checks a name against RFC 1123's label rule
-(pod names the operator derives, label values).
+operator owns).
+
+Names: :func:`dns_subdomain` (object names: pods, nodes), :func:`dns_label`
+(namespaces) and :func:`label_value` check a name as the API server validates it, so a
+name no API object can carry is refused before anything keeps it.
 
 Pure: no Kubernetes client, no I/O.
 """
@@ -92,10 +95,14 @@ __all__ = [
     "NodeShape",
     "node_shape",
     "node_gpus",
-    "DNS_LABEL_MAX",
-    "dns_label_error",
     "JobOwner",
     "controlling_job",
+    # names
+    "MAX_SUBDOMAIN_CHARS",
+    "MAX_LABEL_CHARS",
+    "dns_subdomain",
+    "dns_label",
+    "label_value",
 ]
 
 # --------------------------------------------------------------------------- the CRD
@@ -347,24 +354,7 @@ def node_shape(node: Any, where: str = "Node") -> NodeShape:
     return NodeShape(name=name, labels=labels, gpus=node_gpus(node, where))
 
 
-# --------------------------------------------------------------------------- names and owners
-#: longest RFC 1123 label (and longest label value): 63 characters
-DNS_LABEL_MAX = 63
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-
-
-def dns_label_error(value: Any, what: str = "name") -> str | None:
-    """Why ``value`` is not an RFC 1123 label (lower-case alphanumerics and ``-``,
-    alphanumeric at both ends, at most :data:`DNS_LABEL_MAX` characters), or None."""
-    if not isinstance(value, str) or not value:
-        return f"{what} must be a non-empty string"
-    if len(value) > DNS_LABEL_MAX:
-        return f"{what} {value[:40]!r}... is {len(value)} characters, more than {DNS_LABEL_MAX}"
-    if not _DNS_LABEL.fullmatch(value):
-        return f"{what} {value!r} is not an RFC 1123 label (lower-case letters, digits and '-')"
-    return None
-
-
+# --------------------------------------------------------------------------- owners
 @dataclass(frozen=True, slots=True)
 class JobOwner:
     """The TrainingJob a pod's controller ownerReference points to."""
@@ -392,3 +382,46 @@ def controlling_job(obj: Any) -> JobOwner | None:
         if isinstance(name, str) and name and isinstance(uid, str) and uid:
             return JobOwner(name=name, uid=uid)
     return None
+
+
+# =========================================================================== names
+# The API server's name rules (k8s.io/apimachinery/pkg/util/validation: IsDNS1123Subdomain,
+# IsDNS1123Label, IsValidLabelValue). Lengths are checked before the pattern, so a
+# megabyte "name" costs nothing to refuse.
+#: longest DNS-1123 subdomain (names of pods and nodes)
+MAX_SUBDOMAIN_CHARS = 253
+#: longest DNS-1123 label (namespaces) and label value
+MAX_LABEL_CHARS = 63
+_DNS_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
+_DNS_LABEL_RE = re.compile(_DNS_LABEL)
+_DNS_SUBDOMAIN_RE = re.compile(rf"{_DNS_LABEL}(?:\.{_DNS_LABEL})*")
+_LABEL_VALUE_RE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+
+
+def _name(value: Any, where: str, pattern: re.Pattern, limit: int, what: str) -> str:
+    if not isinstance(value, str):
+        raise ShapeError(f"{where}: expected a string, got {type(value).__name__}")
+    if len(value) > limit:
+        raise ShapeError(f"{where}: {value[:40]!r}... has {len(value)} characters, more than {limit} ({what})")
+    if pattern.fullmatch(value) is None:
+        raise ShapeError(f"{where}: {value!r:.80} is not a valid {what}")  # short: checked above
+    return value
+
+
+def dns_subdomain(value: Any, where: str = "name") -> str:
+    """``value`` if it is a DNS-1123 subdomain (the name of a pod or a node): at most
+    253 characters, lowercase alphanumerics, ``-`` and ``.``; else :class:`ShapeError`."""
+    return _name(value, where, _DNS_SUBDOMAIN_RE, MAX_SUBDOMAIN_CHARS, "DNS-1123 subdomain")
+
+
+def dns_label(value: Any, where: str = "name") -> str:
+    """``value`` if it is a DNS-1123 label (the name of a namespace): at most 63
+    characters, lowercase alphanumerics and ``-``; else :class:`ShapeError`."""
+    return _name(value, where, _DNS_LABEL_RE, MAX_LABEL_CHARS, "DNS-1123 label")
+
+
+def label_value(value: Any, where: str = "label") -> str:
+    """``value`` if it is a valid label value: empty, or at most 63 alphanumerics,
+    ``-``, ``_`` and ``.`` beginning and ending with an alphanumeric; else
+    :class:`ShapeError`."""
+    return _name(value, where, _LABEL_VALUE_RE, MAX_LABEL_CHARS, "label value")

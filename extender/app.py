@@ -3,9 +3,17 @@
 Endpoints: ``POST /filter``, ``POST /prioritize``, ``POST /bind`` (kube-scheduler
 extender/v1 JSON; bind needs API access),
 ``GET /healthz``, ``/readyz``, ``/metrics``, ``/version`` and
-``/debug/pods/{namespace}/{name}`` (why a pod got the scores it got). Malformed
-requests get 400, bodies over ``max_body`` 413, bodies that do not arrive within
-``read_timeout`` seconds 408, all with ``{"Error": message}``.
+``/debug/pods/{namespace}/{name}`` (why a pod got the scores it got),
+``/debug/overcommit`` (nodes with more GPUs in use than they have).
+
+Client errors are answered, never 500: a body that is not an ExtenderArgs (or names a
+node no API object can be called) 400, a body whose ``Content-Encoding`` cannot be
+decoded 400 (and the connection closed: the rest of it cannot be told from the next
+request), bodies over ``max_body`` 413, bodies that do not arrive within
+``read_timeout`` seconds 408, all with ``{"Error": message}``. A pod that cannot be
+read is no error at all: it is unschedulable (see :mod:`rlsched.extender.service`). A
+client that hangs up before its answer is logged at debug level and counted as code
+499 (nobody is left to answer). 500 is a bug, logged with its traceback.
 """
 
 from __future__ import annotations
@@ -16,22 +24,48 @@ import time
 
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from ..core.contract import ShapeError
-from .service import Extender
-from .wire import PriorityEncoder, decode_args, decode_binding, encode_binding, encode_filter
+from .service import Extender, bounded
+from .wire import decode_args, decode_binding, encode_binding, encode_filter
 
-__all__ = ["make_app", "DEFAULT_MAX_BODY", "EXTENDER_KEY"]
+__all__ = ["make_app", "DEFAULT_MAX_BODY", "EXTENDER_KEY", "CLIENT_CLOSED"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY = 10 * 1024 * 1024
 EXTENDER_KEY = web.AppKey("extender", Extender)
 _JSON = "application/json"
+#: the ``code`` label of requests whose client hung up before the answer (nginx's 499)
+CLIENT_CLOSED = "499"
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its request was read."""
 
 
 def _error(status: int, message: str) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps({"Error": message}), content_type=_JSON)
+    return web.Response(status=status, body=orjson.dumps({"Error": bounded(message)}), content_type=_JSON)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+async def _answer_and_close(request: web.Request, resp: web.Response) -> web.Response:
+    """Send ``resp`` now and close the connection. For a body that cannot be decoded:
+    its rest cannot be told from the next request, and aiohttp, left to drain it,
+    would meet the decoding error again and log it as an unhandled exception."""
+    resp.force_close()
+    try:
+        await resp.prepare(request)
+        await resp.write_eof()
+    except ConnectionError as exc:  # gone meanwhile: nothing to answer
+        log.debug("client gone before the answer to a bad body: %s", exc)
+    request.protocol.force_close()
+    return resp
 
 
 def make_app(
@@ -50,30 +84,53 @@ def make_app(
     info = {"policy": extender.policy.name, "model_version": extender.model_version or None,
             "policy_fallback": extender.policy_fallback, **(version or {})}
 
-    async def read_args(request: web.Request, decode):
+    async def read_body(request: web.Request, verb: str) -> bytes | web.Response:
+        """The request body, or the error response for a body that cannot be had."""
         if request.content_length is not None and request.content_length > max_body:
-            raise web.HTTPRequestEntityTooLarge(max_size=max_body, actual_size=request.content_length)
-        body = await asyncio.wait_for(request.read(), read_timeout)
-        return decode(body)
+            resp = _error(413, f"{verb}: request body larger than {max_body} bytes")
+            resp.force_close()
+            return resp
+        try:
+            return await asyncio.wait_for(request.read(), read_timeout)
+        except web.HTTPRequestEntityTooLarge:  # chunked, or larger once decompressed
+            resp = _error(413, f"{verb}: request body larger than {max_body} bytes")
+        except asyncio.TimeoutError:
+            resp = _error(408, f"{verb}: request body not received within {read_timeout:g}s")
+        except ConnectionResetError as exc:  # aiohttp's ClientConnectionResetError too
+            raise ClientGone(str(exc)) from None
+        except (RequestPayloadError, HttpProcessingError) as exc:
+            # bad Content-Encoding (deflate/gzip/br that does not decode), bad chunking,
+            # or the connection lost mid-body
+            if request.transport is None or request.transport.is_closing():
+                raise ClientGone(_one_line(exc)) from None
+            return await _answer_and_close(request, _error(400, f"{verb}: request body cannot be read: {_one_line(exc)}"))
+        resp.force_close()
+        return resp
 
     def verb_handler(verb: str, decide, encode, decode=decode_args):
         async def handler(request: web.Request) -> web.StreamResponse:
             t0 = time.perf_counter()
             try:
-                args = await read_args(request, decode)
-                if decode is decode_args:
-                    metrics.nodes.labels(verb=verb).observe(len(args.names))
-                result = await decide(args)
-                resp = web.Response(body=encode(args, result), content_type=_JSON)
-            except ShapeError as exc:  # the request or its pod is malformed (WireError too)
+                body = await read_body(request, verb)
+                if isinstance(body, web.StreamResponse):
+                    resp = body
+                else:
+                    args = decode(body)
+                    if decode is decode_args:
+                        metrics.nodes.labels(verb=verb).observe(len(args.names))
+                    result = await decide(args)
+                    resp = web.Response(body=encode(args, result), content_type=_JSON)
+            except ShapeError as exc:  # not an ExtenderArgs (WireError); a bad pod is no error
                 resp = _error(400, f"{verb}: {exc}")
-            except web.HTTPRequestEntityTooLarge:
-                resp = _error(413, f"{verb}: request body larger than {max_body} bytes")
-                resp.force_close()
-            except asyncio.TimeoutError:
-                resp = _error(408, f"{verb}: request body not received within {read_timeout:g}s")
-                resp.force_close()
-            except Exception as exc:  # reported to the caller and logged, never swallowed
+            except ClientGone as exc:
+                log.debug("%s: client closed the connection before its request was read: %s", verb, exc)
+                metrics.errors.labels(verb=verb, code=CLIENT_CLOSED).inc()
+                return web.Response(status=400)  # nobody to send it to; aiohttp drops it
+            except asyncio.CancelledError:  # server stopping (or a client gone, with handler_cancellation)
+                log.debug("%s: request cancelled", verb)
+                metrics.errors.labels(verb=verb, code=CLIENT_CLOSED).inc()
+                raise
+            except Exception as exc:  # a bug: reported to the caller and logged, never swallowed
                 log.exception("%s failed", verb)
                 resp = _error(500, f"{verb}: internal error: {type(exc).__name__}: {exc}")
             metrics.duration.labels(verb=verb).observe(time.perf_counter() - t0)
@@ -86,7 +143,7 @@ def make_app(
     def enc_filter(args, out):
         return encode_filter(args, out.passed, out.failed, out.unresolvable)
 
-    encode_priorities = PriorityEncoder()
+    encode_priorities = extender.encoder
 
     def enc_prio(args, scores):
         return encode_priorities(args.names, scores)
@@ -114,6 +171,11 @@ def make_app(
             return _error(404, f"no filter/prioritize call seen for pod {key}")
         return web.Response(body=orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY), content_type=_JSON)
 
+    async def debug_overcommit(request: web.Request) -> web.Response:
+        nodes = extender.overcommit()
+        doc = {"overcommitted_gpus": sum(n["overcommitted"] for n in nodes), "nodes": nodes}
+        return web.Response(body=orjson.dumps(doc), content_type=_JSON)
+
     app.router.add_post("/filter", verb_handler("filter", extender.filter, enc_filter))
     app.router.add_post("/prioritize", verb_handler("prioritize", extender.prioritize, enc_prio))
     app.router.add_post("/bind", verb_handler("bind", extender.bind, lambda a, err: encode_binding(err), decode_binding))
@@ -122,4 +184,5 @@ def make_app(
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_get("/version", version_handler)
     app.router.add_get("/debug/pods/{namespace}/{name}", debug_pod)
+    app.router.add_get("/debug/overcommit", debug_overcommit)
     return app

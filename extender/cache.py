@@ -229,6 +229,21 @@ class ClusterCache:
             out.remove(self._contrib[exclude][0])
         return out
 
+    def overcommit(self) -> dict[str, tuple[int, int]]:
+        """``node -> (GPUs in use, GPUs of the node)`` for every known node with more GPUs
+        in use by bound and assumed pods than it has (``state()`` clamps those at 0
+        free; this is the true count)."""
+        out = {}
+        for node, used in self.used.items():
+            shape = self.nodes.get(node)
+            if shape is not None and used > shape.gpus:
+                out[node] = (int(used), int(shape.gpus))
+        return out
+
+    def overcommitted_gpus(self) -> int:
+        """GPUs in use beyond the capacity of their node, summed over nodes."""
+        return sum(used - total for used, total in self.overcommit().values())
+
     def age(self) -> float:
         """Seconds since the cache last heard from its source (inf before that)."""
         return float("inf") if self.last_update is None else self.clock() - self.last_update

@@ -37,6 +37,16 @@ def register(subparsers) -> None:
                    help="seconds to wait for a job's scored pods to show up bound before scoring its next pod (watch mode)")
     s.add_argument("--max-body-mib", type=float, default=10.0)
     s.add_argument("--read-timeout", type=float, default=10.0, help="seconds to receive a request body")
+    s.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a connection has to send complete request headers (from accept, or from the "
+                   "first byte of the next request on a kept-alive connection); then it is closed")
+    s.add_argument("--idle-timeout", type=float, default=120.0,
+                   help="seconds a kept-alive connection may stay idle (above kube-scheduler's 90 s, so the "
+                   "client closes first)")
+    s.add_argument("--max-connections", type=int, default=1024,
+                   help="open connections beyond this are closed when accepted")
+    s.add_argument("--debug-mib", type=float, default=16.0,
+                   help="memory budget (MiB) of the /debug explanations kept (oldest dropped first)")
     s.add_argument("--seed", type=int, default=0, help="seed of the reconnect jitter")
     s.add_argument("--log-level", default="INFO")
     s.set_defaults(func=serve)
@@ -52,12 +62,13 @@ def serve(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from aiohttp import web
-
     from .. import __version__
     from .app import make_app
     from .config import build_extender, load_static
+    from .server import ServeLimits, serve_app
 
+    limits = ServeLimits(header_timeout=args.header_timeout, idle_timeout=args.idle_timeout,
+                         max_connections=args.max_connections)
     levels = tuple(x.strip() for x in args.topology_levels.split(",") if x.strip())
     model = resolve_model(args.policy, args.model)
     ext = build_extender(
@@ -66,6 +77,7 @@ async def _serve(args: argparse.Namespace) -> int:
         levels=levels,
         assume_ttl=args.assume_ttl,
         settle_timeout=0.0 if args.static_nodes else args.settle_timeout,
+        debug_bytes=int(args.debug_mib * 1024 * 1024),
     )
     tasks: list[asyncio.Task] = []
     api = None
@@ -85,11 +97,8 @@ async def _serve(args: argparse.Namespace) -> int:
         read_timeout=args.read_timeout,
         version={"version": __version__},
     )
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port)
-    await site.start()
-    log.info("extender (policy %s) listening on http://%s:%d", ext.policy.name, args.host, args.port)
+    served = await serve_app(app, args.host, args.port, limits, metrics=ext.metrics)
+    log.info("extender (policy %s) listening on http://%s:%d", ext.policy.name, args.host, served.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -103,7 +112,7 @@ async def _serve(args: argparse.Namespace) -> int:
             rc = 1
     for t in waiters:
         t.cancel()
-    await runner.cleanup()
+    await served.close()
     if api is not None:
         await api.api_client.close()
     return rc

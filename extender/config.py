@@ -14,7 +14,7 @@ from ..core.contract import DEFAULT_TOPOLOGY_LEVELS, RESOURCE_GPU
 from ..core.topology import node_labels
 from .cache import ClusterCache
 from .metrics import ExtenderMetrics
-from .service import Extender
+from .service import DEFAULT_DEBUG_BYTES, INDEX_CACHE_BYTES, Extender
 
 __all__ = ["build_extender", "load_static", "node_list", "POLICIES"]
 
@@ -38,6 +38,8 @@ def build_extender(
     levels: tuple[str, ...] = DEFAULT_TOPOLOGY_LEVELS,
     assume_ttl: float = 30.0,
     settle_timeout: float = 0.0,
+    debug_bytes: int = DEFAULT_DEBUG_BYTES,
+    index_cache_bytes: int = INDEX_CACHE_BYTES,
 ) -> Extender:
     """An extender with an empty cache. A DAS ``model`` that cannot be read leaves DAS
     on its documented default parameters; the reason is logged, exported as
@@ -65,6 +67,8 @@ def build_extender(
         model_version=version,
         policy_fallback=reason,
         settle_timeout=settle_timeout,
+        debug_bytes=debug_bytes,
+        index_cache_bytes=index_cache_bytes,
     )
 
 

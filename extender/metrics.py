@@ -55,8 +55,26 @@ class ExtenderMetrics:
         )
         self.filtered = Counter(
             "rlsched_extender_filtered_nodes",
-            "Nodes rejected by filter, by reason (capacity, gpu_model, topology, unknown_node).",
+            "Nodes rejected by filter, by reason (capacity, gpu_model, topology, unknown_node, invalid_pod).",
             ["reason"],
+            registry=r,
+        )
+        self.invalid_pods = Counter(
+            "rlsched_extender_invalid_pods",
+            "Requests whose pod could not be read, answered as unschedulable (filter: every node "
+            "unresolvable; prioritize: all scores 0; bind: an error), by verb.",
+            ["verb"],
+            registry=r,
+        )
+        self.overcommitted = Gauge(
+            "rlsched_extender_overcommitted_gpus",
+            "GPUs in use (bound and assumed pods) beyond the capacity of their node, summed over nodes "
+            "(per node: GET /debug/overcommit).",
+            registry=r,
+        )
+        self.retained = Gauge(
+            "rlsched_extender_retained_bytes",
+            "Estimated bytes kept across requests (/debug explanations, cached candidate lists and score entries).",
             registry=r,
         )
         self.cache_age = Gauge(
@@ -69,15 +87,37 @@ class ExtenderMetrics:
             "Pods scored but not yet seen bound, whose GPUs are counted as used.",
             registry=r,
         )
+        self.connections = Gauge(
+            "rlsched_extender_open_connections",
+            "Open client connections (served with limits; see --max-connections).",
+            registry=r,
+        )
+        self.connections_closed = Counter(
+            "rlsched_extender_connections_closed",
+            "Connections closed by the extender's limits, by reason (header_timeout: no complete "
+            "request headers in time; limit: over --max-connections).",
+            ["reason"],
+            registry=r,
+        )
         self.model = Info(
             "rlsched_extender_model",
             "Placement policy in use and the version of its model file.",
             registry=r,
         )
 
-    def bind_sources(self, cache_age: Callable[[], float], assumed: Callable[[], int]) -> None:
+    def bind_sources(
+        self,
+        cache_age: Callable[[], float],
+        assumed: Callable[[], int],
+        overcommitted: Callable[[], int] | None = None,
+        retained: Callable[[], int] | None = None,
+    ) -> None:
         self.cache_age.set_function(cache_age)
         self.assumed.set_function(assumed)
+        if overcommitted is not None:
+            self.overcommitted.set_function(overcommitted)
+        if retained is not None:
+            self.retained.set_function(retained)
 
     def count_scores(self, scores: np.ndarray) -> None:
         for s, n in enumerate(np.bincount(np.clip(scores, 0, 10), minlength=11)):

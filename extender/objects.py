@@ -2,9 +2,12 @@
 
 Objects arrive as JSON (camelCase keys) from kube-scheduler, the API server or a
 static file. The GPUs of pods and nodes and the names of labels and annotations are
-the Kubernetes contract of :mod:`rlsched.core.contract`; bad types raise its
-:class:`~rlsched.core.contract.ShapeError` with the path of the offending field
-(answered with HTTP 400).
+the Kubernetes contract of :mod:`rlsched.core.contract`; bad types, and names no API
+object can carry (a pod name that is not a DNS-1123 subdomain, a namespace that is not a
+DNS-1123 label, a job label that is not a label value), raise its
+:class:`~rlsched.core.contract.ShapeError` with the path of the offending field. The
+extender answers such a pod as unschedulable (every node unresolvable, with the
+reason), never as an error: kube-scheduler skips an ignorable extender that errs.
 """
 
 from __future__ import annotations
@@ -21,14 +24,21 @@ from ..core.contract import (
     LABEL_GPU_PRODUCT,
     LABEL_JOB,
     ShapeError,
+    dns_label,
+    dns_subdomain,
     field,
+    label_value,
     pod_gpus,
     str_map,
     whole_number,
 )
 from ..core.topology import Level
 
-__all__ = ["PodInfo", "parse_pod"]
+__all__ = ["PodInfo", "parse_pod", "MAX_MODELS_TEXT"]
+
+#: the model constraint is quoted in failure reasons at most this long (annotation and
+#: affinity values are the user's and unbounded)
+MAX_MODELS_TEXT = 200
 
 _LEVELS = {"nvlink": Level.NVLINK, "node": Level.NODE, "rack": Level.RACK, "block": Level.BLOCK}
 _DONE = ("Succeeded", "Failed")
@@ -103,7 +113,10 @@ def _model_rule(spec: dict, annotations: dict[str, str], where: str) -> tuple[Ca
         checks.append(lambda m, t=term_rules: any(all(r(m) for r in rules) for rules in t))
     if not checks:
         return (lambda m: True), ""
-    return (lambda m: all(c(m) for c in checks)), "; ".join(words)
+    text = "; ".join(words)
+    if len(text) > MAX_MODELS_TEXT:
+        text = text[: MAX_MODELS_TEXT - 3] + "..."
+    return (lambda m: all(c(m) for c in checks)), text
 
 
 def parse_pod(pod: Any, where: str = "Pod") -> PodInfo:
@@ -113,8 +126,8 @@ def parse_pod(pod: Any, where: str = "Pod") -> PodInfo:
     meta = field(pod, "metadata", dict, where, {})
     spec = field(pod, "spec", dict, where, {})
     status = field(pod, "status", dict, where, {})
-    name = field(meta, "name", str, f"{where}.metadata", "")
-    ns = field(meta, "namespace", str, f"{where}.metadata", "") or "default"
+    name = dns_subdomain(field(meta, "name", str, f"{where}.metadata", ""), f"{where}.metadata.name")
+    ns = dns_label(field(meta, "namespace", str, f"{where}.metadata", "") or "default", f"{where}.metadata.namespace")
     uid = field(meta, "uid", str, f"{where}.metadata", "")
     labels = str_map(meta, "labels", f"{where}.metadata")
     ann = str_map(meta, "annotations", f"{where}.metadata")
@@ -142,6 +155,8 @@ def parse_pod(pod: Any, where: str = "Pod") -> PodInfo:
         if speed is not None and not math.isfinite(speed):
             speed = None
     job = labels.get(LABEL_JOB)
+    if job:
+        label_value(job, f"{where}.metadata.labels[{LABEL_JOB!r}]")
     return PodInfo(
         key=f"{ns}/{name}",
         uid=uid,

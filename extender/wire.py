@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 
 import orjson
 
-from ..core.contract import ShapeError
+from ..core.contract import ShapeError, dns_subdomain
 
 __all__ = [
     "WireError",
@@ -37,8 +37,9 @@ MAX_NODES = 100_000
 
 
 class WireError(ShapeError):
-    """The request body is not a valid ExtenderArgs (answered with HTTP 400, as is
-    any :class:`~rlsched.core.contract.ShapeError` of the pod it carries)."""
+    """The request body is not a valid ExtenderArgs, or names a node no API object can
+    be called (answered with HTTP 400). A pod that cannot be read is not one: it is
+    answered as unschedulable."""
 
 
 @dataclass(slots=True)
@@ -60,11 +61,19 @@ def _node_name(obj: Any, where: str) -> str:
     meta = obj.get("metadata")
     if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
         raise WireError(f"{where}.metadata.name: expected a non-empty string")
-    return meta["name"]
+    try:
+        return dns_subdomain(meta["name"], f"{where}.metadata.name")
+    except ShapeError as exc:
+        raise WireError(str(exc)) from None
 
 
 def decode_args(body: bytes) -> ExtenderArgs:
-    """Parse and validate an ``ExtenderArgs`` body (raises :class:`WireError`)."""
+    """Parse and validate an ``ExtenderArgs`` body (raises :class:`WireError`). The
+    names of ``Nodes`` must be DNS-1123 subdomains; ``NodeNames`` are checked by the
+    extender against its node cache (a name it does not know must be one), which
+    costs nothing for the lists kube-scheduler sends again and again. The pod is only
+    checked to be an object: a pod that cannot be read is unschedulable, not a bad
+    request."""
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -134,28 +143,43 @@ def encode_priorities(names: Sequence[str], scores: Sequence[int]) -> bytes:
 
 class PriorityEncoder:
     """:func:`encode_priorities` for hot paths: the JSON of each ``{"Host": name,
-    "Score":`` prefix is kept per node name (at most ``max_names``), so a reply is
-    one byte join instead of a dict per node."""
+    "Score":`` prefix is kept per node name (at most ``max_names`` names and about
+    ``max_bytes`` bytes: all are forgotten when either is exceeded), so a reply is one
+    byte join instead of a dict per node."""
 
     _SUFFIX = [f"{s}}}".encode() for s in range(MAX_PRIORITY + 1)]
+    #: bookkeeping per kept name beyond the lengths of the name and its prefix
+    _ENTRY_BYTES = 150
 
-    def __init__(self, max_names: int = 200_000) -> None:
+    def __init__(self, max_names: int = 200_000, max_bytes: int = 16 * 1024 * 1024) -> None:
         self._prefix: dict[str, bytes] = {}
         self._max = max_names
+        self._max_bytes = max_bytes
+        self.bytes = 0
 
-    def _miss(self, names: Sequence[str]) -> None:
-        if len(self._prefix) + len(names) > self._max:
-            self._prefix.clear()
-        for n in names:
-            if n not in self._prefix:
-                self._prefix[n] = b'{"Host":' + orjson.dumps(n) + b',"Score":'
+    def _miss(self, names: Sequence[str]) -> dict[str, bytes]:
+        """The prefixes of ``names``; kept for next time while within the budget."""
+        prefix = self._prefix
+        wanted = set(names)
+        new = {n: b'{"Host":' + orjson.dumps(n) + b',"Score":' for n in wanted if n not in prefix}
+        size = sum(2 * len(n) + self._ENTRY_BYTES for n in new)
+        if len(prefix) + len(new) <= self._max and self.bytes + size <= self._max_bytes:
+            prefix.update(new)
+            self.bytes += size
+            return prefix
+        # over budget: start again from this request's names, if they fit alone
+        fresh = {n: prefix[n] if n in prefix else new[n] for n in wanted}
+        fresh_size = sum(2 * len(n) + self._ENTRY_BYTES for n in fresh)
+        if len(fresh) <= self._max and fresh_size <= self._max_bytes:
+            self._prefix, self.bytes = fresh, fresh_size
+        return fresh
 
     def __call__(self, names: Sequence[str], scores: Sequence[int]) -> bytes:
         prefix, suffix = self._prefix, self._SUFFIX
         try:
             parts = [prefix[n] + suffix[s] for n, s in zip(names, scores)]
         except KeyError:
-            self._miss(names)
+            prefix = self._miss(names)
             parts = [prefix[n] + suffix[s] for n, s in zip(names, scores)]
         return b"[" + b",".join(parts) + b"]"
 

@@ -30,7 +30,7 @@ from rlsched.core.contract import (
     RESOURCE_GPU,
     ShapeError,
     container_gpus,
-    dns_label_error,
+    dns_label,
     pod_gpus,
 )
 from rlsched.core.planning import PRIORITY_CLASSES, TrainingSpec
@@ -114,13 +114,15 @@ def parse_spec(
 
     _check_template(spec.get("template"), gpw or 1, scheduler_name, problems)
     if name is not None:
-        err = dns_label_error(name, "the job name")
-        if err is None and mx is not None and mx >= 1:
-            err = dns_label_error(worker_name(name, mx - 1), "worker pod name")
-            if err is not None:
-                err += f" (from the job name and spec.maxWorkers {mx}); shorten the name"
-        if err is not None:
-            problems.append(err)
+        try:
+            dns_label(name, "the job name")
+            if mx is not None and mx >= 1:
+                try:
+                    dns_label(worker_name(name, mx - 1), "worker pod name")
+                except ShapeError as exc:
+                    raise ShapeError(f"{exc} (from the job name and spec.maxWorkers {mx}); shorten the name") from None
+        except ShapeError as exc:
+            problems.append(str(exc))
     if problems:
         raise SpecError(problems)
     return TrainingSpec(

@@ -120,3 +120,25 @@ def extender(topology):
 @pytest.fixture
 async def client(aiohttp_client, extender):
     return await aiohttp_client(make_app(extender, read_timeout=2.0, max_body=10 * 1024 * 1024))
+
+
+@pytest.fixture
+async def served(extender):
+    """The extender app served as ``rlsched extender serve`` serves it (limits, logging),
+    on a free loopback port."""
+    from rlsched.extender.server import ServeLimits, serve_app
+
+    srv = await serve_app(make_app(extender, read_timeout=2.0), "127.0.0.1", 0,
+                          ServeLimits(header_timeout=5.0, idle_timeout=30.0, max_connections=64),
+                          metrics=extender.metrics)
+    yield srv
+    await srv.close()
+
+
+@pytest.fixture
+async def served_client(served):
+    """An HTTP client of :func:`served` (``post``/``get`` take paths)."""
+    import aiohttp
+
+    async with aiohttp.ClientSession(base_url=f"http://{served.host}:{served.port}") as session:
+        yield session

@@ -23,7 +23,8 @@ def test_serve_static_nodes_answers_and_stops_on_sigterm(tmp_path, make_pod):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "rlsched.cli", "extender", "serve", "--port", str(port),
-                             "--static-nodes", str(nodes), "--policy", "firstfit"],
+                             "--static-nodes", str(nodes), "--policy", "firstfit", "--header-timeout", "0.5",
+                             "--idle-timeout", "100", "--max-connections", "50", "--debug-mib", "4"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -44,6 +45,15 @@ def test_serve_static_nodes_answers_and_stops_on_sigterm(tmp_path, make_pod):
         assert scores[1]["Score"] == 10 and scores[0]["Score"] == 0
         v = json.loads(urllib.request.urlopen(f"{url}/version", timeout=5).read())
         assert v["policy"] == "firstfit"
+        # --header-timeout: half a header line, then nothing: the server closes the connection
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Le")
+            try:
+                assert s.recv(4096) == b""
+            except ConnectionResetError:
+                pass
+        text = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
+        assert 'rlsched_extender_connections_closed_total{reason="header_timeout"} 1.0' in text
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0

@@ -78,8 +78,41 @@ def test_required_topology_with_gang_size_needs_room_for_the_gang(extender, make
     assert "needs 8 GPUs in one rack" in out.failed["node-00"]
 
 
-def test_bad_required_topology_is_a_client_error(extender, make_pod):
-    from rlsched.core.contract import ShapeError
+def test_bad_required_topology_makes_the_pod_unschedulable(extender, make_pod):
+    # issue 12 item 2: once a 400, which kube-scheduler skips (ignorable) -> fail open
+    names = ["node-00", "node-01"]
+    out = run_filter(extender, make_pod(annotations={"rlsched.dev/required-topology": "galaxy"}), names)
+    assert out.passed == [] and out.failed == {}
+    assert set(out.unresolvable) == set(names)
+    assert all("required-topology" in r and "'galaxy' is not one of" in r for r in out.unresolvable.values())
 
-    with pytest.raises(ShapeError, match="required-topology"):
-        run_filter(extender, make_pod(annotations={"rlsched.dev/required-topology": "galaxy"}), ["node-00"])
+
+def test_capacity_reason_shows_a_true_overcommit(extender, make_pod):
+    """issue 12 item 7: the used count came from the clamped ClusterState (free >= 0), so
+    11 GPUs bound on an 8-GPU node read "8 used"; it is the cache's true count now."""
+    for i, gpus in enumerate((4, 4, 3)):  # 11 on node-03 (8 GPUs), bound behind the extender's back
+        extender.cache.upsert_pod(make_pod(f"b-{i}", gpus=gpus, node="node-03"))
+    extender.cache.upsert_pod(make_pod("b-3", gpus=2, node="node-04"))
+    before = run_filter(extender, make_pod(gpus=1), ["node-03", "node-04"])
+    assert before.passed == [1]  # the decision is the same as before the fix: node-03 full, not unresolvable
+    msg = before.failed["node-03"]
+    assert "0 free of 8 (11 used by bound or assumed pods; over-committed by 3)" in msg, msg
+    assert extender.cache.overcommit() == {"node-03": (11, 8)}
+    assert extender.cache.overcommitted_gpus() == 3
+    assert extender.overcommit() == [{"node": "node-03", "used": 11, "total": 8, "overcommitted": 3}]
+    # a node at its capacity is not over-committed, and says so plainly
+    extender.cache.upsert_pod(make_pod("b-4", gpus=6, node="node-04"))
+    out = run_filter(extender, make_pod(gpus=1), ["node-04"])
+    assert out.failed["node-04"].endswith("(8 used by bound or assumed pods)")
+
+
+async def test_overcommit_is_exported(client, extender, make_pod):
+    extender.cache.upsert_pod(make_pod("b-0", gpus=8, node="node-05"))
+    extender.cache.upsert_pod(make_pod("b-1", gpus=2, node="node-05"))
+    text = (await (await client.get("/metrics")).read()).decode()
+    assert "rlsched_extender_overcommitted_gpus 2.0" in text
+    doc = await (await client.get("/debug/overcommit")).json()
+    assert doc == {"overcommitted_gpus": 2, "nodes": [{"node": "node-05", "used": 10, "total": 8, "overcommitted": 2}]}
+    extender.cache.delete_pod("team-a/b-1")
+    text = (await (await client.get("/metrics")).read()).decode()
+    assert "rlsched_extender_overcommitted_gpus 0.0" in text

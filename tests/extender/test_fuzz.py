@@ -1,18 +1,30 @@
-"""Hypothesis fuzzing of the request decoding and the decisions behind the handlers:
-every input is either rejected with a ShapeError (HTTP 400; WireError is one) or answered
-well-formed."""
+"""Hypothesis fuzzing of the request decoding and the decisions behind the handlers, and
+of the served app over raw sockets: a request that is not an ExtenderArgs is rejected with
+a WireError (HTTP 400), a pod that cannot be read is answered unschedulable, everything
+else well-formed; and no client error of any kind (bad JSON, bad encodings, bad framing,
+bad HTTP, hang-ups) is ever answered 500 or logged as an error."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import gzip
+import logging
+import socket
+import threading
+import zlib
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlsched.core import Topology
 from rlsched.core.contract import LABEL_JOB, ShapeError
+from rlsched.extender.app import make_app
 from rlsched.extender.config import build_extender, node_list
+from rlsched.extender.objects import parse_pod
+from rlsched.extender.server import ServeLimits, serve_app
 from rlsched.extender.wire import (
     PriorityEncoder,
     WireError,
@@ -91,9 +103,18 @@ def test_filter_and_prioritize_answer_or_reject(doc):
         args = decode_args(body)
         out = ext.filter_now(args)
         scores = ext.prioritize_now(args)
-    except ShapeError as exc:
+    except WireError as exc:  # the request, never the pod
         assert str(exc)
         return
+    try:
+        parse_pod(args.pod)
+        readable = True
+    except ShapeError:
+        readable = False
+    if not readable:  # fail closed: unschedulable everywhere, scored 0
+        assert out.passed == [] and out.failed == {} and set(out.unresolvable) == set(args.names)
+        assert all(r.startswith("rlsched cannot schedule this pod: ") for r in out.unresolvable.values())
+        assert scores == [0] * len(args.names)
     res = orjson.loads(encode_filter(args, out.passed, out.failed, out.unresolvable))
     if len(set(args.names)) == len(args.names):  # every candidate passed or failed, once
         answered = res["NodeNames"] + list(res["FailedNodes"]) + list(res["FailedAndUnresolvableNodes"])
@@ -121,3 +142,155 @@ def test_fast_priority_encoder_equals_the_plain_one(rows, cap):
     names, scores = [r[0] for r in rows], [r[1] for r in rows]
     for _ in range(2):  # cold and warm
         assert orjson.loads(enc(names, scores)) == orjson.loads(encode_priorities(names, scores))
+
+
+# --------------------------------------------------------------------------- raw HTTP corpus
+@pytest.fixture(scope="module")
+def loopback():
+    """The app served by :func:`serve_app` (as the CLI serves it) from its own thread and
+    event loop; yields ``(host, port, extender)``."""
+    ext = make_ext()
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    box: dict = {}
+
+    async def start():
+        box["served"] = await serve_app(make_app(ext, read_timeout=0.25, max_body=1024 * 1024), "127.0.0.1", 0,
+                                        ServeLimits(header_timeout=0.25, idle_timeout=5.0, max_connections=256),
+                                        metrics=ext.metrics)
+        ready.set()
+
+    def run():
+        loop.run_until_complete(start())
+        loop.run_forever()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    assert ready.wait(10), "loopback server did not start"
+    yield "127.0.0.1", box["served"].port, ext
+
+    async def stop():
+        await box["served"].close()
+        # connections whose client hung up while aiohttp drained their body (lingering)
+        rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in rest:
+            t.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
+
+    asyncio.run_coroutine_threadsafe(stop(), loop).result(20)
+    loop.call_soon_threadsafe(loop.stop)
+    t.join(10)
+
+
+def _deflate(data: bytes) -> bytes:
+    c = zlib.compressobj()
+    return c.compress(data) + c.flush()
+
+
+_ENCODERS = {"identity": lambda b: b, "gzip": gzip.compress, "deflate": _deflate, "br": lambda b: b, "zstd": lambda b: b,
+             "x-nonsense": lambda b: b}
+
+
+@st.composite
+def raw_requests(draw):
+    """Bytes a client could send: a verb, a body (JSON or not), an encoding applied or
+    not, corrupted or not, framed by Content-Length (true or a lie) or chunks (valid or
+    not), sent whole or cut short (the client then hangs up)."""
+    path = draw(st.sampled_from(["/filter", "/prioritize", "/bind", "/filter", "/prioritize"]))
+    if draw(st.booleans()):
+        doc = draw(extender_args) if path != "/bind" else draw(st.dictionaries(
+            st.sampled_from(["PodName", "PodNamespace", "PodUID", "Node"]), json_values | st.text(max_size=300)))
+        body = orjson.dumps(doc)
+    else:
+        body = draw(st.binary(max_size=200))
+    headers = [b"POST " + path.encode() + b" HTTP/1.1", b"Host: x", b"Content-Type: application/json"]
+    enc = draw(st.sampled_from(sorted(_ENCODERS)) | st.none())
+    if enc is not None:
+        if draw(st.booleans()):
+            body = _ENCODERS[enc](body)
+        if draw(st.booleans()) and body:  # corrupt a byte
+            i = draw(st.integers(0, len(body) - 1))
+            body = body[:i] + bytes([body[i] ^ 0xFF]) + body[i + 1:]
+        headers.append(b"Content-Encoding: " + enc.encode())
+    framing = draw(st.sampled_from(["length", "length-lie", "chunked", "chunked-bad", "none"]))
+    if framing == "length":
+        headers.append(b"Content-Length: %d" % len(body))
+        payload = body
+    elif framing == "length-lie":
+        headers.append(b"Content-Length: %d" % (len(body) + draw(st.integers(1, 100))))
+        payload = body
+    elif framing == "chunked":
+        headers.append(b"Transfer-Encoding: chunked")
+        payload = (b"%x\r\n" % len(body) + body + b"\r\n" if body else b"") + b"0\r\n\r\n"
+    elif framing == "chunked-bad":
+        headers.append(b"Transfer-Encoding: chunked")
+        payload = b"zz\r\n" + body + b"\r\n0\r\n\r\n"
+    else:
+        payload = body
+    raw = b"\r\n".join(headers) + b"\r\n\r\n" + payload
+    cut = draw(st.none() | st.integers(0, len(raw)))
+    return raw if cut is None else raw[:cut], cut is not None
+
+
+_BAD_HTTP = [
+    b"GARBAGE\r\n\r\n",
+    b"POST /filter HTTP/9.9\r\n\r\n",
+    b"POST /filter HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 20_000 + b"\r\n\r\n",
+    b"POST /filter HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(300)) + b"\r\n",
+    b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+    b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+    b"POST /" + b"f" * 10_000 + b" HTTP/1.1\r\n\r\n",
+    b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n",
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",  # a TLS ClientHello
+]
+
+
+def _exchange(host: str, port: int, raw: bytes, hang_up: bool) -> int | None:
+    """Send ``raw``; the status of the answer, or None when the server closed without one
+    (or the client hung up)."""
+    with socket.create_connection((host, port), timeout=10) as s:
+        try:
+            s.sendall(raw)
+            if hang_up:
+                return None
+            data = b""
+            while b"\r\n" not in data:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+        except (ConnectionResetError, BrokenPipeError):
+            return None
+    if not data:
+        return None
+    assert data.startswith(b"HTTP/1."), data[:100]
+    return int(data.split(b" ", 2)[1])
+
+
+def _assert_no_server_errors(ext, caplog) -> None:
+    text = ext.metrics.render().decode()
+    assert 'code="5' not in text, [l for l in text.splitlines() if 'code="5' in l]
+    bad = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert not bad, [(r.name, r.getMessage()) for r in bad]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(req=raw_requests())
+def test_no_client_error_is_a_500(loopback, caplog, req):
+    host, port, ext = loopback
+    raw, hang_up = req
+    with caplog.at_level(logging.INFO):
+        status = _exchange(host, port, raw, hang_up)
+        assert status is None or status < 500, (status, raw[:300])
+    _assert_no_server_errors(ext, caplog)
+
+
+@pytest.mark.parametrize("raw", _BAD_HTTP, ids=range(len(_BAD_HTTP)))
+def test_bad_http_is_a_400_not_a_traceback(loopback, caplog, raw):
+    host, port, ext = loopback
+    with caplog.at_level(logging.INFO):
+        status = _exchange(host, port, raw, False)
+    assert status is None or 400 <= status < 500, status
+    _assert_no_server_errors(ext, caplog)
+    assert _exchange(host, port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", False) == 200

@@ -8,7 +8,7 @@ import json
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from rlsched.core.contract import API_VERSION, controlling_job, dns_label_error
+from rlsched.core.contract import API_VERSION, ShapeError, controlling_job, dns_label
 from rlsched.core.planning import TrainingSpec
 from rlsched.operator.controller import (
     OWNED_FIELDS,
@@ -155,11 +155,12 @@ def test_controlling_job_only_for_a_trainingjob_controller_reference():
     assert controlling_job({"metadata": {"ownerReferences": "junk"}}) is None
 
 
-def test_dns_label_error():
-    assert dns_label_error("job-worker-3") is None and dns_label_error("a" * 63) is None
-    assert "64 characters, more than 63" in dns_label_error("a" * 64)
-    assert "RFC 1123" in dns_label_error("Job_1") and "RFC 1123" in dns_label_error("-a")
-    assert dns_label_error("") is not None and dns_label_error(None) is not None
+def test_dns_label_names_what_is_wrong():
+    assert dns_label("job-worker-3") == "job-worker-3" and dns_label("a" * 63) == "a" * 63
+    for bad, why in (("a" * 64, "64 characters, more than 63"), ("Job_1", "not a valid DNS-1123 label"),
+                     ("-a", "not a valid DNS-1123 label"), ("", "not a valid"), (None, "expected a string")):
+        with pytest.raises(ShapeError, match=why):
+            dns_label(bad)
 
 
 def test_running_without_a_live_worker_is_not_adopted():

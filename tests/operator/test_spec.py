@@ -88,7 +88,7 @@ def test_worker_pod_names_must_be_dns_labels():
     before it holds GPUs (the API server would refuse its pods with 422)."""
     ok = "a" * (63 - len("-worker-3"))  # maxWorkers 4: the last worker is -worker-3
     assert parse_spec(body(), name=ok).max_workers == 4
-    with pytest.raises(SpecError, match="worker pod name .* is 64 characters, more than 63"):
+    with pytest.raises(SpecError, match="worker pod name: .* has 64 characters, more than 63"):
         parse_spec(body(), name=ok + "b")
     with pytest.raises(SpecError, match="more than 63"):
         parse_spec(body(maxWorkers=11), name=ok)  # -worker-10 is one character longer
