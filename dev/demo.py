@@ -266,7 +266,6 @@ def shipped_rules(helm: str | os.PathLike, chart: str | os.PathLike = DEFAULT_CH
     by ``helm template`` with ``values`` (``--set`` pairs); ``chart`` as for
     :func:`find_chart`."""
     argv = [str(helm), "template", "rlsched", str(find_chart(chart)), "--namespace", "rlsched-system",
-            "--kube-version", "v1.35.0",
             "--set", "metrics.prometheusRule.enabled=true",
             "--show-only", "templates/prometheusrule.yaml"]
     for k, v in (values or {}).items():

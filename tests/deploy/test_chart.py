@@ -21,8 +21,6 @@ ALL_FEATURES = [
     "metrics.prometheusRule.enabled=true",
 ]
 MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
-# Offline renders need a Kubernetes version (helm's built-in default is old unless stamped).
-KUBE_VERSION = ["--kube-version", "v1.35.0"]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +40,7 @@ def render(tools):
 
     def _render(*sets: str, namespace: str = "rlsched-system", release: str = "rlsched",
                 show_only: str | None = None) -> list[dict]:
-        argv = [str(tools / "helm"), "template", release, str(CHART), "--namespace", namespace, *KUBE_VERSION]
+        argv = [str(tools / "helm"), "template", release, str(CHART), "--namespace", namespace]
         for s in sets:
             argv += ["--set", s]
         if show_only:
@@ -133,7 +131,7 @@ def test_dockerfiles_are_multistage_nonroot_without_torch(dockerfile):
 
 def test_helm_lint(tools):
     for sets in ([], ALL_FEATURES + ["operator.watchNamespace=team-a", "operator.replicas=2"]):
-        argv = [str(tools / "helm"), "lint", "--strict", str(CHART), *KUBE_VERSION]
+        argv = [str(tools / "helm"), "lint", "--strict", str(CHART)]
         for s in sets:
             argv += ["--set", s]
         out = subprocess.run(argv, capture_output=True, text=True, check=False)
@@ -142,7 +140,7 @@ def test_helm_lint(tools):
 
 
 def test_helm_refuses_replicas_without_peering(tools):
-    out = subprocess.run([str(tools / "helm"), "template", "x", str(CHART), *KUBE_VERSION, "--set", "operator.replicas=2",
+    out = subprocess.run([str(tools / "helm"), "template", "x", str(CHART), "--set", "operator.replicas=2",
                           "--set", "operator.peering.enabled=false"], capture_output=True, text=True)
     assert out.returncode != 0 and "peering" in out.stderr
 
@@ -151,7 +149,7 @@ def test_helm_refuses_replicas_without_peering(tools):
                                  "operator.image.pullPolicy=Sometimes", "scheduler.extender.port=70000",
                                  "scheduler.schedulerName=Not_A_Name", "crds.instal=false"])
 def test_values_schema_rejects_typos_and_bad_values(tools, bad):
-    out = subprocess.run([str(tools / "helm"), "template", "x", str(CHART), *KUBE_VERSION, "--set", bad],
+    out = subprocess.run([str(tools / "helm"), "template", "x", str(CHART), "--set", bad],
                          capture_output=True, text=True)
     assert out.returncode != 0 and "schema" in out.stderr, out.stderr
 
@@ -212,6 +210,29 @@ def test_crds_rendered_with_keep_policy_and_switchable(render):
     assert not [o for o in render("crds.install=false") if o["kind"] == "CustomResourceDefinition"]
     no_keep = [o for o in render("crds.keep=false") if o["kind"] == "CustomResourceDefinition"]
     assert all("helm.sh/resource-policy" not in (c["metadata"].get("annotations") or {}) for c in no_keep)
+
+
+def test_helm_assumes_the_kubernetes_version_of_its_client_go(tools, tmp_path):
+    """tools/build.sh stamps helm's default Kubernetes version as helm's Makefile does
+    (client-go v0.X -> v1.X); unstamped, helm assumes v1.20 and refuses this chart
+    (kubeVersion >= 1.30) without --kube-version."""
+    gomod = (ROOT / "tools" / "helm" / "go.mod").read_text()
+    minor = re.search(r"^\s*k8s\.io/client-go v0\.(\d+)\.", gomod, re.M).group(1)
+    chart = tmp_path / "caps"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: caps\nversion: 0.1.0\n")
+    (chart / "templates" / "caps.yaml").write_text("kubeVersion: {{ .Capabilities.KubeVersion.Version }}\n")
+    out = subprocess.run([str(tools / "helm"), "template", str(chart)], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert yaml.safe_load(out.stdout)["kubeVersion"] == f"v1.{minor}.0"
+    version = subprocess.run([str(tools / "helm"), "version", "--short"], capture_output=True, text=True, check=False)
+    assert version.returncode == 0 and version.stdout.startswith(re.search(r"helm\.sh/helm/v3 (v\S+)", gomod).group(1))
+    # the chart renders and lints with helm's default, no --kube-version anywhere
+    out = subprocess.run([str(tools / "helm"), "template", "r", str(CHART)], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "kubeVersion" not in out.stderr
+    lint = subprocess.run([str(tools / "helm"), "lint", "--strict", str(CHART)], capture_output=True, text=True, check=False)
+    assert lint.returncode == 0 and "0 chart(s) failed" in lint.stdout, lint.stdout + lint.stderr
 
 
 def test_namespaced_operator_gets_rolebinding_not_clusterrolebinding(render):
