@@ -212,6 +212,40 @@ def test_crds_rendered_with_keep_policy_and_switchable(render):
     assert all("helm.sh/resource-policy" not in (c["metadata"].get("annotations") or {}) for c in no_keep)
 
 
+def test_trainer_policy_rendered_from_the_one_file(render):
+    """The chart renders files/policies/trainer-status.yaml (what the tests and the dev
+    demo apply as is), named after the release, switchable; it holds the contract's names
+    and the progress fields it checks exist in the CRD."""
+    from rlsched.core import contract
+
+    src = [d for d in yaml.safe_load_all((CHART / "files/policies/trainer-status.yaml").read_text()) if d]
+    assert [(d["kind"], d["metadata"]["name"]) for d in src] == [
+        ("ValidatingAdmissionPolicy", contract.TRAINER_STATUS_POLICY),
+        ("ValidatingAdmissionPolicyBinding", contract.TRAINER_STATUS_POLICY)]
+    policy, binding = src
+    assert binding["spec"] == {"policyName": contract.TRAINER_STATUS_POLICY, "validationActions": ["Deny"]}
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["resources"], rule["operations"]) == \
+        ([contract.GROUP], [f"{contract.PLURAL}/status"], ["UPDATE"])
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    (cond,) = policy["spec"]["matchConditions"]
+    assert f"'{contract.TRAINER_ACCOUNT_SUFFIX}'" in cond["expression"]
+    crd = yaml.safe_load((CHART / "files/crds/trainingjob.yaml").read_text())
+    status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    checked = " ".join(v["expression"] for v in policy["spec"]["validations"])
+    for field in re.findall(r"variables\.progress\.(\w+)", checked):
+        assert field in status["progress"]["properties"], field
+
+    objs = render(release="team-a")
+    vap = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"]
+    vapb = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert [o["metadata"]["name"] for o in vap + vapb] == ["team-a-rlsched-trainer-status"] * 2
+    assert vap[0]["spec"] == policy["spec"]
+    assert vapb[0]["spec"] == {**binding["spec"], "policyName": "team-a-rlsched-trainer-status"}
+    assert vap[0]["metadata"]["labels"]["app.kubernetes.io/instance"] == "team-a"
+    assert not [o for o in render("trainerPolicy.enabled=false") if o["kind"].startswith("ValidatingAdmissionPolicy")]
+
+
 def test_helm_assumes_the_kubernetes_version_of_its_client_go(tools, tmp_path):
     """tools/build.sh stamps helm's default Kubernetes version as helm's Makefile does
     (client-go v0.X -> v1.X); unstamped, helm assumes v1.20 and refuses this chart
