@@ -192,6 +192,8 @@ def test_scheduler_profile_extender_and_lease(render):
     assert "ports" not in containers["extender"]  # nothing but loopback
     relay = containers["metrics-relay"]["command"]
     assert "--upstream=http://127.0.0.1:9999" in relay and "--listen=0.0.0.0:8889" in relay
+    assert {"--max-connections=2048", "--header-timeout=10", "--idle-timeout=10"} <= set(relay)
+    assert containers["metrics-relay"]["resources"]["limits"]["memory"] == "64Mi"
     assert "metrics-relay.py" in cm["data"]
     assert any(a.startswith("--config=") for a in containers["kube-scheduler"]["command"])
     # a config change rolls the pods
@@ -199,6 +201,54 @@ def test_scheduler_profile_extender_and_lease(render):
     dep2 = next(o for o in other if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-scheduler"))
     assert dep["spec"]["template"]["metadata"]["annotations"]["checksum/config"] != \
         dep2["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+
+
+def test_extender_probes_ask_the_extender_not_the_relay(render, tmp_path):
+    """The extender binds 127.0.0.1, which the kubelet's httpGet cannot reach; its probes
+    are exec probes in its own container that GET the extender on loopback. Run here
+    against a stand-in extender on the rendered port."""
+    import http.server
+    import socket
+    import sys
+    import threading
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dep = next(o for o in render(f"scheduler.extender.port={port}")
+               if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-scheduler"))
+    ext = next(c for c in _pod_spec(dep)["containers"] if c["name"] == "extender")
+    probes = {"/healthz": ext["livenessProbe"], "/readyz": ext["readinessProbe"]}
+    for path, probe in probes.items():
+        assert "httpGet" not in probe and "tcpSocket" not in probe
+        cmd = probe["exec"]["command"]
+        assert cmd[:4] == ["python", "-I", "-S", "-c"] and cmd[-1] == path
+        assert f"127.0.0.1\", {port}" in cmd[4]
+        assert probe["timeoutSeconds"] >= 5
+
+    class Extender(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(503 if self.path == "/readyz" else 200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    def run(path):
+        cmd = probes[path]["exec"]["command"]
+        return subprocess.run([sys.executable, *cmd[1:]], capture_output=True, text=True, timeout=30)
+
+    srv = http.server.HTTPServer(("127.0.0.1", port), Extender)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        ok, unready = run("/healthz"), run("/readyz")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert ok.returncode == 0, ok.stderr
+    assert unready.returncode == 1 and "extender /readyz: HTTP 503" in unready.stderr
+    down = run("/healthz")
+    assert down.returncode == 1 and "extender /healthz:" in down.stderr and "Traceback" not in down.stderr
 
 
 def test_crds_rendered_with_keep_policy_and_switchable(render):
