@@ -326,7 +326,7 @@ def main(argv=None) -> int:
     p.add_argument("--upstream", default="http://127.0.0.1:8888", help="the extender's base URL")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds the extender gets to answer (default 5)")
     p.add_argument("--max-connections", type=int, default=2048,
-                   help="open client connections at most (default 2048, about 20 MiB when all idle)")
+                   help="open client connections at most (default 2048; about 13 MiB more when all are idle)")
     p.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds a client gets to send its request head (default 10)")
     p.add_argument("--idle-timeout", type=float, default=10.0,
