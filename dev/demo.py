@@ -620,8 +620,8 @@ class Demo:
                   f"Prometheus {self.prom_url}, KUBECONFIG={kc}")
 
     def _apply_trainer_policy(self, kubeconfig: str, chart: Path) -> None:
-        """The chart's trainer-status admission policy: the fake trainer writes progress
-        with the admin's credentials, real trainers with their own (docs/deploy.md)."""
+        """The chart's trainer-status admission policy, as a cluster with the chart has
+        it: a job's trainer may write only its progress (docs/deploy.md)."""
         from kubernetes import config
 
         from rlsched.operator.main import install_trainer_policy
