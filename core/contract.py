@@ -63,6 +63,10 @@ __all__ = [
     "ENV_NAMESPACE",
     "ENV_INDEX",
     "ENV_ROLE",
+    # the trainer's identity and what it may write
+    "TRAINER_ACCOUNT_SUFFIX",
+    "trainer_account_name",
+    "TRAINER_STATUS_POLICY",
     # nodes
     "LABEL_BLOCK",
     "LABEL_RACK",
@@ -154,6 +158,20 @@ ENV_JOB = "RLSCHED_JOB_NAME"
 ENV_NAMESPACE = "RLSCHED_JOB_NAMESPACE"
 ENV_INDEX = "RLSCHED_WORKER_INDEX"
 ENV_ROLE = "RLSCHED_ROLE"
+
+#: worker pods run under the ServiceAccount ``<job>-trainer``, whose Role may get and
+#: patch that one job's status; the trainer-status admission policy matches the same name
+TRAINER_ACCOUNT_SUFFIX = "-trainer"
+#: ValidatingAdmissionPolicy (and its binding) that lets a trainer write nothing of the
+#: status but ``status.progress`` (``deploy/helm/rlsched/files/policies/trainer-status.yaml``;
+#: the chart names its copy after the release)
+TRAINER_STATUS_POLICY = "rlsched-trainer-status"
+
+
+def trainer_account_name(job: str) -> str:
+    """The ServiceAccount of ``job``'s pods: ``<job>-trainer``."""
+    return f"{job}{TRAINER_ACCOUNT_SUFFIX}"
+
 
 # --------------------------------------------------------------------------- nodes
 LABEL_BLOCK = "topology.rlsched.dev/block"

@@ -40,8 +40,8 @@ chart-sync-crd:
 	cp operator/crd/*.yaml $(CHART)/files/crds/
 
 helm-lint: tools
-	$(HELM) lint --strict --kube-version v1.35.0 $(CHART)
-	$(HELM) lint --strict --kube-version v1.35.0 $(CHART) \
+	$(HELM) lint --strict $(CHART)
+	$(HELM) lint --strict $(CHART) \
 	  --set metrics.serviceMonitor.enabled=true --set metrics.podMonitor.enabled=true \
 	  --set metrics.prometheusRule.enabled=true --set operator.watchNamespace=team-a \
 	  --set operator.replicas=2

@@ -66,6 +66,7 @@ STATE_FILE = "demo.json"
 TERMINAL = ("Succeeded", "Failed")
 DEFAULT_CHART = Path("deploy/helm/rlsched")  # the chart of a source tree, from its root
 RELAY = Path("files/metrics-relay.py")  # inside the chart
+POLICY = Path("files/policies/trainer-status.yaml")  # inside the chart
 PROMETHEUS_HINT = "install it (Debian's package: `make prometheus`, i.e. apt-get install prometheus) or pass --prometheus"
 TRAINER_IMAGE = "registry.invalid/rlsched/fake-trainer:demo"  # never pulled: kwok runs no containers
 
@@ -266,7 +267,6 @@ def shipped_rules(helm: str | os.PathLike, chart: str | os.PathLike = DEFAULT_CH
     by ``helm template`` with ``values`` (``--set`` pairs); ``chart`` as for
     :func:`find_chart`."""
     argv = [str(helm), "template", "rlsched", str(find_chart(chart)), "--namespace", "rlsched-system",
-            "--kube-version", "v1.35.0",
             "--set", "metrics.prometheusRule.enabled=true",
             "--show-only", "templates/prometheusrule.yaml"]
     for k, v in (values or {}).items():
@@ -578,8 +578,9 @@ class Demo:
             if port is None or not port_free(port):
                 port = free_ports(1)[0]  # kube-scheduler cannot reach it then (ignorable: placement without it)
                 con.print(f"[yellow]the cluster's extender port is not available here; extender on {port}[/yellow]")
-            status.update("installing the TrainingJob CRD")
+            status.update("installing the TrainingJob CRD and the trainer-status policy")
             self._apply_crds(kc)
+            self._apply_trainer_policy(kc, chart)
 
             status.update("starting the extender and its metrics relay")
             model = ["--model", self.opts.extender_model] if self.opts.extender_model else []
@@ -617,6 +618,15 @@ class Demo:
                                    {"rlsched-extender": scrape_ext, "rlsched-operator": f"127.0.0.1:{op_port}"})
         con.print(f"[green]up[/green]: {len(topo)} GPU nodes ({topo.total_gpus} GPUs), "
                   f"Prometheus {self.prom_url}, KUBECONFIG={kc}")
+
+    def _apply_trainer_policy(self, kubeconfig: str, chart: Path) -> None:
+        """The chart's trainer-status admission policy, as a cluster with the chart has
+        it: a job's trainer may write only its progress (docs/deploy.md)."""
+        from kubernetes import config
+
+        from rlsched.operator.main import install_trainer_policy
+
+        install_trainer_policy(config.new_client_from_config(config_file=kubeconfig), chart / POLICY)
 
     def _apply_crds(self, kubeconfig: str) -> None:
         from kubernetes import client, config

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from importlib import resources
 from pathlib import Path
@@ -13,7 +14,7 @@ import kopf
 from .controller import OperatorConfig
 from .handlers import OperatorRuntime, build_registry
 
-__all__ = ["operator", "run", "crd_path", "peering_crd_path"]
+__all__ = ["operator", "run", "crd_path", "peering_crd_path", "policy_path", "install_trainer_policy"]
 
 
 def crd_path() -> Path:
@@ -24,6 +25,68 @@ def crd_path() -> Path:
 def peering_crd_path() -> Path:
     """kopf's peering CRDs (for HA with ``--peering``)."""
     return Path(str(resources.files("rlsched.operator").joinpath("crd/kopf-peering.yaml")))
+
+
+def policy_path() -> Path:
+    """The trainer-status ValidatingAdmissionPolicy and its binding (one YAML file, two
+    documents): a job's trainer may write ``status.progress`` and nothing else of its
+    TrainingJob's status. Its one source is the Helm chart, which installs it
+    (``deploy/helm/rlsched/files/policies/trainer-status.yaml``); the package does not
+    ship it, so this finds it in the source tree the package runs from, else raises
+    :class:`FileNotFoundError` saying where it lives."""
+    rel = Path("deploy", "helm", "rlsched", "files", "policies", "trainer-status.yaml")
+    path = Path(__file__).resolve().parents[1] / rel
+    if not path.is_file():
+        raise FileNotFoundError(f"{rel} (the trainer-status admission policy) is not next to this package; "
+                                "install the Helm chart, or apply that file from an rlsched source tree")
+    return path
+
+
+def install_trainer_policy(api_client, path: str | Path | None = None, timeout_s: float = 30.0) -> list[str]:
+    """Create or replace the objects of :func:`policy_path` (or ``path``) with a
+    ``kubernetes.client.ApiClient`` and wait until the API server has type-checked the
+    policy; returns ``kind/name`` of each. For tests and the dev demo; clusters get it
+    from the Helm chart."""
+    import yaml
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    api = client.AdmissionregistrationV1Api(api_client)
+    verbs = {
+        "ValidatingAdmissionPolicy": (api.create_validating_admission_policy, api.read_validating_admission_policy,
+                                      api.replace_validating_admission_policy),
+        "ValidatingAdmissionPolicyBinding": (api.create_validating_admission_policy_binding,
+                                             api.read_validating_admission_policy_binding,
+                                             api.replace_validating_admission_policy_binding),
+    }
+    done, policies = [], []
+    for doc in yaml.safe_load_all(Path(path or policy_path()).read_text()):
+        if not doc:
+            continue
+        kind, name = doc["kind"], doc["metadata"]["name"]
+        if kind not in verbs:
+            raise ValueError(f"{path or policy_path()}: unexpected {kind} {name}")
+        create, read, replace = verbs[kind]
+        try:
+            create(doc)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            doc["metadata"]["resourceVersion"] = read(name).metadata.resource_version
+            replace(name, doc)
+        done.append(f"{kind}/{name}")
+        if kind == "ValidatingAdmissionPolicy":
+            policies.append(name)
+    deadline = time.monotonic() + timeout_s
+    for name in policies:
+        while True:
+            cur = api.read_validating_admission_policy(name)
+            if cur.status is not None and cur.status.observed_generation == cur.metadata.generation:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ValidatingAdmissionPolicy {name} not type-checked after {timeout_s:g} s")
+            time.sleep(0.2)
+    return done
 
 
 async def operator(

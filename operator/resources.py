@@ -37,6 +37,7 @@ from rlsched.core.contract import (
     ROLE_CHIEF,
     ROLE_WORKER,
     pod_gpus,
+    trainer_account_name,
 )
 
 __all__ = ["owner_reference", "worker_name", "worker_pod", "trainer_rbac", "trainer_account_name",
@@ -61,10 +62,6 @@ def owner_reference(body: Mapping, controller: bool = True) -> dict:
 
 def worker_name(job: str, index: int) -> str:
     return f"{job}-worker-{index}"
-
-
-def trainer_account_name(job: str) -> str:
-    return f"{job}-trainer"
 
 
 def job_labels(job: str) -> dict[str, str]:

@@ -21,8 +21,6 @@ ALL_FEATURES = [
     "metrics.prometheusRule.enabled=true",
 ]
 MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
-# Offline renders need a Kubernetes version (helm's built-in default is old unless stamped).
-KUBE_VERSION = ["--kube-version", "v1.35.0"]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +40,7 @@ def render(tools):
 
     def _render(*sets: str, namespace: str = "rlsched-system", release: str = "rlsched",
                 show_only: str | None = None) -> list[dict]:
-        argv = [str(tools / "helm"), "template", release, str(CHART), "--namespace", namespace, *KUBE_VERSION]
+        argv = [str(tools / "helm"), "template", release, str(CHART), "--namespace", namespace]
         for s in sets:
             argv += ["--set", s]
         if show_only:
@@ -133,7 +131,7 @@ def test_dockerfiles_are_multistage_nonroot_without_torch(dockerfile):
 
 def test_helm_lint(tools):
     for sets in ([], ALL_FEATURES + ["operator.watchNamespace=team-a", "operator.replicas=2"]):
-        argv = [str(tools / "helm"), "lint", "--strict", str(CHART), *KUBE_VERSION]
+        argv = [str(tools / "helm"), "lint", "--strict", str(CHART)]
         for s in sets:
             argv += ["--set", s]
         out = subprocess.run(argv, capture_output=True, text=True, check=False)
@@ -142,7 +140,7 @@ def test_helm_lint(tools):
 
 
 def test_helm_refuses_replicas_without_peering(tools):
-    out = subprocess.run([str(tools / "helm"), "template", "x", str(CHART), *KUBE_VERSION, "--set", "operator.replicas=2",
+    out = subprocess.run([str(tools / "helm"), "template", "x", str(CHART), "--set", "operator.replicas=2",
                           "--set", "operator.peering.enabled=false"], capture_output=True, text=True)
     assert out.returncode != 0 and "peering" in out.stderr
 
@@ -152,7 +150,7 @@ def test_helm_refuses_replicas_without_peering(tools):
                                  "scheduler.schedulerName=Not_A_Name", "crds.instal=false",
                                  "operator.podSecurity.defaultLevel=strict"])
 def test_values_schema_rejects_typos_and_bad_values(tools, bad):
-    out = subprocess.run([str(tools / "helm"), "template", "x", str(CHART), *KUBE_VERSION, "--set", bad],
+    out = subprocess.run([str(tools / "helm"), "template", "x", str(CHART), "--set", bad],
                          capture_output=True, text=True)
     assert out.returncode != 0 and "schema" in out.stderr, out.stderr
 
@@ -195,6 +193,8 @@ def test_scheduler_profile_extender_and_lease(render):
     assert "ports" not in containers["extender"]  # nothing but loopback
     relay = containers["metrics-relay"]["command"]
     assert "--upstream=http://127.0.0.1:9999" in relay and "--listen=0.0.0.0:8889" in relay
+    assert {"--max-connections=2048", "--header-timeout=10", "--idle-timeout=10"} <= set(relay)
+    assert containers["metrics-relay"]["resources"]["limits"]["memory"] == "64Mi"
     assert "metrics-relay.py" in cm["data"]
     assert any(a.startswith("--config=") for a in containers["kube-scheduler"]["command"])
     # a config change rolls the pods
@@ -202,6 +202,54 @@ def test_scheduler_profile_extender_and_lease(render):
     dep2 = next(o for o in other if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-scheduler"))
     assert dep["spec"]["template"]["metadata"]["annotations"]["checksum/config"] != \
         dep2["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+
+
+def test_extender_probes_ask_the_extender_not_the_relay(render, tmp_path):
+    """The extender binds 127.0.0.1, which the kubelet's httpGet cannot reach; its probes
+    are exec probes in its own container that GET the extender on loopback. Run here
+    against a stand-in extender on the rendered port."""
+    import http.server
+    import socket
+    import sys
+    import threading
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dep = next(o for o in render(f"scheduler.extender.port={port}")
+               if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-scheduler"))
+    ext = next(c for c in _pod_spec(dep)["containers"] if c["name"] == "extender")
+    probes = {"/healthz": ext["livenessProbe"], "/readyz": ext["readinessProbe"]}
+    for path, probe in probes.items():
+        assert "httpGet" not in probe and "tcpSocket" not in probe
+        cmd = probe["exec"]["command"]
+        assert cmd[:4] == ["python", "-I", "-S", "-c"] and cmd[-1] == path
+        assert f"127.0.0.1\", {port}" in cmd[4]
+        assert probe["timeoutSeconds"] >= 5
+
+    class Extender(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(503 if self.path == "/readyz" else 200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    def run(path):
+        cmd = probes[path]["exec"]["command"]
+        return subprocess.run([sys.executable, *cmd[1:]], capture_output=True, text=True, timeout=30)
+
+    srv = http.server.HTTPServer(("127.0.0.1", port), Extender)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        ok, unready = run("/healthz"), run("/readyz")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert ok.returncode == 0, ok.stderr
+    assert unready.returncode == 1 and "extender /readyz: HTTP 503" in unready.stderr
+    down = run("/healthz")
+    assert down.returncode == 1 and "extender /healthz:" in down.stderr and "Traceback" not in down.stderr
 
 
 def test_crds_rendered_with_keep_policy_and_switchable(render):
@@ -213,6 +261,63 @@ def test_crds_rendered_with_keep_policy_and_switchable(render):
     assert not [o for o in render("crds.install=false") if o["kind"] == "CustomResourceDefinition"]
     no_keep = [o for o in render("crds.keep=false") if o["kind"] == "CustomResourceDefinition"]
     assert all("helm.sh/resource-policy" not in (c["metadata"].get("annotations") or {}) for c in no_keep)
+
+
+def test_trainer_policy_rendered_from_the_one_file(render):
+    """The chart renders files/policies/trainer-status.yaml (what the tests and the dev
+    demo apply as is), named after the release, switchable; it holds the contract's names
+    and the progress fields it checks exist in the CRD."""
+    from rlsched.core import contract
+
+    src = [d for d in yaml.safe_load_all((CHART / "files/policies/trainer-status.yaml").read_text()) if d]
+    assert [(d["kind"], d["metadata"]["name"]) for d in src] == [
+        ("ValidatingAdmissionPolicy", contract.TRAINER_STATUS_POLICY),
+        ("ValidatingAdmissionPolicyBinding", contract.TRAINER_STATUS_POLICY)]
+    policy, binding = src
+    assert binding["spec"] == {"policyName": contract.TRAINER_STATUS_POLICY, "validationActions": ["Deny"]}
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["resources"], rule["operations"]) == \
+        ([contract.GROUP], [f"{contract.PLURAL}/status"], ["UPDATE"])
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    (cond,) = policy["spec"]["matchConditions"]
+    assert f"'{contract.TRAINER_ACCOUNT_SUFFIX}'" in cond["expression"]
+    crd = yaml.safe_load((CHART / "files/crds/trainingjob.yaml").read_text())
+    status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    checked = " ".join(v["expression"] for v in policy["spec"]["validations"])
+    for field in re.findall(r"variables\.progress\.(\w+)", checked):
+        assert field in status["progress"]["properties"], field
+
+    objs = render(release="team-a")
+    vap = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"]
+    vapb = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert [o["metadata"]["name"] for o in vap + vapb] == ["team-a-rlsched-trainer-status"] * 2
+    assert vap[0]["spec"] == policy["spec"]
+    assert vapb[0]["spec"] == {**binding["spec"], "policyName": "team-a-rlsched-trainer-status"}
+    assert vap[0]["metadata"]["labels"]["app.kubernetes.io/instance"] == "team-a"
+    assert not [o for o in render("trainerPolicy.enabled=false") if o["kind"].startswith("ValidatingAdmissionPolicy")]
+
+
+def test_helm_assumes_the_kubernetes_version_of_its_client_go(tools, tmp_path):
+    """tools/build.sh stamps helm's default Kubernetes version as helm's Makefile does
+    (client-go v0.X -> v1.X); unstamped, helm assumes v1.20 and refuses this chart
+    (kubeVersion >= 1.30) without --kube-version."""
+    gomod = (ROOT / "tools" / "helm" / "go.mod").read_text()
+    minor = re.search(r"^\s*k8s\.io/client-go v0\.(\d+)\.", gomod, re.M).group(1)
+    chart = tmp_path / "caps"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: caps\nversion: 0.1.0\n")
+    (chart / "templates" / "caps.yaml").write_text("kubeVersion: {{ .Capabilities.KubeVersion.Version }}\n")
+    out = subprocess.run([str(tools / "helm"), "template", str(chart)], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert yaml.safe_load(out.stdout)["kubeVersion"] == f"v1.{minor}.0"
+    version = subprocess.run([str(tools / "helm"), "version", "--short"], capture_output=True, text=True, check=False)
+    assert version.returncode == 0 and version.stdout.startswith(re.search(r"helm\.sh/helm/v3 (v\S+)", gomod).group(1))
+    # the chart renders and lints with helm's default, no --kube-version anywhere
+    out = subprocess.run([str(tools / "helm"), "template", "r", str(CHART)], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "kubeVersion" not in out.stderr
+    lint = subprocess.run([str(tools / "helm"), "lint", "--strict", str(CHART)], capture_output=True, text=True, check=False)
+    assert lint.returncode == 0 and "0 chart(s) failed" in lint.stdout, lint.stdout + lint.stderr
 
 
 def test_namespaced_operator_gets_rolebinding_not_clusterrolebinding(render):

@@ -193,7 +193,7 @@ def stack(kube_cluster, tmp_path_factory):
 # ----------------------------------------------------------------------- tests
 def test_dashboard_in_configmap_is_the_shipped_file(tmp_path):
     helm = _helm()
-    out = subprocess.run([str(helm), "template", "r", str(CHART), "--kube-version", "v1.35.0",
+    out = subprocess.run([str(helm), "template", "r", str(CHART),
                           "--show-only", "templates/dashboard-configmap.yaml"],
                          capture_output=True, text=True, check=True).stdout
     cm = yaml.safe_load(out)
@@ -219,7 +219,7 @@ def test_metrics_relay_passes_only_read_endpoints(stack):
         with pytest.raises(urllib.error.HTTPError) as err:
             _get(f"{relay}{path}")
         assert err.value.code == 404
-    assert _post(f"{relay}/filter", b"{}") == 501  # no POST at all
+    assert _post(f"{relay}/filter", b"{}") == 405  # no POST at all (Allow: GET, HEAD)
 
 
 @pytest.mark.k8s

@@ -29,11 +29,12 @@ def kapi(kube_cluster):
 
 @pytest.fixture(scope="module")
 def crd(kapi):
-    """Install the TrainingJob CRD (idempotent) and wait until it is Established."""
+    """Install the TrainingJob CRD (idempotent) and wait until it is Established; and the
+    trainer-status admission policy the chart installs beside it."""
     import yaml
     from kubernetes.client.exceptions import ApiException
 
-    from rlsched.operator.main import crd_path
+    from rlsched.operator.main import crd_path, install_trainer_policy
 
     body = yaml.safe_load(crd_path().read_text())
     try:
@@ -48,6 +49,7 @@ def crd(kapi):
     while time.monotonic() < deadline:
         c = kapi.ext.read_custom_resource_definition(body["metadata"]["name"])
         if any(x.type == "Established" and x.status == "True" for x in (c.status.conditions or [])):
+            install_trainer_policy(kapi.client)
             time.sleep(1.0)  # discovery catches up
             return body
         time.sleep(0.2)

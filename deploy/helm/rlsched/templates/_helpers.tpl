@@ -87,3 +87,18 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "rlsched.operator.clusterWide" -}}
 {{- if .Values.operator.watchNamespace }}false{{ else }}true{{ end }}
 {{- end }}
+
+{{/*
+The extender's probe, run in its container as `python -I -S -c <this> PATH` (argument:
+the extender's port): GET http://127.0.0.1:<port>PATH, exit 0 on 200, else a message.
+*/}}
+{{- define "rlsched.extender.probe" -}}
+import sys, http.client
+try:
+    c = http.client.HTTPConnection("127.0.0.1", {{ . }}, timeout=4)
+    c.request("GET", sys.argv[1])
+    status = c.getresponse().status
+except OSError as exc:
+    sys.exit(f"extender {sys.argv[1]}: {exc}")
+sys.exit(0 if status == 200 else f"extender {sys.argv[1]}: HTTP {status}")
+{{- end }}
