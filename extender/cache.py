@@ -4,7 +4,10 @@ Fed by watch events (or a static file) and read by every filter/prioritize call.
 GPUs in use on a node = GPUs of its bound, unfinished pods + GPUs of pods the extender
 *assumed* there (scored, not yet seen bound), so two pods scored back to back never
 count the same free GPUs. An assumption ends when the watch shows the pod bound or
-deleted, when the pod is scored again, or after ``assume_ttl`` seconds.
+deleted, when the pod is scored again, or after ``assume_ttl`` seconds. An assumption
+is a *guess* (the node a pod scored best on: kube-scheduler adds other scores and may
+bind elsewhere) unless the extender bound the pod itself (``firm``); guesses shape
+scores but never make a node look full (:meth:`guessed`).
 
 The :class:`~rlsched.core.cluster.ClusterState` is kept up to date incrementally: a
 pod event adjusts one node's free count; only a node change (labels, capacity, add,
@@ -48,6 +51,8 @@ class ClusterCache:
         self.pods: dict[str, PodInfo] = {}
         #: pod key -> (node, gpus, job, expiry time)
         self.assumed: dict[str, tuple[str, int, str | None, float]] = {}
+        #: assumptions made by a binding (certain), as opposed to guesses from scoring
+        self._firm: set[str] = set()
         self._contrib: dict[str, tuple[str, int, str | None]] = {}
         self.used: Counter[str] = Counter()
         self.job_nodes: dict[str, Counter[str]] = {}
@@ -94,7 +99,7 @@ class ClusterCache:
         old = self.pods.get(info.key)
         self.pods[info.key] = info
         if info.node is not None or info.phase in ("Succeeded", "Failed"):
-            self.assumed.pop(info.key, None)  # kube-scheduler decided: drop our guess
+            self._drop(info.key)  # kube-scheduler decided: drop our guess
         self._recompute(info.key)
         if (
             self.on_observation is not None
@@ -108,7 +113,7 @@ class ClusterCache:
 
     def delete_pod(self, key: str) -> None:
         self.pods.pop(key, None)
-        self.assumed.pop(key, None)
+        self._drop(key)
         self._recompute(key)
         self.touch()
 
@@ -127,23 +132,42 @@ class ClusterCache:
         for key, info in fresh.items():
             self.pods[key] = info
             if info.node is not None:
-                self.assumed.pop(key, None)
+                self._drop(key)
             self._recompute(key)
         self.synced["pods"] = True
         self.touch()
 
     # ------------------------------------------------------------------ assumptions
-    def assume(self, key: str, node: str, gpus: int, job: str | None) -> None:
-        """Count ``gpus`` of pod ``key`` on ``node`` until it is seen bound."""
+    def assume(self, key: str, node: str, gpus: int, job: str | None, *, firm: bool = False) -> None:
+        """Count ``gpus`` of pod ``key`` on ``node`` until it is seen bound. ``firm``:
+        the extender bound it there itself; otherwise it is a guess (the node the pod
+        scored best on), which kube-scheduler may not follow."""
         pod = self.pods.get(key)
         if pod is not None and pod.node is not None:
             return  # already bound; the bound pod counts
         self.assumed[key] = (node, int(gpus), job, self.clock() + self.assume_ttl)
+        if firm:
+            self._firm.add(key)
+        else:
+            self._firm.discard(key)
         self._recompute(key)
 
+    def _drop(self, key: str) -> None:
+        self.assumed.pop(key, None)
+        self._firm.discard(key)
+
     def forget(self, key: str) -> None:
+        self._firm.discard(key)
         if self.assumed.pop(key, None) is not None:
             self._recompute(key)
+
+    def guessed(self) -> dict[str, int]:
+        """GPUs per node held only by guesses (assumptions not made by a binding)."""
+        out: dict[str, int] = {}
+        for key, (node, gpus, _, _) in self.assumed.items():
+            if key not in self._firm:
+                out[node] = out.get(node, 0) + gpus
+        return out
 
     def expire(self) -> int:
         """Drop assumptions older than the TTL; returns how many."""

@@ -240,7 +240,21 @@ class Extender:
         known = idx >= 0
         safe = np.where(known, idx, 0)
         q = pod.gpus
-        cap_ok = st.free[safe] >= q
+        # capacity against bound pods and the extender's own bindings; a guess (the
+        # node an earlier pod scored best on) never makes a node look full: kube-scheduler
+        # counts GPUs itself and may have bound that pod elsewhere, and a wrongly full
+        # node would leave this pod pending until kube-scheduler retries it
+        free = st.free[safe]
+        guessed = self.cache.guessed()
+        if guessed:
+            free = free.copy()
+            for pos in np.flatnonzero(known):
+                g = guessed.get(args.names[pos])
+                if g:
+                    i = int(idx[pos])
+                    used = int(self.cache.used.get(args.names[pos], 0)) - g
+                    free[pos] = max(0, int(st.total[i]) - used)
+        cap_ok = free >= q
         never = st.total[safe] < q
         allowed_models = frozenset(m for m in st.models if pod.allows_model(m))
         model_mask = np.zeros(len(st.total), dtype=bool)
@@ -271,7 +285,7 @@ class Extender:
                 total = int(st.total[i])
                 used = int(self.cache.used.get(name, 0))
                 over = f"; over-committed by {used - total}" if used > total else ""
-                msg = (f"insufficient {RESOURCE_GPU}: pod requests {q}, node has {int(st.free[i])} free of {total} "
+                msg = (f"insufficient {RESOURCE_GPU}: pod requests {q}, node has {int(free[pos])} free of {total} "
                        f"({used} used by bound or assumed pods{over})")
                 if never[pos]:
                     out.unresolvable[name] = msg
@@ -404,13 +418,17 @@ class Extender:
             i = st.topology.index.get(args.node)
             if i is None:
                 return f"cannot bind {args.key}: node {args.node} is not in the extender's node cache"
-            if gpus > int(st.free[i]):
+            free = int(st.free[i])
+            guess = self.cache.guessed().get(args.node, 0)
+            if guess:  # guesses do not hold GPUs against a real binding
+                free = max(0, int(st.total[i]) - (int(self.cache.used.get(args.node, 0)) - guess))
+            if gpus > free:
                 return (
                     f"cannot bind {args.key} to {args.node}: it needs {gpus} {RESOURCE_GPU}, "
-                    f"{int(st.free[i])} free (taken since filter)"
+                    f"{free} free (taken since filter)"
                 )
             if gpus:
-                self.cache.assume(args.key, args.node, gpus, job)
+                self.cache.assume(args.key, args.node, gpus, job, firm=True)
         try:
             await self.binder(args)
         except Exception as exc:  # reported back to kube-scheduler, which retries the pod
