@@ -33,31 +33,21 @@ def _job(name: str) -> dict:
 
 
 def run(jobs: int, cycle_s: float, kubeconfig: str | None, out: Path) -> dict:
-    import yaml
     from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
     from rich.progress import Progress
 
     from rlsched.core import Topology
     from rlsched_dev.cluster import kube_env
     from rlsched.operator.controller import OperatorConfig
-    from rlsched.operator.main import crd_path, operator
+    from rlsched.operator.main import install_crd, operator
 
     nodes = math.ceil(jobs / 8)
     topo = Topology.uniform(nodes, gpus_per_node=8, racks=max(1, nodes // 8), blocks=1, prefix="bench-gpu")
     with kube_env(topo, kubeconfig=kubeconfig) as env:
         api = env.api_client()
-        core, custom, ext = client.CoreV1Api(api), client.CustomObjectsApi(api), client.ApiextensionsV1Api(api)
-        crd = yaml.safe_load(crd_path().read_text())
-        try:
-            ext.create_custom_resource_definition(crd)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-        while not any(c.type == "Established" and c.status == "True"
-                      for c in (ext.read_custom_resource_definition(crd["metadata"]["name"]).status.conditions or [])):
-            time.sleep(0.2)
-        time.sleep(1.0)
+        core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+        install_crd(api)
+        time.sleep(1.0)  # discovery catches up
         ns = f"bench-{uuid.uuid4().hex[:6]}"
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
         cfg = OperatorConfig(kubeconfig=str(env.kubeconfig), namespace=ns, cycle_s=cycle_s, metrics_port=None,

@@ -14,7 +14,7 @@ import kopf
 from .controller import OperatorConfig
 from .handlers import OperatorRuntime, build_registry
 
-__all__ = ["operator", "run", "crd_path", "peering_crd_path", "policy_path", "install_trainer_policy"]
+__all__ = ["operator", "run", "crd_path", "peering_crd_path", "policy_path", "install_crd", "install_trainer_policy"]
 
 
 def crd_path() -> Path:
@@ -40,6 +40,33 @@ def policy_path() -> Path:
         raise FileNotFoundError(f"{rel} (the trainer-status admission policy) is not next to this package; "
                                 "install the Helm chart, or apply that file from an rlsched source tree")
     return path
+
+
+def install_crd(api_client, path: str | Path | None = None, timeout_s: float = 30.0) -> str:
+    """Create or replace the CRD of :func:`crd_path` (or ``path``) with a
+    ``kubernetes.client.ApiClient`` and wait until it is Established; returns its name.
+    For tests and benchmarks; clusters get it from the Helm chart."""
+    import yaml
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    api = client.ApiextensionsV1Api(api_client)
+    body = yaml.safe_load(Path(path or crd_path()).read_text())
+    name = body["metadata"]["name"]
+    try:
+        api.create_custom_resource_definition(body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        body["metadata"]["resourceVersion"] = api.read_custom_resource_definition(name).metadata.resource_version
+        api.replace_custom_resource_definition(name, body)
+    deadline = time.monotonic() + timeout_s
+    while not any(c.type == "Established" and c.status == "True"
+                  for c in (api.read_custom_resource_definition(name).status.conditions or [])):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"CRD {name} not Established after {timeout_s:g} s")
+        time.sleep(0.2)
+    return name
 
 
 def install_trainer_policy(api_client, path: str | Path | None = None, timeout_s: float = 30.0) -> list[str]:

@@ -32,28 +32,13 @@ def crd(kapi):
     """Install the TrainingJob CRD (idempotent) and wait until it is Established; and the
     trainer-status admission policy the chart installs beside it."""
     import yaml
-    from kubernetes.client.exceptions import ApiException
 
-    from rlsched.operator.main import crd_path, install_trainer_policy
+    from rlsched.operator.main import crd_path, install_crd, install_trainer_policy
 
-    body = yaml.safe_load(crd_path().read_text())
-    try:
-        kapi.ext.create_custom_resource_definition(body)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-        cur = kapi.ext.read_custom_resource_definition(body["metadata"]["name"])
-        body["metadata"]["resourceVersion"] = cur.metadata.resource_version
-        kapi.ext.replace_custom_resource_definition(body["metadata"]["name"], body)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        c = kapi.ext.read_custom_resource_definition(body["metadata"]["name"])
-        if any(x.type == "Established" and x.status == "True" for x in (c.status.conditions or [])):
-            install_trainer_policy(kapi.client)
-            time.sleep(1.0)  # discovery catches up
-            return body
-        time.sleep(0.2)
-    raise AssertionError("TrainingJob CRD not Established after 30s")
+    install_crd(kapi.client)
+    install_trainer_policy(kapi.client)
+    time.sleep(1.0)  # discovery catches up
+    return yaml.safe_load(crd_path().read_text())
 
 
 @pytest.fixture
