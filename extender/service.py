@@ -244,16 +244,15 @@ class Extender:
         # node an earlier pod scored best on) never makes a node look full: kube-scheduler
         # counts GPUs itself and may have bound that pod elsewhere, and a wrongly full
         # node would leave this pod pending until kube-scheduler retries it
-        free = st.free[safe]
+        free_nodes = st.free
         guessed = self.cache.guessed()
-        if guessed:
-            free = free.copy()
-            for pos in np.flatnonzero(known):
-                g = guessed.get(args.names[pos])
-                if g:
-                    i = int(idx[pos])
-                    used = int(self.cache.used.get(args.names[pos], 0)) - g
-                    free[pos] = max(0, int(st.total[i]) - used)
+        if guessed:  # few: the pods scored and not yet seen bound
+            free_nodes = st.free.copy()
+            for name, g in guessed.items():
+                i = topo.index.get(name)
+                if i is not None:
+                    free_nodes[i] = max(0, int(st.total[i]) - (int(self.cache.used.get(name, 0)) - g))
+        free = free_nodes[safe]
         cap_ok = free >= q
         never = st.total[safe] < q
         allowed_models = frozenset(m for m in st.models if pod.allows_model(m))
