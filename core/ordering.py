@@ -65,11 +65,21 @@ class _KeyOrdering:
     """Sort by (queue, -priority, policy key, submit time, id)."""
 
     name = ""
+    #: whether a waiting job may evict a running one this policy ranks strictly after
+    #: it (SRTF, Tiresias); the planning layer (``Admission``) decides the victims
+    preemptive = False
 
     def __init__(self, *, rng: np.random.Generator | None = None) -> None:
         # ``rng`` is accepted so callers can build every ordering the same way;
         # deterministic orderings ignore it.
         del rng
+
+    def preempts(self, job: JobView, victim: JobView, state: ClusterState) -> bool:
+        """Whether waiting ``job`` outranks running ``victim`` on this policy's own key
+        alone, strictly (a tie never preempts: no thrashing between equals). Queue and
+        priority classes are the planning layer's business, not compared here."""
+        kj, kv = self._keys([job, victim], state)
+        return kj < kv
 
     def _keys(self, pending: Sequence[JobView], state: ClusterState) -> list[tuple]:
         raise NotImplementedError
@@ -108,9 +118,13 @@ class SJF(_KeyOrdering):
 
 @register_ordering("srtf")
 class SRTF(_KeyOrdering):
-    """Shortest remaining time first: ``remaining`` (``est_runtime`` if unknown)."""
+    """Shortest remaining time first: ``remaining`` (``est_runtime`` if unknown).
+
+    Preemptive: a waiting job with a strictly shorter remaining time evicts a running
+    one (the longest remaining first) when it does not fit otherwise."""
 
     name = "srtf"
+    preemptive = True
 
     def _keys(self, pending, state):
         return [(remaining_time(j),) for j in pending]
@@ -232,9 +246,21 @@ class Tiresias(_KeyOrdering):
     FIFO (submit time) inside a queue. With ``promote_knob`` set, a job that has waited
     at least ``promote_knob ×`` its executed time is promoted to queue 0 (Tiresias'
     starvation guard).
+
+    Preemptive: a waiting job in a strictly lower queue evicts running jobs of higher
+    queues (the highest queue first) when it does not fit otherwise; a running job is
+    demoted when its attained service crosses a threshold (:meth:`demotes_at`), which
+    lets waiting jobs of lower queues preempt it then.
+
+    Thresholds: discretized 2D-LAS puts jobs in K queues split by attained
+    GPU-time limits (Gu et al., NSDI'19, "Discretized 2D-LAS"); the Pollux paper ran
+    Tiresias as a 2-queue discretized LAS (../shared/data/pollux-osdi21/README.md).
+    The default here is three queues split at 1 and 10 GPU-hours (3600 and 36000
+    GPU-seconds, docs/policies.md); ``thresholds=(t,)`` gives the 2-queue variant.
     """
 
     name = "tiresias"
+    preemptive = True
 
     def __init__(
         self,
@@ -263,6 +289,15 @@ class Tiresias(_KeyOrdering):
 
     def _keys(self, pending, state):
         return [(self.queue_of(j, state.time),) for j in pending]
+
+    def demotes_at(self, job: JobView, now: float) -> float | None:
+        """When a job running with ``job.gpus`` GPUs from ``now`` reaches the next
+        threshold (None past the last): the time its queue can change."""
+        a = job.attained_service
+        k = bisect.bisect_right(self.thresholds, a)
+        if k >= len(self.thresholds) or job.gpus <= 0:
+            return None
+        return now + (self.thresholds[k] - a) / job.gpus
 
     def __repr__(self) -> str:
         return f"Tiresias(thresholds={self.thresholds}, promote_knob={self.promote_knob})"
