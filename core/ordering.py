@@ -81,6 +81,13 @@ class _KeyOrdering:
         kj, kv = self._keys([job, victim], state)
         return kj < kv
 
+    def outranked(self, job: JobView, others: Sequence[JobView], state: ClusterState) -> list[JobView]:
+        """The jobs of ``others`` that :meth:`preempts` says ``job`` outranks, keys
+        computed once (what a simulator asks on every pass)."""
+        keys = self._keys([job, *others], state)
+        kj = keys[0]
+        return [o for o, k in zip(others, keys[1:]) if kj < k]
+
     def _keys(self, pending: Sequence[JobView], state: ClusterState) -> list[tuple]:
         raise NotImplementedError
 

@@ -629,7 +629,16 @@ class Simulator:
         mask[st.candidates_total(head.gpus_per_worker, head.gpu_models)] = True
         free = np.where(mask, st.free, 0).astype(np.int64)
         total = np.where(mask, st.total, 0).astype(np.int64)
-        running = [self._running_entry(v) for v in st.running.values()]
+        views = list(st.running.values())
+        if entry.spec.priority_class != "highest":
+            # only the ordering's rule applies: keep the jobs it ranks after the head
+            # (core's admission checks them again, with the classes)
+            outranked = getattr(self.ordering, "outranked", None)
+            views = (outranked(head, views, st) if outranked is not None
+                     else [v for v in views if self.ordering.preempts(head, v, st)])
+            if not views:
+                return False
+        running = [self._running_entry(v) for v in views]
         victims = self.admission.choose_victims(entry, running, free, total, st)
         if not victims:
             return False

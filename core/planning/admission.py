@@ -310,6 +310,11 @@ class Admission:
             return bool(self.ordering.preempts(job.view(), victim.job, state))
         return False
 
+    def _evictable(self, job: QueueEntry, victim: RunningEntry, state: ClusterState | None, outranked: set | None) -> bool:
+        if outranked is None or job.spec.priority_class == "highest":
+            return self.may_evict(job, victim, state)
+        return victim.key in outranked and CLASS_RANK[victim.spec.priority_class] >= CLASS_RANK[job.spec.priority_class]
+
     def choose_victims(
         self,
         job: QueueEntry,
@@ -325,7 +330,12 @@ class Admission:
         ordering ranks last, then the most recently started goes first (it loses the
         least work). Returns ``[]`` if even evicting all of them would not help.
         """
-        cands = [r for r in running if self.may_evict(job, r, state)]
+        outranked = None
+        if self.preemption and self.preemptive_ordering and state is not None and job.job is not None \
+                and hasattr(self.ordering, "outranked"):
+            # one key computation for all, same answer as may_evict's pairwise one
+            outranked = {v.id for v in self.ordering.outranked(job.view(), [r.job for r in running if r.job is not None], state)}
+        cands = [r for r in running if self._evictable(job, r, state, outranked)]
         last = {}
         if self.preemptive_ordering and state is not None:
             views = [r.job for r in cands if r.job is not None]

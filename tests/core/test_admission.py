@@ -340,3 +340,15 @@ def test_tiresias_demotion_time():
     v.attained_service = 9000.0
     assert t.demotes_at(v, 0.0) is None
     assert t.preemptive and make_ordering("srtf").preemptive and not make_ordering("sjf").preemptive
+
+
+def test_outranked_agrees_with_pairwise_preempts(make_cluster):
+    from rlsched.core import JobView
+
+    st = make_cluster(8)
+    for name in ("srtf", "tiresias"):
+        o = make_ordering(name)
+        views = [JobView(id=f"r{k}", submit_time=float(k), remaining=float(r), attained_service=float(a))
+                 for k, (r, a) in enumerate([(10, 0), (100, 4000), (50, 40000), (50, 3599)])]
+        head = JobView(id="h", submit_time=9.0, remaining=50.0, attained_service=3600.0)
+        assert [v.id for v in o.outranked(head, views, st)] == [v.id for v in views if o.preempts(head, v, st)]
