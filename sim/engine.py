@@ -408,6 +408,10 @@ class Simulator:
             self._record(self.now)
         return ok
 
+    def preemptions(self, job_id: str) -> int:
+        """How many times the job was suspended so far."""
+        return self._by_id[job_id].preemptions
+
     def fits_now(self, job_id: str) -> bool:
         """Whether the job's current gang could be placed right now (slot count)."""
         v = self._by_id[job_id].view
@@ -629,7 +633,10 @@ class Simulator:
         mask[st.candidates_total(head.gpus_per_worker, head.gpu_models)] = True
         free = np.where(mask, st.free, 0).astype(np.int64)
         total = np.where(mask, st.total, 0).astype(np.int64)
-        views = list(st.running.values())
+        # a job started or resumed at this instant is no victim (as in the operator,
+        # whose plan never evicts the jobs it admits in the same cycle): no run of
+        # zero length, no restart cost paid for nothing
+        views = [v for v in st.running.values() if v.start_time < self.now]
         if entry.spec.priority_class != "highest":
             # only the ordering's rule applies: keep the jobs it ranks after the head
             # (core's admission checks them again, with the classes)

@@ -41,8 +41,18 @@ def _check_gpus(sim):
 
 
 def _run_checked(sim, trace=None):
+    """Run to the end checking the GPU books after every event, and that only a job
+    already running before an instant is suspended at it (never one started then)."""
+    before: set[str] = set()
+    count: dict[str, int] = {}
     while sim.step():
         _check_gpus(sim)
+        for jid in list(before) + [v.id for v in sim.pending]:
+            n = sim.preemptions(jid)
+            if n > count.get(jid, 0):
+                assert jid in before, f"t={sim.now}: {jid} suspended at the instant it started"
+                count[jid] = n
+        before = {v.id for v in sim.running}
         if trace is not None:
             trace(sim)
     return sim.result()
