@@ -4,7 +4,8 @@ One :class:`Simulator` holds everything: the event heap, a
 :class:`~rlsched.core.ClusterState` (mutated only through ``allocate``/``release``),
 the jobs and one seeded :class:`numpy.random.Generator`. Events are
 ``(time, kind, counter, payload)`` tuples; at equal times finishes come before
-arrivals, arrivals before scaling ticks, and the counter breaks the remaining ties in
+arrivals, arrivals before scaling ticks, scaling ticks before Tiresias demotions, and
+the counter breaks the remaining ties in
 insertion order, so a run is a pure function of its inputs and seed.
 
 Two ways to drive it:

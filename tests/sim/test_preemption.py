@@ -269,3 +269,22 @@ def test_invariants_with_preemption(jobs, ordering, backfill, restart, nodes, se
                       config=SimConfig(backfill=backfill, restart_cost=restart)).run()
     assert [(r.id, r.start, r.end, r.preemptions) for r in again.records] == [
         (r.id, r.start, r.end, r.preemptions) for r in res.records]
+
+
+@pytest.mark.parametrize("ordering", ["srtf", "tiresias"])
+@pytest.mark.parametrize("scaling", ["beta", "optimus"])
+def test_preemption_with_elastic_scaling_keeps_books(ordering, scaling):
+    """Preemptive orderings beside a scaling policy (resizes of running jobs, removals
+    first): the GPU books stay exact after every event and every job ends once."""
+    from rlsched.core import make_scaling
+    from rlsched.sim.traces import synthetic
+
+    tr = synthetic("small,jobs=40,nodes=4,racks=2", seed=5)
+    o = make_ordering("tiresias", thresholds=(600.0, 6000.0)) if ordering == "tiresias" else make_ordering(ordering)
+    sim = Simulator(tr.jobs, tr.topology, ordering=o, placement=make_placement("firstfit"),
+                    scaling=make_scaling(scaling), seed=5, config=SimConfig(scaling_interval=120, restart_cost=20))
+    res = _run_checked(sim)
+    assert len(res.records) == 40 and not res.unfinished
+    assert sum(r.preemptions for r in res.records) > 0
+    for v in sim.running:
+        assert v.min_workers <= v.workers <= v.max_workers
