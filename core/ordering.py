@@ -259,11 +259,15 @@ class Tiresias(_KeyOrdering):
     demoted when its attained service crosses a threshold (:meth:`demotes_at`), which
     lets waiting jobs of lower queues preempt it then.
 
-    Thresholds: discretized 2D-LAS puts jobs in K queues split by attained
-    GPU-time limits (Gu et al., NSDI'19, "Discretized 2D-LAS"); the Pollux paper ran
-    Tiresias as a 2-queue discretized LAS (../shared/data/pollux-osdi21/README.md).
-    The default here is three queues split at 1 and 10 GPU-hours (3600 and 36000
-    GPU-seconds, docs/policies.md); ``thresholds=(t,)`` gives the 2-queue variant.
+    Thresholds (attained GPU-seconds): discretized 2D-LAS puts jobs in K queues split
+    by attained-service limits (Gu et al., NSDI'19, "Discretized 2D-LAS"). The default
+    is two queues split at 3600 GPU-seconds: the example configuration of the
+    authors' simulator (github.com/SymbioticLab/Tiresias, simulator/README.md: "two
+    queues, and the threshold for Q1 is 3600 seconds", compared with GPU time by its
+    ``dlas-gpu`` schedule), and the 2-queue discretized LAS the Pollux paper ran as
+    its Tiresias baseline (../shared/data/pollux-osdi21/README.md). The same
+    simulator's global default is three queues at 3250 and 7200:
+    ``thresholds=(3250, 7200)``.
     """
 
     name = "tiresias"
@@ -271,7 +275,7 @@ class Tiresias(_KeyOrdering):
 
     def __init__(
         self,
-        thresholds: Sequence[float] = (3600.0, 36000.0),
+        thresholds: Sequence[float] = (3600.0,),
         promote_knob: float | None = None,
         *,
         rng: np.random.Generator | None = None,
