@@ -65,11 +65,28 @@ class _KeyOrdering:
     """Sort by (queue, -priority, policy key, submit time, id)."""
 
     name = ""
+    #: whether a waiting job may evict a running one this policy ranks strictly after
+    #: it (SRTF, Tiresias); the planning layer (``Admission``) decides the victims
+    preemptive = False
 
     def __init__(self, *, rng: np.random.Generator | None = None) -> None:
         # ``rng`` is accepted so callers can build every ordering the same way;
         # deterministic orderings ignore it.
         del rng
+
+    def preempts(self, job: JobView, victim: JobView, state: ClusterState) -> bool:
+        """Whether waiting ``job`` outranks running ``victim`` on this policy's own key
+        alone, strictly (a tie never preempts: no thrashing between equals). Queue and
+        priority classes are the planning layer's business, not compared here."""
+        kj, kv = self._keys([job, victim], state)
+        return kj < kv
+
+    def outranked(self, job: JobView, others: Sequence[JobView], state: ClusterState) -> list[JobView]:
+        """The jobs of ``others`` that :meth:`preempts` says ``job`` outranks, keys
+        computed once (what a simulator asks on every pass)."""
+        keys = self._keys([job, *others], state)
+        kj = keys[0]
+        return [o for o, k in zip(others, keys[1:]) if kj < k]
 
     def _keys(self, pending: Sequence[JobView], state: ClusterState) -> list[tuple]:
         raise NotImplementedError
@@ -108,9 +125,13 @@ class SJF(_KeyOrdering):
 
 @register_ordering("srtf")
 class SRTF(_KeyOrdering):
-    """Shortest remaining time first: ``remaining`` (``est_runtime`` if unknown)."""
+    """Shortest remaining time first: ``remaining`` (``est_runtime`` if unknown).
+
+    Preemptive: a waiting job with a strictly shorter remaining time evicts a running
+    one (the longest remaining first) when it does not fit otherwise."""
 
     name = "srtf"
+    preemptive = True
 
     def _keys(self, pending, state):
         return [(remaining_time(j),) for j in pending]
@@ -232,13 +253,29 @@ class Tiresias(_KeyOrdering):
     FIFO (submit time) inside a queue. With ``promote_knob`` set, a job that has waited
     at least ``promote_knob ×`` its executed time is promoted to queue 0 (Tiresias'
     starvation guard).
+
+    Preemptive: a waiting job in a strictly lower queue evicts running jobs of higher
+    queues (the highest queue first) when it does not fit otherwise; a running job is
+    demoted when its attained service crosses a threshold (:meth:`demotes_at`), which
+    lets waiting jobs of lower queues preempt it then.
+
+    Thresholds (attained GPU-seconds): discretized 2D-LAS puts jobs in K queues split
+    by attained-service limits (Gu et al., NSDI'19, "Discretized 2D-LAS"). The default
+    is two queues split at 3600 GPU-seconds: the example configuration of the
+    authors' simulator (github.com/SymbioticLab/Tiresias, simulator/README.md: "two
+    queues, and the threshold for Q1 is 3600 seconds", compared with GPU time by its
+    ``dlas-gpu`` schedule), and the 2-queue discretized LAS the Pollux paper ran as
+    its Tiresias baseline (../shared/data/pollux-osdi21/README.md). The same
+    simulator's global default is three queues at 3250 and 7200:
+    ``thresholds=(3250, 7200)``.
     """
 
     name = "tiresias"
+    preemptive = True
 
     def __init__(
         self,
-        thresholds: Sequence[float] = (3600.0, 36000.0),
+        thresholds: Sequence[float] = (3600.0,),
         promote_knob: float | None = None,
         *,
         rng: np.random.Generator | None = None,
@@ -263,6 +300,15 @@ class Tiresias(_KeyOrdering):
 
     def _keys(self, pending, state):
         return [(self.queue_of(j, state.time),) for j in pending]
+
+    def demotes_at(self, job: JobView, now: float) -> float | None:
+        """When a job running with ``job.gpus`` GPUs from ``now`` reaches the next
+        threshold (None past the last): the time its queue can change."""
+        a = job.attained_service
+        k = bisect.bisect_right(self.thresholds, a)
+        if k >= len(self.thresholds) or job.gpus <= 0:
+            return None
+        return now + (self.thresholds[k] - a) / job.gpus
 
     def __repr__(self) -> str:
         return f"Tiresias(thresholds={self.thresholds}, promote_knob={self.promote_knob})"

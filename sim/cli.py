@@ -32,7 +32,10 @@ def register(subparsers) -> None:
         q.add_argument("--cluster", default=None, help="YAML/JSON cluster description for traces without one")
         q.add_argument("--backfill", action="store_true", help="start later jobs when the head of the queue does not fit")
         q.add_argument("--scaling-interval", type=float, default=300.0, help="seconds between scaling decisions")
-        q.add_argument("--restart-cost", type=float, default=30.0, help="seconds without progress after a worker change")
+        q.add_argument("--restart-cost", type=float, default=30.0,
+                       help="seconds without progress after a worker change or a resume from preemption")
+        q.add_argument("--no-preemption", action="store_true",
+                       help="nobody preempts (highest-class jobs, SRTF, Tiresias), as the operator's --no-preemption")
         q.add_argument("--max-time", type=float, default=float("inf"), help="stop at this simulated time")
         q.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -110,6 +113,7 @@ def run_policy(trace, topology, ordering: str, placement: str, scaling: str | No
         "scaling": scaling or "none",
         "seed": seed,
         "backfill": config.backfill,
+        "preemption": config.preemption,
         "nodes": len(topology),
     }
     return res, m
@@ -123,6 +127,7 @@ def _config(args):
         scaling_interval=args.scaling_interval,
         restart_cost=args.restart_cost,
         max_time=args.max_time,
+        preemption=not args.no_preemption,
     )
 
 

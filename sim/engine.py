@@ -4,7 +4,8 @@ One :class:`Simulator` holds everything: the event heap, a
 :class:`~rlsched.core.ClusterState` (mutated only through ``allocate``/``release``),
 the jobs and one seeded :class:`numpy.random.Generator`. Events are
 ``(time, kind, counter, payload)`` tuples; at equal times finishes come before
-arrivals, arrivals before scaling ticks, and the counter breaks the remaining ties in
+arrivals, arrivals before scaling ticks, scaling ticks before Tiresias demotions, and
+the counter breaks the remaining ties in
 insertion order, so a run is a pure function of its inputs and seed.
 
 Two ways to drive it:
@@ -27,6 +28,18 @@ Two ways to drive it:
 
 Jobs that cannot fit even the empty cluster are reported (``result.unfittable``,
 logged) and dropped at arrival.
+
+Preemption (``SimConfig.preemption``, on by default as in the operator) is decided by
+core's :class:`~rlsched.core.planning.Admission` (``choose_victims``): after a policy
+pass, the blocked head of the queue may evict running jobs — a ``highest``-class job
+any lower class (the victim goes to the interrupt queue and resumes first, as the
+operator does), and under a preemptive ordering (SRTF, Tiresias) jobs the ordering
+ranks strictly after it (the victim goes back to its own queue, where the ordering
+ranks it: an interrupt-queue victim would resume ahead of its preemptor's peers only
+to be preempted again). A victim is checkpointed: it keeps its progress, epochs and
+attained service, releases its GPUs and, when it resumes, pays ``restart_cost``
+seconds without progress (the same cost as a resize). Tiresias' demotions (attained
+service crossing a threshold while running) are events of their own.
 """
 
 from __future__ import annotations
@@ -41,7 +54,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from rlsched.core import ClusterState, JobView, Level, Ordering, Placement, PlacementError, Scaling, Topology
-from rlsched.core.planning import Admission, scaling_steps
+from rlsched.core.planning import Admission, QueueEntry, RunningEntry, TrainingSpec, scaling_steps
 
 from .convergence import ConvergenceModel, stop_epoch
 from .job import JobSpec, comm_time, ideal_level, throughput, topology_limits
@@ -50,7 +63,7 @@ __all__ = ["SimConfig", "Simulator", "SimResult", "JobRecord"]
 
 log = logging.getLogger("rlsched.sim")
 
-_FINISH, _ARRIVAL, _SCALE = 0, 1, 2
+_FINISH, _ARRIVAL, _SCALE, _DEMOTE = 0, 1, 2, 3
 _PENDING, _RUNNING, _DONE, _DROPPED, _FUTURE = 0, 1, 2, 3, 4
 #: orderings that rank by a per-job key, so ranking a subset is consistent (DRF is
 #: not: its progressive filling depends on the other jobs in the list)
@@ -65,7 +78,11 @@ class SimConfig:
 
     ``backfill``: keep starting later jobs when the head of the queue does not fit.
     ``scaling_interval``: seconds between scaling-policy calls.
-    ``restart_cost``: seconds without progress after a job's worker count changes.
+    ``restart_cost``: seconds without progress after a job's worker count changes
+    and after a preempted job resumes.
+    ``preemption``: let core's admission preempt (``highest`` jobs; preemptive
+    orderings such as SRTF and Tiresias); on by default, like the operator's
+    ``OperatorConfig.preemption``.
     ``max_time``: stop the run at this simulated time (jobs still running are
     reported unfinished).
     ``record_series``: keep utilization / queue time series.
@@ -82,6 +99,7 @@ class SimConfig:
     max_time: float = math.inf
     record_series: bool = True
     incremental_ranking: bool | None = None
+    preemption: bool = True
 
     def __post_init__(self) -> None:
         if self.scaling_interval <= 0 or self.restart_cost < 0:
@@ -104,6 +122,7 @@ class JobRecord:
     epochs: int
     level: int  # span level at start
     rescales: int
+    preemptions: int = 0  # times it was suspended (checkpointed) and requeued
 
     @property
     def jct(self) -> float:
@@ -137,7 +156,7 @@ class _Job:
     __slots__ = (
         "spec", "view", "conv", "status", "work_total", "work_done", "rate", "seg_start",
         "resume_at", "eff", "fee", "fee_rate", "version", "accs", "acc_first", "ideal",
-        "level0", "rescales", "w0",
+        "level0", "rescales", "w0", "first_start", "preemptions",
     )
 
     def __init__(self, spec: JobSpec, conv: ConvergenceModel | None) -> None:
@@ -160,6 +179,8 @@ class _Job:
         self.level0 = -1
         self.rescales = 0
         self.w0 = spec.workers
+        self.first_start: float | None = None
+        self.preemptions = 0
 
 
 class Simulator:
@@ -189,7 +210,14 @@ class Simulator:
         self.config = config or SimConfig()
         self.ordering = ordering
         #: the operator's admission rules (head-of-line blocking, or backfill)
-        self.admission = None if ordering is None else Admission(ordering, backfill=self.config.backfill, preemption=False)
+        self.admission = (
+            None if ordering is None
+            else Admission(ordering, backfill=self.config.backfill, preemption=self.config.preemption)
+        )
+        #: the ordering preempts by itself (SRTF, Tiresias), so every pass looks for victims
+        self._policy_preempts = self.admission is not None and self.config.preemption and self.admission.preemptive_ordering
+        self._demotes_at = getattr(ordering, "demotes_at", None) if self._policy_preempts else None
+        self._highest_pending = 0  # pending ``highest`` jobs (they may preempt)
         self.placement = placement
         self.scaling = scaling
         self.rng = np.random.default_rng(seed)
@@ -334,6 +362,9 @@ class Simulator:
             elif kind == _FINISH and payload[1] == payload[0].version and payload[0].status == _RUNNING:
                 self._events += 1
                 self._finish(payload[0], t)
+            elif kind == _DEMOTE and payload[1] == payload[0].version and payload[0].status == _RUNNING:
+                self._events += 1
+                self._demote(payload[0], t)
         if scale and self.scaling is not None:
             if self._dirty:
                 self._schedule()
@@ -378,6 +409,10 @@ class Simulator:
             self._record(self.now)
         return ok
 
+    def preemptions(self, job_id: str) -> int:
+        """How many times the job was suspended so far."""
+        return self._by_id[job_id].preemptions
+
     def fits_now(self, job_id: str) -> bool:
         """Whether the job's current gang could be placed right now (slot count)."""
         v = self._by_id[job_id].view
@@ -415,7 +450,7 @@ class Simulator:
         heap = self._heap
         while heap:
             t, kind, _, payload = heap[0]
-            if kind == _FINISH:
+            if kind == _FINISH or kind == _DEMOTE:
                 j, version = payload
                 if version == j.version and j.status == _RUNNING:
                     return True
@@ -545,11 +580,132 @@ class Simulator:
         v.est_runtime = j.ideal
         v.remaining = j.ideal
         j.status = _PENDING
+        if j.spec.priority_class == "highest":
+            self._highest_pending += 1
         self.state.pending.append(v)
         self._new.append(v)
         self._dirty = True
 
     def _schedule(self) -> None:
+        """One policy pass, then (preemption on) let the blocked head of the queue
+        preempt through core's admission, start it, and pass again, until nobody
+        preempts."""
+        self._schedule_pass()
+        st = self.state
+        if not (st.pending and self.config.preemption and (self._policy_preempts or self._highest_pending)):
+            return
+        if self._policy_preempts:  # the ordering compares live attained service / remaining time
+            for v in st.running.values():
+                self._sync(self._by_id[v.id], self.now)
+        # each round replaces running jobs by a job the rules rank strictly before them,
+        # so rounds end; the bound only guards against a policy breaking that promise
+        for _ in range(2 * (len(st.running) + len(st.pending)) + 2):
+            if not st.pending or not self._preempt_once():
+                return
+            self._schedule_pass()
+        log.warning("t=%g: preemption did not settle; %d jobs still pending", self.now, len(st.pending))
+
+    def _entry(self, v: JobView) -> QueueEntry:
+        """The waiting job as core's admission sees it (its gang: the workers it starts with)."""
+        spec = TrainingSpec(
+            min_workers=v.workers, max_workers=max(v.workers, v.max_workers), gpus_per_worker=v.gpus_per_worker,
+            priority_class=self._by_id[v.id].spec.priority_class, priority_value=v.priority,
+        )
+        return QueueEntry(key=v.id, spec=spec, submit_time=v.submit_time, priority=v.priority, queue=v.queue, job=v)
+
+    def _running_entry(self, v: JobView) -> RunningEntry:
+        spec = TrainingSpec(
+            min_workers=v.workers, max_workers=max(v.workers, v.max_workers), gpus_per_worker=v.gpus_per_worker,
+            priority_class=self._by_id[v.id].spec.priority_class, priority_value=v.priority,
+        )
+        return RunningEntry(key=v.id, spec=spec, priority=v.priority, start_time=float(v.start_time),
+                            placement=list(v.placement), job=v)
+
+    def _preempt_once(self) -> bool:
+        """The head of the queue (it did not start) asks core's admission for victims on
+        the nodes that can host its workers; they are suspended and the head starts.
+        Returns False when nobody was preempted."""
+        st = self.state
+        head = self.ordering.rank(st.pending, st)[0]
+        entry = self._entry(head)
+        if not self.admission.may_preempt(entry):
+            return False
+        mask = np.zeros(len(st.total), dtype=bool)
+        mask[st.candidates_total(head.gpus_per_worker, head.gpu_models)] = True
+        free = np.where(mask, st.free, 0).astype(np.int64)
+        total = np.where(mask, st.total, 0).astype(np.int64)
+        # a job started or resumed at this instant is no victim (as in the operator,
+        # whose plan never evicts the jobs it admits in the same cycle): no run of
+        # zero length, no restart cost paid for nothing
+        views = [v for v in st.running.values() if v.start_time < self.now]
+        if entry.spec.priority_class != "highest":
+            # only the ordering's rule applies: keep the jobs it ranks after the head
+            # (core's admission checks them again, with the classes)
+            outranked = getattr(self.ordering, "outranked", None)
+            views = (outranked(head, views, st) if outranked is not None
+                     else [v for v in views if self.ordering.preempts(head, v, st)])
+            if not views:
+                return False
+        running = [self._running_entry(v) for v in views]
+        victims = self.admission.choose_victims(entry, running, free, total, st)
+        if not victims:
+            return False
+        by_class = entry.spec.priority_class == "highest"
+        for r in running:
+            if r.key in victims:
+                # the class rule sends its victim to the interrupt queue (resumes first)
+                self._suspend(self._by_id[r.key], self.now, interrupt=by_class and r.spec.priority_class != "highest")
+        if self._try_start(head):
+            st.pending = [p for p in st.pending if p.start_time is None]
+        else:
+            log.warning("t=%g: job %s preempted %s but its placement failed; it waits", self.now, head.id, victims)
+            return False
+        return True
+
+    def _suspend(self, j: _Job, t: float, interrupt: bool) -> None:
+        """Checkpoint a running job: keep its progress, epochs and attained service,
+        release its GPUs, requeue it (interrupt queue when ``interrupt``)."""
+        self._sync(j, t)
+        v = j.view
+        st = self.state
+        st.release_job(v, v.placement)
+        del st.running[v.id]
+        v.placement = []
+        v.start_time = None
+        if interrupt:
+            v.queue = "interrupt"
+        j.status = _PENDING
+        j.rate = 0.0
+        j.version += 1  # its finish and demotion events are void
+        j.preemptions += 1
+        st.pending.append(v)
+        self._new.append(v)
+        self._order = None  # the static ranking cache held it as started
+        self._dirty = True
+        self._full_pass_needed = True
+        if j.spec.priority_class == "highest":
+            self._highest_pending += 1
+        log.debug("t=%g: job %s suspended at epoch %d (%s queue)", t, v.id, v.progress.epoch, v.queue)
+
+    def _demote(self, j: _Job, t: float) -> None:
+        """A running job's attained service crossed one of the ordering's thresholds."""
+        self._sync(j, t)
+        v = j.view
+        for th in getattr(self.ordering, "thresholds", ()):
+            # the clock's float sums may stop a hair short of the threshold
+            if 0 < th - v.attained_service <= 1e-9 * max(1.0, th):
+                v.attained_service = float(th)
+        if self.state.pending:
+            self._dirty = True
+        self._schedule_demote(j, t)
+
+    def _schedule_demote(self, j: _Job, t: float) -> None:
+        if self._demotes_at is not None:
+            td = self._demotes_at(j.view, t)
+            if td is not None:
+                self._push(max(td, t), _DEMOTE, (j, j.version))
+
+    def _schedule_pass(self) -> None:
         """One policy pass: rank the pending jobs and start them in order."""
         self._dirty = False
         st = self.state
@@ -658,11 +814,20 @@ class Simulator:
         self.state.running[v.id] = v
         j.status = _RUNNING
         j.seg_start = t
-        j.resume_at = t
-        j.level0 = self._set_rate(j)
+        if j.spec.priority_class == "highest":
+            self._highest_pending -= 1
+        if j.first_start is None:
+            j.first_start = t
+            j.resume_at = t
+            j.level0 = self._set_rate(j)
+        else:  # a resume from a checkpoint
+            j.resume_at = t + self.config.restart_cost
+            v.queue = j.spec.queue
+            self._set_rate(j)
         if v.workers != j.w0 and not j.spec.fixed:
             self._retarget(j)
         self._schedule_finish(j, t)
+        self._schedule_demote(j, t)
 
     def _level(self, v: JobView) -> Level:
         p = v.placement
@@ -767,7 +932,7 @@ class Simulator:
             JobRecord(
                 id=v.id,
                 submit=v.submit_time,
-                start=float(v.start_time),
+                start=float(j.first_start),
                 end=t,
                 workers=j.w0,
                 gpus=j.w0 * v.gpus_per_worker,
@@ -777,6 +942,7 @@ class Simulator:
                 epochs=v.progress.epoch,
                 level=j.level0,
                 rescales=j.rescales,
+                preemptions=j.preemptions,
             )
         )
 
@@ -811,6 +977,7 @@ class Simulator:
         if not j.spec.fixed:
             self._retarget(j)
         self._schedule_finish(j, t)
+        self._schedule_demote(j, t)
         return True
 
     def _scale_tick(self, t: float) -> None:

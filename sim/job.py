@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from rlsched.core import Bandwidth, JobView, Level, Topology
+from rlsched.core.planning import HIGHEST_BONUS
 
 from .convergence import ConvergenceModel
 
@@ -51,6 +52,10 @@ class JobSpec:
     memory_mib: int = 0
     queue: str = "normal"
     priority: float = 0.0
+    #: service class (``highest``/``urgent``/``normal``, as a TrainingJob's
+    #: ``spec.priority.class``); None: ``urgent`` in the urgent queue, else ``normal``.
+    #: A ``highest`` job waits in the urgent queue and may preempt lower classes.
+    priority_class: str | None = None
     # speed model
     compute_time: float = 0.2
     grad_gb: float = 0.1
@@ -75,6 +80,14 @@ class JobSpec:
             raise ValueError(f"job {self.id}: need 1 <= min_workers <= workers <= max_workers")
         object.__setattr__(self, "min_workers", lo)
         object.__setattr__(self, "max_workers", hi)
+        klass = self.priority_class
+        if klass is None:
+            klass = "urgent" if self.queue == "urgent" else "normal"
+        if klass not in ("highest", "urgent", "normal"):
+            raise ValueError(f"job {self.id}: unknown priority_class {klass!r}")
+        object.__setattr__(self, "priority_class", klass)
+        if klass == "highest" and self.queue == "normal":
+            object.__setattr__(self, "queue", "urgent")
         if self.submit_time < 0:
             raise ValueError(f"job {self.id}: submit_time must be >= 0")
         if self.compute_time <= 0 or self.grad_gb < 0 or self.batch_per_worker < 1:
@@ -105,7 +118,7 @@ class JobSpec:
             min_workers=self.min_workers,
             max_workers=self.max_workers,
             gpu_models=self.gpu_models,
-            priority=self.priority,
+            priority=self.priority + (HIGHEST_BONUS if self.priority_class == "highest" else 0.0),
             queue=self.queue,
             cpu_milli=self.cpu_milli,
             memory_mib=self.memory_mib,

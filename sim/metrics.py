@@ -105,6 +105,7 @@ def compute_metrics(res: SimResult, series_points: int = SERIES_POINTS) -> dict[
         "frag_share_mean": _time_weighted(st, 1.0 - used / total, t_end, mask=queue > 0),
         "accuracy_final_mean": _mean(acc),
         "rescales_total": int(sum(r.rescales for r in recs)),
+        "preemptions_total": int(sum(r.preemptions for r in recs)),
         "events": res.events,
         "total_gpus": res.total_gpus,
     }

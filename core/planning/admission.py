@@ -8,8 +8,15 @@ back into API calls; the simulator walks its ranked queue through the same
 Queues (RLPTO §V) are served ``interrupt > urgent > normal``: a preempted job resumes
 before anything else. Inside a queue the core ordering policy decides (priority value
 first, then the policy's key, FIFO by default; DAS ordering when configured).
-``highest`` jobs sit in the urgent queue ahead of every other urgent job and are the
-only ones allowed to preempt.
+``highest`` jobs sit in the urgent queue ahead of every other urgent job and may
+preempt jobs of lower classes (the victims go to the interrupt queue).
+
+A preemptive ordering (``Ordering.preemptive``: SRTF, Tiresias) also lets the blocked
+head of the queue evict running jobs of its own class or lower that the ordering ranks
+strictly after it (``Ordering.preempts``: a shorter remaining time, a lower LAS
+queue). That needs the live views of the jobs (``QueueEntry.job``,
+``RunningEntry.job``, as the simulator passes them); without them only the class rule
+applies.
 
 Dynamic priority (RLPTO §V): ``pr_t = pr_{t-1} + mu * N`` where ``N`` is the number of
 new user requests since the last update (a counter in an annotation). A normal job
@@ -100,8 +107,13 @@ class QueueEntry:
     queue: str = "normal"
     #: it preempted others and is served before every queue until it starts
     nominated: bool = False
+    #: the job's live view (attained service, remaining time), when the caller has one;
+    #: policy-driven preemption compares these
+    job: JobView | None = None
 
     def view(self) -> JobView:
+        if self.job is not None:
+            return self.job
         bonus = HIGHEST_BONUS if self.spec.priority_class == "highest" else 0.0
         return self.spec.view(self.key, submit_time=self.submit_time, workers=self.spec.min_workers,
                               priority=self.priority + bonus, queue=self.queue)
@@ -116,6 +128,8 @@ class RunningEntry:
     priority: float
     start_time: float
     placement: list[int] = field(default_factory=list)
+    #: the job's live view, when the caller has one (policy-driven preemption)
+    job: JobView | None = None
 
 
 @dataclass(slots=True)
@@ -201,7 +215,8 @@ class Admission:
 
     ``ordering`` is a core ordering policy (``make_ordering("fifo")`` by default);
     ``backfill`` lets smaller jobs behind a blocked head start (off by default: strict
-    priority order); ``preemption`` lets ``highest`` jobs evict lower-class ones;
+    priority order); ``preemption`` lets ``highest`` jobs evict lower-class ones, and
+    the head of the queue evict jobs a preemptive ordering ranks after it;
     ``start_timeout_s`` is how long an admitted gang may take to run.
     """
 
@@ -265,17 +280,40 @@ class Admission:
             if plan.blocked is None:  # the head of line: it may preempt (GPUs as of now)
                 plan.blocked = entry.key
                 plan.waiting_gpus = s.gang_gpus
-                if (
-                    self.preemption
-                    and s.priority_class == "highest"
-                    and not gang_fits(free + releasing, s.gpus_per_worker, s.min_workers)
-                ):
-                    plan.preempt.extend(self.choose_victims(entry, running, free + releasing, state.total))
+                if self.may_preempt(entry) and not gang_fits(free + releasing, s.gpus_per_worker, s.min_workers):
+                    plan.preempt.extend(self.choose_victims(entry, running, free + releasing, state.total, state))
             return False
 
         started, _ = self.walk(fitting, try_start)
         plan.admit = [e.key for e in started]
         return plan
+
+    @property
+    def preemptive_ordering(self) -> bool:
+        """Whether the ordering itself preempts (SRTF, Tiresias)."""
+        return bool(getattr(self.ordering, "preemptive", False))
+
+    def may_preempt(self, job: QueueEntry) -> bool:
+        """Whether blocked head-of-line ``job`` may evict anyone at all."""
+        return self.preemption and (job.spec.priority_class == "highest" or self.preemptive_ordering)
+
+    def may_evict(self, job: QueueEntry, victim: RunningEntry, state: ClusterState | None) -> bool:
+        """Whether waiting ``job`` may evict running ``victim``: a ``highest`` job any
+        job of a lower class; under a preemptive ordering, any job of the same class or
+        lower that the ordering ranks strictly after ``job`` (live views needed)."""
+        if not self.preemption:
+            return False
+        jr, vr = CLASS_RANK[job.spec.priority_class], CLASS_RANK[victim.spec.priority_class]
+        if job.spec.priority_class == "highest" and vr > jr:
+            return True
+        if self.preemptive_ordering and vr >= jr and victim.job is not None and job.job is not None and state is not None:
+            return bool(self.ordering.preempts(job.view(), victim.job, state))
+        return False
+
+    def _evictable(self, job: QueueEntry, victim: RunningEntry, state: ClusterState | None, outranked: set | None) -> bool:
+        if outranked is None or job.spec.priority_class == "highest":
+            return self.may_evict(job, victim, state)
+        return victim.key in outranked and CLASS_RANK[victim.spec.priority_class] >= CLASS_RANK[job.spec.priority_class]
 
     def choose_victims(
         self,
@@ -283,16 +321,26 @@ class Admission:
         running: Sequence[RunningEntry],
         free: np.ndarray,
         total: np.ndarray,
+        state: ClusterState | None = None,
     ) -> list[str]:
         """The fewest lowest-priority running jobs whose GPUs make ``job``'s gang fit.
 
-        Candidates are running jobs of a lower class than ``job``; the lowest class,
-        then the lowest priority, then the most recently started goes first (it loses
-        the least work). Returns ``[]`` if even evicting all of them would not help.
+        Candidates are the running jobs ``job`` may evict (:meth:`may_evict`); the
+        lowest class, then the lowest priority, then (preemptive orderings) the one the
+        ordering ranks last, then the most recently started goes first (it loses the
+        least work). Returns ``[]`` if even evicting all of them would not help.
         """
-        rank = CLASS_RANK[job.spec.priority_class]
-        cands = [r for r in running if CLASS_RANK[r.spec.priority_class] > rank]
-        cands.sort(key=lambda r: (-CLASS_RANK[r.spec.priority_class], r.priority, -r.start_time, r.key))
+        outranked = None
+        if self.preemption and self.preemptive_ordering and state is not None and job.job is not None \
+                and hasattr(self.ordering, "outranked"):
+            # one key computation for all, same answer as may_evict's pairwise one
+            outranked = {v.id for v in self.ordering.outranked(job.view(), [r.job for r in running if r.job is not None], state)}
+        cands = [r for r in running if self._evictable(job, r, state, outranked)]
+        last = {}
+        if self.preemptive_ordering and state is not None:
+            views = [r.job for r in cands if r.job is not None]
+            last = {v.id: -i for i, v in enumerate(self.ordering.rank(views, state))}
+        cands.sort(key=lambda r: (-CLASS_RANK[r.spec.priority_class], r.priority, last.get(r.key, 0), -r.start_time, r.key))
         f = free.copy()
         chosen: list[str] = []
         s = job.spec

@@ -272,3 +272,83 @@ def test_unfittable_highest_job_preempts_nobody(qm, make_cluster, make_spec):
     boss = entry(make_spec, "boss", 5.0, mn=3, gpw=4, klass="highest", queue="urgent")
     plan = qm.plan([boss], holders, st)
     assert plan.preempt == [] and plan.unfittable == {"boss": "the gang needs 3 x 4 = 12 GPUs, the cluster has 8"}
+
+
+# ---------------------------------------------------------------- policy-driven preemption
+def _live(entry_or_running, *, remaining=0.0, attained=0.0, submit=0.0):
+    """Attach a live view (what the simulator passes) to a queue or running entry."""
+    from rlsched.core import JobView
+
+    s = entry_or_running.spec
+    workers = len(entry_or_running.placement) if isinstance(entry_or_running, RunningEntry) else s.min_workers
+    entry_or_running.job = JobView(id=entry_or_running.key, submit_time=submit, gpus_per_worker=s.gpus_per_worker,
+                                   workers=workers, min_workers=workers, max_workers=workers,
+                                   remaining=remaining, attained_service=attained)
+    return entry_or_running
+
+
+def test_srtf_head_evicts_the_longest_remaining_job_only(make_cluster, make_spec):
+    adm = Admission(make_ordering("srtf"))
+    holders = [
+        _live(running(make_spec, "short", "normal", 0.0, 1.0, [0, 0, 0, 0]), remaining=50.0),
+        _live(running(make_spec, "long", "normal", 0.0, 2.0, [1, 1, 1, 1]), remaining=500.0),
+    ]
+    st = full_cluster(make_cluster, holders)
+    w = _live(entry(make_spec, "w", 5.0, mn=4), remaining=100.0)
+    plan = adm.plan([w], holders, st)
+    # 100 < 500 but not < 50: only "long" may go, and it is enough
+    assert plan.blocked == "w" and plan.preempt == ["long"]
+    # a tie never preempts; neither does a job whose remaining time is longer
+    assert adm.plan([_live(entry(make_spec, "w", 5.0, mn=4), remaining=500.0)], holders, st).preempt == []
+    # preemption off: nobody
+    assert Admission(make_ordering("srtf"), preemption=False).plan([w], holders, st).preempt == []
+    # FIFO is not preemptive: a normal job never evicts
+    assert Admission(make_ordering("fifo")).plan([w], holders, st).preempt == []
+
+
+def test_policy_preemption_needs_live_views_and_respects_classes(make_cluster, make_spec):
+    adm = Admission(make_ordering("srtf"))
+    urgent = _live(running(make_spec, "u", "urgent", 0.0, 1.0, [0, 0, 0, 0, 1, 1, 1, 1]), remaining=900.0)
+    st = full_cluster(make_cluster, [urgent])
+    w = _live(entry(make_spec, "w", 5.0, mn=4), remaining=1.0)
+    assert adm.plan([w], [urgent], st).preempt == []  # a normal job never evicts an urgent one
+    bare = running(make_spec, "n", "normal", 0.0, 1.0, [0, 0, 0, 0, 1, 1, 1, 1])  # no live view (the operator's)
+    assert adm.plan([w], [bare], full_cluster(make_cluster, [bare])).preempt == []
+
+
+def test_tiresias_evicts_only_jobs_of_a_higher_las_queue(make_cluster, make_spec):
+    adm = Admission(make_ordering("tiresias", thresholds=(800.0,)))
+    holders = [
+        _live(running(make_spec, "young", "normal", 0.0, 3.0, [0, 0, 0, 0]), attained=799.0),
+        _live(running(make_spec, "old", "normal", 0.0, 1.0, [1, 1, 1, 1]), attained=800.0),
+    ]
+    st = full_cluster(make_cluster, holders)
+    w = _live(entry(make_spec, "w", 5.0, mn=4))
+    assert adm.plan([w], holders, st).preempt == ["old"]
+    w8 = _live(entry(make_spec, "w8", 5.0, mn=8))
+    assert adm.plan([w8], holders, st).preempt == []  # evicting "old" alone cannot make room
+
+
+def test_tiresias_demotion_time():
+    from rlsched.core import JobView
+
+    t = make_ordering("tiresias", thresholds=(800.0, 8000.0))
+    v = JobView(id="a", submit_time=0.0, gpus_per_worker=8, attained_service=400.0)
+    assert t.demotes_at(v, 10.0) == pytest.approx(10.0 + 400.0 / 8)
+    v.attained_service = 800.0  # at the threshold: the next one
+    assert t.demotes_at(v, 0.0) == pytest.approx(7200.0 / 8)
+    v.attained_service = 9000.0
+    assert t.demotes_at(v, 0.0) is None
+    assert t.preemptive and make_ordering("srtf").preemptive and not make_ordering("sjf").preemptive
+
+
+def test_outranked_agrees_with_pairwise_preempts(make_cluster):
+    from rlsched.core import JobView
+
+    st = make_cluster(8)
+    for name in ("srtf", "tiresias"):
+        o = make_ordering(name)
+        views = [JobView(id=f"r{k}", submit_time=float(k), remaining=float(r), attained_service=float(a))
+                 for k, (r, a) in enumerate([(10, 0), (100, 4000), (50, 40000), (50, 3599)])]
+        head = JobView(id="h", submit_time=9.0, remaining=50.0, attained_service=3600.0)
+        assert [v.id for v in o.outranked(head, views, st)] == [v.id for v in views if o.preempts(head, v, st)]

@@ -101,3 +101,35 @@ def test_compare(tmp_path, capsys):
     assert "sjf/bestfit" in capsys.readouterr().out
     assert main(["sim", "compare", "--trace", "synthetic:small", "--policies", "fifo", "--seed", "1",
                  "--out", str(out), "--quiet"]) == 2
+
+
+def _preemption_trace(tmp_path, klass="highest"):
+    p = tmp_path / "preempt.yaml"
+    p.write_text(
+        "cluster:\n  uniform: {nodes: 1, gpus_per_node: 8}\n"
+        "jobs:\n"
+        "  - {id: A, submit_time: 0, gpus_per_worker: 8, duration: 100}\n"
+        f"  - {{id: B, submit_time: 10, gpus_per_worker: 8, duration: 20, priority_class: {klass}}}\n"
+    )
+    return str(p)
+
+
+def test_run_preemption_flags(tmp_path):
+    """A (100 s) runs from 0; highest-class B (20 s) arrives at 10 and preempts it:
+    B 10-30, A resumes at 30 with --restart-cost 5 -> ends 30 + 5 + 90 = 125; JCT mean
+    (125 + 20) / 2 = 72.5. With --no-preemption: A 0-100, B 100-120, mean (100 + 110) / 2."""
+    trace = _preemption_trace(tmp_path)
+    rc, path = _run(tmp_path, "p", 0, trace=trace, extra=("--restart-cost", "5"))
+    m = json.loads(path.read_text())
+    assert rc == 0 and m["config"]["preemption"] is True
+    assert (m["preemptions_total"], m["jct_mean"]) == (1, 72.5)
+    rc, path = _run(tmp_path, "n", 0, trace=trace, extra=("--restart-cost", "5", "--no-preemption"))
+    m = json.loads(path.read_text())
+    assert rc == 0 and m["config"]["preemption"] is False
+    assert (m["preemptions_total"], m["jct_mean"]) == (0, 105.0)
+
+
+def test_run_bad_priority_class(tmp_path, capsys):
+    rc, _ = _run(tmp_path, "bad", 0, trace=_preemption_trace(tmp_path, klass="vip"))
+    assert rc == 2
+    assert "priority_class" in capsys.readouterr().err
