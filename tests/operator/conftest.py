@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from rlsched.core.contract import API_VERSION, GROUP, KIND, LABEL_JOB, PLURAL, VERSION
+from rlsched.core.contract import ANNOTATION_EVENT_TIME, API_VERSION, GROUP, KIND, LABEL_JOB, PLURAL, VERSION
 
 
 # ------------------------------------------------------------------ control-plane fixtures
@@ -16,14 +16,41 @@ from rlsched.core.contract import API_VERSION, GROUP, KIND, LABEL_JOB, PLURAL, V
 
 @pytest.fixture(scope="module")
 def kapi(kube_cluster):
-    """Admin ``kubernetes`` API clients: ``kapi.core``, ``kapi.custom``, ``kapi.client``."""
+    """Admin ``kubernetes`` API clients: ``kapi.core``, ``kapi.custom``, ``kapi.client``;
+    and the reads every test makes of a TrainingJob: ``kapi.get(ns, name)``,
+    ``kapi.status`` (``{}`` once it is gone), ``kapi.phase``, ``kapi.condition(ns, name,
+    type)`` and ``kapi.events(ns, name, reason=None)`` in the order they were posted."""
     from types import SimpleNamespace
 
     from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
 
     api = kube_cluster.api_client()
-    yield SimpleNamespace(client=api, core=client.CoreV1Api(api), custom=client.CustomObjectsApi(api),
-                          ext=client.ApiextensionsV1Api(api), rbac=client.RbacAuthorizationV1Api(api))
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+
+    def get(ns, name):
+        return custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+
+    def status(ns, name):
+        try:
+            return get(ns, name).get("status") or {}
+        except ApiException as exc:
+            if exc.status == 404:
+                return {}
+            raise
+
+    def condition(ns, name, ctype):
+        return next((c for c in status(ns, name).get("conditions") or [] if c["type"] == ctype), None)
+
+    def events(ns, name, reason=None):
+        evs = core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
+        evs = [e for e in evs if reason is None or e.reason == reason]
+        return sorted(evs, key=lambda e: float((e.metadata.annotations or {}).get(ANNOTATION_EVENT_TIME, "0")))
+
+    yield SimpleNamespace(client=api, core=core, custom=custom,
+                          ext=client.ApiextensionsV1Api(api), rbac=client.RbacAuthorizationV1Api(api),
+                          get=get, status=status, phase=lambda ns, name: status(ns, name).get("phase"),
+                          condition=condition, events=events)
     api.close()
 
 

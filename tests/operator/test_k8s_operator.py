@@ -40,32 +40,9 @@ def fake_trainer(ns, kube_cluster):
         trainer.close()
 
 
-def get(kapi, ns, name):
-    return kapi.custom.get_namespaced_custom_object(G, V, ns, P, name)
-
-
-def status(kapi, ns, name):
-    try:
-        return get(kapi, ns, name).get("status") or {}
-    except ApiException as exc:
-        if exc.status == 404:
-            return {}
-        raise
-
-
-def phase(kapi, ns, name):
-    return status(kapi, ns, name).get("phase")
-
-
 def pods(kapi, ns, job=None):
     sel = f"{LABEL_JOB}={job}" if job else LABEL_JOB
     return [p for p in kapi.core.list_namespaced_pod(ns, label_selector=sel).items if p.metadata.deletion_timestamp is None]
-
-
-def events(kapi, ns, name, reason=None):
-    evs = kapi.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
-    evs = [e for e in evs if reason is None or e.reason == reason]
-    return sorted(evs, key=lambda e: float((e.metadata.annotations or {}).get("rlsched.dev/event-time", "0")))
 
 
 def delete(kapi, ns, name):
@@ -76,28 +53,28 @@ def delete(kapi, ns, name):
 def test_priority_order_urgent_passes_normal_and_requests_promote(extender, kapi, ns, tj, run_operator, wait_until):
     with run_operator(ns, forecast_interval_s=1.0) as rt:
         tj(ns, "blocker", 4, gpus=8)
-        wait_until(lambda: phase(kapi, ns, "blocker") == "Running", 60, "blocker running")
+        wait_until(lambda: kapi.phase(ns, "blocker") == "Running", 60, "blocker running")
         # every job below needs the whole cluster, so they run one at a time
         tj(ns, "n1", 4, gpus=8)
         tj(ns, "n2", 4, gpus=8)
         tj(ns, "u", 4, gpus=8, klass="urgent")
-        wait_until(lambda: all(status(kapi, ns, n).get("queue") for n in ("n1", "n2", "u")), 20, "queued")
-        assert [status(kapi, ns, n)["queue"] for n in ("n1", "n2", "u")] == ["normal", "normal", "urgent"]
+        wait_until(lambda: all(kapi.status(ns, n).get("queue") for n in ("n1", "n2", "u")), 20, "queued")
+        assert [kapi.status(ns, n)["queue"] for n in ("n1", "n2", "u")] == ["normal", "normal", "urgent"]
         # ten user requests at mu = 0.1 lift n2 to priority 1.0: promoted to urgent, and
         # with a higher priority than u it goes first
         kapi.custom.patch_namespaced_custom_object(
             G, V, ns, P, "n2", {"metadata": {"annotations": {"rlsched.dev/priority-requests": "10"}}})
-        wait_until(lambda: status(kapi, ns, "n2").get("queue") == "urgent", 20, "n2 promoted")
-        assert status(kapi, ns, "n2")["effectivePriority"] == pytest.approx(1.0)
-        wait_until(lambda: events(kapi, ns, "n2", "Promoted"), 10, "Promoted event")
+        wait_until(lambda: kapi.status(ns, "n2").get("queue") == "urgent", 20, "n2 promoted")
+        assert kapi.status(ns, "n2")["effectivePriority"] == pytest.approx(1.0)
+        wait_until(lambda: kapi.events(ns, "n2", "Promoted"), 10, "Promoted event")
 
         started = []
         for _ in range(3):
-            current = [n for n in ("blocker", "n1", "n2", "u") if phase(kapi, ns, n) in ("Starting", "Running")]
+            current = [n for n in ("blocker", "n1", "n2", "u") if kapi.phase(ns, n) in ("Starting", "Running")]
             assert len(current) == 1, current
             delete(kapi, ns, current[0])
             nxt = wait_until(lambda: [n for n in ("n1", "n2", "u") if n not in started
-                                      and phase(kapi, ns, n) == "Running"], 60, "next job running")
+                                      and kapi.phase(ns, n) == "Running"], 60, "next job running")
             assert len(nxt) == 1
             started.append(nxt[0])
         assert started == ["n2", "u", "n1"]
@@ -107,7 +84,7 @@ def test_priority_order_urgent_passes_normal_and_requests_promote(extender, kapi
         assert {p.spec.scheduler_name for p in ps} == {"rlsched"}
         assert {p.metadata.owner_references[0].name for p in ps} == {"n1"}
         assert [p.metadata.labels["rlsched.dev/role"] for p in sorted(ps, key=lambda p: p.metadata.name)][0] == "chief"
-        wait_until(lambda: events(kapi, ns, "n1", "Admitted") and events(kapi, ns, "n1", "Started"), 10, "events")
+        wait_until(lambda: kapi.events(ns, "n1", "Admitted") and kapi.events(ns, "n1", "Started"), 10, "events")
 
         port = rt.metrics_server[0].server_port
         want = ['rlsched_operator_jobs{phase="Running"} 1.0', "rlsched_operator_admission_wait_seconds_count 4.0",
@@ -135,22 +112,22 @@ def test_highest_preempts_lowest_and_preempted_job_resumes_first(extender, kapi,
     with run_operator(ns, grace_period_s=7):
         tj(ns, "low", 2, gpus=8, value=0)
         tj(ns, "high", 2, gpus=8, value=0.5)  # below the promotion threshold: stays normal
-        wait_until(lambda: phase(kapi, ns, "low") == phase(kapi, ns, "high") == "Running", 60, "both running")
+        wait_until(lambda: kapi.phase(ns, "low") == kapi.phase(ns, "high") == "Running", 60, "both running")
         tj(ns, "waiter", 1, gpus=8)  # normal, queued before the preemption
-        wait_until(lambda: status(kapi, ns, "waiter").get("queue") == "normal", 20, "waiter queued")
+        wait_until(lambda: kapi.status(ns, "waiter").get("queue") == "normal", 20, "waiter queued")
         low_pods = pods(kapi, ns, "low")
         assert {p.spec.termination_grace_period_seconds for p in low_pods} == {7}
         tj(ns, "boss", 2, gpus=8, klass="highest")
-        wait_until(lambda: phase(kapi, ns, "boss") == "Running", 90, "boss running")
-        st = status(kapi, ns, "low")
+        wait_until(lambda: kapi.phase(ns, "boss") == "Running", 90, "boss running")
+        st = kapi.status(ns, "low")
         assert st["phase"] == "Queued" and st["queue"] == "interrupt" and st["preemptions"] == 1
-        assert phase(kapi, ns, "high") == "Running" and status(kapi, ns, "high").get("preemptions") is None
-        assert phase(kapi, ns, "waiter") == "Queued"
-        wait_until(lambda: events(kapi, ns, "low", "Preempted"), 10, "Preempted event")
+        assert kapi.phase(ns, "high") == "Running" and kapi.status(ns, "high").get("preemptions") is None
+        assert kapi.phase(ns, "waiter") == "Queued"
+        wait_until(lambda: kapi.events(ns, "low", "Preempted"), 10, "Preempted event")
         # boss finishes: the interrupted job resumes before the earlier normal one
         delete(kapi, ns, "boss")
-        wait_until(lambda: phase(kapi, ns, "low") == "Running", 90, "low resumed")
-        assert phase(kapi, ns, "waiter") == "Queued"
+        wait_until(lambda: kapi.phase(ns, "low") == "Running", 90, "low resumed")
+        assert kapi.phase(ns, "waiter") == "Queued"
 
 
 def test_converging_job_shrinks_one_per_cycle_and_waiting_job_gets_gpus(extender, kube_cluster, kapi, ns, tj, run_operator, wait_until):
@@ -158,22 +135,22 @@ def test_converging_job_shrinks_one_per_cycle_and_waiting_job_gets_gpus(extender
         with run_operator(ns, patience=6):
             tj(ns, "conv", 1, 4, gpus=8, beta=0.02, dataSize=10000)
             th.start()
-            wait_until(lambda: status(kapi, ns, "conv").get("targetWorkers") == 4, 90, "conv grown to 4 workers")
+            wait_until(lambda: kapi.status(ns, "conv").get("targetWorkers") == 4, 90, "conv grown to 4 workers")
             tj(ns, "late", 2, gpus=8)
-            wait_until(lambda: phase(kapi, ns, "late") == "Running", 120, "late job running")
-            wait_until(lambda: phase(kapi, ns, "conv") == "Succeeded", 120, "conv converged")
-            downs = [e.message.split(" (")[0] for e in events(kapi, ns, "conv", "ScaledDown")]
+            wait_until(lambda: kapi.phase(ns, "late") == "Running", 120, "late job running")
+            wait_until(lambda: kapi.phase(ns, "conv") == "Succeeded", 120, "conv converged")
+            downs = [e.message.split(" (")[0] for e in kapi.events(ns, "conv", "ScaledDown")]
             assert downs == ["workers 4 -> 3", "workers 3 -> 2", "workers 2 -> 1"]
-            ups = [e.message.split(" (")[0] for e in events(kapi, ns, "conv", "ScaledUp")]
+            ups = [e.message.split(" (")[0] for e in kapi.events(ns, "conv", "ScaledUp")]
             assert ups == ["workers 1 -> 2", "workers 2 -> 3", "workers 3 -> 4"]
-            st = status(kapi, ns, "conv")
+            st = kapi.status(ns, "conv")
             # the scale-downs happened on distinct evaluations, one per cycle
             assert st["reason"] == "Converged" and st["jctSeconds"] > 0
             assert st["progress"]["epoch"] >= 6 and len(st["progress"]["history"]) == st["progress"]["epoch"]
             assert st["rlpto"]["streak"] >= 6 and st["rlpto"]["workers"] >= 1 and st["rlpto"]["dataSize"] == 10000
             # late was admitted only once conv had given back two nodes
-            admitted = float(events(kapi, ns, "late", "Admitted")[0].metadata.annotations["rlsched.dev/event-time"])
-            second_down = float(events(kapi, ns, "conv", "ScaledDown")[1].metadata.annotations["rlsched.dev/event-time"])
+            admitted = float(kapi.events(ns, "late", "Admitted")[0].metadata.annotations["rlsched.dev/event-time"])
+            second_down = float(kapi.events(ns, "conv", "ScaledDown")[1].metadata.annotations["rlsched.dev/event-time"])
             assert admitted > second_down
             wait_until(lambda: not pods(kapi, ns, "conv"), 30, "conv pods deleted")
 
@@ -195,14 +172,14 @@ def test_invalid_jobs_rejected_and_no_pods(kapi, ns, tj, run_operator, wait_unti
             "spec": {"minWorkers": 1, "maxWorkers": 1, "gpusPerWorker": 1, "template": {"spec": {"containers": [
                 {"name": "t", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}}},
         })
-        wait_until(lambda: phase(kapi, ns, "mismatch") == "Failed", 30, "mismatch Failed")
-        st = status(kapi, ns, "mismatch")
+        wait_until(lambda: kapi.phase(ns, "mismatch") == "Failed", 30, "mismatch Failed")
+        st = kapi.status(ns, "mismatch")
         cond = {c["type"]: c for c in st["conditions"]}["Valid"]
         assert cond["status"] == "False" and cond["reason"] == "InvalidSpec"
         assert "asks for 4 nvidia.com/gpu but spec.gpusPerWorker is 1" in cond["message"]
-        wait_until(lambda: events(kapi, ns, "mismatch", "InvalidSpec"), 10, "InvalidSpec event")
+        wait_until(lambda: kapi.events(ns, "mismatch", "InvalidSpec"), 10, "InvalidSpec event")
         tj(ns, "fine", 1, gpus=1)
-        wait_until(lambda: phase(kapi, ns, "fine") == "Running", 60, "valid job running")
+        wait_until(lambda: kapi.phase(ns, "fine") == "Running", 60, "valid job running")
         assert pods(kapi, ns, "mismatch") == []
 
 
@@ -212,7 +189,7 @@ def test_trainer_may_patch_only_its_own_job(kube_cluster, kapi, ns, tj, run_oper
     with run_operator(ns):
         tj(ns, "mine", 1, gpus=1)
         tj(ns, "other", 1, gpus=1)
-        wait_until(lambda: phase(kapi, ns, "mine") == phase(kapi, ns, "other") == "Running", 60, "both running")
+        wait_until(lambda: kapi.phase(ns, "mine") == kapi.phase(ns, "other") == "Running", 60, "both running")
     tok = kapi.core.create_namespaced_service_account_token(
         "mine-trainer", ns, {"spec": {"audiences": [], "expirationSeconds": 600}}).status.token
     conf = client.Configuration()
@@ -223,10 +200,10 @@ def test_trainer_may_patch_only_its_own_job(kube_cluster, kapi, ns, tj, run_oper
     try:
         Reporter("mine", ns, api=api).report(epoch=1, loss=2.0, accuracy=0.3)
         Reporter("mine", ns, api=api).report(epoch=2, loss=1.0, accuracy=0.5)
-        p = status(kapi, ns, "mine")["progress"]
+        p = kapi.status(ns, "mine")["progress"]
         assert (p["epoch"], p["accuracy"], p["maxLoss"], p["history"]) == (2, 0.5, 2.0, [0.3, 0.5])
         # the operator's own fields are untouched by the trainer
-        assert status(kapi, ns, "mine")["phase"] == "Running"
+        assert kapi.status(ns, "mine")["phase"] == "Running"
         with pytest.raises(ApiException) as exc:
             Reporter("other", ns, api=api).report(epoch=1, loss=1.0, accuracy=0.9)
         assert exc.value.status == 403
@@ -246,13 +223,13 @@ def test_trainer_may_patch_only_its_own_job(kube_cluster, kapi, ns, tj, run_oper
 def test_restart_mid_scaling_no_duplicates_no_orphans(kapi, ns, tj, run_operator, wait_until):
     with run_operator(ns):
         tj(ns, "elastic", 1, 4, gpus=8)
-        wait_until(lambda: phase(kapi, ns, "elastic") == "Running", 60, "running")
+        wait_until(lambda: kapi.phase(ns, "elastic") == "Running", 60, "running")
     # the operator is down. Pretend it died right after recording a scale-up to 3 and
     # creating only one of the new workers; meanwhile a job is deleted under its pods.
     kapi.custom.patch_namespaced_custom_object_status(G, V, ns, P, "elastic", {"status": {"targetWorkers": 3}})
     from rlsched.operator.resources import worker_pod
 
-    body = get(kapi, ns, "elastic")
+    body = kapi.get(ns, "elastic")
     kapi.core.create_namespaced_pod(ns, worker_pod(body, 1, 8, grace_period_s=1))
     # a worker whose TrainingJob is gone (its controller ownerReference points nowhere):
     # an orphan of the operator's (the garbage collector may get to it first)
@@ -261,7 +238,7 @@ def test_restart_mid_scaling_no_duplicates_no_orphans(kapi, ns, tj, run_operator
     del ghost["spec"]["serviceAccountName"]
     kapi.core.create_namespaced_pod(ns, ghost)
     with run_operator(ns):
-        wait_until(lambda: len(pods(kapi, ns, "elastic")) == 3 and status(kapi, ns, "elastic").get("workers") == 3,
+        wait_until(lambda: len(pods(kapi, ns, "elastic")) == 3 and kapi.status(ns, "elastic").get("workers") == 3,
                    60, "three workers")
         wait_until(lambda: not pods(kapi, ns, "ghost"), 30, "orphan removed")
         names = sorted(p.metadata.name for p in pods(kapi, ns, "elastic"))
@@ -291,17 +268,17 @@ def test_operator_killed_while_scaling_resumes_cleanly(extender, kube_cluster, k
         with run_operator(ns, patience=6):
             tj(ns, "grow", 1, 4, gpus=8, beta=0.02, dataSize=10000)
             th.start()
-            wait_until(lambda: events(kapi, ns, "grow", "ScaledUp"), 60, "first scale-up")
+            wait_until(lambda: kapi.events(ns, "grow", "ScaledUp"), 60, "first scale-up")
         # operator down while the trainer keeps reporting
         seen = workers_consistent()
-        target = status(kapi, ns, "grow")["targetWorkers"]
+        target = kapi.status(ns, "grow")["targetWorkers"]
         assert target >= 2 and len(seen) <= target
         with run_operator(ns, patience=6):
-            wait_until(lambda: phase(kapi, ns, "grow") == "Succeeded", 120, "grow converged after restart")
+            wait_until(lambda: kapi.phase(ns, "grow") == "Succeeded", 120, "grow converged after restart")
             for _ in range(3):
                 workers_consistent()
-        ups = [e.message.split(" (")[0] for e in events(kapi, ns, "grow", "ScaledUp")]
-        downs = [e.message.split(" (")[0] for e in events(kapi, ns, "grow", "ScaledDown")]
+        ups = [e.message.split(" (")[0] for e in kapi.events(ns, "grow", "ScaledUp")]
+        downs = [e.message.split(" (")[0] for e in kapi.events(ns, "grow", "ScaledDown")]
         # every step was taken exactly once across the two operator lives
         assert len(ups) == len(set(ups)) and len(downs) == len(set(downs))
         wait_until(lambda: not pods(kapi, ns, "grow"), 30, "pods deleted after completion")
@@ -346,13 +323,13 @@ def test_ha_peering_only_the_leader_schedules(kube_cluster, kapi, ns, tj, wait_u
         low = start(0)
         wait_until(lambda: low[0].controller, 30, "second replica started")
         tj(ns, "ha1", 1, gpus=1)
-        wait_until(lambda: phase(kapi, ns, "ha1") == "Running", 60, "ha1 running")
+        wait_until(lambda: kapi.phase(ns, "ha1") == "Running", 60, "ha1 running")
         assert high[0].controller.cycles > 0 and low[0].controller.cycles == 0
         high[1].set()
         high[2].join(30)
         assert not high[2].is_alive()
         tj(ns, "ha2", 1, gpus=1)
-        wait_until(lambda: phase(kapi, ns, "ha2") == "Running", 90, "ha2 running under the other replica")
+        wait_until(lambda: kapi.phase(ns, "ha2") == "Running", 90, "ha2 running under the other replica")
         assert low[0].controller.cycles > 0
     finally:
         for _, stop, th in (r for r in (high, low) if r):

@@ -56,21 +56,8 @@ def exploit_template() -> dict:
     }}
 
 
-def get(kapi, ns, name):
-    return kapi.custom.get_namespaced_custom_object(G, V, ns, P, name)
-
-
-def status(kapi, ns, name):
-    return get(kapi, ns, name).get("status") or {}
-
-
 def job_pods(kapi, ns, job):
     return kapi.core.list_namespaced_pod(ns, label_selector=f"{LABEL_JOB}={job}").items
-
-
-def events(kapi, ns, name, reason):
-    evs = kapi.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
-    return [e for e in evs if e.reason == reason]
 
 
 def label(kapi, ns, labels):
@@ -84,8 +71,8 @@ def test_exploit_is_refused_in_an_unlabelled_namespace_and_takes_no_gpu(kapi, ns
     with run_operator(ns):  # defaults: baseline, Secrets refused
         tj(ns, "evil", 1, gpus=1, template=exploit_template())
         tj(ns, "fine", 1, gpus=1)  # a plain job beside it is admitted as usual
-        wait_until(lambda: status(kapi, ns, "evil").get("phase") == "Failed", 60, "evil Failed")
-        st = status(kapi, ns, "evil")
+        wait_until(lambda: kapi.status(ns, "evil").get("phase") == "Failed", 60, "evil Failed")
+        st = kapi.status(ns, "evil")
         assert st["reason"] == "PodSecurity"
         for needle in ("pod security level baseline", "privileged containers are forbidden",
                        "spec.template.spec.containers[0].securityContext.privileged",
@@ -94,12 +81,12 @@ def test_exploit_is_refused_in_an_unlabelled_namespace_and_takes_no_gpu(kapi, ns
             assert needle in st["message"], needle
         (cond,) = [c for c in st["conditions"] if c["type"] == "Valid"]
         assert (cond["status"], cond["reason"], cond["message"]) == ("False", "PodSecurity", st["message"])
-        wait_until(lambda: events(kapi, ns, "evil", "PodSecurity"), 20, "PodSecurity event")
-        (ev,) = events(kapi, ns, "evil", "PodSecurity")
+        wait_until(lambda: kapi.events(ns, "evil", "PodSecurity"), 20, "PodSecurity event")
+        (ev,) = kapi.events(ns, "evil", "PodSecurity")
         assert ev.type == "Warning" and "hostPath volumes are forbidden" in ev.message
-        wait_until(lambda: status(kapi, ns, "fine").get("phase") in ("Starting", "Running"), 60, "fine admitted")
+        wait_until(lambda: kapi.status(ns, "fine").get("phase") in ("Starting", "Running"), 60, "fine admitted")
         # never admitted: no GPU promised, no pod, no trainer account
-        assert "admittedTime" not in st and not events(kapi, ns, "evil", "Admitted")
+        assert "admittedTime" not in st and not kapi.events(ns, "evil", "Admitted")
         assert job_pods(kapi, ns, "evil") == []
         assert [a.metadata.name for a in kapi.core.list_namespaced_service_account(ns).items
                 if a.metadata.name.startswith("evil")] == []
@@ -111,7 +98,7 @@ def test_exploit_is_admitted_where_namespace_and_operator_allow_it(kapi, ns, tj,
     label(kapi, ns, {LABEL_POD_SECURITY_ENFORCE: PRIV})
     with run_operator(ns, allow_secret_mounts=True):
         tj(ns, "trusted", 1, gpus=1, template=exploit_template())
-        wait_until(lambda: status(kapi, ns, "trusted").get("phase") in ("Starting", "Running"), 60, "admitted")
+        wait_until(lambda: kapi.status(ns, "trusted").get("phase") in ("Starting", "Running"), 60, "admitted")
         (pod,) = wait_until(lambda: job_pods(kapi, ns, "trusted"), 30, "worker pod")
         assert pod.spec.containers[0].security_context.privileged is True
         assert pod.spec.volumes[0].host_path.path == "/" and pod.spec.volumes[1].secret.secret_name == "db-credentials"
@@ -128,9 +115,9 @@ def test_secret_label_on_the_namespace_allows_secrets_but_not_the_rest(kapi, ns,
         tj(ns, "secret-ok", 1, gpus=1, template=tpl)
         tj(ns, "hostpath", 1, gpus=1, template={"spec": {
             "containers": [{"name": "t", "image": "x"}], "volumes": [{"name": "h", "hostPath": {"path": "/etc"}}]}})
-        wait_until(lambda: status(kapi, ns, "secret-ok").get("phase") in ("Starting", "Running"), 60, "admitted")
-        wait_until(lambda: status(kapi, ns, "hostpath").get("phase") == "Failed", 60, "hostpath Failed")
-        assert "rlsched:" not in status(kapi, ns, "hostpath")["message"]
+        wait_until(lambda: kapi.status(ns, "secret-ok").get("phase") in ("Starting", "Running"), 60, "admitted")
+        wait_until(lambda: kapi.status(ns, "hostpath").get("phase") == "Failed", 60, "hostpath Failed")
+        assert "rlsched:" not in kapi.status(ns, "hostpath")["message"]
 
 
 @pytest.mark.k8s
@@ -142,14 +129,14 @@ def test_restricted_namespace_refuses_a_root_container(kapi, ns, tj, run_operato
         root["spec"]["containers"][0]["securityContext"]["runAsUser"] = 0
         tj(ns, "root", 1, gpus=1, template=root)
         tj(ns, "nonroot", 1, gpus=1, template=restricted_template())
-        wait_until(lambda: status(kapi, ns, "root").get("phase") == "Failed", 60, "root Failed")
-        st = status(kapi, ns, "root")
+        wait_until(lambda: kapi.status(ns, "root").get("phase") == "Failed", 60, "root Failed")
+        st = kapi.status(ns, "root")
         assert st["reason"] == "PodSecurity"
         assert (f"pod security level restricted (namespace label {LABEL_POD_SECURITY_ENFORCE}=restricted)"
                 in st["message"])
         assert ("restricted: runAsUser 0 (root) is forbidden "
                 "(spec.template.spec.containers[0].securityContext.runAsUser)") in st["message"]
-        wait_until(lambda: status(kapi, ns, "nonroot").get("phase") in ("Starting", "Running"), 60, "nonroot admitted")
+        wait_until(lambda: kapi.status(ns, "nonroot").get("phase") in ("Starting", "Running"), 60, "nonroot admitted")
         assert job_pods(kapi, ns, "root") == []
         assert len(job_pods(kapi, ns, "nonroot")) == 1  # and the API server's own admission let it in
 
@@ -161,10 +148,10 @@ def test_editing_the_template_of_a_running_job_fails_it(kapi, ns, tj, run_operat
     (the operator creates new workers from the template as it scales)."""
     with run_operator(ns):
         tj(ns, "edited", 1, 2, gpus=1)
-        wait_until(lambda: status(kapi, ns, "edited").get("phase") in ("Starting", "Running"), 60, "admitted")
+        wait_until(lambda: kapi.status(ns, "edited").get("phase") in ("Starting", "Running"), 60, "admitted")
         kapi.custom.patch_namespaced_custom_object(G, V, ns, P, "edited", {"spec": {"template": exploit_template()}})
-        wait_until(lambda: status(kapi, ns, "edited").get("phase") == "Failed", 60, "edited Failed")
-        assert status(kapi, ns, "edited")["reason"] == "PodSecurity"
+        wait_until(lambda: kapi.status(ns, "edited").get("phase") == "Failed", 60, "edited Failed")
+        assert kapi.status(ns, "edited")["reason"] == "PodSecurity"
         wait_until(lambda: not [p for p in job_pods(kapi, ns, "edited") if p.metadata.deletion_timestamp is None],
                    30, "workers deleted")
 

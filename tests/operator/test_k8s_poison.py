@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from rlsched.core.contract import GROUP as G
 from rlsched.core.contract import LABEL_INDEX, LABEL_JOB, LABEL_ROLE
@@ -21,28 +20,6 @@ from rlsched.core.contract import VERSION as V
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
 
 IMAGE = "registry.example/rlsched/trainer:test"
-
-
-def status(kapi, ns, name):
-    try:
-        return kapi.custom.get_namespaced_custom_object(G, V, ns, P, name).get("status") or {}
-    except ApiException as exc:
-        if exc.status == 404:
-            return {}
-        raise
-
-
-def phase(kapi, ns, name):
-    return status(kapi, ns, name).get("phase")
-
-
-def condition(kapi, ns, name, ctype):
-    return next((c for c in status(kapi, ns, name).get("conditions") or [] if c["type"] == ctype), None)
-
-
-def events(kapi, ns, name, reason=None):
-    evs = kapi.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
-    return [e for e in evs if reason is None or e.reason == reason]
 
 
 def workers(kapi, ns, job):
@@ -118,30 +95,30 @@ def test_poison_objects_fail_alone_and_the_others_are_admitted_within_two_cycles
         tj(ns, "good-1", 1, gpus=1)
         tj(ns, "good-2", 2, gpus=8)
         names = ["forbidden", "invalid", long_name, "good-1", "good-2"]
-        wait_until(lambda: all(phase(kapi, ns, n) for n in names), 30, "all jobs seen by the create handler")
+        wait_until(lambda: all(kapi.phase(ns, n) for n in names), 30, "all jobs seen by the create handler")
         # the long name is refused up front, before it holds any GPU
-        assert phase(kapi, ns, long_name) == "Failed"
-        cond = condition(kapi, ns, long_name, "Valid")
+        assert kapi.phase(ns, long_name) == "Failed"
+        cond = kapi.condition(ns, long_name, "Valid")
         assert cond["status"] == "False" and cond["reason"] == "InvalidSpec" and "more than 63" in cond["message"]
 
         with stepped_controller(kube_cluster, ns) as (ctl, step):
             step()  # cycle 1: never raises
             assert set(ctl.last_plan.admit) == {f"{ns}/forbidden", f"{ns}/invalid"}  # the valid jobs wait
-            assert phase(kapi, ns, "forbidden") == phase(kapi, ns, "invalid") == "Failed"
+            assert kapi.phase(ns, "forbidden") == kapi.phase(ns, "invalid") == "Failed"
             step()  # cycle 2
-            assert phase(kapi, ns, "good-1") in ("Starting", "Running")
-            assert phase(kapi, ns, "good-2") in ("Starting", "Running")
+            assert kapi.phase(ns, "good-1") in ("Starting", "Running")
+            assert kapi.phase(ns, "good-2") in ("Starting", "Running")
             assert sample(ctl, "rlsched_operator_job_errors_total", kind="rejected") == 2
             assert sample(ctl, "rlsched_operator_cycles_total") == 2
 
-        cond = condition(kapi, ns, "forbidden", "PodsCreated")
+        cond = kapi.condition(ns, "forbidden", "PodsCreated")
         assert cond["status"] == "False" and cond["reason"] == "Forbidden"
         assert "no PriorityClass with name no-such-class was found" in cond["message"]
-        assert status(kapi, ns, "forbidden")["reason"] == "Forbidden"
-        cond = condition(kapi, ns, "invalid", "PodsCreated")
+        assert kapi.status(ns, "forbidden")["reason"] == "Forbidden"
+        cond = kapi.condition(ns, "invalid", "PodsCreated")
         assert cond["status"] == "False" and cond["reason"] == "Invalid" and "Bad_Name" in cond["message"]
         for n, reason in (("forbidden", "Forbidden"), ("invalid", "Invalid")):
-            assert [e.type for e in events(kapi, ns, n, reason)] == ["Warning"]
+            assert [e.type for e in kapi.events(ns, n, reason)] == ["Warning"]
             assert workers(kapi, ns, n) == []
         # the foreign pod is left alone
         assert kapi.core.read_namespaced_pod("absurd-gpus", ns).metadata.deletion_timestamp is None
@@ -164,28 +141,28 @@ def test_status_patch_cannot_grow_a_job_nor_admit_one(kapi, ns, tj, run_operator
 
     with run_operator(ns) as rt:
         tj(ns, "capped", 1, 2, gpus=1)
-        wait_until(lambda: phase(kapi, ns, "capped") == "Running", 60, "capped running")
+        wait_until(lambda: kapi.phase(ns, "capped") == "Running", 60, "capped running")
         tj(ns, "hog", 4, gpus=8)  # all 32 GPUs: blocked behind capped
-        wait_until(lambda: status(kapi, ns, "hog").get("queue") == "normal", 20, "hog queued")
+        wait_until(lambda: kapi.status(ns, "hog").get("queue") == "normal", 20, "hog queued")
         seen = rt.controller.cycles
         wait_until(lambda: rt.controller.cycles >= seen + 2, 20, "the operator has seen hog")
         kapi.custom.patch_namespaced_custom_object_status(G, V, ns, P, "capped", {"status": {"targetWorkers": 40}})
         kapi.custom.patch_namespaced_custom_object_status(G, V, ns, P, "hog", {"status": hostile_queued})
         start = rt.controller.cycles
         wait_until(lambda: bounded() is not None and rt.controller.cycles >= start + 6, 60, "six cycles")
-        assert status(kapi, ns, "capped")["targetWorkers"] == 1 and bounded() == 1
-        st = status(kapi, ns, "hog")
+        assert kapi.status(ns, "capped")["targetWorkers"] == 1 and bounded() == 1
+        st = kapi.status(ns, "hog")
         assert (st["phase"], st["queue"], st["effectivePriority"], st.get("nominated", False)) == ("Queued", "normal", 0, False)
         assert st.get("targetWorkers", 0) == 0
-        assert events(kapi, ns, "capped", "StatusReset") and events(kapi, ns, "hog", "StatusReset")
+        assert kapi.events(ns, "capped", "StatusReset") and kapi.events(ns, "hog", "StatusReset")
     # the operator restarts with no record of its own: the status is adopted within the spec
     kapi.custom.patch_namespaced_custom_object_status(G, V, ns, P, "capped", {"status": {"targetWorkers": 40}})
     with run_operator(ns) as rt:
-        wait_until(lambda: bounded() == 2 and status(kapi, ns, "capped").get("targetWorkers") == 2, 60,
+        wait_until(lambda: bounded() == 2 and kapi.status(ns, "capped").get("targetWorkers") == 2, 60,
                    "capped clamped to maxWorkers")
         start = rt.controller.cycles
         wait_until(lambda: bounded() == 2 and rt.controller.cycles >= start + 4, 60, "four more cycles")
-        assert phase(kapi, ns, "hog") == "Queued"
+        assert kapi.phase(ns, "hog") == "Queued"
 
 
 def test_pods_the_operator_does_not_own_are_never_touched(kapi, ns, tj, run_operator, wait_until):
@@ -194,7 +171,7 @@ def test_pods_the_operator_does_not_own_are_never_touched(kapi, ns, tj, run_oper
     being controlled by it: none is deleted, none counts as a worker."""
     with run_operator(ns) as rt:
         body = tj(ns, "real", 1, gpus=1)
-        wait_until(lambda: phase(kapi, ns, "real") == "Running", 60, "real running")
+        wait_until(lambda: kapi.phase(ns, "real") == "Running", 60, "real running")
 
         def plain(name, labels, owner=None):
             md = {"name": name, "labels": labels}
@@ -216,7 +193,7 @@ def test_pods_the_operator_does_not_own_are_never_touched(kapi, ns, tj, run_oper
             p = kapi.core.read_namespaced_pod(name, ns)
             assert p.metadata.uid == uid and p.metadata.deletion_timestamp is None, name
         assert [p.metadata.name for p in workers(kapi, ns, "real")] == ["real-worker-0"]
-        assert status(kapi, ns, "real")["workers"] == 1 and phase(kapi, ns, "real") == "Running"
+        assert kapi.status(ns, "real")["workers"] == 1 and kapi.phase(ns, "real") == "Running"
 
 
 def test_unfittable_gang_waits_with_a_condition_and_blocks_nobody(kube_cluster, kapi, ns, tj, run_operator, wait_until):
@@ -232,16 +209,16 @@ def test_unfittable_gang_waits_with_a_condition_and_blocks_nobody(kube_cluster, 
         tj(ns, "two-containers", 1, gpus=1, template=template(gpu_container("a", 1), gpu_container("b", 1)))
         tj(ns, "init-8", 1, gpus=1, template=template(init=[gpu_container("warm-up", 8)]))
         tj(ns, "tiny", 1, gpus=1)
-        wait_until(lambda: phase(kapi, ns, "tiny") == "Running", 60, "tiny running behind the unfittable gangs")
+        wait_until(lambda: kapi.phase(ns, "tiny") == "Running", 60, "tiny running behind the unfittable gangs")
         for name, needle in (("huge", f"a worker needs 64 GPUs, the largest node has {largest}"),
                              ("wide", f"the gang needs {wide} x {largest} = {wide * largest} GPUs, the cluster has {total}")):
-            cond = wait_until(lambda: condition(kapi, ns, name, "Schedulable"), 20, f"{name} condition")
+            cond = wait_until(lambda: kapi.condition(ns, name, "Schedulable"), 20, f"{name} condition")
             assert cond["status"] == "False" and cond["reason"] == "Unfittable" and needle in cond["message"]
-            assert phase(kapi, ns, name) == "Queued" and workers(kapi, ns, name) == []
-            assert [e.type for e in wait_until(lambda: events(kapi, ns, name, "Unfittable"), 10, "event")] == ["Warning"]
+            assert kapi.phase(ns, name) == "Queued" and workers(kapi, ns, name) == []
+            assert [e.type for e in wait_until(lambda: kapi.events(ns, name, "Unfittable"), 10, "event")] == ["Warning"]
         for name, got in (("two-containers", 2), ("init-8", 8)):
-            wait_until(lambda: phase(kapi, ns, name) == "Failed", 20, f"{name} refused")
-            cond = condition(kapi, ns, name, "Valid")
+            wait_until(lambda: kapi.phase(ns, name) == "Failed", 20, f"{name} refused")
+            cond = kapi.condition(ns, name, "Valid")
             assert cond["reason"] == "InvalidSpec"
             assert f"asks for {got} nvidia.com/gpu but spec.gpusPerWorker is 1" in cond["message"]
             assert workers(kapi, ns, name) == []

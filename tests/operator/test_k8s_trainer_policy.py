@@ -36,10 +36,6 @@ ATTACKS = {
 }
 
 
-def _status(kapi, ns, name) -> dict:
-    return kapi.custom.get_namespaced_custom_object(G, V, ns, P, name).get("status") or {}
-
-
 def _pods(kapi, ns, name) -> list:
     return kapi.core.list_namespaced_pod(ns, label_selector=f"{LABEL_JOB}={name}").items
 
@@ -88,24 +84,24 @@ def test_trainer_writes_progress_only_and_the_operator_stays_within_the_spec(kap
     with run_operator(ns) as rt:
         tj(ns, "small", 1, MAX_WORKERS, gpus=1)
         # the operator's own status writes pass the policy
-        wait_until(lambda: _status(kapi, ns, "small").get("phase") == "Running", 60, "job running")
+        wait_until(lambda: kapi.status(ns, "small").get("phase") == "Running", 60, "job running")
         api = _trainer_client(kapi, ns, "small")
         try:
             wait_until(lambda: _policy_in_force(api, ns, "small"), 30, "the trainer-status policy in force")
             # what the chief reports goes through (rlsched.trainer)
             Reporter("small", ns, api=api).report(epoch=1, loss=2.0, accuracy=0.25)
-            assert _status(kapi, ns, "small")["progress"]["history"] == [0.25]
+            assert kapi.status(ns, "small")["progress"]["history"] == [0.25]
 
             for field, value in ATTACKS.items():
                 exc = _denied(api, ns, "small", {field: value})
                 assert exc.status == 403, (field, exc.status, exc.body)
                 msg = _message(exc)
                 assert "a trainer may write only status.progress" in msg and f"status.{field}" in msg, msg
-                assert _status(kapi, ns, "small").get(field) != value, field
+                assert kapi.status(ns, "small").get(field) != value, field
             # a patch that mixes progress with another field is denied as a whole
             exc = _denied(api, ns, "small", {"progress": {"epoch": 9, "accuracy": 0.9}, "targetWorkers": 40})
             assert exc.status == 403 and "status.targetWorkers" in _message(exc)
-            assert _status(kapi, ns, "small")["progress"]["epoch"] == 1
+            assert kapi.status(ns, "small")["progress"]["epoch"] == 1
             # so is removing the operator's status
             exc = _denied(api, ns, "small", None)
             assert exc.status == 403 and "status.phase" in _message(exc)
@@ -113,13 +109,13 @@ def test_trainer_writes_progress_only_and_the_operator_stays_within_the_spec(kap
             for bad in ({"epoch": -1}, {"accuracy": 1.5}, {"accuracy": -0.1}, {"history": [0.5, 2.0]}):
                 exc = _denied(api, ns, "small", {"progress": bad})
                 assert exc.status == 422 and "status.progress" in _message(exc), (bad, exc.status, exc.body)
-            assert _status(kapi, ns, "small")["progress"]["epoch"] == 1
+            assert kapi.status(ns, "small")["progress"]["epoch"] == 1
 
             # the operator keeps acting on its own numbers: a few more cycles, never more
             # workers than maxWorkers
             c0 = rt.controller.cycles
             wait_until(lambda: rt.controller.cycles >= c0 + 4, 30, "four more operator cycles")
-            st = _status(kapi, ns, "small")
+            st = kapi.status(ns, "small")
             assert st.get("targetWorkers", 1) <= MAX_WORKERS and st["phase"] == "Running"
             assert len(_pods(kapi, ns, "small")) <= MAX_WORKERS
         finally:
@@ -128,7 +124,7 @@ def test_trainer_writes_progress_only_and_the_operator_stays_within_the_spec(kap
     # the admin (and the operator, above) still write any status field
     kapi.custom.patch_namespaced_custom_object_status(G, V, ns, P, "small", {"status": {"message": "set by an admin",
                                                                                        "targetWorkers": 1}})
-    st = _status(kapi, ns, "small")
+    st = kapi.status(ns, "small")
     assert (st["message"], st["targetWorkers"]) == ("set by an admin", 1)
 
 
@@ -138,7 +134,7 @@ def test_policy_matches_only_the_jobs_own_trainer(kapi, ns, tj, run_operator, wa
     with run_operator(ns):
         tj(ns, "mine", 1, gpus=1)
         tj(ns, "other", 1, gpus=1)
-        wait_until(lambda: _status(kapi, ns, "mine").get("phase") == _status(kapi, ns, "other").get("phase")
+        wait_until(lambda: kapi.status(ns, "mine").get("phase") == kapi.status(ns, "other").get("phase")
                    == "Running", 60, "both running")
     api = _trainer_client(kapi, ns, "mine")
     try:
@@ -149,5 +145,5 @@ def test_policy_matches_only_the_jobs_own_trainer(kapi, ns, tj, run_operator, wa
         api.close()
     kapi.custom.patch_namespaced_custom_object_status(G, V, ns, P, "mine", {"status": {"nominated": True,
                                                                                       "progress": {"epoch": 2}}})
-    st = _status(kapi, ns, "mine")
+    st = kapi.status(ns, "mine")
     assert st["nominated"] is True and st["progress"]["epoch"] == 2
