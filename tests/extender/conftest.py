@@ -142,3 +142,50 @@ async def served_client(served):
 
     async with aiohttp.ClientSession(base_url=f"http://{served.host}:{served.port}") as session:
         yield session
+
+
+@pytest.fixture(scope="session")
+def serve_in_thread():
+    """``with serve_in_thread(ext, limits, **app_kwargs) as (host, port):`` serves
+    ``make_app(ext, **app_kwargs)`` as ``rlsched extender serve`` does (``serve_app``)
+    from its own thread and event loop, for module-scoped servers that plain
+    (synchronous) tests call over real sockets."""
+    import asyncio
+    import contextlib
+    import threading
+
+    from rlsched.extender.server import serve_app
+
+    @contextlib.contextmanager
+    def run(ext, limits, **app_kwargs):
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        box: dict = {}
+
+        async def start():
+            box["served"] = await serve_app(make_app(ext, **app_kwargs), "127.0.0.1", 0, limits, metrics=ext.metrics)
+            ready.set()
+
+        def main():
+            loop.run_until_complete(start())
+            loop.run_forever()
+
+        t = threading.Thread(target=main, daemon=True)
+        t.start()
+        assert ready.wait(10), "loopback server did not start"
+        try:
+            yield "127.0.0.1", box["served"].port
+        finally:
+            async def stop():
+                await box["served"].close()
+                # connections whose client hung up while aiohttp drained their body
+                rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                for task in rest:
+                    task.cancel()
+                await asyncio.gather(*rest, return_exceptions=True)
+
+            asyncio.run_coroutine_threadsafe(stop(), loop).result(20)
+            loop.call_soon_threadsafe(loop.stop)
+            t.join(10)
+
+    return run

@@ -6,12 +6,10 @@ bad HTTP, hang-ups) is ever answered 500 or logged as an error."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import gzip
 import logging
 import socket
-import threading
 import zlib
 
 import orjson
@@ -21,10 +19,9 @@ from hypothesis import strategies as st
 
 from rlsched.core import Topology
 from rlsched.core.contract import LABEL_JOB, ShapeError
-from rlsched.extender.app import make_app
 from rlsched.extender.config import build_extender, node_list
 from rlsched.extender.objects import parse_pod
-from rlsched.extender.server import ServeLimits, serve_app
+from rlsched.extender.server import ServeLimits
 from rlsched.extender.wire import (
     PriorityEncoder,
     WireError,
@@ -146,40 +143,13 @@ def test_fast_priority_encoder_equals_the_plain_one(rows, cap):
 
 # --------------------------------------------------------------------------- raw HTTP corpus
 @pytest.fixture(scope="module")
-def loopback():
+def loopback(serve_in_thread):
     """The app served by :func:`serve_app` (as the CLI serves it) from its own thread and
     event loop; yields ``(host, port, extender)``."""
     ext = make_ext()
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    box: dict = {}
-
-    async def start():
-        box["served"] = await serve_app(make_app(ext, read_timeout=0.25, max_body=1024 * 1024), "127.0.0.1", 0,
-                                        ServeLimits(header_timeout=0.25, idle_timeout=5.0, max_connections=256),
-                                        metrics=ext.metrics)
-        ready.set()
-
-    def run():
-        loop.run_until_complete(start())
-        loop.run_forever()
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    assert ready.wait(10), "loopback server did not start"
-    yield "127.0.0.1", box["served"].port, ext
-
-    async def stop():
-        await box["served"].close()
-        # connections whose client hung up while aiohttp drained their body (lingering)
-        rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for t in rest:
-            t.cancel()
-        await asyncio.gather(*rest, return_exceptions=True)
-
-    asyncio.run_coroutine_threadsafe(stop(), loop).result(20)
-    loop.call_soon_threadsafe(loop.stop)
-    t.join(10)
+    limits = ServeLimits(header_timeout=0.25, idle_timeout=5.0, max_connections=256)
+    with serve_in_thread(ext, limits, read_timeout=0.25, max_body=1024 * 1024) as (host, port):
+        yield host, port, ext
 
 
 def _deflate(data: bytes) -> bytes:
