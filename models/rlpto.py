@@ -1,9 +1,12 @@
 """RLPTO: PPO elastic scaling of training jobs (Lu et al., IEEE TPDS 34(12):3266–3279, 2023).
 
 Training (``rlsched train rlpto``): one actor-critic shared by every running job
-(parameter sharing); per job the state is RLPTO's ``(m, e, l, n, a, c, w)``
-(:mod:`rlsched.core.learned`), the action ``−i / 0 / +i`` workers and the reward
-``r = v_a + sign(v_a − β0)·T·w·k_w`` (:mod:`rlsched.sim.scaling_env`), γ = 0.99. The
+(parameter sharing) of :class:`~rlsched.sim.scaling_env.ScalingEnv`, a PettingZoo
+parallel environment on the simulator engine; per job the state is RLPTO's
+``(m, e, l, n, a, c, w)`` (:mod:`rlsched.core.learned`), the action ``−1 / 0 / +1``
+worker, taken when the job has a new evaluation (the planner's rule; one transition per
+decision, credited with the rewards ``r = v_a + sign(v_a − β0)·T·w·k_w`` of the cycles
+until its next decision), γ = 0.99. The
 objective is PPO-Clip, or adaptive-KL PPO with ``--objective kl``. Rollouts run in
 ``--workers`` processes (numpy actor, no torch there); each training episode draws its
 cluster size and β from the evaluation grid. The greedy policy is validated against
@@ -58,8 +61,10 @@ class SLAQScaling:
     to the job whose *predicted loss reduction* over the next interval grows most.
 
     The prediction uses the job's noise-free loss curve (an oracle stand-in for SLAQ's
-    online curve fitting) and the environment's throughput model, so this needs the
-    :class:`ScalingEnv` it decides in. Returns multi-worker moves (target − current).
+    online curve fitting) and the engine's throughput at the best placement, over one
+    decision cycle, so this needs the :class:`ScalingEnv` it decides in. Returns
+    multi-worker moves (target − current); the planner applies one worker of each per
+    evaluation.
     """
 
     name = "slaq"
@@ -68,13 +73,13 @@ class SLAQScaling:
         self.env = env
 
     def _reduction(self, jid: str, w: int) -> float:
-        r = self.env.runs[jid]
-        s, conv = r.spec, r.conv
         if w <= 0:
             return 0.0
-        thr = s.throughput(w, self.env.config.bandwidth_gbps)
-        d_eff = thr * self.env.config.interval / s.samples_per_epoch * conv.efficiency(w)
-        return float(conv.loss_at(r.eff) - conv.loss_at(r.eff + d_eff))
+        sim = self.env.sim
+        conv, eff = sim.training_curve(jid)
+        thr = sim.ideal_throughput(jid, w)
+        d_eff = thr * self.env.config.interval / conv.samples_per_epoch * conv.efficiency(w)
+        return float(conv.loss_at(eff) - conv.loss_at(eff + d_eff))
 
     def decide(self, running: Sequence[JobView], state: ClusterState) -> dict[str, int]:
         jobs = list(running)
@@ -132,8 +137,11 @@ def _env_for(cfg: dict, nodes: int, beta: float, stop: str = "beta") -> ScalingE
 def rollout(payload: dict, seed: int) -> dict:
     """Run ``payload["episodes"]`` episodes with the numpy actor, sampling actions.
 
-    Returns per-job trajectories (obs, actions, log-probs, rewards) and episode stats.
-    Runs in a worker process: numpy only.
+    A job acts in the cycles where it decides (``infos[job]["decides"]``: a new
+    evaluation); each decision is one transition whose reward is the sum of the job's
+    rewards until its next decision or its end (rewards before its first decision are
+    no decision's). Returns per-job trajectories (obs, actions, log-probs, rewards) and
+    episode stats. Runs in a worker process: numpy only.
     """
     rng = np.random.default_rng(seed)
     actor = RLPTOActor(payload["weights"], payload["meta"])
@@ -142,12 +150,12 @@ def rollout(payload: dict, seed: int) -> dict:
         nodes = int(rng.choice(payload["nodes"]))
         beta = float(rng.choice(payload["betas"]))
         env = _env_for(payload["env"], nodes, beta)
-        obs = env.reset(int(rng.integers(VAL_SEED_BASE)))
+        obs, infos = env.reset(seed=int(rng.integers(VAL_SEED_BASE)))
         buf: dict[str, dict[str, list]] = {}
-        while not env.done:
+        while env.agents:
             actions = {}
-            if obs:
-                ids = list(obs)
+            ids = [j for j in env.agents if infos[j]["decides"]]
+            if ids:
                 x = np.stack([obs[j] for j in ids])
                 logp_all = log_softmax(actor.logits(x))
                 p = np.exp(logp_all)
@@ -158,12 +166,12 @@ def rollout(payload: dict, seed: int) -> dict:
                     b["obs"].append(x[k])
                     b["act"].append(int(acts[k]))
                     b["logp"].append(float(logp_all[k, acts[k]]))
+                    b["rew"].append(0.0)
                     actions[j] = int(acts[k])
-            nobs, rewards, dones, info = env.step(actions)
+            obs, rewards, _, _, infos = env.step(actions)
             for j, rwd in rewards.items():
-                if j in actions:
-                    buf[j]["rew"].append(rwd)
-            obs = nobs
+                if j in buf:  # credited to the job's last decision
+                    buf[j]["rew"][-1] += rwd
         res = env.result()
         stats.append({"nodes": nodes, "beta": beta, "total_time": res.total_time, "sum_jct": res.mean_jct * len(res.finish),
                       "mean_accuracy": res.mean_accuracy})
@@ -199,8 +207,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", type=int, nargs="+", default=list(NODES))
     p.add_argument("--betas", type=float, nargs="+", default=list(BETAS))
     p.add_argument("--n-jobs", type=int, default=16)
-    p.add_argument("--interval", type=float, default=60.0, help="decision interval, seconds")
-    p.add_argument("--step", type=int, default=1, help="i: workers per +/- action")
+    p.add_argument("--interval", type=float, default=60.0, help="decision cycle, seconds of simulated time")
+    p.add_argument("--step", type=int, default=1, choices=(1,),
+                   help="i: workers per +/- action (the planner moves one worker per evaluation)")
+    p.add_argument("--restart-cost", type=float, default=30.0, help="seconds without progress after a resize (the engine's)")
     p.add_argument("--k-w", type=float, default=K_W)
     p.add_argument("--beta0", type=float, default=None, help="reward threshold β0 (default: each job's β)")
     p.add_argument("--budget", choices=BUDGETS, default="oracle",
@@ -232,8 +242,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _env_cfg(args) -> dict:
-    return {"n_jobs": args.n_jobs, "interval": args.interval, "step": args.step, "k_w": args.k_w, "beta0": args.beta0,
-            "budget": args.budget}
+    return {"n_jobs": args.n_jobs, "interval": args.interval, "k_w": args.k_w, "beta0": args.beta0, "budget": args.budget,
+            "restart_cost": args.restart_cost}
 
 
 # ---------------------------------------------------------------------- training
@@ -280,11 +290,12 @@ def _export(args, model, path: Path, training: dict, evaluation: dict | None = N
         path, _actor_state(model), policy="rlpto", version=VERSION, observation=m["observation"],
         architecture=m["architecture"], training=training,
         trained_on={
-            "environment": "rlsched.sim.scaling_env.ScalingEnv over ConvergenceModel",
+            "environment": "rlsched.sim.scaling_env.ScalingEnv: PettingZoo parallel env on the Simulator engine "
+                           "(ScalingPlanner, FIFO admission, restart cost)",
             "workload": f"make_jobs: {args.n_jobs} jobs, Poisson arrivals, seeds < {VAL_SEED_BASE}",
             "budget": _budget_text(args.budget),
             "nodes": list(args.nodes), "betas": list(args.betas), "interval_s": args.interval,
-            "reward": f"v_a + sign(v_a - beta0)*T*w*k_w, k_w={args.k_w}, T in minutes",
+            "reward": f"v_a + sign(v_a - beta0)*T*w*k_w per cycle, k_w={args.k_w}, T*w in worker-minutes",
         },
         evaluation=evaluation,
     )

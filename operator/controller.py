@@ -134,6 +134,7 @@ from rlsched.core.planning import (
     RunningJob,
     ScalingPlanner,
     TrainingSpec,
+    reserved_gpus,
 )
 from rlsched.core.policy import ORDERINGS, SCALINGS
 
@@ -712,7 +713,7 @@ class Controller:
         await self._each(lambda j: self.admit(j, now), [jobs[k] for k in plan.admit], now)
 
         running = [r for r in running if r.key not in plan.preempt]
-        splan = self.planner.plan(running, snap.state, reserved_gpus=plan.waiting_gpus if plan.blocked else 0)
+        splan = self.planner.plan(running, snap.state, reserved_gpus=reserved_gpus(jobs[plan.blocked].spec if plan.blocked else None))
         by_key = {r.key: r for r in running}
 
         async def act(j: _Job) -> None:

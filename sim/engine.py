@@ -40,6 +40,20 @@ to be preempted again). A victim is checkpointed: it keeps its progress, epochs 
 attained service, releases its GPUs and, when it resumes, pays ``restart_cost``
 seconds without progress (the same cost as a resize). Tiresias' demotions (attained
 service crossing a threshold while running) are events of their own.
+
+Elastic scaling runs core's :class:`~rlsched.core.planning.ScalingPlanner`, the object
+the operator runs, every ``scaling_interval`` seconds (:meth:`Simulator.scaling_cycle`):
+each job's progress is folded into its :class:`~rlsched.core.planning.ElasticState`
+(kept on the engine as the operator keeps it in ``status.rlpto``), the policy is asked
+only about jobs with an evaluation newer than their last decision, changes are one
+worker, within ``[min_workers, max_workers]``, scale-ups leave the GPUs of the blocked
+head of the queue free (:func:`~rlsched.core.planning.reserved_gpus`) and go to the
+jobs gaining most first. The planner checks room with the placement policy and the
+engine puts each added worker on the node it found; every resize pays
+``restart_cost``. A job that never reports an evaluation (fixed-duration trace jobs)
+is never resized, as in the operator. Completion by the β stop is computed ahead from
+the job's curve (:func:`~rlsched.sim.convergence.stop_epoch`): it ends each job at the
+epoch ``ScalingPlanner.finished`` reports (tests/sim/test_elastic_planner.py).
 """
 
 from __future__ import annotations
@@ -54,7 +68,18 @@ from typing import Callable, Sequence
 import numpy as np
 
 from rlsched.core import ClusterState, JobView, Level, Ordering, Placement, PlacementError, Scaling, Topology
-from rlsched.core.planning import Admission, QueueEntry, RunningEntry, TrainingSpec, scaling_steps
+from rlsched.core.planning import (
+    Admission,
+    ElasticState,
+    QueueEntry,
+    RunningEntry,
+    RunningJob,
+    ScalingPlan,
+    ScalingPlanner,
+    TrainingSpec,
+    reserved_gpus,
+    scaling_steps,
+)
 
 from .convergence import ConvergenceModel, stop_epoch
 from .job import JobSpec, comm_time, ideal_level, throughput, topology_limits
@@ -156,7 +181,7 @@ class _Job:
     __slots__ = (
         "spec", "view", "conv", "status", "work_total", "work_done", "rate", "seg_start",
         "resume_at", "eff", "fee", "fee_rate", "version", "accs", "acc_first", "ideal",
-        "level0", "rescales", "w0", "first_start", "preemptions",
+        "level0", "rescales", "w0", "first_start", "preemptions", "elastic",
     )
 
     def __init__(self, spec: JobSpec, conv: ConvergenceModel | None) -> None:
@@ -181,6 +206,8 @@ class _Job:
         self.w0 = spec.workers
         self.first_start: float | None = None
         self.preemptions = 0
+        #: what core's ScalingPlanner remembers of the job (the operator's status.rlpto)
+        self.elastic = ElasticState()
 
 
 class Simulator:
@@ -220,6 +247,8 @@ class Simulator:
         self._highest_pending = 0  # pending ``highest`` jobs (they may preempt)
         self.placement = placement
         self.scaling = scaling
+        #: core's elastic planner over ``scaling`` (the operator's ScalingPlanner)
+        self.planner = ScalingPlanner(scaling) if scaling is not None else None
         self.rng = np.random.default_rng(seed)
         self.state = ClusterState(topology)
         self.now = 0.0
@@ -981,15 +1010,104 @@ class Simulator:
         return True
 
     def _scale_tick(self, t: float) -> None:
-        running = list(self.state.running.values())
+        if self.state.running:
+            self.scaling_cycle()
+
+    # ------------------------------------------------------------ elastic scaling
+    def elastic_jobs(self) -> list[RunningJob]:
+        """The running jobs as core's :class:`ScalingPlanner` sees them, synced to now:
+        each job's reported progress folded into its :class:`ElasticState` (the same
+        fold the operator does each cycle), its own β patience, and its live view."""
+        out = []
+        t = self.now
+        for v in self.state.running.values():
+            j = self._by_id[v.id]
+            self._sync(j, t)
+            spec = j.spec
+            j.elastic.observe(v.progress, v.workers, t - float(j.first_start), spec.beta, spec.samples_per_epoch)
+            tspec = TrainingSpec(
+                min_workers=v.min_workers, max_workers=v.max_workers, gpus_per_worker=v.gpus_per_worker,
+                priority_class=spec.priority_class, priority_value=spec.priority, beta=spec.beta,
+                max_epochs=spec.max_epochs, data_size=spec.samples_per_epoch,
+            )
+            out.append(RunningJob(
+                key=v.id, spec=tspec, workers=v.workers, progress=v.progress, state=j.elastic,
+                submit_time=v.submit_time, start_time=float(v.start_time), placement=list(v.placement),
+                patience=spec.patience, job=v,
+            ))
+        return out
+
+    def scaling_cycle(self, policy: Scaling | None = None) -> ScalingPlan:
+        """One elastic-scaling cycle now, as the operator's cycle runs it: core's
+        :class:`ScalingPlanner` over :meth:`elastic_jobs` with ``policy`` (default the
+        engine's scaling policy), GPUs reserved for the blocked head of the queue, room
+        checked with the placement policy; the plan is applied (:meth:`apply_scaling`)
+        and GPUs freed by it go to waiting jobs at once. Returns the plan."""
+        if self.ordering is not None and self._dirty:
+            self._schedule()
+        if policy is None and self.planner is None:
+            raise ValueError("no scaling policy: give one, or build the simulator with scaling=")
+        planner = self.planner if policy is None else ScalingPlanner(policy)
+        running = self.elastic_jobs()
         if not running:
-            return
-        for v in running:
-            self._sync(self._by_id[v.id], t)
-        # one step per job, removals first so that additions can use the freed GPUs
-        for jid, step in scaling_steps(self.scaling.decide(running, self.state)):
-            if jid in self.state.running:
-                self._rescale(self._by_id[jid], step, None, t)
+            return ScalingPlan()
+        plan = planner.plan(running, self.state, reserved_gpus=reserved_gpus(self._blocked_head()), place=self._place_one)
+        self.apply_scaling(plan)
+        if self.ordering is not None and self._dirty:
+            self._schedule()
+        return plan
+
+    def apply_scaling(self, plan: ScalingPlan) -> dict[str, int]:
+        """Apply a plan's one-worker changes now, removals first, each added worker on
+        the node the planner found for it (``plan.nodes``; the placement policy's choice
+        when absent). Every resize pays ``restart_cost``. Returns the changes made."""
+        done: dict[str, int] = {}
+        for jid, step in scaling_steps(plan.deltas):
+            j = self._by_id.get(jid)
+            if j is None or j.status != _RUNNING:
+                continue
+            node = plan.nodes.get(jid) if step > 0 else None
+            if self._rescale(j, step, None if node is None else [node], self.now):
+                done[jid] = step
+        if done:
+            self._record(self.now)
+        return done
+
+    def _blocked_head(self) -> TrainingSpec | None:
+        """The gang of the job at the head of the waiting queue (after a policy pass
+        every waiting job is blocked or behind the blocked head), as admission sees it."""
+        st = self.state
+        if not st.pending:
+            return None
+        if self.ordering is not None:
+            head = self.ordering.rank(st.pending, st)[0]
+        else:
+            head = min(st.pending, key=lambda v: (v.submit_time, v.id))
+        return self._entry(head).spec
+
+    def _place_one(self, rj: RunningJob, state: ClusterState) -> int | None:
+        """The planner's room check: where the placement policy puts one more worker
+        (best fit by free GPUs among the nodes that can host it when there is none)."""
+        v = self._by_id[rj.key].view
+        if self.placement is None:
+            c = state.candidates(v.gpus_per_worker, v.gpu_models)
+            return int(c[np.argmin(state.free[c])]) if len(c) else None
+        nodes = self.placement.place(v, state, workers=1)
+        return int(nodes[0]) if nodes else None
+
+    def training_curve(self, job_id: str) -> tuple[ConvergenceModel | None, float]:
+        """The job's convergence model (None for fixed-duration jobs) and the effective
+        epochs it has trained, synced to now. The engine's private truth: for
+        environments' rewards and oracle baselines, never a policy's input."""
+        j = self._by_id[job_id]
+        if j.status == _RUNNING:
+            self._sync(j, self.now)
+        return j.conv, j.eff
+
+    def ideal_throughput(self, job_id: str, workers: int) -> float:
+        """Samples per second of the job at ``workers`` workers on the fastest placement."""
+        spec = self._by_id[job_id].spec
+        return workers * spec.batch_per_worker / self._best_step(spec, workers)
 
     def _record(self, t: float) -> None:
         if not self.config.record_series:

@@ -1,37 +1,64 @@
-"""RLPTO's elastic-scaling environment over :class:`~rlsched.sim.convergence.ConvergenceModel`.
+"""RLPTO's elastic-scaling environment: a PettingZoo ``ParallelEnv`` on the simulator engine.
 
-A cluster of ``nodes`` nodes with one worker slot each (``gpus_per_node`` GPUs; a
-worker takes them all) runs a set of elastic training jobs that arrive over time.
-Time advances in decision intervals of ``interval`` seconds. In every interval:
+The environment is the discrete-event :class:`~rlsched.sim.engine.Simulator` itself,
+driven in decision cycles; it keeps no clock, throughput formula or admission rule of
+its own:
 
-1. pending jobs start first-come first-served with as many of their requested workers
-   as fit (at least ``min_workers``);
-2. the scaling decides ``+i / −i / 0`` workers per running job — either a
-   :class:`~rlsched.core.policy.Scaling` policy over the same
-   :class:`~rlsched.core.ClusterState` / :class:`~rlsched.core.JobView` snapshot the
-   operator builds (:meth:`ScalingEnv.step_policy`), or RL actions (:meth:`ScalingEnv.step`);
-3. every running job processes ``throughput(w) · interval`` samples. Its accuracy is
-   evaluated after each epoch (the convergence model's curve plus its seeded noise);
-   it stops when ``patience`` consecutive evaluations gain less than its ``beta``, or
-   at ``max_epochs`` (the β rule of RLPTO, as ``sim.convergence.stop_epoch``). The
-   baselines' ``stop="epochs"`` trains every job for ``max_epochs``, its epoch budget
-   (``budget``: an oracle or a user's recipe, see :func:`make_jobs`).
+* **one clock**, the engine's. A cycle is ``interval`` simulated seconds (60 by
+  default, the environment's scaling cycle as ``cycle_s`` is the operator's); between
+  cycles the engine processes its events (arrivals, admissions, finishes, preemptions);
+* **admission** is the engine's: core's :class:`~rlsched.core.planning.Admission` with
+  the configured ordering (FIFO by default, as the operator's), head-of-line blocking
+  unless ``backfill``; a job starts with the workers it asks for (a gang);
+* **throughput and placement** are the engine's: ring all-reduce at the slowest link the
+  job's workers span (:func:`rlsched.sim.job.throughput`), workers placed by the
+  configured placement policy on ``nodes`` nodes of ``gpus_per_node`` GPUs (a worker
+  takes a whole node); links between nodes run at ``bandwidth_gbps``;
+* **scaling** goes through core's :class:`~rlsched.core.planning.ScalingPlanner`, the
+  object the operator runs (:meth:`Simulator.scaling_cycle`): a job is decided on only
+  when it has an evaluation newer than its last decision, by one worker, within
+  ``[min_workers, max_workers]``, scale-ups never take the GPUs the blocked head of the
+  queue needs and go to the jobs gaining most first; every resize pays the engine's
+  ``restart_cost`` (30 s) without progress;
+* **completion** is the engine's β stop: ``patience`` consecutive evaluations gaining
+  less than ``beta``, or ``max_epochs`` (``stop="beta"``); ``stop="epochs"`` trains
+  every job for its epoch budget ``max_epochs`` (the baselines' traditional stop).
+  Accuracy is evaluated after every epoch: the convergence model's curve plus noise the
+  engine draws from the episode's seed.
 
-Throughput of ``w`` workers is synchronous data parallelism with ring all-reduce,
-the simulator's formula (:func:`rlsched.sim.job.ring_throughput`) with one ring member
-per worker: ``w · batch / (compute + 2 (w − 1)/w · grad_gb / bandwidth)`` samples/s; each sample
-is worth ``efficiency(w)`` effective samples (the convergence model's large-batch
-discount), so adding workers has diminishing returns.
+Multi-agent interface (PettingZoo parallel API, parameter sharing)
+------------------------------------------------------------------
+Every job that has started and not finished is an agent, named by its job id
+(``possible_agents``: the episode's job ids). Agents come and go: a job joins
+``agents`` in the cycle it starts (a preempted job stays an agent while it waits) and
+leaves with ``terminations[job] = True`` in the cycle it finishes, or with
+``truncations`` when the episode reaches ``max_time``. All agents share one
+observation space, RLPTO's seven features of
+:func:`rlsched.core.learned.job_observation` (exactly what the served policy reads),
+and one action space ``Discrete(3)``, indices of ``(−1, 0, +1)`` workers: one policy,
+shared by every agent, maps each agent's observation to its action (parameter sharing).
 
-RL interface (parameter sharing: every running job is an agent of one policy):
-``reset(seed) -> obs``; ``step({job_id: action}) -> (obs, rewards, dones, info)``,
-actions index ``(−i, 0, +i)``. The reward of a job for an interval is RLPTO's
+An action counts only in a cycle where ``infos[job]["decides"]`` is true: the job has
+a new evaluation since its last decision (the planner's rule); other agents' actions
+are ignored. ``reset(seed) -> (observations, infos)``;
+``step({job: action}) -> (observations, rewards, terminations, truncations, infos)``.
+:meth:`ScalingEnv.step_policy` runs a cycle with a core
+:class:`~rlsched.core.policy.Scaling` policy deciding instead (on the same
+``JobView``/``ClusterState`` snapshot the operator builds), :meth:`ScalingEnv.run_policy`
+a whole episode.
+
+Reward
+------
+The reward of a job for a cycle is RLPTO's
 
     r = v_a + sign(v_a − β0) · T · w · k_w,   k_w = 0.000625
 
-with ``v_a`` the accuracy the job gained during the interval (on its noise-free curve,
-the simulator's denoised measurement, so the ``v_a`` of an episode sum to the accuracy
-gained), ``T`` the interval in minutes and ``w`` its workers during the interval.
+with ``v_a`` the accuracy the job gained during the cycle (on its noise-free curve, the
+simulator's denoised measurement, so the ``v_a`` of an episode sum to the accuracy
+gained), and ``T · w`` the worker-minutes it held during the cycle (``T`` the cycle in
+minutes times its ``w`` workers when it held them throughout). A learner credits a
+decision with the rewards of the cycles until the job's next decision
+(:func:`rlsched.models.rlpto.rollout`).
 """
 
 from __future__ import annotations
@@ -41,17 +68,22 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
+from gymnasium import spaces
+from pettingzoo import ParallelEnv
 
-from rlsched.core import ClusterState, JobView, Topology
-from rlsched.core.learned import rlpto_observation
+from rlsched.core import Bandwidth, ClusterState, JobView, Topology, make_ordering, make_placement, make_scaling
+from rlsched.core.learned import RLPTO_FEATURES, job_observation
+from rlsched.core.planning import ScalingPlan, ScalingPlanner
 
 from .convergence import ConvergenceModel
-from .job import ring_throughput
+from .engine import SimConfig, Simulator
+from .job import JobSpec
 
-__all__ = ["ScalingJob", "ScalingEnvConfig", "ScalingEnv", "make_jobs", "EpisodeResult", "K_W", "BUDGETS"]
+__all__ = ["ScalingJob", "ScalingEnvConfig", "ScalingEnv", "make_jobs", "EpisodeResult", "K_W", "BUDGETS", "ACTIONS"]
 
 #: RLPTO's worker-cost coefficient k_w
 K_W = 0.000625
+#: action index -> worker change
 ACTIONS = (-1, 0, 1)
 #: epoch-budget models of :func:`make_jobs`
 BUDGETS = ("oracle", "recipe")
@@ -59,6 +91,9 @@ BUDGETS = ("oracle", "recipe")
 #: budget is at best what the job needs and at most twice that (mean 1.5x); chosen once,
 #: before any RLPTO result under it was seen (docs/training.md)
 OVERPROVISION = (1.0, 2.0)
+#: bounds of the seven RLPTO features (rlsched.core.learned.rlpto_observation)
+OBS_LOW = np.array([0.0, 0.0, 0.0, 0.0, 0.0, -1.0, 0.0], dtype=np.float32)
+OBS_HIGH = np.array([1.0, 1.0, 2.0, 1.0, 1.0, 1.0, 1.0], dtype=np.float32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,42 +113,68 @@ class ScalingJob:
     patience: int = 3  # evaluations gaining < β before the β rule stops the job
     convergence: Mapping[str, float] = field(default_factory=dict)
 
-    def throughput(self, w: int, bandwidth_gbps: float) -> float:
-        """Samples per second with ``w`` workers: the simulator's
-        :func:`~rlsched.sim.job.ring_throughput` with one ring member per worker."""
-        if w <= 0:
-            return 0.0
-        return ring_throughput(w, self.batch_per_worker, self.compute_time, self.grad_gb, w, bandwidth_gbps)
+    def job_spec(self, *, nodes: int, gpus_per_node: int, beta: float, stop: str) -> JobSpec:
+        """The simulator job of this workload job on ``nodes`` nodes: a worker takes a
+        node's ``gpus_per_node`` GPUs, worker counts are capped at ``nodes``, β and the
+        stop rule come from the environment (``stop="epochs"``: a patience the β rule
+        cannot reach, so the job trains ``max_epochs``). The convergence ``seed`` is
+        dropped: the engine draws evaluation noise from its own seed."""
+        mx = min(self.max_workers, nodes)
+        w = min(self.workers, mx)
+        return JobSpec(
+            id=self.id, submit_time=self.submit_time, workers=w, gpus_per_worker=gpus_per_node,
+            min_workers=min(self.min_workers, w), max_workers=mx, compute_time=self.compute_time,
+            grad_gb=self.grad_gb, batch_per_worker=self.batch_per_worker, samples_per_epoch=self.samples_per_epoch,
+            max_epochs=self.max_epochs, beta=beta, patience=self.patience if stop == "beta" else self.max_epochs,
+            convergence={k: v for k, v in self.convergence.items() if k != "seed"},
+        )
 
 
 @dataclass(frozen=True)
 class ScalingEnvConfig:
+    """Cluster, workload and reward of the environment (module docstring)."""
+
     nodes: int = 12
     gpus_per_node: int = 1
+    #: seconds of simulated time per decision cycle
     interval: float = 60.0
+    #: GB/s of the links between nodes (every level above the node)
     bandwidth_gbps: float = 12.5
     beta: float = 0.0003  # stopping threshold β of every job
     beta0: float | None = None  # reward threshold β0 (default: beta)
     k_w: float = K_W
-    step: int = 1  # i: workers added/removed by one action
     n_jobs: int = 16
     mean_interarrival: float = 300.0
+    #: the episode is truncated this long after its first arrival
     max_time: float = 4 * 86400.0
     #: how a job ends: "beta" (RLPTO's rule: ``patience`` evaluations gaining < β, or
     #: max_epochs) or "epochs" (the traditional fixed epoch budget, max_epochs)
     stop: str = "beta"
     #: epoch budget of the generated jobs (:func:`make_jobs`): "oracle" or "recipe"
     budget: str = "oracle"
+    #: the engine's admission ordering and placement policy (core names)
+    ordering: str = "fifo"
+    placement: str = "firstfit"
+    backfill: bool = False
+    #: seconds without progress after a resize or a resume (the engine's)
+    restart_cost: float = 30.0
 
     def __post_init__(self) -> None:
         if self.budget not in BUDGETS:
             raise ValueError(f"budget must be one of {BUDGETS}, not {self.budget!r}")
         if self.stop not in ("beta", "epochs"):
             raise ValueError(f"stop must be 'beta' or 'epochs', not {self.stop!r}")
-        if self.nodes < 1 or self.interval <= 0 or self.step < 1 or self.n_jobs < 1:
-            raise ValueError("need nodes >= 1, interval > 0, step >= 1, n_jobs >= 1")
+        if self.nodes < 1 or self.gpus_per_node < 1 or self.interval <= 0 or self.n_jobs < 1:
+            raise ValueError("need nodes >= 1, gpus_per_node >= 1, interval > 0, n_jobs >= 1")
         if self.beta <= 0:
             raise ValueError(f"beta must be > 0, got {self.beta}")
+        if self.bandwidth_gbps <= 0 or self.restart_cost < 0 or self.max_time <= 0:
+            raise ValueError("need bandwidth_gbps > 0, restart_cost >= 0, max_time > 0")
+
+    def topology(self) -> Topology:
+        bw = self.bandwidth_gbps
+        return Topology.uniform(self.nodes, gpus_per_node=self.gpus_per_node,
+                                bandwidth=Bandwidth(rack=bw, block=bw, cluster=bw))
 
 
 def make_jobs(
@@ -190,281 +251,202 @@ class EpisodeResult:
     finish: dict[str, float]
     epochs: dict[str, int]
     gpu_seconds: float
+    rescales: int = 0
 
 
-class _Run:
-    """Mutable state of one job in an episode."""
+class _Actions:
+    """Agents' actions as a core scaling policy: the planner asks it about the jobs it
+    decides on this cycle and applies its invariants to the answer."""
 
-    __slots__ = ("spec", "view", "conv", "samples", "eff", "streak", "done", "finish")
+    name = "actions"
 
-    def __init__(self, spec: ScalingJob, beta: float) -> None:
-        self.spec = spec
-        self.conv = ConvergenceModel(spec.samples_per_epoch, **dict(spec.convergence))
-        self.view = JobView(
-            id=spec.id,
-            submit_time=spec.submit_time,
-            workers=spec.workers,
-            min_workers=spec.min_workers,
-            max_workers=spec.max_workers,
-            beta=beta,
-        )
-        self.view.progress.accuracy = self.conv.acc0
-        self.view.progress.max_loss = self.conv.loss0
-        self.view.progress.loss = self.conv.loss0
-        self.samples = 0.0
-        self.eff = 0.0  # effective epochs
-        self.streak = 0
-        self.done = False
-        self.finish = math.nan
+    def __init__(self, deltas: Mapping[str, int]) -> None:
+        self.deltas = deltas
+
+    def decide(self, running: Sequence[JobView], state: ClusterState) -> dict[str, int]:
+        return {v.id: self.deltas[v.id] for v in running if self.deltas.get(v.id)}
 
 
-class ScalingEnv:
+class ScalingEnv(ParallelEnv):
     """The RLPTO elastic-scaling environment (see the module docstring)."""
+
+    metadata = {"name": "rlsched_scaling_v0", "render_modes": []}
 
     def __init__(self, config: ScalingEnvConfig | None = None, jobs: Sequence[ScalingJob] | None = None,
                  job_factory: Callable[[np.random.Generator], Sequence[ScalingJob]] | None = None) -> None:
         self.config = config or ScalingEnvConfig()
         self._fixed_jobs = list(jobs) if jobs is not None else None
         self._factory = job_factory
-        self.topology = Topology.uniform(self.config.nodes, gpus_per_node=self.config.gpus_per_node)
-        self.state: ClusterState | None = None
-        self.time = 0.0
-        self.runs: dict[str, _Run] = {}
-        self._queue: list[_Run] = []  # arrived, waiting to start
-        self._future: list[_Run] = []  # not yet arrived
+        self.topology = self.config.topology()
+        self._obs_space = spaces.Box(OBS_LOW, OBS_HIGH, shape=(len(RLPTO_FEATURES),), dtype=np.float32)
+        self._act_space = spaces.Discrete(len(ACTIONS))
+        #: asks nothing: only its rule of which jobs a cycle decides on is used
+        self._probe = ScalingPlanner(make_scaling("none"))
+        self.sim: Simulator | None = None
+        self.jobs: dict[str, ScalingJob] = {}
+        self.possible_agents: list[str] = [j.id for j in self._fixed_jobs] if self._fixed_jobs is not None else []
+        self.agents: list[str] = []
+        self.last_plan = ScalingPlan()
+        self.t0 = 0.0
+        self.engine_seed = 0
+
+    # ------------------------------------------------------------------ spaces
+    def observation_space(self, agent: str) -> spaces.Box:
+        return self._obs_space
+
+    def action_space(self, agent: str) -> spaces.Discrete:
+        return self._act_space
 
     # ------------------------------------------------------------------ episode
-    def reset(self, seed: int | None = None) -> dict[str, np.ndarray]:
+    def reset(self, seed: int | None = None, options: dict | None = None):
         rng = np.random.default_rng(seed)
+        cfg = self.config
         if self._fixed_jobs is not None:
             specs = self._fixed_jobs
         elif self._factory is not None:
             specs = list(self._factory(rng))
         else:
-            specs = make_jobs(rng, self.config.n_jobs, self.config.mean_interarrival, budget=self.config.budget)
-        cfg = self.config
-        self.state = ClusterState(self.topology)
-        self.time = min(s.submit_time for s in specs)
-        self.t0 = self.time
-        self.runs = {}
-        for s in sorted(specs, key=lambda s: (s.submit_time, s.id)):
-            s = replace(s, max_workers=min(s.max_workers, cfg.nodes), workers=min(s.workers, cfg.nodes))
-            self.runs[s.id] = _Run(s, cfg.beta)
-        self._future = list(self.runs.values())
-        self._queue = []
-        self._arrive()
-        self._admit()
-        return self.observe()
+            specs = make_jobs(rng, cfg.n_jobs, cfg.mean_interarrival, budget=cfg.budget)
+        if not specs:
+            raise ValueError("scaling env: the episode has no jobs")
+        specs = sorted(specs, key=lambda s: (s.submit_time, s.id))
+        self.jobs = {s.id: s for s in specs}
+        self.possible_agents = list(self.jobs)
+        self.t0 = specs[0].submit_time
+        #: the engine's seed (evaluation noise), drawn after the workload: same jobs as before for a seed
+        self.engine_seed = int(rng.integers(2**31))
+        self.sim = Simulator(
+            [s.job_spec(nodes=cfg.nodes, gpus_per_node=cfg.gpus_per_node, beta=cfg.beta, stop=cfg.stop) for s in specs],
+            self.topology,
+            ordering=make_ordering(cfg.ordering),
+            placement=make_placement(cfg.placement),
+            seed=self.engine_seed,
+            config=SimConfig(backfill=cfg.backfill, restart_cost=cfg.restart_cost, max_time=self.t0 + cfg.max_time,
+                             record_series=False),
+        )
+        self.last_plan = ScalingPlan()
+        self._until_someone_runs()
+        self.agents = [v.id for v in self.sim.running]
+        deciding = self._deciding()
+        return self._observations(self.agents), {a: self._info(a, deciding) for a in self.agents}
+
+    @property
+    def cluster(self) -> ClusterState:
+        """The engine's cluster snapshot (what a policy decides on)."""
+        return self.sim.state
+
+    @property
+    def time(self) -> float:
+        return self.sim.now
 
     @property
     def done(self) -> bool:
-        return all(r.done for r in self.runs.values())
+        return not self.agents
 
     def running(self) -> list[JobView]:
-        return list(self.state.running.values())
+        return self.sim.running
 
     def observe(self) -> dict[str, np.ndarray]:
-        """RLPTO features of every running job (see :func:`rlsched.core.learned.rlpto_observation`)."""
-        st = self.state
-        total = st.total_gpus / self.config.gpus_per_node
-        free = st.free_gpus / self.config.gpus_per_node
-        pending = len(st.pending)
-        out = {}
-        for jid, v in st.running.items():
-            p = v.progress
-            out[jid] = rlpto_observation(
-                free=free, total=total, epoch=p.epoch, loss=p.loss, max_loss=p.max_loss, pending=pending,
-                accuracy=p.accuracy, gain=p.gain, beta=v.beta, workers=v.workers,
-            )
-        return out
+        """RLPTO features of every agent (:func:`rlsched.core.learned.job_observation`)."""
+        return self._observations(self.agents)
 
     # ------------------------------------------------------------------ stepping
-    def step(self, actions: Mapping[str, int]) -> tuple[dict[str, np.ndarray], dict[str, float], dict[str, bool], dict]:
-        """Apply action indices ``{job_id: 0|1|2}`` meaning ``(−i, 0, +i)``, advance one interval."""
-        i = self.config.step
+    def step(self, actions: Mapping[str, int]):
+        """Apply action indices ``{job: 0|1|2}`` meaning ``(−1, 0, +1)`` workers (only
+        deciding agents' count), then run the engine for one cycle."""
         deltas = {}
         for jid, a in actions.items():
-            if not 0 <= int(a) < 3:
-                raise ValueError(f"action for {jid} must be 0, 1 or 2, got {a}")
+            if isinstance(a, (bool, np.bool_)) or not isinstance(a, (int, np.integer)) or not 0 <= int(a) < len(ACTIONS):
+                raise ValueError(f"action for {jid} must be 0, 1 or 2, got {a!r}")
             if ACTIONS[int(a)]:
-                deltas[jid] = ACTIONS[int(a)] * i
-        return self._advance(deltas)
+                deltas[jid] = ACTIONS[int(a)]
+        return self._cycle(_Actions(deltas))
 
-    def step_policy(self, policy) -> tuple[dict[str, np.ndarray], dict[str, float], dict[str, bool], dict]:
-        """Let a :class:`~rlsched.core.policy.Scaling` decide on the live snapshot, then advance."""
-        return self._advance(policy.decide(self.running(), self.state))
-
-    def _advance(self, deltas: Mapping[str, int]):
-        st = self.state
-        held = {}
-        # shrink first, then grow in the order given while nodes are free
-        for jid, d in deltas.items():
-            if d < 0 and jid in st.running:
-                self._resize(self.runs[jid], d)
-        for jid, d in deltas.items():
-            if d > 0 and jid in st.running:
-                self._resize(self.runs[jid], d)
-        for jid, v in st.running.items():
-            held[jid] = v.workers
-        rewards = self._progress(held)
-        dones = {jid: self.runs[jid].done for jid in held}
-        self._arrive()
-        self._admit()
-        info = {"time": self.time}
-        if self.done:
-            info["result"] = self.result()
-        return self.observe(), rewards, dones, info
+    def step_policy(self, policy):
+        """One cycle with a :class:`~rlsched.core.policy.Scaling` policy deciding (through
+        the planner, like the operator) on the live snapshot."""
+        return self._cycle(policy)
 
     def run_policy(self, policy, max_steps: int | None = None) -> EpisodeResult:
-        """Run the current episode to the end with a Scaling policy."""
+        """Run the current episode to its end with a Scaling policy."""
         steps = 0
-        while not self.done:
+        while self.agents:
             self.step_policy(policy)
             steps += 1
             if max_steps is not None and steps >= max_steps:
-                break
+                return self.result()
+        if self.sim.result().unfinished:
+            raise RuntimeError(f"scaling env: episode exceeded max_time {self.config.max_time} s")
         return self.result()
 
-    # ------------------------------------------------------------------ internals
-    def _resize(self, run: _Run, delta: int) -> None:
-        v, st = run.view, self.state
-        g = v.gpus_per_worker
-        if delta < 0:
-            k = min(-delta, v.workers - v.min_workers)
-            for _ in range(k):
-                st.release(v.placement.pop(), g)
-            v.workers -= k
-        else:
-            k = min(delta, v.max_workers - v.workers)
-            for _ in range(k):
-                i = st.first_fit(g)
-                if i is None:
-                    break
-                st.allocate(i, g)
-                v.placement.append(i)
-                v.workers += 1
-
-    def _arrive(self) -> None:
-        while self._future and self._future[0].spec.submit_time <= self.time + 1e-9:
-            r = self._future.pop(0)
-            self._queue.append(r)
-            self.state.pending.append(r.view)
-
-    def _admit(self) -> None:
-        st = self.state
-        g = self.config.gpus_per_node
-        while self._queue:
-            r = self._queue[0]
-            v = r.view
-            slots = st.free_gpus // g
-            if slots < v.min_workers:
-                break
-            self._queue.pop(0)
-            st.pending.remove(v)
-            want = min(r.spec.workers, slots)
-            v.workers = 0
-            v.placement = []
-            v.start_time = self.time
-            st.running[v.id] = v
-            self._resize(r, want)
-            self._estimate(r)
-        if not st.running and not self._queue and self._future:
-            # idle cluster: jump to the next arrival
-            self.time = max(self.time, self._future[0].spec.submit_time)
-            self._arrive()
-            self._admit()
-
-    def _progress(self, held: Mapping[str, int]) -> dict[str, float]:
-        cfg = self.config
-        dt = cfg.interval
+    def _cycle(self, policy):
+        sim, cfg = self.sim, self.config
+        prev = list(self.agents)
+        if not prev:
+            return {}, {}, {}, {}, {}
+        self.last_plan = sim.scaling_cycle(policy)
+        before = {a: self._meter(a) for a in prev}
+        sim.advance_until(sim.now + cfg.interval)
+        self._until_someone_runs()
         beta0 = cfg.beta if cfg.beta0 is None else cfg.beta0
-        t_min = dt / 60.0
+        g = cfg.gpus_per_node
         rewards = {}
-        t_end = self.time + dt
-        for jid in list(held):
-            r = self.runs[jid]
-            v, s, conv = r.view, r.spec, r.conv
-            w = v.workers
-            thr = s.throughput(w, cfg.bandwidth_gbps)
-            eff_rate = conv.efficiency(w) / s.samples_per_epoch  # effective epochs per sample
-            start_samples = r.samples
-            end_samples = start_samples + thr * dt
-            first_epoch = int(start_samples // s.samples_per_epoch) + 1
-            last_epoch = int(end_samples // s.samples_per_epoch)
-            p = v.progress
-            e = first_epoch
-            while e <= last_epoch and not r.done:
-                at = e * s.samples_per_epoch
-                eff_e = r.eff + (at - start_samples) * eff_rate
-                acc = float(conv.evaluate([e], [eff_e])[0])
-                prev = p.history[-1] if p.history else conv.acc0
-                gain = acc - prev
-                p.history.append(acc)
-                p.accuracy = acc
-                p.epoch = e
-                p.loss = float(conv.loss_at(eff_e))
-                if cfg.stop == "beta" and len(p.history) >= 2 and gain < v.beta:
-                    r.streak += 1
-                else:
-                    r.streak = 0
-                if r.streak >= s.patience or e >= s.max_epochs:
-                    r.done = True
-                    r.finish = self.time + (at - start_samples) / thr
-                e += 1
-            if r.done:
-                used = r.finish - self.time
-                r.samples = (e - 1) * s.samples_per_epoch
-            else:
-                used = dt
-                r.samples = end_samples
-            eff_before = r.eff
-            r.eff += (r.samples - start_samples) * eff_rate
-            # v_a: accuracy gained in this interval, on the job's noise-free curve (the
-            # simulator's denoised measurement); sums to the accuracy gained overall
-            va = float(conv.accuracy_at(r.eff) - conv.accuracy_at(eff_before))
-            rewards[jid] = va + float(np.sign(va - beta0)) * t_min * w * cfg.k_w
-            v.attained_service += used * w
-            if not r.done:
-                self._estimate(r)
-            if r.done:
-                for i in v.placement:
-                    self.state.release(i, v.gpus_per_worker)
-                v.placement = []
-                del self.state.running[jid]
-        self.time = t_end
-        self.state.time = t_end
-        if self.time - self.t0 > cfg.max_time:
-            raise RuntimeError(f"scaling env: episode exceeded max_time {cfg.max_time} s")
-        return rewards
+        for a in prev:
+            (acc0, att0), (acc1, att1) = before[a], self._meter(a)
+            va = acc1 - acc0
+            worker_min = (att1 - att0) / (g * 60.0)
+            rewards[a] = va + float(np.sign(va - beta0)) * worker_min * cfg.k_w
+        running = {v.id for v in sim.running}
+        waiting = {v.id for v in sim.pending}
+        ended = {a for a in prev if a not in running and a not in waiting}
+        truncated = sim.now >= sim.config.max_time and bool(running or waiting)
+        seen = set(prev)
+        new = [v.id for v in sim.running if v.id not in seen]
+        keys = prev + new
+        for a in new:
+            rewards[a] = 0.0
+        terms = {a: a in ended for a in keys}
+        truncs = {a: truncated and a not in ended for a in keys}
+        self.agents = [a for a in keys if not (terms[a] or truncs[a])]
+        deciding = self._deciding()
+        return self._observations(keys), rewards, terms, truncs, {a: self._info(a, deciding) for a in keys}
 
-    def _estimate(self, r: _Run) -> None:
-        """Fill the view's ``throughput`` and ``remaining`` (seconds, at its current
-        workers) from the noise-free curve: the effective epoch where the per-epoch gain
-        falls below β, plus ``patience`` epochs. Heuristics that need a runtime estimate
-        (Optimus-style) read these — an oracle stand-in for their online curve fitting."""
-        v, s, conv = r.view, r.spec, r.conv
-        w = max(v.workers, 1)
-        eff = conv.efficiency(w)
-        span = conv.acc_max - conv.acc0
-        ratio = span * eff / (conv.tau * v.beta) if span > 0 else 0.0
-        e_stop = conv.tau * math.log(ratio) if ratio > 1 else 0.0
-        rem_eff = max(e_stop - r.eff, 0.0) + s.patience * eff
-        rem_eff = min(rem_eff, max(s.max_epochs - r.samples / s.samples_per_epoch, 0.0) * eff)
-        thr = s.throughput(w, self.config.bandwidth_gbps)
-        v.throughput = s.throughput(1, self.config.bandwidth_gbps)
-        v.remaining = rem_eff * s.samples_per_epoch / eff / thr if thr > 0 else 0.0
-        v.est_runtime = v.remaining
+    # ------------------------------------------------------------------ internals
+    def _until_someone_runs(self) -> None:
+        """An idle cluster (nothing running): jump to the next event (an arrival)."""
+        sim = self.sim
+        while not sim.running and not sim.done:
+            if not sim.step():
+                break
+
+    def _deciding(self) -> set[str]:
+        return {rj.key for rj in self.sim.elastic_jobs() if self._probe.decides(rj)}
+
+    def _info(self, agent: str, deciding: set[str]) -> dict:
+        v = self.sim.job(agent)
+        return {"decides": agent in deciding, "workers": v.workers, "epoch": v.progress.epoch, "time": self.sim.now}
+
+    def _meter(self, agent: str) -> tuple[float, float]:
+        """(denoised accuracy, attained GPU-seconds) of a job now."""
+        conv, eff = self.sim.training_curve(agent)
+        return float(conv.accuracy_at(eff)), float(self.sim.job(agent).attained_service)
+
+    def _observations(self, agents: Sequence[str]) -> dict[str, np.ndarray]:
+        st = self.sim.state
+        return {a: job_observation(self.sim.job(a), st) for a in agents}
 
     def result(self) -> EpisodeResult:
-        runs = list(self.runs.values())
-        finished = [r for r in runs if r.done]
-        fin = {r.spec.id: r.finish for r in finished}
+        sim = self.sim
+        res = sim.result()
+        fin = {r.id: r.end for r in res.records}
+        views = {jid: sim.job(jid) for jid in self.jobs}
         return EpisodeResult(
             total_time=(max(fin.values()) - self.t0) if fin else math.nan,
-            mean_accuracy=float(np.mean([r.view.progress.accuracy for r in runs])),
-            mean_jct=float(np.mean([r.finish - r.spec.submit_time for r in finished])) if finished else math.nan,
-            accuracies={r.spec.id: r.view.progress.accuracy for r in runs},
+            mean_accuracy=float(np.mean([v.progress.accuracy for v in views.values()])),
+            mean_jct=float(np.mean([r.end - r.submit for r in res.records])) if res.records else math.nan,
+            accuracies={jid: v.progress.accuracy for jid, v in views.items()},
             finish=fin,
-            epochs={r.spec.id: r.view.progress.epoch for r in runs},
-            gpu_seconds=float(sum(r.view.attained_service for r in runs)) * self.config.gpus_per_node,
+            epochs={jid: v.progress.epoch for jid, v in views.items()},
+            gpu_seconds=float(sum(v.attained_service for v in views.values())),
+            rescales=sum(r.rescales for r in res.records),
         )

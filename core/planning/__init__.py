@@ -29,7 +29,15 @@ from .admission import (
     take_gang,
     unfittable_reason,
 )
-from .elastic import ElasticState, RunningJob, ScalingPlan, ScalingPlanner, scaling_steps
+from .elastic import (
+    ElasticState,
+    RunningJob,
+    ScalingPlan,
+    ScalingPlanner,
+    best_fit_node,
+    reserved_gpus,
+    scaling_steps,
+)
 from .spec import PRIORITY_CLASSES, TrainingSpec
 from .topology import TopologyRule, required_topology
 
@@ -50,6 +58,8 @@ __all__ = [
     "ScalingPlan",
     "ScalingPlanner",
     "scaling_steps",
+    "reserved_gpus",
+    "best_fit_node",
     "PRIORITY_CLASSES",
     "TrainingSpec",
     "TopologyRule",

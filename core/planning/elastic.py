@@ -9,11 +9,21 @@ the β-threshold rule); the planner enforces what must hold whatever the policy 
 * a job is decided on only after a new evaluation (one change per evaluation and
   per cycle);
 * never below ``minWorkers`` nor above ``maxWorkers``;
-* scale-ups only use GPUs that the head of the waiting queue does not need, highest
-  accuracy gain first (freed GPUs go to waiting jobs, then to jobs that still gain);
+* scale-ups only use GPUs that the head of the waiting queue does not need
+  (:func:`reserved_gpus`), highest accuracy gain first (freed GPUs go to waiting jobs,
+  then to jobs that still gain);
 * a pinned job (``spec.workers``) moves one worker per cycle towards the pin;
 * completion (the β stop): ``patience`` consecutive evaluations with gain below
   ``beta`` (converged), or ``maxEpochs`` reached.
+
+The planner decides *counts*; the adapter places the added workers. Room for a
+scale-up is checked by tentatively placing one worker with a ``place`` hook on the
+cluster snapshot (undone before :meth:`ScalingPlanner.plan` returns), and the node it
+chose is returned in ``ScalingPlan.nodes``. The operator leaves the hook at its default
+(best fit by free GPUs, :func:`best_fit_node`) and lets kube-scheduler and the extender
+place the pod, so the node is only the proof that one exists; the simulator passes its
+placement policy as the hook and puts the worker on exactly that node, so what the
+planner counted on is what the engine places.
 
 What the planner remembers of a job between cycles is :class:`ElasticState` (kept
 in the TrainingJob's ``status.rlpto``). The learned policy's observation is a
@@ -24,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -32,7 +42,18 @@ from ..cluster import ClusterState, JobView, Progress
 from ..policy import Scaling
 from .spec import TrainingSpec
 
-__all__ = ["ElasticState", "RunningJob", "ScalingPlan", "ScalingPlanner", "scaling_steps"]
+__all__ = [
+    "ElasticState", "RunningJob", "ScalingPlan", "ScalingPlanner", "scaling_steps", "reserved_gpus", "best_fit_node",
+]
+
+
+def reserved_gpus(blocked: TrainingSpec | None) -> int:
+    """GPUs scale-ups must leave free: the gang of the blocked head of the waiting
+    queue (``minWorkers x gpusPerWorker``; the simulator's gang is the workers the job
+    starts with), 0 when no waiting job is blocked. The operator and the simulator both
+    call this with the head core's :class:`~rlsched.core.planning.Admission` left
+    waiting."""
+    return 0 if blocked is None else int(blocked.gang_gpus)
 
 
 def scaling_steps(decisions: Mapping[str, int]) -> list[tuple[str, int]]:
@@ -65,21 +86,38 @@ class ElasticState:
     decided_epoch: int = 0
 
     def observe(self, progress: Progress, workers: int, trained_s: float, beta: float, data_size: int) -> None:
-        """Fold a progress report in; the streak grows once per new evaluation."""
-        new_eval = progress.epoch > self.epoch
+        """Fold a progress report in; the streak counts each new evaluation once.
+
+        Every evaluation since the last report counts, not only the latest: their gains
+        are read from ``progress.history`` (accuracy after each evaluation, oldest first,
+        possibly truncated to the newest ones). An evaluation whose gain the history no
+        longer holds breaks the streak (it cannot be shown small), as does the first
+        evaluation of all (no gain yet). So the streak after epoch ``e`` is the same
+        whether the reports came once per epoch or once per several, and the β stop
+        fires at the epoch :func:`rlsched.sim.convergence.stop_epoch` computes.
+        """
+        new = progress.epoch - self.epoch
         self.data_size = data_size
         self.workers = workers
         self.trained_s = trained_s
-        if not new_eval:
+        if new <= 0:
             return
         self.epoch = progress.epoch
         self.accuracy = progress.accuracy
-        gain = progress.gain
-        self.gain = gain
+        self.gain = progress.gain
         ml = progress.max_loss
         ok = ml and math.isfinite(ml) and ml > 0 and math.isfinite(progress.loss)
         self.loss_norm = progress.loss / ml if ok else 1.0
-        self.streak = self.streak + 1 if gain < beta else 0
+        hist = progress.history
+        if not hist:  # no history reported: the latest gain is all there is
+            self.streak = self.streak + 1 if self.gain < beta else 0
+            return
+        held = min(new, len(hist))
+        streak = self.streak if held == new else 0
+        for i in range(len(hist) - held, len(hist)):
+            gain = hist[i] - hist[i - 1] if i > 0 else math.inf  # the oldest held: no gain known
+            streak = streak + 1 if gain < beta else 0
+        self.streak = streak
 
     def to_status(self) -> dict:
         """The ``status.rlpto`` object (camelCase; an infinite gain is ``null``)."""
@@ -119,8 +157,16 @@ class RunningJob:
     submit_time: float = 0.0
     start_time: float = 0.0
     placement: list[int] = field(default_factory=list)
+    #: evaluations gaining < β that finish the job; None: the planner's ``patience``
+    #: (the operator's one setting; the simulator passes each trace job's own)
+    patience: int | None = None
+    #: the job's live view, when the caller has one (the simulator's: throughput, attained
+    #: service, GPU models); the policy then decides on it instead of one built from the spec
+    job: JobView | None = None
 
     def view(self) -> JobView:
+        if self.job is not None:
+            return self.job
         return self.spec.view(self.key, submit_time=self.submit_time, workers=self.workers,
                               priority=self.spec.priority_value, start_time=self.start_time,
                               placement=list(self.placement), progress=self.progress)
@@ -134,6 +180,10 @@ class ScalingPlan:
     finished: dict[str, str] = field(default_factory=dict)
     #: what the policy asked before bounds and capacity (for events/metrics)
     asked: dict[str, int] = field(default_factory=dict)
+    #: jobs the policy was asked about this cycle (a new evaluation since their last decision)
+    decided: list[str] = field(default_factory=list)
+    #: for each scale-up, the node the ``place`` hook found for the new worker
+    nodes: dict[str, int] = field(default_factory=dict)
 
 
 class ScalingPlanner:
@@ -149,14 +199,33 @@ class ScalingPlanner:
         """``"Converged"``, ``"MaxEpochs"`` or ``None``."""
         if job.progress.epoch >= job.spec.max_epochs:
             return "MaxEpochs"
-        if job.state.streak >= self.patience:
+        if job.state.streak >= (self.patience if job.patience is None else job.patience):
             return "Converged"
         return None
 
-    def plan(self, running: Sequence[RunningJob], state: ClusterState, reserved_gpus: int = 0) -> ScalingPlan:
+    def decides(self, job: RunningJob) -> bool:
+        """Whether this cycle asks the policy about ``job``: it is not finished, not
+        pinned, and has an evaluation newer than the last decision."""
+        return (job.spec.pinned_workers is None and job.progress.epoch > job.state.decided_epoch
+                and self.finished(job) is None)
+
+    def plan(
+        self,
+        running: Sequence[RunningJob],
+        state: ClusterState,
+        reserved_gpus: int = 0,
+        place: Callable[[RunningJob, ClusterState], int | None] | None = None,
+    ) -> ScalingPlan:
         """Decide this cycle's changes. ``reserved_gpus``: what the blocked head of the
-        waiting queue needs; scale-ups never eat into it. Marks each job the policy
-        decided on (``state.decided_epoch``) so the same evaluation is not acted on twice."""
+        waiting queue needs (:func:`reserved_gpus`); scale-ups never eat into it. Marks
+        each job the policy decided on (``state.decided_epoch``) so the same evaluation
+        is not acted on twice.
+
+        ``place(job, state)`` finds a node for one more worker of ``job`` on ``state``
+        (None: no room); default :func:`best_fit_node`. Each scale-up granted is
+        allocated on ``state`` so the next one sees it; all are released before
+        returning."""
+        place = place or _best_fit
         out = ScalingPlan()
         live: list[RunningJob] = []
         for job in running:
@@ -167,19 +236,19 @@ class ScalingPlanner:
                 live.append(job)
 
         asked: dict[str, int] = {}
-        auto = [j for j in live if j.spec.pinned_workers is None and j.progress.epoch > j.state.decided_epoch]
+        auto = [j for j in live if self.decides(j)]
         if auto:
             steps = dict(scaling_steps(self.policy.decide([j.view() for j in auto], state)))
             for j in auto:
                 asked[j.key] = steps.get(j.key, 0)
                 j.state.decided_epoch = j.progress.epoch
+        out.decided = [j.key for j in auto]
         for j in live:
             if j.spec.pinned_workers is not None:
                 asked[j.key] = int(np.sign(j.spec.pinned_workers - j.workers))
         out.asked = {k: v for k, v in asked.items() if v}
 
-        free = state.free.astype(np.int64).copy()
-        spare = int(np.maximum(free, 0).sum()) - reserved_gpus
+        spare = int(np.maximum(state.free, 0).sum()) - reserved_gpus
         ups: list[RunningJob] = []
         for j in live:
             d = asked.get(j.key, 0)
@@ -189,21 +258,35 @@ class ScalingPlanner:
                 ups.append(j)
         # jobs that still gain most get the spare GPUs first
         ups.sort(key=lambda j: (-(j.progress.gain if math.isfinite(j.progress.gain) else 1e9), j.start_time, j.key))
-        for j in ups:
-            g = j.spec.gpus_per_worker
-            if spare < g:
-                continue
-            node = _fit_node(free, g)
-            if node is None:
-                continue
-            free[node] -= g
-            spare -= g
-            out.deltas[j.key] = 1
+        taken: list[tuple[int, int, int, int]] = []
+        try:
+            for j in ups:
+                g = j.spec.gpus_per_worker
+                if spare < g:
+                    continue
+                node = place(j, state)
+                if node is None:
+                    continue
+                v = j.view()
+                state.allocate(node, g, v.cpu_milli, v.memory_mib)
+                taken.append((node, g, v.cpu_milli, v.memory_mib))
+                spare -= g
+                out.deltas[j.key] = 1
+                out.nodes[j.key] = int(node)
+        finally:
+            for node, g, cpu, mem in reversed(taken):
+                state.release(node, g, cpu, mem)
         return out
 
 
-def _fit_node(free: np.ndarray, gpus: int) -> int | None:
+def best_fit_node(free: np.ndarray, gpus: int) -> int | None:
+    """The node with the fewest free GPUs that still has ``gpus`` free (lowest index
+    on ties), or None: the planner's default room check."""
     ok = np.flatnonzero(free >= gpus)
     if not ok.size:
         return None
     return int(ok[np.argmin(free[ok])])
+
+
+def _best_fit(job: RunningJob, state: ClusterState) -> int | None:
+    return best_fit_node(state.free, job.spec.gpus_per_worker)

@@ -103,3 +103,67 @@ def test_worker_counts_are_clamped_to_the_spec(make_spec):
     s = make_spec(mn=1, mx=2)
     assert [s.clamp_workers(n) for n in (40, 2, 1, 0, -5)] == [2, 2, 1, 1, 1]
     assert [s.clamp_workers(n) for n in (None, "40", True, float("nan"), float("inf"), 1.9)] == [1, 1, 1, 1, 1, 1]
+
+
+def test_streak_counts_every_evaluation_since_the_last_report():
+    """Reports that skip epochs (a slow cycle, or the simulator's scaling tick) give
+    the same streak as one report per epoch: the gains come from the history."""
+    accs = [0.5, 0.6, 0.6001, 0.6002, 0.7, 0.7001, 0.7002, 0.7003]
+    one_by_one = ElasticState()
+    streaks = []
+    for e in range(1, len(accs) + 1):
+        one_by_one.observe(prog(*accs[:e]), workers=1, trained_s=0.0, beta=0.01, data_size=0)
+        streaks.append(one_by_one.streak)
+    assert streaks == [0, 0, 1, 2, 0, 1, 2, 3]
+    for stride in (2, 3, 8):
+        st = ElasticState()
+        for e in list(range(stride, len(accs) + 1, stride)) + [len(accs)]:
+            st.observe(prog(*accs[:e]), workers=1, trained_s=0.0, beta=0.01, data_size=0)
+        assert st.streak == 3 and st.epoch == 8
+    # a history truncated to the newest 2 evaluations: the 3 not held break the streak
+    st = ElasticState(epoch=3, streak=1)
+    st.observe(prog(0.7002, 0.7003, epoch=8), workers=1, trained_s=0.0, beta=0.01, data_size=0)
+    assert st.streak == 1
+    # no history at all: the latest gain (none: infinite) decides, as before
+    st = ElasticState(epoch=3, streak=2)
+    st.observe(Progress(epoch=5, accuracy=0.7), workers=1, trained_s=0.0, beta=0.01, data_size=0)
+    assert st.streak == 0
+
+
+def test_reserved_gpus_is_the_blocked_heads_gang(make_spec):
+    from rlsched.core.planning import reserved_gpus
+
+    assert reserved_gpus(None) == 0
+    assert reserved_gpus(make_spec(3, 5, gpw=2)) == 6
+
+
+def test_place_hook_decides_room_and_the_node(planner, make_cluster, make_spec):
+    """The adapter's placement is the room check: a hook that refuses node 0 leaves the
+    job that would only fit there without its worker, and the node each granted
+    scale-up got is reported; the snapshot is left as it was."""
+    st = make_cluster(1, 1)
+    a = job(make_spec, "a", 1, prog(0.1, 0.5))
+    b = job(make_spec, "b", 1, prog(0.1, 0.2))
+    seen = []
+
+    def place(j, state):
+        seen.append((j.key, state.free.tolist()))
+        ok = [i for i in (1,) if state.free[i] >= j.spec.gpus_per_worker]
+        return ok[0] if ok else None
+
+    plan = planner.plan([a, b], st, place=place)
+    assert plan.deltas == {"a": 1} and plan.nodes == {"a": 1} and plan.decided == ["a", "b"]
+    assert seen == [("a", [1, 1]), ("b", [1, 0])]  # b saw a's worker on node 1
+    assert st.free.tolist() == [1, 1]
+    # default: best fit by free GPUs
+    for j in (a, b):
+        j.state.decided_epoch = 0
+    st2 = make_cluster(4, 2)
+    assert planner.plan([a, b], st2).nodes == {"a": 1, "b": 1}
+
+
+def test_per_job_patience_overrides_the_planners(planner, make_spec):
+    j = job(make_spec, "p", 1, prog(0.8, 0.8), streak=3)
+    assert planner.finished(j) == "Converged"
+    j.patience = 4
+    assert planner.finished(j) is None and planner.decides(j)

@@ -1,5 +1,6 @@
-"""RLPTO: environment dynamics and reward on hand-computed cases, the served policy,
-its fallback, and a smoke training run that must move the policy."""
+"""RLPTO: environment dynamics and reward on hand-computed cases (the simulator engine's
+clock, throughput and restart cost), the served policy, its fallback, and a smoke
+training run that must move the policy."""
 
 import math
 
@@ -26,51 +27,64 @@ def one_job(**kw):
 
 def test_reward_is_rlpto_formula_on_a_hand_case():
     env = ScalingEnv(ScalingEnvConfig(nodes=2, beta=0.0003, n_jobs=1), jobs=[one_job()])
-    obs = env.reset(0)
-    assert list(obs) == ["a"]
-    _, rew, done, _ = env.step({"a": 1})  # keep 1 worker
+    obs, infos = env.reset(seed=0)
+    assert list(obs) == ["a"] and env.agents == ["a"] and env.possible_agents == ["a"]
+    assert not infos["a"]["decides"]  # no evaluation yet: nothing to decide on
+    _, rew, term, trunc, infos = env.step({"a": 1})  # keep 1 worker; epoch 1 at t = 60
     va = 0.8 * (1 - math.exp(-1 / 6))  # accuracy gained in the first epoch
     assert rew["a"] == pytest.approx(va + 1.0 * 1 * K_W, abs=1e-12)  # v_a > beta0: + T w k_w
-    assert not done["a"]
-    # +1 worker: 2 workers, no communication (grad_gb 0), gamma 0 -> 2 epochs per interval
-    _, rew, _, _ = env.step({"a": 2})
-    assert env.runs["a"].view.workers == 2
-    va2 = 0.8 * (math.exp(-1 / 6) - math.exp(-3 / 6))
-    assert rew["a"] == pytest.approx(va2 + 1.0 * 2 * K_W, abs=1e-12)
+    assert not term["a"] and not trunc["a"] and infos["a"]["decides"] and env.time == 60.0
+    # +1 worker: the engine charges its 30 s restart, then 2 workers (no communication,
+    # gamma 0) do the other 30 s at 320 samples/s: one epoch in this cycle, not two
+    _, rew, _, _, infos = env.step({"a": 2})
+    v = env.sim.job("a")
+    assert v.workers == 2 and v.progress.epoch == 2 and infos["a"]["epoch"] == 2
+    va2 = 0.8 * (math.exp(-1 / 6) - math.exp(-2 / 6))
+    assert rew["a"] == pytest.approx(va2 + 1.0 * 2 * K_W, abs=1e-12)  # 2 workers held for 1 minute
     # beta0 above any gain: the worker term turns into a cost
     env2 = ScalingEnv(ScalingEnvConfig(nodes=2, beta=0.0003, beta0=1.0, n_jobs=1), jobs=[one_job()])
-    env2.reset(0)
-    _, rew, _, _ = env2.step({"a": 1})
+    env2.reset(seed=0)
+    _, rew, _, _, _ = env2.step({"a": 1})
     assert rew["a"] == pytest.approx(va - K_W, abs=1e-12)
 
 
 def test_beta_rule_and_epoch_budget_stop_at_hand_computed_times():
     # beta = 1: every gain after the first evaluation is below it -> patience 3 -> epoch 4
     env = ScalingEnv(ScalingEnvConfig(nodes=1, beta=1.0, n_jobs=1), jobs=[one_job()])
-    env.reset(0)
-    while not env.done:
-        env.step({"a": 1})
+    env.reset(seed=0)
+    while env.agents:
+        _, _, term, _, _ = env.step({"a": 1})
+    assert term == {"a": True} and env.done
     res = env.result()
     assert res.epochs["a"] == 4
     assert res.total_time == pytest.approx(240.0)
     assert res.mean_accuracy == pytest.approx(0.9 - 0.8 * math.exp(-4 / 6))
     # the traditional stop ignores beta and trains the full budget
     env = ScalingEnv(ScalingEnvConfig(nodes=1, beta=1.0, n_jobs=1, stop="epochs"), jobs=[one_job(max_epochs=6)])
-    env.reset(0)
+    env.reset(seed=0)
     res = env.run_policy(make_scaling("none"))
     assert res.epochs["a"] == 6 and res.total_time == pytest.approx(360.0)
 
 
-def test_actions_respect_bounds_and_capacity():
+def test_actions_respect_bounds_capacity_and_one_decision_per_evaluation():
     jobs = [one_job(id="a", workers=2), one_job(id="b", submit_time=0.0, workers=1)]
     env = ScalingEnv(ScalingEnvConfig(nodes=3, n_jobs=2), jobs=jobs)
-    env.reset(0)
-    assert env.state.free_gpus == 0
+    env.reset(seed=0)
+    assert env.cluster.free_gpus == 0 and env.agents == ["a", "b"]
+    _, _, _, _, infos = env.step({"a": 2, "b": 2})  # t = 0: no evaluation, nobody decides
+    assert env.sim.job("a").workers == 2 and env.sim.job("b").workers == 1
+    assert infos["a"]["decides"] and infos["b"]["decides"]  # t = 60: a at epoch 2, b at epoch 1
     env.step({"a": 2, "b": 2})  # no free node: +1 is a no-op
-    assert env.runs["a"].view.workers == 2 and env.runs["b"].view.workers == 1
-    env.step({"a": 0, "b": 0})  # b is at min_workers: stays; a gives one back
-    assert env.runs["a"].view.workers == 1 and env.runs["b"].view.workers == 1
-    assert env.state.free_gpus == 1
+    assert env.sim.job("a").workers == 2 and env.sim.job("b").workers == 1
+    assert env.last_plan.decided == ["a", "b"] and env.last_plan.deltas == {}
+    _, _, _, _, infos = env.step({"a": 0, "b": 0})  # b is at min_workers: stays; a gives one back
+    assert env.sim.job("a").workers == 1 and env.sim.job("b").workers == 1
+    assert env.cluster.free_gpus == 1
+    # a lost 30 s to the restart: half an epoch at 1 worker by t = 180, no new evaluation,
+    # so its +1 is not acted on although a node is free
+    assert not infos["a"]["decides"] and infos["b"]["decides"]
+    env.step({"a": 2})
+    assert env.sim.job("a").workers == 1 and env.last_plan.decided == ["b"]
     with pytest.raises(ValueError, match="0, 1 or 2"):
         env.step({"a": 3})
 
@@ -104,9 +118,10 @@ def _tiny_train(tmp_path, *extra):
     return tmp_path / "out" / "model.safetensors"
 
 
-def test_smoke_training_learns_that_minus_one_pays(tmp_path):
-    # k_w huge and beta0 above any gain: every worker costs 1.0 per minute, so -1 is right
-    w = _tiny_train(tmp_path, "--k-w", "1.0", "--beta0", "10", "--seed", "1")
+def test_smoke_training_learns_that_plus_one_costs(tmp_path):
+    # k_w huge and beta0 above any gain: every worker-minute costs 1.0, and a resize holds
+    # the job's workers idle for 10 minutes, so growing is wrong
+    w = _tiny_train(tmp_path, "--k-w", "1.0", "--beta0", "10", "--restart-cost", "600", "--iterations", "8", "--seed", "1")
     pol = RLPTOScaling(path=w)
     assert pol.fallback_reason is None
     rng = np.random.default_rng(0)
@@ -117,9 +132,9 @@ def test_smoke_training_learns_that_minus_one_pays(tmp_path):
     p = np.exp(z - z.max(1, keepdims=True))
     p /= p.sum(1, keepdims=True)
     # the initial policy is uniform to within 1% (last layer scaled by 0.01)
-    assert p[:, 0].mean() > 0.45
+    assert p[:, 2].mean() < 0.2
     log = (tmp_path / "out" / "train.csv").read_text().splitlines()
-    assert len(log) == 5
+    assert len(log) == 9
 
 
 def test_exported_actor_numpy_equals_torch(tmp_path):
@@ -151,10 +166,10 @@ def test_fallback_to_beta_rule_on_missing_or_corrupt_file(tmp_path):
     assert corrupt.fallback_reason and "corrupt" in corrupt.fallback_reason
     # it decides exactly like the beta heuristic on the same snapshot
     env = ScalingEnv(ScalingEnvConfig(nodes=6, beta=0.001, n_jobs=4))
-    env.reset(5)
+    env.reset(seed=5)
     beta = make_scaling("beta")
     for _ in range(30):
-        assert corrupt.decide(env.running(), env.state) == beta.decide(env.running(), env.state)
+        assert corrupt.decide(env.running(), env.cluster) == beta.decide(env.running(), env.cluster)
         env.step_policy(beta)
 
 
@@ -164,16 +179,16 @@ def test_committed_policy_loads_and_decides_within_bounds():
         pytest.skip(f"no committed weights: {pol.fallback_reason}")
     assert pol.metadata["policy"] == "rlpto"
     env = ScalingEnv(ScalingEnvConfig(nodes=12, beta=0.0003))
-    env.reset(123)
+    env.reset(seed=123)
     for _ in range(60):
-        before = env.state.free.copy()
-        d = pol.decide(env.running(), env.state)
-        np.testing.assert_array_equal(env.state.free, before)  # decide leaves the snapshot as it was
+        before = env.cluster.free.copy()
+        d = pol.decide(env.running(), env.cluster)
+        np.testing.assert_array_equal(env.cluster.free, before)  # decide leaves the snapshot as it was
         grow = sum(v for v in d.values() if v > 0)
         shrink = -sum(v for v in d.values() if v < 0)
-        assert grow <= env.state.free_gpus + shrink
+        assert grow <= env.cluster.free_gpus + shrink
         for jid, delta in d.items():
-            v = env.state.running[jid]
+            v = env.cluster.running[jid]
             assert v.min_workers <= v.workers + delta <= v.max_workers
         env.step_policy(pol)
         if env.done:
@@ -182,11 +197,11 @@ def test_committed_policy_loads_and_decides_within_bounds():
 
 def test_slaq_baseline_fills_the_cluster_by_loss_reduction():
     env = ScalingEnv(ScalingEnvConfig(nodes=8, n_jobs=3, mean_interarrival=1.0))
-    env.reset(2)
-    while len(env.state.running) < 3:
+    env.reset(seed=2)
+    while len(env.cluster.running) < 3:
         env.step({})
     slaq = R.SLAQScaling(env)
-    d = slaq.decide(env.running(), env.state)
+    d = slaq.decide(env.running(), env.cluster)
     after = {j.id: j.workers + d.get(j.id, 0) for j in env.running()}
     assert sum(after.values()) == 8  # every slot handed out (max_workers 8 each)
     # greedy optimality: no single move from one job to another raises the total reduction

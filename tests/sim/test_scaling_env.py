@@ -1,4 +1,6 @@
-"""The epoch-budget models of the RLPTO scaling environment's workload (make_jobs)."""
+"""The RLPTO scaling environment: its workload's epoch-budget models (make_jobs), the
+PettingZoo parallel API, and that it is the simulator engine run through core's
+planner (one clock, the engine's admission, reservation for the blocked head)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,10 @@ import math
 import numpy as np
 import pytest
 
-from rlsched.core import make_scaling
+from rlsched.core import make_ordering, make_placement, make_scaling
 from rlsched.sim.convergence import ConvergenceModel
-from rlsched.sim.scaling_env import OVERPROVISION, ScalingEnv, ScalingEnvConfig, make_jobs
+from rlsched.sim.engine import SimConfig, Simulator
+from rlsched.sim.scaling_env import OVERPROVISION, ScalingEnv, ScalingEnvConfig, ScalingJob, make_jobs
 
 # make_jobs(default_rng(3), 16) before the budget parameter existed (commit 6614f21):
 # the "oracle" model must keep giving exactly these jobs
@@ -66,12 +69,13 @@ def test_env_config_selects_the_budget():
     seed = 1_000_003
     for budget in ("oracle", "recipe"):
         env = ScalingEnv(ScalingEnvConfig(nodes=12, beta=0.0003, budget=budget, stop="epochs"))
-        env.reset(seed)
+        env.reset(seed=seed)
         want = make_jobs(np.random.default_rng(seed), 16, budget=budget)
-        assert {jid: r.spec.max_epochs for jid, r in env.runs.items()} == {j.id: j.max_epochs for j in want}
+        assert {jid: j.max_epochs for jid, j in env.jobs.items()} == {j.id: j.max_epochs for j in want}
+        assert {jid: env.sim.spec(jid).max_epochs for jid in env.jobs} == {j.id: j.max_epochs for j in want}
     # a fixed-epoch job trains exactly its budget
     env = ScalingEnv(ScalingEnvConfig(nodes=12, beta=0.0003, budget="recipe", stop="epochs"))
-    env.reset(seed)
+    env.reset(seed=seed)
     res = env.run_policy(make_scaling("fs"))
     assert res.epochs == {j.id: j.max_epochs for j in make_jobs(np.random.default_rng(seed), 16, budget="recipe")}
 
@@ -83,3 +87,82 @@ def test_unknown_budget_is_a_clear_error():
         ScalingEnvConfig(budget="Recipe")
     with pytest.raises(ValueError, match="overprovision"):
         make_jobs(np.random.default_rng(0), 3, budget="recipe", overprovision=(0.5, 2.0))
+
+
+def test_parallel_api():
+    from pettingzoo.test import parallel_api_test
+
+    env = ScalingEnv(ScalingEnvConfig(nodes=6, beta=0.001, n_jobs=5, mean_interarrival=200.0))
+    parallel_api_test(env, num_cycles=5000)
+    assert env.done and set(env.possible_agents) == set(env.jobs)
+
+
+def test_agents_join_when_they_start_and_leave_when_they_finish():
+    env = ScalingEnv(ScalingEnvConfig(nodes=4, beta=0.001, n_jobs=6, mean_interarrival=600.0))
+    obs, infos = env.reset(seed=11)
+    seen, ended = set(env.agents), set()
+    while env.agents:
+        before = set(env.agents)
+        obs, rew, term, trunc, infos = env.step({a: 1 for a in env.agents})
+        assert set(obs) == set(rew) == set(term) == set(infos) == before | set(env.agents)
+        assert not any(trunc.values())
+        gone = {a for a, t in term.items() if t}
+        assert gone.isdisjoint(env.agents) and before - gone <= set(env.agents)
+        assert all(env.sim.job(a).start_time is not None for a in set(env.agents) - before)  # joined: started
+        assert not (gone & ended) and not (set(env.agents) & ended)  # never revived
+        ended |= gone
+        seen |= set(env.agents)
+        for a in env.agents:
+            assert env.observation_space(a).contains(obs[a])
+    assert ended == seen == set(env.jobs)
+
+
+def test_the_env_is_the_engine_running_the_planner():
+    """One clock: an episode run with a core scaling policy is the engine's own run with
+    that policy as its scaling (a cycle of the environment is a scaling tick of the
+    engine), job for job: same starts, ends, epochs and resizes."""
+    for policy, stop in (("beta", "beta"), ("fs", "epochs")):
+        cfg = ScalingEnvConfig(nodes=8, beta=0.0005, n_jobs=8, mean_interarrival=60.0, stop=stop)
+        env = ScalingEnv(cfg)
+        env.reset(seed=1_000_002)
+        res = env.run_policy(make_scaling(policy))
+        assert res.rescales > 0
+        mine = sorted((r.id, r.start, r.end, r.epochs, r.rescales, r.workers) for r in env.sim.result().records)
+        sim = Simulator([env.sim.spec(j) for j in env.jobs], cfg.topology(), ordering=make_ordering("fifo"),
+                        placement=make_placement("firstfit"), scaling=make_scaling(policy), seed=env.engine_seed,
+                        config=SimConfig(scaling_interval=cfg.interval, restart_cost=cfg.restart_cost))
+        ref = sorted((r.id, r.start, r.end, r.epochs, r.rescales, r.workers) for r in sim.run().records)
+        assert mine == ref
+
+
+def _head_blocking_jobs(with_blocker: bool):
+    # a (1 worker, may grow to 3) runs alone; b needs all 3 nodes and arrives at t = 1
+    curve = {"acc_max": 0.9, "acc0": 0.1, "tau": 6.0, "gamma": 0.0, "noise": 0.0}
+    a = ScalingJob(id="a", submit_time=0.0, workers=1, min_workers=1, max_workers=3, compute_time=0.2, grad_gb=0.0,
+                   samples_per_epoch=9600, max_epochs=8, convergence=curve)
+    b = ScalingJob(id="b", submit_time=1.0, workers=3, min_workers=3, max_workers=3, compute_time=0.2, grad_gb=0.0,
+                   samples_per_epoch=9600, max_epochs=2, convergence=curve)
+    return [a, b] if with_blocker else [a]
+
+
+def test_scale_ups_leave_the_blocked_heads_gpus():
+    """FIFO admission, head-of-line: b waits for 3 free nodes while a runs on one. a asks
+    +1 at every evaluation; the planner refuses (2 spare GPUs minus b's 3), as the
+    operator does, so b starts the moment a ends. Without b, a grows."""
+    env = ScalingEnv(ScalingEnvConfig(nodes=3, beta=0.001, n_jobs=2), jobs=_head_blocking_jobs(True))
+    env.reset(seed=0)
+    asked = 0
+    while "a" in env.agents:
+        _, _, _, _, infos = env.step({"a": 2})
+        if "a" in env.agents:
+            assert env.sim.job("a").workers == 1
+            assert [v.id for v in env.sim.pending] == ["b"]
+            asked += infos["a"]["decides"]
+    assert asked >= 5
+    res = env.run_policy(make_scaling("none"))
+    assert res.finish["a"] == pytest.approx(8 * 60.0) and env.sim.result().records[1].start == res.finish["a"]
+    alone = ScalingEnv(ScalingEnvConfig(nodes=3, beta=0.001, n_jobs=1), jobs=_head_blocking_jobs(False))
+    alone.reset(seed=0)
+    while alone.agents:
+        alone.step({"a": 2})
+    assert alone.result().rescales == 2 and alone.sim.job("a").workers == 3
