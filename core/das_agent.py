@@ -13,8 +13,9 @@ encoder over a window of jobs. Per job ``j`` in the window (oldest first)::
 The window is the ``W`` oldest pending jobs (``window_select="oldest"``, the layout of
 models trained before it existed), or (``"mixed"``) the ``ceil(W/2)`` oldest plus the
 shortest-remaining of the rest, those that fit now first, or (``"shortest"``) only the
-shortest-remaining jobs, those that fit now first; the window is always listed oldest
-first. The mixed window keeps old jobs in view (no starvation) and lets
+shortest-remaining jobs, those that fit now first (remaining times are the
+non-clairvoyant estimates of :mod:`rlsched.core.estimate`; unknown ones count as
+longest); the window is always listed oldest first. The mixed window keeps old jobs in view (no starvation) and lets
 the agent see short jobs queued behind a long backlog.
 
 The agent starts the job with the highest logit among those that fit now; as an
@@ -40,6 +41,7 @@ from . import nn
 from . import das as _das
 from .cluster import QUEUES, ClusterState, JobView
 from .placement import worker_slots
+from .estimate import duration_key
 from .ordering import remaining_time
 from .policy import Placement, register_ordering, register_placement
 
@@ -70,7 +72,7 @@ JOB_FEATURES = (
     "gpus_norm",  # workers * gpus_per_worker / GPUs of the largest node
     "workers_norm",  # workers / 8
     "gpus_per_worker_norm",  # gpus_per_worker / GPUs of the largest node
-    "log_runtime",  # log1p(estimated run time s) / 10
+    "log_runtime",  # log1p(estimated remaining run time s, 0 if unknown) / 10
     "log_gpu_seconds",  # log1p(estimated run time * GPUs) / 12
     "log_wait",  # log1p(now - submit time) / 10
     "fits_now",  # 1 when the job's gang fits the free GPUs now
@@ -112,7 +114,7 @@ def select_window(pending: Sequence[JobView], state: ClusterState, window: int, 
         return fifo[:window]
     n_old = (window + 1) // 2 if mode == "mixed" else 0
     rest = fifo[n_old:]
-    short = sorted(rest, key=lambda j: (not fits_now(j, state), remaining_time(j), _age_key(j)))
+    short = sorted(rest, key=lambda j: (not fits_now(j, state), duration_key(remaining_time(j)), _age_key(j)))
     return sorted(fifo[:n_old] + short[: window - n_old], key=_age_key)
 
 
@@ -120,7 +122,7 @@ def job_features(job: JobView, state: ClusterState) -> np.ndarray:
     """The :data:`JOB_FEATURES` row of one pending job."""
     big = max(state.max_gpus, 1)
     gpus = job.workers * job.gpus_per_worker
-    runtime = max(job.remaining if job.remaining > 0 else job.est_runtime, 0.0)
+    runtime = max(remaining_time(job), 0.0)  # an estimate; 0 when unknown
     wait = max(state.time - job.submit_time, 0.0)
     free = state.free_gpus
     share = min(gpus / free, 4.0) / 4.0 if free > 0 else 1.0

@@ -17,6 +17,7 @@ from typing import Callable, Hashable, Sequence
 import numpy as np
 
 from .cluster import QUEUES, ClusterState, JobView
+from .estimate import duration_key
 from .policy import register_ordering
 
 __all__ = [
@@ -42,7 +43,10 @@ def _fifo_key(job: JobView) -> tuple:
 
 
 def remaining_time(job: JobView) -> float:
-    """Remaining run time: ``remaining`` when known (> 0), else ``est_runtime``."""
+    """Remaining run time: ``remaining`` when known (> 0), else ``est_runtime``; 0 when
+    neither is known. Both are estimates (:mod:`rlsched.core.estimate`): the simulator
+    and the operator never put a job's true run time in a view (except a simulator run
+    marked clairvoyant, a labelled reference)."""
     return job.remaining if job.remaining > 0 else job.est_runtime
 
 
@@ -115,26 +119,30 @@ class FIFO(_KeyOrdering):
 
 @register_ordering("sjf")
 class SJF(_KeyOrdering):
-    """Shortest job first: ``est_runtime`` ascending."""
+    """Shortest job first: ``est_runtime`` (the user's estimate) ascending; jobs
+    without an estimate after those with one, FIFO among themselves."""
 
     name = "sjf"
 
     def _keys(self, pending, state):
-        return [(j.est_runtime,) for j in pending]
+        return [duration_key(j.est_runtime) for j in pending]
 
 
 @register_ordering("srtf")
 class SRTF(_KeyOrdering):
-    """Shortest remaining time first: ``remaining`` (``est_runtime`` if unknown).
+    """Shortest remaining time first: ``remaining`` (``est_runtime`` if unknown), the
+    estimate of :func:`rlsched.core.estimate.estimate_remaining`; jobs with neither
+    after every job with one, FIFO among themselves.
 
     Preemptive: a waiting job with a strictly shorter remaining time evicts a running
-    one (the longest remaining first) when it does not fit otherwise."""
+    one (the longest remaining first) when it does not fit otherwise; a job whose
+    remaining time is unknown never preempts (and one known beats an unknown)."""
 
     name = "srtf"
     preemptive = True
 
     def _keys(self, pending, state):
-        return [(remaining_time(j),) for j in pending]
+        return [duration_key(remaining_time(j)) for j in pending]
 
 
 @register_ordering("drf")
@@ -205,9 +213,11 @@ class Tetris(_KeyOrdering):
 
     ``a = d · f`` with ``d`` the job's (GPU, CPU, memory) demand and ``f`` the cluster's
     free resources, both normalised by cluster capacity; ``p = remaining × GPUs`` is
-    the job's remaining work. Score ``a − ε p`` with ``ε = m · mean(a) / mean(p)``
-    over the pending jobs (``m`` = ``srpt_weight``); highest first. Jobs whose demand
-    exceeds the free resources now go after those that fit (Tetris never
+    the job's remaining work (the estimate, :func:`remaining_time`). Score ``a − ε p``
+    with ``ε = m · mean(a) / mean(p)`` over the pending jobs (``m`` = ``srpt_weight``);
+    highest first. A job whose remaining time is unknown gets the mean ``p`` of those
+    known (the SRPT term is neutral for it; none known: packing alone). Jobs whose
+    demand exceeds the free resources now go after those that fit (Tetris never
     over-allocates).
     """
 
@@ -230,6 +240,9 @@ class Tetris(_KeyOrdering):
         d = np.stack([demand_vector(j) for j in pending])
         a = (d / cap) @ (free / cap)
         p = np.array([remaining_time(j) * j.gpus for j in pending], dtype=float)
+        unknown = p <= 0
+        if unknown.any():
+            p[unknown] = p[~unknown].mean() if not unknown.all() else 0.0
         eps = 0.0
         if self.srpt_weight > 0 and p.mean() > 0:
             eps = self.srpt_weight * a.mean() / p.mean()

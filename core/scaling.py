@@ -183,7 +183,10 @@ class Optimus(_Scaling):
     ``s(w) = throughput / (1/w + κ (w − 1))`` (per-step compute split over workers,
     communication growing with workers; ``κ = comm_overhead``). The remaining time at
     ``w`` workers is ``T(w) = R s(w_now) / s(w)`` with ``R`` the job's remaining time at
-    its current size (the remaining samples ``R s(w_now)`` divided by the new speed).
+    its current size (the remaining samples ``R s(w_now)`` divided by the new speed);
+    ``R`` is the non-clairvoyant estimate (:func:`rlsched.core.ordering.remaining_time`,
+    :mod:`rlsched.core.estimate`), and a job whose remaining time is unknown (0) gains
+    nothing from a worker, so it is neither grown nor shrunk.
     A job whose last worker slows it (``T(w−1) < T(w)``) gives it back; then GPUs go
     +1 to the largest gains per GPU ``(T(w) − T(w+1)) / gpus_per_worker > 0``.
     """

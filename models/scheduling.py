@@ -270,14 +270,17 @@ def eval_traces(args) -> list[tuple[str, int, Any]]:
     return out
 
 
-def run_heuristic(jobs, topology, ordering: str, placement: str, seed: int, backfill: bool = False) -> dict:
+def run_heuristic(jobs, topology, ordering: str, placement: str, seed: int, backfill: bool = False,
+                  clairvoyant: bool = False) -> dict:
+    """Metrics of one heuristic on a trace; ``clairvoyant``: it sees the true run times
+    (a labelled reference, never a baseline)."""
     sim = Simulator(
         jobs,
         topology,
         ordering=make_ordering(ordering, rng=np.random.default_rng(seed)),
         placement=make_placement(placement, rng=np.random.default_rng(seed + 1)),
         seed=seed,
-        config=SimConfig(backfill=backfill),
+        config=SimConfig(backfill=backfill, clairvoyant=clairvoyant),
     )
     res = sim.run()
     m = compute_metrics(res)

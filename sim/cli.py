@@ -2,6 +2,11 @@
 
     rlsched sim run --trace SPEC --ordering fifo --placement firstfit [--scaling NAME] --seed N --out DIR
     rlsched sim compare --trace SPEC --policies fifo/firstfit,sjf/bestfit[/beta],... --seed N --out DIR
+
+Policies see what a live operator sees (no true run times); ``--clairvoyant`` shows
+them the true run times for a reference run, marked ``"clairvoyant": true`` in the
+JSON and "(clairvoyant reference)" in the printouts; ``compare
+--clairvoyant-reference POLICIES`` adds such rows beside the non-clairvoyant ones.
 """
 
 from __future__ import annotations
@@ -9,12 +14,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["register", "run_policy", "parse_policies"]
+__all__ = ["register", "run_policy", "parse_policies", "label", "CLAIRVOYANT_LABEL"]
 
 log = logging.getLogger("rlsched.sim")
 
@@ -37,6 +43,8 @@ def register(subparsers) -> None:
         q.add_argument("--no-preemption", action="store_true",
                        help="nobody preempts (highest-class jobs, SRTF, Tiresias), as the operator's --no-preemption")
         q.add_argument("--max-time", type=float, default=float("inf"), help="stop at this simulated time")
+        q.add_argument("--clairvoyant", action="store_true",
+                       help="show the policies the jobs' true run times (a labelled reference run, never a baseline)")
         q.add_argument("--quiet", action="store_true", help="no progress bar")
 
     r = sub.add_parser("run", help="simulate one ordering/placement[/scaling] policy")
@@ -49,6 +57,8 @@ def register(subparsers) -> None:
     c = sub.add_parser("compare", help="simulate several policies on one trace; table, JSON and plots")
     common(c)
     c.add_argument("--policies", required=True, help="comma list of ordering/placement[/scaling]")
+    c.add_argument("--clairvoyant-reference", default=None, metavar="POLICIES",
+                   help="also run these ordering/placement[/scaling] with true run times, as labelled reference rows")
     c.set_defaults(func=_cmd_compare)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
@@ -114,6 +124,7 @@ def run_policy(trace, topology, ordering: str, placement: str, scaling: str | No
         "seed": seed,
         "backfill": config.backfill,
         "preemption": config.preemption,
+        "clairvoyant": config.clairvoyant,
         "nodes": len(topology),
     }
     return res, m
@@ -128,7 +139,17 @@ def _config(args):
         restart_cost=args.restart_cost,
         max_time=args.max_time,
         preemption=not args.no_preemption,
+        clairvoyant=args.clairvoyant,
     )
+
+
+#: how a clairvoyant row is labelled in printouts and tables
+CLAIRVOYANT_LABEL = "(clairvoyant reference)"
+
+
+def label(policy: str, clairvoyant: bool) -> str:
+    """A policy's name as printed: clairvoyant runs carry :data:`CLAIRVOYANT_LABEL`."""
+    return f"{policy} {CLAIRVOYANT_LABEL}" if clairvoyant else policy
 
 
 def _progress(quiet: bool):
@@ -170,6 +191,7 @@ def _cmd_run(args) -> int:
         print(f"note: {note}", file=sys.stderr)
     out = write_metrics(m, Path(args.out) / "metrics.json")
     print(
+        (f"{CLAIRVOYANT_LABEL} " if m["clairvoyant"] else "") +
         f"{m['jobs_completed']} jobs completed ({m['jobs_unfittable']} unfittable, {m['jobs_skipped']} skipped): "
         f"JCT mean {_fmt(m['jct_mean'])} s, p95 {_fmt(m['jct_p95'])} s, GPU util {_fmt(m['gpu_util_mean'])} -> {out}"
     )
@@ -201,7 +223,9 @@ def _cmd_compare(args) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        policies = parse_policies(args.policies)
+        policies = [(o, p, s, args.clairvoyant) for o, p, s in parse_policies(args.policies)]
+        if args.clairvoyant_reference:
+            policies += [(o, p, s, True) for o, p, s in parse_policies(args.clairvoyant_reference)]
         trace, topo = _load(args)
         config = _config(args)
     except (TraceError, ValueError, OSError) as exc:
@@ -215,15 +239,18 @@ def _cmd_compare(args) -> int:
     try:
         with _progress(args.quiet) as prog:
             overall = prog.add_task("policies", total=len(policies))
-            for o, p, s in policies:
+            for o, p, s, clair in policies:
                 name = f"{o}/{p}" + (f"/{s}" if s else "")
-                task = prog.add_task(f"  {name}", total=len(trace.jobs))
+                shown = label(name, clair)
+                if shown in results:
+                    continue  # the same run twice
+                task = prog.add_task(f"  {shown}", total=len(trace.jobs))
                 res, m = run_policy(
-                    trace, topo, o, p, s, args.seed, config,
+                    trace, topo, o, p, s, args.seed, replace(config, clairvoyant=clair),
                     progress=lambda n, tot, task=task: prog.update(task, completed=n),
                 )
-                rows.append({"policy": name, "metrics": m})
-                results[name] = res
+                rows.append({"policy": name, "clairvoyant": clair, "metrics": m})
+                results[shown] = res
                 prog.advance(overall)
     except ValueError as exc:
         return _fail(str(exc))
@@ -234,11 +261,13 @@ def _cmd_compare(args) -> int:
     for _, head in TABLE_COLUMNS:
         table.add_column(head, justify="right")
     for row in rows:
-        table.add_row(row["policy"], *(_fmt(row["metrics"].get(k)) for k, _ in TABLE_COLUMNS))
+        table.add_row(label(row["policy"], row["clairvoyant"]), *(_fmt(row["metrics"].get(k)) for k, _ in TABLE_COLUMNS))
     # a wide table: give it room when the output is not a terminal (logs, CI)
     console = Console(width=None if sys.stdout.isatty() else 180)
     console.print(table)
     console.print("* idle share: unallocated GPUs while jobs wait (fragmentation + blocking)")
+    if any(row["clairvoyant"] for row in rows):
+        console.print(f"{CLAIRVOYANT_LABEL}: the policy saw the jobs' true run times, which no live scheduler knows; not a baseline")
     plots = _plots(results, rows, out)
     console.print(f"wrote {out / 'compare.json'} and {', '.join(str(p) for p in plots)}")
     return 0
@@ -271,8 +300,8 @@ def _plots(results, rows, out: Path) -> list[Path]:
     for row in rows:
         s = row["metrics"]["series"]
         t = np.asarray(s["t"]) / 3600.0
-        a1.plot(t, s["gpu_util"], label=row["policy"], lw=1)
-        a2.plot(t, s["queue_len"], label=row["policy"], lw=1)
+        a1.plot(t, s["gpu_util"], label=label(row["policy"], row["clairvoyant"]), lw=1)
+        a2.plot(t, s["queue_len"], label=label(row["policy"], row["clairvoyant"]), lw=1)
     a1.set_ylabel("GPU utilization")
     a1.set_ylim(0, 1.02)
     a2.set_ylabel("queued jobs")

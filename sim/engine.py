@@ -68,6 +68,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from rlsched.core import ClusterState, JobView, Level, Ordering, Placement, PlacementError, Scaling, Topology
+from rlsched.core.estimate import estimate_remaining
 from rlsched.core.planning import (
     Admission,
     ElasticState,
@@ -110,6 +111,13 @@ class SimConfig:
     ``OperatorConfig.preemption``.
     ``max_time``: stop the run at this simulated time (jobs still running are
     reported unfinished).
+    ``clairvoyant``: show the policies every job's true run time and remaining time
+    (``JobView.est_runtime`` / ``remaining``), as the simulator did before issue 13 —
+    for labelled reference runs only, never a baseline. Off (the default), a view
+    carries what a live operator knows: the user's estimate where the job gives one
+    (:meth:`JobSpec.user_estimate`) and the remaining time of
+    :func:`rlsched.core.estimate.estimate_remaining` from it and the reported progress;
+    the true run time stays on the engine's private job state.
     ``record_series``: keep utilization / queue time series.
     ``incremental_ranking``: avoid re-ranking the whole queue on every pass — with
     backfill, rank only the arrivals since the last pass when no GPU was released;
@@ -125,6 +133,7 @@ class SimConfig:
     record_series: bool = True
     incremental_ranking: bool | None = None
     preemption: bool = True
+    clairvoyant: bool = False
 
     def __post_init__(self) -> None:
         if self.scaling_interval <= 0 or self.restart_cost < 0:
@@ -173,6 +182,8 @@ class SimResult:
     wall_s: float
     first_submit: float
     skipped: dict[str, int] = field(default_factory=dict)
+    #: the policies saw true run times (SimConfig.clairvoyant): a reference run
+    clairvoyant: bool = False
 
 
 class _Job:
@@ -181,7 +192,7 @@ class _Job:
     __slots__ = (
         "spec", "view", "conv", "status", "work_total", "work_done", "rate", "seg_start",
         "resume_at", "eff", "fee", "fee_rate", "version", "accs", "acc_first", "ideal",
-        "level0", "rescales", "w0", "first_start", "preemptions", "elastic",
+        "level0", "rescales", "w0", "first_start", "preemptions", "elastic", "ran",
     )
 
     def __init__(self, spec: JobSpec, conv: ConvergenceModel | None) -> None:
@@ -208,6 +219,7 @@ class _Job:
         self.preemptions = 0
         #: what core's ScalingPlanner remembers of the job (the operator's status.rlpto)
         self.elastic = ElasticState()
+        self.ran = 0.0  # seconds it held its workers (what a live operator measures)
 
 
 class Simulator:
@@ -461,10 +473,12 @@ class Simulator:
             events=self._events,
             wall_s=self._wall,
             first_submit=float(self._first_submit),
+            clairvoyant=self.config.clairvoyant,
         )
 
     def ideal_runtime(self, job_id: str) -> float:
-        """Run time at the job's requested workers and ideal placement."""
+        """Run time at the job's requested workers and ideal placement: the engine's
+        secret (metrics, tests), never a policy input unless ``SimConfig.clairvoyant``."""
         j = self._by_id[job_id]
         if j.status == _FUTURE:
             self._prepare(j)
@@ -606,8 +620,12 @@ class Simulator:
             j.w0 = slots
             j.spec = j.spec.with_(workers=slots, max_workers=max(slots, v.min_workers))
             self._prepare(j)
-        v.est_runtime = j.ideal
-        v.remaining = j.ideal
+        if self.config.clairvoyant:  # a labelled reference: the policies see the truth
+            v.est_runtime = j.ideal
+            v.remaining = j.ideal
+        else:  # what the user tells, if anything; the true run time stays on ``j``
+            v.est_runtime = j.spec.user_estimate(j.ideal)
+            v.remaining = estimate_remaining(v.est_runtime, 0.0, 0, 0)
         j.status = _PENDING
         if j.spec.priority_class == "highest":
             self._highest_pending += 1
@@ -920,10 +938,11 @@ class Simulator:
                     j.eff += delta / spec.samples_per_epoch * j.conv.efficiency(v.workers)
             j.fee += j.fee_rate * dt
             v.attained_service += v.gpus * dt
+            j.ran += dt
             j.seg_start = t
         if final:
             j.work_done = j.work_total
-        if j.rate > 0:
+        if j.rate > 0 and self.config.clairvoyant:
             v.remaining = (j.work_total - j.work_done) / j.rate
         if j.conv is not None and j.accs is not None:
             spe = spec.samples_per_epoch
@@ -940,6 +959,8 @@ class Simulator:
                 eff_k = j.eff - (j.work_done - k_new * spe) / spe * conv.efficiency(v.workers)
                 p.loss = conv.loss_min + (conv.loss0 - conv.loss_min) * math.exp(-eff_k / conv.tau)
                 p.max_loss = conv.loss0
+        if not self.config.clairvoyant:  # from the estimate, time run and reported epochs only
+            v.remaining = estimate_remaining(v.est_runtime, j.ran, v.progress.epoch, 0 if spec.fixed else spec.max_epochs)
 
     def _schedule_finish(self, j: _Job, t: float) -> None:
         j.version += 1

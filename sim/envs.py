@@ -43,6 +43,7 @@ from pettingzoo import ParallelEnv
 
 from rlsched.core import JobView, Topology, make_placement
 from rlsched.core.das import PLACEMENT_FEATURES
+from rlsched.core.estimate import estimate_remaining
 from rlsched.core.das_agent import (
     CLUSTER_FEATURES,
     JOB_FEATURES,
@@ -255,14 +256,22 @@ class SchedulingCore:
 
     def image(self) -> np.ndarray:
         """``[nodes, image_steps]``: share of each node's GPUs busy at now + k·image_dt,
-        from the running jobs' estimated remaining time."""
+        from the running jobs' estimated remaining time: the user's estimate less the
+        time run (:func:`rlsched.core.estimate.estimate_remaining`; a job without an
+        estimate, or one it outran, counts as busy over the whole image). Clairvoyant
+        runs (``SimConfig.clairvoyant``): the true ideal run time less the time run."""
         cfg = self.config
         st = self.sim.state
         img = np.zeros((len(st.total), cfg.image_steps), dtype=np.float32)
         now = self.sim.now
         edges = np.arange(cfg.image_steps) * cfg.image_dt
+        clairvoyant = self.sim.config.clairvoyant
         for v in st.running.values():
-            left = max(v.est_runtime - (now - (v.start_time or now)), 0.0)
+            ran = now - (v.start_time or now)
+            if clairvoyant:  # the old image: true run time less time run
+                left = max(v.est_runtime - ran, 0.0)
+            else:  # unknown (no estimate, or one the job outran): busy over the whole image
+                left = estimate_remaining(v.est_runtime, ran, 0, 0) or float("inf")
             busy = (edges < left).astype(np.float32)
             for i in v.placement:
                 img[i] += busy * v.gpus_per_worker

@@ -22,6 +22,14 @@ Two modes:
   work at the requested workers and ideal placement; a slower placement stretches it
   by ``step_time(ideal) / step_time(actual)``, more workers shorten it in proportion
   to throughput.
+
+A job's true run time is the engine's secret (policies are non-clairvoyant,
+:mod:`rlsched.core.estimate`). What a policy may see of it is the user's estimate,
+only where the job gives one: ``estimated_runtime`` seconds (as a TrainingJob's
+``spec.estimatedRuntime``, or a trace field), or — a simulated user, since the true
+run time of a training job is only known once its convergence curve is drawn —
+``estimate_factor`` × the true ideal run time, applied by the engine
+(:meth:`JobSpec.user_estimate`; the trace generators draw the factor, log-normal).
 """
 
 from __future__ import annotations
@@ -68,6 +76,12 @@ class JobSpec:
     beta: float = 0.001
     patience: int = 3
     convergence: Mapping[str, float] = field(default_factory=dict)
+    # what the user tells of the run time (at most one; neither: no estimate)
+    #: the user's run-time estimate in seconds (TrainingJob ``spec.estimatedRuntime``;
+    #: 0 means none there and here)
+    estimated_runtime: float | None = None
+    #: a simulated user: the estimate is this factor × the true ideal run time
+    estimate_factor: float | None = None
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -96,6 +110,14 @@ class JobSpec:
             raise ValueError(f"job {self.id}: duration must be > 0")
         if self.max_epochs < 1 or self.patience < 1 or self.samples_per_epoch < 1:
             raise ValueError(f"job {self.id}: need max_epochs, patience, samples_per_epoch >= 1")
+        if self.estimated_runtime == 0 and not isinstance(self.estimated_runtime, bool):
+            object.__setattr__(self, "estimated_runtime", None)  # 0: none, as the CRD's default
+        for name in ("estimated_runtime", "estimate_factor"):
+            x = getattr(self, name)
+            if x is not None and not (isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf")):
+                raise ValueError(f"job {self.id}: {name} must be a positive finite number, got {x!r}")
+        if self.estimated_runtime is not None and self.estimate_factor is not None:
+            raise ValueError(f"job {self.id}: give estimated_runtime or estimate_factor, not both")
 
     @property
     def gpus(self) -> int:
@@ -104,6 +126,20 @@ class JobSpec:
     @property
     def fixed(self) -> bool:
         return self.duration is not None
+
+    @property
+    def has_estimate(self) -> bool:
+        return self.estimated_runtime is not None or self.estimate_factor is not None
+
+    def user_estimate(self, true_runtime: float) -> float:
+        """The run time the user tells the scheduler, in seconds; 0 when none.
+        ``true_runtime`` (the engine's secret ideal run time) is read only for a
+        simulated user's ``estimate_factor``."""
+        if self.estimated_runtime is not None:
+            return float(self.estimated_runtime)
+        if self.estimate_factor is not None:
+            return float(self.estimate_factor) * float(true_runtime)
+        return 0.0
 
     def convergence_model(self, seed: int, noise_values=None) -> ConvergenceModel:
         return ConvergenceModel(self.samples_per_epoch, seed=seed, noise_values=noise_values, **dict(self.convergence))

@@ -7,6 +7,9 @@ time-weighted share of allocated GPUs between the first submit and the last even
 ``frag_share_mean`` is the time-weighted share of *unallocated* GPUs while at least
 one job waits (capacity idle although there is demand — fragmentation and
 head-of-line blocking); fee = Σ GPU-hours × price per GPU model.
+
+``clairvoyant`` marks a run whose policies saw the jobs' true run times
+(``SimConfig.clairvoyant``): a reference, never a baseline.
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ def compute_metrics(res: SimResult, series_points: int = SERIES_POINTS) -> dict[
     queue = res.series_queue.astype(float)
     st = res.series_t
     m: dict[str, Any] = {
+        "clairvoyant": bool(res.clairvoyant),
         "jobs_total": len(recs) + len(res.unfittable) + len(res.unfinished),
         "jobs_completed": len(recs),
         "jobs_unfittable": len(res.unfittable),

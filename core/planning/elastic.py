@@ -168,7 +168,7 @@ class RunningJob:
         if self.job is not None:
             return self.job
         return self.spec.view(self.key, submit_time=self.submit_time, workers=self.workers,
-                              priority=self.spec.priority_value, start_time=self.start_time,
+                              priority=self.spec.priority_value, ran=self.state.trained_s, start_time=self.start_time,
                               placement=list(self.placement), progress=self.progress)
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..cluster import JobView
+from ..cluster import JobView, Progress
+from ..estimate import estimate_remaining
 
 __all__ = ["TrainingSpec", "PRIORITY_CLASSES"]
 
@@ -44,10 +45,16 @@ class TrainingSpec:
             return self.min_workers
         return max(self.min_workers, min(self.max_workers, int(n)))
 
-    def view(self, key: str, *, submit_time: float, workers: int, priority: float, **state) -> JobView:
+    def view(self, key: str, *, submit_time: float, workers: int, priority: float, ran: float = 0.0,
+             **state) -> JobView:
         """The job as policies see it: the spec's bounds, GPUs, β and the user's run-time
         estimate (never a true run time), plus the live ``state`` (queue, progress,
-        start time, placement)."""
+        start time, placement). ``remaining`` (unless given) is core's estimate from the
+        user's estimate, the reported epochs and ``ran``, the seconds the job has run
+        (:func:`rlsched.core.estimate.estimate_remaining`: the simulator's rule too)."""
+        if "remaining" not in state:
+            prog = state.get("progress") or Progress()
+            state["remaining"] = estimate_remaining(self.estimated_runtime, ran, prog.epoch, self.max_epochs)
         return JobView(
             id=key,
             submit_time=submit_time,

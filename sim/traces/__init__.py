@@ -16,7 +16,10 @@ SPEC forms (see docs/simulator.md for the formats):
     kept; jobs that fit none of them are dropped and counted in
     ``skipped["unfit_subset"]``); ``,load=X``: the arrival scale that makes the offered
     load (GPU-seconds asked / (GPUs × submission span)) equal X on the (sub)cluster.
-    ``load`` and ``arrival_scale`` exclude each other.
+    ``load`` and ``arrival_scale`` exclude each other. ``,estimates=F[,estimate_error=S]``:
+    simulated users' run-time estimates for a share F of the jobs, log-normal error
+    of shape S (default 0.5); none of these traces has a field with a user's
+    estimate, so by default no job carries one (policies are non-clairvoyant).
 ``pai2020:<dir>``
     Alibaba PAI 2020 (header-less ``pai_job_table.csv``, ``pai_task_table.csv``,
     ``pai_machine_spec.csv``), ``<dir>`` absolute or under the data dir (:mod:`.pai2020`).
@@ -25,10 +28,12 @@ SPEC forms (see docs/simulator.md for the formats):
 ``helios:<file>``
     SenseTime Helios ``cluster_log.csv`` (:mod:`.helios`).
 ``synthetic:<small|medium|large>[,key=value...]``
-    the seeded generator of multi-worker training jobs (:func:`synthetic`).
+    the seeded generator of multi-worker training jobs (:func:`synthetic`); it too
+    takes ``estimates=F,estimate_error=S`` (default: no estimates).
 ``<path>.yaml|.yml|.json``
     a job list: ``{"cluster": <Topology.from_dict>, "jobs": [JobSpec fields...]}``
-    or a bare list of jobs (:mod:`.jobfile`).
+    or a bare list of jobs (:mod:`.jobfile`); a job's ``estimated_runtime`` (seconds)
+    or ``estimate_factor`` (× its true ideal run time) is its user's estimate.
 
 The data folder is ``data_dir`` or the environment variable ``RLSCHED_DATA_DIR``. A
 malformed row raises :class:`TraceError` naming file and line, or with

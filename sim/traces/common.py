@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+import numpy as np
+
 from rlsched.core import Bandwidth, NodeSpec, Topology
 
 from ..job import JobSpec
@@ -137,6 +139,26 @@ def shift_to_zero(trace: Trace) -> None:
         t0 = min(j.submit_time for j in trace.jobs)
         if t0 != 0:
             trace.jobs = [j.with_(submit_time=j.submit_time - t0) for j in trace.jobs]
+
+
+#: default log-normal shape (σ of the log) of simulated users' estimate errors
+ESTIMATE_ERROR = 0.5
+
+
+def with_estimates(jobs: list[JobSpec], fraction: float, sigma: float, rng: np.random.Generator) -> list[JobSpec]:
+    """Simulated users' run-time estimates: each job without one gets, with probability
+    ``fraction``, an ``estimate_factor`` ``exp(sigma · N(0, 1))`` (log-normal, median 1:
+    as often over as under, ``sigma`` the spread of the log), which the engine applies
+    to the job's true ideal run time (:meth:`JobSpec.user_estimate`). Two draws per job
+    whatever ``fraction``, so the same seed gives the same factors at any fraction."""
+    if not 0 <= fraction <= 1 or not sigma >= 0:
+        raise TraceError(f"estimates must be in [0, 1] and estimate_error >= 0, got {fraction}, {sigma}")
+    has = rng.random(len(jobs)) < fraction
+    err = np.exp(sigma * rng.standard_normal(len(jobs)))
+    return [
+        j.with_(estimate_factor=float(e)) if h and not j.has_estimate else j
+        for j, h, e in zip(jobs, has.tolist(), err.tolist())
+    ]
 
 
 def default_topology(jobs: list[JobSpec]) -> Topology:

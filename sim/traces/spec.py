@@ -13,7 +13,7 @@ import numpy as np
 from rlsched.core import Topology
 
 from . import alibaba2023, helios, jobfile, pai2020, philly
-from .common import Trace, TraceError, racked
+from .common import ESTIMATE_ERROR, Trace, TraceError, racked, with_estimates
 from .common import data_dir as _data_dir
 from .synthetic import FORM as SYNTHETIC_FORM
 from .synthetic import synthetic
@@ -38,8 +38,9 @@ SOURCES: dict[str, Source] = {
     "helios": Source(helios.FORM, helios.load),
 }
 
-#: options of the real traces: ``name[,arrival_scale=X][,nodes=N][,load=X]``
-TRACE_OPTIONS = ("arrival_scale", "nodes", "load")
+#: options of the real traces:
+#: ``name[,arrival_scale=X][,nodes=N][,load=X][,estimates=F][,estimate_error=S]``
+TRACE_OPTIONS = ("arrival_scale", "nodes", "load", "estimates", "estimate_error")
 
 
 def load_trace(
@@ -57,7 +58,7 @@ def load_trace(
     source = SOURCES.get(kind)
     if source is not None:
         arg, opts = parse_options(arg)
-        return apply_options(source.load(arg, ddir, skip_bad), opts)
+        return apply_options(source.load(arg, ddir, skip_bad), opts, seed=seed)
     path = Path(spec)
     if path.suffix.lower() in jobfile.SUFFIXES or path.exists():
         return jobfile.read(path)
@@ -66,30 +67,42 @@ def load_trace(
 
 
 def parse_options(arg: str) -> tuple[str, dict[str, float]]:
-    """``name[,arrival_scale=X][,nodes=N][,load=X]``: the trace name/path and its options."""
+    """``name[,arrival_scale=X][,nodes=N][,load=X][,estimates=F][,estimate_error=S]``:
+    the trace name/path and its options."""
     name, *rest = arg.split(",")
     opts: dict[str, float] = {}
     for item in rest:
         k, eq, v = item.partition("=")
         k = k.strip()
         if k not in TRACE_OPTIONS or not eq:
-            raise TraceError(f"unknown trace option {item!r}; known: arrival_scale=X, nodes=N, load=X")
+            raise TraceError(f"unknown trace option {item!r}; known: arrival_scale=X, nodes=N, load=X, estimates=F, estimate_error=S")
         try:
             opts[k] = float(v)
         except ValueError:
             raise TraceError(f"{k}={v!r} is not a number") from None
-        if not opts[k] > 0:
+        if k == "estimates":
+            if not 0 <= opts[k] <= 1:
+                raise TraceError("estimates must be in [0, 1]")
+        elif k == "estimate_error":
+            if not opts[k] >= 0:
+                raise TraceError("estimate_error must be >= 0")
+        elif not opts[k] > 0:
             raise TraceError(f"{k} must be > 0")
     if "nodes" in opts and opts["nodes"] != int(opts["nodes"]):
         raise TraceError(f"nodes={opts['nodes']:g} is not a whole number")
     if "load" in opts and "arrival_scale" in opts:
         raise TraceError("give load=X or arrival_scale=X, not both")
+    if "estimate_error" in opts and "estimates" not in opts:
+        raise TraceError("estimate_error=S needs estimates=F (the share of jobs with an estimate)")
     return name, opts
 
 
-def apply_options(trace: Trace, opts: dict[str, float]) -> Trace:
+def apply_options(trace: Trace, opts: dict[str, float], *, seed: int = 0) -> Trace:
     """``nodes`` first (:func:`subset_nodes`), then the arrival scale: ``arrival_scale``
-    or the one that gives offered load ``load`` (:func:`scale_for_load`)."""
+    or the one that gives offered load ``load`` (:func:`scale_for_load`), then the
+    simulated users' estimates: a share ``estimates`` of the jobs (default none: the
+    real traces carry no estimate) gets an estimate of its run time with log-normal
+    error ``estimate_error`` (:func:`~.common.with_estimates`, drawn from ``seed``)."""
     if "nodes" in opts:
         subset_nodes(trace, int(opts["nodes"]))
     if "load" in opts:
@@ -100,6 +113,12 @@ def apply_options(trace: Trace, opts: dict[str, float]) -> Trace:
         trace.jobs = [j.with_(submit_time=j.submit_time * scale) for j in trace.jobs]
         trace.name += f",load={opts['load']:g}" if "load" in opts else f",arrival_scale={scale:g}"
         trace.notes.append(f"submit times scaled by {scale:.4g} (durations unchanged)")
+    if opts.get("estimates", 0) > 0:
+        frac, sigma = opts["estimates"], opts.get("estimate_error", ESTIMATE_ERROR)
+        rng = np.random.default_rng(np.random.SeedSequence([seed, 0x657374]))  # "est": its own stream
+        trace.jobs = with_estimates(trace.jobs, frac, sigma, rng)
+        trace.name += f",estimates={frac:g},estimate_error={sigma:g}"
+        trace.notes.append(f"simulated users' run-time estimates for {frac:.0%} of the jobs, log-normal error sigma={sigma:g}")
     return trace
 
 

@@ -10,7 +10,7 @@ import numpy as np
 from rlsched.core import Level, Topology
 
 from ..job import JobSpec, comm_time, ideal_level, topology_limits
-from .common import Trace, TraceError
+from .common import ESTIMATE_ERROR, Trace, TraceError, with_estimates
 
 __all__ = ["FORM", "SYNTHETIC_PRESETS", "MODEL_ZOO", "synthetic"]
 
@@ -49,30 +49,41 @@ def synthetic(arg: str = "small", *, seed: int = 0) -> Trace:
     """Seeded multi-worker training jobs on a uniform cluster.
 
     ``arg`` = ``<small|medium|large>[,jobs=N,nodes=N,gpus_per_node=N,racks=N,
-    arrival_rate=X,max_workers=N,load=X,runtime_sigma=X,seed=N]``. Each job picks a model from
+    arrival_rate=X,max_workers=N,load=X,runtime_sigma=X,estimates=F,estimate_error=S,
+    seed=N]``. Each job picks a model from
     :data:`MODEL_ZOO`, a worker count (powers of two up to ``max_workers``) and GPUs
     per worker, a target ideal run time (log-normal, median 30 min, shape
     ``runtime_sigma``, default 1.1; clipped to 2 min .. 7 days) from which its
     dataset size follows, and a convergence threshold ``beta``. Arrivals are Poisson;
     without ``arrival_rate`` the rate gives an offered load of ``load`` (default 0.6)
     of the cluster's GPUs.
+
+    Users' run-time estimates: a share ``estimates`` of the jobs (default 0: none, as
+    a TrainingJob without ``spec.estimatedRuntime`` and as every real trace loaded
+    here) carries one, ``estimate_factor`` × its true ideal run time with a
+    log-normal factor of median 1 and shape ``estimate_error`` (default 0.5: half the
+    estimates within ×0.71..×1.40, one in twenty off by more than ×2.66);
+    :func:`~rlsched.sim.traces.common.with_estimates`. These draws come after all
+    the others, so the jobs are otherwise the same as without the option.
     """
     preset, kv = _parse_kv(arg)
     if preset not in SYNTHETIC_PRESETS:
         raise TraceError(f"unknown synthetic preset {preset!r}; known: {', '.join(SYNTHETIC_PRESETS)}")
     p: dict[str, float] = dict(SYNTHETIC_PRESETS[preset])
-    p.update(max_workers=8, load=0.6, runtime_sigma=1.1, seed=seed)
+    p.update(max_workers=8, load=0.6, runtime_sigma=1.1, estimates=0.0, estimate_error=ESTIMATE_ERROR, seed=seed)
     known = set(p) | {"arrival_rate"}
     for k, v in kv.items():
         if k not in known:
             raise TraceError(f"synthetic: unknown parameter {k!r}; known: {', '.join(sorted(known))}")
         try:
-            p[k] = float(v) if k in ("arrival_rate", "load", "runtime_sigma") else int(v)
+            p[k] = float(v) if k in ("arrival_rate", "load", "runtime_sigma", "estimates", "estimate_error") else int(v)
         except ValueError:
             raise TraceError(f"synthetic: {k}={v!r} is not a number") from None
     n, nodes, gpn, racks = int(p["jobs"]), int(p["nodes"]), int(p["gpus_per_node"]), int(p["racks"])
     if n < 1 or nodes < 1 or gpn < 1 or racks < 1 or p["max_workers"] < 1 or p["load"] <= 0 or p["runtime_sigma"] < 0:
         raise TraceError("synthetic: jobs, nodes, gpus_per_node, racks, max_workers must be >= 1, load > 0, runtime_sigma >= 0")
+    if not (0 <= p["estimates"] <= 1 and p["estimate_error"] >= 0):
+        raise TraceError("synthetic: estimates must be in [0, 1] and estimate_error >= 0")
     topo = Topology.uniform(nodes, gpn, racks=min(racks, nodes), blocks=max(1, min(racks, nodes) // 10))
     rng = np.random.default_rng(int(p["seed"]))
 
@@ -138,4 +149,6 @@ def synthetic(arg: str = "small", *, seed: int = 0) -> Trace:
                 convergence={"tau": float(tau[k]), "acc_max": float(acc_max[k])},
             )
         )
+    if p["estimates"] > 0:
+        jobs = with_estimates(jobs, float(p["estimates"]), float(p["estimate_error"]), rng)
     return Trace(f"synthetic:{arg}", jobs, topo)

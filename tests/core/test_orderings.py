@@ -78,10 +78,12 @@ def test_tetris_alignment_and_srpt():
     ]
     # alignment only: a = gpus/8 * 4/8 -> j2 (0.125) before j1 (0.0625); j3 last
     assert ids(Tetris(srpt_weight=0.0).rank(jobs, state)) == ["j2", "j1", "j3"]
-    # with SRPT: eps = mean(a)/mean(p) = 0.1875/670; j2 pays 2000*eps = 0.56
+    # with SRPT: p = remaining x GPUs = 10, 2000 and, j3's remaining time being
+    # unknown, the mean of the known ones (1005, a neutral SRPT term);
+    # eps = mean(a)/mean(p) = 0.1875/1005; j2 pays 2000*eps = 0.37
     score, fits = Tetris(srpt_weight=1.0).scores(jobs, state)
-    eps = 0.1875 / 670.0
-    np.testing.assert_allclose(score, [0.0625 - 10 * eps, 0.125 - 2000 * eps, 0.375], rtol=1e-9)
+    eps = 0.1875 / 1005.0
+    np.testing.assert_allclose(score, [0.0625 - 10 * eps, 0.125 - 2000 * eps, 0.375 - 1005 * eps], rtol=1e-9)
     assert fits.tolist() == [True, True, False]
     assert ids(Tetris(srpt_weight=1.0).rank(jobs, state)) == ["j1", "j2", "j3"]
 

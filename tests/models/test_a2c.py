@@ -16,7 +16,8 @@ from rlsched.sim.job import JobSpec
 def sjf_workload(rng):
     topo = Topology.uniform(1, gpus_per_node=1)
     d = rng.permutation([60.0, 60.0, 60.0, 3600.0, 3600.0, 3600.0])
-    return [JobSpec(id=f"j{k}", submit_time=0.0, duration=float(x)) for k, x in enumerate(d)], topo
+    # the users tell the run times (exact estimates): what the agent learns to sort on
+    return [JobSpec(id=f"j{k}", submit_time=0.0, duration=float(x), estimated_runtime=float(x)) for k, x in enumerate(d)], topo
 
 
 def test_a2c_learns_shortest_job_first(tmp_path):

@@ -61,3 +61,15 @@ def test_csv_log_header_from_the_first_row_or_given_fields(tmp_path):
     log.write({"it": 0, "loss": 1.0})  # the validation column stays empty until validated
     log.write({"it": 1, "loss": 0.5, "val": 0.9})
     assert list(csv.reader((tmp_path / "b.csv").open())) == [["it", "loss", "val"], ["0", "1.0", ""], ["1", "0.5", "0.9"]]
+
+
+def test_a_clairvoyant_row_is_never_the_best_heuristic(tmp_path):
+    from rlsched.models.base import write_table
+
+    table = [{"trace": "t", "fifo": {"jct_mean": 100.0, "fee_total": 1.0}, "sjf": {"jct_mean": 50.0, "fee_total": 1.0},
+              "agent": {"jct_mean": 80.0, "fee_total": 1.0}}]
+    md = write_table(table, ["fifo", "sjf", "agent"], ["agent"], ["fifo", "sjf"], tmp_path / "x", "T", clairvoyant=["sjf"])
+    assert table[0]["best_heuristic"] == "fifo"
+    assert "sjf (clairvoyant reference, not a baseline)" in md
+    write_table(table, ["fifo", "sjf", "agent"], ["agent"], ["fifo", "sjf"], tmp_path / "y", "T")
+    assert table[0]["best_heuristic"] == "sjf"

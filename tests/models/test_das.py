@@ -37,7 +37,8 @@ def sjf_workload(rng: np.random.Generator):
     short ones first (SJF) is optimal for mean JCT."""
     topo = Topology.uniform(1, gpus_per_node=1)
     durations = rng.permutation([60.0, 60.0, 60.0, 3600.0, 3600.0, 3600.0])
-    jobs = [JobSpec(id=f"j{k}", submit_time=0.0, duration=float(d)) for k, d in enumerate(durations)]
+    # the users tell the run times (exact estimates): what SJF and the agent sort on
+    jobs = [JobSpec(id=f"j{k}", submit_time=0.0, duration=float(d), estimated_runtime=float(d)) for k, d in enumerate(durations)]
     return jobs, topo
 
 

@@ -103,6 +103,35 @@ def test_compare(tmp_path, capsys):
                  "--out", str(out), "--quiet"]) == 2
 
 
+def test_clairvoyant_runs_are_marked_and_labelled(tmp_path, capsys):
+    """Every metrics/compare JSON says whether the policies saw true run times; the
+    printouts label clairvoyant rows; SJF with no estimates is FIFO, clairvoyant it is not."""
+    rc, path = _run(tmp_path, "nc", 1)
+    m = json.loads(path.read_text())
+    assert rc == 0 and m["clairvoyant"] is False and m["config"]["clairvoyant"] is False
+    assert "(clairvoyant reference)" not in capsys.readouterr().out
+    rc, path = _run(tmp_path, "cv", 1, extra=("--clairvoyant",))
+    mc = json.loads(path.read_text())
+    assert rc == 0 and mc["clairvoyant"] is True and mc["config"]["clairvoyant"] is True
+    assert "(clairvoyant reference)" in capsys.readouterr().out
+    assert mc["jct_mean"] != m["jct_mean"]
+
+    out = tmp_path / "cmp"
+    rc = main(["sim", "compare", "--trace", "synthetic:small,jobs=30,nodes=4", "--policies", "fifo/firstfit,sjf/firstfit",
+               "--clairvoyant-reference", "sjf/firstfit", "--seed", "2", "--out", str(out), "--quiet"])
+    assert rc == 0
+    rows = json.loads((out / "compare.json").read_text())
+    assert [(r["policy"], r["clairvoyant"], r["metrics"]["clairvoyant"]) for r in rows] == [
+        ("fifo/firstfit", False, False), ("sjf/firstfit", False, False), ("sjf/firstfit", True, True)]
+    # no job of this trace tells its run time: SJF keeps FIFO's order
+    assert rows[1]["metrics"]["jct_mean"] == rows[0]["metrics"]["jct_mean"] != rows[2]["metrics"]["jct_mean"]
+    printed = capsys.readouterr().out
+    assert "sjf/firstfit (clairvoyant reference)" in printed and "not a baseline" in printed
+    rc = main(["sim", "compare", "--trace", "synthetic:small,jobs=30,nodes=4", "--policies", "fifo/firstfit",
+               "--clairvoyant", "--seed", "2", "--out", str(out), "--quiet"])
+    assert rc == 0 and [r["clairvoyant"] for r in json.loads((out / "compare.json").read_text())] == [True]
+
+
 def _preemption_trace(tmp_path, klass="highest"):
     p = tmp_path / "preempt.yaml"
     p.write_text(

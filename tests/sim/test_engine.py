@@ -47,12 +47,22 @@ def test_fifo_hand_computed():
 
 
 def test_sjf_hand_computed():
-    # SJF: only A is there at 0, so A runs 0-10; at 10 both wait and C (2 s) goes
-    # before B (6 s): C 10-12, B 12-18.
+    # SJF on the users' estimates (here exact): only A is there at 0, so A runs 0-10;
+    # at 10 both wait and C (2 s) goes before B (6 s): C 10-12, B 12-18.
     # JCT: A = 10, C = 12 - 2 = 10, B = 18 - 1 = 17; mean = 37 / 3.
-    res = _sim(HAND, ONE_NODE, "sjf").run()
+    told = [j.with_(estimated_runtime=j.duration) for j in HAND]
+    res = _sim(told, ONE_NODE, "sjf").run()
     assert _jct(res) == pytest.approx({"A": 10.0, "B": 17.0, "C": 10.0})
     assert compute_metrics(res)["jct_mean"] == pytest.approx(37 / 3)
+    # the same with the true run times shown (a clairvoyant reference run)
+    res = _sim(HAND, ONE_NODE, "sjf", config=SimConfig(clairvoyant=True)).run()
+    assert _jct(res) == pytest.approx({"A": 10.0, "B": 17.0, "C": 10.0})
+    # nobody tells a run time: SJF has nothing to sort on and keeps FIFO's order
+    res = _sim(HAND, ONE_NODE, "sjf").run()
+    assert _jct(res) == pytest.approx({"A": 10.0, "B": 15.0, "C": 16.0})
+    # a user who overestimates C 4x (8 s > B's 6 s) makes SJF run B first
+    wrong = [told[0], told[1], told[2].with_(estimated_runtime=8.0)]
+    assert _jct(_sim(wrong, ONE_NODE, "sjf").run()) == pytest.approx({"A": 10.0, "B": 15.0, "C": 16.0})
 
 
 def test_head_of_line_blocking_and_backfill():

@@ -158,19 +158,28 @@ def test_srtf_preempts_longer_remaining_hand_computed():
     SJF (never preempts): A 0-100, B 100-120, JCT B 90.
     A job whose remaining time is not shorter never preempts: with B of 80 s at
     t=30 (A has 70 s left) B waits: A 0-100, B 100-180.
+    The remaining times are the users' (exact) estimates less the time run, what a
+    live operator knows (:mod:`rlsched.core.estimate`); without estimates nobody
+    preempts (SRTF has nothing to compare); shown the true run times (a clairvoyant
+    reference run) SRTF decides as with the exact estimates.
     """
     jobs = [
-        JobSpec(id="A", submit_time=0, gpus_per_worker=8, duration=100),
-        JobSpec(id="B", submit_time=30, gpus_per_worker=8, duration=20),
+        JobSpec(id="A", submit_time=0, gpus_per_worker=8, duration=100, estimated_runtime=100),
+        JobSpec(id="B", submit_time=30, gpus_per_worker=8, duration=20, estimated_runtime=20),
     ]
     r = _by_id(_run_checked(_sim(jobs, "srtf")))
     assert (r["A"].start, r["A"].end, r["A"].preemptions) == (0.0, 150.0, 1)
     assert (r["B"].start, r["B"].end) == (30.0, 50.0)
     r = _by_id(_sim(jobs, "sjf").run())
     assert (r["A"].end, r["B"].end) == (100.0, 120.0)
-    slow = [jobs[0], JobSpec(id="B", submit_time=30, gpus_per_worker=8, duration=80)]
+    slow = [jobs[0], JobSpec(id="B", submit_time=30, gpus_per_worker=8, duration=80, estimated_runtime=80)]
     r = _by_id(_sim(slow, "srtf").run())
     assert (r["A"].end, r["B"].start, r["B"].end, r["A"].preemptions) == (100.0, 100.0, 180.0, 0)
+    untold = [j.with_(estimated_runtime=None) for j in jobs]
+    r = _by_id(_sim(untold, "srtf").run())
+    assert (r["A"].end, r["B"].start, r["B"].end, r["A"].preemptions) == (100.0, 100.0, 120.0, 0)
+    r = _by_id(_run_checked(_sim(untold, "srtf", clairvoyant=True)))
+    assert (r["A"].end, r["A"].preemptions, r["B"].start, r["B"].end) == (150.0, 1, 30.0, 50.0)
 
 
 def test_training_progress_is_kept_across_suspend_and_resume():
@@ -209,7 +218,8 @@ def test_training_progress_is_kept_across_suspend_and_resume():
 def test_tiresias_and_srtf_differ_from_fifo_and_sjf_where_jobs_queue():
     from rlsched.sim.traces import synthetic
 
-    trace = synthetic("small,jobs=120", seed=0)
+    # SRTF needs estimates to sort on: every job of this trace carries its user's
+    trace = synthetic("small,jobs=120,estimates=1", seed=0)
 
     def run(name, **cfg):
         return Simulator(trace.jobs, trace.topology, ordering=make_ordering(name), placement=make_placement("bestfit"),
@@ -224,6 +234,14 @@ def test_tiresias_and_srtf_differ_from_fifo_and_sjf_where_jobs_queue():
     # with preemption off they collapse to the old numbers (their queues never reorder)
     assert compute_metrics(run("tiresias", preemption=False))["jct_mean"] == pytest.approx(m["fifo"])
     assert compute_metrics(run("srtf", preemption=False))["jct_mean"] == pytest.approx(m["sjf"])
+    # with no estimate anywhere, SJF and SRTF have nothing to sort waiting jobs on (a
+    # job's remaining time is unknown until it reports an epoch): FIFO's order, and no
+    # SRTF preemption (this trace has no highest-class job)
+    bare = synthetic("small,jobs=120", seed=0)
+    for name in ("sjf", "srtf"):
+        r = Simulator(bare.jobs, bare.topology, ordering=make_ordering(name), placement=make_placement("bestfit"), seed=0).run()
+        assert sum(x.preemptions for x in r.records) == 0
+        assert compute_metrics(r)["jct_mean"] == pytest.approx(m["fifo"]), name
 
 
 @st.composite
@@ -279,7 +297,7 @@ def test_preemption_with_elastic_scaling_keeps_books(ordering, scaling):
     from rlsched.core import make_scaling
     from rlsched.sim.traces import synthetic
 
-    tr = synthetic("small,jobs=40,nodes=4,racks=2", seed=5)
+    tr = synthetic("small,jobs=40,nodes=4,racks=2,estimates=1", seed=5)
     o = make_ordering("tiresias", thresholds=(600.0, 6000.0)) if ordering == "tiresias" else make_ordering(ordering)
     sim = Simulator(tr.jobs, tr.topology, ordering=o, placement=make_placement("firstfit"),
                     scaling=make_scaling(scaling), seed=5, config=SimConfig(scaling_interval=120, restart_cost=20))
