@@ -100,22 +100,26 @@ class ElasticState:
 
     def observe(self, progress: Progress, workers: int, trained_s: float, beta: float, data_size: int,
                 *, window: int = CONVERGENCE_WINDOW) -> None:
-        """Fold a progress report in; the streak grows once per new evaluation whose
-        convergence gain over the last ``window`` evaluations is below ``beta``."""
-        new_eval = progress.epoch > self.epoch
+        """Fold a progress report in. The streak counts every evaluation since the last
+        report (the trainer may evaluate several times between two operator cycles):
+        each one whose convergence gain over the ``window`` evaluations up to it is
+        below ``beta`` adds one, any other resets it (so does a report without a
+        history: no gain is known)."""
+        new = progress.epoch - self.epoch
         self.data_size = data_size
         self.workers = workers
         self.trained_s = trained_s
-        if not new_eval:
+        if new <= 0:
             return
         self.epoch = progress.epoch
         self.accuracy = progress.accuracy
-        gain = convergence_gain(progress.history, window)
-        self.gain = gain
+        hist = progress.history
+        for end in range(max(len(hist) - new + 1, 1), len(hist) + 1) if hist else (0,):
+            self.gain = convergence_gain(hist[:end], window)
+            self.streak = self.streak + 1 if self.gain < beta else 0
         ml = progress.max_loss
         ok = ml and math.isfinite(ml) and ml > 0 and math.isfinite(progress.loss)
         self.loss_norm = progress.loss / ml if ok else 1.0
-        self.streak = self.streak + 1 if gain < beta else 0
 
     def to_status(self) -> dict:
         """The ``status.rlpto`` object (camelCase; an infinite gain is ``null``)."""

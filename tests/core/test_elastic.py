@@ -148,6 +148,22 @@ def test_noisy_flat_curve_converges_on_the_windowed_gain_not_on_the_last_differe
     assert max(raw_streaks) == 1
 
 
+def test_streak_counts_every_evaluation_between_two_reports():
+    """The demo's trainer evaluates every second, the operator looks every two: the
+    streak still counts evaluations, so the β stop comes after ``patience``
+    evaluations, not ``patience`` cycles."""
+    every, pairs = ElasticState(), ElasticState()
+    for e in range(1, len(ZIGZAG) + 1):
+        every.observe(prog(*ZIGZAG[:e]), workers=2, trained_s=e, beta=0.001, data_size=0)
+        if e % 2 == 1:  # reports seen at epochs 1, 3, 5, ...: two new evaluations each
+            pairs.observe(prog(*ZIGZAG[:e]), workers=2, trained_s=e, beta=0.001, data_size=0)
+            assert (pairs.streak, pairs.gain, pairs.epoch) == (every.streak, every.gain, every.epoch)
+    assert pairs.streak == 3
+    # a report without a history: no gain known, the streak resets
+    pairs.observe(Progress(epoch=12, accuracy=0.9), workers=2, trained_s=12, beta=0.001, data_size=0)
+    assert pairs.streak == 0 and math.isinf(pairs.gain)
+
+
 @pytest.mark.parametrize("policy", ["rlpto", "fcfs"])
 def test_converging_job_gives_workers_back_whatever_the_policy_and_then_stops(policy, make_cluster, make_spec):
     """The default policy (the learned RLPTO actor) and an always-grow one (FCFS) ask
