@@ -19,9 +19,9 @@ the first ``submit_fraction`` (20 %) of the run, enough work to fill the 32 GPUs
 their gang sizes, so jobs queue; the operator's default policies grow jobs into
 spare GPUs, take a worker back from each job whose accuracy has converged (RLPTO's
 β rule) and give it to the waiting jobs, and stop converged jobs. One job is of the
-``highest`` class: the demo submits it once the cluster is full (no GPU free nor
-being released), so it preempts a lower-class job, which waits in the interrupt
-queue and resumes first.
+``highest`` class: the demo submits it once the cluster cannot start its gang (fewer
+GPUs free or being released than it needs), so it preempts lower-class jobs, which
+wait in the interrupt queue and resume first.
 
 The pure parts (:func:`plan_jobs`, :func:`prometheus_config`, :func:`summarize`,
 :func:`gpu_usage`, :func:`render_view`) are unit-tested; the rest is orchestration.
@@ -65,7 +65,7 @@ __all__ = [
     "prometheus_config",
     "shipped_rules",
     "gpu_usage",
-    "cluster_full",
+    "cluster_free",
     "summarize",
     "render_view",
     "write_plots",
@@ -101,7 +101,7 @@ class DemoOptions:
     #: one GPU for 25-30 epochs of 1 s in 36 s offer the 32 GPUs about their capacity
     #: at gang size, so jobs queue (0.4 offered half of it: nothing ever waited)
     submit_fraction: float = 0.2
-    #: the highest-class job waits at most this long after its time for a full cluster
+    #: the highest-class job waits at most this long after its time for a busy cluster
     full_wait_s: float = 60.0
     keep: bool = False
     namespace: str = NAMESPACE
@@ -123,13 +123,18 @@ class DemoOptions:
 @dataclass(frozen=True)
 class DemoJob:
     """One TrainingJob to submit ``at_s`` seconds after the demo starts; with
-    ``when_full`` not before the cluster is full (:func:`cluster_full`), or at most
-    ``DemoOptions.full_wait_s`` later."""
+    ``when_full`` not before the cluster cannot start its gang (:func:`cluster_free`
+    below :attr:`gang_gpus`), or at most ``DemoOptions.full_wait_s`` later."""
 
     name: str
     at_s: float
     manifest: dict
     when_full: bool = False
+
+    @property
+    def gang_gpus(self) -> int:
+        s = self.manifest["spec"]
+        return int(s["minWorkers"]) * int(s["gpusPerWorker"])
 
 
 @dataclass(frozen=True)
@@ -186,12 +191,18 @@ def plan_jobs(
     p_urgent: float = 0.2,
     p_highest: float = 0.0,
     preemptor_at: float | None = 0.3,
+    preemptor_gpus: int = 2,
+    max_worker_gpus: int | None = None,
 ) -> list[DemoJob]:
     """Draw ``n`` jobs from a trace's :class:`rlsched.sim.JobSpec` list and turn them
     into TrainingJob manifests submitted over ``window_s`` seconds.
 
     Jobs that cannot fit (a worker wider than a node, a gang above half the cluster)
-    are left out. Submit times keep the trace's order and relative spacing, rescaled
+    are left out, and so are workers wider than ``max_worker_gpus`` (default half a
+    node): in the small demo cluster a whole-node worker waits for one node to drain
+    completely while the placement spreads one-GPU workers over all nodes, and in
+    strict queue order (no backfill, the default) every job behind it waits too
+    (measured: 16 jobs queued behind one 8-GPU worker with 22 of 32 GPUs idle). Submit times keep the trace's order and relative spacing, rescaled
     into the window. Every job is made elastic (``maxWorkers`` up to twice its gang,
     within the cluster) so that RLPTO scaling has room to act; jobs whose trace queue
     is ``normal`` become ``urgent`` with probability ``p_urgent`` and ``highest``
@@ -199,8 +210,11 @@ def plan_jobs(
 
     ``preemptor_at`` (a fraction of the submission order, None: none) makes one job
     the demo's preemptor: the first job from that position on whose gang takes at
-    most half a node becomes ``highest`` with ``when_full`` set, so that it arrives
-    into a full cluster and preempts one small job rather than a node's worth.
+    most half a node becomes ``highest`` with ``when_full`` set, its gang raised to
+    at least ``preemptor_gpus`` GPUs. A highest-class job preempts only when it cannot
+    start on the GPUs free or being released; in a cluster whose elastic jobs keep
+    giving workers back one GPU is nearly always on its way, so a one-GPU preemptor
+    would just wait for it (the demo then showed 0 preemptions).
     """
     if n < 1:
         raise ValueError("n must be >= 1")
@@ -208,9 +222,10 @@ def plan_jobs(
         raise ValueError("need window_s >= 0 and 1 <= node_gpus <= cluster_gpus")
     if preemptor_at is not None and not 0.0 <= preemptor_at <= 1.0:
         raise ValueError("preemptor_at must lie in [0, 1]")
+    widest = max(1, node_gpus // 2) if max_worker_gpus is None else min(int(max_worker_gpus), node_gpus)
     fits = [
         s for s in specs
-        if s.gpus_per_worker <= node_gpus and s.min_workers * s.gpus_per_worker <= cluster_gpus // 2
+        if s.gpus_per_worker <= widest and s.min_workers * s.gpus_per_worker <= cluster_gpus // 2
     ]
     if not fits:
         raise ValueError(f"no job of the trace fits a cluster of {cluster_gpus} GPUs ({node_gpus} per node)")
@@ -229,10 +244,14 @@ def plan_jobs(
         preemptor = small[0] if small else None
         if preemptor is not None:
             classes[preemptor] = "highest"
+    if preemptor_gpus < 1:
+        raise ValueError("preemptor_gpus must be >= 1")
     out = []
     for i, (spec, when, cls) in enumerate(zip(chosen, at, classes)):
         gpw = int(spec.gpus_per_worker)
         lo = int(spec.min_workers)
+        if i == preemptor:
+            lo = max(lo, -(-preemptor_gpus // gpw))
         cap = max(lo, (cluster_gpus // 2) // gpw)
         hi = int(min(max(int(spec.max_workers), 2 * lo), cap))
         queue = spec.queue if spec.queue in ("urgent", "highest") else str(cls)
@@ -370,19 +389,17 @@ def gpu_usage(pods: Iterable[Mapping]) -> tuple[int, int]:
     return gpus, workers
 
 
-def cluster_full(pods: Iterable[Mapping], gpus_total: int) -> bool:
-    """Whether no GPU is free nor about to be: the GPUs of live pods (bound or still
-    pending, not finished) add up to ``gpus_total`` and no bound pod is being deleted."""
+def cluster_free(pods: Iterable[Mapping], gpus_total: int) -> int:
+    """GPUs free or being released: ``gpus_total`` minus the GPUs of live pods (bound
+    or still pending, not finished, not being deleted)."""
     held = 0
     for p in pods:
         if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
         if (p.get("metadata") or {}).get("deletionTimestamp"):
-            if (p.get("spec") or {}).get("nodeName"):
-                return False  # its GPUs are being released
             continue
         held += pod_gpus(p)
-    return held >= gpus_total
+    return max(0, gpus_total - held)
 
 
 def _st(job: Mapping) -> Mapping:
@@ -823,13 +840,14 @@ class Demo:
         last_prom = -1e9
         interactive = self.console.is_terminal
         last_line = 0.0
-        full = False  # the cluster as last seen: no GPU free nor being released
+        free = topo.total_gpus  # GPUs free or being released, as last seen
         with Live(console=self.console, refresh_per_second=4, transient=False, auto_refresh=interactive) as live:
             while True:
                 now = time.monotonic() - t0
                 for job in [j for j in pending if j.at_s <= now]:
-                    if job.when_full and not full and now < job.at_s + opts.full_wait_s:
-                        continue  # the preemptor waits for a full cluster
+                    busy = free < job.gang_gpus
+                    if job.when_full and not busy and now < job.at_s + opts.full_wait_s:
+                        continue  # the preemptor waits until the cluster cannot start it
                     pending.remove(job)
                     try:
                         custom.create_namespaced_custom_object(GROUP, VERSION, opts.namespace, PLURAL, job.manifest)
@@ -837,16 +855,18 @@ class Demo:
                         self.console.print(f"[red]could not submit {job.name}: {exc.status} {exc.reason}[/red]")
                         continue
                     if job.when_full:
-                        self.preemptor = {"name": job.name, "submitted_s": round(now, 1), "cluster_full": full}
+                        self.preemptor = {"name": job.name, "submitted_s": round(now, 1), "gang_gpus": job.gang_gpus,
+                                          "free_gpus": free, "cluster_busy": busy}
                         self.console.print(f"t={now:.0f}s: submitted the highest-class job {job.name} "
-                                           + ("into a full cluster" if full else
-                                              f"(the cluster was not full within {opts.full_wait_s:.0f}s)"))
+                                           f"({job.gang_gpus} GPUs; {free} free or being released)"
+                                           + ("" if busy else f": the cluster was not busy within "
+                                                              f"{opts.full_wait_s:.0f}s, no preemption needed"))
                 for c in self.children:
                     c.check()
                 jobs = custom.list_namespaced_custom_object(GROUP, VERSION, opts.namespace, PLURAL)["items"]
                 pods = api.sanitize_for_serialization(core.list_namespaced_pod(opts.namespace).items)
                 gpus, workers = gpu_usage(pods)
-                full = cluster_full(pods, topo.total_gpus)
+                free = cluster_free(pods, topo.total_gpus)
                 phases = [_st(j).get("phase") for j in jobs]
                 sample = Sample(now, gpus, topo.total_gpus, workers, phases.count("Running"),
                                 sum(p in (None, "Queued") for p in phases), sum(p in TERMINAL for p in phases))
