@@ -9,9 +9,19 @@ operator with the alert rules of the Helm chart (``--chart``, default
 ``deploy/helm/rlsched`` under the current directory) loaded. It submits a mix of
 TrainingJobs drawn from a trace (Alibaba GPU 2023 when
 ``RLSCHED_DATA_DIR`` holds it, the synthetic generator otherwise), shows a live view
-(jobs, queues, workers, accuracy), and at the end prints a summary table and writes
+(jobs, queues, workers, accuracy, scaling, preemptions), and at the end prints a
+summary table (the operator's counters as Prometheus has them) and writes
 ``summary.json`` and plots into ``--out``. Everything it started is stopped on exit;
 ``down`` cleans up after a run that was killed or started with ``--keep``.
+
+What the run shows (docs/quickstart.md, "The live demo"): the jobs are submitted over
+the first ``submit_fraction`` (20 %) of the run, enough work to fill the 32 GPUs at
+their gang sizes, so jobs queue; the operator's default policies grow jobs into
+spare GPUs, take a worker back from each job whose accuracy has converged (RLPTO's
+β rule) and give it to the waiting jobs, and stop converged jobs. One job is of the
+``highest`` class: the demo submits it once the cluster cannot start its gang (fewer
+GPUs free or being released than it needs), so it preempts lower-class jobs, which
+wait in the interrupt queue and resume first.
 
 The pure parts (:func:`plan_jobs`, :func:`prometheus_config`, :func:`summarize`,
 :func:`gpu_usage`, :func:`render_view`) are unit-tested; the rest is orchestration.
@@ -55,6 +65,7 @@ __all__ = [
     "prometheus_config",
     "shipped_rules",
     "gpu_usage",
+    "cluster_free",
     "summarize",
     "render_view",
     "write_plots",
@@ -86,7 +97,13 @@ class DemoOptions:
     epoch_s: float = 1.0
     cycle_s: float = 2.0
     scrape_interval_s: float = 2.0
-    submit_fraction: float = 0.4
+    #: jobs are submitted over this fraction of ``duration_s``: 30 trace jobs of about
+    #: one GPU for 25-30 epochs of 1 s in 36 s offer the 32 GPUs about their capacity
+    #: at gang size, so jobs queue (0.4 offered half of it: nothing ever waited)
+    submit_fraction: float = 0.2
+    #: the highest-class job waits at most this long after its time for a busy cluster
+    #: (and never past half the run, so that it runs in a short demo too)
+    full_wait_s: float = 60.0
     keep: bool = False
     namespace: str = NAMESPACE
     extender_model: str | None = None
@@ -100,15 +117,25 @@ class DemoOptions:
             raise ValueError("submit_fraction must lie in (0, 1]")
         if self.epoch_s <= 0 or self.cycle_s <= 0 or self.scrape_interval_s <= 0:
             raise ValueError("epoch, cycle and scrape intervals must be > 0")
+        if self.full_wait_s < 0:
+            raise ValueError("full_wait_s must be >= 0")
 
 
 @dataclass(frozen=True)
 class DemoJob:
-    """One TrainingJob to submit ``at_s`` seconds after the demo starts."""
+    """One TrainingJob to submit ``at_s`` seconds after the demo starts; with
+    ``when_full`` not before the cluster cannot start its gang (:func:`cluster_free`
+    below :attr:`gang_gpus`), or at most ``DemoOptions.full_wait_s`` later."""
 
     name: str
     at_s: float
     manifest: dict
+    when_full: bool = False
+
+    @property
+    def gang_gpus(self) -> int:
+        s = self.manifest["spec"]
+        return int(s["minWorkers"]) * int(s["gpusPerWorker"])
 
 
 @dataclass(frozen=True)
@@ -163,25 +190,43 @@ def plan_jobs(
     namespace: str = NAMESPACE,
     max_epochs: int = 40,
     p_urgent: float = 0.2,
-    p_highest: float = 0.1,
+    p_highest: float = 0.0,
+    preemptor_at: float | None = 0.3,
+    preemptor_gpus: int = 2,
+    max_worker_gpus: int | None = None,
 ) -> list[DemoJob]:
     """Draw ``n`` jobs from a trace's :class:`rlsched.sim.JobSpec` list and turn them
     into TrainingJob manifests submitted over ``window_s`` seconds.
 
     Jobs that cannot fit (a worker wider than a node, a gang above half the cluster)
-    are left out. Submit times keep the trace's order and relative spacing, rescaled
+    are left out, and so are workers wider than ``max_worker_gpus`` (default half a
+    node): in the small demo cluster a whole-node worker waits for one node to drain
+    completely while the placement spreads one-GPU workers over all nodes, and in
+    strict queue order (no backfill, the default) every job behind it waits too
+    (measured: 16 jobs queued behind one 8-GPU worker with 22 of 32 GPUs idle). Submit times keep the trace's order and relative spacing, rescaled
     into the window. Every job is made elastic (``maxWorkers`` up to twice its gang,
     within the cluster) so that RLPTO scaling has room to act; jobs whose trace queue
     is ``normal`` become ``urgent`` with probability ``p_urgent`` and ``highest``
-    (preempting) with ``p_highest``, so all three queues show up.
+    (preempting) with ``p_highest``.
+
+    ``preemptor_at`` (a fraction of the submission order, None: none) makes one job
+    the demo's preemptor: the first job from that position on whose gang takes at
+    most half a node becomes ``highest`` with ``when_full`` set, its gang raised to
+    at least ``preemptor_gpus`` GPUs. A highest-class job preempts only when it cannot
+    start on the GPUs free or being released; in a cluster whose elastic jobs keep
+    giving workers back one GPU is nearly always on its way, so a one-GPU preemptor
+    would just wait for it (the demo then showed 0 preemptions).
     """
     if n < 1:
         raise ValueError("n must be >= 1")
     if window_s < 0 or node_gpus < 1 or cluster_gpus < node_gpus:
         raise ValueError("need window_s >= 0 and 1 <= node_gpus <= cluster_gpus")
+    if preemptor_at is not None and not 0.0 <= preemptor_at <= 1.0:
+        raise ValueError("preemptor_at must lie in [0, 1]")
+    widest = max(1, node_gpus // 2) if max_worker_gpus is None else min(int(max_worker_gpus), node_gpus)
     fits = [
         s for s in specs
-        if s.gpus_per_worker <= node_gpus and s.min_workers * s.gpus_per_worker <= cluster_gpus // 2
+        if s.gpus_per_worker <= widest and s.min_workers * s.gpus_per_worker <= cluster_gpus // 2
     ]
     if not fits:
         raise ValueError(f"no job of the trace fits a cluster of {cluster_gpus} GPUs ({node_gpus} per node)")
@@ -192,10 +237,22 @@ def plan_jobs(
     at = (t - t[0]) / span * window_s if span > 0 else np.linspace(0.0, window_s, len(chosen))
     classes = rng.choice(["normal", "urgent", "highest"], size=len(chosen),
                          p=[1.0 - p_urgent - p_highest, p_urgent, p_highest])
+    preemptor = None
+    if preemptor_at is not None:
+        first = int(round(preemptor_at * (len(chosen) - 1)))
+        small = [i for i in range(first, len(chosen))
+                 if chosen[i].min_workers * chosen[i].gpus_per_worker <= max(1, node_gpus // 2)]
+        preemptor = small[0] if small else None
+        if preemptor is not None:
+            classes[preemptor] = "highest"
+    if preemptor_gpus < 1:
+        raise ValueError("preemptor_gpus must be >= 1")
     out = []
     for i, (spec, when, cls) in enumerate(zip(chosen, at, classes)):
         gpw = int(spec.gpus_per_worker)
         lo = int(spec.min_workers)
+        if i == preemptor:
+            lo = max(lo, -(-preemptor_gpus // gpw))
         cap = max(lo, (cluster_gpus // 2) // gpw)
         hi = int(min(max(int(spec.max_workers), 2 * lo), cap))
         queue = spec.queue if spec.queue in ("urgent", "highest") else str(cls)
@@ -227,7 +284,7 @@ def plan_jobs(
                 },
             },
         }
-        out.append(DemoJob(name, float(when), manifest))
+        out.append(DemoJob(name, float(when), manifest, when_full=i == preemptor))
     return out
 
 
@@ -308,7 +365,10 @@ HEADLINE_QUERIES = {
     "extender_errors": "sum(rlsched_extender_errors_total) or vector(0)",
     "scaling_up": 'sum(rlsched_operator_scaling_decisions_total{direction="up"}) or vector(0)',
     "scaling_down": 'sum(rlsched_operator_scaling_decisions_total{direction="down"}) or vector(0)',
-    "preemptions": "sum(rlsched_operator_preemptions_total)",
+    "preemptions": "sum(rlsched_operator_preemptions_total) or vector(0)",
+    "resumes": "sum(rlsched_operator_resumes_total) or vector(0)",
+    "converged": 'sum(rlsched_operator_completions_total{reason="Converged"}) or vector(0)',
+    "max_epochs": 'sum(rlsched_operator_completions_total{reason="MaxEpochs"}) or vector(0)',
     "admission_wait_p90_s": "histogram_quantile(0.9, sum by (le) "
                             "(rate(rlsched_operator_admission_wait_seconds_bucket[10m])))",
 }
@@ -328,6 +388,19 @@ def gpu_usage(pods: Iterable[Mapping]) -> tuple[int, int]:
         gpus += pod_gpus(p)
         workers += 1
     return gpus, workers
+
+
+def cluster_free(pods: Iterable[Mapping], gpus_total: int) -> int:
+    """GPUs free or being released: ``gpus_total`` minus the GPUs of live pods (bound
+    or still pending, not finished, not being deleted)."""
+    held = 0
+    for p in pods:
+        if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        if (p.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        held += pod_gpus(p)
+    return max(0, gpus_total - held)
 
 
 def _st(job: Mapping) -> Mapping:
@@ -388,6 +461,17 @@ def _fmt(v: Any, spec: str = ".1f") -> str:
     return str(v)
 
 
+def _gain(status: Mapping, spec: Mapping) -> str:
+    """The operator's convergence gain (``status.rlpto.gain``, accuracy per epoch over
+    the last evaluations), red once below the job's β (it gives workers back)."""
+    g = (status.get("rlpto") or {}).get("gain")
+    if not isinstance(g, (int, float)) or isinstance(g, bool):
+        return "-"
+    beta = spec.get("beta", 0.001)
+    text = f"{g:.4f}"
+    return f"[red]{text}[/red]" if isinstance(beta, (int, float)) and g < beta else text
+
+
 def render_view(jobs: Sequence[Mapping], sample: Sample | None, headline: Mapping[str, float | None],
                 *, elapsed_s: float, duration_s: float, prometheus_url: str = "", max_rows: int = 18):
     """The live view: cluster line, queues, and the most recent jobs (a rich renderable)."""
@@ -415,13 +499,18 @@ def render_view(jobs: Sequence[Mapping], sample: Sample | None, headline: Mappin
         f"[b]extender[/b] {_fmt(headline.get('extender_requests'), '.0f')} req, "
         f"p99 {_fmt(headline.get('extender_p99_ms'), '.2f')} ms",
         f"[b]scaling[/b] +{_fmt(headline.get('scaling_up'), '.0f')}/-{_fmt(headline.get('scaling_down'), '.0f')}",
-        f"[b]preempted[/b] {_fmt(headline.get('preemptions'), '.0f')}",
-        f"[dim]{prometheus_url}[/dim]",
+        f"[b]preempted[/b] {_fmt(headline.get('preemptions'), '.0f')} "
+        f"[b]resumed[/b] {_fmt(headline.get('resumes'), '.0f')}",
+        f"[b]converged[/b] {_fmt(headline.get('converged'), '.0f')} "
+        f"[b]max epochs[/b] {_fmt(headline.get('max_epochs'), '.0f')}",
     )
+    if prometheus_url:
+        head.add_row(f"[dim]{prometheus_url}[/dim]", "", "", "", "")
     table = Table(expand=True, pad_edge=False)
     for col, just in (("job", "left"), ("class", "left"), ("phase", "left"), ("queue", "left"),
                       ("workers", "right"), ("GPUs/w", "right"), ("epoch", "right"),
-                      ("accuracy", "right"), ("wait s", "right"), ("JCT s", "right")):
+                      ("accuracy", "right"), ("gain", "right"), ("preempted", "right"), ("wait s", "right"),
+                      ("JCT s", "right")):
         table.add_column(col, justify=just, no_wrap=True)
     colour = {"Running": "green", "Starting": "cyan", "Queued": "yellow", "Succeeded": "blue", "Failed": "red"}
 
@@ -439,7 +528,8 @@ def render_view(jobs: Sequence[Mapping], sample: Sample | None, headline: Mappin
             f"[{colour.get(ph, 'white')}]{ph}[/]", st.get("queue") or "-",
             f"{st.get('workers', 0)} [{spec.get('minWorkers')}..{spec.get('maxWorkers')}]",
             str(spec.get("gpusPerWorker", 1)), _fmt(prog.get("epoch")), _fmt(prog.get("accuracy"), ".3f"),
-            _fmt(st.get("admissionWaitSeconds")), _fmt(st.get("jctSeconds")),
+            _gain(st, spec), _fmt(st.get("preemptions") or None), _fmt(st.get("admissionWaitSeconds")),
+            _fmt(st.get("jctSeconds")),
         )
     more = len(jobs) - len(shown)
     title = f"TrainingJobs ({len(jobs)} submitted" + (f", {more} not shown" if more > 0 else "") + ")"
@@ -524,6 +614,8 @@ class Demo:
         self.prom_url = ""
         self.samples: list[Sample] = []
         self.headline: dict[str, float | None] = {}
+        #: the highest-class job: name, when it was submitted, whether the cluster was full
+        self.preemptor: dict | None = None
         self.rng = np.random.default_rng(opts.seed)
 
     # ---- state for `demo down`
@@ -749,20 +841,34 @@ class Demo:
         last_prom = -1e9
         interactive = self.console.is_terminal
         last_line = 0.0
+        free = topo.total_gpus  # GPUs free or being released, as last seen
         with Live(console=self.console, refresh_per_second=4, transient=False, auto_refresh=interactive) as live:
             while True:
                 now = time.monotonic() - t0
-                while pending and pending[0].at_s <= now:
-                    job = pending.pop(0)
+                for job in [j for j in pending if j.at_s <= now]:
+                    busy = free < job.gang_gpus
+                    deadline = min(job.at_s + opts.full_wait_s, opts.duration_s / 2)
+                    if job.when_full and not busy and now < deadline:
+                        continue  # the preemptor waits until the cluster cannot start it
+                    pending.remove(job)
                     try:
                         custom.create_namespaced_custom_object(GROUP, VERSION, opts.namespace, PLURAL, job.manifest)
                     except ApiException as exc:
                         self.console.print(f"[red]could not submit {job.name}: {exc.status} {exc.reason}[/red]")
+                        continue
+                    if job.when_full:
+                        self.preemptor = {"name": job.name, "submitted_s": round(now, 1), "gang_gpus": job.gang_gpus,
+                                          "free_gpus": free, "cluster_busy": busy}
+                        self.console.print(f"t={now:.0f}s: submitted the highest-class job {job.name} "
+                                           f"({job.gang_gpus} GPUs; {free} free or being released)"
+                                           + ("" if busy else ": the cluster was not busy in time, "
+                                                              "no preemption needed"))
                 for c in self.children:
                     c.check()
                 jobs = custom.list_namespaced_custom_object(GROUP, VERSION, opts.namespace, PLURAL)["items"]
                 pods = api.sanitize_for_serialization(core.list_namespaced_pod(opts.namespace).items)
                 gpus, workers = gpu_usage(pods)
+                free = cluster_free(pods, topo.total_gpus)
                 phases = [_st(j).get("phase") for j in jobs]
                 sample = Sample(now, gpus, topo.total_gpus, workers, phases.count("Running"),
                                 sum(p in (None, "Queued") for p in phases), sum(p in TERMINAL for p in phases))
@@ -788,7 +894,7 @@ class Demo:
         summary = summarize(jobs, planned=len(plan))
         summary.update({"trace": trace, "seed": opts.seed, "duration_s": opts.duration_s,
                         "elapsed_s": time.monotonic() - t0, "cluster_gpus": topo.total_gpus,
-                        "prometheus": self.headline,
+                        "prometheus": self.headline, "preemptor": self.preemptor,
                         "gpu_allocation_mean": float(np.mean([s.gpus_used / max(1, s.gpus_total)
                                                               for s in self.samples])) if self.samples else None})
         opts.out.mkdir(parents=True, exist_ok=True)
@@ -813,12 +919,16 @@ class Demo:
             ("GPU allocation mean", _fmt(None if s["gpu_allocation_mean"] is None else 100 * s["gpu_allocation_mean"]) + " %"),
             ("phases", ", ".join(f"{k} {v}" for k, v in sorted(s["phases"].items()))),
             ("scaling decisions up / down", f"{_fmt(p.get('scaling_up'), '.0f')} / {_fmt(p.get('scaling_down'), '.0f')}"),
-            ("preemptions", _fmt(p.get("preemptions"), ".0f")),
+            ("preemptions / resumes", f"{_fmt(p.get('preemptions'), '.0f')} / {_fmt(p.get('resumes'), '.0f')}"),
+            ("completions converged / max epochs", f"{_fmt(p.get('converged'), '.0f')} / {_fmt(p.get('max_epochs'), '.0f')}"),
             ("extender requests / errors", f"{_fmt(p.get('extender_requests'), '.0f')} / {_fmt(p.get('extender_errors'), '.0f')}"),
             ("extender p99 latency (ms, last minute)", _fmt(p.get("extender_p99_ms"), ".2f")),
         ):
             t.add_row(label, val)
         self.console.print(t)
+        self.console.print("counters: the operator's metrics as the demo's Prometheus scraped them "
+                           "(rlsched_operator_scaling_decisions_total, _preemptions_total, _resumes_total, "
+                           "_completions_total)")
         self.console.print(f"wrote {self.opts.out / 'summary.json'} and plots: "
                            + ", ".join(Path(x).name for x in s.get("plots", [])))
 

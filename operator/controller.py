@@ -994,13 +994,17 @@ class Controller:
         target = j.spec.min_workers
         queued = parse_time(j.status.get("queuedTime")) or parse_time(j.body["metadata"].get("creationTimestamp")) or now
         self.metrics.admission_wait.observe(max(0.0, now - queued))
+        resumed = j.status.get("queue") == "interrupt"
         await self.patch_status(j, {
             "phase": "Starting", "targetWorkers": target, "admittedTime": format_time(now), "nominated": False,
             "conditions": set_condition(j.status.get("conditions"), "Admitted", "True", "GangFits",
                                         f"{target} x {j.spec.gpus_per_worker} GPUs free", now),
         })
+        if resumed:  # a preempted job back from the interrupt queue (counted once the status says so)
+            self.metrics.resumes.inc()
         await self.event(j.body, "Admitted",
-                         f"starting gang of {target} workers x {j.spec.gpus_per_worker} GPUs from queue {j.status.get('queue')}")
+                         f"starting gang of {target} workers x {j.spec.gpus_per_worker} GPUs from queue {j.status.get('queue')}"
+                         + (" (resuming after a preemption)" if resumed else ""))
         await self.reconcile_pods(j, target)
 
     async def preempt(self, j: _Job, by: str, now: float) -> None:
@@ -1029,6 +1033,7 @@ class Controller:
             "conditions": set_condition(j.status.get("conditions"), "Complete", "True", why,
                                         f"epoch {rj.progress.epoch}, accuracy {rj.progress.accuracy:.4f}", now),
         })
+        self.metrics.completions.labels(reason=why).inc()
         await self.event(j.body, "Completed", f"{why} at epoch {rj.progress.epoch}, accuracy "
                                               f"{rj.progress.accuracy:.4f}, JCT {now - created:.1f}s")
 

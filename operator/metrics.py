@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-__all__ = ["OperatorMetrics"]
+__all__ = ["OperatorMetrics", "COMPLETION_REASONS"]
+
+#: label values of ``rlsched_operator_completions_total`` (ScalingPlanner.finished)
+COMPLETION_REASONS = ("Converged", "MaxEpochs")
 
 
 class OperatorMetrics:
@@ -41,6 +44,19 @@ class OperatorMetrics:
             "rlsched_operator_unfittable_jobs", "Waiting TrainingJobs whose gang cannot fit the whole cluster", registry=r
         )
         self.preemptions = Counter("rlsched_operator_preemptions_total", "TrainingJobs preempted", registry=r)
+        self.resumes = Counter(
+            "rlsched_operator_resumes_total",
+            "Preempted TrainingJobs admitted again from the interrupt queue (they resume first)",
+            registry=r,
+        )
+        self.completions = Counter(
+            "rlsched_operator_completions_total",
+            "TrainingJobs finished by the operator, by reason: Converged (RLPTO's beta stop) or MaxEpochs",
+            ["reason"],
+            registry=r,
+        )
+        for reason in COMPLETION_REASONS:
+            self.completions.labels(reason=reason)  # both series exist from the start (0)
         self.admission_wait = Histogram(
             "rlsched_operator_admission_wait_seconds",
             "Time from queued to admitted",

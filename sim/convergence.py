@@ -20,8 +20,11 @@ all use this class.
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import numpy as np
+
+from rlsched.core.planning import CONVERGENCE_WINDOW, convergence_gains
 
 __all__ = ["ConvergenceModel", "stop_epoch"]
 
@@ -144,29 +147,32 @@ class ConvergenceModel:
 def stop_epoch(
     accs: np.ndarray,
     first_epoch: int,
-    prev_acc: float | None,
+    prior: Sequence[float],
     streak: int,
     beta: float,
     patience: int,
     max_epochs: int,
+    window: int = CONVERGENCE_WINDOW,
 ) -> int:
-    """The epoch at which training stops.
+    """The epoch at which training stops: RLPTO's β stop as core's
+    :class:`~rlsched.core.planning.ScalingPlanner` judges it.
 
-    ``accs[k]`` is the accuracy reported after epoch ``first_epoch + k``; ``prev_acc``
-    the one before (``None`` when no epoch was evaluated yet) and ``streak`` the number
-    of consecutive evaluations so far whose gain was below ``beta``. Training stops
-    after ``patience`` consecutive gains below ``beta`` or at ``max_epochs``.
-    Returns ``max_epochs`` when the criterion never fires in ``accs``.
+    ``accs[k]`` is the accuracy reported after epoch ``first_epoch + k``; ``prior`` the
+    accuracies reported before it, oldest first (empty when no epoch was evaluated
+    yet), and ``streak`` the number of consecutive evaluations so far whose gain was
+    below ``beta``. The gain after an evaluation is
+    :func:`~rlsched.core.planning.convergence_gain` (the mean gain over the last
+    ``window`` evaluations, with the same arithmetic). Training stops after
+    ``patience`` consecutive gains below ``beta`` or at ``max_epochs``. Returns
+    ``max_epochs`` when the criterion never fires in ``accs``.
     """
     if patience < 1:
         raise ValueError("patience must be >= 1")
     n = len(accs)
     if n == 0:
         return max_epochs
-    gains = np.empty(n)
-    gains[0] = np.inf if prev_acc is None else accs[0] - prev_acc
-    if n > 1:
-        gains[1:] = np.diff(accs)
+    before = np.asarray(prior, dtype=float)[-window:] if len(prior) else np.empty(0)
+    gains = convergence_gains(np.concatenate([before, np.asarray(accs, dtype=float)]), window)[len(before):]
     small = gains < beta
     # length of the run of small gains ending at each index, counting the prior streak
     idx = np.arange(n)

@@ -78,6 +78,7 @@ from rlsched.core.planning import (
     ScalingPlan,
     ScalingPlanner,
     TrainingSpec,
+    convergence_gains,
     reserved_gpus,
     scaling_steps,
 )
@@ -528,7 +529,7 @@ class Simulator:
         spe = spec.samples_per_epoch
         epochs = np.arange(1, spec.max_epochs + 1)
         accs = conv.evaluate(epochs, epochs * conv.efficiency(w))
-        e_stop = stop_epoch(accs, 1, None, 0, spec.beta, spec.patience, spec.max_epochs)
+        e_stop = stop_epoch(accs, 1, (), 0, spec.beta, spec.patience, spec.max_epochs)
         j.accs, j.acc_first = accs, 1
         j.work_total = float(e_stop * spe)
         j.ideal = j.work_total / (w * spec.batch_per_worker / best)
@@ -570,9 +571,7 @@ class Simulator:
             acc0 = np.array([m.acc0 for m in c])[:, None]
             tau = np.array([m.tau for m in c])[:, None]
             accs = np.clip(acc_max - (acc_max - acc0) * np.exp(-(epochs * eff) / tau) + eps, 0.0, 1.0)
-            gains = np.empty_like(accs)
-            gains[:, 0] = np.inf
-            gains[:, 1:] = np.diff(accs, axis=1)
+            gains = convergence_gains(accs)  # the planner's β-rule gain after each epoch
             beta = np.array([s.beta for s in specs])[:, None]
             patience = np.array([s.patience for s in specs])[:, None]
             small = gains < beta
@@ -909,19 +908,15 @@ class Simulator:
             j.accs, j.acc_first = np.empty(0), k + 1
             return
         hist = v.progress.history
-        streak = 0
-        for a, b in zip(reversed(hist[:-1]), reversed(hist[1:])):
-            if b - a < spec.beta:
-                streak += 1
-            else:
-                break
+        small = convergence_gains(np.asarray(hist, dtype=float)) < spec.beta if hist else np.zeros(0, dtype=bool)
+        streak = len(small) - int(np.flatnonzero(~small)[-1]) - 1 if (~small).any() else len(small)
         if hist and streak >= spec.patience:
             j.work_total = j.work_done
             return
         epochs = np.arange(k + 1, spec.max_epochs + 1)
         eff = j.eff + (epochs * spe - j.work_done) / spe * conv.efficiency(v.workers)
         accs = conv.evaluate(epochs, eff)
-        e_stop = stop_epoch(accs, k + 1, hist[-1] if hist else None, streak, spec.beta, spec.patience, spec.max_epochs)
+        e_stop = stop_epoch(accs, k + 1, hist, streak, spec.beta, spec.patience, spec.max_epochs)
         j.accs, j.acc_first = accs, k + 1
         j.work_total = max(float(e_stop * spe), j.work_done)
 

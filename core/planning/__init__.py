@@ -30,11 +30,14 @@ from .admission import (
     unfittable_reason,
 )
 from .elastic import (
+    CONVERGENCE_WINDOW,
     ElasticState,
     RunningJob,
     ScalingPlan,
     ScalingPlanner,
     best_fit_node,
+    convergence_gain,
+    convergence_gains,
     reserved_gpus,
     scaling_steps,
 )
@@ -53,6 +56,7 @@ __all__ = [
     "gang_fits",
     "take_gang",
     "unfittable_reason",
+    "CONVERGENCE_WINDOW",
     "ElasticState",
     "RunningJob",
     "ScalingPlan",
@@ -60,6 +64,8 @@ __all__ = [
     "scaling_steps",
     "reserved_gpus",
     "best_fit_node",
+    "convergence_gain",
+    "convergence_gains",
     "PRIORITY_CLASSES",
     "TrainingSpec",
     "TopologyRule",

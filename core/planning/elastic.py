@@ -13,8 +13,23 @@ the β-threshold rule); the planner enforces what must hold whatever the policy 
   (:func:`reserved_gpus`), highest accuracy gain first (freed GPUs go to waiting jobs,
   then to jobs that still gain);
 * a pinned job (``spec.workers``) moves one worker per cycle towards the pin;
-* completion (the β stop): ``patience`` consecutive evaluations with gain below
-  ``beta`` (converged), or ``maxEpochs`` reached.
+* RLPTO's β rule, for every policy: a job *converges* while its accuracy gain
+  per evaluation is below ``beta``. A converging job gives one worker back at each
+  new evaluation (towards ``minWorkers``) whatever the policy asked, and its GPUs go
+  to waiting jobs first ("when a model tends to converge, the computing resources of
+  the task are gradually reduced so that they can be allocated to other learning
+  tasks", Lu et al., TPDS 34(12), 2023); after ``patience`` consecutive such
+  evaluations it is finished (the β stop), as it is at ``maxEpochs``.
+
+The gain compared with β is RLPTO's ``v_a``, the accuracy a job gains per
+evaluation. A live operator sees it only through noisy evaluations: the difference of
+two evaluations with noise σ each has noise σ√2, larger than β for every realistic
+test set (σ ≈ 0.002-0.003 for accuracy near 0.9 on 10 000 samples, β = 0.001), so a
+flat curve would pass the test only by chance (``patience`` times in a row: rarely)
+and a rising one fail it by chance. The planner therefore judges convergence on the
+mean gain per evaluation over the last ``window`` evaluations
+(:func:`convergence_gain`: noise σ√2/``window``), an estimate of the same ``v_a``
+(the simulator's RLPTO environment measures it on the noise-free curve).
 
 The planner decides *counts*; the adapter places the added workers. Room for a
 scale-up is checked by tentatively placing one worker with a ``place`` hook on the
@@ -43,8 +58,42 @@ from ..policy import Scaling
 from .spec import TrainingSpec
 
 __all__ = [
-    "ElasticState", "RunningJob", "ScalingPlan", "ScalingPlanner", "scaling_steps", "reserved_gpus", "best_fit_node",
+    "CONVERGENCE_WINDOW", "ElasticState", "RunningJob", "ScalingPlan", "ScalingPlanner", "best_fit_node",
+    "convergence_gain", "convergence_gains", "reserved_gpus", "scaling_steps",
 ]
+
+#: evaluations over which the convergence gain is averaged (:func:`convergence_gain`)
+CONVERGENCE_WINDOW = 5
+
+
+def convergence_gain(history: Sequence[float], window: int = CONVERGENCE_WINDOW) -> float:
+    """The accuracy gain per evaluation that RLPTO's β rule compares with β: the mean
+    over the last ``window`` evaluations, ``(h[-1] - h[-1-k]) / k`` with
+    ``k = min(window, len(h) - 1)``; ``inf`` before two evaluations.
+
+    With ``window = 1`` it is the last evaluation's gain (:attr:`Progress.gain`)."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    k = min(int(window), len(history) - 1)
+    if k < 1:
+        return float("inf")
+    return (float(history[-1]) - float(history[-1 - k])) / k
+
+
+def convergence_gains(accs: np.ndarray, window: int = CONVERGENCE_WINDOW) -> np.ndarray:
+    """:func:`convergence_gain` after every evaluation of ``accs`` (last axis: the
+    accuracies after each evaluation, oldest first), vectorised with the same
+    arithmetic: ``out[..., i] == convergence_gain(accs[..., : i + 1], window)``."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    a = np.asarray(accs, dtype=float)
+    out = np.full(a.shape, np.inf)
+    n = a.shape[-1]
+    if n > 1:
+        i = np.arange(1, n)
+        k = np.minimum(i, int(window))
+        out[..., 1:] = (a[..., i] - a[..., i - k]) / k
+    return out
 
 
 def reserved_gpus(blocked: TrainingSpec | None) -> int:
@@ -69,9 +118,10 @@ class ElasticState:
 
     ``data_size`` training samples (0 if unknown), ``epoch`` evaluations seen,
     ``loss_norm`` loss over the largest loss seen (1 at the start, towards 0 as it
-    converges), ``workers``, ``accuracy``, ``gain`` accuracy change of the last
-    evaluation (the convergence signal compared with β), ``trained_s`` seconds the job
-    has trained. ``streak`` counts consecutive evaluations with ``gain < beta``;
+    converges), ``workers``, ``accuracy``, ``gain`` the accuracy gain per evaluation
+    over the last evaluations (:func:`convergence_gain`: the convergence signal compared
+    with β), ``trained_s`` seconds the job has trained. ``streak`` counts consecutive
+    evaluations with ``gain < beta`` (a job with ``streak > 0`` is converging);
     ``decided_epoch`` is the epoch of the last scaling decision.
     """
 
@@ -85,16 +135,20 @@ class ElasticState:
     streak: int = 0
     decided_epoch: int = 0
 
-    def observe(self, progress: Progress, workers: int, trained_s: float, beta: float, data_size: int) -> None:
+    def observe(self, progress: Progress, workers: int, trained_s: float, beta: float, data_size: int,
+                *, window: int = CONVERGENCE_WINDOW) -> None:
         """Fold a progress report in; the streak counts each new evaluation once.
 
-        Every evaluation since the last report counts, not only the latest: their gains
-        are read from ``progress.history`` (accuracy after each evaluation, oldest first,
-        possibly truncated to the newest ones). An evaluation whose gain the history no
-        longer holds breaks the streak (it cannot be shown small), as does the first
-        evaluation of all (no gain yet). So the streak after epoch ``e`` is the same
-        whether the reports came once per epoch or once per several, and the β stop
-        fires at the epoch :func:`rlsched.sim.convergence.stop_epoch` computes.
+        Every evaluation since the last report counts, not only the latest (the trainer
+        may evaluate several times between two operator cycles): each one whose
+        convergence gain (:func:`convergence_gain` over the ``window`` evaluations up
+        to it) is below ``beta`` adds one, any other resets it. The gains are read from
+        ``progress.history`` (accuracy after each evaluation, oldest first, possibly
+        truncated to the newest ones); an evaluation the history no longer holds breaks
+        the streak (it cannot be shown small), as does the first evaluation of all (no
+        gain yet). So the streak after epoch ``e`` is the same whether the reports came
+        once per epoch or once per several, and the β stop fires at the epoch
+        :func:`rlsched.sim.convergence.stop_epoch` computes.
         """
         new = progress.epoch - self.epoch
         self.data_size = data_size
@@ -104,20 +158,20 @@ class ElasticState:
             return
         self.epoch = progress.epoch
         self.accuracy = progress.accuracy
-        self.gain = progress.gain
         ml = progress.max_loss
         ok = ml and math.isfinite(ml) and ml > 0 and math.isfinite(progress.loss)
         self.loss_norm = progress.loss / ml if ok else 1.0
         hist = progress.history
         if not hist:  # no history reported: the latest gain is all there is
+            self.gain = progress.gain
             self.streak = self.streak + 1 if self.gain < beta else 0
             return
         held = min(new, len(hist))
         streak = self.streak if held == new else 0
-        for i in range(len(hist) - held, len(hist)):
-            gain = hist[i] - hist[i - 1] if i > 0 else math.inf  # the oldest held: no gain known
-            streak = streak + 1 if gain < beta else 0
+        for end in range(len(hist) - held + 1, len(hist) + 1):
+            streak = streak + 1 if convergence_gain(hist[:end], window) < beta else 0
         self.streak = streak
+        self.gain = convergence_gain(hist, window)
 
     def to_status(self) -> dict:
         """The ``status.rlpto`` object (camelCase; an infinite gain is ``null``)."""
@@ -195,6 +249,12 @@ class ScalingPlanner:
         self.policy = policy
         self.patience = patience
 
+    @staticmethod
+    def converging(job: RunningJob) -> bool:
+        """Whether the job's last evaluation gained less than β (``streak > 0``): it
+        gives a worker back, whatever the policy asked."""
+        return job.state.streak > 0
+
     def finished(self, job: RunningJob) -> str | None:
         """``"Converged"``, ``"MaxEpochs"`` or ``None``."""
         if job.progress.epoch >= job.spec.max_epochs:
@@ -217,9 +277,10 @@ class ScalingPlanner:
         place: Callable[[RunningJob, ClusterState], int | None] | None = None,
     ) -> ScalingPlan:
         """Decide this cycle's changes. ``reserved_gpus``: what the blocked head of the
-        waiting queue needs (:func:`reserved_gpus`); scale-ups never eat into it. Marks
-        each job the policy decided on (``state.decided_epoch``) so the same evaluation
-        is not acted on twice.
+        waiting queue needs (:func:`reserved_gpus`); scale-ups never eat into it. A
+        converging job (not pinned) gets ``-1`` whatever the policy asked. Marks each job
+        the policy decided on (``state.decided_epoch``) so the same evaluation is not
+        acted on twice.
 
         ``place(job, state)`` finds a node for one more worker of ``job`` on ``state``
         (None: no room); default :func:`best_fit_node`. Each scale-up granted is
@@ -240,7 +301,7 @@ class ScalingPlanner:
         if auto:
             steps = dict(scaling_steps(self.policy.decide([j.view() for j in auto], state)))
             for j in auto:
-                asked[j.key] = steps.get(j.key, 0)
+                asked[j.key] = -1 if self.converging(j) else steps.get(j.key, 0)
                 j.state.decided_epoch = j.progress.epoch
         out.decided = [j.key for j in auto]
         for j in live:

@@ -167,3 +167,68 @@ def test_cli_registers_demo():
     assert args.func is demo._up and args.duration == 30 and args.jobs == 5
     args = build_parser("demo").parse_args(["demo", "down"])
     assert args.func is demo._down
+
+
+# ------------------------------------------------------------------ issue 13 item 5
+def test_plan_jobs_one_small_preemptor_submitted_when_the_cluster_is_full():
+    specs = _specs()
+    plan = demo.plan_jobs(specs, 20, np.random.default_rng(3), node_gpus=8, cluster_gpus=64, window_s=30.0)
+    pre = [j for j in plan if j.when_full]
+    assert len(pre) == 1
+    assert [j.manifest["spec"]["priority"]["class"] for j in plan].count("highest") == 1  # p_highest defaults to 0
+    s = pre[0].manifest["spec"]
+    assert s["priority"]["class"] == "highest" and 2 <= pre[0].gang_gpus == s["minWorkers"] * s["gpusPerWorker"] <= 4
+    # the first job from 30 % of the submission order on whose gang is at most half a node
+    first = round(0.3 * 19)
+    k = plan.index(pre[0])
+    assert k >= first and all(plan[i].gang_gpus > 4 for i in range(first, k))
+    # a one-GPU trace job chosen as the preemptor gets a gang of preemptor_gpus
+    one = [JobSpec(id=f"j{i}", submit_time=float(i), workers=1, gpus_per_worker=1, min_workers=1, max_workers=1,
+                   max_epochs=30, beta=0.001) for i in range(10)]
+    p1 = [j for j in demo.plan_jobs(one, 10, np.random.default_rng(0), node_gpus=8, cluster_gpus=32, window_s=9.0,
+                                    preemptor_gpus=3) if j.when_full]
+    assert [(j.manifest["spec"]["minWorkers"], j.manifest["spec"]["maxWorkers"]) for j in p1] == [(3, 6)]
+    assert not any(j.when_full for j in demo.plan_jobs(specs, 20, np.random.default_rng(3), node_gpus=8,
+                                                       cluster_gpus=64, window_s=30.0, preemptor_at=None))
+    with pytest.raises(ValueError):
+        demo.plan_jobs(specs, 20, np.random.default_rng(3), node_gpus=8, cluster_gpus=64, window_s=30.0, preemptor_at=2.0)
+
+
+def test_cluster_free_counts_pending_pods_and_releases():
+    assert demo.cluster_free([_pod("n1", 4), _pod("n2", 4)], 8) == 0
+    assert demo.cluster_free([_pod("n1", 4), _pod("n2", 3)], 8) == 1
+    # a pending pod (admitted, not yet bound) will take its GPUs
+    assert demo.cluster_free([_pod("n1", 4), _pod(None, 4, "Pending")], 8) == 0
+    # finished pods hold nothing; a pod being deleted is about to free its GPUs
+    assert demo.cluster_free([_pod("n1", 4), _pod("n2", 4, "Succeeded")], 8) == 4
+    assert demo.cluster_free([_pod("n1", 4), _pod("n2", 3), _pod("n2", 1, deleting=True)], 8) == 1
+
+
+def test_view_shows_scaling_preemption_resume_and_convergence():
+    from rich.console import Console
+
+    conv = _job("conv", "Running", workers=1)
+    conv["spec"]["beta"] = 0.001
+    conv["status"]["rlpto"] = {"gain": 0.0004}
+    victim = _job("victim", "Queued", queue="interrupt")
+    victim["status"]["preemptions"] = 1
+    head = {"scaling_up": 7.0, "scaling_down": 3.0, "preemptions": 1.0, "resumes": 0.0, "converged": 2.0,
+            "max_epochs": 1.0}
+    console = Console(record=True, width=200)
+    console.print(demo.render_view([conv, victim], None, head, elapsed_s=5, duration_s=180))
+    text = console.export_text()
+    assert "+7/-3" in text and "preempted 1" in text and "resumed 0" in text
+    assert "converged 2" in text and "max epochs 1" in text and "interrupt=1" in text and "0.0004" in text
+    assert set(demo.HEADLINE_QUERIES) >= {"scaling_up", "scaling_down", "preemptions", "resumes", "converged",
+                                          "max_epochs"}
+    assert "rlsched_operator_resumes_total" in demo.HEADLINE_QUERIES["resumes"]
+
+
+def test_plan_jobs_leaves_out_whole_node_workers_by_default():
+    specs = _specs() + [JobSpec(id=f"node-{i}", submit_time=50.0 + i, workers=1, gpus_per_worker=8,
+                                min_workers=1, max_workers=1, max_epochs=30, beta=0.001) for i in range(20)]
+    rng = lambda: np.random.default_rng(5)  # noqa: E731
+    plan = demo.plan_jobs(specs, 60, rng(), node_gpus=8, cluster_gpus=64, window_s=30.0)
+    assert max(j.manifest["spec"]["gpusPerWorker"] for j in plan) == 4
+    wide = demo.plan_jobs(specs, 60, rng(), node_gpus=8, cluster_gpus=64, window_s=30.0, max_worker_gpus=8)
+    assert max(j.manifest["spec"]["gpusPerWorker"] for j in wide) == 8

@@ -1,0 +1,127 @@
+"""The mission with the operator's DEFAULT policies, against the real control plane
+(issue 13 item 5: the live demo showed 0 scale-downs and 0 preemptions).
+
+The other operator tests build ``OperatorConfig()`` whose ``scaling="auto"`` without a
+model is the β rule, and feed the fake trainer little noise (σ = 0.0005) against a
+large β (0.02). ``rlsched operator run`` (and the demo, and the chart) resolve
+``auto`` to the committed learned RLPTO weights, whose actor asks +1 for every job in
+every state, and the demo's trainer reports with σ = 0.002 against β = 0.001. These
+tests run exactly that: the CLI's resolution of the default scaling and the fake
+trainer's default noise model. Jobs are sized in whole nodes (``gpusPerWorker: 8``,
+4 nodes) so that who fits is unambiguous.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import urllib.request
+
+import pytest
+
+from rlsched.core.contract import GROUP as G
+from rlsched.core.contract import LABEL_JOB
+from rlsched.core.contract import PLURAL as P
+from rlsched.core.contract import VERSION as V
+from rlsched.operator.cli import resolve_scaling_model
+
+pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
+
+#: the operator as ``rlsched operator run`` starts it: --scaling auto, no --scaling-model
+DEFAULTS = dict(scaling="auto", scaling_model=resolve_scaling_model("auto", None))
+
+
+@contextlib.contextmanager
+def demo_trainer(ns, kube_cluster):
+    """The fake trainer with the demo's convergence and noise model (its defaults)."""
+    from rlsched_dev.fake_trainer import FakeTrainer
+
+    trainer = FakeTrainer(ns, kubeconfig=str(kube_cluster.kubeconfig), epoch_s=0.6)
+    assert (trainer.noise, trainer.tau) == (0.002, 6.0)
+    stop = threading.Event()
+    th = threading.Thread(target=trainer.run_until, args=(stop,), daemon=True)
+    try:
+        yield th
+    finally:
+        stop.set()
+        if th.is_alive():
+            th.join(5)
+        trainer.close()
+
+
+def _pods(kapi, ns, job):
+    return [p for p in kapi.core.list_namespaced_pod(ns, label_selector=f"{LABEL_JOB}={job}").items
+            if p.metadata.deletion_timestamp is None]
+
+
+def _t(ev) -> float:
+    return float(ev.metadata.annotations["rlsched.dev/event-time"])
+
+
+def _metrics(rt) -> str:
+    port = rt.metrics_server[0].server_port
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+
+
+def test_default_policy_converged_job_gives_workers_to_a_waiting_job(extender, kube_cluster, kapi, ns, tj,
+                                                                     run_operator, wait_until):
+    with demo_trainer(ns, kube_cluster) as th:
+        with run_operator(ns, **DEFAULTS) as rt:
+            wait_until(lambda: rt.controller is not None, 30, "the operator started")
+            policy = rt.controller.planner.policy
+            assert policy.name == "rlpto" and policy.fallback_reason is None  # the learned actor serves
+            tj(ns, "conv", 1, 4, gpus=8, beta=0.001, maxEpochs=200)
+            th.start()
+            wait_until(lambda: kapi.status(ns, "conv").get("targetWorkers") == 4, 90, "conv grown to the cluster")
+            tj(ns, "late", 2, gpus=8)
+            wait_until(lambda: kapi.status(ns, "late").get("queue") == "normal", 20, "late queued")
+            wait_until(lambda: kapi.phase(ns, "late") == "Running", 180, "late running on conv's workers")
+            wait_until(lambda: kapi.phase(ns, "conv") == "Succeeded", 120, "conv converged")
+            st = kapi.status(ns, "conv")
+            # the β stop, not the epoch budget: the windowed gain fell below beta
+            assert st["reason"] == "Converged" and st["progress"]["epoch"] < 200
+            assert st["rlpto"]["gain"] < 0.001 and st["rlpto"]["streak"] >= 5
+            downs = kapi.events(ns, "conv", "ScaledDown")
+            assert [e.message.split(" (")[0] for e in downs][:2] == ["workers 4 -> 3", "workers 3 -> 2"]
+            # late (2 nodes) started only once conv had given back two
+            assert _t(kapi.events(ns, "late", "Admitted")[0]) > _t(downs[1])
+            text = _metrics(rt)
+            assert 'rlsched_operator_completions_total{reason="Converged"} 1.0' in text
+            down = [ln for ln in text.splitlines() if ln.startswith('rlsched_operator_scaling_decisions_total{direction="down"}')]
+            assert down and float(down[0].split()[-1]) >= 2
+            wait_until(lambda: not _pods(kapi, ns, "conv"), 30, "conv pods deleted")
+
+
+def test_default_policies_highest_job_preempts_and_its_victim_resumes_first(extender, kube_cluster, kapi, ns, tj,
+                                                                            run_operator, wait_until):
+    with demo_trainer(ns, kube_cluster) as th:
+        with run_operator(ns, grace_period_s=2, **DEFAULTS) as rt:
+            tj(ns, "first", 1, 2, gpus=8, beta=0.001, maxEpochs=400)
+            th.start()
+            wait_until(lambda: kapi.phase(ns, "first") == "Running", 60, "first running")
+            tj(ns, "second", 1, 2, gpus=8, beta=0.001, maxEpochs=400)
+            # the learned policy grows both into the spare nodes: the cluster is full
+            wait_until(lambda: kapi.status(ns, "first").get("workers") == 2
+                       and kapi.status(ns, "second").get("workers") == 2, 90, "both grown to 2 nodes")
+            tj(ns, "waiter", 1, gpus=8)
+            wait_until(lambda: kapi.status(ns, "waiter").get("queue") == "normal", 20, "waiter queued")
+            tj(ns, "boss", 1, gpus=8, klass="highest", maxEpochs=400)
+            wait_until(lambda: kapi.phase(ns, "boss") in ("Starting", "Running"), 60, "boss admitted")
+            # the most recently started job of the lowest class and priority is the victim;
+            # of its two nodes boss needs one: from the interrupt queue it takes the other
+            # back at once, ahead of the waiter queued before the preemption
+            wait_until(lambda: kapi.events(ns, "second", "Preempted"), 20, "Preempted event")
+            wait_until(lambda: len(kapi.events(ns, "second", "Admitted")) == 2, 60, "second resumed")
+            st = kapi.status(ns, "second")
+            assert st["preemptions"] == 1 and st["phase"] in ("Starting", "Running")
+            resumed = kapi.events(ns, "second", "Admitted")[-1]
+            assert "from queue interrupt (resuming after a preemption)" in resumed.message
+            assert _t(resumed) > _t(kapi.events(ns, "second", "Preempted")[0])
+            assert kapi.phase(ns, "first") == "Running" and not kapi.status(ns, "first").get("preemptions")
+            assert kapi.phase(ns, "waiter") == "Queued"
+            text = _metrics(rt)
+            assert "rlsched_operator_preemptions_total 1.0" in text and "rlsched_operator_resumes_total 1.0" in text
+            # GPUs free up (first finishes by hand): now the waiter starts
+            kapi.custom.delete_namespaced_custom_object(G, V, ns, P, "first")
+            wait_until(lambda: kapi.phase(ns, "waiter") in ("Starting", "Running"), 90, "waiter admitted")
+            assert _t(kapi.events(ns, "waiter", "Admitted")[0]) > _t(resumed)
