@@ -95,8 +95,8 @@ class TwinConfig:
 
     jobs: int = 8
     seed: int = 1
-    time_scale: float = 20.0
-    cycle_s: float = 0.4
+    time_scale: float = 10.0
+    cycle_s: float = 0.25
     tick_s: float = 0.1
     restart_cost_sim: float = 30.0
     patience: int = 5
@@ -129,7 +129,7 @@ class TwinConfig:
 
 #: allowance for kube-scheduler + extender binding a pod and kwok marking it Running
 #: (wall seconds; measured well below this on the local control plane, see docs/twin.md)
-BIND_S = 0.5
+BIND_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,9 @@ class Tolerances:
       between admissions less than ``order_latencies * L`` apart in either log
       (admissions of one cycle are posted concurrently);
     * preemptions: the same (victim, preemptor) multiset, exactly;
-    * scaling: each job's sequence of worker changes; at most ``scale_edits``
+    * scaling: each job's sequence of worker changes, each with the evaluation (epoch)
+      it acted on (the operator's Event names the accuracy gain it saw, which picks
+      the epoch among the trainer's reports); at most ``scale_edits``
       insertions/deletions/substitutions per job (a scale-up decided within one
       latency of another job's finish or admission can see the GPUs in one run and not
       in the other);
@@ -209,8 +211,9 @@ def twin_jobs(n: int = 20, seed: int = 1, *, cluster_gpus: int = 32, epoch_sim: 
         early = bool(rng.random() < 0.5)
         acc_max = float(rng.uniform(0.7, 0.9))
         if early:
-            conv = {"tau": float(rng.uniform(1.5, 2.5)), "noise": 0.002, "acc_max": acc_max}
-            beta, max_epochs = float(rng.uniform(0.005, 0.008)), int(rng.integers(18, 24))
+            conv = {"tau": float(rng.uniform(1.5, 2.5)), "noise": 0.0, "acc_max": acc_max}
+            max_epochs = int(rng.integers(18, 24))
+            beta = _clear_beta(rng, conv, lo, hi, max_epochs)
         else:
             conv = {"tau": float(rng.uniform(5.0, 8.0)), "noise": 0.002, "acc_max": acc_max}
             beta, max_epochs = 0.001, int(rng.integers(9, 13))
@@ -226,6 +229,55 @@ def twin_jobs(n: int = 20, seed: int = 1, *, cluster_gpus: int = 32, epoch_sim: 
         ))
         asked += lo * gpw
     return jobs
+
+
+def separate_arrivals(jobs: Sequence[JobSpec], topology: Topology, cfg: TwinConfig, window: float,
+                      *, max_rounds: int = 200) -> list[JobSpec]:
+    """``jobs`` with submit times moved later until no job arrives within ``window``
+    simulated seconds of another job's decision in the simulated run (its own
+    preemption victims aside).
+
+    An arrival that close to another decision is a race the live clock decides: a
+    scale-up one cycle before or after the arrival takes the GPUs the new gang needs
+    or leaves them. Both outcomes are right, so the twin check keeps its arrivals out
+    of that window (``window`` is a couple of live latencies) instead of forgiving
+    whatever follows. Later arrivals move by the same amount (gaps are kept)."""
+    jobs = sorted(jobs, key=lambda s: (s.submit_time, s.id))
+    for _ in range(max_rounds):
+        decisions = simulate(jobs, topology, cfg).decisions
+        for k, s in enumerate(jobs[1:], 1):
+            t = s.submit_time
+            near = [d["t"] for d in decisions if d["job"] != s.id and d.get("by") != s.id and abs(d["t"] - t) < window]
+            if near:
+                shift = max(near) + window - t + 0.01  # past the window, whatever the rounding
+                jobs = jobs[:k] + [j.with_(submit_time=round(j.submit_time + shift, 3)) for j in jobs[k:]]
+                break
+        else:
+            return jobs
+    log.warning("separate_arrivals: arrivals still near other decisions after %d rounds", max_rounds)
+    return jobs
+
+
+def _clear_beta(rng: np.random.Generator, conv: Mapping[str, float], lo: int, hi: int, epochs: int) -> float:
+    """A β in [0.005, 0.008] at least 5% away from every per-epoch accuracy gain the
+    job can report, whatever mix of ``lo``..``hi`` workers it trained at (no noise):
+    the β stop then falls on the same epoch live and simulated. A gain a hair from β
+    would let the live clock's slightly different split of an epoch between two
+    worker counts move the stop by epochs (seen in the first twin runs)."""
+    from rlsched.sim.convergence import ConvergenceModel
+
+    m = ConvergenceModel(1, **{k: v for k, v in conv.items() if k != "noise"})
+    span = (m.acc_max - m.acc0)
+    e_max, e_min = m.efficiency(lo), m.efficiency(hi)
+    e = np.arange(1, epochs + 1)
+    g_hi = span * np.exp(-(e - 1) * e_min / m.tau) * (1 - np.exp(-e_max / m.tau))
+    g_lo = span * np.exp(-(e - 1) * e_max / m.tau) * (1 - np.exp(-e_min / m.tau))
+    beta = 0.006
+    for _ in range(100):
+        beta = float(rng.uniform(0.005, 0.008))
+        if not np.any((beta >= 0.95 * g_lo) & (beta <= 1.05 * g_hi)):
+            return beta
+    return beta
 
 
 def manifest(spec: JobSpec, namespace: str) -> dict:
@@ -351,6 +403,8 @@ class _Replay:
     runs: list[tuple[float, list[str]]] = field(default_factory=list)
     #: (wall time, workers) each time its running worker count changed
     sizes: list[tuple[float, int]] = field(default_factory=list)
+    #: (wall time, epoch, accuracy) of every report written
+    reports: list[tuple[float, int, float]] = field(default_factory=list)
 
 
 class ReplayTrainer:
@@ -473,6 +527,7 @@ class ReplayTrainer:
                     if r.reporter is None:
                         r.reporter = Reporter(name, self.namespace, api=self.api)
                     r.reporter.report(epoch=epoch, loss=loss, accuracy=acc)
+                    r.reports.append((self.clock(), epoch, acc))
                 except Exception as exc:  # a lost report is a twin error: recorded, the run goes on
                     self.errors.append(f"{name}: report of epoch {epoch} failed: {exc!r}")
                     log.warning("replay trainer: %s", self.errors[-1])
@@ -498,14 +553,34 @@ class LiveRun:
     anomalies: list[str]
     wall_s: float
     t0: float
+    #: wall seconds from an operator decision (Admitted/ScaledUp/ScaledDown event) to
+    #: the trainer seeing the change in the running pods: binding, kwok, the tick
+    latency: dict[str, list[float]] = field(default_factory=dict)
+
+
+def decided_epoch(reports: Sequence[tuple[float, int, float]], t: float, gain: str) -> int | None:
+    """The evaluation a scaling decision at wall time ``t`` acted on: the latest epoch
+    reported before ``t`` whose accuracy gain prints as the event's ``gain`` (the
+    operator's ``{gain:.4g}``; ``inf`` before two evaluations), else the latest epoch
+    reported before ``t``."""
+    before = [(e, a) for ts, e, a in reports if ts <= t]
+    if not before:
+        return None
+    acc = {e: a for e, a in before}
+    for e, _ in reversed(before):
+        g = acc[e] - acc[e - 1] if e - 1 in acc else float("inf")
+        if f"{g:.4g}" == gain:
+            return e
+    return before[-1][0]
 
 
 def live_log(events: Iterable[Mapping], created: Mapping[str, float], runs: Mapping[str, Sequence[tuple[float, list[str]]]],
-             t0: float, time_scale: float) -> tuple[list[dict], dict[str, float], list[str]]:
+             t0: float, time_scale: float,
+             reports: Mapping[str, Sequence[tuple[float, int, float]]] | None = None) -> tuple[list[dict], dict[str, float], list[str]]:
     """The live decision log from the operator's Events on the TrainingJobs (dicts with
     ``job``, ``reason``, ``message``, ``time``: wall seconds), the wall time each job
-    was created and the gang starts the trainer saw; times in simulated seconds since
-    ``t0``. Returns ``(decisions, jct, anomalies)``."""
+    was created, the gang starts the trainer saw and the reports it wrote; times in
+    simulated seconds since ``t0``. Returns ``(decisions, jct, anomalies)``."""
     import re
 
     def sim_t(t: float) -> float:
@@ -531,8 +606,10 @@ def live_log(events: Iterable[Mapping], created: Mapping[str, float], runs: Mapp
             out.append({"kind": "preempt", "job": job, "t": sim_t(t), "by": by})
         elif reason in ("ScaledUp", "ScaledDown"):
             m = re.search(r"workers (\d+) -> (\d+)", msg)
+            g = re.search(r"accuracy gain (\S+?),", msg)
+            epoch = decided_epoch((reports or {}).get(job) or [], t, g.group(1)) if g else None
             out.append({"kind": "scale", "job": job, "t": sim_t(t), "delta": 1 if reason == "ScaledUp" else -1,
-                        "workers": int(m.group(2)) if m else None})
+                        "workers": int(m.group(2)) if m else None, "epoch": epoch})
         elif reason == "Completed":
             out.append({"kind": "finish", "job": job, "t": sim_t(t)})
             if job in created:
@@ -540,6 +617,28 @@ def live_log(events: Iterable[Mapping], created: Mapping[str, float], runs: Mapp
         elif reason in ANOMALY_EVENTS:
             anomalies.append(f"{job}: {reason}: {msg}")
     return out, jct, anomalies
+
+
+def _latencies(decisions: Sequence[Mapping], trainer: ReplayTrainer, t0: float, k: float) -> dict[str, list[float]]:
+    """Wall seconds from each admission and each resize the operator decided to the
+    trainer seeing it in the running pods."""
+    start, resize = [], []
+    count: dict[str, int] = {}
+    for d in decisions:
+        r = trainer.jobs.get(d["job"])
+        if r is None:
+            continue
+        t = t0 + d["t"] / k
+        if d["kind"] == "admit":
+            n = count.get(d["job"], 0)
+            count[d["job"]] = n + 1
+            if n < len(r.runs):
+                start.append(r.runs[n][0] - t)
+        elif d["kind"] == "scale":
+            later = [ts for ts, w in r.sizes if ts >= t and w == d.get("workers")]
+            if later:
+                resize.append(later[0] - t)
+    return {"start": start, "resize": resize}
 
 
 def _job_events(core, namespace: str) -> list[dict]:
@@ -641,11 +740,12 @@ def run_live(jobs: Sequence[JobSpec], env, cfg: TwinConfig, workdir: Path, *,
         stop.set()
         thread.join(10)
         decisions, jct, anomalies = live_log(_job_events(core, ns), created,
-                                             {k: r.runs for k, r in trainer.jobs.items()}, t0, cfg.time_scale)
+                                             {k: r.runs for k, r in trainer.jobs.items()}, t0, cfg.time_scale,
+                                             {k: r.reports for k, r in trainer.jobs.items()})
         anomalies += trainer.errors
         unfinished = sorted(names - set(jct))
         say(f"live: done in {wall:.0f} s wall, {len(unfinished)} unfinished")
-        return LiveRun(decisions, jct, unfinished, anomalies, wall, t0)
+        return LiveRun(decisions, jct, unfinished, anomalies, wall, t0, _latencies(decisions, trainer, t0, cfg.time_scale))
     finally:
         stop.set()
         if thread is not None:
@@ -752,16 +852,18 @@ def compare(sim: Mapping, live: Mapping, *, latency: float, tol: Tolerances = To
     per_job = {}
     bad = []
     for j in jobs:
-        s_seq = [d["delta"] for d in sorted(sd, key=lambda d: d["t"]) if d["job"] == j and d["kind"] == "scale"]
-        l_seq = [d["delta"] for d in sorted(ld, key=lambda d: d["t"]) if d["job"] == j and d["kind"] == "scale"]
+        s_seq = [(d["delta"], d.get("epoch")) for d in sorted(sd, key=lambda d: d["t"]) if d["job"] == j and d["kind"] == "scale"]
+        l_seq = [(d["delta"], d.get("epoch")) for d in sorted(ld, key=lambda d: d["t"]) if d["job"] == j and d["kind"] == "scale"]
         e = _edits(s_seq, l_seq)
         per_job[j] = {"sim": s_seq, "live": l_seq, "edits": e}
         if e > tol.scale_edits:
             bad.append(j)
     n_s = sum(len(v["sim"]) for v in per_job.values())
+    report_same_direction = sum(1 for v in per_job.values() if [x[0] for x in v["sim"]] == [x[0] for x in v["live"]])
     n_l = sum(len(v["live"]) for v in per_job.values())
     report["scaling"] = {"jobs": per_job, "sim_steps": n_s, "live_steps": n_l,
                          "identical_jobs": sum(1 for v in per_job.values() if v["edits"] == 0),
+                         "same_directions_jobs": report_same_direction,
                          "beyond_tolerance": bad, "ok": not bad}
 
     # JCT
@@ -834,8 +936,9 @@ def _f(x, scale: float = 1.0) -> str:
     return "-" if x is None else f"{x * scale:.0f}" if abs(x * scale) >= 10 else f"{x * scale:.1f}"
 
 
-def _seq(seq: Sequence[int]) -> str:
-    return " ".join("+1" if d > 0 else "-1" for d in seq) or "-"
+def _seq(seq: Sequence) -> str:
+    """``+1@3 -1@7``: each worker change and the epoch it acted on."""
+    return " ".join(("+1" if d > 0 else "-1") + ("" if e is None else f"@{e}") for d, e in seq) or "-"
 
 
 # --------------------------------------------------------------------------- the whole check
@@ -845,14 +948,23 @@ def sim_side(jobs: Sequence[JobSpec], topology: Topology, cfg: TwinConfig) -> di
             "submit": {s.id: s.submit_time for s in jobs}}
 
 
+def twin_workload(cfg: TwinConfig, topology: Topology) -> list[JobSpec]:
+    """The job set of the check: :func:`twin_jobs`, arrivals kept 1.5 latencies away
+    from other decisions (:func:`separate_arrivals`) in the run the operator makes (the
+    scaling policy through core's planner)."""
+    planner = TwinConfig(**{**asdict(cfg), "sim_scaling": "planner"})
+    jobs = twin_jobs(cfg.jobs, cfg.seed, cluster_gpus=topology.total_gpus)
+    return separate_arrivals(jobs, topology, planner, 1.5 * cfg.latency_sim)
+
+
 def twin_check(cfg: TwinConfig, env, workdir: Path, *, extender: bool = True, tol: Tolerances = Tolerances(),
                progress: Callable[[str], None] | None = None) -> dict:
     """Both runs of ``cfg.jobs`` seeded jobs on ``env`` and their comparison (the
     report of :func:`compare` plus the configuration, both logs and, for reference,
     the comparison against the other ``sim_scaling`` mode)."""
     say = progress or (lambda m: None)
-    jobs = twin_jobs(cfg.jobs, cfg.seed, cluster_gpus=env.topology.total_gpus)
     _check_topology(env)
+    jobs = twin_workload(cfg, env.topology)
     sim = sim_side(jobs, env.topology, cfg)
     say(f"simulated: {len(sim['decisions'])} decisions")
     live = run_live(jobs, env, cfg, workdir, extender=extender, progress=progress)
@@ -860,7 +972,9 @@ def twin_check(cfg: TwinConfig, env, workdir: Path, *, extender: bool = True, to
     report = compare(sim, lv, latency=cfg.latency_sim, tol=tol)
     other = TwinConfig(**{**asdict(cfg), "sim_scaling": "planner" if cfg.sim_scaling == "engine" else "engine"})
     alt = compare(sim_side(jobs, env.topology, other), lv, latency=cfg.latency_sim, tol=tol)
-    report.update(config=asdict(cfg), wall_s=live.wall_s, jobs=[s.to_dict() for s in jobs],
+    lat = {k: {"n": len(v), "mean_s": float(np.mean(v)) if v else None, "max_s": float(np.max(v)) if v else None,
+               "p95_s": float(np.percentile(v, 95)) if v else None} for k, v in live.latency.items()}
+    report.update(config=asdict(cfg), wall_s=live.wall_s, live_latency=lat, jobs=[s.to_dict() for s in jobs],
                   sim_log=sim["decisions"], live_log=live.decisions,
                   other_mode={"sim_scaling": other.sim_scaling, "ok": alt["ok"],
                               "scaling": {k: alt["scaling"][k] for k in ("sim_steps", "live_steps", "identical_jobs", "beyond_tolerance")},
