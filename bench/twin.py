@@ -36,6 +36,7 @@ def main(argv=None) -> int:
                     help="engine: the scaling policy handed to the simulator as it is; planner: through core's "
                     "ScalingPlanner, as the operator runs it")
     ap.add_argument("--out", default="bench/results/twin.json")
+    ap.add_argument("--strict", action="store_true", help="exit 1 when the comparison fails (default: report only)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     cfg = TwinConfig(jobs=args.jobs, seed=args.seed, time_scale=args.time_scale, cycle_s=args.cycle,
@@ -54,7 +55,7 @@ def main(argv=None) -> int:
     print(f"other mode ({report['other_mode']['sim_scaling']}): ok={report['other_mode']['ok']}, "
           f"scaling {report['other_mode']['scaling']}, JCT beyond tolerance "
           f"{report['other_mode']['jct_beyond_tolerance']}, mean |rel| {report['other_mode']['mean_abs_rel']}")
-    return 0 if report["ok"] else 1
+    return 0 if report["ok"] or not args.strict else 1
 
 
 if __name__ == "__main__":
