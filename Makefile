@@ -65,6 +65,7 @@ bench: venv $(TEST_DEPS)
 	$(PY) bench/extender_bench.py --sizes 100,1000 --out bench/results/extender.json
 	$(PY) bench/operator_admission.py --jobs 200 --out bench/results
 	$(PY) bench/faults.py --rounds 20 --out bench/results/faults.json
+	$(PY) bench/twin.py --jobs 20 --out bench/results/twin.json
 
 clean:
 	rm -rf $(OUT) .pytest_cache build *.egg-info

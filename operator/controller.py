@@ -105,12 +105,13 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from rlsched.core import Progress, make_ordering, make_scaling
+from rlsched.core import ClusterState, Progress, make_ordering, make_scaling
 from rlsched.core.contract import ANNOTATION_EVENT_TIME as EVENT_TIME_ANNOTATION
 from rlsched.core.contract import ANNOTATION_PRIORITY_REQUESTS as REQUESTS_ANNOTATION
 from rlsched.core.contract import (
@@ -135,6 +136,7 @@ from rlsched.core.planning import (
     ScalingPlanner,
     TrainingSpec,
     reserved_gpus,
+    take_gang,
 )
 from rlsched.core.policy import ORDERINGS, SCALINGS
 
@@ -145,7 +147,8 @@ from .snapshot import build_snapshot
 from .spec import SpecError, parse_spec
 
 __all__ = ["OperatorConfig", "Controller", "REQUESTS_ANNOTATION", "parse_time", "format_time", "OWNED_FIELDS",
-           "JobRejected", "api_error", "permanent_rejection", "guard_status", "merge_patch", "merge_diff"]
+           "JobRejected", "api_error", "permanent_rejection", "guard_status", "merge_patch", "merge_diff",
+           "after_admission"]
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +230,31 @@ def merge_diff(current: Any, wanted: Any) -> Any:
                 out[k] = merge_diff(current.get(k), v)
         return out
     return copy.deepcopy(wanted)
+
+
+def after_admission(state: ClusterState, waiting: Sequence[QueueEntry], plan: AdmissionPlan) -> ClusterState:
+    """``state`` as the scaling planner must see it after this cycle's admissions: the
+    gangs admitted hold their GPUs (where :meth:`Admission.plan` counted them, best fit;
+    their pods do not exist yet, so the snapshot still shows the GPUs free) and the jobs
+    still waiting are its pending jobs (the RLPTO policy reads how many wait). Without
+    it a scale-up could take the GPUs a gang was just admitted to, leaving that gang
+    Starting until its start timeout; the simulator admits before it scales, on one
+    state. Mutates and returns ``state``."""
+    admitted = set(plan.admit)
+    by_key = {e.key: e for e in waiting}
+    for key in plan.admit:  # in the order the plan took their GPUs
+        e = by_key[key]
+        free = np.maximum(state.free.astype(np.int64), 0)
+        after = free.copy()
+        try:
+            take_gang(after, e.spec.gpus_per_worker, e.spec.min_workers)
+        except ValueError:  # it fitted when planned; a snapshot cannot shrink in between
+            log.warning("%s: admitted gang no longer fits the snapshot; scaling sees its GPUs free", e.key)
+            continue
+        for i in np.flatnonzero(free - after):
+            state.allocate(int(i), int(free[i] - after[i]))
+    state.pending = [e.view() for e in waiting if e.key not in admitted]
+    return state
 
 
 def _stored(v: Any) -> Any:
@@ -713,7 +741,8 @@ class Controller:
         await self._each(lambda j: self.admit(j, now), [jobs[k] for k in plan.admit], now)
 
         running = [r for r in running if r.key not in plan.preempt]
-        splan = self.planner.plan(running, snap.state, reserved_gpus=reserved_gpus(jobs[plan.blocked].spec if plan.blocked else None))
+        state = after_admission(snap.state, waiting, plan)
+        splan = self.planner.plan(running, state, reserved_gpus=reserved_gpus(jobs[plan.blocked].spec if plan.blocked else None))
         by_key = {r.key: r for r in running}
 
         async def act(j: _Job) -> None:

@@ -120,6 +120,10 @@ class SimConfig:
     :func:`rlsched.core.estimate.estimate_remaining` from it and the reported progress;
     the true run time stays on the engine's private job state.
     ``record_series``: keep utilization / queue time series.
+    ``record_decisions``: keep a log of every decision (``SimResult.decisions``):
+    admissions and resumes (job, time, nodes), preemptions (victim, preemptor, time),
+    worker changes (job, time, delta) and finishes — what the twin check
+    (``rlsched_dev.twin``) compares with the live operator's events.
     ``incremental_ranking``: avoid re-ranking the whole queue on every pass — with
     backfill, rank only the arrivals since the last pass when no GPU was released;
     without, keep the last ranking for orderings whose order never changes while jobs
@@ -135,6 +139,7 @@ class SimConfig:
     incremental_ranking: bool | None = None
     preemption: bool = True
     clairvoyant: bool = False
+    record_decisions: bool = False
 
     def __post_init__(self) -> None:
         if self.scaling_interval <= 0 or self.restart_cost < 0:
@@ -185,6 +190,9 @@ class SimResult:
     skipped: dict[str, int] = field(default_factory=dict)
     #: the policies saw true run times (SimConfig.clairvoyant): a reference run
     clairvoyant: bool = False
+    #: the decision log (``SimConfig.record_decisions``), in the order decided:
+    #: ``{"kind": "admit"|"preempt"|"scale"|"finish", "job", "t", ...}``
+    decisions: list[dict] = field(default_factory=list)
 
 
 class _Job:
@@ -307,6 +315,7 @@ class Simulator:
         self._series_used: list[int] = []
         self._series_queue: list[int] = []
         self._wall = 0.0
+        self._decisions: list[dict] | None = [] if self.config.record_decisions else None
         self._first_submit = float(min((j.submit_time for j in jobs), default=0.0))
         self._total_gpus = self.state.total_gpus
         self.now = self._first_submit
@@ -475,7 +484,13 @@ class Simulator:
             wall_s=self._wall,
             first_submit=float(self._first_submit),
             clairvoyant=self.config.clairvoyant,
+            decisions=list(self._decisions or ()),
         )
+
+    def convergence(self, job_id: str) -> ConvergenceModel | None:
+        """The job's seeded convergence model (None for fixed-duration jobs): what a
+        replaying trainer needs to report the accuracies this run reports."""
+        return self._by_id[job_id].conv
 
     def ideal_runtime(self, job_id: str) -> float:
         """Run time at the job's requested workers and ideal placement: the engine's
@@ -699,6 +714,8 @@ class Simulator:
         by_class = entry.spec.priority_class == "highest"
         for r in running:
             if r.key in victims:
+                if self._decisions is not None:
+                    self._decisions.append({"kind": "preempt", "job": r.key, "t": self.now, "by": head.id})
                 # the class rule sends its victim to the interrupt queue (resumes first)
                 self._suspend(self._by_id[r.key], self.now, interrupt=by_class and r.spec.priority_class != "highest")
         if self._try_start(head):
@@ -718,6 +735,12 @@ class Simulator:
         del st.running[v.id]
         v.placement = []
         v.start_time = None
+        if v.workers != j.w0:
+            # it resumes with the gang it started with (the operator restarts a preempted
+            # job at minWorkers), its accuracy curve from there at that worker count
+            v.workers = j.w0
+            if not j.spec.fixed:
+                self._retarget(j)
         if interrupt:
             v.queue = "interrupt"
         j.status = _PENDING
@@ -860,6 +883,9 @@ class Simulator:
         self.state.running[v.id] = v
         j.status = _RUNNING
         j.seg_start = t
+        if self._decisions is not None:
+            self._decisions.append({"kind": "admit", "job": v.id, "t": t, "nodes": list(nodes),
+                                    "workers": len(nodes), "resume": j.first_start is not None})
         if j.spec.priority_class == "highest":
             self._highest_pending -= 1
         if j.first_start is None:
@@ -973,6 +999,9 @@ class Simulator:
         j.rate = 0.0
         self._dirty = True
         self._full_pass_needed = True
+        if self._decisions is not None:
+            self._decisions.append({"kind": "finish", "job": v.id, "t": t, "epoch": v.progress.epoch,
+                                    "jct": t - v.submit_time})
         self._records.append(
             JobRecord(
                 id=v.id,
@@ -1017,6 +1046,9 @@ class Simulator:
             self._full_pass_needed = True
         v.workers = new
         j.rescales += 1
+        if self._decisions is not None:
+            self._decisions.append({"kind": "scale", "job": v.id, "t": t, "delta": delta, "workers": new,
+                                    "epoch": v.progress.epoch})
         j.resume_at = t + self.config.restart_cost
         self._set_rate(j)
         if not j.spec.fixed:

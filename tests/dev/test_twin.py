@@ -1,0 +1,226 @@
+"""The twin check's pure parts: the job set, the simulated log, the replay trainer's
+job model and the comparison (which must flag a perturbed log)."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from rlsched.core import Level, Topology
+from rlsched.sim.job import throughput
+from rlsched_dev.twin import (
+    ReplayTrainer,
+    Tolerances,
+    TwinConfig,
+    compare,
+    decided_epoch,
+    live_log,
+    render_markdown,
+    separate_arrivals,
+    sim_side,
+    simulate,
+    twin_jobs,
+)
+
+TOPO = Topology.uniform(4, gpus_per_node=8, racks=2, blocks=1, prefix="kwok-gpu")
+CFG = TwinConfig(jobs=7, sim_scaling="planner")
+
+
+@pytest.fixture(scope="module")
+def jobs():
+    return separate_arrivals(twin_jobs(7, 1), TOPO, CFG, 1.5 * CFG.latency_sim)
+
+
+@pytest.fixture(scope="module")
+def sim(jobs):
+    return sim_side(jobs, TOPO, CFG)
+
+
+def test_job_set_has_what_the_check_needs():
+    jobs = twin_jobs(20, 3)
+    classes = [j.priority_class for j in jobs]
+    assert classes.count("highest") == 1 and "urgent" in classes and "normal" in classes
+    assert any(j.min_workers < j.max_workers for j in jobs)
+    h = classes.index("highest")
+    assert sum(j.min_workers * j.gpus_per_worker for j in jobs[:h]) >= 32  # it arrives on a full cluster
+    t = [j.submit_time for j in jobs]
+    assert all(b - a >= 40.0 for a, b in zip(t, t[1:]))  # one-second creation timestamps never tie
+    assert twin_jobs(20, 3) == jobs and twin_jobs(20, 4) != jobs
+
+
+def test_simulated_run_preempts_converges_early_and_scales(jobs, sim):
+    kinds = [d["kind"] for d in sim["decisions"]]
+    assert kinds.count("preempt") == 1
+    (p,) = [d for d in sim["decisions"] if d["kind"] == "preempt"]
+    assert dict((j.id, j.priority_class) for j in jobs)[p["by"]] == "highest"
+    resume = [d for d in sim["decisions"] if d["kind"] == "admit" and d["resume"]]
+    assert [d["job"] for d in resume] == [p["job"]]
+    assert "scale" in kinds and not sim["unfinished"]
+    epochs = {d["job"]: d["epoch"] for d in sim["decisions"] if d["kind"] == "finish"}
+    assert any(epochs[j.id] < j.max_epochs for j in jobs)  # the β stop ended someone early
+
+
+def test_a_preempted_job_resumes_with_its_gang(jobs, sim):
+    """Found by the twin check: the engine resumed a victim at the worker count it had
+    scaled to; the operator restarts it at minWorkers (its gang)."""
+    spec = {j.id: j for j in jobs}
+    for d in sim["decisions"]:
+        if d["kind"] == "admit":
+            assert d["workers"] == spec[d["job"]].min_workers == len(d["nodes"])
+    scaled_before = {d["job"] for d in sim["decisions"] if d["kind"] == "scale"}
+    victim = next(d["job"] for d in sim["decisions"] if d["kind"] == "preempt")
+    assert victim in scaled_before  # so the check above is not vacuous
+
+
+def test_arrivals_stay_clear_of_other_decisions(jobs):
+    w = 1.5 * CFG.latency_sim
+    decisions = simulate(jobs, TOPO, CFG).decisions
+    for j in jobs[1:]:
+        assert all(abs(d["t"] - j.submit_time) >= w for d in decisions if d["job"] != j.id and d.get("by") != j.id)
+
+
+def test_comparison_passes_on_identical_logs(sim):
+    rep = compare(sim, copy.deepcopy(sim), latency=CFG.latency_sim)
+    assert rep["ok"], render_markdown(rep)
+    assert rep["jct"]["max_abs_diff_sim"] == 0
+
+
+def _perturbed(sim, fn):
+    live = copy.deepcopy(sim)
+    fn(live)
+    return compare(sim, live, latency=CFG.latency_sim)
+
+
+def test_comparison_flags_another_victim(sim):
+    def other_victim(live):
+        p = next(d for d in live["decisions"] if d["kind"] == "preempt")
+        p["job"] = next(d["job"] for d in live["decisions"] if d["kind"] == "admit" and d["job"] not in (p["job"], p["by"]))
+
+    rep = _perturbed(sim, other_victim)
+    assert not rep["ok"] and not rep["preemptions"]["ok"] and rep["admissions"]["ok"]
+
+
+def test_comparison_flags_a_late_job_and_a_swap_and_a_missing_admission(sim):
+    job = next(iter(sim["jct"]))
+
+    def late(live):
+        live["jct"][job] += 10 * CFG.latency_sim + 0.2 * sim["jct"][job]
+
+    rep = _perturbed(sim, late)
+    assert not rep["ok"] and rep["jct"]["beyond_tolerance"] == [job]
+
+    admits = sorted((d for d in sim["decisions"] if d["kind"] == "admit"), key=lambda d: d["t"])
+    a, b = admits[1], admits[-1]
+    assert b["t"] - a["t"] > 4 * CFG.latency_sim
+
+    def swap(live):
+        for d in live["decisions"]:
+            if d["kind"] == "admit" and (d["job"], d["resume"]) == (a["job"], a["resume"]):
+                d["t"] = b["t"] + 3 * CFG.latency_sim
+
+    rep = _perturbed(sim, swap)
+    assert not rep["admissions"]["ok"] and rep["admissions"]["swaps_beyond_window"]
+
+    rep = _perturbed(sim, lambda live: live["decisions"].remove(
+        next(d for d in live["decisions"] if d["kind"] == "admit" and d["job"] == a["job"])))
+    assert not rep["admissions"]["ok"] and rep["admissions"]["missing_live"]
+
+
+def test_comparison_flags_scaling_beyond_one_edit_and_at_another_epoch(sim):
+    job = next(d["job"] for d in sim["decisions"] if d["kind"] == "scale")
+
+    def two_more_downs(live):
+        t = max(d["t"] for d in live["decisions"])
+        live["decisions"] += [{"kind": "scale", "job": job, "t": t, "delta": -1, "epoch": 9},
+                              {"kind": "scale", "job": job, "t": t + 1, "delta": -1, "epoch": 10}]
+
+    rep = _perturbed(sim, two_more_downs)
+    assert rep["scaling"]["beyond_tolerance"] == [job] and not rep["ok"]
+
+    def earlier(live):  # what the engine did before it planned through core: act before an evaluation
+        for d in live["decisions"]:
+            if d["kind"] == "scale":
+                d["epoch"] = 0
+
+    rep = _perturbed(sim, earlier)
+    assert rep["scaling"]["identical_jobs"] < len(rep["scaling"]["jobs"])
+    assert compare(sim, copy.deepcopy(sim), latency=CFG.latency_sim, tol=Tolerances(scale_edits=0))["ok"]
+
+
+def test_live_log_from_events():
+    t0, k = 1000.0, 10.0
+    events = [
+        {"job": "a", "reason": "Admitted", "message": "starting gang of 2 workers x 4 GPUs from queue normal", "time": 1000.5},
+        {"job": "a", "reason": "ScaledUp", "message": "workers 2 -> 3 (accuracy gain 0.01, beta 0.001)", "time": 1010.0},
+        {"job": "a", "reason": "Preempted", "message": "preempted by highest-priority job ns/h; workers get 0s", "time": 1020.0},
+        {"job": "a", "reason": "Admitted", "message": "starting gang of 2 workers x 4 GPUs from queue interrupt", "time": 1030.0},
+        {"job": "a", "reason": "Completed", "message": "Converged at epoch 9", "time": 1050.0},
+        {"job": "a", "reason": "GangTimeout", "message": "only 1/2 workers running", "time": 1040.0},
+    ]
+    reports = {"a": [(1005.0, 1, 0.5), (1008.0, 2, 0.51), (1011.0, 3, 0.52)]}
+    runs = {"a": [(1000.6, ["n0", "n0"]), (1030.2, ["n1", "n1"])]}
+    dec, jct, anomalies = live_log(events, {"a": 999.0}, runs, t0, k, reports)
+    assert [d["kind"] for d in dec] == ["admit", "scale", "preempt", "admit", "finish"]
+    assert dec[0]["t"] == pytest.approx(5.0) and dec[0]["nodes"] == ["n0", "n0"] and not dec[0]["resume"]
+    assert dec[1]["epoch"] == 2 and dec[1]["workers"] == 3  # the report before the event whose gain is 0.01
+    assert dec[2]["by"] == "h" and dec[3]["resume"] and dec[3]["nodes"] == ["n1", "n1"]
+    assert jct == {"a": pytest.approx(510.0)}
+    assert len(anomalies) == 1 and "GangTimeout" in anomalies[0]
+
+
+def test_decided_epoch_reads_the_gain():
+    reports = [(1.0, 1, 0.30), (2.0, 2, 0.40), (3.0, 3, 0.45)]
+    assert decided_epoch(reports, 2.5, "inf") == 1
+    assert decided_epoch(reports, 3.5, "0.1") == 2
+    assert decided_epoch(reports, 3.5, "0.05") == 3
+    assert decided_epoch(reports, 0.5, "inf") is None
+
+
+class _Conv:
+    """Stands in for a ConvergenceModel: accuracy = effective epochs / 100."""
+
+    samples_per_epoch = 1000
+
+    def efficiency(self, workers):
+        return 1.0 / (1.0 + 0.05 * (workers - 1))
+
+    def evaluate(self, epochs, eff):
+        return np.asarray(eff) / 100.0
+
+    def loss_at(self, eff):
+        return 1.0 / (1.0 + eff)
+
+
+def test_replay_trainer_runs_the_engine_job_model():
+    """Without a cluster: the trainer's progress is the engine's — throughput at the
+    placement's level, restart cost on resume and resize, effective epochs at each
+    boundary, nothing beyond maxEpochs."""
+    from rlsched.sim import JobSpec
+
+    spec = JobSpec(id="j", submit_time=0.0, workers=1, min_workers=1, max_workers=2, gpus_per_worker=4,
+                   samples_per_epoch=1000, max_epochs=5, compute_time=0.25, grad_gb=0.1, batch_per_worker=32)
+    tr = ReplayTrainer.__new__(ReplayTrainer)
+    tr.topology, tr.time_scale, tr.restart_wall = TOPO, 10.0, 3.0  # 30 simulated s
+    from rlsched_dev.twin import _Replay
+
+    r = _Replay(spec, _Conv())
+    tr.reconfigure(r, [0], 0.0)  # first start: no restart cost
+    rate = throughput(spec, 1, Level.NVLINK, TOPO.bandwidth)
+    assert r.rate == pytest.approx(rate) and r.resume_at == 0.0
+    t1 = 1000 / rate / 10.0  # wall seconds of one epoch
+    out = tr.advance(r, t1 * 1.5)
+    assert [e for e, _, _ in out] == [1] and out[0][1] == pytest.approx(0.01)
+    tr.reconfigure(r, [0, 2], t1 * 1.5)  # resize across racks: restart, slower link
+    assert r.resume_at == pytest.approx(t1 * 1.5 + 3.0)
+    assert r.rate == pytest.approx(throughput(spec, 2, Level.BLOCK, TOPO.bandwidth))
+    assert tr.advance(r, t1 * 1.5 + 3.0) == []  # the restart made no progress
+    tr.reconfigure(r, [], t1 * 1.5 + 3.0)  # preempted
+    assert tr.advance(r, 100.0) == [] and r.started
+    tr.reconfigure(r, [1], 100.0)  # resume: restart cost again
+    assert r.resume_at == pytest.approx(103.0) and len(r.runs) == 2
+    out = tr.advance(r, 1e6)
+    assert [e for e, _, _ in out] == [2, 3, 4, 5]  # capped at maxEpochs
+    assert out[0][1] == pytest.approx(0.02)  # two epochs' samples, all at one worker
+    assert r.work_done == 5 * 1000
