@@ -19,7 +19,9 @@ def kapi(kube_cluster):
     """Admin ``kubernetes`` API clients: ``kapi.core``, ``kapi.custom``, ``kapi.client``;
     and the reads every test makes of a TrainingJob: ``kapi.get(ns, name)``,
     ``kapi.status`` (``{}`` once it is gone), ``kapi.phase``, ``kapi.condition(ns, name,
-    type)`` and ``kapi.events(ns, name, reason=None)`` in the order they were posted."""
+    type)``, ``kapi.events(ns, name, reason=None)`` in the order they were posted, and
+    ``kapi.pods(ns, job=None, terminating=False)``: the worker pods of one job (or of
+    every job), those being deleted left out unless ``terminating``."""
     from types import SimpleNamespace
 
     from kubernetes import client
@@ -47,10 +49,15 @@ def kapi(kube_cluster):
         evs = [e for e in evs if reason is None or e.reason == reason]
         return sorted(evs, key=lambda e: float((e.metadata.annotations or {}).get(ANNOTATION_EVENT_TIME, "0")))
 
+    def pods(ns, job=None, terminating=False):
+        sel = f"{LABEL_JOB}={job}" if job else LABEL_JOB
+        items = core.list_namespaced_pod(ns, label_selector=sel).items
+        return items if terminating else [p for p in items if p.metadata.deletion_timestamp is None]
+
     yield SimpleNamespace(client=api, core=core, custom=custom,
                           ext=client.ApiextensionsV1Api(api), rbac=client.RbacAuthorizationV1Api(api),
                           get=get, status=status, phase=lambda ns, name: status(ns, name).get("phase"),
-                          condition=condition, events=events)
+                          condition=condition, events=events, pods=pods)
     api.close()
 
 
@@ -110,6 +117,32 @@ def run_operator(kube_cluster):
         with KopfRunner(["run", "--standalone", "--namespace", namespace], registry=registry, timeout=60) as runner:
             yield rt
         assert runner.exception is None, runner.exception
+
+    return _run
+
+
+@pytest.fixture
+def fake_trainer(kube_cluster):
+    """``with fake_trainer(ns, **kw) as th:`` the fake trainer of ``ns`` (FakeTrainer's
+    keyword arguments, ``epoch_s`` 0.6 unless given) on a thread the test starts
+    (``th.start()``); stopped, joined and closed on exit. ``th.trainer`` is the trainer."""
+    import threading
+
+    from rlsched_dev.fake_trainer import FakeTrainer
+
+    @contextlib.contextmanager
+    def _run(namespace: str, **kw):
+        trainer = FakeTrainer(namespace, kubeconfig=str(kube_cluster.kubeconfig), **{"epoch_s": 0.6, **kw})
+        stop = threading.Event()
+        th = threading.Thread(target=trainer.run_until, args=(stop,), daemon=True)
+        th.trainer = trainer
+        try:
+            yield th
+        finally:
+            stop.set()
+            if th.is_alive():
+                th.join(5)
+            trainer.close()
 
     return _run
 

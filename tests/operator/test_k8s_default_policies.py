@@ -13,14 +13,11 @@ trainer's default noise model. Jobs are sized in whole nodes (``gpusPerWorker: 8
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import urllib.request
 
 import pytest
 
 from rlsched.core.contract import GROUP as G
-from rlsched.core.contract import LABEL_JOB
 from rlsched.core.contract import PLURAL as P
 from rlsched.core.contract import VERSION as V
 from rlsched.operator.cli import resolve_scaling_model
@@ -29,29 +26,6 @@ pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
 
 #: the operator as ``rlsched operator run`` starts it: --scaling auto, no --scaling-model
 DEFAULTS = dict(scaling="auto", scaling_model=resolve_scaling_model("auto", None))
-
-
-@contextlib.contextmanager
-def demo_trainer(ns, kube_cluster):
-    """The fake trainer with the demo's convergence and noise model (its defaults)."""
-    from rlsched_dev.fake_trainer import FakeTrainer
-
-    trainer = FakeTrainer(ns, kubeconfig=str(kube_cluster.kubeconfig), epoch_s=0.6)
-    assert (trainer.noise, trainer.tau) == (0.002, 6.0)
-    stop = threading.Event()
-    th = threading.Thread(target=trainer.run_until, args=(stop,), daemon=True)
-    try:
-        yield th
-    finally:
-        stop.set()
-        if th.is_alive():
-            th.join(5)
-        trainer.close()
-
-
-def _pods(kapi, ns, job):
-    return [p for p in kapi.core.list_namespaced_pod(ns, label_selector=f"{LABEL_JOB}={job}").items
-            if p.metadata.deletion_timestamp is None]
 
 
 def _t(ev) -> float:
@@ -63,9 +37,10 @@ def _metrics(rt) -> str:
     return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
 
 
-def test_default_policy_converged_job_gives_workers_to_a_waiting_job(extender, kube_cluster, kapi, ns, tj,
+def test_default_policy_converged_job_gives_workers_to_a_waiting_job(extender, fake_trainer, kapi, ns, tj,
                                                                      run_operator, wait_until):
-    with demo_trainer(ns, kube_cluster) as th:
+    with fake_trainer(ns) as th:  # the demo's convergence and noise model (its defaults)
+        assert (th.trainer.noise, th.trainer.tau) == (0.002, 6.0)
         with run_operator(ns, **DEFAULTS) as rt:
             wait_until(lambda: rt.controller is not None, 30, "the operator started")
             policy = rt.controller.planner.policy
@@ -89,12 +64,13 @@ def test_default_policy_converged_job_gives_workers_to_a_waiting_job(extender, k
             assert 'rlsched_operator_completions_total{reason="Converged"} 1.0' in text
             down = [ln for ln in text.splitlines() if ln.startswith('rlsched_operator_scaling_decisions_total{direction="down"}')]
             assert down and float(down[0].split()[-1]) >= 2
-            wait_until(lambda: not _pods(kapi, ns, "conv"), 30, "conv pods deleted")
+            wait_until(lambda: not kapi.pods(ns, "conv"), 30, "conv pods deleted")
 
 
-def test_default_policies_highest_job_preempts_and_its_victim_resumes_first(extender, kube_cluster, kapi, ns, tj,
+def test_default_policies_highest_job_preempts_and_its_victim_resumes_first(extender, fake_trainer, kapi, ns, tj,
                                                                             run_operator, wait_until):
-    with demo_trainer(ns, kube_cluster) as th:
+    with fake_trainer(ns) as th:  # the demo's convergence and noise model (its defaults)
+        assert (th.trainer.noise, th.trainer.tau) == (0.002, 6.0)
         with run_operator(ns, grace_period_s=2, **DEFAULTS) as rt:
             tj(ns, "first", 1, 2, gpus=8, beta=0.001, maxEpochs=400)
             th.start()

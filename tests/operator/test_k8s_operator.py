@@ -7,7 +7,6 @@ whole nodes (``gpusPerWorker: 8``) so that who fits is unambiguous.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import urllib.request
 
@@ -16,34 +15,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from rlsched.core.contract import GROUP as G
-from rlsched.core.contract import LABEL_JOB
 from rlsched.core.contract import PLURAL as P
 from rlsched.core.contract import VERSION as V
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
-
-@contextlib.contextmanager
-def fake_trainer(ns, kube_cluster):
-    """The fake trainer of ``ns`` on a thread (started by the test: ``th.start()``);
-    stopped, joined and closed on exit."""
-    from rlsched_dev.fake_trainer import FakeTrainer
-
-    trainer = FakeTrainer(ns, kubeconfig=str(kube_cluster.kubeconfig), epoch_s=0.6, tau=4.0, noise=0.0005)
-    stop = threading.Event()
-    th = threading.Thread(target=trainer.run_until, args=(stop,), daemon=True)
-    try:
-        yield th
-    finally:
-        stop.set()
-        if th.is_alive():
-            th.join(5)
-        trainer.close()
-
-
-def pods(kapi, ns, job=None):
-    sel = f"{LABEL_JOB}={job}" if job else LABEL_JOB
-    return [p for p in kapi.core.list_namespaced_pod(ns, label_selector=sel).items if p.metadata.deletion_timestamp is None]
-
 
 def delete(kapi, ns, name):
     kapi.custom.delete_namespaced_custom_object(G, V, ns, P, name)
@@ -79,7 +54,7 @@ def test_priority_order_urgent_passes_normal_and_requests_promote(extender, kapi
             started.append(nxt[0])
         assert started == ["n2", "u", "n1"]
         # gang start: all workers at once, scheduled by rlsched, labelled and owned
-        ps = pods(kapi, ns, "n1")
+        ps = kapi.pods(ns, "n1")
         assert sorted(int(p.metadata.labels["rlsched.dev/worker-index"]) for p in ps) == [0, 1, 2, 3]
         assert {p.spec.scheduler_name for p in ps} == {"rlsched"}
         assert {p.metadata.owner_references[0].name for p in ps} == {"n1"}
@@ -115,7 +90,7 @@ def test_highest_preempts_lowest_and_preempted_job_resumes_first(extender, kapi,
         wait_until(lambda: kapi.phase(ns, "low") == kapi.phase(ns, "high") == "Running", 60, "both running")
         tj(ns, "waiter", 1, gpus=8)  # normal, queued before the preemption
         wait_until(lambda: kapi.status(ns, "waiter").get("queue") == "normal", 20, "waiter queued")
-        low_pods = pods(kapi, ns, "low")
+        low_pods = kapi.pods(ns, "low")
         assert {p.spec.termination_grace_period_seconds for p in low_pods} == {7}
         tj(ns, "boss", 2, gpus=8, klass="highest")
         wait_until(lambda: kapi.phase(ns, "boss") == "Running", 90, "boss running")
@@ -130,8 +105,8 @@ def test_highest_preempts_lowest_and_preempted_job_resumes_first(extender, kapi,
         assert kapi.phase(ns, "waiter") == "Queued"
 
 
-def test_converging_job_shrinks_one_per_cycle_and_waiting_job_gets_gpus(extender, kube_cluster, kapi, ns, tj, run_operator, wait_until):
-    with fake_trainer(ns, kube_cluster) as th:
+def test_converging_job_shrinks_one_per_cycle_and_waiting_job_gets_gpus(extender, fake_trainer, kapi, ns, tj, run_operator, wait_until):
+    with fake_trainer(ns, tau=4.0, noise=0.0005) as th:
         with run_operator(ns, patience=6):
             tj(ns, "conv", 1, 4, gpus=8, beta=0.02, dataSize=10000)
             th.start()
@@ -152,7 +127,7 @@ def test_converging_job_shrinks_one_per_cycle_and_waiting_job_gets_gpus(extender
             admitted = float(kapi.events(ns, "late", "Admitted")[0].metadata.annotations["rlsched.dev/event-time"])
             second_down = float(kapi.events(ns, "conv", "ScaledDown")[1].metadata.annotations["rlsched.dev/event-time"])
             assert admitted > second_down
-            wait_until(lambda: not pods(kapi, ns, "conv"), 30, "conv pods deleted")
+            wait_until(lambda: not kapi.pods(ns, "conv"), 30, "conv pods deleted")
 
 
 def test_invalid_jobs_rejected_and_no_pods(kapi, ns, tj, run_operator, wait_until):
@@ -180,7 +155,7 @@ def test_invalid_jobs_rejected_and_no_pods(kapi, ns, tj, run_operator, wait_unti
         wait_until(lambda: kapi.events(ns, "mismatch", "InvalidSpec"), 10, "InvalidSpec event")
         tj(ns, "fine", 1, gpus=1)
         wait_until(lambda: kapi.phase(ns, "fine") == "Running", 60, "valid job running")
-        assert pods(kapi, ns, "mismatch") == []
+        assert kapi.pods(ns, "mismatch") == []
 
 
 def test_trainer_may_patch_only_its_own_job(kube_cluster, kapi, ns, tj, run_operator, wait_until):
@@ -238,16 +213,16 @@ def test_restart_mid_scaling_no_duplicates_no_orphans(kapi, ns, tj, run_operator
     del ghost["spec"]["serviceAccountName"]
     kapi.core.create_namespaced_pod(ns, ghost)
     with run_operator(ns):
-        wait_until(lambda: len(pods(kapi, ns, "elastic")) == 3 and kapi.status(ns, "elastic").get("workers") == 3,
+        wait_until(lambda: len(kapi.pods(ns, "elastic")) == 3 and kapi.status(ns, "elastic").get("workers") == 3,
                    60, "three workers")
-        wait_until(lambda: not pods(kapi, ns, "ghost"), 30, "orphan removed")
-        names = sorted(p.metadata.name for p in pods(kapi, ns, "elastic"))
+        wait_until(lambda: not kapi.pods(ns, "ghost"), 30, "orphan removed")
+        names = sorted(p.metadata.name for p in kapi.pods(ns, "elastic"))
         assert names == ["elastic-worker-0", "elastic-worker-1", "elastic-worker-2"]
         # and stays that way over further cycles (no trainer: no new evaluations)
         import time
 
         time.sleep(2.0)
-        assert sorted(p.metadata.name for p in pods(kapi, ns, "elastic")) == names
+        assert sorted(p.metadata.name for p in kapi.pods(ns, "elastic")) == names
         # deleting the job leaves nothing behind
         delete(kapi, ns, "elastic")
         wait_until(lambda: not kapi.core.list_namespaced_pod(ns).items, 60, "pods gone")
@@ -255,16 +230,16 @@ def test_restart_mid_scaling_no_duplicates_no_orphans(kapi, ns, tj, run_operator
                                 if s.metadata.name == "elastic-trainer"], 60, "service account gone")
 
 
-def test_operator_killed_while_scaling_resumes_cleanly(extender, kube_cluster, kapi, ns, tj, run_operator, wait_until):
+def test_operator_killed_while_scaling_resumes_cleanly(extender, fake_trainer, kapi, ns, tj, run_operator, wait_until):
     """Stop the operator right after its first scale decision, restart it, and check the
     worker set is always duplicate-free and converges to what status says."""
     def workers_consistent():
-        ps = pods(kapi, ns, "grow")
+        ps = kapi.pods(ns, "grow")
         idx = sorted(int(p.metadata.labels["rlsched.dev/worker-index"]) for p in ps)
         assert len(idx) == len(set(idx)), idx  # never two pods for one worker
         return idx
 
-    with fake_trainer(ns, kube_cluster) as th:
+    with fake_trainer(ns, tau=4.0, noise=0.0005) as th:
         with run_operator(ns, patience=6):
             tj(ns, "grow", 1, 4, gpus=8, beta=0.02, dataSize=10000)
             th.start()
@@ -281,7 +256,7 @@ def test_operator_killed_while_scaling_resumes_cleanly(extender, kube_cluster, k
         downs = [e.message.split(" (")[0] for e in kapi.events(ns, "grow", "ScaledDown")]
         # every step was taken exactly once across the two operator lives
         assert len(ups) == len(set(ups)) and len(downs) == len(set(downs))
-        wait_until(lambda: not pods(kapi, ns, "grow"), 30, "pods deleted after completion")
+        wait_until(lambda: not kapi.pods(ns, "grow"), 30, "pods deleted after completion")
 
 
 def test_ha_peering_only_the_leader_schedules(kube_cluster, kapi, ns, tj, wait_until):

@@ -21,7 +21,6 @@ from kubernetes.client.exceptions import ApiException
 from rlsched.core.contract import GROUP as G
 from rlsched.core.contract import (
     LABEL_ALLOW_SECRET_MOUNTS,
-    LABEL_JOB,
     LABEL_POD_SECURITY_ENFORCE,
     POD_SECURITY_BASELINE,
     POD_SECURITY_PRIVILEGED,
@@ -56,10 +55,6 @@ def exploit_template() -> dict:
     }}
 
 
-def job_pods(kapi, ns, job):
-    return kapi.core.list_namespaced_pod(ns, label_selector=f"{LABEL_JOB}={job}").items
-
-
 def label(kapi, ns, labels):
     kapi.core.patch_namespace(ns, {"metadata": {"labels": labels}})
 
@@ -87,7 +82,7 @@ def test_exploit_is_refused_in_an_unlabelled_namespace_and_takes_no_gpu(kapi, ns
         wait_until(lambda: kapi.status(ns, "fine").get("phase") in ("Starting", "Running"), 60, "fine admitted")
         # never admitted: no GPU promised, no pod, no trainer account
         assert "admittedTime" not in st and not kapi.events(ns, "evil", "Admitted")
-        assert job_pods(kapi, ns, "evil") == []
+        assert kapi.pods(ns, "evil", terminating=True) == []
         assert [a.metadata.name for a in kapi.core.list_namespaced_service_account(ns).items
                 if a.metadata.name.startswith("evil")] == []
 
@@ -99,7 +94,7 @@ def test_exploit_is_admitted_where_namespace_and_operator_allow_it(kapi, ns, tj,
     with run_operator(ns, allow_secret_mounts=True):
         tj(ns, "trusted", 1, gpus=1, template=exploit_template())
         wait_until(lambda: kapi.status(ns, "trusted").get("phase") in ("Starting", "Running"), 60, "admitted")
-        (pod,) = wait_until(lambda: job_pods(kapi, ns, "trusted"), 30, "worker pod")
+        (pod,) = wait_until(lambda: kapi.pods(ns, "trusted", terminating=True), 30, "worker pod")
         assert pod.spec.containers[0].security_context.privileged is True
         assert pod.spec.volumes[0].host_path.path == "/" and pod.spec.volumes[1].secret.secret_name == "db-credentials"
 
@@ -137,8 +132,8 @@ def test_restricted_namespace_refuses_a_root_container(kapi, ns, tj, run_operato
         assert ("restricted: runAsUser 0 (root) is forbidden "
                 "(spec.template.spec.containers[0].securityContext.runAsUser)") in st["message"]
         wait_until(lambda: kapi.status(ns, "nonroot").get("phase") in ("Starting", "Running"), 60, "nonroot admitted")
-        assert job_pods(kapi, ns, "root") == []
-        assert len(job_pods(kapi, ns, "nonroot")) == 1  # and the API server's own admission let it in
+        assert kapi.pods(ns, "root", terminating=True) == []
+        assert len(kapi.pods(ns, "nonroot", terminating=True)) == 1  # and the API server's own admission let it in
 
 
 @pytest.mark.k8s
@@ -152,7 +147,7 @@ def test_editing_the_template_of_a_running_job_fails_it(kapi, ns, tj, run_operat
         kapi.custom.patch_namespaced_custom_object(G, V, ns, P, "edited", {"spec": {"template": exploit_template()}})
         wait_until(lambda: kapi.status(ns, "edited").get("phase") == "Failed", 60, "edited Failed")
         assert kapi.status(ns, "edited")["reason"] == "PodSecurity"
-        wait_until(lambda: not [p for p in job_pods(kapi, ns, "edited") if p.metadata.deletion_timestamp is None],
+        wait_until(lambda: not kapi.pods(ns, "edited"),
                    30, "workers deleted")
 
 

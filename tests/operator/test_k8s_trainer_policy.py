@@ -17,7 +17,6 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from rlsched.core.contract import GROUP as G
-from rlsched.core.contract import LABEL_JOB
 from rlsched.core.contract import PLURAL as P
 from rlsched.core.contract import VERSION as V
 from rlsched.core.contract import trainer_account_name
@@ -34,10 +33,6 @@ ATTACKS = {
     "nominated": True,
     "conditions": [{"type": "Admitted", "status": "False", "reason": "SetByTrainer", "message": "x"}],
 }
-
-
-def _pods(kapi, ns, name) -> list:
-    return kapi.core.list_namespaced_pod(ns, label_selector=f"{LABEL_JOB}={name}").items
 
 
 def _trainer_client(kapi, ns, job) -> client.ApiClient:
@@ -117,7 +112,7 @@ def test_trainer_writes_progress_only_and_the_operator_stays_within_the_spec(kap
             wait_until(lambda: rt.controller.cycles >= c0 + 4, 30, "four more operator cycles")
             st = kapi.status(ns, "small")
             assert st.get("targetWorkers", 1) <= MAX_WORKERS and st["phase"] == "Running"
-            assert len(_pods(kapi, ns, "small")) <= MAX_WORKERS
+            assert len(kapi.pods(ns, "small", terminating=True)) <= MAX_WORKERS
         finally:
             api.close()
 
