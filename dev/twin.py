@@ -6,7 +6,9 @@ One seeded job set (:func:`twin_jobs`) runs twice:
   the kwok nodes, with the operator's policies built the way the operator builds them
   (ordering ``fifo``, scaling ``auto`` → RLPTO with the committed weights, placement
   DAS with the committed weights as the extender serves it), recording its decisions
-  (``SimConfig.record_decisions``);
+  (``SimConfig.record_decisions``). The engine plans admission, preemption and
+  elastic scaling with core's planning objects (``Admission``, ``ScalingPlanner``), the
+  ones the operator runs, so nothing of the operator is re-implemented here;
 * **live** (:func:`run_live`): the operator and the extender as processes, the real
   kube-scheduler and kwok of the local control plane, and :class:`ReplayTrainer`
   standing in for every job's chief: it advances each job whose gang runs exactly as
@@ -35,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import sys
 import threading
@@ -47,9 +48,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from rlsched.core import ClusterState, JobView, Topology, make_ordering, make_placement
-from rlsched.core.planning import ElasticState, RunningJob, ScalingPlanner, TrainingSpec
-from rlsched.core.policy import Scaling
+from rlsched.core import Topology, make_placement
+from rlsched.core.planning import CONVERGENCE_WINDOW, convergence_gain
 from rlsched.sim import JobSpec
 from rlsched.sim.engine import SimConfig, Simulator
 from rlsched.sim.job import throughput
@@ -60,7 +60,6 @@ __all__ = [
     "twin_jobs",
     "manifest",
     "operator_policies",
-    "PlannerScaling",
     "simulate",
     "ReplayTrainer",
     "run_live",
@@ -88,9 +87,6 @@ class TwinConfig:
     ``restart_cost_sim``: the engine's restart cost, paid live by the trainer on every
     resume and resize.
     ``patience``: the operator's β-stop patience; every job's ``JobSpec.patience``.
-    ``sim_scaling``: ``engine`` hands the scaling policy to the engine as it is;
-    ``planner`` wraps it in core's :class:`ScalingPlanner` (:class:`PlannerScaling`),
-    what the operator runs — for an engine that does not yet plan through it.
     """
 
     jobs: int = 8
@@ -103,15 +99,12 @@ class TwinConfig:
     ordering: str = "fifo"
     scaling: str = "auto"
     placement: str = "das"
-    sim_scaling: str = "engine"
     grace_period_s: int = 0
     max_wall_s: float = 600.0
 
     def __post_init__(self) -> None:
         if self.time_scale <= 0 or self.cycle_s <= 0 or self.tick_s <= 0:
             raise ValueError("time_scale, cycle_s and tick_s must be > 0")
-        if self.sim_scaling not in ("engine", "planner"):
-            raise ValueError(f"sim_scaling must be 'engine' or 'planner', got {self.sim_scaling!r}")
         if self.jobs < 2:
             raise ValueError("the twin check needs at least 2 jobs")
 
@@ -211,9 +204,14 @@ def twin_jobs(n: int = 20, seed: int = 1, *, cluster_gpus: int = 32, epoch_sim: 
         early = bool(rng.random() < 0.5)
         acc_max = float(rng.uniform(0.7, 0.9))
         if early:
-            conv = {"tau": float(rng.uniform(1.5, 2.5)), "noise": 0.0, "acc_max": acc_max}
-            max_epochs = int(rng.integers(18, 24))
-            beta = _clear_beta(rng, conv, lo, hi, max_epochs)
+            for _ in range(100):  # a curve with a β clear of its gains (nearly always the first)
+                conv = {"tau": float(rng.uniform(1.5, 2.5)), "noise": 0.0, "acc_max": acc_max}
+                max_epochs = int(rng.integers(18, 24))
+                beta = _clear_beta(rng, conv, lo, hi, max_epochs)
+                if beta is not None:
+                    break
+            else:
+                raise ValueError(f"no β clear of the convergence gains for a {lo}..{hi}-worker job")
         else:
             conv = {"tau": float(rng.uniform(5.0, 8.0)), "noise": 0.002, "acc_max": acc_max}
             beta, max_epochs = 0.001, int(rng.integers(9, 13))
@@ -258,26 +256,79 @@ def separate_arrivals(jobs: Sequence[JobSpec], topology: Topology, cfg: TwinConf
     return jobs
 
 
-def _clear_beta(rng: np.random.Generator, conv: Mapping[str, float], lo: int, hi: int, epochs: int) -> float:
-    """A β in [0.005, 0.008] at least 5% away from every per-epoch accuracy gain the
-    job can report, whatever mix of ``lo``..``hi`` workers it trained at (no noise):
-    the β stop then falls on the same epoch live and simulated. A gain a hair from β
-    would let the live clock's slightly different split of an epoch between two
-    worker counts move the stop by epochs (seen in the first twin runs)."""
+#: the range a converging twin job's β is drawn from, and how far (relative) it stays
+#: from every convergence gain the job can report
+BETA_RANGE = (0.005, 0.008)
+BETA_MARGIN = 0.05
+
+
+def windowed_gain_bounds(conv: Mapping[str, float], lo: int, hi: int, epochs: int,
+                         window: int = CONVERGENCE_WINDOW) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(e, g_min, g_max)``: for every evaluation ``e = 2..epochs``, the least and the
+    largest convergence gain (:func:`rlsched.core.planning.convergence_gain`, the mean
+    gain over the last ``k = min(window, e - 1)`` evaluations) a job with the
+    noise-free curve ``conv`` can report after epoch ``e``, whatever mix of ``lo``..``hi``
+    workers it trained each epoch at.
+
+    The curve is ``acc(E) = acc_max - span * exp(-E / tau)`` in effective epochs ``E``,
+    the sum of each epoch's statistical efficiency (between ``efficiency(hi)`` and
+    ``efficiency(lo)``), so the gain is
+    ``span * exp(-E(e-k) / tau) * (1 - exp(-(E(e) - E(e-k)) / tau)) / k``, decreasing
+    in ``E(e-k)`` and increasing in ``E(e) - E(e-k)``, with ``E(e-k)`` within
+    ``(e-k) * [eff_min, eff_max]`` and ``E(e) - E(e-k)`` within ``k * [eff_min, eff_max]``."""
     from rlsched.sim.convergence import ConvergenceModel
 
     m = ConvergenceModel(1, **{k: v for k, v in conv.items() if k != "noise"})
-    span = (m.acc_max - m.acc0)
-    e_max, e_min = m.efficiency(lo), m.efficiency(hi)
-    e = np.arange(1, epochs + 1)
-    g_hi = span * np.exp(-(e - 1) * e_min / m.tau) * (1 - np.exp(-e_max / m.tau))
-    g_lo = span * np.exp(-(e - 1) * e_max / m.tau) * (1 - np.exp(-e_min / m.tau))
-    beta = 0.006
-    for _ in range(100):
-        beta = float(rng.uniform(0.005, 0.008))
-        if not np.any((beta >= 0.95 * g_lo) & (beta <= 1.05 * g_hi)):
-            return beta
-    return beta
+    span = m.acc_max - m.acc0
+    eff_max, eff_min = m.efficiency(lo), m.efficiency(hi)
+    e = np.arange(2, epochs + 1)
+    k = np.minimum(window, e - 1)
+    before = e - k
+    g_max = span * np.exp(-before * eff_min / m.tau) * (1 - np.exp(-k * eff_max / m.tau)) / k
+    g_min = span * np.exp(-before * eff_max / m.tau) * (1 - np.exp(-k * eff_min / m.tau)) / k
+    return e, g_min, g_max
+
+
+def _clear_beta(rng: np.random.Generator, conv: Mapping[str, float], lo: int, hi: int, epochs: int,
+                patience: int = 5) -> float | None:
+    """A β in :data:`BETA_RANGE` at least :data:`BETA_MARGIN` away from every
+    convergence gain the job can report (:func:`windowed_gain_bounds`: the windowed
+    gain RLPTO's β rule compares, at any mix of ``lo``..``hi`` workers, no noise), drawn
+    uniformly from what is left; None if nothing is left, or if the β stop would not
+    end the job at least two epochs before ``epochs`` (``patience`` evaluations below
+    β from the first one surely below).
+
+    Clear of every gain, the β rule's verdict after each evaluation is the same
+    whatever the worker mix, so the give-backs and the β stop fall on the same epochs
+    live and simulated. A gain a hair from β would let the live clock's slightly
+    different split of an epoch between two worker counts move them by epochs (seen in
+    the first twin runs)."""
+    e, g_min, g_max = windowed_gain_bounds(conv, lo, hi, epochs)
+    lo_b, hi_b = BETA_RANGE
+    banned = sorted((float(a), float(b)) for a, b in zip((1 - BETA_MARGIN) * g_min, (1 + BETA_MARGIN) * g_max)
+                    if b >= lo_b and a <= hi_b)
+    free, x = [], lo_b
+    for a, b in banned:
+        if a > x:
+            free.append((x, a))
+        x = max(x, b)
+    if x < hi_b:
+        free.append((x, hi_b))
+    total = sum(b - a for a, b in free)
+    if total <= 0:
+        return None
+    u = float(rng.uniform(0.0, total))
+    for a, b in free:
+        if u <= b - a:
+            beta = a + u
+            break
+        u -= b - a
+    else:  # rounding at the very end
+        beta = free[-1][1]
+    below = np.flatnonzero(g_max < beta)
+    if not below.size or int(e[below[0]]) + patience - 1 > epochs - 2:
+        return None
+    return float(beta)
 
 
 def manifest(spec: JobSpec, namespace: str) -> dict:
@@ -312,40 +363,6 @@ def operator_policies(cfg: TwinConfig):
     return ordering, placement, scaling
 
 
-class PlannerScaling(Scaling):
-    """A scaling policy run through core's :class:`ScalingPlanner`, as the operator runs
-    it: a job is decided on only after a new evaluation, clamped, one step at a time,
-    and scale-ups never take the GPUs the blocked head of the queue needs. The planner's
-    memory of each job (:class:`ElasticState`) lives here, as the operator keeps it in
-    ``status.rlpto``. Completion stays the engine's (the same β stop)."""
-
-    name = "planner"
-
-    def __init__(self, policy: Scaling, ordering, *, patience: int = 5) -> None:
-        self.policy = policy
-        self.ordering = ordering
-        self.planner = ScalingPlanner(policy, patience=patience)
-        self.states: dict[str, ElasticState] = {}
-        self.fallback_reason = getattr(policy, "fallback_reason", None)
-
-    def decide(self, running: Sequence[JobView], state: ClusterState) -> dict[str, int]:
-        jobs = []
-        for v in running:
-            st = self.states.setdefault(v.id, ElasticState())
-            spec = TrainingSpec(min_workers=v.min_workers, max_workers=v.max_workers, gpus_per_worker=v.gpus_per_worker,
-                                beta=v.beta, max_epochs=10**6)
-            st.observe(v.progress, v.workers, state.time - (v.start_time or state.time), v.beta, 0)
-            jobs.append(RunningJob(key=v.id, spec=spec, workers=v.workers, progress=v.progress, state=st,
-                                   submit_time=v.submit_time, start_time=v.start_time or 0.0,
-                                   placement=list(v.placement)))
-        reserved = 0
-        if state.pending:
-            head = self.ordering.rank(state.pending, state)[0]
-            reserved = head.gpus
-        plan = self.planner.plan(jobs, state, reserved_gpus=reserved)
-        return {k: d for k, d in plan.deltas.items() if k not in plan.finished}
-
-
 @dataclass
 class SimRun:
     """The simulated side: its decision log and per-job records."""
@@ -360,8 +377,6 @@ def make_simulator(jobs: Sequence[JobSpec], topology: Topology, cfg: TwinConfig)
     """The simulator of the twin check (also the source of the convergence models the
     live trainer replays)."""
     ordering, placement, scaling = operator_policies(cfg)
-    if cfg.sim_scaling == "planner":
-        scaling = PlannerScaling(scaling, ordering, patience=cfg.patience)
     conf = SimConfig(scaling_interval=cfg.scaling_interval_sim, restart_cost=cfg.restart_cost_sim,
                      record_series=False, record_decisions=True)
     return Simulator(jobs, topology, ordering=ordering, placement=placement, scaling=scaling,
@@ -560,15 +575,17 @@ class LiveRun:
 
 def decided_epoch(reports: Sequence[tuple[float, int, float]], t: float, gain: str) -> int | None:
     """The evaluation a scaling decision at wall time ``t`` acted on: the latest epoch
-    reported before ``t`` whose accuracy gain prints as the event's ``gain`` (the
-    operator's ``{gain:.4g}``; ``inf`` before two evaluations), else the latest epoch
-    reported before ``t``."""
+    reported before ``t`` whose convergence gain prints as the event's ``gain`` (the
+    operator's ``{gain:.4g}`` of :func:`rlsched.core.planning.convergence_gain`, the
+    mean gain over the last evaluations; ``inf`` before two evaluations), else the
+    latest epoch reported before ``t``."""
     before = [(e, a) for ts, e, a in reports if ts <= t]
     if not before:
         return None
     acc = {e: a for e, a in before}
     for e, _ in reversed(before):
-        g = acc[e] - acc[e - 1] if e - 1 in acc else float("inf")
+        hist = [acc[i] for i in range(1, e + 1) if i in acc]
+        g = convergence_gain(hist) if len(hist) == e else float("inf")
         if f"{g:.4g}" == gain:
             return e
     return before[-1][0]
@@ -861,7 +878,12 @@ def compare(sim: Mapping, live: Mapping, *, latency: float, tol: Tolerances = To
     n_s = sum(len(v["sim"]) for v in per_job.values())
     report_same_direction = sum(1 for v in per_job.values() if [x[0] for x in v["sim"]] == [x[0] for x in v["live"]])
     n_l = sum(len(v["live"]) for v in per_job.values())
+    def updown(side: str) -> list[int]:
+        deltas = [d for v in per_job.values() for d, _ in v[side]]
+        return [sum(1 for d in deltas if d > 0), sum(1 for d in deltas if d < 0)]
+
     report["scaling"] = {"jobs": per_job, "sim_steps": n_s, "live_steps": n_l,
+                         "sim_up_down": updown("sim"), "live_up_down": updown("live"),
                          "identical_jobs": sum(1 for v in per_job.values() if v["edits"] == 0),
                          "same_directions_jobs": report_same_direction,
                          "beyond_tolerance": bad, "ok": not bad}
@@ -916,8 +938,9 @@ def render_markdown(report: Mapping, *, title: str = "Twin check") -> str:
              f"order swaps beyond {a['order_window_sim']:.0f} s: {len(a['swaps_beyond_window'])}) | {v(a['ok'])} |",
              f"| preemptions (victim <- preemptor) | {', '.join(f'{x} <- {y}' for x, y in p['sim']) or '-'} | "
              f"{', '.join(f'{x} <- {y}' for x, y in p['live']) or '-'} | {v(p['ok'])} |",
-             f"| scaling steps | {s['sim_steps']} | {s['live_steps']} (identical sequences: {s['identical_jobs']}"
-             f"/{len(s['jobs'])} jobs) | {v(s['ok'])} |",
+             f"| scaling steps (up/down) | {s['sim_steps']} ({_ud(s.get('sim_up_down'))}) | {s['live_steps']} "
+             f"({_ud(s.get('live_up_down'))}; identical sequences: {s['identical_jobs']}/{len(s['jobs'])} jobs) "
+             f"| {v(s['ok'])} |",
              f"| JCT | | mean abs diff {_f(j['mean_abs_diff_sim'])} s ({_f(j['mean_abs_rel'], 100)}%), max "
              f"{_f(j['max_abs_diff_sim'])} s | {v(j['ok'])} |", ""]
     if report["unfinished"]:
@@ -936,6 +959,10 @@ def _f(x, scale: float = 1.0) -> str:
     return "-" if x is None else f"{x * scale:.0f}" if abs(x * scale) >= 10 else f"{x * scale:.1f}"
 
 
+def _ud(x) -> str:
+    return "-" if not x else f"+{x[0]}/-{x[1]}"
+
+
 def _seq(seq: Sequence) -> str:
     """``+1@3 -1@7``: each worker change and the epoch it acted on."""
     return " ".join(("+1" if d > 0 else "-1") + ("" if e is None else f"@{e}") for d, e in seq) or "-"
@@ -950,18 +977,16 @@ def sim_side(jobs: Sequence[JobSpec], topology: Topology, cfg: TwinConfig) -> di
 
 def twin_workload(cfg: TwinConfig, topology: Topology) -> list[JobSpec]:
     """The job set of the check: :func:`twin_jobs`, arrivals kept 1.5 latencies away
-    from other decisions (:func:`separate_arrivals`) in the run the operator makes (the
-    scaling policy through core's planner)."""
-    planner = TwinConfig(**{**asdict(cfg), "sim_scaling": "planner"})
+    from other decisions (:func:`separate_arrivals`) in the simulated run."""
     jobs = twin_jobs(cfg.jobs, cfg.seed, cluster_gpus=topology.total_gpus)
-    return separate_arrivals(jobs, topology, planner, 1.5 * cfg.latency_sim)
+    return separate_arrivals(jobs, topology, cfg, 1.5 * cfg.latency_sim)
 
 
 def twin_check(cfg: TwinConfig, env, workdir: Path, *, extender: bool = True, tol: Tolerances = Tolerances(),
                progress: Callable[[str], None] | None = None) -> dict:
     """Both runs of ``cfg.jobs`` seeded jobs on ``env`` and their comparison (the
-    report of :func:`compare` plus the configuration, both logs and, for reference,
-    the comparison against the other ``sim_scaling`` mode)."""
+    report of :func:`compare` plus the configuration, the job set, both logs, the live
+    latencies and the wall time)."""
     say = progress or (lambda m: None)
     _check_topology(env)
     jobs = twin_workload(cfg, env.topology)
@@ -970,16 +995,10 @@ def twin_check(cfg: TwinConfig, env, workdir: Path, *, extender: bool = True, to
     live = run_live(jobs, env, cfg, workdir, extender=extender, progress=progress)
     lv = {"decisions": live.decisions, "jct": live.jct, "unfinished": live.unfinished, "anomalies": live.anomalies}
     report = compare(sim, lv, latency=cfg.latency_sim, tol=tol)
-    other = TwinConfig(**{**asdict(cfg), "sim_scaling": "planner" if cfg.sim_scaling == "engine" else "engine"})
-    alt = compare(sim_side(jobs, env.topology, other), lv, latency=cfg.latency_sim, tol=tol)
     lat = {k: {"n": len(v), "mean_s": float(np.mean(v)) if v else None, "max_s": float(np.max(v)) if v else None,
                "p95_s": float(np.percentile(v, 95)) if v else None} for k, v in live.latency.items()}
     report.update(config=asdict(cfg), wall_s=live.wall_s, live_latency=lat, jobs=[s.to_dict() for s in jobs],
-                  sim_log=sim["decisions"], live_log=live.decisions,
-                  other_mode={"sim_scaling": other.sim_scaling, "ok": alt["ok"],
-                              "scaling": {k: alt["scaling"][k] for k in ("sim_steps", "live_steps", "identical_jobs", "beyond_tolerance")},
-                              "jct_beyond_tolerance": alt["jct"]["beyond_tolerance"],
-                              "mean_abs_rel": alt["jct"]["mean_abs_rel"]})
+                  sim_log=sim["decisions"], live_log=live.decisions)
     return report
 
 
@@ -1011,14 +1030,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--time-scale", type=float, default=TwinConfig.time_scale)
     ap.add_argument("--cycle", type=float, default=TwinConfig.cycle_s)
-    ap.add_argument("--sim-scaling", choices=("engine", "planner"), default="engine")
     ap.add_argument("--out", default="out/twin", help="directory for report.json, report.md and logs")
     args = ap.parse_args(argv)
     from .cluster import kube_env
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    cfg = TwinConfig(jobs=args.jobs, seed=args.seed, time_scale=args.time_scale, cycle_s=args.cycle,
-                     sim_scaling=args.sim_scaling)
+    cfg = TwinConfig(jobs=args.jobs, seed=args.seed, time_scale=args.time_scale, cycle_s=args.cycle)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with kube_env(progress=lambda m: log.info("%s", m)) as env:

@@ -63,6 +63,33 @@ def bounded(text: str, limit: int = MAX_REASON) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def policy_choice(raw: np.ndarray, cand: np.ndarray) -> int | None:
+    """Position (in ``cand``) of the node the placement policy picks for the pod: the
+    best finite score, the lowest node index among equal scores, as
+    ``Placement.place`` picks (``np.argmax`` over candidates in index order) and so
+    as the simulator places; None when no node is feasible."""
+    raw = np.asarray(raw, dtype=float)
+    finite = np.isfinite(raw)
+    if not finite.any():
+        return None
+    top = np.flatnonzero(finite & (raw == raw[finite].max()))
+    return int(top[np.argmin(np.asarray(cand)[top])])
+
+
+def sole_top(ints: np.ndarray, pick: int) -> np.ndarray:
+    """``ints`` with the policy's pick alone at the top score: any other node that
+    rounded to the same integer gets one less. kube-scheduler picks at random among
+    nodes of equal total score, so without this a tie (two nodes the policy scores
+    alike, or scores a hair apart) put the pod where the policy would not, and where
+    the extender did not assume it (found by the twin check, docs/twin.md)."""
+    out = np.array(ints, dtype=np.int64, copy=True)
+    if out[pick] > 0:
+        tied = out == out[pick]
+        tied[pick] = False
+        out[tied] -= 1
+    return out
+
+
 @dataclass(slots=True)
 class FilterOutcome:
     passed: list[int]  # positions in the request's names
@@ -356,12 +383,15 @@ class Extender:
             raw = self.fallback.score(job, cand, st)
         raw = np.asarray(raw, dtype=float)
         ints = scores_to_extender(raw, MAX_PRIORITY)
+        pick = policy_choice(raw, cand)
+        if pick is not None:
+            ints = sole_top(ints, pick)
         full = np.zeros(len(idx), dtype=np.int64)
         full[known] = ints
         self.metrics.count_scores(full)
         assumed = None
-        if len(raw) and np.isfinite(raw).any() and pod.gpus > 0:
-            best = int(cand[int(np.argmax(raw))])
+        if pick is not None and pod.gpus > 0:
+            best = int(cand[pick])
             assumed = st.topology.nodes[best].name
             self.cache.assume(pod.key, assumed, pod.gpus, pod.job)
         top = self._top(st, cand, raw, ints, comp)

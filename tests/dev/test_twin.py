@@ -18,19 +18,22 @@ from rlsched_dev.twin import (
     decided_epoch,
     live_log,
     render_markdown,
-    separate_arrivals,
     sim_side,
     simulate,
     twin_jobs,
+    twin_workload,
+    windowed_gain_bounds,
 )
 
 TOPO = Topology.uniform(4, gpus_per_node=8, racks=2, blocks=1, prefix="kwok-gpu")
-CFG = TwinConfig(jobs=7, sim_scaling="planner")
+#: the k8s check's job set (tests/dev/test_twin_k8s.py): seed 9 of 7 jobs has scale-ups,
+#: give-backs, early β stops and a preemption
+CFG = TwinConfig(jobs=7, seed=9)
 
 
 @pytest.fixture(scope="module")
 def jobs():
-    return separate_arrivals(twin_jobs(7, 1), TOPO, CFG, 1.5 * CFG.latency_sim)
+    return twin_workload(CFG, TOPO)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +53,7 @@ def test_job_set_has_what_the_check_needs():
     assert twin_jobs(20, 3) == jobs and twin_jobs(20, 4) != jobs
 
 
-def test_simulated_run_preempts_converges_early_and_scales(jobs, sim):
+def test_simulated_run_preempts_converges_early_scales_and_gives_back(jobs, sim):
     kinds = [d["kind"] for d in sim["decisions"]]
     assert kinds.count("preempt") == 1
     (p,) = [d for d in sim["decisions"] if d["kind"] == "preempt"]
@@ -59,7 +62,16 @@ def test_simulated_run_preempts_converges_early_and_scales(jobs, sim):
     assert [d["job"] for d in resume] == [p["job"]]
     assert "scale" in kinds and not sim["unfinished"]
     epochs = {d["job"]: d["epoch"] for d in sim["decisions"] if d["kind"] == "finish"}
-    assert any(epochs[j.id] < j.max_epochs for j in jobs)  # the β stop ended someone early
+    early = {j.id for j in jobs if epochs[j.id] < j.max_epochs}
+    assert early  # the β stop ended someone early
+    ups = {d["job"] for d in sim["decisions"] if d["kind"] == "scale" and d["delta"] > 0}
+    downs = [d for d in sim["decisions"] if d["kind"] == "scale" and d["delta"] < 0]
+    assert ups and downs
+    # every scale-down is a give-back: a job converging (windowed gain below β) on its
+    # way to the β stop, at most patience - 1 evaluations before it
+    spec = {j.id: j for j in jobs}
+    for d in downs:
+        assert d["job"] in early and epochs[d["job"]] - spec[d["job"]].patience < d["epoch"] < epochs[d["job"]]
 
 
 def test_a_preempted_job_resumes_with_its_gang(jobs, sim):
@@ -170,12 +182,59 @@ def test_live_log_from_events():
     assert len(anomalies) == 1 and "GangTimeout" in anomalies[0]
 
 
-def test_decided_epoch_reads_the_gain():
+def test_decided_epoch_reads_the_windowed_gain():
+    """The operator's event names the convergence gain (the mean over the last five
+    evaluations), not the last evaluation's gain."""
     reports = [(1.0, 1, 0.30), (2.0, 2, 0.40), (3.0, 3, 0.45)]
     assert decided_epoch(reports, 2.5, "inf") == 1
     assert decided_epoch(reports, 3.5, "0.1") == 2
-    assert decided_epoch(reports, 3.5, "0.05") == 3
+    assert decided_epoch(reports, 3.5, "0.075") == 3  # (0.45 - 0.30) / 2
     assert decided_epoch(reports, 0.5, "inf") is None
+    accs = [0.1, 0.3, 0.4, 0.45, 0.48, 0.50, 0.51, 0.515]
+    reports = [(float(e), e, a) for e, a in enumerate(accs, 1)]
+    # after epoch 7: (0.51 - 0.30) / 5 = 0.042, not the last evaluation's 0.01
+    assert decided_epoch(reports, 7.5, "0.042") == 7
+    assert decided_epoch(reports, 8.5, "0.042") == 7
+    assert decided_epoch(reports, 8.5, f"{(0.515 - 0.4) / 5:.4g}") == 8
+
+
+@pytest.mark.parametrize("lo,hi", [(1, 1), (1, 2), (2, 4), (3, 4)])
+def test_windowed_gain_bounds_hold_any_worker_mix(lo, hi):
+    """Every windowed gain of a noise-free curve trained at any per-epoch mix of
+    lo..hi workers lies within the bounds (and the bounds are reached)."""
+    from rlsched.core.planning import convergence_gains
+    from rlsched.sim.convergence import ConvergenceModel
+
+    conv = {"tau": 2.0, "noise": 0.0, "acc_max": 0.8}
+    m = ConvergenceModel(1, tau=2.0, acc_max=0.8)
+    e, g_min, g_max = windowed_gain_bounds(conv, lo, hi, 20)
+    rng = np.random.default_rng(0)
+    effs = [m.efficiency(w) for w in range(lo, hi + 1)]
+    for trial in range(300):
+        per_epoch = rng.uniform(min(effs), max(effs), 20) if trial % 2 else rng.choice(effs, 20)
+        gains = convergence_gains(m.accuracy_at(np.cumsum(per_epoch)))[1:]  # epochs 2..20
+        assert np.all(gains >= g_min * (1 - 1e-12)) and np.all(gains <= g_max * (1 + 1e-12))
+    if lo == hi:  # one worker count: the bounds are the gains
+        gains = convergence_gains(m.accuracy_at(np.arange(1, 21) * m.efficiency(lo)))[1:]
+        assert gains == pytest.approx(g_min) and gains == pytest.approx(g_max)
+
+
+def test_converging_jobs_have_a_beta_clear_of_every_windowed_gain():
+    """The β stop and the give-backs fall on the same evaluation whatever mix of worker
+    counts the live clock gives a job: β is at least 5% away from every gain, and the
+    stop comes at least two epochs before maxEpochs."""
+    n = 0
+    for seed in range(1, 6):
+        for j in twin_jobs(20, seed):
+            if j.convergence["noise"]:
+                continue
+            n += 1
+            e, g_min, g_max = windowed_gain_bounds(j.convergence, j.min_workers, j.max_workers, j.max_epochs)
+            assert 0.005 <= j.beta <= 0.008
+            assert np.all((j.beta < 0.95 * g_min) | (j.beta > 1.05 * g_max)), j.id
+            first_below = int(e[np.flatnonzero(g_max < j.beta)[0]])
+            assert first_below + j.patience - 1 <= j.max_epochs - 2
+    assert n > 20
 
 
 class _Conv:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import orjson
 
+from rlsched.core.cluster import JobView
 from rlsched.extender.config import node_list
 
 FILTER_KEYS = {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
@@ -107,3 +108,26 @@ async def test_bind_counts_the_pod_on_its_node(client, extender, make_pod, args_
     body = orjson.loads(await (await client.post(
         "/filter", data=orjson.dumps(args_for(make_pod("w-1", gpus=1, job="tj"), names)))).read())
     assert "node-09" in body["FailedNodes"] and "node-00" not in body["FailedNodes"]
+
+
+async def test_prioritize_a_tie_goes_to_the_node_the_policy_places_on(client, make_pod, args_for, topology, extender):
+    """kube-scheduler picks at random among nodes of equal score, so on a tie the
+    policy's own choice (lowest node index among the best, what ``Placement.place`` and
+    so the simulator pick) must be alone at the top; found by the twin check, where a
+    scale-up worker went to the other of two equal nodes live and a preemption later
+    needed two victims instead of one."""
+    names = [n.name for n in reversed(topology.nodes)]  # request order is not index order
+    body = orjson.loads(await (await client.post(
+        "/prioritize", data=orjson.dumps(args_for(make_pod("w-0", gpus=2, job="tie"), names)))).read())
+    score = {h["Host"]: h["Score"] for h in body}
+    st = extender.cache.state()
+    view = JobView(id="tie", submit_time=0.0, gpus_per_worker=2, workers=1, max_workers=1)
+    extender.cache.forget("team-a/w-0")
+    (want,) = extender.policy.place(view, st, workers=1)
+    raw = extender.policy.score(view, st.candidates(2, None), st)
+    assert (raw == raw.max()).sum() > 1  # a tie indeed
+    top = [n for n, s in score.items() if s == 10]
+    assert top == [topology.nodes[want].name] == ["node-00"]
+    assert all(s == 9 for n, s in score.items() if n != "node-00")
+    dbg = orjson.loads(await (await client.get("/debug/pods/team-a/w-0")).read())
+    assert dbg["prioritize"]["assumed_node"] == "node-00"
