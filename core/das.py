@@ -52,6 +52,8 @@ from .topology import Topology
 __all__ = [
     "DASParams",
     "DASPlacement",
+    "resolve_placement_model",
+    "serving_placement",
     "PLACEMENT_FEATURES",
     "placement_features",
     "TopologyKernel",
@@ -612,3 +614,28 @@ class DASPlacement(Placement):
 @register_placement("das")
 def _make_das(**kwargs) -> DASPlacement:
     return DASPlacement(**kwargs)
+
+
+def resolve_placement_model(policy: str, model: str | Path | None) -> str | None:
+    """The weights a served placement reads: ``model`` as given (``"none"``: no file),
+    the committed trained DAS weights when ``das`` runs without one, nothing for a
+    heuristic. The extender (which places) and the operator (whose admission plans with
+    the same placement) both resolve it here."""
+    if model is not None:
+        return None if str(model).lower() == "none" else str(model)
+    return str(DEFAULT_MODEL) if policy.lower() == "das" else None
+
+
+def serving_placement(policy: str, model: str | Path | None = None) -> Placement:
+    """The placement policy ``policy`` as served, with ``model`` (see
+    :func:`resolve_placement_model`) for DAS. A DAS model that cannot be read leaves DAS
+    on its documented default parameters (``fallback_reason`` says why); a model for a
+    heuristic is an error."""
+    name = policy.lower()
+    if name == "das":
+        return DASPlacement(model=model)
+    if model is not None:
+        raise ValueError(f"a model file applies to placement das, not {policy!r}")
+    from .policy import make_placement
+
+    return make_placement(name)

@@ -120,9 +120,8 @@ async def _serve(args: argparse.Namespace) -> int:
 
 def resolve_model(policy: str, model: str | None) -> str | None:
     """The model file the extender serves: ``--model`` as given, the committed trained
-    DAS weights when DAS runs without one, nothing for ``none`` or a heuristic."""
-    from ..core.das import DEFAULT_MODEL
+    DAS weights when DAS runs without one, nothing for ``none`` or a heuristic
+    (:func:`rlsched.core.das.resolve_placement_model`, as the operator resolves it)."""
+    from ..core.das import resolve_placement_model
 
-    if model is not None:
-        return None if model.lower() == "none" else model
-    return str(DEFAULT_MODEL) if policy == "das" else None
+    return resolve_placement_model(policy, model)

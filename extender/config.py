@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 import yaml
 
-from ..core.das import DASPlacement
+from ..core.das import DASPlacement, serving_placement
 from ..core.policy import Placement, make_placement
 from ..core.contract import DEFAULT_TOPOLOGY_LEVELS, RESOURCE_GPU
 from ..core.topology import node_labels
@@ -48,16 +48,12 @@ def build_extender(
     name = policy.lower()
     reason = None
     version = ""
+    placement = serving_placement(name, model)
     if name == "das":
-        placement = DASPlacement(model=model)
         reason = placement.fallback_reason
         version = placement.params.version
         if reason:
             log.warning("DAS model not used, falling back to default parameters: %s", reason)
-    else:
-        if model is not None:
-            raise ValueError(f"--model applies to policy das, not {policy!r}")
-        placement = make_placement(name)
     cache = ClusterCache(levels=levels, assume_ttl=assume_ttl)
     return Extender(
         cache,

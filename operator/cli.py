@@ -25,6 +25,12 @@ def register(subparsers) -> None:
                    help=f"schedulerName of worker pods (default {DEFAULT_SCHEDULER_NAME})")
     r.add_argument("--ordering", default="fifo", help="core ordering policy inside a queue (fifo, sjf, das, ...)")
     r.add_argument("--ordering-model", help="weights file of a learned ordering (DAS)")
+    r.add_argument("--placement", default="das",
+                   help="the extender's placement policy (das, bestfit, topology, ...): admission checks room "
+                   "by placing each gang as the extender will (default das)")
+    r.add_argument("--placement-model", default=None,
+                   help="weights of the DAS placement (default: the committed core/weights/das.safetensors, "
+                   "as the extender)")
     r.add_argument("--scaling", default="auto",
                    help="core scaling policy (auto: rlpto with --scaling-model, else beta; fs, optimus, none, ...)")
     r.add_argument("--scaling-model", default=None,
@@ -69,6 +75,7 @@ def _run(args: argparse.Namespace) -> int:
         kubeconfig=args.kubeconfig, namespace=args.namespace, cycle_s=args.cycle,
         start_timeout_s=args.start_timeout, grace_period_s=args.grace_period,
         scheduler_name=args.scheduler_name, ordering=args.ordering, ordering_model=args.ordering_model,
+        placement=args.placement, placement_model=args.placement_model,
         scaling=args.scaling, scaling_model=scaling_model, patience=args.patience, mu=args.mu,
         promote_at=args.promote_at, demote_at=args.demote_at, backfill=args.backfill,
         preemption=not args.no_preemption, metrics_port=None if args.metrics_port < 0 else args.metrics_port,

@@ -138,6 +138,7 @@ from rlsched.core.planning import (
     reserved_gpus,
     take_gang,
 )
+from rlsched.core.das import resolve_placement_model, serving_placement
 from rlsched.core.policy import ORDERINGS, SCALINGS
 
 from .metrics import OperatorMetrics
@@ -337,6 +338,10 @@ class OperatorConfig:
     scheduler_name: str = DEFAULT_SCHEDULER_NAME
     ordering: str = "fifo"
     ordering_model: str | None = None
+    #: the extender's placement policy (and its weights): admission checks room by
+    #: placing each gang as the extender will (``Admission.plan``'s ``place``)
+    placement: str = "das"
+    placement_model: str | None = None
     #: "auto": the learned RLPTO policy when ``scaling_model`` is set, else "beta"
     scaling: str = "auto"
     scaling_model: str | None = None
@@ -446,6 +451,16 @@ def build_scaling(name: str, model: str | None):
     return policy
 
 
+def build_placement(name: str, model: str | None):
+    """The extender's placement policy as the extender builds it
+    (:func:`rlsched.core.das.serving_placement`, the committed DAS weights by default),
+    for admission's room check."""
+    policy = serving_placement(name, resolve_placement_model(name, model))
+    if policy.fallback_reason:
+        log.warning("placement %s: %s", name, policy.fallback_reason)
+    return policy
+
+
 def build_ordering(name: str, model: str | None):
     """The core ordering policy (``fifo``, ``sjf``, ``das`` with its weights file, ...)."""
     make_ordering("fifo")  # loads the builtin policy modules
@@ -513,6 +528,7 @@ class Controller:
             start_timeout_s=config.start_timeout_s,
         )
         self.planner = ScalingPlanner(build_scaling(config.scaling, config.scaling_model), patience=config.patience)
+        self.placement = build_placement(config.placement, config.placement_model)
         self.pod_security = PodSecurityGate(self.core, self.read_json, config)
         self.cycles = 0
         self.last_plan: AdmissionPlan | None = None
@@ -730,7 +746,7 @@ class Controller:
         for lst in (waiting, running, holders):
             lst.sort(key=lambda e: order[e.key])
 
-        plan = self.queues.plan(waiting, holders, snap.state, snap.releasing)
+        plan = self.queues.plan(waiting, holders, snap.state, snap.releasing, place=self.placement.place)
         self.last_plan = plan
         await self._each(lambda j: self._schedulable(j, plan.unfittable.get(j.key), now),
                          [jobs[e.key] for e in waiting], now)

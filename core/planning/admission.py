@@ -253,11 +253,19 @@ class Admission:
         running: Sequence[RunningEntry],
         state: ClusterState,
         releasing: np.ndarray | None = None,
+        place: Callable[[JobView, ClusterState], Sequence[int] | None] | None = None,
     ) -> AdmissionPlan:
         """Admissions and preemptions given per-node free GPUs in ``state``.
 
         ``releasing`` holds per-node GPUs of pods already being deleted: a blocked job
         that fits once they are gone waits for them instead of preempting again.
+
+        ``place(job, state)`` is the room check: the nodes the placement that follows
+        would give the gang (a :meth:`Placement.place`), or None when it does not fit.
+        Each gang admitted is allocated on ``state`` so the next job is placed around
+        it, as the placement will place them; all are released before returning. The
+        default counts room on the nodes fullest-first (:func:`take_gang`), which can
+        admit a second gang on nodes a topology-aware placement gives the first one.
         """
         free = state.free.astype(np.int64).copy()
         releasing = np.zeros_like(free) if releasing is None else np.asarray(releasing, dtype=np.int64)
@@ -272,10 +280,28 @@ class Admission:
             else:
                 plan.unfittable[e.key] = why
 
+        taken: list[tuple[int, int, int, int]] = []
+
+        def fits(entry: QueueEntry) -> bool:
+            s = entry.spec
+            if not gang_fits(free, s.gpus_per_worker, s.min_workers):
+                return False
+            if place is None:
+                take_gang(free, s.gpus_per_worker, s.min_workers)
+                return True
+            v = entry.view()
+            nodes = place(v, state)
+            if nodes is None:
+                return False
+            for i in nodes:
+                state.allocate(int(i), s.gpus_per_worker, v.cpu_milli, v.memory_mib)
+                taken.append((int(i), s.gpus_per_worker, v.cpu_milli, v.memory_mib))
+                free[int(i)] -= s.gpus_per_worker
+            return True
+
         def try_start(entry: QueueEntry) -> bool:
             s = entry.spec
-            if gang_fits(free, s.gpus_per_worker, s.min_workers):
-                take_gang(free, s.gpus_per_worker, s.min_workers)
+            if fits(entry):
                 return True
             if plan.blocked is None:  # the head of line: it may preempt (GPUs as of now)
                 plan.blocked = entry.key
@@ -284,7 +310,11 @@ class Admission:
                     plan.preempt.extend(self.choose_victims(entry, running, free + releasing, state.total, state))
             return False
 
-        started, _ = self.walk(fitting, try_start)
+        try:
+            started, _ = self.walk(fitting, try_start)
+        finally:
+            for i, g, cpu, mem in reversed(taken):
+                state.release(i, g, cpu, mem)
         plan.admit = [e.key for e in started]
         return plan
 

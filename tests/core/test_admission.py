@@ -352,3 +352,51 @@ def test_outranked_agrees_with_pairwise_preempts(make_cluster):
                  for k, (r, a) in enumerate([(10, 0), (100, 4000), (50, 40000), (50, 3599)])]
         head = JobView(id="h", submit_time=9.0, remaining=50.0, attained_service=3600.0)
         assert [v.id for v in o.outranked(head, views, st)] == [v.id for v in views if o.preempts(head, v, st)]
+
+
+# ---------------------------------------------------------------- room checked by the placement
+def test_admission_checks_room_with_the_placement_that_follows(qm, make_cluster, make_spec):
+    """Nodes with 4, 4 and 8 free GPUs; waiting: x (2 workers x 4 GPUs), then y (1 x 8).
+    Counting room fullest-first puts x on the two half-full nodes and admits y too; a
+    placement that keeps x's gang on one node (as DAS did in the twin check) gives x the
+    empty node, so y does not fit and waits: admission must follow the placement."""
+    st = make_cluster(8, 8, 8)
+    st.allocate(0, 4)
+    st.allocate(1, 4)
+    x = entry(make_spec, "x", 0.0, mn=2, gpw=4)
+    y = entry(make_spec, "y", 1.0, mn=1, gpw=8)
+    assert qm.plan([x, y], [], st).admit == ["x", "y"]
+
+    calls = []
+
+    def one_node(job, state):  # the gang on the emptiest node that holds it whole
+        calls.append((job.id, state.free.tolist()))
+        ok = [i for i in range(len(state.free)) if state.free[i] >= job.gpus]
+        return [max(ok, key=lambda i: (state.free[i], -i))] * job.workers if ok else None
+
+    plan = qm.plan([x, y], [], st, place=one_node)
+    assert plan.admit == ["x"] and plan.blocked == "y" and plan.waiting_gpus == 8
+    # with x's gang on node 2 the slot count already rules y out (the placement is
+    # asked only for gangs that fit by count); nothing is left allocated
+    assert calls == [("x", [4, 4, 8])]
+    assert st.free.tolist() == [4, 4, 8]
+
+
+def test_admission_with_a_core_placement_policy(qm, make_cluster, make_spec):
+    """The same with core's topology packing (the hook is ``Placement.place``)."""
+    from rlsched.core import make_placement
+
+    st = make_cluster(8, 8, 8)
+    st.allocate(0, 4)
+    st.allocate(1, 4)
+    x = entry(make_spec, "x", 0.0, mn=2, gpw=4)
+    y = entry(make_spec, "y", 1.0, mn=1, gpw=8)
+    packing = make_placement("topology")
+    nodes = packing.place(x.view(), st)
+    plan = qm.plan([x, y], [], st, place=packing.place)
+    # whatever packing picks for x decides whether y still fits the rest
+    rest = st.free.copy()
+    for i in nodes:
+        rest[i] -= 4
+    assert plan.admit == (["x", "y"] if (rest >= 8).any() else ["x"])
+    assert st.free.tolist() == [4, 4, 8]
