@@ -754,7 +754,13 @@ class Controller:
         if plan.preempt and plan.blocked:
             # the preemptor is served before every queue until it starts (like a nominated pod)
             await self._each(lambda j: self.patch_status(j, {"nominated": True}), [jobs[plan.blocked]], now)
-        await self._each(lambda j: self.admit(j, now), [jobs[k] for k in plan.admit], now)
+        # one gang after the other, in the order admission planned them: kube-scheduler
+        # takes pods of equal priority in the order they arrive, so the gangs are placed
+        # in that order too, each around the ones before it, as admission's room check
+        # (the extender's placement) assumed; created concurrently, a later gang could
+        # take the nodes planned for an earlier one (found by the twin check)
+        for k in plan.admit:
+            await self._contain(jobs[k], lambda j: self.admit(j, now), now)
 
         running = [r for r in running if r.key not in plan.preempt]
         state = after_admission(snap.state, waiting, plan)
