@@ -82,3 +82,45 @@ def test_gangs_of_one_cycle_are_placed_as_the_simulator_places_them():
     assert got == want
     assert sizes == ["2", "2", "3", "3", "3", "2", "2"]
 
+
+def test_an_added_worker_is_placed_as_the_extender_places_its_pod():
+    """A scale-up worker: the operator's pod says ``rlsched.dev/gang-size`` = the new
+    count, so the extender scores it as the last worker of a job of ``n + 1``; the
+    engine placed it as one more worker of a job of ``n`` (``JobView.workers`` still the
+    old count), which counts the gang's GPUs one worker short in DAS's room and learned
+    terms and picks another node on such a state (job j: 2 × 4 GPUs on gpu-2 and gpu-0;
+    free 2, 8, 0, 6)."""
+    from rlsched.sim import Simulator
+    from rlsched.sim.job import JobSpec
+
+    topo = default_topology()
+    names = [n.name for n in topo.nodes]
+    fixed = dict(submit_time=0.0, duration=1000.0)
+    specs = [JobSpec("f0", gpus_per_worker=2, **fixed), JobSpec("f2", gpus_per_worker=4, **fixed),
+             JobSpec("f3", gpus_per_worker=2, **fixed),
+             JobSpec("j", workers=2, gpus_per_worker=4, min_workers=2, max_workers=3, **fixed)]
+    where = {"f0": [0], "f2": [2], "f3": [3], "j": [2, 0]}
+
+    sim = Simulator(specs, topo)  # no policies: the test starts the jobs where it wants
+    sim.advance_until(0.0)
+    for s in specs:
+        sim.start(s.id, where[s.id])
+    sim.placement = serving_placement("das", DEFAULT_MODEL)  # then DAS places added workers
+    assert sim.state.free.tolist() == [2, 8, 0, 6]
+    (rj,) = [r for r in sim.elastic_jobs() if r.key == "j"]
+    planned = sim._place_one(rj, sim.state)  # the scaling planner's room check
+    assert sim.scale("j", 1)  # and the engine's own choice
+    engine = sim.job("j").placement[-1]
+    assert planned == engine
+
+    ext = build_extender("das", DEFAULT_MODEL)
+    ext.cache.replace_nodes(node_list(topo)["items"])
+    ext.cache.replace_pods(
+        [_bound(worker_pod(_job(s.id), k, s.gpus_per_worker, gang_size=len(where[s.id])), names[i])
+         for s in specs for k, i in enumerate(where[s.id])])
+    pod = worker_pod(_job("j"), 2, 4, scheduler_name="rlsched", gang_size=3)  # reconcile_pods(target=3)
+    pod["metadata"]["uid"] = "uid-j-2"
+    free = ext.cache.state().free
+    cand = [n for n in names if free[names.index(n)] >= 4]
+    scores = ext.prioritize_now(decode_args(orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": cand})))
+    assert cand[int(np.argmax(scores))] == names[engine]
