@@ -987,7 +987,8 @@ class Controller:
         for idx in missing:
             try:
                 pod = worker_pod(j.body, idx, j.spec.gpus_per_worker,
-                                 scheduler_name=self.config.scheduler_name, grace_period_s=self.config.grace_period_s)
+                                 scheduler_name=self.config.scheduler_name, grace_period_s=self.config.grace_period_s,
+                                 gang_size=target)
             except ValueError as exc:  # WorkerGPUError, ShapeError: the template cannot make a worker
                 raise JobRejected("Valid", "InvalidSpec", str(exc)) from exc
             name = pod["metadata"]["name"]

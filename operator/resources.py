@@ -19,6 +19,7 @@ import copy
 from typing import Any, Mapping
 
 from rlsched.core.contract import (
+    ANNOTATION_GANG_SIZE,
     API_VERSION,
     DEFAULT_SCHEDULER_NAME,
     ENV_INDEX,
@@ -89,8 +90,15 @@ def worker_pod(
     *,
     scheduler_name: str = DEFAULT_SCHEDULER_NAME,
     grace_period_s: int = 30,
+    gang_size: int | None = None,
 ) -> dict:
-    """The pod of worker ``index`` (0 is the chief) from the job's pod template."""
+    """The pod of worker ``index`` (0 is the chief) from the job's pod template.
+
+    ``gang_size``: the job's worker count this pod is created for, written as
+    ``rlsched.dev/gang-size`` so the extender scores every worker of a gang as one
+    worker of that many (the DAS room and learned terms count the whole gang's GPUs,
+    as ``Placement.place`` and the simulator do); without it the extender sees the
+    first worker of a gang as a job of one worker (found by the twin check)."""
     md = body["metadata"]
     job = md["name"]
     template = copy.deepcopy(body["spec"]["template"])
@@ -119,7 +127,8 @@ def worker_pod(
             "name": worker_name(job, index),
             "namespace": md["namespace"],
             "labels": labels,
-            "annotations": dict(tmd.get("annotations") or {}),
+            "annotations": {**(tmd.get("annotations") or {}),
+                            **({ANNOTATION_GANG_SIZE: str(int(gang_size))} if gang_size else {})},
             "ownerReferences": [owner_reference(body)],
         },
         "spec": pod_spec,

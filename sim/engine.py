@@ -58,6 +58,7 @@ epoch ``ScalingPlanner.finished`` reports (tests/sim/test_elastic_planner.py).
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import logging
 import math
@@ -97,6 +98,17 @@ _PENDING, _RUNNING, _DONE, _DROPPED, _FUTURE = 0, 1, 2, 3, 4
 _KEY_ORDERINGS = frozenset({"fifo", "sjf", "srtf", "tetris", "tiresias"})
 #: ... whose relative order of two pending jobs never changes while they wait
 _STATIC_ORDERINGS = frozenset({"fifo", "sjf", "srtf", "tiresias"})
+
+
+def _grown(v: JobView, delta: int) -> JobView:
+    """``v`` as the placement sees it while adding ``delta`` workers: the job at its new
+    size with its current placement, as every worker of a gang is placed (``workers``
+    the gang, ``placement`` the workers placed so far) and as the extender scores an
+    added worker pod (its ``rlsched.dev/gang-size`` is the new count). Placing it as a
+    job of its old size counted the gang's GPUs one worker short in DAS's room and
+    learned terms (found by the twin check)."""
+    return dataclasses.replace(v, workers=v.workers + delta, max_workers=max(v.max_workers, v.workers + delta),
+                               placement=list(v.placement))
 
 
 @dataclass(frozen=True)
@@ -1030,7 +1042,7 @@ class Simulator:
             if nodes is None:
                 if self.placement is None:
                     raise ValueError("no nodes given and no placement policy to choose them")
-                nodes = self.placement.place(v, self.state, workers=delta)
+                nodes = self.placement.place(_grown(v, delta), self.state, workers=delta)
                 if nodes is None:
                     return False
             nodes = list(nodes)
@@ -1140,7 +1152,7 @@ class Simulator:
         if self.placement is None:
             c = state.candidates(v.gpus_per_worker, v.gpu_models)
             return int(c[np.argmin(state.free[c])]) if len(c) else None
-        nodes = self.placement.place(v, state, workers=1)
+        nodes = self.placement.place(_grown(v, 1), state, workers=1)
         return int(nodes[0]) if nodes else None
 
     def training_curve(self, job_id: str) -> tuple[ConvergenceModel | None, float]:
