@@ -52,8 +52,10 @@ class JobView:
 
     ``workers`` is the current worker count of a running job or the count it asks to
     start with when pending. ``placement`` holds the node index of every worker.
-    Durations are seconds; ``est_runtime`` is the runtime at ``workers`` workers and
-    ideal placement as the user/trace estimates it (what SJF sorts on).
+    Durations are seconds. ``est_runtime`` is the user's run-time estimate from the job
+    spec (0: none given; what SJF sorts on) and ``remaining`` core's estimate of the time
+    left (:func:`rlsched.core.estimate.estimate_remaining`); neither is ever the true run
+    time, except in the simulator's labelled clairvoyant reference runs.
     """
 
     id: str

@@ -111,7 +111,7 @@ import numpy as np
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from rlsched.core import ClusterState, Progress, make_ordering, make_scaling
+from rlsched.core import ClusterState, JobView, Progress, make_ordering, make_placement, make_scaling
 from rlsched.core.contract import ANNOTATION_EVENT_TIME as EVENT_TIME_ANNOTATION
 from rlsched.core.contract import ANNOTATION_PRIORITY_REQUESTS as REQUESTS_ANNOTATION
 from rlsched.core.contract import (
@@ -529,6 +529,7 @@ class Controller:
         )
         self.planner = ScalingPlanner(build_scaling(config.scaling, config.scaling_model), patience=config.patience)
         self.placement = build_placement(config.placement, config.placement_model)
+        self._fallback_placement = make_placement("bestfit")
         self.pod_security = PodSecurityGate(self.core, self.read_json, config)
         self.cycles = 0
         self.last_plan: AdmissionPlan | None = None
@@ -746,7 +747,7 @@ class Controller:
         for lst in (waiting, running, holders):
             lst.sort(key=lambda e: order[e.key])
 
-        plan = self.queues.plan(waiting, holders, snap.state, snap.releasing, place=self.placement.place)
+        plan = self.queues.plan(waiting, holders, snap.state, snap.releasing, place=self._place)
         self.last_plan = plan
         await self._each(lambda j: self._schedulable(j, plan.unfittable.get(j.key), now),
                          [jobs[e.key] for e in waiting], now)
@@ -796,6 +797,17 @@ class Controller:
                 self.metrics.job_errors.labels(kind="transient").inc()
                 log.warning("RBAC sweep failed, retried later: %r", exc)
         self._metrics(jobs, plan)
+
+    def _place(self, job: JobView, state: ClusterState) -> list[int] | None:
+        """Admission's room check: the gang's nodes as the extender's placement would
+        choose them; a placement that fails (a policy bug) must not stop admission, so
+        best fit decides instead and the error is logged."""
+        try:
+            return self.placement.place(job, state)
+        except Exception:  # noqa: BLE001 - any policy bug; logged with its traceback
+            log.exception("placement %s failed on job %s; admission checks room with bestfit",
+                          self.placement.name, job.id)
+            return self._fallback_placement.place(job, state)
 
     async def _each(self, fn, jobs, now: float) -> None:
         """Run ``fn(job)`` for every job, at most ``config.parallelism`` at a time; an
