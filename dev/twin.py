@@ -723,7 +723,7 @@ def run_live(jobs: Sequence[JobSpec], env, cfg: TwinConfig, workdir: Path, *,
         procs.append(op)
         wait_for(lambda: http_ok(f"http://127.0.0.1:{mport}/metrics"), 60, "operator /metrics", op, every=0.2)
         sim = make_simulator(jobs, env.topology, cfg)
-        models = {s.id: sim.convergence(s.id) for s in jobs}
+        models = {s.id: sim.training_curve(s.id)[0] for s in jobs}
         trainer = ReplayTrainer(api, ns, jobs, models, env.topology, time_scale=cfg.time_scale,
                                 restart_cost_sim=cfg.restart_cost_sim, tick_s=cfg.tick_s)
         thread = threading.Thread(target=trainer.run_until, args=(stop,), name="twin-trainer", daemon=True)

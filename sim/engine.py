@@ -499,11 +499,6 @@ class Simulator:
             decisions=list(self._decisions or ()),
         )
 
-    def convergence(self, job_id: str) -> ConvergenceModel | None:
-        """The job's seeded convergence model (None for fixed-duration jobs): what a
-        replaying trainer needs to report the accuracies this run reports."""
-        return self._by_id[job_id].conv
-
     def ideal_runtime(self, job_id: str) -> float:
         """Run time at the job's requested workers and ideal placement: the engine's
         secret (metrics, tests), never a policy input unless ``SimConfig.clairvoyant``."""
@@ -678,20 +673,21 @@ class Simulator:
             self._schedule_pass()
         log.warning("t=%g: preemption did not settle; %d jobs still pending", self.now, len(st.pending))
 
+    def _gang_spec(self, v: JobView) -> TrainingSpec:
+        """The job as core's admission sees it: its gang is the workers it has (or
+        starts with), its class and priority."""
+        return TrainingSpec(
+            min_workers=v.workers, max_workers=max(v.workers, v.max_workers), gpus_per_worker=v.gpus_per_worker,
+            priority_class=self._by_id[v.id].spec.priority_class, priority_value=v.priority,
+        )
+
     def _entry(self, v: JobView) -> QueueEntry:
         """The waiting job as core's admission sees it (its gang: the workers it starts with)."""
-        spec = TrainingSpec(
-            min_workers=v.workers, max_workers=max(v.workers, v.max_workers), gpus_per_worker=v.gpus_per_worker,
-            priority_class=self._by_id[v.id].spec.priority_class, priority_value=v.priority,
-        )
-        return QueueEntry(key=v.id, spec=spec, submit_time=v.submit_time, priority=v.priority, queue=v.queue, job=v)
+        return QueueEntry(key=v.id, spec=self._gang_spec(v), submit_time=v.submit_time, priority=v.priority,
+                          queue=v.queue, job=v)
 
     def _running_entry(self, v: JobView) -> RunningEntry:
-        spec = TrainingSpec(
-            min_workers=v.workers, max_workers=max(v.workers, v.max_workers), gpus_per_worker=v.gpus_per_worker,
-            priority_class=self._by_id[v.id].spec.priority_class, priority_value=v.priority,
-        )
-        return RunningEntry(key=v.id, spec=spec, priority=v.priority, start_time=float(v.start_time),
+        return RunningEntry(key=v.id, spec=self._gang_spec(v), priority=v.priority, start_time=float(v.start_time),
                             placement=list(v.placement), job=v)
 
     def _preempt_once(self) -> bool:
