@@ -142,10 +142,13 @@ class Tolerances:
     * preemptions: the same (victim, preemptor) multiset, exactly;
     * scaling: each job's sequence of worker changes, each with the evaluation (epoch)
       it acted on (the operator's Event names the accuracy gain it saw, which picks
-      the epoch among the trainer's reports); at most ``scale_edits``
-      insertions/deletions/substitutions per job (a scale-up decided within one
-      latency of another job's finish or admission can see the GPUs in one run and not
-      in the other);
+      the epoch among the trainer's reports); two steps match when their directions
+      are the same and their epochs differ by at most ``scale_epoch_slack``
+      evaluations, and at most ``scale_edits`` insertions/deletions/substitutions of
+      unmatched steps are allowed per job. Both forgive the live clock: a step decided
+      within one latency of another job's finish or admission sees the GPUs one
+      evaluation earlier or later in one run than in the other (and the job's later
+      steps shift with it), or not at all;
     * JCT: ``|live - sim| <= L * (jct_base + jct_per_decision * d) + jct_rel * sim``
       where ``d`` counts the decisions on the job's path: its own admissions, resizes
       and preemptions and the completions it waited for in the queue (each hand-off
@@ -154,6 +157,7 @@ class Tolerances:
 
     order_latencies: float = 2.0
     scale_edits: int = 1
+    scale_epoch_slack: int = 1
     jct_base: float = 3.0
     jct_per_decision: float = 1.5
     jct_rel: float = 0.03
@@ -780,13 +784,24 @@ def run_live(jobs: Sequence[JobSpec], env, cfg: TwinConfig, workdir: Path, *,
 
 
 # --------------------------------------------------------------------------- comparison
-def _edits(a: Sequence, b: Sequence) -> int:
-    """Levenshtein distance of two short sequences."""
+def _same_step(x: tuple, y: tuple, slack: int) -> bool:
+    """Two (delta, epoch) steps match: the same direction, epochs at most ``slack``
+    apart (an unknown epoch matches only an unknown one)."""
+    if x[0] != y[0]:
+        return False
+    if x[1] is None or y[1] is None:
+        return x[1] is None and y[1] is None
+    return abs(x[1] - y[1]) <= slack
+
+
+def _edits(a: Sequence, b: Sequence, slack: int = 0) -> int:
+    """Levenshtein distance of two short sequences of (delta, epoch) steps, two steps
+    being equal when :func:`_same_step` with ``slack`` says so."""
     prev = list(range(len(b) + 1))
     for i, x in enumerate(a, 1):
         cur = [i]
         for j, y in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (x != y)))
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (not _same_step(x, y, slack))))
         prev = cur
     return prev[-1]
 
@@ -871,8 +886,9 @@ def compare(sim: Mapping, live: Mapping, *, latency: float, tol: Tolerances = To
     for j in jobs:
         s_seq = [(d["delta"], d.get("epoch")) for d in sorted(sd, key=lambda d: d["t"]) if d["job"] == j and d["kind"] == "scale"]
         l_seq = [(d["delta"], d.get("epoch")) for d in sorted(ld, key=lambda d: d["t"]) if d["job"] == j and d["kind"] == "scale"]
-        e = _edits(s_seq, l_seq)
-        per_job[j] = {"sim": s_seq, "live": l_seq, "edits": e}
+        exact = _edits(s_seq, l_seq)
+        e = _edits(s_seq, l_seq, tol.scale_epoch_slack)
+        per_job[j] = {"sim": s_seq, "live": l_seq, "edits": e, "exact_edits": exact}
         if e > tol.scale_edits:
             bad.append(j)
     n_s = sum(len(v["sim"]) for v in per_job.values())
@@ -884,7 +900,7 @@ def compare(sim: Mapping, live: Mapping, *, latency: float, tol: Tolerances = To
 
     report["scaling"] = {"jobs": per_job, "sim_steps": n_s, "live_steps": n_l,
                          "sim_up_down": updown("sim"), "live_up_down": updown("live"),
-                         "identical_jobs": sum(1 for v in per_job.values() if v["edits"] == 0),
+                         "identical_jobs": sum(1 for v in per_job.values() if v["exact_edits"] == 0),
                          "same_directions_jobs": report_same_direction,
                          "beyond_tolerance": bad, "ok": not bad}
 

@@ -161,6 +161,18 @@ def test_comparison_flags_scaling_beyond_one_edit_and_at_another_epoch(sim):
     assert compare(sim, copy.deepcopy(sim), latency=CFG.latency_sim, tol=Tolerances(scale_edits=0))["ok"]
 
 
+def test_scaling_steps_match_within_one_evaluation():
+    """A job's steps shifted by one evaluation (a race with another job's finish that
+    cascades) match; two evaluations, or the other direction, do not."""
+    from rlsched_dev.twin import _edits
+
+    sim = [(1, 4), (1, 5)]
+    assert _edits(sim, [(1, 3), (1, 4)], 1) == 0 and _edits(sim, [(1, 3), (1, 4)]) == 2
+    assert _edits(sim, [(1, 2), (1, 3)], 1) == 2
+    assert _edits(sim, [(1, 4), (-1, 5)], 1) == 1
+    assert _edits([(1, None)], [(1, None)], 1) == 0 and _edits([(1, None)], [(1, 0)], 1) == 1
+
+
 def test_live_log_from_events():
     t0, k = 1000.0, 10.0
     events = [
