@@ -1,0 +1,239 @@
+"""The allocation-policy interface: a policy that decides, at every scheduling
+interval, every job's GPUs at once.
+
+Orderings and placements (:mod:`rlsched.core.policy`) start one waiting job at a time
+and the scaling planner adds or removes one worker; an *allocator* instead returns the
+whole cluster's allocation each interval, so it may start, stop (preempt), migrate,
+shrink and grow any job, and choose its batch size. This is how the peers of the
+published benchmarks decide (Tiresias, Optimus, Pollux; Qiao et al., OSDI'21 §5), and
+the only way an outside policy can be run fairly in our engine.
+
+An allocator sees what a live scheduler could know of each job (:class:`AllocJob`):
+its application and request, age, attained service, restarts, its current allocation
+and batch size, its reported epoch and progress, the gradient statistics the job
+measures while it trains, and the throughput samples it has measured on the
+placements it ran on. Only an allocator that declares itself ``clairvoyant`` (a
+labelled reference such as Optimus+Oracle, never a baseline) is also given
+:class:`Oracle` facts: the job's true remaining work and its true speed.
+
+The engine (:class:`rlsched.sim.interval.IntervalSimulator`) applies the result: a job
+whose node list changes pays the restart cost; a job left out gets no GPUs and keeps
+its progress (checkpointed).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Mapping, Protocol, Sequence, runtime_checkable
+
+__all__ = [
+    "AllocationError",
+    "ProfileSample",
+    "AppLimits",
+    "Oracle",
+    "AllocJob",
+    "AllocNode",
+    "Allocation",
+    "Allocator",
+    "check_allocations",
+    "fixed_batch",
+    "packed",
+]
+
+
+class AllocationError(ValueError):
+    """An allocator returned an allocation the cluster cannot honour (unknown job or
+    node, more GPUs than a node has, replicas or batch size out of the job's bounds)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileSample:
+    """One throughput measurement a job made on a placement it ran on: seconds per
+    step (``step_time``, of which ``sync_time`` is gradient synchronisation) with
+    ``num_replicas`` GPUs over ``num_nodes`` nodes at ``atomic_bsz`` samples per GPU."""
+
+    num_nodes: int
+    num_replicas: int
+    atomic_bsz: int
+    step_time: float
+    sync_time: float
+
+
+@dataclass(frozen=True, slots=True)
+class AppLimits:
+    """What the job's application allows: its initial (tuned, single-GPU) batch size,
+    the largest total batch size it may train at, and the per-GPU batch range that
+    fits a GPU's memory (larger local batches use gradient accumulation)."""
+
+    init_batch_size: int
+    max_batch_size: int
+    min_local_bsz: int
+    max_local_bsz: int
+
+
+@dataclass(frozen=True, slots=True)
+class Oracle:
+    """Clairvoyant facts, given only to allocators with ``clairvoyant = True``.
+
+    ``remaining_progress``: the efficiency-weighted progress the job still needs
+    (the same unit as :attr:`AllocJob.progress`); ``progress_rate[k]``: progress per
+    second on ``k`` GPUs packed on as few nodes as possible, at the job's batch size
+    and its current statistical efficiency (k = 1 .. the job's max replicas)."""
+
+    remaining_progress: float
+    progress_rate: Mapping[int, float]
+
+
+@dataclass(slots=True)
+class AllocJob:
+    """A submitted, unfinished job as an allocator sees it.
+
+    ``allocation``: node index of each replica it holds now (empty: none).
+    ``target_replicas`` / ``target_batch_size``: what the user asked for (a fixed-size
+    job runs exactly that; an adaptive policy may ignore them). ``batch_size``,
+    ``atomic_bsz``, ``accum_steps``: the job's current total batch size, per-GPU batch
+    and gradient-accumulation steps (0 when it holds no GPUs). ``progress``: reported
+    efficiency-weighted progress in steps at the initial batch size; ``epoch``: epochs
+    completed; ``grad_sqr``/``grad_var``: the squared gradient norm and gradient
+    variance the job measured most recently (the gradient noise scale's inputs;
+    Pollux's statistical-efficiency model). ``profile``: throughput samples it measured.
+    """
+
+    id: str
+    submit_time: float
+    application: str
+    age: float
+    attained_service: float  # GPU-seconds
+    num_restarts: int
+    allocation: tuple[int, ...]
+    target_replicas: int | None
+    target_batch_size: int | None
+    min_replicas: int
+    max_replicas: int
+    limits: AppLimits
+    batch_size: int = 0
+    atomic_bsz: int = 0
+    accum_steps: int = 0
+    epoch: int = 0
+    progress: float = 0.0
+    grad_sqr: float | None = None
+    grad_var: float | None = None
+    profile: tuple[ProfileSample, ...] = ()
+    oracle: Oracle | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AllocNode:
+    """A node: its index in the cluster and its GPUs."""
+
+    index: int
+    gpus: int
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """One job's allocation: the node of each replica (``()``: no GPUs), and
+    optionally its per-GPU batch and accumulation steps (``None``: the engine derives
+    them from the job's target batch size, :func:`fixed_batch`)."""
+
+    nodes: tuple[int, ...] = ()
+    atomic_bsz: int | None = None
+    accum_steps: int | None = None
+
+    @property
+    def replicas(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def batch_size(self) -> int | None:
+        if self.atomic_bsz is None:
+            return None
+        return self.replicas * self.atomic_bsz * ((self.accum_steps or 0) + 1)
+
+
+@runtime_checkable
+class Allocator(Protocol):
+    """Decides every job's GPUs each scheduling interval.
+
+    ``name``: how results and tables name it. ``clairvoyant``: it reads
+    :attr:`AllocJob.oracle` (a labelled reference run, never a baseline).
+    ``allocate`` returns an :class:`Allocation` per job id; a job left out gets no
+    GPUs. It may keep state between calls (it is called once per interval, in time
+    order, by one engine)."""
+
+    name: str
+    clairvoyant: bool
+
+    def allocate(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], now: float) -> Mapping[str, Allocation]: ...
+
+
+def fixed_batch(batch_size: int, replicas: int, limits: AppLimits) -> tuple[int, int]:
+    """``(atomic_bsz, accum_steps)`` that train ``batch_size`` on ``replicas`` GPUs:
+    the per-GPU share, split into accumulation steps when it exceeds the largest local
+    batch that fits a GPU, and at least one accumulation step on a single GPU above
+    the initial batch size (as the measured runs did, Pollux artifact). The per-GPU
+    batch never drops below the application's smallest."""
+    if replicas < 1 or batch_size < 1:
+        raise AllocationError(f"need replicas >= 1 and batch_size >= 1, got {replicas}, {batch_size}")
+    local = -(-batch_size // replicas)
+    accum = -(-local // limits.max_local_bsz) - 1
+    if replicas == 1 and batch_size > limits.init_batch_size:
+        accum = max(accum, 1)
+    atomic = -(-local // (accum + 1))
+    return max(atomic, limits.min_local_bsz), accum
+
+
+def packed(replicas: int, free: Mapping[int, int]) -> tuple[int, ...] | None:
+    """Node of each of ``replicas`` GPUs on as few nodes as possible: the nodes with
+    the most free GPUs first (ties by index). None when they do not fit."""
+    if replicas <= 0:
+        return ()
+    if sum(free.values()) < replicas:
+        return None
+    out: list[int] = []
+    for idx, n in sorted(free.items(), key=lambda kv: (-kv[1], kv[0])):
+        take = min(n, replicas - len(out))
+        out.extend([idx] * take)
+        if len(out) == replicas:
+            break
+    return tuple(out)
+
+
+def check_allocations(
+    jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], result: Mapping[str, Allocation]
+) -> None:
+    """Raise :class:`AllocationError` unless ``result`` is a valid allocation of
+    ``jobs`` on ``nodes``: known jobs and nodes, no node over its GPUs, each job's
+    replicas within ``[min_replicas, max_replicas]`` (or none), a positive per-GPU
+    batch within the application's limits and a total batch within its maximum."""
+    by_id = {j.id: j for j in jobs}
+    gpus = {n.index: n.gpus for n in nodes}
+    used: Counter[int] = Counter()
+    for jid, a in result.items():
+        j = by_id.get(jid)
+        if j is None:
+            raise AllocationError(f"allocation for unknown job {jid!r}")
+        if not isinstance(a, Allocation):
+            raise AllocationError(f"job {jid}: expected an Allocation, got {type(a).__name__}")
+        if not a.nodes:
+            continue
+        if not j.min_replicas <= a.replicas <= j.max_replicas and a.replicas > 0:
+            raise AllocationError(f"job {jid}: {a.replicas} replicas outside [{j.min_replicas}, {j.max_replicas}]")
+        for i in a.nodes:
+            if i not in gpus:
+                raise AllocationError(f"job {jid}: unknown node {i!r}")
+        used.update(a.nodes)
+        if a.atomic_bsz is not None:
+            lim = j.limits
+            if a.atomic_bsz < 1 or (a.accum_steps or 0) < 0:
+                raise AllocationError(f"job {jid}: per-GPU batch {a.atomic_bsz} / accumulation {a.accum_steps} invalid")
+            if a.atomic_bsz > lim.max_local_bsz:
+                raise AllocationError(f"job {jid}: per-GPU batch {a.atomic_bsz} above the application's {lim.max_local_bsz}")
+            if a.batch_size > lim.max_batch_size:
+                raise AllocationError(f"job {jid}: batch size {a.batch_size} above the application's {lim.max_batch_size}")
+    for i, n in used.items():
+        if n > gpus[i]:
+            raise AllocationError(f"node {i}: {n} GPUs allocated, it has {gpus[i]}")
+

@@ -1,0 +1,334 @@
+"""Measured jobs: speed and convergence read from real profiles, not invented curves.
+
+The profiles are the Pollux OSDI'21 simulator data (``<data>/pollux-osdi21/traces/<app>/``;
+Qiao et al., "Pollux: Co-adaptive Cluster Scheduling for Goodput-Optimized Deep
+Learning", OSDI 2021). For each of six applications they hold
+
+* ``placements.csv`` (``placement,local_bsz,step_time,sync_time``): seconds per step
+  measured on a 16-node × 4-GPU testbed for placements of up to four nodes, a
+  placement written one digit per node (the GPUs used there), and
+  ``scalability.csv`` (``num_nodes,num_replicas,local_bsz,...``) at 6 to 16 nodes;
+* ``validation-<B>.csv`` (``progress,iteration,metric,grad_sqr,grad_var``): a real
+  training run at total batch size ``B``, one row per epoch.
+
+The model, from the paper's description (§3 and §4) and these columns:
+
+* **Step time** of ``r`` GPUs placed ``placement`` (GPUs per node) at ``b`` samples
+  per GPU: linear in ``b`` between the measured per-GPU batches of that placement
+  (any rotation or order of its digits counts as the same placement); a placement
+  that was not measured is interpolated over (nodes, GPUs, per-GPU batch) from every
+  measurement of the application (:meth:`Application.step_time`). With gradient
+  accumulation (``s`` extra steps per update) an update costs
+  ``step_time + s × (step_time − sync_time)``.
+* **Statistical efficiency** (the gradient noise scale, McCandlish et al. 2018, as
+  used by Pollux): at total batch ``M`` with initial batch ``M0``, one update makes
+  ``gain = (var + sqr) / (var / (M / M0) + sqr)`` steps of progress at ``M0``, with
+  ``sqr``/``var`` the run's ``grad_sqr``/``grad_var`` during the current epoch
+  (interpolated between the two measured batch sizes around ``M``).
+* **Progress** is counted in steps at the initial batch size, efficiency-weighted (the
+  data's ``progress`` column): a job gains ``gain / update_time`` per second. Epoch
+  ``e`` ends at the smallest progress any measured run had after ``e`` epochs.
+* **Completion**: each measured run trains for its application's full schedule and
+  ends at (or just past) the paper's target metric (cifar10 94 % top-1, imagenet 75 %,
+  bert F1 88, ncf hit rate 0.69, ...); a job completes when its progress reaches the
+  end of that schedule (:attr:`Application.target_progress`) — the rule of the
+  paper's simulator, so its published figures are comparable.
+
+Nothing here is a policy input by itself: the engine (:mod:`rlsched.sim.interval`)
+keeps the truth and shows a policy what the job measured
+(:class:`rlsched.core.allocation.AllocJob`).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from rlsched.core.allocation import AppLimits
+
+__all__ = [
+    "MeasuredJobSpec",
+    "Application",
+    "ProfileError",
+    "load_applications",
+    "APPLICATIONS",
+    "MAX_LOCAL_BSZ",
+    "placement_of",
+]
+
+#: the six applications of the data, in the paper's Table 1
+APPLICATIONS = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
+#: per-GPU batch limits narrower than the measured range (GPU memory): yolov3 fits 8
+#: samples per GPU (Pollux artifact's application table)
+MAX_LOCAL_BSZ = {"yolov3": 8}
+
+
+class ProfileError(ValueError):
+    """A measured profile is missing or malformed; the message names the file."""
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredJobSpec:
+    """A job of a measured workload: its application and the user's request."""
+
+    id: str
+    submit_time: float
+    application: str
+    num_replicas: int
+    batch_size: int
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise ValueError("job id must not be empty")
+        if self.submit_time < 0 or not math.isfinite(self.submit_time):
+            raise ValueError(f"job {self.id}: submit_time must be finite and >= 0")
+        if self.num_replicas < 1 or self.batch_size < 1:
+            raise ValueError(f"job {self.id}: need num_replicas >= 1 and batch_size >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "MeasuredJobSpec":
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown job keys {sorted(unknown)}")
+        return cls(str(d["id"]), float(d["submit_time"]), str(d["application"]), int(d["num_replicas"]),
+                   int(d["batch_size"]))
+
+
+def placement_of(nodes: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    """GPUs per node used (in first-use order) of a node-per-replica list."""
+    counts: dict[int, int] = {}
+    for i in nodes:
+        counts[i] = counts.get(i, 0) + 1
+    return tuple(counts.values())
+
+
+def _read(path: Path, columns: tuple[str, ...]) -> dict[str, list[str]]:
+    try:
+        with open(path, newline="") as f:
+            r = csv.DictReader(f)
+            missing = [c for c in columns if c not in (r.fieldnames or ())]
+            if missing:
+                raise ProfileError(f"{path}: missing columns {missing}")
+            rows = list(r)
+    except OSError as e:
+        raise ProfileError(f"{path}: {e.strerror or e}") from None
+    if not rows:
+        raise ProfileError(f"{path}: no rows")
+    return {c: [row[c] for row in rows] for c in columns}
+
+
+def _floats(path: Path, col: dict[str, list[str]], name: str) -> np.ndarray:
+    try:
+        a = np.array([float(x) for x in col[name]], dtype=float)
+    except ValueError as e:
+        raise ProfileError(f"{path}: column {name}: {e}") from None
+    if not np.isfinite(a).all():
+        raise ProfileError(f"{path}: column {name} has non-finite values")
+    return a
+
+
+class Application:
+    """One application's measured profile (see the module docstring)."""
+
+    def __init__(self, folder: Path, *, max_local_bsz: int | None = None) -> None:
+        folder = Path(folder)
+        self.name = folder.name
+        # ---- throughput
+        p = folder / "placements.csv"
+        c = _read(p, ("placement", "local_bsz", "step_time", "sync_time"))
+        bsz, step, sync = (_floats(p, c, k) for k in ("local_bsz", "step_time", "sync_time"))
+        by_place: dict[tuple[int, ...], list[tuple[float, float, float]]] = {}
+        for s, b, t, y in zip(c["placement"], bsz, step, sync):
+            if not s.isdigit():
+                raise ProfileError(f"{p}: placement {s!r} is not a digit string")
+            by_place.setdefault(tuple(int(ch) for ch in s if ch != "0"), []).append((b, t, y))
+        #: measured placement (GPUs per node) -> (per-GPU batch, step time, sync time) sorted by batch
+        self._placements = {k: tuple(np.array(x) for x in zip(*sorted(v))) for k, v in by_place.items()}
+        # (nodes, replicas) -> the same, from both files (means where a pair repeats)
+        grid: dict[tuple[int, int], dict[float, list[tuple[float, float]]]] = {}
+        for k, (b, t, y) in self._placements.items():
+            g = grid.setdefault((len(k), sum(k)), {})
+            for bi, ti, yi in zip(b, t, y):
+                g.setdefault(float(bi), []).append((ti, yi))
+        s = folder / "scalability.csv"
+        if s.exists():
+            c2 = _read(s, ("num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time"))
+            n2, r2, b2, t2, y2 = (_floats(s, c2, k) for k in ("num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time"))
+            for n, r, b, t, y in zip(n2, r2, b2, t2, y2):
+                grid.setdefault((int(n), int(r)), {}).setdefault(float(b), []).append((t, y))
+        self._grid = {
+            k: (np.array(sorted(v)), np.array([np.mean([a for a, _ in v[b]]) for b in sorted(v)]),
+                np.array([np.mean([y for _, y in v[b]]) for b in sorted(v)]))
+            for k, v in grid.items()
+        }
+        self._grid_nodes = sorted({n for n, _ in self._grid})
+        self._cache: dict[tuple, tuple[float, float]] = {}
+        # ---- convergence
+        runs: dict[int, dict[str, np.ndarray]] = {}
+        for v in folder.glob("validation-*.csv"):
+            try:
+                b = int(v.stem.split("-", 1)[1])
+            except ValueError:
+                raise ProfileError(f"{v}: file name must be validation-<batch size>.csv") from None
+            cv = _read(v, ("progress", "iteration", "metric", "grad_sqr", "grad_var"))
+            runs[b] = {k: _floats(v, cv, k) for k in ("progress", "iteration", "metric", "grad_sqr", "grad_var")}
+        if not runs:
+            raise ProfileError(f"{folder}: no validation-<batch size>.csv")
+        self._runs = dict(sorted(runs.items()))
+        self._bsizes = np.array(list(self._runs), dtype=float)
+        #: epochs of the schedule: the shortest measured run
+        self.max_epochs = min(len(r["progress"]) for r in self._runs.values())
+        prog = np.array([r["progress"][: self.max_epochs] for r in self._runs.values()])
+        #: progress at the end of each epoch e = 1..max_epochs (smallest over the runs)
+        self.epoch_progress = prog.min(axis=0)
+        first = next(iter(self._runs.values()))["metric"]
+        #: the metric improves upwards (accuracy, F1) or downwards (WER, loss)
+        self.higher_is_better = bool(first[0] < first[-1])
+        lo_local = int(min(int(b.min()) for b, _, _ in self._placements.values()))
+        hi_local = int(max(int(b.max()) for b, _, _ in self._placements.values()))
+        if max_local_bsz is not None:
+            hi_local = min(hi_local, max_local_bsz)
+        self.limits = AppLimits(
+            init_batch_size=int(min(self._runs)), max_batch_size=int(max(self._runs)),
+            min_local_bsz=lo_local, max_local_bsz=hi_local,
+        )
+
+    # ------------------------------------------------------------------ throughput
+    @property
+    def target_progress(self) -> float:
+        """Progress at which a job completes: the end of the measured schedule."""
+        return float(self.epoch_progress[-1])
+
+    def measured(self, placement: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The measured placement equal to ``placement`` up to rotation and order, or None."""
+        key = tuple(x for x in placement if x)
+        if key in self._placements:
+            return key
+        for k in range(1, len(key)):
+            rot = key[k:] + key[:k]
+            if rot in self._placements:
+                return rot
+        srt = tuple(sorted(key))
+        for cand in (srt, srt[::-1]):
+            if cand in self._placements:
+                return cand
+        for cand in self._placements:
+            if len(cand) == len(key) and sorted(cand) == list(srt):
+                return cand
+        return None
+
+    def step_time(self, placement: tuple[int, ...], atomic_bsz: float) -> tuple[float, float]:
+        """(step time, sync time) in seconds of ``placement`` (GPUs per node) at
+        ``atomic_bsz`` samples per GPU; see the module docstring."""
+        key = (tuple(placement), float(atomic_bsz))
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        m = self.measured(placement)
+        if m is not None:
+            b, t, y = self._placements[m]
+            out = (float(np.interp(atomic_bsz, b, t)), float(np.interp(atomic_bsz, b, y)))
+        else:
+            nodes = len([x for x in placement if x])
+            out = self._interpolate(nodes, int(sum(placement)), float(atomic_bsz))
+        self._cache[key] = out
+        return out
+
+    def _at(self, nodes: int, replicas: float, bsz: float) -> np.ndarray:
+        """Step/sync at a measured node count, linear over the GPU counts measured there
+        (clamped at the ends) and over the per-GPU batch."""
+        reps = sorted(r for n, r in self._grid if n == nodes)
+        def one(r: int) -> np.ndarray:
+            b, t, y = self._grid[(nodes, r)]
+            return np.array([np.interp(bsz, b, t), np.interp(bsz, b, y)])
+        if replicas <= reps[0]:
+            return one(reps[0])
+        if replicas >= reps[-1]:
+            return one(reps[-1])
+        hi = next(r for r in reps if r >= replicas)
+        lo = max(r for r in reps if r <= replicas)
+        if hi == lo:
+            return one(lo)
+        w = (replicas - lo) / (hi - lo)
+        return (1 - w) * one(lo) + w * one(hi)
+
+    def _interpolate(self, nodes: int, replicas: int, bsz: float) -> tuple[float, float]:
+        ns = self._grid_nodes
+        nodes = min(max(nodes, ns[0]), ns[-1])
+        if nodes in ns:
+            v = self._at(nodes, replicas, bsz)
+        else:
+            hi = next(n for n in ns if n >= nodes)
+            lo = max(n for n in ns if n <= nodes)
+            w = (nodes - lo) / (hi - lo)
+            v = (1 - w) * self._at(lo, replicas, bsz) + w * self._at(hi, replicas, bsz)
+        return float(v[0]), float(v[1])
+
+    def update_time(self, placement: tuple[int, ...], atomic_bsz: float, accum_steps: int) -> tuple[float, float, float]:
+        """(seconds per update, step time, sync time) with ``accum_steps`` accumulation steps."""
+        step, sync = self.step_time(placement, atomic_bsz)
+        return step + accum_steps * (step - sync), step, sync
+
+    # ------------------------------------------------------------------ convergence
+    def _bracket(self, batch_size: float) -> tuple[int, int, float]:
+        bs = self._bsizes
+        b = min(max(float(batch_size), bs[0]), bs[-1])
+        hi = int(np.searchsorted(bs, b, side="left"))
+        if bs[hi] == b:
+            return hi, hi, 0.0
+        lo = hi - 1
+        return lo, hi, (b - bs[lo]) / (bs[hi] - bs[lo])
+
+    def grad_stats(self, batch_size: float, epoch: int) -> tuple[float, float]:
+        """(grad_sqr, grad_var) during epoch ``epoch`` (0-based) of a run at ``batch_size``."""
+        e = min(max(int(epoch), 0), self.max_epochs - 1)
+        lo, hi, w = self._bracket(batch_size)
+        runs = list(self._runs.values())
+        sq = (1 - w) * runs[lo]["grad_sqr"][e] + w * runs[hi]["grad_sqr"][e]
+        va = (1 - w) * runs[lo]["grad_var"][e] + w * runs[hi]["grad_var"][e]
+        return float(sq), float(va)
+
+    def gain(self, batch_size: float, epoch: int) -> float:
+        """Progress (steps at the initial batch size) one update at ``batch_size`` makes."""
+        sqr, var = self.grad_stats(batch_size, epoch)
+        scale = batch_size / self.limits.init_batch_size
+        return (var + sqr) / (var / scale + sqr)
+
+    def metric(self, batch_size: float, epochs: int) -> float:
+        """Best validation metric within the first ``epochs`` epochs of a run at
+        ``batch_size`` (nan before the first)."""
+        if epochs <= 0:
+            return math.nan
+        e = min(epochs, self.max_epochs)
+        lo, hi, w = self._bracket(batch_size)
+        runs = list(self._runs.values())
+        pick = np.max if self.higher_is_better else np.min
+        return float((1 - w) * pick(runs[lo]["metric"][:e]) + w * pick(runs[hi]["metric"][:e]))
+
+    def epoch_of(self, progress: float) -> int:
+        """Epochs completed at ``progress``."""
+        return int(np.searchsorted(self.epoch_progress, progress, side="right"))
+
+
+def load_applications(root: str | Path, names: tuple[str, ...] | None = None) -> dict[str, Application]:
+    """The applications under ``root`` (``<data>/pollux-osdi21/traces``), by name."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ProfileError(f"{root}: no such folder (measured profiles)")
+    names = names or tuple(sorted(p.name for p in root.iterdir() if (p / "placements.csv").exists()))
+    if not names:
+        raise ProfileError(f"{root}: no application folders with placements.csv")
+    out = {}
+    for n in names:
+        if not (root / n).is_dir():
+            raise ProfileError(f"{root / n}: no such application profile")
+        out[n] = Application(root / n, max_local_bsz=MAX_LOCAL_BSZ.get(n))
+    return out
