@@ -2,6 +2,11 @@
 
     rlsched sim run --trace SPEC --ordering fifo --placement firstfit [--scaling NAME] --seed N --out DIR
     rlsched sim compare --trace SPEC --policies fifo/firstfit,sjf/bestfit[/beta],... --seed N --out DIR
+    rlsched sim compare --trace pollux:workloads/workload-6 --policies tiresias-2q,optimus-oracle,pollux --out DIR
+
+Measured workloads (``pollux:<folder>/<file>``, ``pollux-gen:seed=N,...``) run on the
+interval engine (:mod:`.interval`) with allocation policies (:mod:`.allocators`), on
+the paper's 16 nodes x 4 GPUs unless ``--cluster NODESxGPUS``.
 
 Policies see what a live operator sees (no true run times); ``--clairvoyant`` shows
 them the true run times for a reference run, marked ``"clairvoyant": true`` in the
@@ -30,12 +35,16 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="sim_command", metavar="SUBCOMMAND")
 
     def common(q: argparse.ArgumentParser) -> None:
-        q.add_argument("--trace", required=True, help="alibaba2023:<list> | pai2020:<dir> | philly:<file> | helios:<file> | synthetic:<preset>[,k=v] | <jobs.yaml|json>")
+        q.add_argument("--trace", required=True, help="alibaba2023:<list> | pai2020:<dir> | philly:<file> | helios:<file> | synthetic:<preset>[,k=v] | "
+                       "pollux:<folder>/<file> | pollux-gen:seed=N[,jobs=160,hours=8,load=1.0] | <jobs.yaml|json>")
         q.add_argument("--seed", type=int, default=0)
         q.add_argument("--out", required=True, help="output folder")
         q.add_argument("--data-dir", default=None, help="trace data folder (default: $RLSCHED_DATA_DIR)")
         q.add_argument("--skip-bad", action="store_true", help="skip and count malformed trace rows instead of stopping")
-        q.add_argument("--cluster", default=None, help="YAML/JSON cluster description for traces without one")
+        q.add_argument("--cluster", default=None,
+                       help="YAML/JSON cluster description for traces without one; NODESxGPUS for measured workloads")
+        q.add_argument("--interval", type=float, default=None,
+                       help="measured workloads: seconds between allocation decisions (default: the trace's, 60)")
         q.add_argument("--backfill", action="store_true", help="start later jobs when the head of the queue does not fit")
         q.add_argument("--scaling-interval", type=float, default=300.0, help="seconds between scaling decisions")
         q.add_argument("--restart-cost", type=float, default=30.0,
@@ -49,14 +58,17 @@ def register(subparsers) -> None:
 
     r = sub.add_parser("run", help="simulate one ordering/placement[/scaling] policy")
     common(r)
-    r.add_argument("--ordering", required=True)
-    r.add_argument("--placement", required=True)
+    r.add_argument("--ordering", default=None)
+    r.add_argument("--placement", default=None)
     r.add_argument("--scaling", default=None)
+    r.add_argument("--allocator", default=None,
+                   help="measured workloads: allocation policy (tiresias-2q, optimus-oracle, pollux)")
     r.set_defaults(func=_cmd_run)
 
     c = sub.add_parser("compare", help="simulate several policies on one trace; table, JSON and plots")
     common(c)
-    c.add_argument("--policies", required=True, help="comma list of ordering/placement[/scaling]")
+    c.add_argument("--policies", required=True,
+                   help="comma list of ordering/placement[/scaling]; allocation policies by name on measured workloads")
     c.add_argument("--clairvoyant-reference", default=None, metavar="POLICIES",
                    help="also run these ordering/placement[/scaling] with true run times, as labelled reference rows")
     c.set_defaults(func=_cmd_compare)
@@ -70,8 +82,14 @@ def parse_policies(text: str) -> list[tuple[str, str, str | None]]:
         if not item:
             continue
         parts = item.split("/")
+        if len(parts) == 1:
+            from .allocators import is_allocator
+
+            if is_allocator(item):
+                out.append((item, "", None))
+                continue
         if len(parts) not in (2, 3) or not all(parts):
-            raise ValueError(f"policy {item!r}: expected ordering/placement[/scaling]")
+            raise ValueError(f"policy {item!r}: expected ordering/placement[/scaling] or an allocation policy")
         out.append((parts[0], parts[1], parts[2] if len(parts) == 3 else None))
     if not out:
         raise ValueError("no policies given")
@@ -84,6 +102,8 @@ def _load(args):
     from .traces import default_topology, load_trace
 
     trace = load_trace(args.trace, data_dir=args.data_dir, seed=args.seed, skip_bad=args.skip_bad)
+    if _is_measured(trace):
+        return trace, _measured_cluster(args.cluster, trace)
     topo = trace.topology
     if args.cluster:
         import yaml
@@ -93,6 +113,68 @@ def _load(args):
         topo = default_topology(trace.jobs)
         trace.notes.append(f"trace has no cluster: using {len(topo)} nodes x 8 GPUs (--cluster to change)")
     return trace, topo
+
+
+def _is_measured(trace) -> bool:
+    from .traces.pollux import MeasuredTrace
+
+    return isinstance(trace, MeasuredTrace)
+
+
+def _measured_cluster(text: str | None, trace) -> tuple[int, int]:
+    """(nodes, GPUs per node) of a measured run: the trace's (the paper's 16 x 4), or
+    ``--cluster NODESxGPUS``, or a cluster file whose nodes all have the same GPUs."""
+    if not text:
+        return trace.nodes, trace.gpus_per_node
+    n, x, g = text.lower().partition("x")
+    if x and n.strip().isdigit() and g.strip().isdigit():
+        nodes, gpus = int(n), int(g)
+    else:
+        import yaml
+
+        from rlsched.core import Topology
+
+        topo = Topology.from_dict(yaml.safe_load(Path(text).read_text()))
+        sizes = {nd.gpus for nd in topo.nodes}
+        if len(sizes) != 1:
+            raise ValueError(f"--cluster {text}: measured workloads need nodes with equal GPUs, got {sorted(sizes)}")
+        nodes, gpus = len(topo.nodes), sizes.pop()
+    if nodes < 1 or gpus < 1:
+        raise ValueError(f"--cluster {text}: need at least one node with one GPU")
+    return nodes, gpus
+
+
+def run_allocator(trace, cluster: tuple[int, int], name: str, config, progress=None):
+    """Simulate a measured workload under allocation policy ``name``; returns
+    (SimResult, metrics dict)."""
+    from .allocators import make_allocator
+    from .interval import IntervalSimulator
+    from .metrics import compute_metrics
+
+    allocator = make_allocator(name)
+    try:
+        sim = IntervalSimulator(trace.jobs, trace.apps, allocator, nodes=cluster[0], gpus_per_node=cluster[1], config=config)
+        res = sim.run(progress=progress)
+    finally:
+        close = getattr(allocator, "close", None)
+        if close is not None:
+            close()
+    res.skipped = dict(trace.skipped)
+    m = compute_metrics(res)
+    m["config"] = {
+        "trace": trace.name, "allocator": name, "clairvoyant": res.clairvoyant, "nodes": cluster[0],
+        "gpus_per_node": cluster[1], "interval": config.interval, "restart_cost": config.restart_cost,
+    }
+    return res, m
+
+
+def _interval_config(args, trace):
+    from .interval import IntervalConfig
+
+    return IntervalConfig(
+        interval=args.interval if args.interval is not None else trace.interval,
+        restart_cost=args.restart_cost, max_time=args.max_time,
+    )
 
 
 def run_policy(trace, topology, ordering: str, placement: str, scaling: str | None, seed: int, config, progress=None):
@@ -178,14 +260,24 @@ def _cmd_run(args) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         trace, topo = _load(args)
-        config = _config(args)
-        with _progress(args.quiet) as prog:
-            task = prog.add_task(f"{args.ordering}/{args.placement}", total=len(trace.jobs))
-            _, m = run_policy(
-                trace, topo, args.ordering, args.placement, args.scaling, args.seed, config,
-                progress=lambda n, tot: prog.update(task, completed=n),
-            )
-    except (TraceError, ValueError, OSError) as exc:
+        if _is_measured(trace):
+            if not args.allocator or args.ordering or args.placement:
+                raise ValueError("a measured workload runs an allocation policy: give --allocator NAME")
+            with _progress(args.quiet) as prog:
+                task = prog.add_task(args.allocator, total=len(trace.jobs))
+                _, m = run_allocator(trace, topo, args.allocator, _interval_config(args, trace),
+                                     progress=lambda n, tot: prog.update(task, completed=n))
+        else:
+            if args.allocator or not (args.ordering and args.placement):
+                raise ValueError("give --ordering and --placement (--allocator is for measured workloads)")
+            config = _config(args)
+            with _progress(args.quiet) as prog:
+                task = prog.add_task(f"{args.ordering}/{args.placement}", total=len(trace.jobs))
+                _, m = run_policy(
+                    trace, topo, args.ordering, args.placement, args.scaling, args.seed, config,
+                    progress=lambda n, tot: prog.update(task, completed=n),
+                )
+    except (TraceError, ValueError, OSError, RuntimeError) as exc:
         return _fail(str(exc))
     for note in trace.notes:
         print(f"note: {note}", file=sys.stderr)
@@ -227,7 +319,12 @@ def _cmd_compare(args) -> int:
         if args.clairvoyant_reference:
             policies += [(o, p, s, True) for o, p, s in parse_policies(args.clairvoyant_reference)]
         trace, topo = _load(args)
-        config = _config(args)
+        measured = _is_measured(trace)
+        for o, p, _, _ in policies:
+            if measured != (p == ""):
+                raise ValueError(f"policy {o + ('/' + p if p else '')!r}: measured workloads run allocation policies "
+                                 "(tiresias-2q, optimus-oracle, pollux); other traces run ordering/placement[/scaling]")
+        config = _interval_config(args, trace) if measured else _config(args)
     except (TraceError, ValueError, OSError) as exc:
         return _fail(str(exc))
     for note in trace.notes:
@@ -240,23 +337,33 @@ def _cmd_compare(args) -> int:
         with _progress(args.quiet) as prog:
             overall = prog.add_task("policies", total=len(policies))
             for o, p, s, clair in policies:
-                name = f"{o}/{p}" + (f"/{s}" if s else "")
-                shown = label(name, clair)
-                if shown in results:
-                    continue  # the same run twice
-                task = prog.add_task(f"  {shown}", total=len(trace.jobs))
-                res, m = run_policy(
-                    trace, topo, o, p, s, args.seed, replace(config, clairvoyant=clair),
-                    progress=lambda n, tot, task=task: prog.update(task, completed=n),
-                )
+                name = f"{o}/{p}" + (f"/{s}" if s else "") if p else o
+                if measured:
+                    task = prog.add_task(f"  {name}", total=len(trace.jobs))
+                    res, m = run_allocator(trace, topo, o, config,
+                                           progress=lambda n, tot, task=task: prog.update(task, completed=n))
+                    clair = res.clairvoyant
+                    shown = label(name, clair)
+                    if shown in results:
+                        continue
+                else:
+                    shown = label(name, clair)
+                    if shown in results:
+                        continue  # the same run twice
+                    task = prog.add_task(f"  {shown}", total=len(trace.jobs))
+                    res, m = run_policy(
+                        trace, topo, o, p, s, args.seed, replace(config, clairvoyant=clair),
+                        progress=lambda n, tot, task=task: prog.update(task, completed=n),
+                    )
                 rows.append({"policy": name, "clairvoyant": clair, "metrics": m})
                 results[shown] = res
                 prog.advance(overall)
-    except ValueError as exc:
+    except (ValueError, RuntimeError) as exc:
         return _fail(str(exc))
     (out / "compare.json").write_text(dumps(rows))
 
-    table = Table(title=f"{trace.name}: {len(trace.jobs)} jobs on {len(topo)} nodes / {topo.total_gpus} GPUs, seed {args.seed}")
+    nodes, gpus = (topo[0], topo[0] * topo[1]) if measured else (len(topo), topo.total_gpus)
+    table = Table(title=f"{trace.name}: {len(trace.jobs)} jobs on {nodes} nodes / {gpus} GPUs, seed {args.seed}")
     table.add_column("policy")
     for _, head in TABLE_COLUMNS:
         table.add_column(head, justify="right")

@@ -58,6 +58,7 @@ __all__ = [
     "load_applications",
     "APPLICATIONS",
     "MAX_LOCAL_BSZ",
+    "MAX_REPLICAS",
     "placement_of",
 ]
 
@@ -66,6 +67,9 @@ APPLICATIONS = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
 #: per-GPU batch limits narrower than the measured range (GPU memory): yolov3 fits 8
 #: samples per GPU (Pollux artifact's application table)
 MAX_LOCAL_BSZ = {"yolov3": 8}
+#: applications that do not scale past one GPU in the paper's setting: ncf runs on
+#: one GPU under every elastic policy (Pollux artifact, simulator.py)
+MAX_REPLICAS = {"ncf": 1}
 
 
 class ProfileError(ValueError):

@@ -1,0 +1,59 @@
+"""Allocation policies by name, for the interval engine (:mod:`.interval`) and the CLI.
+
+``tiresias-2q``
+    Tiresias, two-queue discretized 2D-LAS with fixed GPUs and batch size
+    (:mod:`rlsched.core.peers.tiresias`).
+``optimus-oracle``
+    Optimus with oracle knowledge of each job's remaining work and speed
+    (:mod:`rlsched.core.peers.optimus`): a clairvoyant reference, never a baseline.
+``pollux``
+    the released Pollux policy (PyPI ``adaptdl-sched==0.2.11``) in its own environment,
+    through a bridge process (:mod:`rlsched.sim.peers.pollux`; ``make pollux-env``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from rlsched.core.allocation import Allocator
+
+__all__ = ["ALLOCATORS", "make_allocator", "is_allocator"]
+
+
+def _tiresias(**opts) -> Allocator:
+    from rlsched.core.peers import TiresiasAllocator
+
+    return TiresiasAllocator(**opts)
+
+
+def _optimus(**opts) -> Allocator:
+    from rlsched.core.peers import OptimusOracle
+
+    return OptimusOracle(**opts)
+
+
+def _pollux(**opts) -> Allocator:
+    from .peers.pollux import PolluxAllocator
+
+    return PolluxAllocator(**opts)
+
+
+#: name -> factory(**options)
+ALLOCATORS: dict[str, Callable[..., Allocator]] = {
+    "tiresias-2q": _tiresias,
+    "optimus-oracle": _optimus,
+    "pollux": _pollux,
+}
+
+
+def is_allocator(name: str) -> bool:
+    return name in ALLOCATORS
+
+
+def make_allocator(name: str, **opts) -> Allocator:
+    """A fresh allocator (each run needs its own: allocators keep state)."""
+    try:
+        factory = ALLOCATORS[name]
+    except KeyError:
+        raise ValueError(f"unknown allocation policy {name!r}; known: {', '.join(ALLOCATORS)}") from None
+    return factory(**opts)

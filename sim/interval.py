@@ -1,0 +1,343 @@
+"""The interval engine: measured jobs, driven by an allocation policy.
+
+A cluster of ``nodes`` × ``gpus_per_node`` GPUs runs :class:`~.measured.MeasuredJobSpec`
+jobs whose speed and convergence come from measured profiles (:mod:`.measured`). Every
+``interval`` seconds (the paper's 60 s) an :class:`~rlsched.core.allocation.Allocator`
+decides every submitted job's GPUs, placement and batch size at once; jobs submitted
+between two decisions wait for the next one. Applying a decision:
+
+* a job whose node list changed (started, resumed, migrated, grown or shrunk) pays
+  ``restart_cost`` seconds (30 s) without progress while holding its new GPUs;
+* a job left out releases its GPUs and keeps its progress (a checkpoint);
+* a job whose allocation did not change keeps running with no cost.
+
+Between decisions each running job advances epoch by epoch: its progress rate is
+``gain / update_time`` (:meth:`.measured.Application.gain`,
+:meth:`~.measured.Application.update_time`) with the gradient statistics of its current
+epoch, and it completes, at the exact second within the interval, when its progress
+reaches its application's target. The job measures what a live job measures — its step
+times on the placements it ran (``AllocJob.profile``) and its gradient statistics —
+and the allocator sees only that (non-clairvoyant), unless it declares itself
+``clairvoyant``: then each view also carries the job's true remaining work and speed
+(:class:`~rlsched.core.allocation.Oracle`) and the result is marked a clairvoyant
+reference.
+
+The state is all on the instance and the run is a pure function of its inputs (the
+allocator's own randomness is the allocator's business). Results are a
+:class:`~.engine.SimResult`, so :mod:`.metrics` and the CLI's tables apply unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+import time as _time
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from rlsched.core.allocation import (
+    Allocation,
+    AllocationError,
+    AllocJob,
+    AllocNode,
+    Allocator,
+    Oracle,
+    ProfileSample,
+    check_allocations,
+    fixed_batch,
+)
+
+from .engine import JobRecord, SimResult
+from .measured import MAX_REPLICAS, Application, MeasuredJobSpec, placement_of
+
+__all__ = ["IntervalConfig", "IntervalSimulator"]
+
+
+@dataclass(frozen=True)
+class IntervalConfig:
+    """``interval``: seconds between allocation decisions; ``restart_cost``: seconds
+    without progress after a job's allocation changes; ``max_time``: stop there (jobs
+    still running are reported unfinished); ``record_series``: keep the utilisation
+    and queue series."""
+
+    interval: float = 60.0
+    restart_cost: float = 30.0
+    max_time: float = math.inf
+    record_series: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.interval > 0 or self.restart_cost < 0:
+            raise ValueError("need interval > 0 and restart_cost >= 0")
+
+
+class _Job:
+    __slots__ = (
+        "spec", "app", "progress", "epoch", "attained", "restarts", "nodes", "placement", "atomic", "accum",
+        "delay", "end", "start", "profile", "grad", "preemptions", "w0", "ideal",
+    )
+
+    def __init__(self, spec: MeasuredJobSpec, app: Application) -> None:
+        self.spec = spec
+        self.app = app
+        self.progress = 0.0
+        self.epoch = 0
+        self.attained = 0.0
+        self.restarts = -1  # the first start is not a restart
+        self.nodes: tuple[int, ...] = ()
+        self.placement: tuple[int, ...] = ()
+        self.atomic = 0
+        self.accum = 0
+        self.delay = 0.0
+        self.end: float | None = None
+        self.start: float | None = None
+        self.profile: dict[tuple[int, int, int], ProfileSample] = {}
+        self.grad: tuple[float, float] | None = None
+        self.preemptions = 0
+        self.w0 = 0
+        self.ideal = 0.0
+
+    @property
+    def batch(self) -> int:
+        return len(self.nodes) * self.atomic * (self.accum + 1)
+
+
+class IntervalSimulator:
+    """Measured jobs on a homogeneous cluster, an allocator deciding every interval."""
+
+    def __init__(
+        self,
+        jobs: Sequence[MeasuredJobSpec],
+        apps: Mapping[str, Application],
+        allocator: Allocator,
+        *,
+        nodes: int = 16,
+        gpus_per_node: int = 4,
+        config: IntervalConfig | None = None,
+    ) -> None:
+        if not isinstance(allocator, Allocator):
+            raise TypeError(f"{type(allocator).__name__} is not an Allocator (name, clairvoyant, allocate)")
+        if nodes < 1 or gpus_per_node < 1:
+            raise ValueError("need nodes >= 1 and gpus_per_node >= 1")
+        ids = set()
+        for j in jobs:
+            if j.id in ids:
+                raise ValueError(f"duplicate job id {j.id!r}")
+            if j.application not in apps:
+                raise ValueError(f"job {j.id}: no measured profile for application {j.application!r}")
+            ids.add(j.id)
+        self.allocator = allocator
+        self.config = config or IntervalConfig()
+        self.nodes = [AllocNode(i, gpus_per_node, f"node-{i}") for i in range(nodes)]
+        self.gpus_per_node = gpus_per_node
+        self.total_gpus = nodes * gpus_per_node
+        self.clairvoyant = bool(getattr(allocator, "clairvoyant", False))
+        self._jobs = [_Job(s, apps[s.application]) for s in sorted(jobs, key=lambda s: (s.submit_time, s.id))]
+        self._by_id = {j.spec.id: j for j in self._jobs}
+        for j in self._jobs:
+            j.ideal = self._ideal_runtime(j)
+        self.now = 0.0
+        self._next = 0  # next job to arrive (index into _jobs, by submit time)
+        self._active: list[_Job] = []
+        self._records: list[JobRecord] = []
+        self._series: tuple[list[float], list[int], list[int]] = ([], [], [])
+        self._decisions = 0
+        self._wall = 0.0
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def done(self) -> bool:
+        return (self._next >= len(self._jobs) and not self._active) or self.now >= self.config.max_time
+
+    def run(self, progress: Callable[[int, int], None] | None = None) -> SimResult:
+        """Run to the end; ``progress(done, total)`` after every interval."""
+        t0 = _time.perf_counter()
+        try:
+            while not self.done:
+                self.step()
+                if progress is not None:
+                    progress(len(self._records), len(self._jobs))
+        finally:
+            self._wall += _time.perf_counter() - t0
+        return self.result()
+
+    def step(self) -> None:
+        """One decision at ``now`` for the submitted jobs, then one interval of training."""
+        cfg = self.config
+        while self._next < len(self._jobs) and self._jobs[self._next].spec.submit_time <= self.now:
+            self._active.append(self._jobs[self._next])
+            self._next += 1
+        if self._active:
+            self._decide()
+        elif self._next < len(self._jobs):  # idle: jump to the interval of the next arrival
+            t_next = self._jobs[self._next].spec.submit_time
+            self.now += max(math.ceil((t_next - self.now) / cfg.interval), 1) * cfg.interval
+            return
+        self._record()
+        dt = min(cfg.interval, cfg.max_time - self.now)
+        for j in self._active:
+            self._train(j, dt)
+        self.now += dt
+        finished = [j for j in self._active if j.end is not None]
+        if finished:
+            self._active = [j for j in self._active if j.end is None]
+            for j in finished:
+                self._finish(j)
+
+    def views(self) -> list[AllocJob]:
+        """The submitted, unfinished jobs as the allocator sees them now."""
+        return [self._view(j) for j in self._active]
+
+    def result(self) -> SimResult:
+        t, used, queue = self._series
+        first = float(self._jobs[0].spec.submit_time) if self._jobs else 0.0
+        return SimResult(
+            records=list(self._records),
+            unfittable=[],
+            unfinished=[j.spec.id for j in self._jobs if j.end is None],
+            total_gpus=self.total_gpus,
+            series_t=np.array(t, dtype=float),
+            series_used=np.array(used, dtype=np.int64),
+            series_queue=np.array(queue, dtype=np.int64),
+            events=self._decisions,
+            wall_s=self._wall,
+            first_submit=first,
+            clairvoyant=self.clairvoyant,
+        )
+
+    # ------------------------------------------------------------------ internals
+    def _max_replicas(self, j: _Job) -> int:
+        lim = j.app.limits
+        cap = min(j.spec.batch_size // lim.min_local_bsz, self.total_gpus, MAX_REPLICAS.get(j.app.name, self.total_gpus))
+        return max(cap, min(j.spec.num_replicas, self.total_gpus), 1)
+
+    def _view(self, j: _Job) -> AllocJob:
+        spec = j.spec
+        v = AllocJob(
+            id=spec.id, submit_time=spec.submit_time, application=spec.application, age=self.now - spec.submit_time,
+            attained_service=j.attained, num_restarts=max(j.restarts, 0), allocation=j.nodes,
+            target_replicas=min(spec.num_replicas, self.total_gpus), target_batch_size=spec.batch_size,
+            min_replicas=1, max_replicas=self._max_replicas(j), limits=j.app.limits, batch_size=j.batch,
+            atomic_bsz=j.atomic, accum_steps=j.accum, epoch=j.epoch, progress=j.progress,
+            grad_sqr=j.grad[0] if j.grad else None, grad_var=j.grad[1] if j.grad else None,
+            profile=tuple(j.profile.values()),
+        )
+        if self.clairvoyant:
+            v.oracle = Oracle(
+                remaining_progress=max(j.app.target_progress - j.progress, 0.0),
+                progress_rate={k: self._packed_rate(j, k) for k in range(1, v.max_replicas + 1)},
+            )
+        return v
+
+    def _packed(self, k: int) -> tuple[int, ...]:
+        g = self.gpus_per_node
+        return (g,) * (k // g) + ((k % g,) if k % g else ())
+
+    def _packed_rate(self, j: _Job, k: int, batch_size: int | None = None) -> float:
+        """True progress per second on ``k`` GPUs packed, at the job's target batch."""
+        lim = j.app.limits
+        atomic, accum = fixed_batch(batch_size or j.spec.batch_size, k, lim)
+        atomic = min(atomic, max(lim.max_batch_size // (k * (accum + 1)), 1))
+        t, _, _ = j.app.update_time(self._packed(k), atomic, accum)
+        return j.app.gain(k * atomic * (accum + 1), j.epoch) / t
+
+    def _ideal_runtime(self, j: _Job) -> float:
+        """Seconds from start to completion at the requested GPUs packed, no waiting and
+        no restart: the slowdown metric's denominator (engine-side truth, never shown)."""
+        k = min(j.spec.num_replicas, self.total_gpus)
+        app = j.app
+        lim = app.limits
+        atomic, accum = fixed_batch(j.spec.batch_size, k, lim)
+        atomic = min(atomic, max(lim.max_batch_size // (k * (accum + 1)), 1))
+        t, _, _ = app.update_time(self._packed(k), atomic, accum)
+        batch = k * atomic * (accum + 1)
+        total, prev = 0.0, 0.0
+        for e, p in enumerate(app.epoch_progress):
+            total += (p - prev) * t / app.gain(batch, e)
+            prev = p
+        return total
+
+    def _decide(self) -> None:
+        views = [self._view(j) for j in self._active]
+        result = self.allocator.allocate(views, self.nodes, self.now)
+        check_allocations(views, self.nodes, result)
+        self._decisions += 1
+        for j in self._active:
+            a = result.get(j.spec.id, Allocation())
+            self._apply(j, a)
+
+    def _apply(self, j: _Job, a: Allocation) -> None:
+        nodes = tuple(a.nodes)
+        if not nodes:
+            if j.nodes:
+                j.preemptions += 1
+            j.nodes, j.placement, j.atomic, j.accum, j.delay = (), (), 0, 0, 0.0
+            return
+        lim = j.app.limits
+        if a.atomic_bsz is None:
+            atomic, accum = fixed_batch(j.spec.batch_size, len(nodes), lim)
+            atomic = min(atomic, max(lim.max_batch_size // (len(nodes) * (accum + 1)), 1))
+        else:
+            atomic, accum = int(a.atomic_bsz), int(a.accum_steps or 0)
+        if sorted(nodes) != sorted(j.nodes):
+            j.restarts += 1
+            j.delay = self.config.restart_cost
+            if j.start is None:
+                j.start = self.now
+                j.w0 = len(nodes)
+        j.nodes = nodes
+        j.placement = placement_of(nodes)
+        j.atomic, j.accum = atomic, accum
+
+    def _train(self, j: _Job, dt: float) -> None:
+        """Advance a job by ``dt`` seconds of wall time from ``now``."""
+        if not j.nodes:
+            return
+        r = len(j.nodes)
+        wait = min(j.delay, dt)
+        j.delay -= wait
+        j.attained += wait * r
+        left = dt - wait
+        t = self.now + wait
+        app = j.app
+        cost, step, sync = app.update_time(j.placement, j.atomic, j.accum)
+        key = (len(j.placement), r, j.atomic)
+        if key not in j.profile:
+            j.profile[key] = ProfileSample(len(j.placement), r, j.atomic, step, sync)
+        batch = j.batch
+        target = app.epoch_progress
+        while left > 0:
+            j.grad = app.grad_stats(batch, j.epoch)
+            rate = app.gain(batch, j.epoch) / cost
+            nxt = float(target[j.epoch])
+            if j.progress + rate * left < nxt:
+                j.progress += rate * left
+                j.attained += left * r
+                return
+            need = (nxt - j.progress) / rate
+            j.progress = nxt
+            j.epoch += 1
+            j.attained += need * r
+            t += need
+            left -= need
+            if j.epoch >= app.max_epochs:
+                j.end = t
+                return
+
+    def _finish(self, j: _Job) -> None:
+        self._records.append(JobRecord(
+            id=j.spec.id, submit=j.spec.submit_time, start=float(j.start if j.start is not None else j.end),
+            end=float(j.end), workers=j.w0, gpus=j.w0, ideal_runtime=j.ideal, fee=0.0,
+            accuracy=j.app.metric(j.batch or j.spec.batch_size, j.epoch), epochs=j.epoch, level=-1,
+            rescales=max(j.restarts, 0), preemptions=j.preemptions,
+        ))
+        j.nodes = ()
+
+    def _record(self) -> None:
+        if not self.config.record_series:
+            return
+        t, used, queue = self._series
+        t.append(self.now)
+        used.append(sum(len(j.nodes) for j in self._active))
+        queue.append(sum(1 for j in self._active if not j.nodes))
+
