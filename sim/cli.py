@@ -116,9 +116,9 @@ def _load(args):
 
 
 def _is_measured(trace) -> bool:
-    from .traces.pollux import MeasuredTrace
+    from .traces.common import Trace
 
-    return isinstance(trace, MeasuredTrace)
+    return not isinstance(trace, Trace)  # a MeasuredTrace (sim.traces.pollux)
 
 
 def _measured_cluster(text: str | None, trace) -> tuple[int, int]:
