@@ -19,11 +19,12 @@ DEMO_POLICIES ?= fifo/firstfit,sjf/bestfit,tiresias/topology,drf/loadbalance,tet
 # Targets appended by the included fragments (tools/tools.mk, deploy/deploy.mk).
 TEST_DEPS :=
 
-.PHONY: help venv test test-unit demo demo-sim bench clean
+.PHONY: help venv test test-unit demo demo-sim bench bench-peers clean
 help:
 	@echo "make test   - set up everything and run all tests"
 	@echo "make demo   - run the live demo (make demo-sim: the simulator comparison)"
 	@echo "make bench  - run the benchmarks (JSON in bench/results/)"
+	@echo "make bench-peers - Tiresias, Optimus+Oracle and the released Pollux on the Pollux OSDI'21 workloads"
 	@echo "make tools  - build etcd, kube-apiserver, kube-scheduler, kubectl, kwok, helm from Go modules"
 	@echo "make cluster-up / cluster-down - local control plane for manual testing"
 
@@ -40,6 +41,7 @@ venv: $(VENV)/.stamp
 
 -include tools/tools.mk
 -include deploy/deploy.mk
+-include peers/pollux.mk
 
 test: venv $(TEST_DEPS)
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -66,6 +68,13 @@ bench: venv $(TEST_DEPS)
 	$(PY) bench/operator_admission.py --jobs 200 --out bench/results
 	$(PY) bench/faults.py --rounds 20 --out bench/results/faults.json
 	$(PY) bench/twin.py --jobs 20 --out bench/results/twin.json
+
+# The fidelity table (docs/benchmark.md): our Tiresias and Optimus+Oracle and the released
+# Pollux policy (its own environment, peers/pollux.mk) on the paper's 24 workloads.
+PEERS_ARGS ?=
+bench-peers: venv pollux-env
+	mkdir -p bench/results
+	$(PY) bench/peers.py --out bench/results/peers.json $(PEERS_ARGS)
 
 clean:
 	rm -rf $(OUT) .pytest_cache build *.egg-info

@@ -9,6 +9,10 @@
 ``pollux``
     the released Pollux policy (PyPI ``adaptdl-sched==0.2.11``) in its own environment,
     through a bridge process (:mod:`rlsched.sim.peers.pollux`; ``make pollux-env``).
+``<ordering>/<placement>``
+    any of our orderings and placements (``fifo/bestfit``, ``tiresias/topology``, ...)
+    as a gang allocator with backfill (:class:`rlsched.core.gang_allocator.GangAllocator`):
+    requested GPUs and batch size, no preemption.
 """
 
 from __future__ import annotations
@@ -50,8 +54,20 @@ def is_allocator(name: str) -> bool:
     return name in ALLOCATORS
 
 
-def make_allocator(name: str, **opts) -> Allocator:
+def make_allocator(name: str, *, seed: int = 0, **opts) -> Allocator:
     """A fresh allocator (each run needs its own: allocators keep state)."""
+    if "/" in name:
+        import numpy as np
+
+        from rlsched.core import make_ordering, make_placement
+        from rlsched.core.gang_allocator import GangAllocator
+
+        parts = name.split("/")
+        if len(parts) != 2 or not all(parts):
+            raise ValueError(f"allocation policy {name!r}: expected a name or ordering/placement")
+        so, sp = np.random.SeedSequence(seed).spawn(2)
+        return GangAllocator(make_ordering(parts[0], rng=np.random.default_rng(so)),
+                             make_placement(parts[1], rng=np.random.default_rng(sp)), name=name, **opts)
     try:
         factory = ALLOCATORS[name]
     except KeyError:

@@ -144,14 +144,14 @@ def _measured_cluster(text: str | None, trace) -> tuple[int, int]:
     return nodes, gpus
 
 
-def run_allocator(trace, cluster: tuple[int, int], name: str, config, progress=None):
+def run_allocator(trace, cluster: tuple[int, int], name: str, config, progress=None, seed: int = 0):
     """Simulate a measured workload under allocation policy ``name``; returns
     (SimResult, metrics dict)."""
     from .allocators import make_allocator
     from .interval import IntervalSimulator
     from .metrics import compute_metrics
 
-    allocator = make_allocator(name)
+    allocator = make_allocator(name, seed=seed)
     try:
         sim = IntervalSimulator(trace.jobs, trace.apps, allocator, nodes=cluster[0], gpus_per_node=cluster[1], config=config)
         res = sim.run(progress=progress)
@@ -261,12 +261,15 @@ def _cmd_run(args) -> int:
     try:
         trace, topo = _load(args)
         if _is_measured(trace):
-            if not args.allocator or args.ordering or args.placement:
-                raise ValueError("a measured workload runs an allocation policy: give --allocator NAME")
+            if args.ordering and args.placement and not args.allocator:
+                args.allocator = f"{args.ordering}/{args.placement}"
+            if not args.allocator or args.scaling:
+                raise ValueError("a measured workload runs an allocation policy: give --allocator NAME "
+                                 "(or --ordering and --placement, without --scaling)")
             with _progress(args.quiet) as prog:
                 task = prog.add_task(args.allocator, total=len(trace.jobs))
                 _, m = run_allocator(trace, topo, args.allocator, _interval_config(args, trace),
-                                     progress=lambda n, tot: prog.update(task, completed=n))
+                                     progress=lambda n, tot: prog.update(task, completed=n), seed=args.seed)
         else:
             if args.allocator or not (args.ordering and args.placement):
                 raise ValueError("give --ordering and --placement (--allocator is for measured workloads)")
@@ -320,10 +323,11 @@ def _cmd_compare(args) -> int:
             policies += [(o, p, s, True) for o, p, s in parse_policies(args.clairvoyant_reference)]
         trace, topo = _load(args)
         measured = _is_measured(trace)
-        for o, p, _, _ in policies:
-            if measured != (p == ""):
-                raise ValueError(f"policy {o + ('/' + p if p else '')!r}: measured workloads run allocation policies "
-                                 "(tiresias-2q, optimus-oracle, pollux); other traces run ordering/placement[/scaling]")
+        for o, p, s, _ in policies:
+            if (not measured and p == "") or (measured and s):
+                raise ValueError(f"policy {o + ('/' + p if p else '') + ('/' + s if s else '')!r}: measured workloads run "
+                                 "allocation policies (tiresias-2q, optimus-oracle, pollux, ordering/placement); other "
+                                 "traces run ordering/placement[/scaling]")
         config = _interval_config(args, trace) if measured else _config(args)
     except (TraceError, ValueError, OSError) as exc:
         return _fail(str(exc))
@@ -340,7 +344,7 @@ def _cmd_compare(args) -> int:
                 name = f"{o}/{p}" + (f"/{s}" if s else "") if p else o
                 if measured:
                     task = prog.add_task(f"  {name}", total=len(trace.jobs))
-                    res, m = run_allocator(trace, topo, o, config,
+                    res, m = run_allocator(trace, topo, name, config, seed=args.seed,
                                            progress=lambda n, tot, task=task: prog.update(task, completed=n))
                     clair = res.clairvoyant
                     shown = label(name, clair)
