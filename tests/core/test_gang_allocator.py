@@ -25,7 +25,7 @@ def gang(order="fifo", place="bestfit", backfill=True):
 
 def test_running_jobs_keep_their_nodes_and_the_queue_starts_in_order():
     jobs = [job("run", 0, 3, (1, 1, 1)), job("a", 1, 4), job("b", 2, 1)]
-    out = gang().allocate(jobs, NODES, 60.0)
+    out = gang(place="firstfit").allocate(jobs, NODES, 60.0)
     check_allocations(jobs, NODES, out)
     assert out["run"].nodes == (1, 1, 1)
     assert sorted(out["a"].nodes) == [0, 0, 0, 0]
