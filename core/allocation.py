@@ -98,6 +98,9 @@ class AllocJob:
     completed; ``grad_sqr``/``grad_var``: the squared gradient norm and gradient
     variance the job measured most recently (the gradient noise scale's inputs;
     Pollux's statistical-efficiency model). ``profile``: throughput samples it measured.
+    ``metrics``: the validation metric it reported after each completed epoch (its
+    learning curve so far; ``higher_is_better`` tells the metric's direction: accuracy
+    and F1 rise, word error rate and loss fall).
     """
 
     id: str
@@ -120,6 +123,8 @@ class AllocJob:
     grad_sqr: float | None = None
     grad_var: float | None = None
     profile: tuple[ProfileSample, ...] = ()
+    metrics: tuple[float, ...] = ()
+    higher_is_better: bool = True
     oracle: Oracle | None = None
 
 

@@ -74,7 +74,7 @@ class IntervalConfig:
 class _Job:
     __slots__ = (
         "spec", "app", "progress", "epoch", "attained", "restarts", "nodes", "placement", "atomic", "accum",
-        "delay", "end", "start", "profile", "grad", "preemptions", "w0", "ideal",
+        "delay", "end", "start", "profile", "grad", "preemptions", "w0", "ideal", "metrics",
     )
 
     def __init__(self, spec: MeasuredJobSpec, app: Application) -> None:
@@ -96,6 +96,7 @@ class _Job:
         self.preemptions = 0
         self.w0 = 0
         self.ideal = 0.0
+        self.metrics: list[float] = []
 
     @property
     def batch(self) -> int:
@@ -220,7 +221,7 @@ class IntervalSimulator:
             min_replicas=1, max_replicas=self._max_replicas(j), limits=j.app.limits, batch_size=j.batch,
             atomic_bsz=j.atomic, accum_steps=j.accum, epoch=j.epoch, progress=j.progress,
             grad_sqr=j.grad[0] if j.grad else None, grad_var=j.grad[1] if j.grad else None,
-            profile=tuple(j.profile.values()),
+            profile=tuple(j.profile.values()), metrics=tuple(j.metrics), higher_is_better=j.app.higher_is_better,
         )
         if self.clairvoyant:
             v.oracle = Oracle(
@@ -317,6 +318,7 @@ class IntervalSimulator:
             need = (nxt - j.progress) / rate
             j.progress = nxt
             j.epoch += 1
+            j.metrics.append(app.metric_at(batch, j.epoch))
             j.attained += need * r
             t += need
             left -= need

@@ -317,6 +317,14 @@ class Application:
         pick = np.max if self.higher_is_better else np.min
         return float((1 - w) * pick(runs[lo]["metric"][:e]) + w * pick(runs[hi]["metric"][:e]))
 
+    def metric_at(self, batch_size: float, epoch: int) -> float:
+        """The validation metric reported after epoch ``epoch`` (1-based) of a run at
+        ``batch_size`` (interpolated between the measured batch sizes around it)."""
+        e = min(max(int(epoch), 1), self.max_epochs) - 1
+        lo, hi, w = self._bracket(batch_size)
+        runs = list(self._runs.values())
+        return float((1 - w) * runs[lo]["metric"][e] + w * runs[hi]["metric"][e])
+
     def epoch_of(self, progress: float) -> int:
         """Epochs completed at ``progress``."""
         return int(np.searchsorted(self.epoch_progress, progress, side="right"))

@@ -130,6 +130,18 @@ def test_completion_time_by_hand(apps):
     assert res.records[0].accuracy == pytest.approx(88.613, abs=1e-3)  # validation-12.csv's best F1
 
 
+def test_the_job_reports_its_real_learning_curve(apps):
+    job = MeasuredJobSpec("j", 0.0, "cifar10", 1, 128)
+    sim = IntervalSimulator([job], apps, Pin([{"j": (0,)}]), nodes=1, gpus_per_node=4)
+    for _ in range(4):
+        sim.step()
+    v = sim.views()[0]
+    with open(TRACES / "cifar10" / "validation-128.csv") as f:
+        rows = [float(r["metric"]) for r in csv.DictReader(f)]
+    assert v.epoch >= 2 and list(v.metrics) == pytest.approx(rows[: v.epoch])
+    assert v.higher_is_better and not apps["deepspeech2"].higher_is_better
+
+
 def test_fixed_batch_splits_into_accumulation(apps):
     lim = apps["yolov3"].limits  # at most 8 per GPU
     assert fixed_batch(64, 4, lim) == (8, 1)  # 16 per GPU = 2 x 8
