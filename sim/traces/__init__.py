@@ -27,6 +27,17 @@ SPEC forms (see docs/simulator.md for the formats):
     Microsoft Philly ``cluster_job_log`` (JSON list) (:mod:`.philly`).
 ``helios:<file>``
     SenseTime Helios ``cluster_log.csv`` (:mod:`.helios`).
+``pollux:<folder>/<file>``
+    a Pollux OSDI'21 workload CSV (``name,time,application,num_replicas,batch_size``)
+    under ``<data-dir>/pollux-osdi21/``, e.g. ``pollux:workloads/workload-6``
+    (``.csv`` optional); gives a :class:`~.pollux.MeasuredTrace` (measured jobs, their
+    applications' profiles, the paper's 16 × 4 GPUs, 60 s interval, 30 s restart)
+    for the interval engine (:mod:`.pollux`).
+``pollux-gen:seed=N[,jobs=160,hours=8,load=1.0,start=2]``
+    a new such workload sampled from ``pollux-osdi21/traces/philly.csv`` as the
+    published ones were (a time-of-day window, the model by GPU-time bucket;
+    ``load`` multiplies the jobs in the same window); never reads the published
+    workloads (:func:`~.pollux.generate`).
 ``synthetic:<small|medium|large>[,key=value...]``
     the seeded generator of multi-worker training jobs (:func:`synthetic`); it too
     takes ``estimates=F,estimate_error=S`` (default: no estimates).
@@ -43,11 +54,13 @@ malformed row raises :class:`TraceError` naming file and line, or with
 from .alibaba2023 import TIMELESS_DURATION
 from .common import ENV_DATA_DIR, NODES_PER_RACK, Trace, TraceError, data_dir, default_topology
 from .pai2020 import PAI_JOB_COLUMNS, PAI_MACHINE_COLUMNS, PAI_TASK_COLUMNS
+from .pollux import MeasuredTrace
 from .spec import SOURCES, load_trace
 from .synthetic import MODEL_ZOO, SYNTHETIC_PRESETS, synthetic  # the function; its module is .synthetic
 
 __all__ = [
     "Trace",
+    "MeasuredTrace",
     "TraceError",
     "load_trace",
     "synthetic",

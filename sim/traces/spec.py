@@ -1,5 +1,6 @@
 """A trace SPEC to a :class:`~.common.Trace`: the registry of ``source:`` prefixes, the
-replay options of the real traces and :func:`load_trace`."""
+replay options of the real traces and :func:`load_trace`. ``pollux:`` and
+``pollux-gen:`` give a :class:`~.pollux.MeasuredTrace` instead (:mod:`.pollux`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 
 from rlsched.core import Topology
 
-from . import alibaba2023, helios, jobfile, pai2020, philly
+from . import alibaba2023, helios, jobfile, pai2020, philly, pollux
 from .common import ESTIMATE_ERROR, Trace, TraceError, racked, with_estimates
 from .common import data_dir as _data_dir
 from .synthetic import FORM as SYNTHETIC_FORM
@@ -49,12 +50,17 @@ def load_trace(
     data_dir: str | os.PathLike | None = None,
     seed: int = 0,
     skip_bad: bool = False,
-) -> Trace:
-    """Load the trace named by ``spec`` (the forms are in :mod:`rlsched.sim.traces`)."""
+) -> Trace | pollux.MeasuredTrace:
+    """Load the trace named by ``spec`` (the forms are in :mod:`rlsched.sim.traces`);
+    ``pollux:``/``pollux-gen:`` give a :class:`~.pollux.MeasuredTrace`."""
     ddir = _data_dir(data_dir)
     kind, _, arg = spec.partition(":")
     if kind == "synthetic":
         return synthetic(arg, seed=seed)
+    if kind == "pollux":
+        return pollux.load(arg, ddir, skip_bad)
+    if kind == "pollux-gen":
+        return pollux.generate(arg, ddir, seed)
     source = SOURCES.get(kind)
     if source is not None:
         arg, opts = parse_options(arg)
@@ -62,7 +68,7 @@ def load_trace(
     path = Path(spec)
     if path.suffix.lower() in jobfile.SUFFIXES or path.exists():
         return jobfile.read(path)
-    forms = [s.form for s in SOURCES.values()] + [SYNTHETIC_FORM]
+    forms = [s.form for s in SOURCES.values()] + [SYNTHETIC_FORM, pollux.FORM, pollux.GEN_FORM]
     raise TraceError(f"unknown trace spec {spec!r}: use {', '.join(forms)} or a .yaml/.json job file")
 
 

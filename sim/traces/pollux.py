@@ -1,0 +1,418 @@
+"""``pollux:<folder>/<file>`` and ``pollux-gen:seed=N[,...]``: measured-job workloads
+on the Pollux OSDI'21 simulator data (``<data>/pollux-osdi21/``; Qiao et al.,
+"Pollux: Co-adaptive Cluster Scheduling for Goodput-Optimized Deep Learning", OSDI
+2021; the data's README lists the files).
+
+Both return a :class:`MeasuredTrace`: :class:`~rlsched.sim.measured.MeasuredJobSpec`
+jobs, the measured profiles of the applications they use, and the paper's setting
+(16 nodes × 4 GPUs, a 60 s scheduling interval, 30 s restart per re-allocation).
+
+``pollux:<folder>/<file>`` (:func:`load`)
+    a workload CSV under ``<data>/pollux-osdi21/`` with the columns
+    ``name,time,application,num_replicas,batch_size`` (``.csv`` optional), e.g.
+    ``pollux:workloads/workload-6``, ``pollux:workloads-1.5/workload-3``. Each job
+    keeps its ``num_replicas`` and ``batch_size``; its id is ``name``. Rules:
+
+    * a path that leaves ``<data>/pollux-osdi21/`` (``..``, an absolute path elsewhere,
+      a link pointing out) is refused;
+    * an ``application`` that is not a profile folder (``traces/<app>/placements.csv``)
+      raises :class:`TraceError` naming file and line, even with ``skip_bad``: a
+      misspelt or missing model changes the workload's mix, so it is never dropped
+      quietly;
+    * a malformed row (a missing or non-numeric field, ``time`` < 0, a count < 1, an
+      empty or repeated ``name``) raises naming file and line, or with ``skip_bad`` is
+      counted in ``skipped["malformed"]``;
+    * a request the measured profile cannot describe raises the same way, or with
+      ``skip_bad`` is counted in ``skipped["out_of_range"]``: a ``batch_size`` outside
+      the application's measured runs ``[init_batch_size, max_batch_size]``
+      (``validation-<B>.csv``; the convergence model would extrapolate), or a per-GPU
+      batch below the smallest measured one (``num_replicas × min_local_bsz >
+      batch_size``; the step time would extrapolate). A per-GPU batch above
+      ``max_local_bsz`` is allowed: it trains with gradient accumulation, as the
+      published bert and yolov3 jobs do. Every published row passes these rules.
+
+``pollux-gen:seed=N[,jobs=160][,hours=8][,load=1.0][,start=2]`` (:func:`generate`)
+    a new workload sampled from ``traces/philly.csv`` the way the published ones were
+    (OSDI'21 §5.1: jobs sampled from Philly, each job's model chosen by its GPU-time
+    bucket). Never reads the published workloads; the constants below were measured
+    on them once, offline, as their comments say. The rule, each part checked
+    against the 1,920 distinct published jobs:
+
+    * **Pool.** Philly jobs with ``duration >= 60`` s and ``gpu_time < 1000``
+      GPU-hours submitted at a time of day in ``[start, start + hours)`` h, pooled
+      over all 105 days of the list (31,293 jobs for 02:00–10:00). The "8-hour
+      window" of the published workloads is this time-of-day window, not one
+      calendar stretch: each published ``time`` is the seconds since 02:00 of some
+      Philly job's submission, on whatever day (all 1,920 jobs match a Philly job at
+      02:00 + ``time`` whose GPU-time bucket is their model's; any other start hour
+      matches at most 46 %, chance level); the shortest matched job ran 61 s, the
+      largest 818 GPU-hours.
+    * **Sample.** ``round(jobs × load)`` jobs without replacement; a job's ``time``
+      is its submission's offset into the window (relative times kept, the first
+      job not shifted to 0). ``load`` adds jobs to the same window, as the published
+      ``workloads-0.5``/``-1.5`` do (80 / 160 / 240 jobs over the same 8 h; the
+      lower loads are subsets of the higher ones: 639 of 640 and 1,276 of 1,280
+      jobs reappear unchanged). The same seed gives nested workloads here too.
+    * **Model** by GPU-time bucket (:data:`GPU_HOUR_EDGES`, :data:`BUCKET_APPS`).
+    * **Request** (``num_replicas``, ``batch_size``) uniform over the pairs the
+      published jobs of that model use (:data:`APP_CONFIGS`).
+
+    ``seed`` defaults to the ``seed`` given to :func:`~.spec.load_trace`; the
+    numbers come from one :class:`numpy.random.Generator` of it, no global RNG.
+    Jobs are named ``<app>-<k>`` in submission order, like the published ones.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+from ..measured import Application, MeasuredJobSpec, load_applications
+from .common import TraceError, need_dir, parse_float, parse_int
+
+__all__ = [
+    "FORM",
+    "GEN_FORM",
+    "DATA_SUBDIR",
+    "WORKLOAD_COLUMNS",
+    "PHILLY_COLUMNS",
+    "MeasuredTrace",
+    "load",
+    "generate",
+    "philly_pool",
+    "GPU_HOUR_EDGES",
+    "BUCKET_APPS",
+    "APP_CONFIGS",
+    "MIN_DURATION",
+    "MAX_GPU_HOURS",
+    "WINDOW_START",
+]
+
+FORM = "pollux:<folder>/<file>"
+GEN_FORM = "pollux-gen:seed=N[,jobs=160,hours=8,load=1.0,start=2]"
+#: the data's folder under the data folder
+DATA_SUBDIR = "pollux-osdi21"
+WORKLOAD_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
+PHILLY_COLUMNS = ("timestamp", "duration", "gpu_time")
+
+# ------------------------------------------------------------------ generator constants
+# Measured once, offline, on the published workloads (all 24 files; the distinct jobs
+# are the 1,920 of workloads-1.5/, of which the lower loads are subsets) and on
+# traces/philly.csv. The generator never reads the workloads.
+
+#: Philly jobs shorter than this (s) are not sampled: the shortest Philly job matched
+#: by a published job ran 61 s, while 8 % of the window's jobs ran < 60 s.
+MIN_DURATION = 60.0
+#: Philly jobs of this many GPU-hours or more are not sampled (the largest matched:
+#: 818 GPU-hours; 0.2 % of the window's jobs are larger).
+MAX_GPU_HOURS = 1000.0
+#: hour of the day the published 8-hour window starts (02:00): all 1,920 published
+#: jobs match a Philly submission at 02:00 + ``time`` in their bucket, 0–46 % for
+#: every other start hour.
+WINDOW_START = 2
+#: GPU-time bucket edges in GPU-hours (the paper's decades: < 1, 1–10, 10–100,
+#: 100–1000). Bracketed by the 521 published jobs with a single Philly candidate:
+#: cifar10/ncf ≤ 0.986 h, deepspeech2/bert 1.018–9.30 h, yolov3 12.1–51.4 h,
+#: imagenet 105.6–818 h. Bucket shares in the 02:00–10:00 pool: 78.3 / 15.2 / 4.6 /
+#: 1.9 %; in the published jobs: 78.3 / 15.5 / 4.5 / 1.8 %.
+GPU_HOUR_EDGES = (1.0, 10.0, 100.0)
+#: each bucket's models with their share within the bucket, measured: cifar10 743 :
+#: ncf 760 (binomial p = 0.68 against even, kept as measured), deepspeech2 173 :
+#: bert 124 (p = 0.005 against even: the published mix leans to deepspeech2, so the
+#: measured share is used); yolov3 and imagenet alone in theirs.
+BUCKET_APPS: tuple[tuple[tuple[str, float], ...], ...] = (
+    (("cifar10", 743 / 1503), ("ncf", 760 / 1503)),
+    (("deepspeech2", 173 / 297), ("bert", 124 / 297)),
+    (("yolov3", 1.0),),
+    (("imagenet", 1.0),),
+)
+#: the (num_replicas, batch_size) pairs the published jobs of each model use, drawn
+#: uniformly (counts among the 1,920 jobs; χ² against uniform p ≥ 0.42 for each):
+#: bert 29/27/29/39, cifar10 190/181/200/172, deepspeech2 56/56/61, imagenet
+#: 13/12/9, ncf 760, yolov3 86. The Philly job's own GPU count is not used, as in
+#: the published workloads (ncf always 1 GPU, whatever the Philly job had).
+APP_CONFIGS: dict[str, tuple[tuple[int, int], ...]] = {
+    "bert": ((6, 384), (8, 384), (12, 384), (16, 384)),
+    "cifar10": ((6, 2048), (8, 2048), (12, 4096), (16, 4096)),
+    "deepspeech2": ((6, 320), (8, 320), (12, 640)),
+    "imagenet": ((24, 3200), (32, 6400), (48, 6400)),
+    "ncf": ((1, 32768),),
+    "yolov3": ((4, 64),),
+}
+
+_GEN_DEFAULTS = {"jobs": 160.0, "hours": 8.0, "load": 1.0, "start": float(WINDOW_START)}
+
+
+@dataclass
+class MeasuredTrace:
+    """Measured jobs, the profiles of their applications, and the cluster and engine
+    setting they are meant for (the paper's: 16 nodes × 4 GPUs, 60 s scheduling
+    interval, 30 s restart per re-allocation); ``skipped`` counts dropped rows by
+    reason, ``notes`` says what was assumed."""
+
+    name: str
+    jobs: list[MeasuredJobSpec]
+    apps: dict[str, Application]
+    nodes: int = 16
+    gpus_per_node: int = 4
+    interval: float = 60.0
+    restart_cost: float = 30.0
+    notes: list[str] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    def skip(self, reason: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+
+# ------------------------------------------------------------------ pollux:<folder>/<file>
+class _OutOfRange(ValueError):
+    """A well-formed row the measured profile cannot describe."""
+
+
+def _profiles(root: Path) -> Path:
+    return need_dir(root, "traces")
+
+
+def _known_apps(traces: Path) -> list[str]:
+    return sorted(p.name for p in traces.iterdir() if (p / "placements.csv").is_file())
+
+
+def _workload_path(arg: str, root: Path) -> Path:
+    """``arg`` under ``root`` (``.csv`` optional); refused if it leaves ``root``."""
+    if not arg.strip():
+        raise TraceError(f"pollux: needs a file: {FORM}, e.g. pollux:workloads/workload-6")
+    base = root.resolve()
+    cands = [root / arg] if arg.lower().endswith(".csv") else [root / f"{arg}.csv", root / arg]
+    for p in cands:
+        real = p.resolve()
+        if not real.is_relative_to(base):
+            raise TraceError(f"pollux:{arg}: {real} is outside the data's folder {base}; give <folder>/<file> under it")
+    for p in cands:
+        if p.is_file():
+            return p
+    hint = "" if "," not in arg else " (pollux:<folder>/<file> takes no options)"
+    raise TraceError(f"{cands[0]}: no such workload file{hint}")
+
+
+def load(arg: str, data_dir: Path | None, skip_bad: bool = False) -> MeasuredTrace:
+    """The workload ``<data>/pollux-osdi21/<arg>[.csv]`` (the rules are in the module
+    docstring)."""
+    root = need_dir(data_dir, DATA_SUBDIR)
+    path = _workload_path(arg, root)
+    traces = _profiles(root)
+    known = _known_apps(traces)
+    name = arg[: -len(".csv")] if arg.lower().endswith(".csv") else arg
+    trace = MeasuredTrace(f"pollux:{name}", [], {})
+    apps: dict[str, Application] = {}
+    seen: set[str] = set()
+    try:
+        f = open(path, newline="")
+    except OSError as exc:
+        raise TraceError(f"{path}: {exc.strerror or exc}") from exc
+    with f:
+        reader = csv.DictReader(f)
+        missing = [c for c in WORKLOAD_COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise TraceError(f"{path}: missing columns {missing} (need {','.join(WORKLOAD_COLUMNS)})")
+        for row in reader:
+            line = reader.line_num
+            app = (row.get("application") or "").strip()
+            if app not in known:
+                raise TraceError(f"{path}:{line}: unknown application {app!r}: no profile {traces / app}/placements.csv (profiles: {', '.join(known)})")
+            if app not in apps:  # a broken profile raises ProfileError: never a skipped row
+                apps[app] = load_applications(traces, (app,))[app]
+            try:
+                job = _job(row, app, seen)
+                _check(job, apps[app])
+            except _OutOfRange as exc:
+                if not skip_bad:
+                    raise TraceError(f"{path}:{line}: {exc}") from exc
+                trace.skip("out_of_range")
+                continue
+            except (ValueError, TypeError) as exc:
+                if not skip_bad:
+                    raise TraceError(f"{path}:{line}: {exc}") from exc
+                trace.skip("malformed")
+                continue
+            seen.add(job.id)
+            trace.jobs.append(job)
+    if not trace.jobs:
+        raise TraceError(f"{path}: no jobs" + (f" (skipped {trace.skipped})" if trace.skipped else ""))
+    order = sorted(range(len(trace.jobs)), key=lambda k: trace.jobs[k].submit_time)
+    if order != list(range(len(order))):
+        trace.jobs = [trace.jobs[k] for k in order]
+        trace.notes.append("jobs sorted by submit time (the file was not)")
+    used = {j.application for j in trace.jobs}
+    trace.apps = {a: p for a, p in sorted(apps.items()) if a in used}
+    _setting_note(trace)
+    return trace
+
+
+def _job(row: dict, app: str, seen: set[str]) -> MeasuredJobSpec:
+    name = (row.get("name") or "").strip()
+    if not name:
+        raise ValueError("missing name")
+    if name in seen:
+        raise ValueError(f"repeated job name {name!r}")
+    t = parse_float(row.get("time"), "time")
+    if t < 0:
+        raise ValueError(f"negative time {t:g}")
+    reps = parse_int(row.get("num_replicas"), "num_replicas")
+    bsz = parse_int(row.get("batch_size"), "batch_size")
+    if reps < 1 or bsz < 1:
+        raise ValueError(f"num_replicas and batch_size must be >= 1, got {reps}, {bsz}")
+    return MeasuredJobSpec(name, t, app, reps, bsz)
+
+
+def _check(job: MeasuredJobSpec, app: Application) -> None:
+    lim = app.limits
+    if not lim.init_batch_size <= job.batch_size <= lim.max_batch_size:
+        raise _OutOfRange(f"{job.application} batch_size {job.batch_size} outside the measured runs [{lim.init_batch_size}, {lim.max_batch_size}]")
+    if job.num_replicas * lim.min_local_bsz > job.batch_size:
+        raise _OutOfRange(f"{job.application} batch_size {job.batch_size} over {job.num_replicas} GPUs is below the smallest measured per-GPU batch {lim.min_local_bsz}")
+
+
+def _setting_note(trace: MeasuredTrace) -> None:
+    trace.notes.append(
+        f"the paper's setting: {trace.nodes} nodes x {trace.gpus_per_node} GPUs, {trace.interval:g} s scheduling interval, "
+        f"{trace.restart_cost:g} s restart per re-allocation"
+    )
+    cap = trace.nodes * trace.gpus_per_node
+    big = sum(j.num_replicas > cap for j in trace.jobs)
+    if big:
+        trace.notes.append(f"{big} jobs ask for more than the {cap} GPUs of the default cluster")
+
+
+# ------------------------------------------------------------------ pollux-gen:seed=N,...
+def _gen_options(arg: str, seed: int) -> tuple[int, dict[str, float]]:
+    opts = dict(_GEN_DEFAULTS)
+    given_seed: int | None = None
+    for item in (p.strip() for p in arg.split(",")):
+        if not item:
+            continue
+        k, eq, v = item.partition("=")
+        k = k.strip()
+        if not eq or (k != "seed" and k not in opts):
+            raise TraceError(f"pollux-gen: unknown option {item!r}; form: {GEN_FORM}")
+        try:
+            x = float(v)
+        except ValueError:
+            raise TraceError(f"pollux-gen: {k}={v.strip()!r} is not a number") from None
+        if not math.isfinite(x):
+            raise TraceError(f"pollux-gen: {k}={v.strip()!r} is not finite")
+        if k == "seed":
+            if x != int(x) or x < 0:
+                raise TraceError(f"pollux-gen: seed={v.strip()} must be a whole number >= 0")
+            given_seed = int(x)
+        else:
+            opts[k] = x
+    if opts["jobs"] != int(opts["jobs"]) or opts["jobs"] < 1:
+        raise TraceError(f"pollux-gen: jobs={opts['jobs']:g} must be a whole number >= 1")
+    if not 0 < opts["hours"] <= 24:
+        raise TraceError(f"pollux-gen: hours={opts['hours']:g} must be in (0, 24]")
+    if not opts["load"] > 0:
+        raise TraceError(f"pollux-gen: load={opts['load']:g} must be > 0")
+    if opts["start"] != int(opts["start"]) or not 0 <= opts["start"] < 24:
+        raise TraceError(f"pollux-gen: start={opts['start']:g} must be an hour 0..23")
+    if given_seed is None:
+        if seed < 0:
+            raise TraceError(f"pollux-gen: seed {seed} must be >= 0")
+        given_seed = int(seed)
+    return given_seed, opts
+
+
+def philly_pool(path: Path, start: int = WINDOW_START, hours: float = 8.0) -> tuple[np.ndarray, np.ndarray]:
+    """(offset into the window in s, GPU-hours) of the Philly jobs of ``path`` that the
+    generator samples: ``duration >= MIN_DURATION``, ``gpu_time <`` :data:`MAX_GPU_HOURS`,
+    submitted at a time of day in ``[start, start + hours)`` h of any day; file order.
+    A malformed row raises :class:`TraceError` naming file and line."""
+    offs: list[int] = []
+    gpu_h: list[float] = []
+    span = hours * 3600.0
+    try:
+        f = open(path, newline="")
+    except OSError as exc:
+        raise TraceError(f"{path}: {exc.strerror or exc}") from exc
+    with f:
+        reader = csv.DictReader(f)
+        missing = [c for c in PHILLY_COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise TraceError(f"{path}: missing columns {missing} (need timestamp,duration,num_gpus,gpu_time,cluster)")
+        for row in reader:
+            try:
+                ts = row.get("timestamp") or ""
+                try:
+                    if len(ts) != 19 or ts[10] != " ":
+                        raise ValueError
+                    when = datetime.fromisoformat(ts)
+                except ValueError:
+                    raise ValueError(f"timestamp is not 'YYYY-MM-DD HH:MM:SS': {ts!r}") from None
+                dur = parse_float(row.get("duration"), "duration")
+                gt = parse_float(row.get("gpu_time"), "gpu_time")
+                if dur < 0 or gt < 0:
+                    raise ValueError(f"negative duration or gpu_time: {dur:g}, {gt:g}")
+            except ValueError as exc:
+                raise TraceError(f"{path}:{reader.line_num}: {exc}") from exc
+            if dur < MIN_DURATION or gt >= MAX_GPU_HOURS * 3600:
+                continue
+            off = ((when.hour - start) % 24) * 3600 + when.minute * 60 + when.second
+            if off < span:
+                offs.append(off)
+                gpu_h.append(gt / 3600.0)
+    return np.array(offs, dtype=np.int64), np.array(gpu_h, dtype=float)
+
+
+def generate(arg: str, data_dir: Path | None, seed: int = 0) -> MeasuredTrace:
+    """A new workload from ``traces/philly.csv`` (the rule is in the module docstring);
+    ``arg`` = ``seed=N[,jobs=160][,hours=8][,load=1.0][,start=2]``."""
+    seed, o = _gen_options(arg, seed)
+    jobs, hours, load_x, start = int(o["jobs"]), o["hours"], o["load"], int(o["start"])
+    root = need_dir(data_dir, DATA_SUBDIR)
+    traces = _profiles(root)
+    offs, gpu_h = philly_pool(traces / "philly.csv", start, hours)
+    n = int(round(jobs * load_x))
+    if n < 1:
+        raise TraceError(f"pollux-gen: jobs={jobs} x load={load_x:g} rounds to no job")
+    if n > len(offs):
+        raise TraceError(f"pollux-gen: {n} jobs asked but the {hours:g} h window from {start:02d}:00 holds {len(offs)} Philly jobs")
+    rng = np.random.default_rng(seed)
+    # the permutation's draws do not depend on n, and row k of u is the k-th job's:
+    # the same seed at a higher load gives a superset of the jobs
+    pick = rng.permutation(len(offs))[:n]
+    u = rng.random((n, 2))
+    bucket = np.searchsorted(np.asarray(GPU_HOUR_EDGES), gpu_h[pick], side="right")
+    rows = []
+    for k in range(n):
+        choices = BUCKET_APPS[int(bucket[k])]
+        cum, app = 0.0, choices[-1][0]
+        for a, share in choices:
+            cum += share
+            if u[k, 0] < cum:
+                app = a
+                break
+        cfg = APP_CONFIGS[app]
+        reps, bsz = cfg[min(int(u[k, 1] * len(cfg)), len(cfg) - 1)]
+        rows.append((int(offs[pick[k]]), k, app, reps, bsz))
+    rows.sort()
+    name = f"pollux-gen:seed={seed},jobs={jobs},hours={hours:g},load={load_x:g},start={start}"
+    trace = MeasuredTrace(
+        name,
+        [MeasuredJobSpec(f"{app}-{i}", float(t), app, reps, bsz) for i, (t, _, app, reps, bsz) in enumerate(rows)],
+        {},
+    )
+    used = tuple(sorted({j.application for j in trace.jobs}))
+    missing = [a for a in used if not (traces / a / "placements.csv").is_file()]
+    if missing:
+        raise TraceError(f"{traces}: no measured profile for {', '.join(missing)}")
+    trace.apps = load_applications(traces, used)
+    trace.notes.append(
+        f"{n} jobs sampled from the {len(offs)} Philly jobs submitted {start:02d}:00 + {hours:g} h of any day "
+        f"(duration >= {MIN_DURATION:g} s, < {MAX_GPU_HOURS:g} GPU-hours); model by GPU-time bucket"
+    )
+    _setting_note(trace)
+    return trace
