@@ -116,9 +116,9 @@ def _load(args):
 
 
 def _is_measured(trace) -> bool:
-    from .traces.common import Trace
+    from .traces.pollux import MeasuredTrace
 
-    return not isinstance(trace, Trace)  # a MeasuredTrace (sim.traces.pollux)
+    return isinstance(trace, MeasuredTrace)
 
 
 def _measured_cluster(text: str | None, trace) -> tuple[int, int]:

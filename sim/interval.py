@@ -330,7 +330,7 @@ class IntervalSimulator:
         self._records.append(JobRecord(
             id=j.spec.id, submit=j.spec.submit_time, start=float(j.start if j.start is not None else j.end),
             end=float(j.end), workers=j.w0, gpus=j.w0, ideal_runtime=j.ideal, fee=0.0,
-            accuracy=j.app.metric(j.batch or j.spec.batch_size, j.epoch), epochs=j.epoch, level=-1,
+            accuracy=math.nan, epochs=j.epoch, level=-1,  # metrics differ per application: no mean
             rescales=max(j.restarts, 0), preemptions=j.preemptions,
         ))
         j.nodes = ()
