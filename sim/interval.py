@@ -103,6 +103,30 @@ class _Job:
         return len(self.nodes) * self.atomic * (self.accum + 1)
 
 
+class _Rates(Mapping[int, float]):
+    """An oracle's ``progress_rate`` table, computed on first read of each GPU count
+    (a policy reads a few of them; computing all 64 per job per interval dominated)."""
+
+    __slots__ = ("_sim", "_job", "_n", "_memo")
+
+    def __init__(self, sim: "IntervalSimulator", job: _Job, n: int) -> None:
+        self._sim, self._job, self._n, self._memo = sim, job, n, {}
+
+    def __getitem__(self, k: int) -> float:
+        if not (isinstance(k, int) and 1 <= k <= self._n):
+            raise KeyError(k)
+        r = self._memo.get(k)
+        if r is None:
+            r = self._memo[k] = self._sim._packed_rate(self._job, k)
+        return r
+
+    def __iter__(self):
+        return iter(range(1, self._n + 1))
+
+    def __len__(self) -> int:
+        return self._n
+
+
 class IntervalSimulator:
     """Measured jobs on a homogeneous cluster, an allocator deciding every interval."""
 
@@ -226,7 +250,7 @@ class IntervalSimulator:
         if self.clairvoyant:
             v.oracle = Oracle(
                 remaining_progress=max(j.app.target_progress - j.progress, 0.0),
-                progress_rate={k: self._packed_rate(j, k) for k in range(1, v.max_replicas + 1)},
+                progress_rate=_Rates(self, j, v.max_replicas),
             )
         return v
 
