@@ -221,3 +221,18 @@ def test_only_clairvoyant_allocators_see_the_oracle(apps):
     o = seen[True]
     assert o.remaining_progress == pytest.approx(apps["cifar10"].target_progress)
     assert o.progress_rate[2] > o.progress_rate[1] > 0
+
+
+@pytest.mark.parametrize("policy,published", [("tiresias-2q", 3470.0), ("optimus-oracle", 5302.0)])
+def test_peers_reproduce_the_published_workload_6(policy, published):
+    """The fidelity check in miniature: workload 6 at 1.0x, the paper's setting, within
+    15 % of the paper's figure (Qiao et al. OSDI'21; the full table: make bench-peers)."""
+    from rlsched.sim.allocators import make_allocator
+    from rlsched.sim.traces import load_trace
+
+    trace = load_trace("pollux:workloads/workload-6", data_dir=TRACES.parent.parent)
+    res = IntervalSimulator(trace.jobs, trace.apps, make_allocator(policy)).run()
+    assert len(res.records) == 160
+    jct = sum(r.jct for r in res.records) / 160
+    assert abs(jct / published - 1) <= 0.15, jct
+    assert res.clairvoyant is (policy == "optimus-oracle")
