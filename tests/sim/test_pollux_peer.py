@@ -25,6 +25,7 @@ import pytest
 
 from rlsched.core.allocation import (
     AllocationError,
+    Allocator,
     AllocJob,
     AllocNode,
     Allocation,
@@ -121,6 +122,7 @@ def test_missing_environment_is_peer_unavailable_with_the_make_target(tmp_path):
     ok, why = pollux_available(nowhere)
     assert not ok and "make pollux-env" in why and str(nowhere) in why
     pol = PolluxAllocator(nowhere)
+    assert isinstance(pol, Allocator) and pol.name == "pollux" and pol.clairvoyant is False
     with pytest.raises(PeerUnavailable, match="make pollux-env"):
         pol.allocate([_job()], NODES2, 0.0)
     assert not pol.running
