@@ -30,3 +30,6 @@ $(POLLUX_VENV)/.stamp: peers/pollux.mk
 
 pollux-env-clean:
 	rm -rf $(POLLUX_VENV)
+
+# The bridge tests run the released policy for real in `make test` (about 12 s to build).
+TEST_DEPS += pollux-env
