@@ -64,11 +64,13 @@ jobs, the measured profiles of the applications they use, and the paper's settin
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -199,6 +201,22 @@ def _workload_path(arg: str, root: Path) -> Path:
     raise TraceError(f"{cands[0]}: no such workload file{hint}")
 
 
+
+@contextlib.contextmanager
+def _reader(path: Path, columns: tuple[str, ...]) -> Iterator[csv.DictReader]:
+    """A CSV reader of ``path`` that has every one of ``columns``; TraceError naming the
+    file otherwise."""
+    try:
+        f = open(path, newline="")
+    except OSError as exc:
+        raise TraceError(f"{path}: {exc.strerror or exc}") from exc
+    with f:
+        reader = csv.DictReader(f)
+        missing = [c for c in columns if c not in (reader.fieldnames or ())]
+        if missing:
+            raise TraceError(f"{path}: missing columns {missing} (need {','.join(columns)})")
+        yield reader
+
 def load(arg: str, data_dir: Path | None, skip_bad: bool = False) -> MeasuredTrace:
     """The workload ``<data>/pollux-osdi21/<arg>[.csv]`` (the rules are in the module
     docstring)."""
@@ -210,15 +228,7 @@ def load(arg: str, data_dir: Path | None, skip_bad: bool = False) -> MeasuredTra
     trace = MeasuredTrace(f"pollux:{name}", [], {})
     apps: dict[str, Application] = {}
     seen: set[str] = set()
-    try:
-        f = open(path, newline="")
-    except OSError as exc:
-        raise TraceError(f"{path}: {exc.strerror or exc}") from exc
-    with f:
-        reader = csv.DictReader(f)
-        missing = [c for c in WORKLOAD_COLUMNS if c not in (reader.fieldnames or ())]
-        if missing:
-            raise TraceError(f"{path}: missing columns {missing} (need {','.join(WORKLOAD_COLUMNS)})")
+    with _reader(path, WORKLOAD_COLUMNS) as reader:
         for row in reader:
             line = reader.line_num
             app = (row.get("application") or "").strip()
@@ -334,15 +344,7 @@ def philly_pool(path: Path, start: int = WINDOW_START, hours: float = 8.0) -> tu
     offs: list[int] = []
     gpu_h: list[float] = []
     span = hours * 3600.0
-    try:
-        f = open(path, newline="")
-    except OSError as exc:
-        raise TraceError(f"{path}: {exc.strerror or exc}") from exc
-    with f:
-        reader = csv.DictReader(f)
-        missing = [c for c in PHILLY_COLUMNS if c not in (reader.fieldnames or ())]
-        if missing:
-            raise TraceError(f"{path}: missing columns {missing} (need timestamp,duration,num_gpus,gpu_time,cluster)")
+    with _reader(path, PHILLY_COLUMNS) as reader:
         for row in reader:
             try:
                 ts = row.get("timestamp") or ""
