@@ -48,7 +48,15 @@ def _one(policy: str, load: float, workload: int, data_dir: str | None) -> dict:
     trace = load_trace(f"pollux:{FOLDERS[load]}/workload-{workload}", data_dir=data_dir)
     cfg = IntervalConfig(interval=trace.interval, restart_cost=trace.restart_cost)
     t0 = time.perf_counter()
-    res, m = run_allocator(trace, (trace.nodes, trace.gpus_per_node), policy, cfg)
+    calls = [0]
+
+    def tick(done: int, total: int) -> None:  # slow policies (Pollux): a line every 100 decisions
+        calls[0] += 1
+        if calls[0] % 100 == 0:
+            print(f"  {policy} {load:g}x workload-{workload}: {calls[0]} decisions, {done}/{total} jobs done, "
+                  f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+
+    res, m = run_allocator(trace, (trace.nodes, trace.gpus_per_node), policy, cfg, progress=tick)
     return {
         "policy": policy, "load": load, "workload": workload, "jct_mean": m["jct_mean"], "jct_p95": m["jct_p95"],
         "makespan": m["makespan"], "gpu_util_mean": m["gpu_util_mean"], "jobs_completed": m["jobs_completed"],
