@@ -11,6 +11,16 @@ a ``highest`` class). With ``backfill`` later jobs start when the head does not 
 
 What the ordering sees of a job is what a live operator knows: its request, submit
 time and attained service; no run time (no user estimate in these workloads).
+
+With a ``scaling`` policy the allocator also runs core's
+:class:`~rlsched.core.planning.ScalingPlanner` — the operator's elastic planner — on the
+running jobs each interval, after admission, as the operator's cycle does: each job's
+reported learning curve (:func:`learning_score`) is folded into its
+:class:`~rlsched.core.planning.ElasticState`, the policy is asked about jobs with a new
+evaluation, one worker more or less per decision, within ``[1, max_replicas]``,
+scale-ups leave the blocked head's GPUs free, and a job gaining less than ``beta`` gives a
+worker back. A measured job completes at its application's target, so the planner's
+β stop does not end it here. The batch size stays the job's (its per-GPU share changes).
 """
 
 from __future__ import annotations
@@ -18,11 +28,26 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from .allocation import Allocation, AllocJob, AllocNode
-from .cluster import ClusterState, JobView
-from .policy import Ordering, Placement
+from .cluster import ClusterState, JobView, Progress
+from .planning import ElasticState, RunningJob, ScalingPlanner, TrainingSpec, reserved_gpus, scaling_steps
+from .policy import Ordering, Placement, Scaling
 from .topology import Topology
 
-__all__ = ["GangAllocator"]
+__all__ = ["GangAllocator", "learning_score"]
+
+
+def learning_score(metrics: Sequence[float], higher_is_better: bool) -> list[float]:
+    """A reported learning curve as the rising, unit-free score the β rule compares:
+    the relative improvement over the first evaluation, ``(m - m1) / |m1|`` for a rising
+    metric (accuracy, F1), ``(m1 - m) / |m1|`` for a falling one (word error rate,
+    loss). A gain of β = 0.001 per evaluation is then 0.1 % of the starting metric,
+    whatever the metric's unit."""
+    if not metrics:
+        return []
+    m1 = float(metrics[0])
+    scale = abs(m1) or 1.0
+    sign = 1.0 if higher_is_better else -1.0
+    return [sign * (float(m) - m1) / scale for m in metrics]
 
 
 class GangAllocator:
@@ -30,12 +55,19 @@ class GangAllocator:
 
     clairvoyant = False
 
-    def __init__(self, ordering: Ordering, placement: Placement, *, backfill: bool = True, name: str | None = None) -> None:
+    def __init__(self, ordering: Ordering, placement: Placement, scaling: Scaling | None = None, *,
+                 backfill: bool = True, beta: float = 0.001, patience: int = 5, name: str | None = None) -> None:
         self.ordering = ordering
         self.placement = placement
         self.backfill = backfill
-        self.name = name or f"{getattr(ordering, 'name', 'ordering')}/{getattr(placement, 'name', 'placement')}"
+        self.beta = beta
+        self.planner = ScalingPlanner(scaling, patience=patience) if scaling is not None else None
+        parts = [getattr(ordering, "name", "ordering"), getattr(placement, "name", "placement")]
+        if scaling is not None:
+            parts.append(getattr(scaling, "name", "scaling"))
+        self.name = name or "/".join(parts)
         self._topo: tuple[tuple[int, ...], Topology] | None = None
+        self._elastic: dict[str, ElasticState] = {}
 
     def _topology(self, nodes: Sequence[AllocNode]) -> Topology:
         key = tuple(n.gpus for n in nodes)
@@ -69,14 +101,61 @@ class GangAllocator:
             else:
                 pending.append(v)
         state.pending = pending
-        if not pending:
-            return out
-        for v in self.ordering.rank(pending, state):
-            place = self.placement.place(v, state)
-            if place is None:
-                if self.backfill:
-                    continue
-                break
-            state.allocate_job(v, place)
-            out[v.id] = Allocation(tuple(nodes[k].index for k in place))
+        blocked = None
+        if pending:
+            for v in self.ordering.rank(pending, state):
+                place = self.placement.place(v, state)
+                if place is None:
+                    blocked = blocked or v
+                    if self.backfill:
+                        continue
+                    break
+                state.allocate_job(v, place)
+                out[v.id] = Allocation(tuple(nodes[k].index for k in place))
+        if self.planner is not None:
+            self._scale(jobs, nodes, state, out, blocked, now)
         return out
+
+    def _scale(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], state: ClusterState,
+               out: dict[str, Allocation], blocked: JobView | None, now: float) -> None:
+        """One elastic cycle of core's planner over the jobs that were running."""
+        live = {j.id for j in jobs}
+        self._elastic = {k: v for k, v in self._elastic.items() if k in live}
+        running = []
+        for j in jobs:
+            if not j.allocation:
+                continue
+            v = state.running[j.id]
+            v.min_workers, v.max_workers = 1, max(j.max_replicas, v.workers)
+            hist = learning_score(j.metrics, j.higher_is_better)
+            prog = Progress(epoch=j.epoch, accuracy=hist[-1] if hist else 0.0, history=hist)
+            v.progress = prog
+            if j.profile and j.atomic_bsz:
+                last = j.profile[-1]
+                v.throughput = last.atomic_bsz / max(last.step_time, 1e-9)
+            es = self._elastic.setdefault(j.id, ElasticState())
+            es.observe(prog, v.workers, j.age, self.beta, 0)
+            spec = TrainingSpec(min_workers=1, max_workers=v.max_workers, beta=self.beta, max_epochs=1 << 30)
+            running.append(RunningJob(key=j.id, spec=spec, workers=v.workers, progress=prog, state=es,
+                                      submit_time=j.submit_time, start_time=now, placement=list(v.placement),
+                                      patience=1 << 30, job=v))  # completion is the target, never a β stop
+        if not running:
+            return
+        head = None
+        if blocked is not None:
+            head = TrainingSpec(min_workers=blocked.workers, max_workers=blocked.workers)
+        plan = self.planner.plan(running, state, reserved_gpus=reserved_gpus(head), place=self._place_one)
+        for jid, step in scaling_steps(plan.deltas):
+            cur = list(out[jid].nodes)
+            if step < 0 and len(cur) > 1:
+                cur.pop()
+            elif step > 0 and jid in plan.nodes:
+                cur.append(nodes[plan.nodes[jid]].index)
+            out[jid] = Allocation(tuple(cur))
+
+    def _place_one(self, rj: RunningJob, state: ClusterState) -> int | None:
+        v = rj.job
+        grown = JobView(id=v.id, submit_time=v.submit_time, workers=v.workers + 1, min_workers=1,
+                        max_workers=max(v.max_workers, v.workers + 1), placement=list(v.placement))
+        place = self.placement.place(grown, state, workers=1)
+        return int(place[0]) if place else None

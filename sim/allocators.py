@@ -9,10 +9,12 @@
 ``pollux``
     the released Pollux policy (PyPI ``adaptdl-sched==0.2.11``) in its own environment,
     through a bridge process (:mod:`rlsched.sim.peers.pollux`; ``make pollux-env``).
-``<ordering>/<placement>``
+``<ordering>/<placement>[/<scaling>]``
     any of our orderings and placements (``fifo/bestfit``, ``tiresias/topology``, ...)
     as a gang allocator with backfill (:class:`rlsched.core.gang_allocator.GangAllocator`):
-    requested GPUs and batch size, no preemption.
+    requested GPUs and batch size, no preemption; with a scaling policy (``beta``,
+    ``fs``, ``optimus``, ``rlpto``, ...) core's elastic planner resizes running jobs on
+    their reported learning curves.
 """
 
 from __future__ import annotations
@@ -59,15 +61,18 @@ def make_allocator(name: str, *, seed: int = 0, **opts) -> Allocator:
     if "/" in name:
         import numpy as np
 
-        from rlsched.core import make_ordering, make_placement
+        from rlsched.core import make_ordering, make_placement, make_scaling
         from rlsched.core.gang_allocator import GangAllocator
 
         parts = name.split("/")
-        if len(parts) != 2 or not all(parts):
-            raise ValueError(f"allocation policy {name!r}: expected a name or ordering/placement")
-        so, sp = np.random.SeedSequence(seed).spawn(2)
+        if len(parts) not in (2, 3) or not all(parts):
+            raise ValueError(f"allocation policy {name!r}: expected a name or ordering/placement[/scaling]")
+        so, sp, ss = np.random.SeedSequence(seed).spawn(3)
+        scaling = None
+        if len(parts) == 3 and parts[2] != "none":
+            scaling = make_scaling(parts[2], rng=np.random.default_rng(ss))
         return GangAllocator(make_ordering(parts[0], rng=np.random.default_rng(so)),
-                             make_placement(parts[1], rng=np.random.default_rng(sp)), name=name, **opts)
+                             make_placement(parts[1], rng=np.random.default_rng(sp)), scaling, name=name, **opts)
     try:
         factory = ALLOCATORS[name]
     except KeyError:

@@ -262,10 +262,10 @@ def _cmd_run(args) -> int:
         trace, topo = _load(args)
         if _is_measured(trace):
             if args.ordering and args.placement and not args.allocator:
-                args.allocator = f"{args.ordering}/{args.placement}"
-            if not args.allocator or args.scaling:
+                args.allocator = f"{args.ordering}/{args.placement}" + (f"/{args.scaling}" if args.scaling else "")
+            if not args.allocator:
                 raise ValueError("a measured workload runs an allocation policy: give --allocator NAME "
-                                 "(or --ordering and --placement, without --scaling)")
+                                 "(or --ordering and --placement [--scaling])")
             with _progress(args.quiet) as prog:
                 task = prog.add_task(args.allocator, total=len(trace.jobs))
                 _, m = run_allocator(trace, topo, args.allocator, _interval_config(args, trace),
@@ -324,7 +324,7 @@ def _cmd_compare(args) -> int:
         trace, topo = _load(args)
         measured = _is_measured(trace)
         for o, p, s, _ in policies:
-            if (not measured and p == "") or (measured and s):
+            if not measured and p == "":
                 raise ValueError(f"policy {o + ('/' + p if p else '') + ('/' + s if s else '')!r}: measured workloads run "
                                  "allocation policies (tiresias-2q, optimus-oracle, pollux, ordering/placement); other "
                                  "traces run ordering/placement[/scaling]")
@@ -341,7 +341,7 @@ def _cmd_compare(args) -> int:
         with _progress(args.quiet) as prog:
             overall = prog.add_task("policies", total=len(policies))
             for o, p, s, clair in policies:
-                name = f"{o}/{p}" + (f"/{s}" if s else "") if p else o
+                name = (f"{o}/{p}" + (f"/{s}" if s else "")) if p else o
                 if measured:
                     task = prog.add_task(f"  {name}", total=len(trace.jobs))
                     res, m = run_allocator(trace, topo, name, config, seed=args.seed,

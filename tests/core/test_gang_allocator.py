@@ -36,3 +36,25 @@ def test_backfill_or_head_of_line_blocking():
     jobs = [job("run", 0, 6, (0, 0, 0, 0, 1, 1)), job("big", 1, 4), job("small", 2, 1)]
     assert set(gang(backfill=True).allocate(jobs, NODES, 0.0)) == {"run", "small"}
     assert set(gang(backfill=False).allocate(jobs, NODES, 0.0)) == {"run"}
+
+
+def test_learning_score_is_relative_improvement_in_the_metric_direction():
+    from rlsched.core.gang_allocator import learning_score
+
+    assert learning_score([0.5, 0.6, 0.75], True) == [0.0, 0.19999999999999996, 0.5]
+    assert learning_score([100.0, 50.0, 40.0], False) == [0.0, 0.5, 0.6]  # WER falls: the score rises
+    assert learning_score([], True) == []
+
+
+def test_a_converging_job_gives_a_worker_back_and_a_gaining_one_grows():
+    from rlsched.core import make_scaling
+
+    alloc = GangAllocator(make_ordering("fifo"), make_placement("firstfit"), make_scaling("beta"))
+    flat = job("flat", 0, 2, (0, 0))
+    flat.metrics, flat.epoch = (0.5,) * 8, 8  # no gain for 8 evaluations
+    rising = job("rising", 1, 2, (1, 1))
+    rising.metrics, rising.epoch = tuple(0.1 * k for k in range(1, 9)), 8
+    out = alloc.allocate([flat, rising], NODES, 600.0)
+    check_allocations([flat, rising], NODES, out)
+    assert len(out["flat"].nodes) == 1
+    assert len(out["rising"].nodes) == 3

@@ -41,10 +41,23 @@ def test_run_on_a_larger_cluster_and_a_generated_workload(tmp_path):
 
 def test_mismatched_policies_are_clear_errors(tmp_path, capsys):
     assert main(["sim", "compare", "--trace", "pollux:workloads/workload-1", "--data-dir", str(DATA),
-                 "--policies", "fifo/firstfit/beta", "--out", str(tmp_path), "--quiet"]) == 2
-    assert "measured workloads run allocation policies" in capsys.readouterr().err
+                 "--policies", "fifo", "--out", str(tmp_path), "--quiet"]) == 2
+    assert "or an allocation policy" in capsys.readouterr().err
     assert main(["sim", "compare", "--trace", "synthetic:small,jobs=10", "--policies", "tiresias-2q",
                  "--out", str(tmp_path), "--quiet"]) == 2
     assert main(["sim", "run", "--trace", "pollux:workloads/workload-1", "--data-dir", str(DATA),
                  "--allocator", "nope", "--out", str(tmp_path), "--quiet"]) == 2
     assert "unknown allocation policy 'nope'" in capsys.readouterr().err
+
+
+def test_elastic_scaling_on_measured_jobs_reacts_to_the_real_curves(tmp_path):
+    """fifo/bestfit with core's planner and the β rule: jobs are resized on their
+    reported validation curves (rescales happen) and every job still completes."""
+    res = {}
+    for pol in ("fifo/bestfit", "fifo/bestfit/beta"):
+        out = tmp_path / pol.replace("/", "-")
+        assert main(["sim", "run", "--trace", "pollux:workloads-0.5/workload-6", "--data-dir", str(DATA),
+                     "--allocator", pol, "--out", str(out), "--quiet"]) == 0
+        res[pol] = json.loads((out / "metrics.json").read_text())
+    assert res["fifo/bestfit/beta"]["jobs_completed"] == 80
+    assert res["fifo/bestfit/beta"]["rescales_total"] > res["fifo/bestfit"]["rescales_total"]
