@@ -5,9 +5,11 @@
 serve — under the allocation interface (:mod:`rlsched.core.allocation`), so they can be
 measured on the interval engine beside the peers: each job runs its requested GPUs
 (``target_replicas``) at its requested batch size, started gang-style where the
-placement puts it, in the order the ordering ranks the waiting jobs; a running job
-keeps its nodes (no preemption, no migration: the operator's default admission without
-a ``highest`` class). With ``backfill`` later jobs start when the head does not fit.
+placement puts it, in the order the ordering ranks the waiting jobs, through core's
+:class:`~rlsched.core.planning.Admission` (the operator's queue rules): a running job
+keeps its nodes (no migration), and under a preemptive ordering (Tiresias, SRTF) the
+blocked head of the queue evicts jobs the ordering ranks after it, which keep their
+progress and wait. With ``backfill`` later jobs start when the head does not fit.
 
 What the ordering sees of a job is what a live operator knows: its request, submit
 time and attained service; no run time (no user estimate in these workloads).
@@ -29,7 +31,17 @@ from typing import Mapping, Sequence
 
 from .allocation import Allocation, AllocJob, AllocNode
 from .cluster import ClusterState, JobView, Progress
-from .planning import ElasticState, RunningJob, ScalingPlanner, TrainingSpec, reserved_gpus, scaling_steps
+from .planning import (
+    Admission,
+    ElasticState,
+    QueueEntry,
+    RunningEntry,
+    RunningJob,
+    ScalingPlanner,
+    TrainingSpec,
+    reserved_gpus,
+    scaling_steps,
+)
 from .policy import Ordering, Placement, Scaling
 from .topology import Topology
 
@@ -56,12 +68,15 @@ class GangAllocator:
     clairvoyant = False
 
     def __init__(self, ordering: Ordering, placement: Placement, scaling: Scaling | None = None, *,
-                 backfill: bool = True, beta: float = 0.001, patience: int = 5, name: str | None = None) -> None:
+                 backfill: bool = True, preemption: bool = True, beta: float = 0.001, patience: int = 5,
+                 name: str | None = None) -> None:
         self.ordering = ordering
         self.placement = placement
         self.backfill = backfill
         self.beta = beta
         self.planner = ScalingPlanner(scaling, patience=patience) if scaling is not None else None
+        #: core's admission: the operator's queue rules (preemption under preemptive orderings)
+        self.admission = Admission(ordering, backfill=backfill, preemption=preemption)
         parts = [getattr(ordering, "name", "ordering"), getattr(placement, "name", "placement")]
         if scaling is not None:
             parts.append(getattr(scaling, "name", "scaling"))
@@ -101,20 +116,55 @@ class GangAllocator:
             else:
                 pending.append(v)
         state.pending = pending
-        blocked = None
-        if pending:
-            for v in self.ordering.rank(pending, state):
-                place = self.placement.place(v, state)
-                if place is None:
-                    blocked = blocked or v
-                    if self.backfill:
-                        continue
-                    break
-                state.allocate_job(v, place)
-                out[v.id] = Allocation(tuple(nodes[k].index for k in place))
+        blocked = self._admit(jobs, nodes, state, pending, out, now)
         if self.planner is not None:
             self._scale(jobs, nodes, state, out, blocked, now)
         return out
+
+    def _admit(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], state: ClusterState,
+               pending: list[JobView], out: dict[str, Allocation], now: float) -> JobView | None:
+        """Core's admission, as the operator's cycle runs it: the waiting jobs in the
+        ordering's order, each gang started where the placement puts it, head-of-line
+        blocking or backfill; under a preemptive ordering (Tiresias, SRTF) the blocked
+        head evicts jobs the ordering ranks after it (they keep their progress and wait).
+        Returns the job left blocked at the head, if any."""
+        by_id = {j.id: j for j in jobs}
+
+        def spec(v: JobView) -> TrainingSpec:
+            return TrainingSpec(min_workers=v.workers, max_workers=v.workers)
+
+        def place(v: JobView, st: ClusterState):
+            return self.placement.place(v, st)
+
+        blocked = None
+        for _ in range(2 * len(jobs) + 2):  # each round evicts jobs ranked after the head: rounds end
+            waiting = [QueueEntry(key=v.id, spec=spec(v), submit_time=v.submit_time, priority=0.0, job=v)
+                       for v in pending]
+            running = [RunningEntry(key=v.id, spec=spec(v), priority=0.0, start_time=by_id[v.id].submit_time,
+                                    placement=list(v.placement), job=v) for v in state.running.values()]
+            plan = self.admission.plan(waiting, running, state, place=place)
+            views = {v.id: v for v in pending}
+            for key in plan.admit:
+                v = views[key]
+                where = self.placement.place(v, state)
+                if where is None:  # the room check said it fits: a placement that disagrees waits
+                    continue
+                state.allocate_job(v, where)
+                v.placement = list(where)
+                state.running[v.id] = v
+                out[v.id] = Allocation(tuple(nodes[k].index for k in where))
+            started = set(plan.admit)
+            pending = [v for v in pending if v.id not in started or v.id not in out]
+            blocked = views.get(plan.blocked) if plan.blocked else None
+            if not plan.preempt:
+                break
+            for key in plan.preempt:
+                v = state.running.pop(key)
+                state.release_job(v, v.placement)
+                v.placement = []
+                out.pop(key, None)
+                pending.append(v)
+        return blocked
 
     def _scale(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], state: ClusterState,
                out: dict[str, Allocation], blocked: JobView | None, now: float) -> None:

@@ -58,3 +58,17 @@ def test_a_converging_job_gives_a_worker_back_and_a_gaining_one_grows():
     check_allocations([flat, rising], NODES, out)
     assert len(out["flat"].nodes) == 1
     assert len(out["rising"].nodes) == 3
+
+
+def test_a_preemptive_ordering_evicts_through_cores_admission():
+    """Tiresias (core's ordering, threshold 3600 GPU-s): a fresh job outranks one that
+    has run past the threshold; the blocked newcomer evicts it, as the operator does."""
+    old = job("old", 0, 8, (0, 0, 0, 0, 1, 1, 1, 1))
+    old.attained_service = 10_000.0
+    new = job("new", 5, 4)
+    out = gang(order="tiresias", place="firstfit").allocate([old, new], NODES, 600.0)
+    check_allocations([old, new], NODES, out)
+    assert "old" not in out and len(out["new"].nodes) == 4
+    # without preemption the running job keeps its GPUs and the newcomer waits
+    keep = GangAllocator(make_ordering("tiresias"), make_placement("firstfit"), preemption=False)
+    assert set(keep.allocate([old, new], NODES, 600.0)) == {"old"}
