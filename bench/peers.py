@@ -95,6 +95,7 @@ def plot(summary: list[dict], runs: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     pols = [p for p in POLICIES if any(s["policy"] == p for s in summary)]
+    pols += sorted({s["policy"] for s in summary} - set(pols))
     loads = sorted({s["load"] for s in summary})
     fig, axes = plt.subplots(1, len(loads), figsize=(4.2 * len(loads), 4), squeeze=False, sharey=False)
     for ax, load in zip(axes[0], loads):
@@ -108,7 +109,7 @@ def plot(summary: list[dict], runs: list[dict], path: Path) -> None:
             pts = [r["jct_mean"] for r in runs if r["policy"] == pol and r["load"] == load]
             ax.scatter([i - 0.18] * len(pts), pts, s=8, color="k", zorder=3)
         ax.set_xticks(range(len(pols)))
-        ax.set_xticklabels([p + ("*" if p == "optimus-oracle" else "") for p in pols], fontsize=8)
+        ax.set_xticklabels([p + ("*" if p == "optimus-oracle" else "") for p in pols], fontsize=8, rotation=20)
         ax.set_title(f"{load:g}x load")
         ax.set_ylabel("mean JCT (s)")
         ax.grid(axis="y", alpha=0.3)
