@@ -164,6 +164,15 @@ def main(argv=None) -> int:
     gens = [int(x) for x in args.generated.split(",") if x]
     tasks = [(p, ld, w, False) for p in policies for ld in loads for w in wls]
     tasks += [(p, ld, g, True) for p in policies for ld in loads for g in gens]
+    from rlsched.sim.traces import TraceError, data_dir
+
+    try:  # the data must be there before any process starts
+        ddir = data_dir(args.data_dir)
+        if ddir is None or not (ddir / "pollux-osdi21").is_dir():
+            raise TraceError(f"no pollux-osdi21/ under the data folder {ddir}: pass --data-dir or set RLSCHED_DATA_DIR")
+    except TraceError as e:
+        print(f"bench/peers.py: error: {e}", file=sys.stderr)
+        return 2
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
