@@ -173,7 +173,7 @@ class GangAllocator:
         self._elastic = {k: v for k, v in self._elastic.items() if k in live}
         running = []
         for j in jobs:
-            if not j.allocation:
+            if not j.allocation or j.id not in out:  # waiting, or preempted this cycle
                 continue
             v = state.running[j.id]
             v.min_workers, v.max_workers = 1, max(j.max_replicas, v.workers)

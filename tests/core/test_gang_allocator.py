@@ -72,3 +72,15 @@ def test_a_preemptive_ordering_evicts_through_cores_admission():
     # without preemption the running job keeps its GPUs and the newcomer waits
     keep = GangAllocator(make_ordering("tiresias"), make_placement("firstfit"), preemption=False)
     assert set(keep.allocate([old, new], NODES, 600.0)) == {"old"}
+
+
+def test_a_job_preempted_this_cycle_is_not_resized():
+    from rlsched.core import make_scaling
+
+    old = job("old", 0, 8, (0, 0, 0, 0, 1, 1, 1, 1))
+    old.attained_service, old.metrics, old.epoch = 10_000.0, (0.1, 0.2, 0.3), 3
+    new = job("new", 5, 4)
+    alloc = GangAllocator(make_ordering("tiresias"), make_placement("firstfit"), make_scaling("fs"))
+    out = alloc.allocate([old, new], NODES, 600.0)
+    check_allocations([old, new], NODES, out)
+    assert "old" not in out and len(out["new"].nodes) >= 4
