@@ -60,7 +60,7 @@ def _one(policy: str, load: float, workload: int, data_dir: str | None, generate
     res, m = run_allocator(trace, (trace.nodes, trace.gpus_per_node), policy, cfg, progress=tick)
     return {
         "policy": policy, "load": load, "workload": workload, "trace": spec, "generated": generated,
-        "jct_mean": m["jct_mean"], "jct_p95": m["jct_p95"],
+        "jct_mean": m["jct_mean"], "jct_p95": m["jct_p95"], "queued_mean": m["queued_mean"],
         "makespan": m["makespan"], "gpu_util_mean": m["gpu_util_mean"], "jobs_completed": m["jobs_completed"],
         "jobs_unfinished": m["jobs_unfinished"], "restarts": m["rescales_total"],
         "preemptions": m["preemptions_total"], "clairvoyant": m["clairvoyant"],

@@ -175,6 +175,9 @@ class JobRecord:
     level: int  # span level at start
     rescales: int
     preemptions: int = 0  # times it was suspended (checkpointed) and requeued
+    #: seconds it held no GPUs between submission and completion (the interval engine
+    #: counts it; nan where not counted)
+    queued: float = math.nan
 
     @property
     def jct(self) -> float:

@@ -74,7 +74,7 @@ class IntervalConfig:
 class _Job:
     __slots__ = (
         "spec", "app", "progress", "epoch", "attained", "restarts", "nodes", "placement", "atomic", "accum",
-        "delay", "end", "start", "profile", "grad", "preemptions", "w0", "ideal", "metrics",
+        "delay", "end", "start", "profile", "grad", "preemptions", "w0", "ideal", "metrics", "queued",
     )
 
     def __init__(self, spec: MeasuredJobSpec, app: Application) -> None:
@@ -97,6 +97,7 @@ class _Job:
         self.w0 = 0
         self.ideal = 0.0
         self.metrics: list[float] = []
+        self.queued = 0.0  # seconds with no GPUs since submission
 
     @property
     def batch(self) -> int:
@@ -190,7 +191,9 @@ class IntervalSimulator:
         """One decision at ``now`` for the submitted jobs, then one interval of training."""
         cfg = self.config
         while self._next < len(self._jobs) and self._jobs[self._next].spec.submit_time <= self.now:
-            self._active.append(self._jobs[self._next])
+            j = self._jobs[self._next]
+            j.queued += self.now - j.spec.submit_time  # submitted between two decisions
+            self._active.append(j)
             self._next += 1
         if self._active:
             self._decide()
@@ -317,6 +320,7 @@ class IntervalSimulator:
     def _train(self, j: _Job, dt: float) -> None:
         """Advance a job by ``dt`` seconds of wall time from ``now``."""
         if not j.nodes:
+            j.queued += dt
             return
         r = len(j.nodes)
         wait = min(j.delay, dt)
@@ -355,7 +359,7 @@ class IntervalSimulator:
             id=j.spec.id, submit=j.spec.submit_time, start=float(j.start if j.start is not None else j.end),
             end=float(j.end), workers=j.w0, gpus=j.w0, ideal_runtime=j.ideal, fee=0.0,
             accuracy=math.nan, epochs=j.epoch, level=-1,  # metrics differ per application: no mean
-            rescales=max(j.restarts, 0), preemptions=j.preemptions,
+            rescales=max(j.restarts, 0), preemptions=j.preemptions, queued=j.queued,
         ))
         j.nodes = ()
 

@@ -110,6 +110,8 @@ def compute_metrics(res: SimResult, series_points: int = SERIES_POINTS) -> dict[
         "accuracy_final_mean": _mean(acc),
         "rescales_total": int(sum(r.rescales for r in recs)),
         "preemptions_total": int(sum(r.preemptions for r in recs)),
+        "queued_mean": _mean(np.array([r.queued for r in recs], dtype=float)[~np.isnan([r.queued for r in recs])])
+        if recs else math.nan,
         "events": res.events,
         "total_gpus": res.total_gpus,
     }

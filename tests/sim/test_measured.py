@@ -187,6 +187,7 @@ def test_a_job_left_out_keeps_its_progress(apps):
     v = sim.views()[0]
     assert v.progress == p > 0 and v.allocation == ()
     assert v.attained_service == pytest.approx(60.0)
+    assert sim._by_id["j"].queued == pytest.approx(120.0)
 
 
 def test_an_overcommitting_allocator_is_refused(apps):
@@ -201,6 +202,7 @@ def test_jobs_wait_for_the_next_decision_and_idle_time_is_skipped(apps):
     res = IntervalSimulator([job], apps, Pin([{"j": (0,)}]), nodes=1, gpus_per_node=4,
                             config=IntervalConfig(interval=60)).run()
     assert res.records[0].start == 1020.0  # the first decision at or after t=1000
+    assert res.records[0].queued == 20.0
 
 
 def test_only_clairvoyant_allocators_see_the_oracle(apps):
