@@ -160,7 +160,7 @@ def main(argv=None) -> int:
             skipped["pollux"] = why
             policies.remove("pollux")
     loads = [float(x) for x in args.loads.split(",")]
-    wls = [int(x) for x in args.workloads.split(",")]
+    wls = [int(x) for x in args.workloads.split(",") if x]
     gens = [int(x) for x in args.generated.split(",") if x]
     tasks = [(p, ld, w, False) for p in policies for ld in loads for w in wls]
     tasks += [(p, ld, g, True) for p in policies for ld in loads for g in gens]
