@@ -36,11 +36,12 @@ simulator/simulator.py):
 * ``GoodputFunction(perf_params, GradParams(sqr, var), init_batch_size)`` and
   ``SpeedupFunction(goodput, max_batch_size, (min_local_bsz, max_local_bsz),
   accumulation=True)``; a job with no samples yet scales linearly (``r``);
-* ``JobInfo({"nvidia.com/gpu": 1}, speedup, submit_time, min_replicas=0,
+* ``JobInfo({resource: 1}, speedup, submit_time, min_replicas=0,
   max_replicas=min(max(2 × most profiled replicas, 1), 64, max_batch_size //
   min_local_bsz), preemptible=True)``, further capped by the request's ``max_replicas``
   (the client pins ncf to 1), with ``num_restarts`` and ``age`` set;
-* nodes ``NodeInfo({"nvidia.com/gpu": g}, preemptible=False)``.
+* nodes ``NodeInfo({resource: g}, preemptible=False)``, ``resource`` the GPU resource
+  name the client sends (rlsched's contract owns it; this script imports nothing of rlsched).
 
 The released policy also plans cluster autoscaling: it searches allocations over the
 real nodes plus as many copies of a node template, and keeps to the number of nodes its
@@ -70,7 +71,6 @@ import time
 import traceback
 
 PROTOCOL = 1
-GPU = "nvidia.com/gpu"
 #: the paper's simulator caps a job at 64 replicas
 MAX_REPLICAS = 64
 EPS = 1e-8
@@ -197,9 +197,12 @@ def parse_job(j, k: int, nodes: dict[int, int]) -> dict:
     return out
 
 
-def parse_request(req) -> tuple[dict[int, int], list[dict]]:
+def parse_request(req) -> tuple[str, dict[int, int], list[dict]]:
     if not isinstance(req, dict):
         raise BadRequest("a request must be a JSON object")
+    resource = req.get("resource")
+    if not isinstance(resource, str) or not resource:
+        raise BadRequest("'resource' must name the GPU resource")
     nodes = parse_nodes(req.get("nodes"))
     raw = req.get("jobs")
     if not isinstance(raw, list):
@@ -208,7 +211,7 @@ def parse_request(req) -> tuple[dict[int, int], list[dict]]:
     ids = [j["id"] for j in jobs]
     if len(set(ids)) != len(ids):
         raise BadRequest("duplicate job ids")
-    return nodes, jobs
+    return resource, nodes, jobs
 
 
 # ---------------------------------------------------------------------------- batch sizes
@@ -273,7 +276,7 @@ class Bridge:
 
     def handle(self, req) -> dict:
         t0 = time.perf_counter()
-        nodes, jobs = parse_request(req)
+        gpu, nodes, jobs = parse_request(req)
         self._fits = {k: v for k, v in self._fits.items() if k in {j["id"] for j in jobs}}
         utils = self.utils
         infos, goodputs, fits = {}, {}, 0
@@ -294,18 +297,18 @@ class Bridge:
                 goodputs[job["id"]] = gfn
                 speedup = self.speedup.SpeedupFunction(
                     gfn, job["max_batch_size"], (job["min_local_bsz"], job["max_local_bsz"]), accumulation=True)
-            info = utils.JobInfo({GPU: 1}, speedup, job["submit_time"], min_r, max_r, preemptible=True)
+            info = utils.JobInfo({gpu: 1}, speedup, job["submit_time"], min_r, max_r, preemptible=True)
             info.num_restarts = job["num_restarts"]
             info.age = job["age"]
             infos[job["id"]] = info
-        node_infos = {i: utils.NodeInfo({GPU: g}, preemptible=False) for i, g in nodes.items()}
+        node_infos = {i: utils.NodeInfo({gpu: g}, preemptible=False) for i, g in nodes.items()}
         desired = len(nodes)
         allocations: dict = {}
         if infos and node_infos and any(nodes.values()):
             prev = {j["id"]: list(j["allocation"]) for j in jobs if j["allocation"] and j["id"] in infos}
             # fixed: no node can be added (a template without GPUs); autoscale: the released
             # allocator's template, the largest node, which may be requested
-            template = utils.NodeInfo({GPU: max(nodes.values()) if self.autoscale else 0}, preemptible=False)
+            template = utils.NodeInfo({gpu: max(nodes.values()) if self.autoscale else 0}, preemptible=False)
             allocations, desired = self.policy.optimize(infos, node_infos, prev, template)
         by_id = {j["id"]: j for j in jobs}
         out = {}

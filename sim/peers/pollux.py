@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from rlsched.core.allocation import AllocJob, AllocNode, Allocation, check_allocations
+from rlsched.core.contract import RESOURCE_GPU
 
 __all__ = [
     "PeerUnavailable",
@@ -168,6 +169,7 @@ def request_of(jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], now: float,
         raise ValueError(f"now is {now}, not a finite number")
     return {
         "now": now,
+        "resource": RESOURCE_GPU,
         "nodes": [{"index": n.index, "gpus": n.gpus} for n in nodes],
         "jobs": [_job(j, pinned) for j in jobs],
     }

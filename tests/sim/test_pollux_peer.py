@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from rlsched.core.contract import RESOURCE_GPU
+
 from rlsched.core.allocation import (
     AllocationError,
     Allocator,
@@ -265,8 +267,8 @@ def test_bridge_parses_and_refuses_requests():
     b = _bridge_module()
     req = request_of([_job(allocation=(1,), profile=GOOD_PROFILE + (ProfileSample(1, 1, 128, 0.5, 0.0),))],
                      NODES2, 60.0)
-    nodes, (job,) = b.parse_request(json.loads(json.dumps(req)))
-    assert nodes == {0: 4, 1: 4}
+    resource, nodes, (job,) = b.parse_request(json.loads(json.dumps(req)))
+    assert resource == RESOURCE_GPU and nodes == {0: 4, 1: 4}
     assert job["allocation"] == [1] and len(job["profile"]) == 4
     assert job["profile"][(1, 1, 128)] == (0.100, 0.0)  # a repeated configuration keeps its first sample
     bad = json.loads(json.dumps(req))
@@ -278,7 +280,9 @@ def test_bridge_parses_and_refuses_requests():
     with pytest.raises(b.BadRequest, match="need 0 <= sync_time < step_time"):
         b.parse_request(bad)
     with pytest.raises(b.BadRequest, match="duplicate job ids"):
-        b.parse_request({"nodes": req["nodes"], "jobs": [req["jobs"][0], req["jobs"][0]]})
+        b.parse_request({"resource": RESOURCE_GPU, "nodes": req["nodes"], "jobs": [req["jobs"][0], req["jobs"][0]]})
+    with pytest.raises(b.BadRequest, match="'resource' must name the GPU resource"):
+        b.parse_request({"nodes": req["nodes"], "jobs": []})
 
 
 # ---------------------------------------------------------------------------- the real Pollux
@@ -318,7 +322,7 @@ def test_pollux_two_jobs_on_two_nodes(pollux):
 
 @real
 def test_pollux_pins_ncf_and_keeps_serving_after_a_bad_request(pollux):
-    reply = pollux.request({"now": 0, "nodes": "two", "jobs": []})
+    reply = pollux.request({"now": 0, "resource": RESOURCE_GPU, "nodes": "two", "jobs": []})
     assert reply == {"error": "bad request: 'nodes' must be a list"}
     ncf = _job("ncf", application="ncf", limits=NCF, allocation=(1,),
                profile=(ProfileSample(1, 1, 16384, 0.4, 0.0),), grad=(0.01, 1.0))
