@@ -179,15 +179,16 @@ def fixed_batch(batch_size: int, replicas: int, limits: AppLimits) -> tuple[int,
     the per-GPU share, split into accumulation steps when it exceeds the largest local
     batch that fits a GPU, and at least one accumulation step on a single GPU above
     the initial batch size (as the measured runs did, Pollux artifact). The per-GPU
-    batch never drops below the application's smallest."""
+    batch never drops below the application's smallest, and is cut (never below 1) so
+    the total stays within the application's largest batch size."""
     if replicas < 1 or batch_size < 1:
         raise AllocationError(f"need replicas >= 1 and batch_size >= 1, got {replicas}, {batch_size}")
     local = -(-batch_size // replicas)
     accum = -(-local // limits.max_local_bsz) - 1
     if replicas == 1 and batch_size > limits.init_batch_size:
         accum = max(accum, 1)
-    atomic = -(-local // (accum + 1))
-    return max(atomic, limits.min_local_bsz), accum
+    atomic = max(-(-local // (accum + 1)), limits.min_local_bsz)
+    return min(atomic, max(limits.max_batch_size // (replicas * (accum + 1)), 1)), accum
 
 
 def packed(replicas: int, free: Mapping[int, int]) -> tuple[int, ...] | None:

@@ -261,24 +261,23 @@ class IntervalSimulator:
         g = self.gpus_per_node
         return (g,) * (k // g) + ((k % g,) if k % g else ())
 
-    def _packed_rate(self, j: _Job, k: int, batch_size: int | None = None) -> float:
-        """True progress per second on ``k`` GPUs packed, at the job's target batch."""
-        lim = j.app.limits
-        atomic, accum = fixed_batch(batch_size or j.spec.batch_size, k, lim)
-        atomic = min(atomic, max(lim.max_batch_size // (k * (accum + 1)), 1))
+    def _packed_config(self, j: _Job, k: int) -> tuple[float, int]:
+        """(seconds per update, total batch) of the job on ``k`` GPUs packed on as few
+        nodes as possible, at its target batch size."""
+        atomic, accum = fixed_batch(j.spec.batch_size, k, j.app.limits)
         t, _, _ = j.app.update_time(self._packed(k), atomic, accum)
-        return j.app.gain(k * atomic * (accum + 1), j.epoch) / t
+        return t, k * atomic * (accum + 1)
+
+    def _packed_rate(self, j: _Job, k: int) -> float:
+        """True progress per second on ``k`` GPUs packed, at the job's target batch."""
+        t, batch = self._packed_config(j, k)
+        return j.app.gain(batch, j.epoch) / t
 
     def _ideal_runtime(self, j: _Job) -> float:
         """Seconds from start to completion at the requested GPUs packed, no waiting and
         no restart: the slowdown metric's denominator (engine-side truth, never shown)."""
-        k = min(j.spec.num_replicas, self.total_gpus)
         app = j.app
-        lim = app.limits
-        atomic, accum = fixed_batch(j.spec.batch_size, k, lim)
-        atomic = min(atomic, max(lim.max_batch_size // (k * (accum + 1)), 1))
-        t, _, _ = app.update_time(self._packed(k), atomic, accum)
-        batch = k * atomic * (accum + 1)
+        t, batch = self._packed_config(j, min(j.spec.num_replicas, self.total_gpus))
         total, prev = 0.0, 0.0
         for e, p in enumerate(app.epoch_progress):
             total += (p - prev) * t / app.gain(batch, e)
@@ -301,10 +300,8 @@ class IntervalSimulator:
                 j.preemptions += 1
             j.nodes, j.placement, j.atomic, j.accum, j.delay = (), (), 0, 0, 0.0
             return
-        lim = j.app.limits
         if a.atomic_bsz is None:
-            atomic, accum = fixed_batch(j.spec.batch_size, len(nodes), lim)
-            atomic = min(atomic, max(lim.max_batch_size // (len(nodes) * (accum + 1)), 1))
+            atomic, accum = fixed_batch(j.spec.batch_size, len(nodes), j.app.limits)
         else:
             atomic, accum = int(a.atomic_bsz), int(a.accum_steps or 0)
         if sorted(nodes) != sorted(j.nodes):
