@@ -17,7 +17,7 @@ import numpy as np
 
 from .topology import Level, Topology
 
-__all__ = ["Progress", "JobView", "ClusterState", "QUEUES", "PlacementError"]
+__all__ = ["Progress", "JobView", "ClusterState", "FitIndex", "QUEUES", "PlacementError"]
 
 #: Queues in the order they are served (RLPTO §V: interrupted jobs resume first).
 QUEUES = ("interrupt", "urgent", "normal")
@@ -130,6 +130,11 @@ class ClusterState:
         self._rack_id = {r: k for k, r in enumerate(topology.racks)}
         self.rack_of = np.array([self._rack_id[r] for r in topology.rack_of], dtype=np.int64)
         self.rack_free = np.bincount(self.rack_of, weights=self.free, minlength=len(topology.racks)).astype(np.int64)
+        # nodes changed by allocate/release, in order (read by FitIndex); entries before
+        # _touched_base were dropped to bound the log
+        self._touched: list[int] = []
+        self._touched_base = 0
+        self._fit_index: FitIndex | None = None
 
     # ------------------------------------------------------------------ index
     def _push(self, i: int) -> None:
@@ -147,6 +152,31 @@ class ClusterState:
             heapq.heappop(h)
             self._in_heap[m, c, i] = False
         return None
+
+    def _touch(self, i: int) -> None:
+        log = self._touched
+        log.append(i)
+        if len(log) > 4096 + 8 * len(self.free):
+            self._touched_base += len(log)
+            log.clear()
+
+    @property
+    def mutations(self) -> int:
+        """How many allocate/release calls changed this state so far (a version)."""
+        return self._touched_base + len(self._touched)
+
+    def touched_since(self, mark: int) -> list[int] | None:
+        """Node indices changed since :attr:`mutations` was ``mark`` (repeats possible);
+        ``None`` when that part of the log was dropped (the reader refreshes fully)."""
+        if mark < self._touched_base:
+            return None
+        return self._touched[mark - self._touched_base :]
+
+    def fit_index(self) -> FitIndex:
+        """The :class:`FitIndex` of this state (made on first use, kept up to date)."""
+        if self._fit_index is None:
+            self._fit_index = FitIndex(self)
+        return self._fit_index
 
     def _model_ids(self, models: frozenset[str] | None) -> list[int]:
         if models is None:
@@ -234,6 +264,7 @@ class ClusterState:
         self._free_total -= gpus
         self.rack_free[self.rack_of[i]] -= gpus
         self._push(i)
+        self._touch(i)
 
     def release(self, i: int, gpus: int, cpu_milli: int = 0, memory_mib: int = 0) -> None:
         if gpus < 0 or self.free[i] + gpus > self.total[i]:
@@ -246,6 +277,7 @@ class ClusterState:
         self._free_total += gpus
         self.rack_free[self.rack_of[i]] += gpus
         self._push(i)
+        self._touch(i)
 
     def allocate_job(self, job: JobView, placement: Sequence[int]) -> None:
         """Allocate every worker of ``placement`` or nothing (raises PlacementError)."""
@@ -269,3 +301,115 @@ class ClusterState:
     def utilization(self) -> float:
         total = self.total_gpus
         return 0.0 if total == 0 else 1.0 - self._free_total / total
+
+
+class FitIndex:
+    """How many workers of each job shape every node could host now, kept incrementally.
+
+    A shape is ``(gpus_per_worker, gpu_models, cpu_milli, memory_mib)``; its row holds
+    :func:`rlsched.core.placement.worker_slots` of a job of that shape (GPUs of an allowed
+    model, CPU and memory when asked) and their sum. Rows are brought up to date lazily
+    from the nodes :meth:`ClusterState.allocate`/``release`` touched since the last query,
+    all shapes at once, so "does a gang of ``w`` workers fit now" costs O(shapes x nodes
+    changed) numpy work per change of state instead of a pass over every node per job.
+    A state whose ``free``/``cpu_free``/``mem_free`` arrays are written directly (not
+    through allocate/release) must call :meth:`refresh`.
+    """
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self._rows: dict[tuple, int] = {}
+        n = len(state.free)
+        cap = 8
+        self._g = np.ones(cap, dtype=np.int64)
+        self._c = np.zeros(cap, dtype=np.int64)
+        self._m = np.zeros(cap, dtype=np.int64)
+        self._allowed = np.zeros((cap, n), dtype=bool)
+        self._slots = np.zeros((cap, n), dtype=np.int64)
+        self._sum = np.zeros(cap, dtype=np.int64)
+        self._mark = state.mutations
+
+    @staticmethod
+    def key(job: JobView) -> tuple:
+        return (job.gpus_per_worker, job.gpu_models, job.cpu_milli, job.memory_mib)
+
+    def _compute(self, rows, cols) -> np.ndarray:
+        """Worker slots of shapes ``rows`` (index array or slice) on nodes ``cols``."""
+        st = self.state
+        g, c, m = self._g[rows], self._c[rows], self._m[rows]
+        free, cpu, mem = st.free[cols], np.maximum(st.cpu_free[cols], 0), np.maximum(st.mem_free[cols], 0)
+        out = free[None, :] // g[:, None]
+        if (c > 0).any():
+            by_cpu = cpu[None, :] // np.maximum(c, 1)[:, None]
+            out = np.where((c > 0)[:, None], np.minimum(out, by_cpu), out)
+        if (m > 0).any():
+            by_mem = mem[None, :] // np.maximum(m, 1)[:, None]
+            out = np.where((m > 0)[:, None], np.minimum(out, by_mem), out)
+        return np.where(self._allowed[rows][:, cols], out, 0)
+
+    def _row(self, job: JobView) -> int:
+        k = self.key(job)
+        r = self._rows.get(k)
+        if r is not None:
+            return r
+        self._sync()
+        r = len(self._rows)
+        if r == len(self._g):  # grow
+            grow = len(self._g)
+            self._g = np.concatenate([self._g, np.ones(grow, dtype=np.int64)])
+            self._c = np.concatenate([self._c, np.zeros(grow, dtype=np.int64)])
+            self._m = np.concatenate([self._m, np.zeros(grow, dtype=np.int64)])
+            self._allowed = np.concatenate([self._allowed, np.zeros_like(self._allowed)])
+            self._slots = np.concatenate([self._slots, np.zeros_like(self._slots)])
+            self._sum = np.concatenate([self._sum, np.zeros(grow, dtype=np.int64)])
+        st = self.state
+        self._g[r], self._c[r], self._m[r] = job.gpus_per_worker, job.cpu_milli, job.memory_mib
+        self._allowed[r] = False
+        self._allowed[r, st.candidates_total(job.gpus_per_worker, job.gpu_models)] = True
+        row = self._compute(slice(r, r + 1), slice(None))[0]
+        self._slots[r] = row
+        self._sum[r] = int(row.sum())
+        self._rows[k] = r
+        return r
+
+    def _sync(self) -> None:
+        st = self.state
+        if self._mark == st.mutations:
+            return
+        changed = st.touched_since(self._mark)
+        self._mark = st.mutations
+        nr = len(self._rows)
+        if nr == 0:
+            return
+        if changed is None or len(changed) > len(st.free) // 4:
+            self.refresh()
+            return
+        cols = np.unique(np.asarray(changed, dtype=np.int64))
+        new = self._compute(slice(0, nr), cols)
+        self._sum[:nr] += (new - self._slots[:nr, cols]).sum(axis=1)
+        self._slots[:nr, cols] = new
+
+    def refresh(self) -> None:
+        """Recompute every shape from the state's arrays."""
+        nr = len(self._rows)
+        self._mark = self.state.mutations
+        if nr:
+            self._slots[:nr] = self._compute(slice(0, nr), slice(None))
+            self._sum[:nr] = self._slots[:nr].sum(axis=1)
+
+    def total(self, job: JobView) -> int:
+        """Workers of ``job``'s shape the cluster could host now (sum of :meth:`slots`)."""
+        r = self._row(job)
+        self._sync()
+        return int(self._sum[r])
+
+    def fits(self, job: JobView) -> bool:
+        """Whether ``job.workers`` workers fit the free capacity now."""
+        return self.total(job) >= job.workers
+
+    def slots(self, job: JobView) -> np.ndarray:
+        """Per node, how many more workers of ``job`` it could host now (a copy; equal
+        to :func:`rlsched.core.placement.worker_slots`)."""
+        r = self._row(job)
+        self._sync()
+        return self._slots[r].copy()

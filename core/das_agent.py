@@ -40,7 +40,6 @@ import numpy as np
 from . import nn
 from . import das as _das
 from .cluster import QUEUES, ClusterState, JobView
-from .placement import worker_slots
 from .estimate import duration_key
 from .ordering import remaining_time
 from .policy import Placement, register_ordering, register_placement
@@ -93,8 +92,10 @@ _QUEUE_RANK = {q: i / max(len(QUEUES) - 1, 1) for i, q in enumerate(QUEUES)}
 
 def fits_now(job: JobView, state: ClusterState) -> bool:
     """Whether ``job.workers`` workers fit the free capacity now (several workers may
-    share a node; CPU and memory count when the job asks for them)."""
-    return int(worker_slots(job, state).sum()) >= job.workers
+    share a node; CPU and memory count when the job asks for them). Read from the
+    state's incremental :class:`~rlsched.core.cluster.FitIndex`: the sum of
+    :func:`~rlsched.core.placement.worker_slots` without a pass over the nodes."""
+    return state.fit_index().fits(job)
 
 
 #: Ways to pick the window of pending jobs (see the module docstring).
@@ -114,12 +115,14 @@ def select_window(pending: Sequence[JobView], state: ClusterState, window: int, 
         return fifo[:window]
     n_old = (window + 1) // 2 if mode == "mixed" else 0
     rest = fifo[n_old:]
-    short = sorted(rest, key=lambda j: (not fits_now(j, state), duration_key(remaining_time(j)), _age_key(j)))
+    fits = state.fit_index().fits
+    short = sorted(rest, key=lambda j: (not fits(j), duration_key(remaining_time(j)), _age_key(j)))
     return sorted(fifo[:n_old] + short[: window - n_old], key=_age_key)
 
 
-def job_features(job: JobView, state: ClusterState) -> np.ndarray:
-    """The :data:`JOB_FEATURES` row of one pending job."""
+def job_features(job: JobView, state: ClusterState, fit: bool | None = None) -> np.ndarray:
+    """The :data:`JOB_FEATURES` row of one pending job (``fit``: :func:`fits_now`, when
+    the caller has it)."""
     big = max(state.max_gpus, 1)
     gpus = job.workers * job.gpus_per_worker
     runtime = max(remaining_time(job), 0.0)  # an estimate; 0 when unknown
@@ -134,7 +137,7 @@ def job_features(job: JobView, state: ClusterState) -> np.ndarray:
             math.log1p(runtime) / 10.0,
             math.log1p(runtime * gpus) / 12.0,
             math.log1p(wait) / 10.0,
-            1.0 if fits_now(job, state) else 0.0,
+            1.0 if (fits_now(job, state) if fit is None else fit) else 0.0,
             share,
             _QUEUE_RANK.get(job.queue, 1.0),
             math.tanh(job.priority / 10.0),
@@ -237,31 +240,53 @@ class DASOrdering:
             self.window, self.num_heads, self.num_layers = 0, 1, 0
             self.window_select = "oldest"
             log.warning("DAS ordering: cannot load %s (%s); falling back to FIFO", self.path, self.fallback_reason)
+        self._memo: tuple[tuple, np.ndarray] | None = None
 
     def observe(self, pending: Sequence[JobView], state: ClusterState) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[JobView]]:
         """``(jobs [W, F], cluster [C], valid [W], window_jobs)`` for the window of
         pending jobs (:func:`select_window`)."""
         head = select_window(pending, state, self.window, self.window_select)
+        feats, clus, valid = self._inputs(head, [fits_now(j, state) for j in head], state, len(pending))
+        return feats, clus, valid, head
+
+    def _inputs(self, head: Sequence[JobView], fits: Sequence[bool], state: ClusterState, n_pending: int):
         feats = np.zeros((self.window, len(JOB_FEATURES)), dtype=np.float32)
         for k, job in enumerate(head):
-            feats[k] = job_features(job, state)
+            feats[k] = job_features(job, state, fits[k])
         valid = np.zeros(self.window, dtype=bool)
         valid[: len(head)] = True
-        return feats, cluster_summary(state, len(pending), self.window), valid, head
+        return feats, cluster_summary(state, n_pending, self.window), valid
 
-    def rank(self, pending: Sequence[JobView], state: ClusterState) -> list[JobView]:
-        fifo = sorted(pending, key=lambda j: (j.submit_time, j.id))
-        if self.fallback_reason is not None or not fifo:
-            return fifo
-        feats, clus, valid, head = self.observe(fifo, state)
+    def _logits(self, feats: np.ndarray, clus: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """:func:`das_logits` of one window, remembered for the last inputs (a pure
+        function of them: a second ranking of the same queue at the same instant, as
+        the simulator's preemption and scaling passes ask, costs no forward pass)."""
+        key = (feats.tobytes(), clus.tobytes(), valid.tobytes())
+        memo = self._memo
+        if memo is not None and memo[0] == key:
+            return memo[1]
         logits = das_logits(
             self.weights, feats[None], clus[None], valid[None], num_heads=self.num_heads, num_layers=self.num_layers
         )[0]
-        fits = feats[:, JOB_FEATURES.index("fits_now")] > 0.5
-        order = sorted(
-            range(len(head)),
-            key=lambda k: (_QUEUE_RANK.get(head[k].queue, 1.0), -head[k].priority, not fits[k], -logits[k], k),
-        )
+        self._memo = (key, logits)
+        return logits
+
+    def rank(self, pending: Sequence[JobView], state: ClusterState) -> list[JobView]:
+        fifo = sorted(pending, key=_age_key)
+        if self.fallback_reason is not None or not fifo:
+            return fifo
+        head = select_window(fifo, state, self.window, self.window_select)
+        fits = [fits_now(j, state) for j in head]
+        keys = [(_QUEUE_RANK.get(j.queue, 1.0), -j.priority, not f) for j, f in zip(head, fits)]
+        if len(set(keys)) == len(keys):
+            # no two window jobs share queue class, priority and fit: the logits break
+            # no tie, so the transformer is not run (one pending job, or one that fits)
+            order = sorted(range(len(head)), key=lambda k: (keys[k], k))
+        else:
+            logits = self._logits(*self._inputs(head, fits, state, len(fifo)))
+            order = sorted(range(len(head)), key=lambda k: (keys[k], -logits[k], k))
+        if len(head) == len(fifo):
+            return [head[k] for k in order]
         chosen = {id(j) for j in head}
         return [head[k] for k in order] + [j for j in fifo if id(j) not in chosen]
 
@@ -277,9 +302,9 @@ def _make_das_ordering(**kwargs) -> DASOrdering:
 # ============================================================================ placement
 def placement_features(job: JobView, state: ClusterState, slots: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(features [N, len(das.PLACEMENT_FEATURES)], feasible [N])`` for placing ``job``'s
-    gang on ``state``; ``slots`` = :func:`worker_slots` when the caller has it."""
+    gang on ``state``; ``slots`` = :func:`~rlsched.core.placement.worker_slots` when the caller has it."""
     q = job.gpus_per_worker
-    slots = worker_slots(job, state) if slots is None else slots
+    slots = state.fit_index().slots(job) if slots is None else slots
     total = np.maximum(state.total, 1).astype(float)
     need = job.workers * q
     rack_room = np.minimum(state.rack_free[state.rack_of] / max(need, 1), 1.0)
@@ -298,21 +323,34 @@ def placement_features(job: JobView, state: ClusterState, slots: np.ndarray | No
     return feats, feasible
 
 
-def rack_first_fill(job: JobView, state: ClusterState, scores: np.ndarray, workers: int | None = None) -> list[int] | None:
+def rack_first_fill(
+    job: JobView, state: ClusterState, scores: np.ndarray, workers: int | None = None, slots: np.ndarray | None = None
+) -> list[int] | None:
     """Place ``workers`` (default ``job.workers``) workers by node scores, rack first:
     racks in order of their best feasible node's score, nodes inside a rack by score
     (ties: lowest index; scores are compared at 1e-6 so that float32 and float64
     evaluations of one policy place alike), as many workers per node as fit. ``None``
-    if they do not fit."""
+    if they do not fit. ``slots``: :func:`~rlsched.core.placement.worker_slots` when the caller has it."""
     need = job.workers if workers is None else int(workers)
-    slots = worker_slots(job, state)
+    slots = state.fit_index().slots(job) if slots is None else slots
     if int(slots.sum()) < need:
         return None
-    s = np.round(np.asarray(scores, dtype=float), 6)
-    feasible = slots > 0
+    if need <= 0:
+        return []
+    # only nodes with room take workers: order those alone (the same order as
+    # among all nodes, as the sort ends on the node index)
+    feas = np.flatnonzero(slots > 0)
+    s = np.round(np.asarray(scores, dtype=float)[feas], 6)
+    racks = state.rack_of[feas]
+    if need == 1:
+        # the first node of that order: a best-scored one, of the lowest rack id
+        # among the racks holding one, the lowest index inside it
+        top = np.flatnonzero(s == s.max())
+        k = top[np.lexsort((feas[top], racks[top]))[0]]
+        return [int(feas[k])]
     rack_best = np.full(int(state.rack_of.max()) + 1, -np.inf)
-    np.maximum.at(rack_best, state.rack_of[feasible], s[feasible])
-    order = np.lexsort((np.arange(len(slots)), -s, state.rack_of, -rack_best[state.rack_of]))
+    np.maximum.at(rack_best, racks, s)
+    order = feas[np.lexsort((feas, -s, racks, -rack_best[racks]))]
     nodes: list[int] = []
     for i in order:
         if len(nodes) == need:
@@ -334,7 +372,9 @@ class DASAgentPlacement(Placement):
     """Placement ``das-agent``: the trained DAS placement agent (RWGP posterior mean of
     a learned linear node score, rack-first fill), read from the same weights file as
     :class:`DASOrdering`. Falls back to first-fit scores (logged) without weights.
-    Clusters above ``max_smooth_nodes`` skip the GP smoothing (dense O(n^3) solve)."""
+    Clusters above ``max_smooth_nodes`` skip the GP smoothing (the limit of the dense
+    O(n^3) solve it was computed with; the smoother is now applied on the topology's
+    quotient graph, :class:`~rlsched.core.das.QuotientSmoother`, in O(nodes) per job)."""
 
     name = "das-agent"
 
@@ -343,7 +383,7 @@ class DASAgentPlacement(Placement):
         self.path = Path(model) if model is not None else DEFAULT_WEIGHTS
         self.max_smooth_nodes = max_smooth_nodes
         self.fallback_reason: str | None = None
-        self._smoother: tuple[object, np.ndarray | None] | None = None
+        self._smoother: tuple[object, _das.QuotientSmoother | None] | None = None
         try:
             weights, meta = nn.load_policy_file(self.path, policy="das")
             arch = meta.get("architecture", {})
@@ -355,30 +395,38 @@ class DASAgentPlacement(Placement):
             self.fallback_reason = f"{type(exc).__name__}: {exc}"
             log.warning("DAS placement agent: cannot load %s (%s); falling back to first fit", self.path, self.fallback_reason)
 
-    def _smooth(self, topology) -> np.ndarray | None:
+    def _smooth(self, topology) -> _das.QuotientSmoother | None:
         hit = self._smoother
         if hit is None or hit[0] is not topology:
-            sm = rwgp_smoother(topology, self.lam, self.noise) if len(topology) <= self.max_smooth_nodes else None
+            sm = None
+            if len(topology) <= self.max_smooth_nodes:
+                sm = _das.QuotientSmoother(_das.TopologyKernel(topology, self.lam), self.noise)
             hit = self._smoother = (topology, sm)
         return hit[1]
 
-    def node_scores(self, job: JobView, state: ClusterState) -> np.ndarray:
-        """The posterior-mean score of every node for ``job``."""
+    def node_scores(self, job: JobView, state: ClusterState, slots: np.ndarray | None = None) -> np.ndarray:
+        """The posterior-mean score of every node for ``job`` (``slots``:
+        :func:`~rlsched.core.placement.worker_slots`, when the caller has it)."""
         if self.fallback_reason is not None:
             return -np.arange(len(state.total), dtype=float)
-        feats, _ = placement_features(job, state)
+        feats, _ = placement_features(job, state, slots)
         a = feats.astype(np.float64) @ self.w + self.b
         sm = self._smooth(state.topology)
-        return a if sm is None else sm @ a
+        return a if sm is None else sm.apply(a)
 
     def place(self, job: JobView, state: ClusterState, workers: int | None = None) -> list[int] | None:
-        return rack_first_fill(job, state, self.node_scores(job, state), workers)
+        need = job.workers if workers is None else int(workers)
+        idx = state.fit_index()
+        if idx.total(job) < need:  # what rack_first_fill would find, without scoring
+            return None
+        slots = idx.slots(job)
+        return rack_first_fill(job, state, self.node_scores(job, state, slots), workers, slots)
 
     def score(self, job: JobView, candidates: Sequence[int], state: ClusterState) -> np.ndarray:
         cand = np.asarray(candidates, dtype=np.int64)
-        s = self.node_scores(job, state)[cand]
-        ok = worker_slots(job, state)[cand] > 0
-        return np.where(ok, s, -np.inf)
+        slots = state.fit_index().slots(job)
+        s = self.node_scores(job, state, slots)[cand]
+        return np.where(slots[cand] > 0, s, -np.inf)
 
     def __repr__(self) -> str:
         return f"DASAgentPlacement(model={str(self.path)!r}{', fallback=firstfit' if self.fallback_reason else ''})"
