@@ -308,108 +308,99 @@ class FitIndex:
 
     A shape is ``(gpus_per_worker, gpu_models, cpu_milli, memory_mib)``; its row holds
     :func:`rlsched.core.placement.worker_slots` of a job of that shape (GPUs of an allowed
-    model, CPU and memory when asked) and their sum. Rows are brought up to date lazily
-    from the nodes :meth:`ClusterState.allocate`/``release`` touched since the last query,
-    all shapes at once, so "does a gang of ``w`` workers fit now" costs O(shapes x nodes
-    changed) numpy work per change of state instead of a pass over every node per job.
-    A state whose ``free``/``cpu_free``/``mem_free`` arrays are written directly (not
-    through allocate/release) must call :meth:`refresh`.
+    model, CPU and memory when asked) and their sum. A row is brought up to date when it
+    is read, from the nodes :meth:`ClusterState.allocate`/``release`` touched since it
+    was last read, so "does a gang of ``w`` workers fit now" costs O(nodes changed)
+    instead of a pass over every node per job. A state whose ``free``/``cpu_free``/
+    ``mem_free`` arrays are written directly (not through allocate/release) must call
+    :meth:`refresh`.
     """
+
+    #: more changed nodes than this are recomputed with numpy, not one by one
+    _SMALL = 24
 
     def __init__(self, state: ClusterState) -> None:
         self.state = state
-        self._rows: dict[tuple, int] = {}
-        n = len(state.free)
-        cap = 8
-        self._g = np.ones(cap, dtype=np.int64)
-        self._c = np.zeros(cap, dtype=np.int64)
-        self._m = np.zeros(cap, dtype=np.int64)
-        self._allowed = np.zeros((cap, n), dtype=bool)
-        self._slots = np.zeros((cap, n), dtype=np.int64)
-        self._sum = np.zeros(cap, dtype=np.int64)
-        self._mark = state.mutations
+        # key -> [g, cpu, mem, allowed (bool array), slots (int64 array), total, mark]
+        self._rows: dict[tuple, list] = {}
 
     @staticmethod
     def key(job: JobView) -> tuple:
         return (job.gpus_per_worker, job.gpu_models, job.cpu_milli, job.memory_mib)
 
-    def _compute(self, rows, cols) -> np.ndarray:
-        """Worker slots of shapes ``rows`` (index array or slice) on nodes ``cols``."""
+    def _compute(self, row: list, cols) -> np.ndarray:
+        """Worker slots of the shape ``row`` on nodes ``cols`` (index array or slice)."""
         st = self.state
-        g, c, m = self._g[rows], self._c[rows], self._m[rows]
-        free, cpu, mem = st.free[cols], np.maximum(st.cpu_free[cols], 0), np.maximum(st.mem_free[cols], 0)
-        out = free[None, :] // g[:, None]
-        if (c > 0).any():
-            by_cpu = cpu[None, :] // np.maximum(c, 1)[:, None]
-            out = np.where((c > 0)[:, None], np.minimum(out, by_cpu), out)
-        if (m > 0).any():
-            by_mem = mem[None, :] // np.maximum(m, 1)[:, None]
-            out = np.where((m > 0)[:, None], np.minimum(out, by_mem), out)
-        return np.where(self._allowed[rows][:, cols], out, 0)
+        g, c, m, allowed = row[0], row[1], row[2], row[3]
+        out = st.free[cols] // g
+        if c > 0:
+            out = np.minimum(out, np.maximum(st.cpu_free[cols], 0) // c)
+        if m > 0:
+            out = np.minimum(out, np.maximum(st.mem_free[cols], 0) // m)
+        return np.where(allowed[cols], out, 0).astype(np.int64)
 
-    def _row(self, job: JobView) -> int:
-        k = self.key(job)
-        r = self._rows.get(k)
-        if r is not None:
-            return r
-        self._sync()
-        r = len(self._rows)
-        if r == len(self._g):  # grow
-            grow = len(self._g)
-            self._g = np.concatenate([self._g, np.ones(grow, dtype=np.int64)])
-            self._c = np.concatenate([self._c, np.zeros(grow, dtype=np.int64)])
-            self._m = np.concatenate([self._m, np.zeros(grow, dtype=np.int64)])
-            self._allowed = np.concatenate([self._allowed, np.zeros_like(self._allowed)])
-            self._slots = np.concatenate([self._slots, np.zeros_like(self._slots)])
-            self._sum = np.concatenate([self._sum, np.zeros(grow, dtype=np.int64)])
+    def _row(self, job: JobView) -> list:
+        k = (job.gpus_per_worker, job.gpu_models, job.cpu_milli, job.memory_mib)
+        row = self._rows.get(k)
         st = self.state
-        self._g[r], self._c[r], self._m[r] = job.gpus_per_worker, job.cpu_milli, job.memory_mib
-        self._allowed[r] = False
-        self._allowed[r, st.candidates_total(job.gpus_per_worker, job.gpu_models)] = True
-        row = self._compute(slice(r, r + 1), slice(None))[0]
-        self._slots[r] = row
-        self._sum[r] = int(row.sum())
-        self._rows[k] = r
-        return r
-
-    def _sync(self) -> None:
-        st = self.state
-        if self._mark == st.mutations:
-            return
-        changed = st.touched_since(self._mark)
-        self._mark = st.mutations
-        nr = len(self._rows)
-        if nr == 0:
-            return
+        if row is None:
+            allowed = np.zeros(len(st.free), dtype=bool)
+            allowed[st.candidates_total(job.gpus_per_worker, job.gpu_models)] = True
+            row = [job.gpus_per_worker, job.cpu_milli, job.memory_mib, allowed, None, 0, -1]
+            self._rows[k] = row
+            self._full(row)
+            return row
+        mark = st._touched_base + len(st._touched)
+        if row[6] == mark:
+            return row
+        changed = st.touched_since(row[6])
         if changed is None or len(changed) > len(st.free) // 4:
-            self.refresh()
-            return
-        cols = np.unique(np.asarray(changed, dtype=np.int64))
-        new = self._compute(slice(0, nr), cols)
-        self._sum[:nr] += (new - self._slots[:nr, cols]).sum(axis=1)
-        self._slots[:nr, cols] = new
+            self._full(row)
+            return row
+        slots = row[4]
+        if len(changed) <= self._SMALL:
+            g, c, m, allowed = row[0], row[1], row[2], row[3]
+            free, cpu, mem = st.free, st.cpu_free, st.mem_free
+            total = row[5]
+            for i in set(changed):
+                if allowed[i]:
+                    v = int(free[i]) // g
+                    if c > 0:
+                        v = min(v, max(int(cpu[i]), 0) // c)
+                    if m > 0:
+                        v = min(v, max(int(mem[i]), 0) // m)
+                else:
+                    v = 0
+                total += v - int(slots[i])
+                slots[i] = v
+            row[5] = total
+        else:
+            cols = np.unique(np.asarray(changed, dtype=np.int64))
+            new = self._compute(row, cols)
+            row[5] += int((new - slots[cols]).sum())
+            slots[cols] = new
+        row[6] = mark
+        return row
+
+    def _full(self, row: list) -> None:
+        row[4] = self._compute(row, slice(None))
+        row[5] = int(row[4].sum())
+        row[6] = self.state.mutations
 
     def refresh(self) -> None:
         """Recompute every shape from the state's arrays."""
-        nr = len(self._rows)
-        self._mark = self.state.mutations
-        if nr:
-            self._slots[:nr] = self._compute(slice(0, nr), slice(None))
-            self._sum[:nr] = self._slots[:nr].sum(axis=1)
+        for row in self._rows.values():
+            self._full(row)
 
     def total(self, job: JobView) -> int:
         """Workers of ``job``'s shape the cluster could host now (sum of :meth:`slots`)."""
-        r = self._row(job)
-        self._sync()
-        return int(self._sum[r])
+        return self._row(job)[5]
 
     def fits(self, job: JobView) -> bool:
         """Whether ``job.workers`` workers fit the free capacity now."""
-        return self.total(job) >= job.workers
+        return self._row(job)[5] >= job.workers
 
     def slots(self, job: JobView) -> np.ndarray:
         """Per node, how many more workers of ``job`` it could host now (a copy; equal
         to :func:`rlsched.core.placement.worker_slots`)."""
-        r = self._row(job)
-        self._sync()
-        return self._slots[r].copy()
+        return self._row(job)[4].copy()

@@ -272,15 +272,27 @@ class DASOrdering:
         return logits
 
     def rank(self, pending: Sequence[JobView], state: ClusterState) -> list[JobView]:
+        return self._rank(pending, state, exact=True)
+
+    def rank_for_start(self, pending: Sequence[JobView], state: ClusterState) -> list[JobView]:
+        """:meth:`rank`, except that the window's jobs that do not fit now keep their
+        window (age) order among themselves: the transformer runs only when two jobs
+        that fit share queue class and priority (see ``rank_for_start`` in
+        :mod:`rlsched.core.policy`)."""
+        return self._rank(pending, state, exact=False)
+
+    def _rank(self, pending: Sequence[JobView], state: ClusterState, exact: bool) -> list[JobView]:
         fifo = sorted(pending, key=_age_key)
         if self.fallback_reason is not None or not fifo:
             return fifo
         head = select_window(fifo, state, self.window, self.window_select)
         fits = [fits_now(j, state) for j in head]
         keys = [(_QUEUE_RANK.get(j.queue, 1.0), -j.priority, not f) for j, f in zip(head, fits)]
-        if len(set(keys)) == len(keys):
-            # no two window jobs share queue class, priority and fit: the logits break
-            # no tie, so the transformer is not run (one pending job, or one that fits)
+        # the logits only order jobs of equal queue class, priority and fit (all of
+        # them for rank, those that fit for rank_for_start): without such a tie the
+        # transformer is not run (one pending job, or one that fits)
+        tied = [k for k in keys if exact or not k[2]]
+        if len(set(tied)) == len(tied):
             order = sorted(range(len(head)), key=lambda k: (keys[k], k))
         else:
             logits = self._logits(*self._inputs(head, fits, state, len(fifo)))
@@ -377,6 +389,8 @@ class DASAgentPlacement(Placement):
     quotient graph, :class:`~rlsched.core.das.QuotientSmoother`, in O(nodes) per job)."""
 
     name = "das-agent"
+    #: rack_first_fill gives None when the worker slots fall short
+    respects_worker_slots = True
 
     def __init__(self, model: str | Path | None = None, *, max_smooth_nodes: int = 2048, rng: np.random.Generator | None = None) -> None:
         del rng

@@ -324,6 +324,13 @@ class Simulator:
         self._pos = 0
         self._side: list[JobView] = []  # arrivals since that ranking
         self._fit_cache: dict[tuple, int] = {}
+        # a ranking that may leave jobs which cannot start unordered among themselves
+        # (``rank_for_start``, core.policy): the same jobs start, as the placement
+        # cannot start a job whose worker slots fall short and a pass only takes capacity
+        rfs = getattr(ordering, "rank_for_start", None)
+        self._rank_for_start = (
+            rfs if rfs is not None and getattr(placement, "respects_worker_slots", False) else None
+        ) if ordering is not None else None
         self._records: list[JobRecord] = []
         self._unfittable: list[str] = []
         self._series_t: list[float] = []
@@ -805,6 +812,8 @@ class Simulator:
             # then still does not fit, so only the new arrivals can start. Exact for
             # orderings that sort by a per-job key.
             ranked = self.ordering.rank(new, st) if len(new) > 1 else new
+        elif self._rank_for_start is not None:
+            ranked = self._rank_for_start(pending, st)
         else:
             ranked = self.ordering.rank(pending, st)
         self._full_pass_needed = False
