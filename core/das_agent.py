@@ -317,21 +317,19 @@ def placement_features(job: JobView, state: ClusterState, slots: np.ndarray | No
     gang on ``state``; ``slots`` = :func:`~rlsched.core.placement.worker_slots` when the caller has it."""
     q = job.gpus_per_worker
     slots = state.fit_index().slots(job) if slots is None else slots
-    total = np.maximum(state.total, 1).astype(float)
+    total_i, free = state.total, state.free
+    total = np.maximum(total_i, 1).astype(float)
     need = job.workers * q
-    rack_room = np.minimum(state.rack_free[state.rack_of] / max(need, 1), 1.0)
+    per = max(need, 1)
     feasible = slots > 0
-    feats = np.stack(
-        [
-            feasible.astype(float),
-            np.minimum(slots * q, need) / max(need, 1),
-            np.where(feasible, (state.total - state.free + q) / total, 0.0),
-            state.free / total,
-            rack_room,
-            (state.free == state.total).astype(float),
-        ],
-        axis=1,
-    ).astype(np.float32)
+    # column by column into float32 (each value rounded once, as a float64 stack cast)
+    feats = np.empty((len(free), 6), dtype=np.float32)
+    feats[:, 0] = feasible
+    feats[:, 1] = np.minimum(slots * q, need) / per
+    feats[:, 2] = np.where(feasible, (total_i - free + q) / total, 0.0)
+    feats[:, 3] = free / total
+    feats[:, 4] = np.minimum(state.rack_free / per, 1.0)[state.rack_of]
+    feats[:, 5] = free == total_i
     return feats, feasible
 
 
