@@ -75,7 +75,10 @@ def _job_features(job: JobView, state: ClusterState) -> np.ndarray:
 
 
 class ReferenceDASOrdering(DASOrdering):
-    """:class:`~rlsched.core.das_agent.DASOrdering` ranking as before issue 15."""
+    """:class:`~rlsched.core.das_agent.DASOrdering` ranking as before issue 15 (no
+    ``rank_for_start``: the simulator ranks the whole window every pass)."""
+
+    rank_for_start = None
 
     def observe(self, pending, state):
         head = _select_window(pending, state, self.window, self.window_select)
@@ -144,6 +147,8 @@ def _rack_first_fill(job: JobView, state: ClusterState, scores: np.ndarray, work
 class ReferenceDASAgentPlacement(DASAgentPlacement):
     """:class:`~rlsched.core.das_agent.DASAgentPlacement` as before issue 15: the dense
     ``nodes x nodes`` smoother."""
+
+    respects_worker_slots = False
 
     def __init__(self, model: str | Path | None = None, **kwargs) -> None:
         super().__init__(model, **kwargs)
