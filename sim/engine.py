@@ -793,7 +793,10 @@ class Simulator:
                 self._push(max(td, t), _DEMOTE, (j, j.version))
 
     def _schedule_pass(self) -> None:
-        """One policy pass: rank the pending jobs and start them in order."""
+        """One policy pass: rank the pending jobs and start them in order. With a
+        placement that ``respects_worker_slots``, an ordering's ``rank_for_start`` ranks
+        (core.policy: jobs that cannot start may stay unordered among themselves; they
+        fail to start wherever they stand, so the same jobs start)."""
         self._dirty = False
         st = self.state
         pending = st.pending
