@@ -177,7 +177,7 @@ def main(argv=None) -> int:
     out = {
         "bench": "sim_scaling",
         "trace": f"alibaba2023:{args.list}", "nodes": len(topo), "gpus": topo.total_gpus, "load": args.load,
-        "backfill": args.backfill, "policy": args.policy, "baseline": args.baseline, "repeats": args.repeats,
+        "backfill": args.backfill, "policy": args.policy, "compared_with": args.baseline, "repeats": args.repeats,
         "target_ratio": TARGET_RATIO,
         "sizes": rows,
         "slope": {
