@@ -404,3 +404,8 @@ class FitIndex:
         """Per node, how many more workers of ``job`` it could host now (a copy; equal
         to :func:`rlsched.core.placement.worker_slots`)."""
         return self._row(job)[4].copy()
+
+    def slots_if_fit(self, job: JobView, workers: int) -> np.ndarray | None:
+        """:meth:`slots` when ``workers`` workers of ``job`` fit now, else ``None``."""
+        row = self._row(job)
+        return row[4].copy() if row[5] >= workers else None

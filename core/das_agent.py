@@ -286,7 +286,8 @@ class DASOrdering:
         if self.fallback_reason is not None or not fifo:
             return fifo
         head = select_window(fifo, state, self.window, self.window_select)
-        fits = [fits_now(j, state) for j in head]
+        fit = state.fit_index().fits
+        fits = [fit(j) for j in head]
         keys = [(_QUEUE_RANK.get(j.queue, 1.0), -j.priority, not f) for j, f in zip(head, fits)]
         # the logits only order jobs of equal queue class, priority and fit (all of
         # them for rank, those that fit for rank_for_start): without such a tie the
@@ -428,10 +429,9 @@ class DASAgentPlacement(Placement):
 
     def place(self, job: JobView, state: ClusterState, workers: int | None = None) -> list[int] | None:
         need = job.workers if workers is None else int(workers)
-        idx = state.fit_index()
-        if idx.total(job) < need:  # what rack_first_fill would find, without scoring
+        slots = state.fit_index().slots_if_fit(job, need)
+        if slots is None:  # what rack_first_fill would find, without scoring
             return None
-        slots = idx.slots(job)
         return rack_first_fill(job, state, self.node_scores(job, state, slots), workers, slots)
 
     def score(self, job: JobView, candidates: Sequence[int], state: ClusterState) -> np.ndarray:

@@ -99,6 +99,9 @@ def test_fit_index_equals_worker_slots_through_allocations_and_releases(seed):
                 assert np.array_equal(idx.slots(j), slots)
                 assert idx.total(j) == int(slots.sum())
                 assert fits_now(j, st) == _fits_now(j, st)
+                got = idx.slots_if_fit(j, j.workers)
+                assert (got is None) != _fits_now(j, st)
+                assert got is None or np.array_equal(got, slots)
 
 
 def test_fit_index_catches_up_after_the_change_log_was_dropped():
