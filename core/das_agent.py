@@ -22,6 +22,16 @@ The agent starts the job with the highest logit among those that fit now; as an
 :class:`~rlsched.core.policy.Ordering` it ranks the window by queue class and priority
 (as every ordering does), then jobs that fit first, then by logit, and keeps jobs beyond the window in FIFO order after it.
 
+Cost (issue 15): whether a job fits now is read from the state's incremental
+:class:`~rlsched.core.cluster.FitIndex` (kept per job shape from the nodes each
+allocation touches), not a pass over the nodes per job; the transformer runs only when
+its logits break a tie (two window jobs of one queue class, priority and fit; for
+:meth:`DASOrdering.rank_for_start`, which the simulator uses, two that fit) and is
+remembered for the last inputs; the placement applies the RWGP smoother on the
+topology's quotient graph (:class:`~rlsched.core.das.QuotientSmoother`), O(nodes) per
+job instead of a dense nodes x nodes product. Decisions are those of the slow path,
+kept in :mod:`rlsched.core._das_reference` for the tests that hold them equal.
+
 The features are computed here, from a :class:`ClusterState` and :class:`JobView`
 objects only, so the simulator environment (``rlsched.sim.envs``) and serving see the
 same numbers. Weights default to ``core/weights/das.safetensors`` (+ ``das.json``);
