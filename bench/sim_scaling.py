@@ -10,8 +10,9 @@ for those N jobs (:func:`rlsched.sim.traces.spec.scale_for_load`), once with
 ``fifo/firstfit`` and once with the learned pair, in the same process one after the
 other (the machine may be shared: ratios are taken between runs of the same moment).
 
-Reported per size (JSON): simulated events, wall seconds of ``Simulator.run`` (the best
-of ``--repeats``) for each policy, the ratio learned / FIFO, and the growth exponents:
+Reported per size (JSON): simulated events, seconds of ``Simulator.run`` (CPU seconds
+of the process by default, steadier than wall seconds on a shared machine; both are
+written; the best of ``--repeats``) for each policy, the ratio learned / FIFO, and the growth exponents:
 the log-log slope between consecutive sizes and the least-squares slope over all sizes
 (1 = linear). ``--reference-jobs`` also times the DAS agents as they were before issue
 15 (``rlsched.core._das_reference``, the same decisions) at those sizes, and checks the
@@ -27,6 +28,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import platform
 import sys
 import time
@@ -85,12 +87,15 @@ def run_once(jobs, topology, policy: str, config: SimConfig, *, reference: bool 
     t0 = time.perf_counter()
     sim = Simulator(jobs, topology, ordering=ordering, placement=placement, seed=0, config=config)
     t1 = time.perf_counter()
+    c1 = time.process_time()
     res = sim.run(progress=progress)
+    c2 = time.process_time()
     t2 = time.perf_counter()
     sched = sorted((r.id, r.start, r.end) for r in res.records)
     return {
         "build_s": t1 - t0,
-        "run_s": t2 - t1,
+        "wall_s": t2 - t1,
+        "cpu_s": c2 - c1,
         "events": res.events,
         "finished": len(res.records),
         "digest": hashlib.sha256(repr(sched).encode()).hexdigest()[:16],
@@ -129,10 +134,14 @@ def main(argv=None) -> int:
     ap.add_argument("--backfill", action="store_true", help="simulate with backfill")
     ap.add_argument("--reference-jobs", type=_ints, default=[],
                     help="also time the pre-issue-15 DAS agents at these job counts (e.g. 1000,4000)")
+    ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                    help="what the ratios and slopes compare: CPU seconds of this process (default; steadier "
+                    "on a shared machine) or wall seconds; both are written")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     args = ap.parse_args(argv)
     if args.repeats < 1 or not args.load > 0:
         ap.error("need --repeats >= 1 and --load > 0")
+    clock = f"{args.clock}_s"
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -164,12 +173,14 @@ def main(argv=None) -> int:
                 runs.setdefault(label, []).append(r)
             row = {"jobs": n, "arrival_scale": scale}
             for label, rs in runs.items():
-                best = min(rs, key=lambda r: r["run_s"])
-                row[label] = {**best, "runs_s": [r["run_s"] for r in rs]}
+                best = min(rs, key=lambda r: r[clock])
+                row[label] = {**best, "run_s": best[clock], "runs_s": [r[clock] for r in rs]}
             digests = {r["digest"] for label, rs in runs.items() if label.startswith(args.policy) for r in rs}
             row["same_schedule_as_reference"] = (len(digests) == 1) if n in args.reference_jobs else None
             if args.baseline in runs and args.policy in runs:
                 row["ratio"] = row[args.policy]["run_s"] / row[args.baseline]["run_s"]
+                row["ratio_wall"] = (min(r["wall_s"] for r in runs[args.policy])
+                                     / min(r["wall_s"] for r in runs[args.baseline]))
             rows.append(row)
 
     measured = [r for r in rows if args.policy in r and args.baseline in r]
@@ -178,6 +189,8 @@ def main(argv=None) -> int:
         "bench": "sim_scaling",
         "trace": f"alibaba2023:{args.list}", "nodes": len(topo), "gpus": topo.total_gpus, "load": args.load,
         "backfill": args.backfill, "policy": args.policy, "compared_with": args.baseline, "repeats": args.repeats,
+        "clock": args.clock,
+        "blas_threads": {k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")},
         "target_ratio": TARGET_RATIO,
         "sizes": rows,
         "slope": {
@@ -186,8 +199,9 @@ def main(argv=None) -> int:
         },
         "max_ratio": max((r["ratio"] for r in measured), default=math.nan),
         "host": {"python": sys.version.split()[0], "machine": platform.machine(), "numpy": np.__version__},
-        "note": "wall seconds of Simulator.run on a possibly shared machine; ratios are between runs made one "
-                "after the other in this process",
+        "note": "run_s: seconds of Simulator.run by the chosen clock (CPU seconds of this process by default: "
+                "the simulator is single-threaded and the machine may be shared), the best of the repeats; "
+                "ratios are between runs made one after the other in this process",
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2) + "\n")
