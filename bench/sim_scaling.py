@@ -24,11 +24,19 @@ from ``--data-dir`` or ``RLSCHED_DATA_DIR``).
 
 from __future__ import annotations
 
+import os
+
+if __name__ == "__main__":
+    # before numpy loads: one BLAS thread unless the caller sets these. The simulator is
+    # single-threaded and its products are small; BLAS threads spinning on a shared
+    # machine only add time (and CPU seconds) to the learned policies' runs.
+    for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
+
 import argparse
 import hashlib
 import json
 import math
-import os
 import platform
 import sys
 import time
