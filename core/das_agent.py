@@ -292,6 +292,8 @@ class DASOrdering:
         return self._rank(pending, state, exact=False)
 
     def _rank(self, pending: Sequence[JobView], state: ClusterState, exact: bool) -> list[JobView]:
+        if len(pending) == 1:  # a window of one: nothing to order, no transformer
+            return list(pending)
         fifo = sorted(pending, key=_age_key)
         if self.fallback_reason is not None or not fifo:
             return fifo
