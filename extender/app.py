@@ -140,13 +140,12 @@ def make_app(
 
         return handler
 
+    # the decisions are made under the extender's lock; these encode them after it
     def enc_filter(args, out):
         return encode_filter(args, out.passed, out.failed, out.unresolvable)
 
-    encode_priorities = extender.encoder
-
-    def enc_prio(args, scores):
-        return encode_priorities(args.names, scores)
+    def enc_prio(args, scored):
+        return scored.encode()
 
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok")
