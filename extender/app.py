@@ -91,7 +91,10 @@ def make_app(
             resp.force_close()
             return resp
         try:
-            return await asyncio.wait_for(request.read(), read_timeout)
+            # asyncio.timeout, not wait_for: no task per request (the body of a small
+            # request is usually in the buffer already)
+            async with asyncio.timeout(read_timeout):
+                return await request.read()
         except web.HTTPRequestEntityTooLarge:  # chunked, or larger once decompressed
             resp = _error(413, f"{verb}: request body larger than {max_body} bytes")
         except asyncio.TimeoutError:
@@ -108,6 +111,9 @@ def make_app(
         return resp
 
     def verb_handler(verb: str, decide, encode, decode=decode_args):
+        nodes_seen = metrics.nodes.labels(verb=verb)
+        duration = metrics.duration.labels(verb=verb)
+
         async def handler(request: web.Request) -> web.StreamResponse:
             t0 = time.perf_counter()
             try:
@@ -117,7 +123,7 @@ def make_app(
                 else:
                     args = decode(body)
                     if decode is decode_args:
-                        metrics.nodes.labels(verb=verb).observe(len(args.names))
+                        nodes_seen.observe(len(args.names))
                     result = await decide(args)
                     resp = web.Response(body=encode(args, result), content_type=_JSON)
             except ShapeError as exc:  # not an ExtenderArgs (WireError); a bad pod is no error
@@ -133,7 +139,7 @@ def make_app(
             except Exception as exc:  # a bug: reported to the caller and logged, never swallowed
                 log.exception("%s failed", verb)
                 resp = _error(500, f"{verb}: internal error: {type(exc).__name__}: {exc}")
-            metrics.duration.labels(verb=verb).observe(time.perf_counter() - t0)
+            duration.observe(time.perf_counter() - t0)
             if resp.status != 200:
                 metrics.errors.labels(verb=verb, code=str(resp.status)).inc()
             return resp
