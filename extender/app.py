@@ -29,7 +29,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from ..core.contract import ShapeError
 from .service import Extender, bounded
-from .wire import decode_args, decode_binding, encode_binding, encode_filter
+from .wire import decode_binding, encode_binding, encode_filter
 
 __all__ = ["make_app", "DEFAULT_MAX_BODY", "EXTENDER_KEY", "CLIENT_CLOSED"]
 
@@ -110,7 +110,7 @@ def make_app(
         resp.force_close()
         return resp
 
-    def verb_handler(verb: str, decide, encode, decode=decode_args):
+    def verb_handler(verb: str, decide, encode, decode=extender.decode):
         nodes_seen = metrics.nodes.labels(verb=verb)
         duration = metrics.duration.labels(verb=verb)
 
@@ -122,7 +122,7 @@ def make_app(
                     resp = body
                 else:
                     args = decode(body)
-                    if decode is decode_args:
+                    if verb != "bind":
                         nodes_seen.observe(len(args.names))
                     result = await decide(args)
                     resp = web.Response(body=encode(args, result), content_type=_JSON)
@@ -148,7 +148,7 @@ def make_app(
 
     # the decisions are made under the extender's lock; these encode them after it
     def enc_filter(args, out):
-        return encode_filter(args, out.passed, out.failed, out.unresolvable)
+        return encode_filter(args, out.passed, out.failed, out.unresolvable, sent=out.sent)
 
     def enc_prio(args, scored):
         return scored.encode()

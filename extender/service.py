@@ -49,7 +49,7 @@ from .cache import ClusterCache
 from .memory import ByteLRU, approx_bytes
 from .metrics import ExtenderMetrics
 from .objects import PodInfo, parse_pod
-from .wire import MAX_PRIORITY, BindingArgs, ExtenderArgs, NodeTable, WireError
+from .wire import MAX_PRIORITY, BindingArgs, ExtenderArgs, NodeTable, WireError, decode_args
 
 __all__ = ["Extender", "FilterOutcome", "Rejection", "Scored", "MAX_REASON", "DEFAULT_DEBUG_BYTES", "UNKNOWN_NODE"]
 
@@ -66,6 +66,9 @@ INDEX_CACHE_BYTES = 16 * 1024 * 1024
 UNKNOWN_NODE = "node is not in the rlsched extender's node cache (unknown node)"
 #: at most this many (node: reason) examples kept per filter call for /debug
 DEBUG_FAILED = 50
+#: byte budget of the pods read, kept under their JSON text (filter, then prioritize
+#: and retries send the same pod)
+POD_CACHE_BYTES = 2 * 1024 * 1024
 
 
 #: bytes of a str object beyond its characters, plus its slot in a tuple
@@ -137,14 +140,23 @@ class FilterOutcome:
     the wire's maps) are built on first use, after the lock, with the same ``str``
     object for every node of a class."""
 
-    __slots__ = ("passed", "rejected", "_names", "_maps")
+    __slots__ = ("passed", "rejected", "_names", "_maps", "_table", "_idx")
 
     def __init__(self, passed: list[int], rejected: list[Rejection] | None = None,
-                 names: list[str] | None = None) -> None:
+                 names: list[str] | None = None, table: NodeTable | None = None,
+                 idx: np.ndarray | None = None) -> None:
         self.passed = passed
         self.rejected = rejected or []
         self._names = names or []
         self._maps: tuple[dict[str, str], dict[str, str]] | None = None
+        self._table = table
+        self._idx = idx
+
+    def sent(self, raw: bytes) -> None:
+        """The JSON text of the passed names as encoded: kept by the node table, so
+        that the prioritize request carrying it back is not parsed again."""
+        if self._table is not None and self._idx is not None and len(self.passed) >= NodeTable.RECENT_MIN:
+            self._table.remember(raw, self._idx[self.passed])
 
     def _build(self) -> tuple[dict[str, str], dict[str, str]]:
         if self._maps is None:
@@ -257,6 +269,8 @@ class Extender:
         #: rebuilt when the topology is; its score entries within ``index_cache_bytes``
         self._table_bytes = index_cache_bytes
         self._snap: _Snapshot | None = None
+        #: pods read, under the JSON text they were read from
+        self._pods: ByteLRU[bytes, PodInfo] = ByteLRU(POD_CACHE_BYTES, 256)
         #: creates the Binding in the API server (``None``: bind verb unavailable)
         self.binder = binder
         #: wait up to this long for the job's assumed pods to show up bound before
@@ -284,6 +298,24 @@ class Extender:
                 return
             await asyncio.sleep(0.005)
 
+    def decode(self, body: bytes) -> ExtenderArgs:
+        """:func:`~rlsched.extender.wire.decode_args`, with the node table's remembered
+        candidate lists (a list seen before is not parsed again)."""
+        snap = self._snap
+        return decode_args(body, snap.table.names_for if snap is not None else None)
+
+    def _pod(self, args: ExtenderArgs) -> PodInfo:
+        """``parse_pod(args.pod)``, kept under the pod's JSON text when it has one (the
+        same bytes are the same pod; a pod that cannot be read is not kept)."""
+        key = args.pod_bytes
+        if key is None:
+            return parse_pod(args.pod)
+        pod = self._pods.get(key)
+        if pod is None:
+            pod = parse_pod(args.pod)
+            self._pods.put(key, pod, 2 * len(key) + _ENTRY_BYTES)
+        return pod
+
     def _snapshot(self, st: ClusterState) -> _Snapshot:
         """The per-topology table of ``st`` (built on the first request after the
         topology changed)."""
@@ -309,8 +341,11 @@ class Extender:
         subdomain) or the request is refused (:class:`WireError`); names the cache
         knows came from Node objects, so kube-scheduler's requests cost no check."""
         names = args.names
-        idx = self._snapshot(st).table.lookup(names)
+        table = self._snapshot(st).table
+        idx = table.lookup(names)
         unknown = np.flatnonzero(idx < 0).tolist()
+        if not unknown and args.names_bytes is not None:
+            table.remember(args.names_bytes, idx)
         if unknown:
             where = "ExtenderArgs.Nodes.items[{}].metadata.name" if args.node_objects is not None else "ExtenderArgs.NodeNames[{}]"
             for pos in unknown:
@@ -361,7 +396,7 @@ class Extender:
     async def filter(self, args: ExtenderArgs) -> FilterOutcome:
         """Decide under the lock; the caller encodes the outcome after it."""
         try:
-            pod = parse_pod(args.pod)
+            pod = self._pod(args)
         except ShapeError as exc:
             return self._filter_unreadable(args, exc)
         await self._settle(pod)
@@ -416,7 +451,7 @@ class Extender:
         rejected: list[Rejection] = []
         if len(passed) < len(idx):
             rejected = self._reject(pod, st, snap, idx, known, free, cap_ok, model_ok, topo_ok, topo_why, placed)
-        out = FilterOutcome(passed.tolist(), rejected, args.names)
+        out = FilterOutcome(passed.tolist(), rejected, args.names, snap.table, idx)
         counts: dict[str, int] = {}
         for r in rejected:
             counts[r.kind] = counts.get(r.kind, 0) + len(r.positions)
@@ -496,7 +531,7 @@ class Extender:
     async def prioritize(self, args: ExtenderArgs) -> Scored:
         """Decide under the lock; the caller encodes the scores after it."""
         try:
-            pod = parse_pod(args.pod)
+            pod = self._pod(args)
         except ShapeError as exc:
             return self._prioritize_unreadable(args, exc)
         await self._settle(pod)
@@ -642,7 +677,7 @@ class Extender:
         """Estimated bytes kept across requests: /debug explanations, the node table
         of the current topology, the GPUs of recently scored pods."""
         table = self._snap.table.retained_bytes() if self._snap is not None else 0
-        return self._debug.bytes + table + len(self._gpus) * _GPUS_ENTRY_BYTES
+        return self._debug.bytes + table + self._pods.bytes + len(self._gpus) * _GPUS_ENTRY_BYTES
 
     def overcommit(self) -> list[dict[str, Any]]:
         """Nodes with more GPUs in use (bound and assumed pods) than they have."""

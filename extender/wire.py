@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import orjson
@@ -55,6 +55,12 @@ class ExtenderArgs:
     pod: dict
     names: list[str]
     node_objects: list[dict] | None
+    #: the request's JSON text before ``NodeNames`` (``{"Pod":...,"Nodes":null``) when
+    #: the body had kube-scheduler's layout and it is small: the same bytes are the same
+    #: pod, so what was read from it can be kept under them
+    pod_bytes: bytes | None = None
+    #: the JSON text of ``NodeNames`` (same condition)
+    names_bytes: bytes | None = None
 
 
 def _node_name(obj: Any, where: str) -> str:
@@ -69,17 +75,75 @@ def _node_name(obj: Any, where: str) -> str:
         raise WireError(str(exc)) from None
 
 
-def decode_args(body: bytes) -> ExtenderArgs:
+_NAMES_KEY = b',"NodeNames":'
+#: the head of a body (the pod) is kept as a cache key only up to this size
+MAX_KEY_BYTES = 64 * 1024
+
+
+def _split(body: bytes) -> tuple[dict, bytes, bytes] | None:
+    """``(document without NodeNames, its JSON text, the JSON text of NodeNames)``
+    when ``body`` is ``<object>,"NodeNames":<value>}`` as Go's encoding/json writes
+    an ExtenderArgs (NodeNames last, no spaces); None otherwise.
+
+    The split is at the last ``,"NodeNames":``, which cannot lie inside a JSON string
+    (a quote in a string is escaped). It is at the top level when the text before it,
+    closed with ``}``, is a JSON object by itself: any object nesting at the cut would
+    leave that text unbalanced. The value is parsed by the caller, which falls back to
+    a whole parse when it is not JSON."""
+    k = body.rfind(_NAMES_KEY)
+    if k <= 0:
+        return None
+    end = len(body)
+    while end and body[end - 1] in b" \t\r\n":
+        end -= 1
+    if body[end - 1:end] != b"}":
+        return None
+    head = body[:k]
+    try:
+        doc = orjson.loads(head + b"}")
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    return doc, head, body[k + len(_NAMES_KEY):end - 1]
+
+
+def decode_args(body: bytes, known_names: Callable[[bytes], list[str] | None] | None = None) -> ExtenderArgs:
     """Parse and validate an ``ExtenderArgs`` body (raises :class:`WireError`). The
     names of ``Nodes`` must be DNS-1123 subdomains; ``NodeNames`` are checked by the
     extender against its node cache (a name it does not know must be one), which
     costs nothing for the lists kube-scheduler sends again and again. The pod is only
     checked to be an object: a pod that cannot be read is unschedulable, not a bad
-    request."""
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise WireError(f"request body is not valid JSON: {exc}") from None
+    request.
+
+    A body in kube-scheduler's layout (see :func:`_split`) is parsed in two parts, the
+    pod and ``NodeNames``, whose texts are kept on the result; ``known_names`` may
+    answer the list for a ``NodeNames`` text seen before (a list of valid names), so
+    it is not parsed again. Anything else is parsed whole, with the same result."""
+    doc = None
+    pod_bytes = names_bytes = None
+    split = _split(body)
+    if split is not None:
+        head_doc, head, raw = split
+        names = known_names(raw) if known_names is not None else None
+        if names is None:
+            try:
+                names = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                names = doc = None  # parsed whole below, for the error
+            else:
+                doc = head_doc
+        else:
+            doc = head_doc
+        if doc is not None:
+            doc["NodeNames"] = names
+            if len(head) <= MAX_KEY_BYTES:
+                pod_bytes, names_bytes = head, raw
+    if doc is None:
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise WireError(f"request body is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise WireError(f"ExtenderArgs must be a JSON object, got {type(doc).__name__}")
     pod = doc.get("Pod")
@@ -120,7 +184,9 @@ def decode_args(body: bytes) -> ExtenderArgs:
             names, node_objects = node_names, items
     if names is None:
         raise WireError("ExtenderArgs needs NodeNames (nodeCacheCapable) or Nodes; both are null")
-    return ExtenderArgs(pod=pod, names=names, node_objects=node_objects)
+    if node_objects is not None:
+        names_bytes = None
+    return ExtenderArgs(pod=pod, names=names, node_objects=node_objects, pod_bytes=pod_bytes, names_bytes=names_bytes)
 
 
 def encode_filter(
@@ -129,22 +195,27 @@ def encode_filter(
     failed: Mapping[str, str],
     unresolvable: Mapping[str, str] | None = None,
     error: str = "",
+    sent: Callable[[bytes], None] | None = None,
 ) -> bytes:
-    """An ``ExtenderFilterResult``; ``passed`` are positions in ``args.names``."""
+    """An ``ExtenderFilterResult``; ``passed`` are positions in ``args.names``. The
+    bytes are orjson's of the result object; ``sent`` gets the JSON text of its
+    ``NodeNames`` (what kube-scheduler sends back to prioritize)."""
     names = args.names
     # no per-node bytecode: all passed is the request's own list, else a C-level gather
     kept = names if len(passed) == len(names) else list(map(names.__getitem__, passed))
-    out: dict[str, Any] = {
-        "Nodes": None,
-        "NodeNames": kept,
-        "FailedNodes": failed,
-        "FailedAndUnresolvableNodes": unresolvable or {},
-        "Error": error,
-    }
+    nodes = None
     if args.node_objects is not None:
         objs = args.node_objects
-        out["Nodes"] = {"metadata": {}, "items": objs if kept is names else list(map(objs.__getitem__, passed))}
-    return orjson.dumps(out)
+        nodes = {"metadata": {}, "items": objs if kept is names else list(map(objs.__getitem__, passed))}
+    kept_raw = orjson.dumps(kept)
+    if sent is not None:
+        sent(kept_raw)
+    return b"".join((
+        b'{"Nodes":', orjson.dumps(nodes), b',"NodeNames":', kept_raw,
+        b',"FailedNodes":', orjson.dumps(failed),
+        b',"FailedAndUnresolvableNodes":', orjson.dumps(unresolvable or {}),
+        b',"Error":', orjson.dumps(error), b"}",
+    ))
 
 
 def encode_priorities(names: Sequence[str], scores: Sequence[int]) -> bytes:
@@ -175,7 +246,7 @@ class NodeTable:
     the topology it was built from has been replaced.
     """
 
-    __slots__ = ("names", "index", "_entries", "_heads", "bytes", "_recent")
+    __slots__ = ("names", "index", "_entries", "_heads", "bytes", "_recent", "_raw")
 
     #: candidate lists remembered for :meth:`lookup` (kube-scheduler sends the same
     #: list to filter and prioritize, and again for the next pod of a quiet cluster)
@@ -198,6 +269,8 @@ class NodeTable:
         self._entries: np.ndarray | None = None
         #: (the table's own name strings, their indices) of recent all-known lists
         self._recent: list[tuple[list[str], np.ndarray]] = []
+        #: JSON text of a recent all-known list -> the list (the table's strings)
+        self._raw: dict[bytes, list[str]] = {}
         self.bytes = head_bytes + sum(map(len, names)) + 2 * self._OBJ_BYTES * len(names)
         if entry_bytes <= max_bytes:
             self._entries = np.empty(len(heads) * (MAX_PRIORITY + 1), dtype=object)
@@ -220,7 +293,7 @@ class NodeTable:
         recent = self._recent
         if n >= self.RECENT_MIN:
             for k, (known, idx) in enumerate(recent):
-                if len(known) == n and known == names:
+                if known is names or (len(known) == n and known == names):
                     if k:
                         recent.insert(0, recent.pop(k))
                     return idx
@@ -231,9 +304,36 @@ class NodeTable:
             del recent[self.RECENT:]
         return idx
 
+    def names_for(self, raw: bytes) -> list[str] | None:
+        """The list whose JSON text is ``raw``, if it is one remembered (see
+        :meth:`remember`): no parsing, and :meth:`lookup` then finds it by identity."""
+        return self._raw.get(raw)
+
+    def remember(self, raw: bytes, idx: np.ndarray) -> None:
+        """Keep ``raw`` (the JSON text of a list of names) as the names at ``idx``, all
+        of them in this table: kube-scheduler sends the filter's answer back to
+        prioritize, and the same list again for the next pod of a quiet cluster."""
+        if len(idx) < self.RECENT_MIN or raw in self._raw or not (idx >= 0).all():
+            return
+        names = None
+        for known, kidx in self._recent:
+            if kidx is idx:
+                names = known
+                break
+        if names is None:
+            names = self.names[idx].tolist()
+            idx = np.array(idx, dtype=np.int64)
+            idx.flags.writeable = False
+            self._recent.insert(0, (names, idx))
+            del self._recent[self.RECENT:]
+        self._raw[raw] = names
+        while len(self._raw) > self.RECENT:
+            del self._raw[next(iter(self._raw))]
+
     def retained_bytes(self) -> int:
         """Bytes of the table and its remembered lists (both estimated)."""
-        return self.bytes + sum(16 * len(k) + 120 for k, _ in self._recent)
+        return (self.bytes + sum(16 * len(k) + 120 for k, _ in self._recent)
+                + sum(len(r) + 8 * len(v) + 120 for r, v in self._raw.items()))
 
     def encode_priorities(self, names: Sequence[str], idx: np.ndarray, scores: np.ndarray) -> bytes:
         """The ``HostPriorityList`` of ``names`` (request order) with ``scores``;
