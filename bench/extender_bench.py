@@ -84,9 +84,9 @@ def cluster_file(nodes: int, directory: Path, full: bool = False) -> tuple[Path,
     return path, [n.name for n in topo.nodes]
 
 
-def request_body(names: list[str]) -> bytes:
+def request_body(names: list[str], pod_name: str = "bench-w2") -> bytes:
     pod = {
-        "metadata": {"name": "bench-w2", "namespace": "bench", "uid": "u-bench",
+        "metadata": {"name": pod_name, "namespace": "bench", "uid": f"u-{pod_name}",
                      "labels": {LABEL_JOB: "bench", LABEL_INDEX: "2"}},
         "spec": {"schedulerName": "rlsched",
                  "containers": [{"name": "trainer", "image": "x",
@@ -196,26 +196,28 @@ def http_request(verb: str, body: bytes) -> bytes:
             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
 
-def _client(port: int, request: bytes, n: int, warmup: int, cpu: int | None, start, out) -> None:
+def _client(port: int, request: bytes | list[bytes], n: int, warmup: int, cpu: int | None, start, out) -> None:
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
+    reqs = request if isinstance(request, list) else [request]
     conn = Conn(port)
-    for _ in range(warmup):
-        conn.call(request)
+    for i in range(warmup):
+        conn.call(reqs[i % len(reqs)])
     lat = np.empty(n)
     start.wait()
     t_begin = time.perf_counter()
     size = 0
     for i in range(n):
         t0 = time.perf_counter()
-        size = len(conn.call(request))
+        size = len(conn.call(reqs[i % len(reqs)]))
         lat[i] = time.perf_counter() - t0
     t_end = time.perf_counter()
     conn.close()
     out.put((lat.tobytes(), t_begin, t_end, size))
 
 
-def load(port: int, request: bytes, clients: int, per_client: int, warmup: int, cpu: int | None) -> dict:
+def load(port: int, request: bytes | list[bytes], clients: int, per_client: int, warmup: int, cpu: int | None,
+         pid: int | None = None) -> dict:
     """``clients`` processes, each over its own keep-alive connection, ``per_client``
     requests each, started together; latencies and the wall time of the burst."""
     ctx = mp.get_context("fork")
@@ -226,18 +228,34 @@ def load(port: int, request: bytes, clients: int, per_client: int, warmup: int, 
     for p in procs:
         p.start()
     start.wait()
+    c0 = cpu_ns(pid) if pid else 0
     rows = [out.get(timeout=600) for _ in procs]
+    c1 = cpu_ns(pid) if pid else 0
     for p in procs:
         p.join(30)
     lat = np.concatenate([np.frombuffer(r[0]) for r in rows])
     wall = max(r[2] for r in rows) - min(r[1] for r in rows)
-    return {"lat": lat, "wall": wall, "size": rows[0][3]}
+    return {"lat": lat, "wall": wall, "size": rows[0][3], "cpu_ns": c1 - c0}
+
+
+def cpu_ns(pid: int) -> int:
+    """CPU time of process ``pid`` so far (all its threads), in ns (Linux schedstat):
+    the server's cost per request, much less disturbed by a busy machine than latency."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
 
 
 def summary(parts: list[dict]) -> dict:
     lat = np.concatenate([p["lat"] for p in parts])
     wall = sum(p["wall"] for p in parts)
+    cpu = sum(p.get("cpu_ns", 0) for p in parts)
     return {
+        "server_cpu_ms_per_request": round(cpu / len(lat) / 1e6, 4) if cpu else None,
         "requests": int(len(lat)),
         "p50_ms": round(float(np.percentile(lat, 50) * 1e3), 3),
         "p99_ms": round(float(np.percentile(lat, 99) * 1e3), 3),
@@ -247,15 +265,16 @@ def summary(parts: list[dict]) -> dict:
     }
 
 
-def compare(servers: dict[str, int], request: bytes, clients: int, total: int, rounds: int, warmup: int,
+def compare(servers: dict[str, tuple[int, int]], request: bytes | list[bytes], clients: int, total: int, rounds: int, warmup: int,
             cpu: int | None) -> dict[str, dict]:
-    """The same load on each server, in ``rounds`` alternating rounds (noise on a shared
-    machine hits all of them alike)."""
+    """The same load on each server (name -> (port, pid)), in ``rounds`` alternating
+    rounds (noise on a shared machine hits all of them alike)."""
     per_client = max(1, total // (rounds * clients))
     parts: dict[str, list] = {k: [] for k in servers}
     for _ in range(rounds):
-        for name, port in servers.items():
-            parts[name].append(load(port, request, clients, per_client, warmup, cpu))
+        for name, (port, pid) in servers.items():
+            got = load(port, request, clients, per_client, warmup, cpu, pid)
+            parts[name].append(got)
     return {name: summary(p) for name, p in parts.items()}
 
 
@@ -306,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", default="1,2,4,8", help="concurrent client counts for the throughput sweep")
     ap.add_argument("--requests", type=int, default=2000,
                     help="requests per server per measurement at 1,000 nodes (scaled down for larger sizes)")
-    ap.add_argument("--rounds", type=int, default=4, help="alternating rounds per measurement")
+    ap.add_argument("--rounds", type=int, default=6, help="alternating rounds per measurement")
     ap.add_argument("--warmup", type=int, default=20, help="unmeasured requests per connection")
     ap.add_argument("--no-pin", action="store_true", help="do not pin servers and clients to one CPU each")
     ap.add_argument("--serve-baseline", type=int, metavar="PORT", help=argparse.SUPPRESS)
@@ -333,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     def row(server: str, nodes: int, verb: str, case: str, n_clients: int, r: dict) -> None:
         results.append({"server": server, "nodes": nodes, "verb": verb, "case": case, "clients": n_clients, **r})
         say(f"{server:<17} {nodes:>5} nodes {verb:<10} {case:<9} {n_clients} client(s): p50 {r['p50_ms']:7.3f} ms  "
-            f"p99 {r['p99_ms']:7.3f} ms  {r['requests_per_s']:8.1f} req/s")
+            f"p99 {r['p99_ms']:7.3f} ms  {r['requests_per_s']:8.1f} req/s  server CPU "
+            f"{r['server_cpu_ms_per_request'] or 0:.3f} ms/req")
 
     with tempfile.TemporaryDirectory(prefix="rlsched-bench-") as tmp_s:
         tmp = Path(tmp_s)
@@ -344,18 +364,21 @@ def main(argv: list[str] | None = None) -> int:
         try:
             base_port = free_port()
             procs.append(start_server(BASELINE, None, base_port, server_cpu))
+            base_srv = (base_port, procs[-1].pid)
             for nodes in sizes:
                 static, names = cluster_file(nodes, tmp)
                 full_static, _ = cluster_file(nodes, tmp, full=True)
                 body = request_body(names)
-                total = max(100, args.requests * 1000 // nodes)
+                total = max(100, args.requests * 1000 // max(nodes, 1000))
                 ports = {}
                 for policy in policies:
-                    ports[policy] = free_port()
-                    procs.append(start_server(policy, static, ports[policy], server_cpu))
+                    port = free_port()
+                    procs.append(start_server(policy, static, port, server_cpu))
+                    ports[policy] = (port, procs[-1].pid)
                 full_port = free_port()
                 procs.append(start_server(main_policy, full_static, full_port, server_cpu))
-                servers = {**ports, BASELINE: base_port}
+                full = (full_port, procs[-1].pid)
+                servers = {**ports, BASELINE: base_srv}
                 for verb in ("prioritize", "filter"):
                     req = http_request(verb, body)
                     for n_clients in clients:
@@ -367,6 +390,9 @@ def main(argv: list[str] | None = None) -> int:
                             ext["requests_per_s"] / base["requests_per_s"], 3)
                         if n_clients == 1:
                             ratios[f"{verb}_{nodes}_ratio_vs_aiohttp"] = ratios[f"{verb}_{nodes}_c1_ratio_vs_aiohttp"]
+                            if ext["server_cpu_ms_per_request"] and base["server_cpu_ms_per_request"]:
+                                ratios[f"{verb}_{nodes}_server_cpu_ratio_vs_aiohttp"] = round(
+                                    base["server_cpu_ms_per_request"] / ext["server_cpu_ms_per_request"], 3)
                             ratios[f"{verb}_{nodes}_p50_ms"] = ext["p50_ms"]
                             ratios[f"{verb}_{nodes}_p99_ms"] = ext["p99_ms"]
                     by_clients = {str(r["clients"]): r["requests_per_s"] for r in results
@@ -375,9 +401,22 @@ def main(argv: list[str] | None = None) -> int:
                     rps = list(by_clients.values())
                     ratios[f"{verb}_{nodes}_throughput_grows_with_clients"] = bool(
                         len(rps) > 1 and rps[-1] > rps[0] and all(b >= 0.95 * a for a, b in zip(rps, rps[1:])))
+                # fresh requests: another pod each time (300 of them, more than the extender
+                # keeps) and the candidate list rotated, as kube-scheduler's rotating
+                # search start makes it; nothing remembered helps
+                fresh = [http_request("prioritize", request_body(names[k * 7 % nodes:] + names[:k * 7 % nodes],
+                                                                  f"bench-f{k}")) for k in range(300)]
+                got = compare(servers, fresh, 1, total, args.rounds, args.warmup, client_cpu)
+                for server, r in got.items():
+                    row(server, nodes, "prioritize", "fresh", 1, r)
+                ratios[f"prioritize_{nodes}_fresh_ratio_vs_aiohttp"] = round(
+                    got[main_policy]["requests_per_s"] / got[BASELINE]["requests_per_s"], 3)
+                if got[main_policy]["server_cpu_ms_per_request"] and got[BASELINE]["server_cpu_ms_per_request"]:
+                    ratios[f"prioritize_{nodes}_fresh_server_cpu_ratio_vs_aiohttp"] = round(
+                        got[BASELINE]["server_cpu_ms_per_request"] / got[main_policy]["server_cpu_ms_per_request"], 3)
                 # none fit: every candidate rejected, against all pass, same run
                 req = http_request("filter", body)
-                got = compare({"all-pass": ports[main_policy], "none-fit": full_port}, req, 1, total,
+                got = compare({"all-pass": ports[main_policy], "none-fit": full}, req, 1, total,
                               args.rounds, args.warmup, client_cpu)
                 for case, r in got.items():
                     row(main_policy if case == "all-pass" else f"{main_policy}-full", nodes, "filter", case, 1, r)

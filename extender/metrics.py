@@ -118,7 +118,8 @@ class ExtenderMetrics:
             self.retained.set_function(retained)
 
     def count_scores(self, scores: np.ndarray) -> None:
-        self._score_counts += np.bincount(np.clip(scores, 0, 10), minlength=len(_SCORE_LABELS))
+        # scores are 0..10 by construction; a larger one would fail the add, not vanish
+        self._score_counts += np.bincount(scores, minlength=len(_SCORE_LABELS))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -46,7 +46,7 @@ from ..core.contract import RESOURCE_GPU, ShapeError, dns_label, dns_subdomain
 from ..core.policy import Placement, scores_to_extender
 from ..core.planning import required_topology
 from .cache import ClusterCache
-from .memory import ByteLRU, approx_bytes
+from .memory import ByteLRU
 from .metrics import ExtenderMetrics
 from .objects import PodInfo, parse_pod
 from .wire import MAX_PRIORITY, BindingArgs, ExtenderArgs, NodeTable, WireError, decode_args
@@ -75,6 +75,8 @@ POD_CACHE_BYTES = 2 * 1024 * 1024
 _STR_BYTES = 57
 #: bookkeeping of one /debug entry or part: dicts, small ints, floats
 _ENTRY_BYTES = 1024
+#: a small numpy array beyond its data (what approx_bytes counts for one)
+_ARRAY_BYTES = 128
 #: upper bound of one ``_gpus`` entry: a pod key and a job of valid names, a tuple
 _GPUS_ENTRY_BYTES = 1024
 
@@ -376,7 +378,7 @@ class Extender:
             sel = part[np.argsort(-key[part], kind="stable")]
         else:
             sel = np.argsort(-key, kind="stable")
-        names = [st.topology.nodes[int(i)].name for i in cand[sel]]
+        names = self._snapshot(st).table.names[cand[sel]].tolist()
         terms = {name: v[sel] for name, v in comp.items()} if comp is not None else {}
         return names, ints[sel], raw[sel], terms
 
@@ -415,7 +417,7 @@ class Extender:
         fails everywhere, unresolvable."""
         if pod is None:
             try:
-                pod = parse_pod(args.pod)
+                pod = self._pod(args)
             except ShapeError as exc:
                 return self._filter_unreadable(args, exc)
         pod, st, idx, placed = self._prepare(args, pod)
@@ -552,7 +554,7 @@ class Extender:
         pod that cannot be read scores 0 everywhere."""
         if pod is None:
             try:
-                pod = parse_pod(args.pod)
+                pod = self._pod(args)
             except ShapeError as exc:
                 return self._prioritize_unreadable(args, exc)
         pod, st, idx, placed = self._prepare(args, pod)
@@ -609,7 +611,7 @@ class Extender:
             },
             # node names are the topology's own strings: a pointer each
             2 * _ENTRY_BYTES + 2 * len(pod.job or "") + 8 * (len(placed) + len(top[0]))
-            + sum(approx_bytes(a) for a in (top[1], top[2], *top[3].values())) + _STR_BYTES * len(top[3]),
+            + sum(a.nbytes + _ARRAY_BYTES for a in (top[1], top[2], *top[3].values())) + _STR_BYTES * len(top[3]),
         )
         return Scored(args.names, idx, full, self._snapshot(st).table)
 
