@@ -91,8 +91,9 @@ def make_app(
             resp.force_close()
             return resp
         try:
-            # asyncio.timeout, not wait_for: no task per request (the body of a small
-            # request is usually in the buffer already)
+            if request.content.is_eof():  # all of it in the buffer already: no wait, no timer
+                return await request.read()
+            # asyncio.timeout, not wait_for: no task per request
             async with asyncio.timeout(read_timeout):
                 return await request.read()
         except web.HTTPRequestEntityTooLarge:  # chunked, or larger once decompressed
