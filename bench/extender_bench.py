@@ -84,10 +84,11 @@ def cluster_file(nodes: int, directory: Path, full: bool = False) -> tuple[Path,
     return path, [n.name for n in topo.nodes]
 
 
-def request_body(names: list[str], pod_name: str = "bench-w2") -> bytes:
+def request_body(names: list[str], pod_name: str = "bench-w2", job: str = "bench") -> bytes:
+    """Worker 2 of job ``bench`` (two workers placed) unless told otherwise."""
     pod = {
         "metadata": {"name": pod_name, "namespace": "bench", "uid": f"u-{pod_name}",
-                     "labels": {LABEL_JOB: "bench", LABEL_INDEX: "2"}},
+                     "labels": {LABEL_JOB: job, LABEL_INDEX: "2"}},
         "spec": {"schedulerName": "rlsched",
                  "containers": [{"name": "trainer", "image": "x",
                                  "resources": {"requests": {RESOURCE_GPU: "2", "cpu": "4"},
@@ -123,7 +124,7 @@ def serve_baseline(port: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
 
-def start_server(kind: str, static: Path | None, port: int, cpu: int | None) -> subprocess.Popen:
+def start_server(kind: str, static: Path | None, port: int, cpu: int | None, python: str | None = None) -> subprocess.Popen:
     def pin():  # runs in the child before exec
         if cpu is not None:
             os.sched_setaffinity(0, {cpu})
@@ -131,8 +132,8 @@ def start_server(kind: str, static: Path | None, port: int, cpu: int | None) -> 
     if kind == BASELINE:
         argv = [sys.executable, __file__, "--serve-baseline", str(port)]
     else:
-        argv = [sys.executable, "-m", "rlsched.cli", "extender", "serve", "--port", str(port), "--static-nodes",
-                str(static), "--policy", kind, "--log-level", "WARNING"]
+        argv = [python or sys.executable, "-m", "rlsched.cli", "extender", "serve", "--port", str(port),
+                "--static-nodes", str(static), "--policy", kind.split("@")[0], "--log-level", "WARNING"]
     proc = subprocess.Popen(argv, preexec_fn=pin, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -294,12 +295,13 @@ def inprocess(nodes: int, tmp: Path, repeat: int) -> dict:
     full, _ = ext_on(True)
 
     def prio():
-        return ext.score_now(decode_args(body)).encode()
+        a = ext.decode(body)
+        return ext.score_now(a).encode()
 
     def filt(e):
-        a = decode_args(body)
+        a = e.decode(body)
         out = e.filter_now(a)
-        return encode_filter(a, out.passed, out.failed, out.unresolvable)
+        return encode_filter(a, out.passed, out.failed, out.unresolvable, sent=out.sent)
 
     def timed(f) -> float:
         for _ in range(3):
@@ -328,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=6, help="alternating rounds per measurement")
     ap.add_argument("--warmup", type=int, default=20, help="unmeasured requests per connection")
     ap.add_argument("--no-pin", action="store_true", help="do not pin servers and clients to one CPU each")
+    ap.add_argument("--before-python", metavar="PYTHON",
+                    help="also serve the main policy with this interpreter's rlsched (e.g. an older checkout's venv) "
+                         "as '<policy>@before', measured in the same rounds")
     ap.add_argument("--serve-baseline", type=int, metavar="PORT", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="bench/results/extender.json")
     args = ap.parse_args(argv)
@@ -375,9 +380,18 @@ def main(argv: list[str] | None = None) -> int:
                     port = free_port()
                     procs.append(start_server(policy, static, port, server_cpu))
                     ports[policy] = (port, procs[-1].pid)
+                if args.before_python:
+                    port = free_port()
+                    procs.append(start_server(f"{main_policy}@before", static, port, server_cpu, args.before_python))
+                    ports[f"{main_policy}@before"] = (port, procs[-1].pid)
                 full_port = free_port()
                 procs.append(start_server(main_policy, full_static, full_port, server_cpu))
                 full = (full_port, procs[-1].pid)
+                nonefit = {"all-pass": ports[main_policy], "none-fit": full}
+                if args.before_python:
+                    port = free_port()
+                    procs.append(start_server(f"{main_policy}@before", full_static, port, server_cpu, args.before_python))
+                    nonefit["none-fit@before"] = (port, procs[-1].pid)
                 servers = {**ports, BASELINE: base_srv}
                 for verb in ("prioritize", "filter"):
                     req = http_request(verb, body)
@@ -386,6 +400,9 @@ def main(argv: list[str] | None = None) -> int:
                         for server, r in got.items():
                             row(server, nodes, verb, "all-pass" if verb == "filter" else "", n_clients, r)
                         ext, base = got[main_policy], got[BASELINE]
+                        if args.before_python:
+                            ratios[f"{verb}_{nodes}_c{n_clients}_ratio_vs_before"] = round(
+                                ext["requests_per_s"] / got[f"{main_policy}@before"]["requests_per_s"], 3)
                         ratios[f"{verb}_{nodes}_c{n_clients}_ratio_vs_aiohttp"] = round(
                             ext["requests_per_s"] / base["requests_per_s"], 3)
                         if n_clients == 1:
@@ -401,12 +418,16 @@ def main(argv: list[str] | None = None) -> int:
                     rps = list(by_clients.values())
                     ratios[f"{verb}_{nodes}_throughput_grows_with_clients"] = bool(
                         len(rps) > 1 and rps[-1] > rps[0] and all(b >= 0.95 * a for a, b in zip(rps, rps[1:])))
-                # fresh requests: another pod each time (300 of them, more than the extender
-                # keeps) and the candidate list rotated, as kube-scheduler's rotating
-                # search start makes it; nothing remembered helps
+                # fresh requests: another pod of another job each time (300 of them, more
+                # than the extender keeps; each stays assumed for the TTL, as in a burst)
+                # and the candidate list rotated, as kube-scheduler's rotating search
+                # start makes it: nothing remembered helps
                 fresh = [http_request("prioritize", request_body(names[k * 7 % nodes:] + names[:k * 7 % nodes],
-                                                                  f"bench-f{k}")) for k in range(300)]
+                                                                  f"bench-f{k}", f"fresh-{k}")) for k in range(300)]
                 got = compare(servers, fresh, 1, total, args.rounds, args.warmup, client_cpu)
+                if args.before_python:
+                    b = got[f"{main_policy}@before"]["requests_per_s"]
+                    ratios[f"prioritize_{nodes}_fresh_ratio_vs_before"] = round(got[main_policy]["requests_per_s"] / b, 3)
                 for server, r in got.items():
                     row(server, nodes, "prioritize", "fresh", 1, r)
                 ratios[f"prioritize_{nodes}_fresh_ratio_vs_aiohttp"] = round(
@@ -416,10 +437,16 @@ def main(argv: list[str] | None = None) -> int:
                         got[BASELINE]["server_cpu_ms_per_request"] / got[main_policy]["server_cpu_ms_per_request"], 3)
                 # none fit: every candidate rejected, against all pass, same run
                 req = http_request("filter", body)
-                got = compare({"all-pass": ports[main_policy], "none-fit": full}, req, 1, total,
+                got = compare(nonefit, req, 1, total,
                               args.rounds, args.warmup, client_cpu)
                 for case, r in got.items():
-                    row(main_policy if case == "all-pass" else f"{main_policy}-full", nodes, "filter", case, 1, r)
+                    server = main_policy if case == "all-pass" else f"{main_policy}-full"
+                    if case.endswith("@before"):
+                        server, case = f"{main_policy}-full@before", "none-fit"
+                    row(server, nodes, "filter", case, 1, r)
+                if args.before_python:
+                    ratios[f"filter_{nodes}_none_fit_ratio_vs_before"] = round(
+                        got["none-fit"]["requests_per_s"] / got["none-fit@before"]["requests_per_s"], 3)
                 ratios[f"filter_{nodes}_none_fit_vs_all_pass_p50"] = round(
                     got["none-fit"]["p50_ms"] / got["all-pass"]["p50_ms"], 3)
                 ratios[f"filter_{nodes}_none_fit_reply_bytes"] = got["none-fit"]["response_bytes"]

@@ -152,6 +152,9 @@ class ClusterCache:
         pod = self.pods.get(key)
         if pod is not None and pod.node is not None:
             return  # already bound; the bound pod counts
+        # re-inserted at the end: the dict stays in expiry order (one TTL, a monotonic
+        # clock), so expire() stops at the first assumption still alive
+        self.assumed.pop(key, None)
         self.assumed[key] = (node, int(gpus), job, self.clock() + self.assume_ttl)
         if firm:
             self._firm.add(key)
@@ -177,9 +180,15 @@ class ClusterCache:
         return out
 
     def expire(self) -> int:
-        """Drop assumptions older than the TTL; returns how many."""
+        """Drop assumptions older than the TTL; returns how many. Assumptions are kept
+        in expiry order, so this costs the expired ones, not all (it runs on every
+        request, with up to a burst's worth of pods assumed)."""
         now = self.clock()
-        old = [k for k, (_, _, _, t) in self.assumed.items() if t <= now]
+        old = []
+        for k, (_, _, _, t) in self.assumed.items():
+            if t > now:
+                break
+            old.append(k)
         for k in old:
             self.forget(k)
         return len(old)
