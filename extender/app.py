@@ -29,7 +29,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from ..core.contract import ShapeError
 from .service import Extender, bounded
-from .wire import decode_args, decode_binding, encode_binding, encode_filter
+from .wire import decode_binding, encode_binding, encode_filter
 
 __all__ = ["make_app", "DEFAULT_MAX_BODY", "EXTENDER_KEY", "CLIENT_CLOSED"]
 
@@ -91,7 +91,11 @@ def make_app(
             resp.force_close()
             return resp
         try:
-            return await asyncio.wait_for(request.read(), read_timeout)
+            if request.content.is_eof():  # all of it in the buffer already: no wait, no timer
+                return await request.read()
+            # asyncio.timeout, not wait_for: no task per request
+            async with asyncio.timeout(read_timeout):
+                return await request.read()
         except web.HTTPRequestEntityTooLarge:  # chunked, or larger once decompressed
             resp = _error(413, f"{verb}: request body larger than {max_body} bytes")
         except asyncio.TimeoutError:
@@ -107,7 +111,10 @@ def make_app(
         resp.force_close()
         return resp
 
-    def verb_handler(verb: str, decide, encode, decode=decode_args):
+    def verb_handler(verb: str, decide, encode, decode=extender.decode):
+        nodes_seen = metrics.nodes.labels(verb=verb)
+        duration = metrics.duration.labels(verb=verb)
+
         async def handler(request: web.Request) -> web.StreamResponse:
             t0 = time.perf_counter()
             try:
@@ -116,8 +123,8 @@ def make_app(
                     resp = body
                 else:
                     args = decode(body)
-                    if decode is decode_args:
-                        metrics.nodes.labels(verb=verb).observe(len(args.names))
+                    if verb != "bind":
+                        nodes_seen.observe(len(args.names))
                     result = await decide(args)
                     resp = web.Response(body=encode(args, result), content_type=_JSON)
             except ShapeError as exc:  # not an ExtenderArgs (WireError); a bad pod is no error
@@ -133,20 +140,19 @@ def make_app(
             except Exception as exc:  # a bug: reported to the caller and logged, never swallowed
                 log.exception("%s failed", verb)
                 resp = _error(500, f"{verb}: internal error: {type(exc).__name__}: {exc}")
-            metrics.duration.labels(verb=verb).observe(time.perf_counter() - t0)
+            duration.observe(time.perf_counter() - t0)
             if resp.status != 200:
                 metrics.errors.labels(verb=verb, code=str(resp.status)).inc()
             return resp
 
         return handler
 
+    # the decisions are made under the extender's lock; these encode them after it
     def enc_filter(args, out):
-        return encode_filter(args, out.passed, out.failed, out.unresolvable)
+        return encode_filter(args, out.passed, out.failed, out.unresolvable, sent=out.sent)
 
-    encode_priorities = extender.encoder
-
-    def enc_prio(args, scores):
-        return encode_priorities(args.names, scores)
+    def enc_prio(args, scored):
+        return scored.encode()
 
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok")

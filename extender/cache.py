@@ -55,6 +55,8 @@ class ClusterCache:
         self._firm: set[str] = set()
         self._contrib: dict[str, tuple[str, int, str | None]] = {}
         self.used: Counter[str] = Counter()
+        #: node -> GPUs in use, for the known nodes with more in use than they have
+        self._over: dict[str, int] = {}
         self.job_nodes: dict[str, Counter[str]] = {}
         self._topology: Topology | None = None
         self._state: ClusterState | None = None
@@ -74,11 +76,13 @@ class ClusterCache:
         if old != info:
             self.nodes[info.name] = info
             self._dirty = True
+            self._check_over(info.name)
         self.touch()
 
     def delete_node(self, name: str) -> None:
         if self.nodes.pop(name, None) is not None:
             self._dirty = True
+            self._over.pop(name, None)
         self.touch()
 
     def replace_nodes(self, objs: Iterable[Mapping]) -> None:
@@ -90,6 +94,9 @@ class ClusterCache:
         if new != self.nodes:
             self.nodes = new
             self._dirty = True
+            self._over.clear()
+            for node in self.used:
+                self._check_over(node)
         self.synced["nodes"] = True
         self.touch()
 
@@ -145,6 +152,9 @@ class ClusterCache:
         pod = self.pods.get(key)
         if pod is not None and pod.node is not None:
             return  # already bound; the bound pod counts
+        # re-inserted at the end: the dict stays in expiry order (one TTL, a monotonic
+        # clock), so expire() stops at the first assumption still alive
+        self.assumed.pop(key, None)
         self.assumed[key] = (node, int(gpus), job, self.clock() + self.assume_ttl)
         if firm:
             self._firm.add(key)
@@ -170,9 +180,15 @@ class ClusterCache:
         return out
 
     def expire(self) -> int:
-        """Drop assumptions older than the TTL; returns how many."""
+        """Drop assumptions older than the TTL; returns how many. Assumptions are kept
+        in expiry order, so this costs the expired ones, not all (it runs on every
+        request, with up to a burst's worth of pods assumed)."""
         now = self.clock()
-        old = [k for k, (_, _, _, t) in self.assumed.items() if t <= now]
+        old = []
+        for k, (_, _, _, t) in self.assumed.items():
+            if t > now:
+                break
+            old.append(k)
         for k in old:
             self.forget(k)
         return len(old)
@@ -201,6 +217,7 @@ class ClusterCache:
         self.used[node] += sign * gpus
         if self.used[node] == 0:
             del self.used[node]
+        self._check_over(node)
         if job is not None:
             c = self.job_nodes.setdefault(job, Counter())
             c[node] += sign
@@ -253,16 +270,24 @@ class ClusterCache:
             out.remove(self._contrib[exclude][0])
         return out
 
+    def _check_over(self, node: str) -> None:
+        shape = self.nodes.get(node)
+        used = self.used.get(node, 0)
+        if shape is not None and used > shape.gpus:
+            self._over[node] = int(used)
+        else:
+            self._over.pop(node, None)
+
     def overcommit(self) -> dict[str, tuple[int, int]]:
         """``node -> (GPUs in use, GPUs of the node)`` for every known node with more GPUs
         in use by bound and assumed pods than it has (``state()`` clamps those at 0
-        free; this is the true count)."""
-        out = {}
-        for node, used in self.used.items():
-            shape = self.nodes.get(node)
-            if shape is not None and used > shape.gpus:
-                out[node] = (int(used), int(shape.gpus))
-        return out
+        free; this is the true count). Kept up to date by every change, so reading
+        it costs the over-committed nodes, not the cluster."""
+        return {node: (used, int(self.nodes[node].gpus)) for node, used in self._over.items()}
+
+    def overcommit_used(self) -> dict[str, int]:
+        """``node -> GPUs in use`` of the over-committed nodes (see :meth:`overcommit`)."""
+        return dict(self._over)
 
     def overcommitted_gpus(self) -> int:
         """GPUs in use beyond the capacity of their node, summed over nodes."""

@@ -6,6 +6,7 @@ from typing import Callable
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client.core import CounterMetricFamily
 
 __all__ = ["ExtenderMetrics"]
 
@@ -33,13 +34,10 @@ class ExtenderMetrics:
             buckets=_NODES,
             registry=r,
         )
-        self.scores = Counter(
-            "rlsched_extender_scores",
-            "Scores (0..10) given to nodes by prioritize, by score value.",
-            ["score"],
-            registry=r,
-        )
-        self._score_children = [self.scores.labels(score=s) for s in _SCORE_LABELS]
+        #: nodes given each score 0..10, added up per request in one numpy call and
+        #: exported as the counter ``rlsched_extender_scores_total{score}``
+        self._score_counts = np.zeros(len(_SCORE_LABELS), dtype=np.int64)
+        r.register(_ScoreCollector(self._score_counts))
         self.fallbacks = Counter(
             "rlsched_extender_policy_fallbacks",
             "Times the configured policy could not be used and a fallback decided "
@@ -120,9 +118,28 @@ class ExtenderMetrics:
             self.retained.set_function(retained)
 
     def count_scores(self, scores: np.ndarray) -> None:
-        for s, n in enumerate(np.bincount(np.clip(scores, 0, 10), minlength=11)):
-            if n:
-                self._score_children[s].inc(int(n))
+        # scores are 0..10 by construction; a larger one would fail the add, not vanish
+        self._score_counts += np.bincount(scores, minlength=len(_SCORE_LABELS))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _ScoreCollector:
+    """``rlsched_extender_scores_total{score}`` from a numpy array of counts (a
+    prometheus Counter child per score cost more than the rest of a small request)."""
+
+    def __init__(self, counts: np.ndarray) -> None:
+        self._counts = counts
+
+    def describe(self):
+        return [CounterMetricFamily("rlsched_extender_scores", _SCORES_HELP, labels=["score"])]
+
+    def collect(self):
+        fam = CounterMetricFamily("rlsched_extender_scores", _SCORES_HELP, labels=["score"])
+        for label, n in zip(_SCORE_LABELS, self._counts.tolist()):
+            fam.add_metric([label], n)
+        yield fam
+
+
+_SCORES_HELP = "Scores (0..10) given to nodes by prioritize, by score value."

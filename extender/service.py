@@ -2,7 +2,21 @@
 
 Each call runs read-decide-commit under one asyncio lock with no ``await`` inside, so
 two pods scored concurrently never see the same free GPUs: the first commits its
-assumption (its best node) before the second reads the state.
+assumption (its best node) before the second reads the state. Only the decision is
+made under the lock: what it returns (:class:`FilterOutcome`, :class:`Scored`) is
+encoded for the wire after the lock is released, from the immutable per-topology
+:class:`~rlsched.extender.wire.NodeTable` the decision read (a later topology
+replaces it, never changes it), so encoding never reads state another request may
+change.
+
+The hot path has no Python code per candidate node: names are looked up in the
+snapshot's table in one C-level pass (only names it does not know are validated),
+scores are numpy arrays, a prioritize reply is a gather of precomputed entries, and
+rejected nodes are grouped into classes (same verdict, same numbers) whose reason is
+formatted once and shared by every node of the class, as kube-scheduler's own
+plugins share "Insufficient nvidia.com/gpu": ``FailedNodes`` still maps each node to
+a string, and kube-scheduler's summary ("0/5000 nodes are available: 4000 ...")
+counts nodes per reason.
 
 Fail closed: a pod the extender cannot read (a bad annotation, a GPU quantity it
 refuses, a name no API object can carry) is unschedulable, answered with every
@@ -11,8 +25,8 @@ it is never an error, because kube-scheduler skips an ignorable extender that er
 would place the pod without it. Only a request that is not an ExtenderArgs at all (or
 names a node no API object can be called) raises :class:`~rlsched.extender.wire.WireError`.
 
-Memory kept across requests (the ``/debug`` explanations, cached candidate lists) is
-bounded by bytes (:class:`~rlsched.extender.memory.ByteLRU`), and every name kept is a
+Memory kept across requests (the ``/debug`` explanations, the node table of the current
+topology) is bounded by bytes (:class:`~rlsched.extender.memory.ByteLRU`), and every name kept is a
 valid Kubernetes name, so it cannot grow with the size of requests.
 """
 
@@ -22,8 +36,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from itertools import chain, islice, repeat
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 import numpy as np
@@ -33,12 +46,12 @@ from ..core.contract import RESOURCE_GPU, ShapeError, dns_label, dns_subdomain
 from ..core.policy import Placement, scores_to_extender
 from ..core.planning import required_topology
 from .cache import ClusterCache
-from .memory import ByteLRU, approx_bytes
+from .memory import ByteLRU
 from .metrics import ExtenderMetrics
 from .objects import PodInfo, parse_pod
-from .wire import MAX_PRIORITY, BindingArgs, ExtenderArgs, PriorityEncoder, WireError
+from .wire import MAX_PRIORITY, BindingArgs, ExtenderArgs, NodeTable, WireError, decode_args
 
-__all__ = ["Extender", "FilterOutcome", "MAX_REASON", "DEFAULT_DEBUG_BYTES"]
+__all__ = ["Extender", "FilterOutcome", "Rejection", "Scored", "MAX_REASON", "DEFAULT_DEBUG_BYTES", "UNKNOWN_NODE"]
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +59,24 @@ log = logging.getLogger(__name__)
 MAX_REASON = 512
 #: default byte budget of the /debug explanations kept
 DEFAULT_DEBUG_BYTES = 16 * 1024 * 1024
-#: byte budget of the cached candidate lists (node name -> index)
+#: byte budget of the per-topology node table beyond its names and score heads (the
+#: whole score entries of every node, kept when they fit)
 INDEX_CACHE_BYTES = 16 * 1024 * 1024
+#: the reason of every candidate the node cache does not know (one string, shared)
+UNKNOWN_NODE = "node is not in the rlsched extender's node cache (unknown node)"
+#: at most this many (node: reason) examples kept per filter call for /debug
+DEBUG_FAILED = 50
+#: byte budget of the pods read, kept under their JSON text (filter, then prioritize
+#: and retries send the same pod)
+POD_CACHE_BYTES = 2 * 1024 * 1024
 
 
 #: bytes of a str object beyond its characters, plus its slot in a tuple
 _STR_BYTES = 57
 #: bookkeeping of one /debug entry or part: dicts, small ints, floats
 _ENTRY_BYTES = 1024
+#: a small numpy array beyond its data (what approx_bytes counts for one)
+_ARRAY_BYTES = 128
 #: upper bound of one ``_gpus`` entry: a pod key and a job of valid names, a tuple
 _GPUS_ENTRY_BYTES = 1024
 
@@ -90,11 +113,124 @@ def sole_top(ints: np.ndarray, pick: int) -> np.ndarray:
     return out
 
 
+def _groups(keys: np.ndarray, pos: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """``pos`` split by ``keys`` (same length): ``[(key, positions), ...]``, positions
+    in their order within each group; vectorised (one stable sort)."""
+    if len(pos) == 0:
+        return []
+    if keys.min() == keys.max():
+        return [(int(keys[0]), pos)]
+    order = np.argsort(keys, kind="stable")
+    k, p = keys[order], pos[order]
+    cut = np.flatnonzero(k[1:] != k[:-1]) + 1
+    return [(int(k[a]), members) for a, members in zip(np.r_[0, cut].tolist(), np.split(p, cut))]
+
+
 @dataclass(slots=True)
+class Rejection:
+    """One class of rejected candidates: one reason, shared by all of them."""
+
+    kind: str  # the metric label: capacity, gpu_model, topology, unknown_node, invalid_pod
+    reason: str
+    unresolvable: bool  # FailedAndUnresolvableNodes (preemption cannot help)
+    positions: np.ndarray  # positions in the request's names, in request order
+
+
 class FilterOutcome:
-    passed: list[int]  # positions in the request's names
-    failed: dict[str, str] = field(default_factory=dict)
-    unresolvable: dict[str, str] = field(default_factory=dict)
+    """A filter decision: ``passed`` (positions in the request's names) and the
+    rejected candidates by class. ``failed`` / ``unresolvable`` (node name -> reason,
+    the wire's maps) are built on first use, after the lock, with the same ``str``
+    object for every node of a class."""
+
+    __slots__ = ("passed", "rejected", "_names", "_maps", "_table", "_idx")
+
+    def __init__(self, passed: list[int], rejected: list[Rejection] | None = None,
+                 names: list[str] | None = None, table: NodeTable | None = None,
+                 idx: np.ndarray | None = None) -> None:
+        self.passed = passed
+        self.rejected = rejected or []
+        self._names = names or []
+        self._maps: tuple[dict[str, str], dict[str, str]] | None = None
+        self._table = table
+        self._idx = idx
+
+    def sent(self, raw: bytes) -> None:
+        """The JSON text of the passed names as encoded: kept by the node table, so
+        that the prioritize request carrying it back is not parsed again."""
+        if self._table is not None and self._idx is not None and len(self.passed) >= NodeTable.RECENT_MIN:
+            self._table.remember(raw, self._idx[self.passed])
+
+    def _build(self) -> tuple[dict[str, str], dict[str, str]]:
+        if self._maps is None:
+            failed: dict[str, str] = {}
+            unres: dict[str, str] = {}
+            get = self._names.__getitem__
+            for r in self.rejected:  # per class; the nodes of a class in C
+                (unres if r.unresolvable else failed).update(dict.fromkeys(map(get, r.positions.tolist()), r.reason))
+            self._maps = (failed, unres)
+        return self._maps
+
+    @property
+    def failed(self) -> dict[str, str]:
+        return self._build()[0]
+
+    @property
+    def unresolvable(self) -> dict[str, str]:
+        return self._build()[1]
+
+    def classes(self) -> list[dict[str, Any]]:
+        """One row per class of rejected nodes: kind, reason, node count."""
+        return [{"kind": r.kind, "reason": r.reason, "nodes": int(len(r.positions)), "unresolvable": r.unresolvable}
+                for r in self.rejected]
+
+    def examples(self, limit: int = DEBUG_FAILED) -> dict[str, str]:
+        """Up to ``limit`` (node: reason) pairs, failed classes first."""
+        out: dict[str, str] = {}
+        for r in sorted(self.rejected, key=lambda r: r.unresolvable):
+            for pos in r.positions[: limit - len(out)].tolist():
+                out[self._names[pos]] = r.reason
+            if len(out) >= limit:
+                break
+        return out
+
+
+@dataclass(slots=True)
+class Scored:
+    """A prioritize decision: ``scores`` (0..10, request order) and what encodes them:
+    the candidates' ``idx`` in ``table`` (-1: unknown) and the request's names."""
+
+    names: list[str]
+    idx: np.ndarray
+    scores: np.ndarray
+    table: NodeTable
+
+    def encode(self) -> bytes:
+        return self.table.encode_priorities(self.names, self.idx, self.scores)
+
+
+@dataclass(slots=True)
+class _Snapshot:
+    """What the extender derives once per topology: the wire table, and per node its
+    GPU model and block as small integers (for grouping rejected nodes)."""
+
+    topology: Any
+    table: NodeTable
+    models: list[str]
+    model_code: np.ndarray
+    block_code: np.ndarray
+
+    @classmethod
+    def of(cls, topology, max_bytes: int) -> "_Snapshot":
+        models = sorted({n.gpu_model for n in topology.nodes})
+        mid = {m: k for k, m in enumerate(models)}
+        bid = {b: k for k, b in enumerate(topology.blocks)}
+        return cls(
+            topology,
+            NodeTable([n.name for n in topology.nodes], max_bytes),
+            models,
+            np.array([mid[n.gpu_model] for n in topology.nodes], dtype=np.int64),
+            np.array([bid[b] for b in topology.block_of], dtype=np.int64),
+        )
 
 
 class Extender:
@@ -131,12 +267,12 @@ class Extender:
         #: pod key -> (GPUs, job) of recently scored pods, for bind (keys and jobs are
         #: valid Kubernetes names, so an entry is a few hundred bytes)
         self._gpus: OrderedDict[str, tuple[int, str | None]] = OrderedDict()
-        #: candidate list -> node indices, and node name -> JSON of its score entry
-        #: (kube-scheduler sends the same lists again and again), each within
-        #: ``index_cache_bytes``
-        self._idx_cache: ByteLRU[tuple, np.ndarray] = ByteLRU(index_cache_bytes, 32)
-        self.encoder = PriorityEncoder(max_bytes=index_cache_bytes)
-        self._idx_topology = None
+        #: the wire table (name -> index, reply fragments) of the current topology,
+        #: rebuilt when the topology is; its score entries within ``index_cache_bytes``
+        self._table_bytes = index_cache_bytes
+        self._snap: _Snapshot | None = None
+        #: pods read, under the JSON text they were read from
+        self._pods: ByteLRU[bytes, PodInfo] = ByteLRU(POD_CACHE_BYTES, 256)
         #: creates the Binding in the API server (``None``: bind verb unavailable)
         self.binder = binder
         #: wait up to this long for the job's assumed pods to show up bound before
@@ -164,6 +300,32 @@ class Extender:
                 return
             await asyncio.sleep(0.005)
 
+    def decode(self, body: bytes) -> ExtenderArgs:
+        """:func:`~rlsched.extender.wire.decode_args`, with the node table's remembered
+        candidate lists (a list seen before is not parsed again)."""
+        snap = self._snap
+        return decode_args(body, snap.table.names_for if snap is not None else None)
+
+    def _pod(self, args: ExtenderArgs) -> PodInfo:
+        """``parse_pod(args.pod)``, kept under the pod's JSON text when it has one (the
+        same bytes are the same pod; a pod that cannot be read is not kept)."""
+        key = args.pod_bytes
+        if key is None:
+            return parse_pod(args.pod)
+        pod = self._pods.get(key)
+        if pod is None:
+            pod = parse_pod(args.pod)
+            self._pods.put(key, pod, 2 * len(key) + _ENTRY_BYTES)
+        return pod
+
+    def _snapshot(self, st: ClusterState) -> _Snapshot:
+        """The per-topology table of ``st`` (built on the first request after the
+        topology changed)."""
+        snap = self._snap
+        if snap is None or snap.topology is not st.topology:
+            snap = self._snap = _Snapshot.of(st.topology, self._table_bytes)
+        return snap
+
     def _prepare(self, args: ExtenderArgs, pod: PodInfo) -> tuple[PodInfo, ClusterState, np.ndarray, list[int]]:
         self.cache.expire()
         idx = self._indices(self.cache.state(), args)  # a bad request changes nothing
@@ -174,37 +336,31 @@ class Extender:
         return pod, st, idx, placed
 
     def _indices(self, st: ClusterState, args: ExtenderArgs) -> np.ndarray:
-        """Node index per candidate name (-1: unknown). kube-scheduler sends the same
-        candidate lists again and again, so recent answers are kept per topology.
+        """Node index per candidate name (-1: unknown): one C-level pass over the
+        topology's name -> index table, with no per-request cache to keep up.
 
         A name the cache does not know must be a valid node name (a DNS-1123
         subdomain) or the request is refused (:class:`WireError`); names the cache
-        knows came from Node objects and a list seen before was checked then, so
-        kube-scheduler's requests cost no check."""
-        if self._idx_topology is not st.topology:
-            self._idx_cache.clear()
-            self._idx_topology = st.topology
+        knows came from Node objects, so kube-scheduler's requests cost no check."""
         names = args.names
-        key = tuple(names)
-        idx = self._idx_cache.get(key)
-        if idx is None:
-            index = st.topology.index
-            idx = np.fromiter(map(index.get, names, repeat(-1)), dtype=np.int64, count=len(names))
+        table = self._snapshot(st).table
+        idx = table.lookup(names)
+        unknown = np.flatnonzero(idx < 0).tolist()
+        if not unknown and args.names_bytes is not None:
+            table.remember(args.names_bytes, idx)
+        if unknown:
             where = "ExtenderArgs.Nodes.items[{}].metadata.name" if args.node_objects is not None else "ExtenderArgs.NodeNames[{}]"
-            for pos in np.flatnonzero(idx < 0).tolist():
+            for pos in unknown:
                 try:
                     dns_subdomain(names[pos], where.format(pos))
                 except ShapeError as exc:
                     raise WireError(str(exc)) from None
-            idx.flags.writeable = False
-            # the key's strings and tuple slots, the array: counted at C speed
-            self._idx_cache.put(key, idx, sum(map(len, names)) + _STR_BYTES * len(names) + idx.nbytes)
         return idx
 
-    def _validated(self, args: ExtenderArgs) -> None:
+    def _validated(self, args: ExtenderArgs) -> np.ndarray:
         """Check the candidate names (see :meth:`_indices`) before answering for a pod
         that cannot be read, so a bad request is refused whatever its pod."""
-        self._indices(self.cache.state(), args)
+        return self._indices(self.cache.state(), args)
 
     def _unreadable(self, verb: str, args: ExtenderArgs, exc: ShapeError) -> str:
         """The reason a pod that cannot be read is unschedulable; logged and counted."""
@@ -222,7 +378,7 @@ class Extender:
             sel = part[np.argsort(-key[part], kind="stable")]
         else:
             sel = np.argsort(-key, kind="stable")
-        names = [st.topology.nodes[int(i)].name for i in cand[sel]]
+        names = self._snapshot(st).table.names[cand[sel]].tolist()
         terms = {name: v[sel] for name, v in comp.items()} if comp is not None else {}
         return names, ints[sel], raw[sel], terms
 
@@ -240,8 +396,9 @@ class Extender:
 
     # ------------------------------------------------------------------ filter
     async def filter(self, args: ExtenderArgs) -> FilterOutcome:
+        """Decide under the lock; the caller encodes the outcome after it."""
         try:
-            pod = parse_pod(args.pod)
+            pod = self._pod(args)
         except ShapeError as exc:
             return self._filter_unreadable(args, exc)
         await self._settle(pod)
@@ -252,17 +409,19 @@ class Extender:
         self._validated(args)
         reason = self._unreadable("filter", args, exc)
         self.metrics.filtered.labels(reason="invalid_pod").inc(len(args.names))
-        return FilterOutcome(passed=[], unresolvable=dict.fromkeys(args.names, reason))
+        everyone = np.arange(len(args.names))
+        return FilterOutcome([], [Rejection("invalid_pod", reason, True, everyone)], args.names)
 
     def filter_now(self, args: ExtenderArgs, pod: PodInfo | None = None) -> FilterOutcome:
         """Filter ``args`` (``pod``: its pod, already parsed); a pod that cannot be read
         fails everywhere, unresolvable."""
         if pod is None:
             try:
-                pod = parse_pod(args.pod)
+                pod = self._pod(args)
             except ShapeError as exc:
                 return self._filter_unreadable(args, exc)
         pod, st, idx, placed = self._prepare(args, pod)
+        snap = self._snapshot(st)
         topo = st.topology
         known = idx >= 0
         safe = np.where(known, idx, 0)
@@ -281,7 +440,6 @@ class Extender:
                     free_nodes[i] = max(0, int(st.total[i]) - (int(self.cache.used.get(name, 0)) - g))
         free = free_nodes[safe]
         cap_ok = free >= q
-        never = st.total[safe] < q
         allowed_models = frozenset(m for m in st.models if pod.allows_model(m))
         model_mask = np.zeros(len(st.total), dtype=bool)
         model_mask[st.candidates_total(0, allowed_models)] = True
@@ -291,72 +449,112 @@ class Extender:
             state=st, candidates=safe, placed=placed,
         )
         ok = known & cap_ok & model_ok & topo_ok
-        out = FilterOutcome(passed=np.flatnonzero(ok).tolist())
-        counts = {"unknown_node": 0, "gpu_model": 0, "capacity": 0, "topology": 0}
-        for pos in np.flatnonzero(~ok):
-            name = args.names[pos]
-            if not known[pos]:
-                out.failed[name] = f"node {name} is not in the rlsched extender's node cache (unknown node)"
-                counts["unknown_node"] += 1
-                continue
-            i = int(idx[pos])
-            if not model_ok[pos]:
-                out.unresolvable[name] = bounded(
-                    f"GPU model {topo.nodes[i].gpu_model} does not match the pod's constraint ({pod.models_text})"
-                )
-                counts["gpu_model"] += 1
-            elif not cap_ok[pos]:
-                # the true count, not total - free: free is clamped at 0, and an
-                # over-commit (more GPUs bound than the node has) must show
-                total = int(st.total[i])
-                used = int(self.cache.used.get(name, 0))
-                over = f"; over-committed by {used - total}" if used > total else ""
-                msg = (f"insufficient {RESOURCE_GPU}: pod requests {q}, node has {int(free[pos])} free of {total} "
-                       f"({used} used by bound or assumed pods{over})")
-                if never[pos]:
-                    out.unresolvable[name] = msg
-                else:
-                    out.failed[name] = msg
-                counts["capacity"] += 1
-            else:
-                out.failed[name] = bounded(topo_why(pos))
-                counts["topology"] += 1
+        passed = np.flatnonzero(ok)
+        rejected: list[Rejection] = []
+        if len(passed) < len(idx):
+            rejected = self._reject(pod, st, snap, idx, known, free, cap_ok, model_ok, topo_ok, topo_why, placed)
+        out = FilterOutcome(passed.tolist(), rejected, args.names, snap.table, idx)
+        counts: dict[str, int] = {}
+        for r in rejected:
+            counts[r.kind] = counts.get(r.kind, 0) + len(r.positions)
         for reason, n in counts.items():
-            if n:
-                self.metrics.filtered.labels(reason=reason).inc(n)
+            self.metrics.filtered.labels(reason=reason).inc(n)
         if len(out.passed) == 1 and q > 0:
             # kube-scheduler skips scoring when one node is left: it will be that one
             self.cache.assume(pod.key, args.names[out.passed[0]], q, pod.job)
-        failed = dict(islice(chain(out.failed.items(), out.unresolvable.items()), 50))
+        examples = out.examples()
+        classes = out.classes()[:DEBUG_FAILED]
         self._remember(
             pod,
             "filter",
-            {"candidates": len(args.names), "passed": len(out.passed), "failed": failed},
-            _ENTRY_BYTES + sum(2 * (len(k) + len(v)) + 2 * _STR_BYTES for k, v in failed.items()),
+            {"candidates": len(args.names), "passed": len(out.passed), "failed": examples, "classes": classes},
+            _ENTRY_BYTES + sum(2 * (len(k) + len(v)) + 2 * _STR_BYTES for k, v in examples.items())
+            + sum(_ENTRY_BYTES + 2 * len(c["reason"]) for c in classes),
         )
         return out
 
+    def _reject(self, pod: PodInfo, st: ClusterState, snap: _Snapshot, idx: np.ndarray, known: np.ndarray,
+                free: np.ndarray, cap_ok: np.ndarray, model_ok: np.ndarray, topo_ok: np.ndarray,
+                topo_why, placed: list[int]) -> list[Rejection]:
+        """The rejected candidates grouped into classes, each reason formatted once.
+        A node fails for the first rule it breaks: unknown, GPU model, capacity,
+        topology."""
+        out: list[Rejection] = []
+        unknown = np.flatnonzero(~known)
+        if len(unknown):
+            out.append(Rejection("unknown_node", UNKNOWN_NODE, False, unknown))
+        pos = np.flatnonzero(known & ~model_ok)
+        for code, members in _groups(snap.model_code[idx[pos]], pos):
+            reason = bounded(f"GPU model {snap.models[code]} does not match the pod's constraint ({pod.models_text})")
+            out.append(Rejection("gpu_model", reason, True, members))
+        pos = np.flatnonzero(known & model_ok & ~cap_ok)
+        if len(pos):
+            q = pod.gpus
+            nodes = idx[pos]
+            total = st.total[nodes]
+            # the true count, not total - free: free is clamped at 0, and an
+            # over-commit (more GPUs bound than the node has) must show
+            used_all = st.total - st.free
+            for name, used in self.cache.overcommit_used().items():
+                i = st.topology.index.get(name)
+                if i is not None:
+                    used_all[i] = used
+            used = used_all[nodes]
+            shift = np.int64(1 << 20)
+            key = (free[pos] * shift + total) * shift + used
+            for _, members in _groups(key, pos):
+                p0 = int(members[0])
+                i = int(idx[p0])
+                t, u, f = int(st.total[i]), int(used_all[i]), int(free[p0])
+                over = f"; over-committed by {u - t}" if u > t else ""
+                msg = (f"insufficient {RESOURCE_GPU}: pod requests {q}, node has {f} free of {t} "
+                       f"({u} used by bound or assumed pods{over})")
+                out.append(Rejection("capacity", msg, t < q, members))
+        pos = np.flatnonzero(known & model_ok & cap_ok & ~topo_ok)
+        if len(pos):
+            level = pod.required_level
+            if placed:  # the reason names where the job is: the same for every node
+                keys = np.zeros(len(pos), dtype=np.int64)
+            elif level is not None and level.name == "RACK":
+                keys = st.rack_of[idx[pos]]
+            elif level is not None and level.name == "BLOCK":
+                keys = snap.block_code[idx[pos]]
+            else:  # node / NVLink domain: the node's own room
+                keys = idx[pos]
+            by_text: dict[str, list[np.ndarray]] = {}
+            for _, members in _groups(keys, pos):
+                by_text.setdefault(bounded(topo_why(int(members[0]))), []).append(members)
+            for reason, parts in by_text.items():
+                members = parts[0] if len(parts) == 1 else np.sort(np.concatenate(parts))
+                out.append(Rejection("topology", reason, False, members))
+        return out
+
     # ------------------------------------------------------------------ prioritize
-    async def prioritize(self, args: ExtenderArgs) -> list[int]:
+    async def prioritize(self, args: ExtenderArgs) -> Scored:
+        """Decide under the lock; the caller encodes the scores after it."""
         try:
-            pod = parse_pod(args.pod)
+            pod = self._pod(args)
         except ShapeError as exc:
             return self._prioritize_unreadable(args, exc)
         await self._settle(pod)
         async with self.lock:
-            return self.prioritize_now(args, pod)
+            return self.score_now(args, pod)
 
-    def _prioritize_unreadable(self, args: ExtenderArgs, exc: ShapeError) -> list[int]:
-        self._validated(args)
+    def _prioritize_unreadable(self, args: ExtenderArgs, exc: ShapeError) -> Scored:
+        idx = self._validated(args)
         self._unreadable("prioritize", args, exc)
-        return [0] * len(args.names)
+        return Scored(args.names, idx, np.zeros(len(idx), dtype=np.int64), self._snapshot(self.cache.state()).table)
 
     def prioritize_now(self, args: ExtenderArgs, pod: PodInfo | None = None) -> list[int]:
+        """Scores for ``args`` in request order (see :meth:`score_now`)."""
+        return self.score_now(args, pod).scores.tolist()
+
+    def score_now(self, args: ExtenderArgs, pod: PodInfo | None = None) -> Scored:
         """Scores for ``args`` in request order (``pod``: its pod, already parsed); a
         pod that cannot be read scores 0 everywhere."""
         if pod is None:
             try:
-                pod = parse_pod(args.pod)
+                pod = self._pod(args)
             except ShapeError as exc:
                 return self._prioritize_unreadable(args, exc)
         pod, st, idx, placed = self._prepare(args, pod)
@@ -386,8 +584,11 @@ class Extender:
         pick = policy_choice(raw, cand)
         if pick is not None:
             ints = sole_top(ints, pick)
-        full = np.zeros(len(idx), dtype=np.int64)
-        full[known] = ints
+        if len(cand) == len(idx):
+            full = np.asarray(ints, dtype=np.int64)
+        else:
+            full = np.zeros(len(idx), dtype=np.int64)
+            full[known] = ints
         self.metrics.count_scores(full)
         assumed = None
         if pick is not None and pod.gpus > 0:
@@ -410,9 +611,9 @@ class Extender:
             },
             # node names are the topology's own strings: a pointer each
             2 * _ENTRY_BYTES + 2 * len(pod.job or "") + 8 * (len(placed) + len(top[0]))
-            + sum(approx_bytes(a) for a in (top[1], top[2], *top[3].values())) + _STR_BYTES * len(top[3]),
+            + sum(a.nbytes + _ARRAY_BYTES for a in (top[1], top[2], *top[3].values())) + _STR_BYTES * len(top[3]),
         )
-        return full.tolist()
+        return Scored(args.names, idx, full, self._snapshot(st).table)
 
     # ------------------------------------------------------------------ bind
     async def bind(self, args: BindingArgs) -> str:
@@ -475,9 +676,10 @@ class Extender:
 
     # ------------------------------------------------------------------ debug
     def retained_bytes(self) -> int:
-        """Estimated bytes kept across requests: /debug explanations, cached candidate
-        lists and score-entry prefixes, the GPUs of recently scored pods."""
-        return self._debug.bytes + self._idx_cache.bytes + self.encoder.bytes + len(self._gpus) * _GPUS_ENTRY_BYTES
+        """Estimated bytes kept across requests: /debug explanations, the node table
+        of the current topology, the GPUs of recently scored pods."""
+        table = self._snap.table.retained_bytes() if self._snap is not None else 0
+        return self._debug.bytes + table + self._pods.bytes + len(self._gpus) * _GPUS_ENTRY_BYTES
 
     def overcommit(self) -> list[dict[str, Any]]:
         """Nodes with more GPUs in use (bound and assumed pods) than they have."""

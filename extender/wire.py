@@ -11,8 +11,10 @@ and ``"Nodes": null`` and reads ``NodeNames`` back.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from itertools import repeat
+from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
 import orjson
 
 from ..core.contract import ShapeError, dns_subdomain
@@ -26,7 +28,7 @@ __all__ = [
     "encode_filter",
     "encode_priorities",
     "encode_binding",
-    "PriorityEncoder",
+    "NodeTable",
     "MAX_PRIORITY",
 ]
 
@@ -53,6 +55,12 @@ class ExtenderArgs:
     pod: dict
     names: list[str]
     node_objects: list[dict] | None
+    #: the request's JSON text before ``NodeNames`` (``{"Pod":...,"Nodes":null``) when
+    #: the body had kube-scheduler's layout and it is small: the same bytes are the same
+    #: pod, so what was read from it can be kept under them
+    pod_bytes: bytes | None = None
+    #: the JSON text of ``NodeNames`` (same condition)
+    names_bytes: bytes | None = None
 
 
 def _node_name(obj: Any, where: str) -> str:
@@ -67,17 +75,75 @@ def _node_name(obj: Any, where: str) -> str:
         raise WireError(str(exc)) from None
 
 
-def decode_args(body: bytes) -> ExtenderArgs:
+_NAMES_KEY = b',"NodeNames":'
+#: the head of a body (the pod) is kept as a cache key only up to this size
+MAX_KEY_BYTES = 64 * 1024
+
+
+def _split(body: bytes) -> tuple[dict, bytes, bytes] | None:
+    """``(document without NodeNames, its JSON text, the JSON text of NodeNames)``
+    when ``body`` is ``<object>,"NodeNames":<value>}`` as Go's encoding/json writes
+    an ExtenderArgs (NodeNames last, no spaces); None otherwise.
+
+    The split is at the last ``,"NodeNames":``, which cannot lie inside a JSON string
+    (a quote in a string is escaped). It is at the top level when the text before it,
+    closed with ``}``, is a JSON object by itself: any object nesting at the cut would
+    leave that text unbalanced. The value is parsed by the caller, which falls back to
+    a whole parse when it is not JSON."""
+    k = body.rfind(_NAMES_KEY)
+    if k <= 0:
+        return None
+    end = len(body)
+    while end and body[end - 1] in b" \t\r\n":
+        end -= 1
+    if body[end - 1:end] != b"}":
+        return None
+    head = body[:k]
+    try:
+        doc = orjson.loads(head + b"}")
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    return doc, head, body[k + len(_NAMES_KEY):end - 1]
+
+
+def decode_args(body: bytes, known_names: Callable[[bytes], list[str] | None] | None = None) -> ExtenderArgs:
     """Parse and validate an ``ExtenderArgs`` body (raises :class:`WireError`). The
     names of ``Nodes`` must be DNS-1123 subdomains; ``NodeNames`` are checked by the
     extender against its node cache (a name it does not know must be one), which
     costs nothing for the lists kube-scheduler sends again and again. The pod is only
     checked to be an object: a pod that cannot be read is unschedulable, not a bad
-    request."""
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise WireError(f"request body is not valid JSON: {exc}") from None
+    request.
+
+    A body in kube-scheduler's layout (see :func:`_split`) is parsed in two parts, the
+    pod and ``NodeNames``, whose texts are kept on the result; ``known_names`` may
+    answer the list for a ``NodeNames`` text seen before (a list of valid names), so
+    it is not parsed again. Anything else is parsed whole, with the same result."""
+    doc = None
+    pod_bytes = names_bytes = None
+    split = _split(body)
+    if split is not None:
+        head_doc, head, raw = split
+        names = known_names(raw) if known_names is not None else None
+        if names is None:
+            try:
+                names = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                names = doc = None  # parsed whole below, for the error
+            else:
+                doc = head_doc
+        else:
+            doc = head_doc
+        if doc is not None:
+            doc["NodeNames"] = names
+            if len(head) <= MAX_KEY_BYTES:
+                pod_bytes, names_bytes = head, raw
+    if doc is None:
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise WireError(f"request body is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise WireError(f"ExtenderArgs must be a JSON object, got {type(doc).__name__}")
     pod = doc.get("Pod")
@@ -93,8 +159,13 @@ def decode_args(body: bytes) -> ExtenderArgs:
             raise WireError(f"ExtenderArgs.NodeNames must be an array of strings or null, got {type(names).__name__}")
         if len(names) > MAX_NODES:
             raise WireError(f"ExtenderArgs.NodeNames has {len(names)} entries, more than {MAX_NODES}")
-        # fast path in C: all of type str and none empty
-        if not set(map(type, names)) <= {str} or "" in names:
+        # fast path in C: all of type str (join refuses anything else) and none empty
+        try:
+            "".join(names)
+            bad = "" in names
+        except TypeError:
+            bad = True
+        if bad:
             for i, n in enumerate(names):
                 if not isinstance(n, str) or not n:
                     raise WireError(f"ExtenderArgs.NodeNames[{i}] must be a non-empty string, got {n!r:.80}")
@@ -113,7 +184,9 @@ def decode_args(body: bytes) -> ExtenderArgs:
             names, node_objects = node_names, items
     if names is None:
         raise WireError("ExtenderArgs needs NodeNames (nodeCacheCapable) or Nodes; both are null")
-    return ExtenderArgs(pod=pod, names=names, node_objects=node_objects)
+    if node_objects is not None:
+        names_bytes = None
+    return ExtenderArgs(pod=pod, names=names, node_objects=node_objects, pod_bytes=pod_bytes, names_bytes=names_bytes)
 
 
 def encode_filter(
@@ -122,66 +195,182 @@ def encode_filter(
     failed: Mapping[str, str],
     unresolvable: Mapping[str, str] | None = None,
     error: str = "",
+    sent: Callable[[bytes], None] | None = None,
 ) -> bytes:
-    """An ``ExtenderFilterResult``; ``passed`` are positions in ``args.names``."""
-    out: dict[str, Any] = {
-        "Nodes": None,
-        "NodeNames": [args.names[i] for i in passed],
-        "FailedNodes": dict(failed),
-        "FailedAndUnresolvableNodes": dict(unresolvable or {}),
-        "Error": error,
-    }
+    """An ``ExtenderFilterResult``; ``passed`` are positions in ``args.names``. The
+    bytes are orjson's of the result object; ``sent`` gets the JSON text of its
+    ``NodeNames`` (what kube-scheduler sends back to prioritize)."""
+    names = args.names
+    # no per-node bytecode: all passed is the request's own list, else a C-level gather
+    kept = names if len(passed) == len(names) else list(map(names.__getitem__, passed))
+    nodes = None
     if args.node_objects is not None:
-        out["Nodes"] = {"metadata": {}, "items": [args.node_objects[i] for i in passed]}
-    return orjson.dumps(out)
+        objs = args.node_objects
+        nodes = {"metadata": {}, "items": objs if kept is names else list(map(objs.__getitem__, passed))}
+    kept_raw = orjson.dumps(kept)
+    if sent is not None:
+        sent(kept_raw)
+    return b"".join((
+        b'{"Nodes":', orjson.dumps(nodes), b',"NodeNames":', kept_raw,
+        b',"FailedNodes":', orjson.dumps(failed),
+        b',"FailedAndUnresolvableNodes":', orjson.dumps(unresolvable or {}),
+        b',"Error":', orjson.dumps(error), b"}",
+    ))
 
 
 def encode_priorities(names: Sequence[str], scores: Sequence[int]) -> bytes:
-    """A ``HostPriorityList``: ``[{"Host": name, "Score": 0..10}, ...]``."""
-    return orjson.dumps([{"Host": h, "Score": s} for h, s in zip(names, scores)])
+    """A ``HostPriorityList``: ``[{"Host": name, "Score": 0..10}, ...]`` (the plain
+    reference of :meth:`NodeTable.encode_priorities`)."""
+    return orjson.dumps([{"Host": h, "Score": int(s)} for h, s in zip(names, scores)])
 
 
-class PriorityEncoder:
-    """:func:`encode_priorities` for hot paths: the JSON of each ``{"Host": name,
-    "Score":`` prefix is kept per node name (at most ``max_names`` names and about
-    ``max_bytes`` bytes: all are forgotten when either is exceeded), so a reply is one
-    byte join instead of a dict per node."""
+def _score_head(name: str) -> bytes:
+    return b'{"Host":' + orjson.dumps(name) + b',"Score":'
 
-    _SUFFIX = [f"{s}}}".encode() for s in range(MAX_PRIORITY + 1)]
-    #: bookkeeping per kept name beyond the lengths of the name and its prefix
-    _ENTRY_BYTES = 150
 
-    def __init__(self, max_names: int = 200_000, max_bytes: int = 16 * 1024 * 1024) -> None:
-        self._prefix: dict[str, bytes] = {}
-        self._max = max_names
-        self._max_bytes = max_bytes
-        self.bytes = 0
+_TAILS = [f"{s}}}".encode() for s in range(MAX_PRIORITY + 1)]
+_TAILS_COMMA = np.array([t + b"," for t in _TAILS], dtype=object)
 
-    def _miss(self, names: Sequence[str]) -> dict[str, bytes]:
-        """The prefixes of ``names``; kept for next time while within the budget."""
-        prefix = self._prefix
-        wanted = set(names)
-        new = {n: b'{"Host":' + orjson.dumps(n) + b',"Score":' for n in wanted if n not in prefix}
-        size = sum(2 * len(n) + self._ENTRY_BYTES for n in new)
-        if len(prefix) + len(new) <= self._max and self.bytes + size <= self._max_bytes:
-            prefix.update(new)
-            self.bytes += size
-            return prefix
-        # over budget: start again from this request's names, if they fit alone
-        fresh = {n: prefix[n] if n in prefix else new[n] for n in wanted}
-        fresh_size = sum(2 * len(n) + self._ENTRY_BYTES for n in fresh)
-        if len(fresh) <= self._max and fresh_size <= self._max_bytes:
-            self._prefix, self.bytes = fresh, fresh_size
-        return fresh
 
-    def __call__(self, names: Sequence[str], scores: Sequence[int]) -> bytes:
-        prefix, suffix = self._prefix, self._SUFFIX
-        try:
-            parts = [prefix[n] + suffix[s] for n, s in zip(names, scores)]
-        except KeyError:
-            prefix = self._miss(names)
-            parts = [prefix[n] + suffix[s] for n, s in zip(names, scores)]
-        return b"[" + b",".join(parts) + b"]"
+class NodeTable:
+    """The wire fragments of one node set (one topology snapshot), built once and
+    read by every request on it, so that a reply is a gather and one byte join, with
+    no Python code per node.
+
+    ``names``: the node names (an object array, index -> name), ``index``: name ->
+    index. With ``max_bytes`` room, every node's whole ``{"Host":name,"Score":s}``
+    entry is kept for each score 0..10 (a prioritize reply is then one gather and one
+    join); else only its ``{"Host":name,"Score":`` head (heads and score tails are
+    interleaved, still without a per-node loop). The bytes are those of
+    :func:`encode_priorities` exactly. Immutable: a request may encode from it after
+    the topology it was built from has been replaced.
+    """
+
+    __slots__ = ("names", "index", "_entries", "_heads", "bytes", "_recent", "_raw")
+
+    #: candidate lists remembered for :meth:`lookup` (kube-scheduler sends the same
+    #: list to filter and prioritize, and again for the next pod of a quiet cluster)
+    RECENT = 4
+    #: shorter lists are looked up directly
+    RECENT_MIN = 64
+
+    #: bookkeeping of one kept bytes object beyond its length (object header, array slot)
+    _OBJ_BYTES = 41
+
+    def __init__(self, names: Sequence[str], max_bytes: int = 16 * 1024 * 1024) -> None:
+        self.names = np.empty(len(names), dtype=object)
+        self.names[:] = list(names)
+        self.index = {n: i for i, n in enumerate(names)}
+        heads = [_score_head(n) for n in names]
+        head_bytes = sum(map(len, heads)) + self._OBJ_BYTES * len(heads)
+        entry_bytes = (MAX_PRIORITY + 1) * (head_bytes + 2 * len(heads))
+        self._heads = np.empty(len(heads), dtype=object)
+        self._heads[:] = heads
+        self._entries: np.ndarray | None = None
+        #: (the table's own name strings, their indices) of recent all-known lists
+        self._recent: list[tuple[list[str], np.ndarray]] = []
+        #: JSON text of a recent all-known list -> the list (the table's strings)
+        self._raw: dict[bytes, list[str]] = {}
+        self.bytes = head_bytes + sum(map(len, names)) + 2 * self._OBJ_BYTES * len(names)
+        if entry_bytes <= max_bytes:
+            self._entries = np.empty(len(heads) * (MAX_PRIORITY + 1), dtype=object)
+            self._entries[:] = [h + t for h in heads for t in _TAILS]
+            self.bytes += entry_bytes
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def lookup(self, names: Sequence[str]) -> np.ndarray:
+        """Index of each name (-1: not in this table), read-only: one C-level pass.
+
+        A list equal to one of the last few all-known lists is answered from it: list
+        equality compares the request's strings with the table's own (a length check
+        and a memcmp each, no hashing) and stops at the first difference, so a list
+        that differs costs next to nothing. What is kept is a list of pointers to the
+        table's strings and the index array: 16 bytes per name, at most
+        ``RECENT`` lists of names this table knows."""
+        n = len(names)
+        recent = self._recent
+        if n >= self.RECENT_MIN:
+            for k, (known, idx) in enumerate(recent):
+                if known is names or (len(known) == n and known == names):
+                    if k:
+                        recent.insert(0, recent.pop(k))
+                    return idx
+        idx = np.fromiter(map(self.index.get, names, repeat(-1)), dtype=np.int64, count=n)
+        idx.flags.writeable = False
+        if n >= self.RECENT_MIN and (idx >= 0).all():
+            recent.insert(0, (self.names[idx].tolist(), idx))
+            del recent[self.RECENT:]
+        return idx
+
+    def names_for(self, raw: bytes) -> list[str] | None:
+        """The list whose JSON text is ``raw``, if it is one remembered (see
+        :meth:`remember`): no parsing, and :meth:`lookup` then finds it by identity."""
+        return self._raw.get(raw)
+
+    def remember(self, raw: bytes, idx: np.ndarray) -> None:
+        """Keep ``raw`` (the JSON text of a list of names) as the names at ``idx``, all
+        of them in this table: kube-scheduler sends the filter's answer back to
+        prioritize, and the same list again for the next pod of a quiet cluster."""
+        if len(idx) < self.RECENT_MIN or raw in self._raw or not (idx >= 0).all():
+            return
+        names = None
+        for known, kidx in self._recent:
+            if kidx is idx:
+                names = known
+                break
+        if names is None:
+            names = self.names[idx].tolist()
+            idx = np.array(idx, dtype=np.int64)
+            idx.flags.writeable = False
+            self._recent.insert(0, (names, idx))
+            del self._recent[self.RECENT:]
+        self._raw[raw] = names
+        while len(self._raw) > self.RECENT:
+            del self._raw[next(iter(self._raw))]
+
+    def retained_bytes(self) -> int:
+        """Bytes of the table and its remembered lists (both estimated)."""
+        return (self.bytes + sum(16 * len(k) + 120 for k, _ in self._recent)
+                + sum(len(r) + 8 * len(v) + 120 for r, v in self._raw.items()))
+
+    def encode_priorities(self, names: Sequence[str], idx: np.ndarray, scores: np.ndarray) -> bytes:
+        """The ``HostPriorityList`` of ``names`` (request order) with ``scores``;
+        ``idx``: their indices in this table (-1: unknown, encoded from the name)."""
+        scores = np.asarray(scores, dtype=np.int64)
+        n = len(scores)
+        if n != len(idx) or n != len(names):
+            raise ValueError(f"{len(names)} names, {len(idx)} indices, {n} scores")
+        if n == 0:
+            return b"[]"
+        if int(scores.min()) < 0 or int(scores.max()) > MAX_PRIORITY:
+            raise ValueError(f"scores must be 0..{MAX_PRIORITY}")
+        idx = np.asarray(idx, dtype=np.int64)
+        unknown = np.flatnonzero(idx < 0).tolist()
+        if self._entries is not None:
+            keys = idx * (MAX_PRIORITY + 1) + scores
+            if unknown:
+                parts = np.empty(n, dtype=object)
+                known = np.flatnonzero(idx >= 0)
+                parts[known] = self._entries[keys[known]]
+                parts = parts.tolist()
+                for pos in unknown:
+                    parts[pos] = _score_head(names[pos]) + _TAILS[int(scores[pos])]
+            else:
+                parts = self._entries[keys].tolist()
+            return b"[" + b",".join(parts) + b"]"
+        inter = np.empty(2 * n, dtype=object)
+        if unknown:
+            known = np.flatnonzero(idx >= 0)
+            inter[2 * known] = self._heads[idx[known]]
+            for pos in unknown:
+                inter[2 * pos] = _score_head(names[pos])
+        else:
+            inter[0::2] = self._heads[idx]
+        inter[1::2] = _TAILS_COMMA[scores]
+        inter[-1] = _TAILS[int(scores[-1])]
+        return b"[" + b"".join(inter.tolist()) + b"]"
 
 
 @dataclass(slots=True)

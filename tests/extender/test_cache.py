@@ -115,3 +115,29 @@ def test_observed_speed_annotations_feed_the_gp(make_pod):
     assert ext.policy.observations == [("node-6", 0.5)]
     mu, _ = ext.policy.posterior(ext.cache.state().topology)
     assert mu[6] < mu[4] < mu[0] <= 1.0
+
+
+def test_expire_drops_exactly_the_expired_assumptions_in_any_order_of_assuming():
+    """expire() stops at the first live assumption: re-assuming a pod moves it to the
+    end, so the order stays that of expiry."""
+
+    class Clock:
+        t = 0.0
+
+        def __call__(self):
+            return self.t
+
+    clock = Clock()
+    cache = ClusterCache(clock=clock, assume_ttl=10.0)
+    cache.replace_nodes(node_list(Topology.uniform(4, gpus_per_node=8))["items"])
+    for k, key in enumerate(["ns/a", "ns/b", "ns/c"]):
+        clock.t = float(k)
+        cache.assume(key, "node-00", 1, None)
+    clock.t = 5.0
+    cache.assume("ns/a", "node-01", 1, None)  # a again: now expires at 15
+    clock.t = 11.5  # b (11) expired; a (15, moved to the end) and c (12) alive
+    assert cache.expire() == 1 and set(cache.assumed) == {"ns/a", "ns/c"}
+    clock.t = 14.9
+    assert cache.expire() == 1 and set(cache.assumed) == {"ns/a"}
+    clock.t = 15.0
+    assert cache.expire() == 1 and not cache.assumed and not cache.used

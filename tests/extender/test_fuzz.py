@@ -23,7 +23,7 @@ from rlsched.extender.config import build_extender, node_list
 from rlsched.extender.objects import parse_pod
 from rlsched.extender.server import ServeLimits
 from rlsched.extender.wire import (
-    PriorityEncoder,
+    NodeTable,
     WireError,
     decode_args,
     decode_binding,
@@ -132,13 +132,18 @@ def test_arbitrary_bytes_never_crash_the_decoders(raw):
 
 
 @settings(max_examples=200, deadline=None)
-@given(rows=st.lists(st.tuples(st.text(min_size=1, max_size=12), st.integers(0, 10)), max_size=30),
-       cap=st.integers(1, 8))
-def test_fast_priority_encoder_equals_the_plain_one(rows, cap):
-    enc = PriorityEncoder(max_names=cap)
+@given(rows=st.lists(st.tuples(st.text(min_size=1, max_size=12), st.integers(0, 10), st.booleans()), max_size=80),
+       budget=st.sampled_from([1, 16 * 1024 * 1024]))
+def test_node_table_encodes_the_bytes_of_the_plain_encoder(rows, budget):
+    """The precomputed reply fragments give exactly orjson's bytes of the plain
+    ``[{"Host", "Score"}]`` shape, for names the table knows and names it does not
+    (any text: escapes, non-ASCII), with whole entries kept or (budget 1) heads only."""
     names, scores = [r[0] for r in rows], [r[1] for r in rows]
-    for _ in range(2):  # cold and warm
-        assert orjson.loads(enc(names, scores)) == orjson.loads(encode_priorities(names, scores))
+    table = NodeTable(sorted({n for n, _, known in rows if known}), max_bytes=budget)
+    for _ in range(2):  # a list seen before is answered from the remembered ones
+        idx = table.lookup(names)
+        assert [table.names[i] if i >= 0 else None for i in idx] == [n if n in table.index else None for n in names]
+        assert table.encode_priorities(names, idx, scores) == encode_priorities(names, scores)
 
 
 # --------------------------------------------------------------------------- raw HTTP corpus

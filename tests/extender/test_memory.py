@@ -8,6 +8,7 @@ import gc
 import tracemalloc
 
 import aiohttp
+import numpy as np
 import orjson
 import pytest
 
@@ -16,7 +17,7 @@ from rlsched.extender.app import make_app
 from rlsched.extender.config import build_extender, node_list
 from rlsched.extender.memory import ByteLRU, approx_bytes
 from rlsched.extender.server import serve_app
-from rlsched.extender.wire import PriorityEncoder, encode_priorities
+from rlsched.extender.wire import NodeTable, encode_priorities
 
 MiB = 1024 * 1024
 BUDGET = 2 * MiB
@@ -127,13 +128,20 @@ def test_approx_bytes_counts_strings_arrays_and_containers():
     assert approx_bytes(a) >= a.nbytes and approx_bytes(a[:5000]) >= 5000 * 8
 
 
-def test_priority_encoder_is_bounded_by_bytes():
-    enc = PriorityEncoder(max_names=1_000_000, max_bytes=1 * MiB)
-    for i in range(20):
-        names = [f"{i}-{k}-" + "n" * 200 for k in range(2000)]  # ~0.8 MB of names each
-        scores = [k % 11 for k in range(len(names))]
-        assert orjson.loads(enc(names, scores)) == orjson.loads(encode_priorities(names, scores))
-        assert enc.bytes <= 1 * MiB
-    names = ["a" * 200] * 10 + [f"b{k}" + "n" * 300 for k in range(5000)]  # alone over the budget
-    assert orjson.loads(enc(names, [1] * len(names))) == orjson.loads(encode_priorities(names, [1] * len(names)))
-    assert enc.bytes <= 1 * MiB
+def test_node_table_keeps_whole_entries_only_within_its_budget():
+    """The per-topology table keeps every node's 11 score entries only when they fit
+    ``max_bytes``; else heads only, with the same bytes on the wire."""
+    names = [f"n{k}-" + "n" * 200 for k in range(5000)]  # 1 MB of names
+    scores = np.array([k % 11 for k in range(len(names))])
+    small = NodeTable(names, max_bytes=1 * MiB)
+    assert small._entries is None and small.bytes < 3 * MiB
+    large = NodeTable(names, max_bytes=64 * MiB)
+    assert large._entries is not None and large.bytes > 11 * MiB
+    plain = encode_priorities(names, scores.tolist())
+    for table in (small, large):
+        assert table.encode_priorities(names, table.lookup(names), scores) == plain
+    # remembered candidate lists are pointers to the table's strings, a few at most
+    for k in range(10):
+        small.lookup(names[k:])
+    assert len(small._recent) == NodeTable.RECENT
+    assert small.retained_bytes() - small.bytes <= NodeTable.RECENT * (16 * len(names) + 120)
