@@ -200,13 +200,58 @@ def count_ready(api_or_kubeconfig: Any, names: Iterable[str]) -> int:
 
 
 def _ready_names(api) -> set[str]:
+    return {n for n, ok in _list_nodes(api)[0].items() if ok}
+
+
+def _list_nodes(api) -> tuple[dict[str, bool], str]:
+    """name -> schedulable-ready of every node, and the list's resourceVersion."""
     import orjson
 
     # resourceVersion "0": served from the API server's watch cache, not etcd; the
     # reply is parsed with orjson (the client's own decoding of 1,000 nodes takes
     # seconds of CPU, which a busy machine's control plane needs)
-    raw = api.list_node(resource_version="0", _preload_content=False).data
-    return {n["metadata"]["name"] for n in orjson.loads(raw)["items"] if node_schedulable_ready(n)}
+    doc = orjson.loads(api.list_node(resource_version="0", _preload_content=False).data)
+    return ({n["metadata"]["name"]: node_schedulable_ready(n) for n in doc["items"]},
+            doc["metadata"]["resourceVersion"])
+
+
+def _watch_nodes(api, rv: str, seconds: int, state: dict[str, bool], on_batch: Callable[[], bool]) -> str:
+    """Apply the node events after ``rv`` to ``state`` for up to ``seconds`` (the API
+    server ends the watch then); ``on_batch()`` after each chunk read, True stops.
+    Returns the last resourceVersion seen; raises ``_Expired`` when ``rv`` is too old."""
+    import orjson
+
+    resp = api.list_node(watch=True, resource_version=rv, allow_watch_bookmarks=True,
+                         timeout_seconds=max(1, seconds), _preload_content=False)
+    buf = bytearray()
+    try:
+        for chunk in resp.stream(None, decode_content=False):
+            buf += chunk
+            while (i := buf.find(b"\n")) >= 0:
+                line = bytes(buf[:i])
+                del buf[:i + 1]
+                if not line.strip():
+                    continue
+                ev = orjson.loads(line)
+                obj = ev.get("object") or {}
+                if ev.get("type") == "ERROR":
+                    raise _Expired(obj.get("message") or str(obj))
+                meta = obj.get("metadata") or {}
+                rv = meta.get("resourceVersion") or rv
+                if ev.get("type") in ("ADDED", "MODIFIED"):
+                    state[meta["name"]] = node_schedulable_ready(obj)
+                elif ev.get("type") == "DELETED":
+                    state.pop(meta["name"], None)
+            if on_batch():
+                break
+    finally:
+        resp.close()
+        resp.release_conn()
+    return rv
+
+
+class _Expired(Exception):
+    """The node watch's resourceVersion is gone (list again)."""
 
 
 def wait_nodes_ready(api_or_kubeconfig: Any, names: Iterable[str], timeout: float = 60.0, *,
@@ -214,25 +259,38 @@ def wait_nodes_ready(api_or_kubeconfig: Any, names: Iterable[str], timeout: floa
                      every: float = 0.5) -> None:
     """Wait until every named node is Ready (set by kwok) and schedulable: the
     ``node.kubernetes.io/not-ready`` taint a new node starts with has been lifted.
-    ``progress(ready, total)`` is called after each poll (every ``every`` s)."""
+
+    One list, then a watch on the nodes (a poll would have the API server encode
+    every node again and again while it is busiest). ``progress(ready, total)`` is
+    called at most every ``every`` s and once at the end."""
     api = _core_api(api_or_kubeconfig)
     wanted = set(names)
-    pending = set(wanted)
     deadline = time.monotonic() + timeout
-    while pending:
-        pending -= _ready_names(api)
-        if progress is not None:
-            progress(len(wanted) - len(pending), len(wanted))
-        if not pending:
-            return
-        if time.monotonic() > deadline:
-            shown = sorted(pending)
-            more = f" and {len(shown) - 10} more" if len(shown) > 10 else ""
-            raise ClusterError(
-                f"{len(shown)} nodes not Ready after {timeout:.0f}s: {shown[:10]}{more} "
-                "(is the kwok controller running and managing them?)"
-            )
-        time.sleep(every)
+    state, rv = _list_nodes(api)
+    last = [0.0]
+
+    def ready_count() -> int:
+        return sum(1 for n in wanted if state.get(n))
+
+    def on_batch() -> bool:
+        done = ready_count() == len(wanted)
+        if progress is not None and (done or time.monotonic() - last[0] >= every):
+            last[0] = time.monotonic()
+            progress(ready_count(), len(wanted))
+        return done or time.monotonic() > deadline
+
+    while not on_batch():
+        try:
+            rv = _watch_nodes(api, rv, min(5, int(deadline - time.monotonic()) + 1), state, on_batch)
+        except _Expired:
+            state, rv = _list_nodes(api)
+    if ready_count() < len(wanted):
+        shown = sorted(n for n in wanted if not state.get(n))
+        more = f" and {len(shown) - 10} more" if len(shown) > 10 else ""
+        raise ClusterError(
+            f"{len(shown)} nodes not Ready after {timeout:.0f}s: {shown[:10]}{more} "
+            "(is the kwok controller running and managing them?)"
+        )
 
 
 def load_topology(path: str | os.PathLike | None) -> Topology:

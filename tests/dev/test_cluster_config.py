@@ -110,3 +110,33 @@ def test_node_schedulable_ready_needs_ready_and_no_state_taint():
                                        "spec": {"taints": [{"key": "node.kubernetes.io/unreachable"}]}})
     assert not node_schedulable_ready({"status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}})
     assert not node_schedulable_ready({"metadata": {"name": "new"}})
+
+
+def test_scheduler_tuning_renders_client_limit_and_nodes_to_score(tmp_path):
+    import pytest
+
+    from rlsched_dev.cluster import SchedulerTuning
+
+    plain = LocalCluster(tmp_path, extender_url="http://127.0.0.1:9999")
+    for extender in (False, True):
+        conf = plain.scheduler_config(extender=extender)
+        # kube-scheduler's own defaults (50/100, adaptive) unless tuned
+        assert set(conf["clientConnection"]) == {"kubeconfig"}
+        assert "percentageOfNodesToScore" not in conf
+    tuned = LocalCluster(tmp_path, extender_url="http://127.0.0.1:9999",
+                         scheduler_tuning=SchedulerTuning(qps=500, burst=1000),
+                         rlsched_tuning=SchedulerTuning(300, 600, 20))
+    stock, rl = tuned.scheduler_config(extender=False), tuned.scheduler_config(extender=True)
+    assert stock["clientConnection"]["qps"] == 500 and stock["clientConnection"]["burst"] == 1000
+    assert "percentageOfNodesToScore" not in stock
+    assert (rl["clientConnection"]["qps"], rl["clientConnection"]["burst"]) == (300, 600)
+    assert rl["percentageOfNodesToScore"] == 20
+    assert rl["clientConnection"]["kubeconfig"] == str(tmp_path.resolve() / "kubeconfig")
+    assert SchedulerTuning().describe() == {"qps": 50.0, "burst": 100,
+                                            "percentageOfNodesToScore": "adaptive"}
+    for bad in ({"qps": 0}, {"burst": 0}, {"qps": 100, "burst": 50},
+                {"percentage_of_nodes_to_score": 101}, {"percentage_of_nodes_to_score": -1}):
+        with pytest.raises(ValueError):
+            SchedulerTuning(**bad)
+    with pytest.raises(ValueError, match="no scheduler"):
+        tuned.stop_scheduler("etcd")
