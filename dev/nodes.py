@@ -267,16 +267,17 @@ def wait_nodes_ready(api_or_kubeconfig: Any, names: Iterable[str], timeout: floa
     wanted = set(names)
     deadline = time.monotonic() + timeout
     state, rv = _list_nodes(api)
-    last = [0.0]
+    last = [0.0, -1]  # time of the last progress call, count it reported
 
     def ready_count() -> int:
         return sum(1 for n in wanted if state.get(n))
 
     def on_batch() -> bool:
-        done = ready_count() == len(wanted)
-        if progress is not None and (done or time.monotonic() - last[0] >= every):
-            last[0] = time.monotonic()
-            progress(ready_count(), len(wanted))
+        ready = ready_count()
+        done = ready == len(wanted)
+        if progress is not None and ((done and last[1] != ready) or time.monotonic() - last[0] >= every):
+            last[:] = [time.monotonic(), ready]
+            progress(ready, len(wanted))
         return done or time.monotonic() > deadline
 
     while not on_batch():
