@@ -40,7 +40,7 @@ import yaml
 from rlsched.core.contract import DEFAULT_SCHEDULER_NAME, RESOURCE_GPU
 from rlsched.core.topology import Topology
 
-from .kwok import KwokController
+from .kwok import NODE_MONITOR_GRACE_S, KwokController
 from .nodes import create_gpu_nodes, default_topology, delete_gpu_nodes, load_topology, wait_nodes_ready
 from .pki import admin_kubeconfig, make_pki
 from .probe import http_ok
@@ -49,15 +49,66 @@ from .tools import find_tools
 
 __all__ = [
     "LocalCluster",
+    "SchedulerTuning",
     "KubeEnv",
     "kube_env",
     "register",
 ]
 
 SCHEDULER_NAME = DEFAULT_SCHEDULER_NAME
+#: kube-controller-manager's client limit (requests/s, burst) on the local cluster
+KCM_QPS, KCM_BURST = 500, 1000
 _STATE_FILE = "state.json"
 
 ProgressFn = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class SchedulerTuning:
+    """The throughput knobs of one kube-scheduler process; ``None`` leaves
+    kube-scheduler's own default.
+
+    ``qps``/``burst``: its client limit to the API server (``clientConnection``;
+    default 50/100). Every bind is one request, so the limit caps the pods bound per
+    second. ``percentage_of_nodes_to_score``: the share of feasible nodes it looks for
+    before scoring (default adaptive: ``max(5, 50 - nodes/125)`` %, at least 100
+    nodes; 42 % at 1,000 nodes); with an extender it is also how many node names each
+    ``/filter`` and ``/prioritize`` request carries.
+    """
+
+    qps: float | None = None
+    burst: int | None = None
+    percentage_of_nodes_to_score: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.qps is not None and not self.qps > 0:
+            raise ValueError(f"scheduler qps must be > 0, got {self.qps}")
+        if self.burst is not None and self.burst < 1:
+            raise ValueError(f"scheduler burst must be >= 1, got {self.burst}")
+        if self.qps is not None and self.burst is not None and self.burst < self.qps:
+            raise ValueError(f"scheduler burst ({self.burst}) below its qps ({self.qps})")
+        pct = self.percentage_of_nodes_to_score
+        if pct is not None and not 0 <= pct <= 100:
+            raise ValueError(f"percentageOfNodesToScore must be within 0..100, got {pct}")
+
+    def apply(self, conf: dict[str, Any]) -> dict[str, Any]:
+        """Write these settings into a KubeSchedulerConfiguration dict (in place)."""
+        client = conf.setdefault("clientConnection", {})
+        if self.qps is not None:
+            client["qps"] = self.qps
+        if self.burst is not None:
+            client["burst"] = self.burst
+        if self.percentage_of_nodes_to_score is not None:
+            conf["percentageOfNodesToScore"] = self.percentage_of_nodes_to_score
+        return conf
+
+    def describe(self) -> dict[str, Any]:
+        """The effective settings (kube-scheduler's defaults filled in), for reports."""
+        return {"qps": self.qps if self.qps is not None else 50.0,
+                "burst": self.burst if self.burst is not None else 100,
+                "percentageOfNodesToScore": self.percentage_of_nodes_to_score
+                if self.percentage_of_nodes_to_score is not None else "adaptive"}
+
 
 
 # --------------------------------------------------------------------------- cluster
@@ -77,6 +128,10 @@ class LocalCluster:
     dead or hung extender can bind more GPUs than a node has.
     ``gpu_ignored_by_scheduler=True`` is the unsafe setting, kept to reproduce that
     over-commit in the fault benchmark (``bench/faults.py``).
+    ``scheduler_tuning``/``rlsched_tuning``: client limit and
+    ``percentageOfNodesToScore`` of the stock and the ``rlsched`` kube-scheduler
+    (:class:`SchedulerTuning`; default: kube-scheduler's own); change them on a
+    running cluster with :meth:`restart_scheduler`.
 
     >>> with LocalCluster() as c:             # doctest: +SKIP
     ...     print(c.kubeconfig, c.server, c.extender_url)
@@ -91,6 +146,8 @@ class LocalCluster:
         extender_weight: int = 5,
         extender_timeout_s: float = 5.0,
         gpu_ignored_by_scheduler: bool = False,
+        scheduler_tuning: SchedulerTuning | None = None,
+        rlsched_tuning: SchedulerTuning | None = None,
         start_timeout_s: float = 90.0,
         kwok: bool = True,
         detach: bool = False,
@@ -110,6 +167,8 @@ class LocalCluster:
         self.extender_weight = extender_weight
         self.extender_timeout_s = extender_timeout_s
         self.gpu_ignored_by_scheduler = gpu_ignored_by_scheduler
+        self.tuning = {"kube-scheduler": scheduler_tuning or SchedulerTuning(),
+                       "rlsched-scheduler": rlsched_tuning or SchedulerTuning()}
         self.start_timeout_s = start_timeout_s
         self.with_kwok = kwok
         self.detach = detach
@@ -281,6 +340,48 @@ class LocalCluster:
             wait_for(lambda u=url: http_ok(u, insecure, expect="ok"), self.start_timeout_s,
                      f"{name} {url}", proc, [api])
 
+    #: process name -> (port name, has the extender)
+    _SCHEDULERS = {"kube-scheduler": ("scheduler", False),
+                   "rlsched-scheduler": ("rlsched-scheduler", True)}
+
+    def stop_scheduler(self, name: str, grace: float = 10.0) -> None:
+        """Stop the stock (``kube-scheduler``) or the ``rlsched-scheduler`` process
+        (SIGTERM: it releases its leader lease, so a new one leads at once). Pods of its
+        profile then wait in the API server until :meth:`start_scheduler`."""
+        if name not in self._SCHEDULERS:
+            raise ValueError(f"no scheduler {name!r}; one of {sorted(self._SCHEDULERS)}")
+        proc = self.processes.get(name)
+        if proc is not None:
+            proc.stop(grace)
+
+    def start_scheduler(self, name: str, tuning: SchedulerTuning | None = None,
+                        *, wait: bool = True) -> Process:
+        """Start the scheduler process ``name`` (stopped by :meth:`stop_scheduler`) with
+        ``tuning`` (default: its current one); return once /healthz answers unless
+        ``wait`` is false. Call it from the thread that started the cluster."""
+        if name not in self._SCHEDULERS:
+            raise ValueError(f"no scheduler {name!r}; one of {sorted(self._SCHEDULERS)}")
+        old = self.processes.get(name)
+        if old is not None and old.exited() is None:
+            raise ClusterError(f"{name} is running (pid {old.pid}); stop it first")
+        if tuning is not None:
+            self.tuning[name] = tuning
+        port, extender = self._SCHEDULERS[name]
+        proc = self._spawn(name, self._scheduler_argv(port, extender=extender))
+        if wait:
+            insecure = ssl.create_default_context()
+            insecure.check_hostname = False
+            insecure.verify_mode = ssl.CERT_NONE
+            url = f"https://127.0.0.1:{self.ports[port]}/healthz"
+            wait_for(lambda: http_ok(url, insecure, expect="ok"), self.start_timeout_s,
+                     f"{name} {url}", proc, [self.processes["kube-apiserver"]])
+        return proc
+
+    def restart_scheduler(self, name: str, tuning: SchedulerTuning | None = None) -> Process:
+        """:meth:`stop_scheduler` then :meth:`start_scheduler` (e.g. with new tuning)."""
+        self.stop_scheduler(name)
+        return self.start_scheduler(name, tuning)
+
     def _tool(self, name: str) -> str:
         if self.tools_bin is None:
             raise ClusterError("cluster not started")
@@ -347,6 +448,12 @@ class LocalCluster:
             # no pod CIDRs (kwok assigns pod IPs).
             "--controllers=*,-taint-eviction-controller,-node-ipam-controller",
             "--node-monitor-period=2s",
+            # kwok's node lease is the heartbeat (renewed every quarter lease)
+            f"--node-monitor-grace-period={NODE_MONITOR_GRACE_S}s",
+            # The node lifecycle controller lifts each new node's not-ready taint with
+            # its own requests: at the default client limit (20/s, burst 30) 1,000 new
+            # nodes take minutes to become schedulable (measured: 229 s).
+            f"--kube-api-qps={KCM_QPS}", f"--kube-api-burst={KCM_BURST}",
             f"--service-account-private-key-file={pki / 'sa.key'}",
             f"--root-ca-file={pki / 'ca.crt'}",
             f"--cluster-signing-cert-file={pki / 'ca.crt'}",
@@ -380,7 +487,7 @@ class LocalCluster:
                 "managedResources": [{"name": RESOURCE_GPU,
                                       "ignoredByScheduler": self.gpu_ignored_by_scheduler}],
             }]
-        return conf
+        return self.tuning["rlsched-scheduler" if extender else "kube-scheduler"].apply(conf)
 
     def _scheduler_argv(self, name: str, extender: bool) -> list[str]:
         path = self._dir / f"{name}.yaml"
@@ -526,14 +633,17 @@ def _cmd_up(args: argparse.Namespace) -> int:
     try:
         topo = load_topology(args.topology)
         with console.status("starting control plane") as status:
+            tuning = SchedulerTuning(args.scheduler_qps, args.scheduler_burst,
+                                     args.percentage_of_nodes_to_score)
             cluster = LocalCluster(workdir, extender_url=args.extender_url, detach=True,
-                                   keep_workdir=True, progress=status.update)
+                                   keep_workdir=True, progress=status.update,
+                                   rlsched_tuning=tuning)
             t0 = time.monotonic()
             cluster.start()
             try:
                 status.update(f"creating {len(topo)} kwok GPU nodes")
                 names = create_gpu_nodes(cluster.kubeconfig, topo)
-                wait_nodes_ready(cluster.kubeconfig, names)
+                wait_nodes_ready(cluster.kubeconfig, names, timeout=60 + 0.1 * len(names))
             except BaseException:
                 cluster.stop()
                 raise
@@ -584,6 +694,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--topology", default=None,
                     help="cluster description YAML/JSON (core Topology.from_dict); "
                          "default 4 nodes x 8 GPUs in 2 racks")
+    up.add_argument("--scheduler-qps", type=float, default=None,
+                    help="client requests/s of the rlsched kube-scheduler (default: "
+                         "kube-scheduler's 50; the chart recommends more, see values.yaml)")
+    up.add_argument("--scheduler-burst", type=int, default=None,
+                    help="client burst of the rlsched kube-scheduler (default 100)")
+    up.add_argument("--percentage-of-nodes-to-score", type=int, default=None,
+                    help="percentageOfNodesToScore of the rlsched kube-scheduler "
+                         "(default adaptive: 42%% at 1,000 nodes)")
     up.set_defaults(func=_cmd_up)
     down = sub.add_parser("down", help="stop the cluster started by `up`")
     down.add_argument("--dir", default=".kube")

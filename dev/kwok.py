@@ -1,7 +1,7 @@
 """The kwok controller as a local process, and the Stages it plays.
 
 kwok makes the fake GPU nodes behave like kubelets: our Stages (the package data file
-``kwok-stages.yaml``) make nodes Ready with a heartbeat, bound pods Running, pods
+``kwok-stages.yaml``) make nodes Ready (their heartbeat is kwok's node lease), bound pods Running, pods
 annotated ``rlsched.dev/duration-seconds`` Succeeded after that many seconds, and
 deleted pods go away.
 """
@@ -25,6 +25,8 @@ __all__ = [
     "KWOK_NODE_ANNOTATION",
     "KWOK_TAINT_KEY",
     "KwokController",
+    "NODE_LEASE_DURATION_S",
+    "NODE_MONITOR_GRACE_S",
     "kwok_config",
     "kwok_stages",
 ]
@@ -39,6 +41,25 @@ def kwok_stages() -> str:
     return resources.files(__package__).joinpath("kwok-stages.yaml").read_text()
 
 
+#: kwok's node lease: renewed every quarter of it (as a kubelet does). The lease is
+#: the nodes' heartbeat (the node lifecycle controller reads it, see
+#: ``NODE_MONITOR_GRACE_S``); the Ready condition's own heartbeat (the
+#: ``rlsched-node-heartbeat`` Stage) is kubelet's 5-minute status report. 1,000
+#: nodes then cost ~33 lease writes/s instead of 100 (40 s) plus 30-50 node status
+#: writes/s that every scheduler re-reads.
+NODE_LEASE_DURATION_S = 120
+#: what the kube-controller-manager must wait for a lease renewal before it calls a
+#: node unhealthy: a full lease, four renewal periods (a busy 2-core machine delays
+#: kwok's renewals by seconds)
+NODE_MONITOR_GRACE_S = NODE_LEASE_DURATION_S
+#: kwok's workers per kind: node leases, node Stages, pod Stages, pods-on-node syncs.
+#: kwok does no client-side rate limiting, so these bound its requests in flight.
+#: 16 node workers bring 1,000 new nodes to Ready in seconds (4, kwok's default,
+#: takes tens of seconds behind a busy API server).
+NODE_PARALLELISM = 16
+POD_PARALLELISM = 16
+
+
 def kwok_config(stages: str) -> str:
     """kwok's ``--config`` file: its options, then the ``stages`` documents."""
     conf = {
@@ -47,12 +68,12 @@ def kwok_config(stages: str) -> str:
         "options": {
             "manageAllNodes": False,
             "manageNodesWithAnnotationSelector": f"{KWOK_NODE_ANNOTATION}=fake",
-            "nodeLeaseDurationSeconds": 40,
+            "nodeLeaseDurationSeconds": NODE_LEASE_DURATION_S,
             # kwok leaves these at 0 (and refuses to start) when read from a file
-            "nodeLeaseParallelism": 4,
-            "podPlayStageParallelism": 4,
-            "nodePlayStageParallelism": 4,
-            "podsOnNodeSyncParallelism": 2,
+            "nodeLeaseParallelism": NODE_PARALLELISM,
+            "podPlayStageParallelism": POD_PARALLELISM,
+            "nodePlayStageParallelism": NODE_PARALLELISM,
+            "podsOnNodeSyncParallelism": 4,
         },
     }
     return yaml.safe_dump(conf, sort_keys=False) + "---\n" + stages

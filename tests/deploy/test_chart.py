@@ -204,6 +204,42 @@ def test_scheduler_profile_extender_and_lease(render):
         dep2["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
 
 
+def _scheduler_conf(objs: list[dict]) -> dict:
+    cm = next(o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("scheduler-config"))
+    return yaml.safe_load(cm["data"]["scheduler-config.yaml"])
+
+
+def test_scheduler_client_limit_and_nodes_to_score(render, tools):
+    """The chart's recommended kube-scheduler client limit and percentageOfNodesToScore
+    (values.yaml, measured by bench/scheduling.py) reach the KubeSchedulerConfiguration;
+    they can be overridden, or left to kube-scheduler's defaults with null."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["scheduler"]["kubeScheduler"]
+    rec = values["clientConnection"]
+    # above kube-scheduler's default (50/100), which would cap binds at ~50 pods/s
+    assert rec["qps"] > 50 and rec["burst"] >= rec["qps"]
+    assert 0 < values["percentageOfNodesToScore"] < 42  # below the adaptive 42 % at 1,000 nodes
+    conf = _scheduler_conf(render())
+    assert conf["clientConnection"] == {"qps": rec["qps"], "burst": rec["burst"]}
+    assert conf["percentageOfNodesToScore"] == values["percentageOfNodesToScore"]
+    conf = _scheduler_conf(render("scheduler.kubeScheduler.clientConnection.qps=120",
+                                  "scheduler.kubeScheduler.clientConnection.burst=240",
+                                  "scheduler.kubeScheduler.percentageOfNodesToScore=25"))
+    assert conf["clientConnection"] == {"qps": 120, "burst": 240}
+    assert conf["percentageOfNodesToScore"] == 25
+    conf = _scheduler_conf(render("scheduler.kubeScheduler.clientConnection.qps=null",
+                                  "scheduler.kubeScheduler.clientConnection.burst=null",
+                                  "scheduler.kubeScheduler.percentageOfNodesToScore=null"))
+    assert "clientConnection" not in conf and "percentageOfNodesToScore" not in conf
+    bad = {"scheduler.kubeScheduler.clientConnection.burst=10": "must be >= qps",
+           "scheduler.kubeScheduler.clientConnection.qps=0": "qps",
+           "scheduler.kubeScheduler.percentageOfNodesToScore=101": "percentageOfNodesToScore",
+           "scheduler.kubeScheduler.clientConnection.qbs=10": "qbs"}
+    for setting, word in bad.items():
+        out = subprocess.run([str(tools / "helm"), "template", "x", str(CHART), "--set", setting],
+                             capture_output=True, text=True, check=False)
+        assert out.returncode != 0 and word in out.stderr, (setting, out.stderr)
+
+
 def test_extender_probes_ask_the_extender_not_the_relay(render, tmp_path):
     """The extender binds 127.0.0.1, which the kubelet's httpGet cannot reach; its probes
     are exec probes in its own container that GET the extender on loopback. Run here
@@ -525,7 +561,9 @@ def test_real_kube_scheduler_runs_on_chart_config_with_chart_rbac(release, tools
     imp_path = tmp_path / "as-scheduler.kubeconfig"
     imp_path.write_text(yaml.safe_dump(imp))
     conf = yaml.safe_load(cm["data"]["scheduler-config.yaml"])
-    conf["clientConnection"] = {"kubeconfig": str(imp_path)}  # in-cluster config in the chart
+    # in-cluster config in the chart; its client limit (qps/burst) is kept and validated
+    conf.setdefault("clientConnection", {})["kubeconfig"] = str(imp_path)
+    assert conf["clientConnection"]["qps"] > 50
     conf_path = tmp_path / "scheduler-config.yaml"
     conf_path.write_text(yaml.safe_dump(conf))
     with socket.socket() as sock:

@@ -8,7 +8,7 @@ import yaml
 from rlsched.core.topology import NodeSpec, Topology, node_labels
 from rlsched_dev.cluster import LocalCluster
 from rlsched_dev.kwok import kwok_config, kwok_stages
-from rlsched_dev.nodes import kwok_node
+from rlsched_dev.nodes import kwok_node, node_schedulable_ready
 
 
 def test_kwok_node_carries_topology_and_gpu_resources():
@@ -73,3 +73,70 @@ def test_kwok_config_parses_and_has_our_stages():
     done = stages["rlsched-pod-succeeded"]["spec"]
     assert "rlsched.dev/duration-seconds" in done["delay"]["durationFrom"]["jq"]["expression"]
     assert "phase: Succeeded" in done["next"]["statusTemplate"]
+
+
+def test_kwok_heartbeat_is_the_lease_and_the_controller_manager_waits_for_it(tmp_path):
+    from rlsched_dev.cluster import KCM_BURST, KCM_QPS
+    from rlsched_dev.kwok import NODE_LEASE_DURATION_S, NODE_MONITOR_GRACE_S
+
+    opts = next(yaml.safe_load_all(kwok_config(kwok_stages())))["options"]
+    assert opts["nodeLeaseDurationSeconds"] == NODE_LEASE_DURATION_S > 0
+    for key in ("nodeLeaseParallelism", "nodePlayStageParallelism", "podPlayStageParallelism",
+                "podsOnNodeSyncParallelism"):
+        assert opts[key] >= 4, key
+    # the node lifecycle controller tolerates at least a lease's worth of missed renewals
+    assert NODE_MONITOR_GRACE_S >= NODE_LEASE_DURATION_S / 4 * 3
+    cluster = LocalCluster(tmp_path)
+    cluster.tools_bin, cluster.ports = tmp_path, {"controller-manager": 1, "apiserver": 2}
+    argv = cluster._kcm_argv(tmp_path / "pki")
+    assert f"--node-monitor-grace-period={NODE_MONITOR_GRACE_S}s" in argv
+    assert f"--kube-api-qps={KCM_QPS}" in argv and f"--kube-api-burst={KCM_BURST}" in argv
+    assert KCM_QPS > 20  # the default that took minutes to untaint 1,000 nodes
+    stages = {d["metadata"]["name"]: d for d in yaml.safe_load_all(kwok_stages())}
+    beat = stages["rlsched-node-heartbeat"]["spec"]["delay"]
+    # the Ready condition's heartbeat is a kubelet-like status report, minutes apart
+    assert beat["durationMilliseconds"] >= 60_000
+    assert beat["jitterDurationMilliseconds"] >= beat["durationMilliseconds"]
+
+
+def test_node_schedulable_ready_needs_ready_and_no_state_taint():
+    ready = {"type": "Ready", "status": "True"}
+    assert node_schedulable_ready({"status": {"conditions": [ready]}, "spec": {}})
+    assert node_schedulable_ready({"status": {"conditions": [ready]},
+                                   "spec": {"taints": [{"key": "kwok.x-k8s.io/node"}]}})
+    assert not node_schedulable_ready({"status": {"conditions": [ready]},
+                                       "spec": {"taints": [{"key": "node.kubernetes.io/not-ready"}]}})
+    assert not node_schedulable_ready({"status": {"conditions": [ready]},
+                                       "spec": {"taints": [{"key": "node.kubernetes.io/unreachable"}]}})
+    assert not node_schedulable_ready({"status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}})
+    assert not node_schedulable_ready({"metadata": {"name": "new"}})
+
+
+def test_scheduler_tuning_renders_client_limit_and_nodes_to_score(tmp_path):
+    import pytest
+
+    from rlsched_dev.cluster import SchedulerTuning
+
+    plain = LocalCluster(tmp_path, extender_url="http://127.0.0.1:9999")
+    for extender in (False, True):
+        conf = plain.scheduler_config(extender=extender)
+        # kube-scheduler's own defaults (50/100, adaptive) unless tuned
+        assert set(conf["clientConnection"]) == {"kubeconfig"}
+        assert "percentageOfNodesToScore" not in conf
+    tuned = LocalCluster(tmp_path, extender_url="http://127.0.0.1:9999",
+                         scheduler_tuning=SchedulerTuning(qps=500, burst=1000),
+                         rlsched_tuning=SchedulerTuning(300, 600, 20))
+    stock, rl = tuned.scheduler_config(extender=False), tuned.scheduler_config(extender=True)
+    assert stock["clientConnection"]["qps"] == 500 and stock["clientConnection"]["burst"] == 1000
+    assert "percentageOfNodesToScore" not in stock
+    assert (rl["clientConnection"]["qps"], rl["clientConnection"]["burst"]) == (300, 600)
+    assert rl["percentageOfNodesToScore"] == 20
+    assert rl["clientConnection"]["kubeconfig"] == str(tmp_path.resolve() / "kubeconfig")
+    assert SchedulerTuning().describe() == {"qps": 50.0, "burst": 100,
+                                            "percentageOfNodesToScore": "adaptive"}
+    for bad in ({"qps": 0}, {"burst": 0}, {"qps": 100, "burst": 50},
+                {"percentage_of_nodes_to_score": 101}, {"percentage_of_nodes_to_score": -1}):
+        with pytest.raises(ValueError):
+            SchedulerTuning(**bad)
+    with pytest.raises(ValueError, match="no scheduler"):
+        tuned.stop_scheduler("etcd")
