@@ -285,13 +285,16 @@ def gpu_count(value: Any, where: str = "quantity") -> int:
     ``"2000m"``, ``"1e3"``); ``"1.5"``, ``"500m"`` or anything not a quantity raise."""
     if isinstance(value, bool):
         raise ShapeError(f"{where}: expected a GPU count, got a boolean")
-    try:
-        q = parse_quantity(value, where)
-    except ShapeError:
-        q = None
-    if q is None or q.denominator != 1:
-        raise ShapeError(f"{where}: {value!r:.40} is not a whole number of GPUs")
-    n = int(q)
+    if type(value) is str and 0 < len(value) <= 16 and value.isascii() and value.isdigit():
+        n = int(value)  # the common spelling ("1", "8"): the grammar's value, without its parse
+    else:
+        try:
+            q = parse_quantity(value, where)
+        except ShapeError:
+            q = None
+        if q is None or q.denominator != 1:
+            raise ShapeError(f"{where}: {value!r:.40} is not a whole number of GPUs")
+        n = int(q)
     if n < 0 or n > MAX_GPUS:
         raise ShapeError(f"{where}: GPU count {n} out of range")
     return n

@@ -92,6 +92,8 @@ def test_gpu_count(text, n):
         (-1, "out of range"),
         ("-1", "out of range"),
         ("1e7", "out of range"),
+        ("9999999", "out of range"),
+        ("٣", "not a whole number of GPUs"),
     ],
 )
 def test_gpu_count_refuses(bad, message):
@@ -210,6 +212,17 @@ def test_integers_round_trip_in_every_spelling(n):
         assert gpu_count(f"{n // 1000}k") == n
     if n % 1024 == 0:
         assert gpu_count(f"{n // 1024}Ki") == n
+
+
+@given(st.text(alphabet="0123456789", min_size=1, max_size=20))
+def test_plain_digits_count_as_the_grammar_reads_them(text):
+    """gpu_count's shortcut for plain digits gives what the quantity grammar gives."""
+    q = parse_quantity(text)
+    if q <= MAX_GPUS:
+        assert gpu_count(text) == int(q)
+    else:
+        with pytest.raises(ShapeError, match="out of range"):
+            gpu_count(text)
 
 
 @given(st.text(max_size=12))
