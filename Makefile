@@ -60,14 +60,18 @@ demo-sim: venv
 demo: demo-live
 
 # Benchmarks write JSON under bench/results/; every figure has a baseline measured in
-# the same run (naive full-scan placement; a constant-score HTTP server).
+# the same run (naive full-scan placement; a constant-score aiohttp server; FIFO/FirstFit's
+# simulation time; the stock kube-scheduler); bench/summary.py gathers issue 15's figures.
 bench: venv $(TEST_DEPS)
 	mkdir -p bench/results
 	$(PY) bench/run.py --out bench/results
-	$(PY) bench/extender_bench.py --sizes 100,1000 --out bench/results/extender.json
+	$(PY) bench/extender_bench.py --sizes 1000,5000 --clients 1,2,4,8 --requests 1500 --out bench/results/extender.json
+	$(PY) bench/sim_scaling.py --repeats 3 --out bench/results/sim_scaling.json
+	$(PY) bench/scheduling.py --out bench/results/scheduling.json
 	$(PY) bench/operator_admission.py --jobs 200 --out bench/results
 	$(PY) bench/faults.py --rounds 20 --out bench/results/faults.json
 	$(PY) bench/twin.py --jobs 20 --out bench/results/twin.json
+	$(PY) bench/summary.py --results bench/results --out bench/results/summary.json
 
 # The fidelity table (docs/benchmark.md): our Tiresias and Optimus+Oracle and the released
 # Pollux policy (its own environment, peers/pollux.mk) on the paper's 24 workloads.
