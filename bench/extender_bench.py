@@ -470,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "extender",
         "mode": ("NodeNames (nodeCacheCapable); keep-alive HTTP/1.1, one request at a time per connection; "
                  "servers in alternating rounds within one run"),
-        "baseline": f"{BASELINE}: aiohttp + orjson, decodes the request, constant scores, every node passes",
+        "compared_with": f"{BASELINE}: aiohttp + orjson, decodes the request, constant scores, every node passes",
         "machine": {"cpus": os.cpu_count(), "server_cpu": server_cpu, "client_cpu": client_cpu,
                     "python": platform.python_version(), "loadavg_before": load_before,
                     "loadavg_after": os.getloadavg(),
