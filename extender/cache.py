@@ -53,6 +53,8 @@ class ClusterCache:
         self.assumed: dict[str, tuple[str, int, str | None, float]] = {}
         #: assumptions made by a binding (certain), as opposed to guesses from scoring
         self._firm: set[str] = set()
+        #: GPUs per node held by guesses (assumptions not in ``_firm``)
+        self._guess: Counter[str] = Counter()
         self._contrib: dict[str, tuple[str, int, str | None]] = {}
         self.used: Counter[str] = Counter()
         #: node -> GPUs in use, for the known nodes with more in use than they have
@@ -154,30 +156,38 @@ class ClusterCache:
             return  # already bound; the bound pod counts
         # re-inserted at the end: the dict stays in expiry order (one TTL, a monotonic
         # clock), so expire() stops at the first assumption still alive
-        self.assumed.pop(key, None)
+        self._unassume(key)
         self.assumed[key] = (node, int(gpus), job, self.clock() + self.assume_ttl)
         if firm:
             self._firm.add(key)
-        else:
-            self._firm.discard(key)
+        elif gpus:
+            self._guess[node] += int(gpus)
         self._recompute(key)
 
+    def _unassume(self, key: str) -> tuple | None:
+        """Remove ``key``'s assumption (and its share of the guesses); returns it."""
+        old = self.assumed.pop(key, None)
+        if key in self._firm:
+            self._firm.discard(key)
+        elif old is not None and old[1]:
+            node = old[0]
+            self._guess[node] -= old[1]
+            if self._guess[node] <= 0:
+                del self._guess[node]
+        return old
+
     def _drop(self, key: str) -> None:
-        self.assumed.pop(key, None)
-        self._firm.discard(key)
+        self._unassume(key)
 
     def forget(self, key: str) -> None:
-        self._firm.discard(key)
-        if self.assumed.pop(key, None) is not None:
+        if self._unassume(key) is not None:
             self._recompute(key)
 
     def guessed(self) -> dict[str, int]:
-        """GPUs per node held only by guesses (assumptions not made by a binding)."""
-        out: dict[str, int] = {}
-        for key, (node, gpus, _, _) in self.assumed.items():
-            if key not in self._firm:
-                out[node] = out.get(node, 0) + gpus
-        return out
+        """GPUs per node held only by guesses (assumptions not made by a binding):
+        kept as assumptions come and go, so reading it costs the nodes guessed, not
+        the pods assumed."""
+        return self._guess
 
     def expire(self) -> int:
         """Drop assumptions older than the TTL; returns how many. Assumptions are kept

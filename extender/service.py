@@ -36,6 +36,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from itertools import repeat
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -432,12 +433,21 @@ class Extender:
         # node would leave this pod pending until kube-scheduler retries it
         free_nodes = st.free
         guessed = self.cache.guessed()
-        if guessed:  # few: the pods scored and not yet seen bound
+        if guessed:  # the pods scored and not yet seen bound (a burst's worth when the watch lags)
             free_nodes = st.free.copy()
-            for name, g in guessed.items():
+            names = list(guessed)
+            at = np.fromiter(map(topo.index.get, names, repeat(-1)), dtype=np.int64, count=len(names))
+            gpus = np.fromiter(guessed.values(), dtype=np.int64, count=len(names))
+            ok = at >= 0
+            # free is total - used where used <= total, so without the guesses it is
+            # free + guess (names are unique, so the fancy add counts each once) ...
+            free_nodes[at[ok]] += gpus[ok]
+            # ... and where more is in use than the node has, free was clamped at 0
+            for name, (used, total) in self.cache.overcommit().items():
+                g = guessed.get(name, 0)
                 i = topo.index.get(name)
-                if i is not None:
-                    free_nodes[i] = max(0, int(st.total[i]) - (int(self.cache.used.get(name, 0)) - g))
+                if g and i is not None:
+                    free_nodes[i] = max(0, total - (used - g))
         free = free_nodes[safe]
         cap_ok = free >= q
         allowed_models = frozenset(m for m in st.models if pod.allows_model(m))

@@ -51,7 +51,9 @@ def test_incremental_state_matches_a_rebuild(make_pod):
         elif op == 1:
             cache.upsert_pod(make_pod(name, gpus=int(rng.integers(1, 5)), job=f"j{rng.integers(3)}"))
         elif op == 2:
-            cache.assume(f"team-a/{name}", node, int(rng.integers(1, 5)), "team-a/j0")
+            cache.assume(f"team-a/{name}", node, int(rng.integers(0, 5)), "team-a/j0", firm=bool(rng.integers(2)))
+            if rng.integers(4) == 0:
+                cache.forget(f"team-a/{rng.choice(['p1', 'p2', name])}")
         elif op == 3:
             cache.delete_pod(f"team-a/{name}")
         elif op == 4:
@@ -63,7 +65,17 @@ def test_incremental_state_matches_a_rebuild(make_pod):
         if step % 3 == 0:
             st = cache.state()
             np.testing.assert_array_equal(st.free, fresh_free(cache), err_msg=f"step {step}")
+        assert {n: g for n, g in cache.guessed().items() if g} == fresh_guesses(cache), f"step {step}"
     assert cache.rebuilds > 1
+
+
+def fresh_guesses(cache: ClusterCache) -> dict[str, int]:
+    """GPUs per node held by guesses, recounted from the assumptions."""
+    out: dict[str, int] = {}
+    for key, (node, gpus, _, _) in cache.assumed.items():
+        if key not in cache._firm and gpus:
+            out[node] = out.get(node, 0) + gpus
+    return out
 
 
 def test_assumptions_expire_and_yield_to_bindings(make_pod):

@@ -234,3 +234,23 @@ async def test_concurrent_prioritize_never_assumes_the_same_free_gpus(client, ex
         assert [h["Score"] for h in reply].count(best["Score"]) == 1
     assert (extender.cache.state().free == 0).all()
     assert np.all(np.array([len(r) for r in replies]) == 16)
+
+
+# --------------------------------------------------------------------------- guesses
+def test_filter_capacity_ignores_guesses_exactly_as_the_per_node_rule(big, make_pod):
+    """Free GPUs without the guesses, computed for all guessed nodes at once, equal the
+    per-node rule ``max(0, total - (used - guess))``, over-committed nodes included."""
+    ext, names = big
+    rng = np.random.default_rng(11)
+    cache = ext.cache
+    for i in range(40):  # bound pods, some nodes over-committed (e.g. a capacity change)
+        cache.upsert_pod(make_pod(f"b-{i}", gpus=int(rng.integers(1, 9)), node=names[int(rng.integers(12))]))
+    for i in range(60):  # guesses: scored pods not yet seen bound, many on the same nodes
+        cache.assume(f"team-a/g-{i}", names[int(rng.integers(16))], int(rng.integers(0, 5)), None)
+    assert cache.overcommit() and len(cache.guessed()) > 5
+    st = cache.state()
+    for q in (1, 2, 4, 8):
+        out = ext.filter_now(decode_args(body_of(make_pod(f"q-{q}", gpus=q), names)))
+        want = [i for i, n in enumerate(names)
+                if max(0, int(st.total[i]) - (cache.used.get(n, 0) - cache.guessed().get(n, 0))) >= q]
+        assert out.passed == want, q
