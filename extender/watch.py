@@ -17,9 +17,27 @@ import orjson
 
 from .cache import ClusterCache
 
-__all__ = ["Watcher", "connect", "make_binder"]
+__all__ = ["EventLines", "Watcher", "connect", "make_binder"]
 
 log = logging.getLogger(__name__)
+
+
+class EventLines:
+    """A watch stream cut into its events (one JSON document per line), whatever the
+    chunks it arrives in. Each chunk is split once, so a chunk of many events costs its
+    bytes once (cutting events off the front of a buffer one at a time copied the rest
+    of the buffer each time)."""
+
+    __slots__ = ("_rest",)
+
+    def __init__(self) -> None:
+        self._rest = b""  # the start of an event whose newline has not come yet
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The events completed by ``chunk``, blank lines left out."""
+        lines = (self._rest + chunk if self._rest else chunk).split(b"\n")
+        self._rest = lines.pop()
+        return [line for line in lines if line.strip()]
 
 
 class _Gone(Exception):
@@ -121,16 +139,10 @@ class Watcher:
                 raise _Gone()
             if resp.status != 200:
                 raise RuntimeError(f"watch {kind}: HTTP {resp.status}: {(await resp.read())[:200]!r}")
-            buf = b""
+            lines = EventLines()
             async for chunk in resp.content.iter_any():
-                buf += chunk
-                while True:
-                    nl = buf.find(b"\n")
-                    if nl < 0:
-                        break
-                    line, buf = buf[:nl], buf[nl + 1 :]
-                    if line.strip():
-                        rv = self._event(kind, orjson.loads(line), rv)
+                for line in lines.feed(chunk):
+                    rv = self._event(kind, orjson.loads(line), rv)
             return rv
         finally:
             resp.release()

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rlsched.core import Topology
 from rlsched.extender.cache import ClusterCache
 from rlsched.extender.config import node_list
-from rlsched.extender.watch import Watcher, _Gone
+from rlsched.extender.watch import EventLines, Watcher, _Gone
 
 
 def test_events_update_the_cache_and_resource_version(make_pod):
@@ -40,3 +42,17 @@ def test_backoff_grows_caps_and_jitters():
     assert all(0.25 <= d <= 0.5 for d in delays[:1])
     assert all(d <= 8.0 for d in delays) and delays[-1] >= 4.0
     assert len(set(delays)) == len(delays)
+
+
+@given(st.lists(st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")), max_size=30),
+       st.lists(st.integers(0, 60), max_size=20))
+def test_a_watch_stream_is_cut_into_the_same_events_whatever_its_chunks(events, cuts):
+    stream = b"".join(e + b"\n" for e in events)
+    chunks, at = [], 0
+    for c in cuts:
+        chunks.append(stream[at:at + c])
+        at += c
+    chunks.append(stream[at:])
+    lines = EventLines()
+    got = [line for chunk in chunks for line in lines.feed(chunk)]
+    assert got == [e for e in events if e.strip()]
