@@ -57,3 +57,42 @@ def test_serve_static_nodes_answers_and_stops_on_sigterm(tmp_path, make_pod):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
+
+
+def test_the_cluster_is_frozen_out_of_garbage_collection_once_synced():
+    """The server's gc task waits for the caches, then freezes what they hold and sets
+    the young generation's threshold; nothing before the caches are synced."""
+    import asyncio
+    import gc
+
+    from rlsched.extender.cache import ClusterCache
+    from rlsched.extender.cli import _freeze_when_synced
+
+    cache = ClusterCache()
+    before = gc.get_threshold()
+
+    async def run():
+        task = asyncio.create_task(_freeze_when_synced(cache, 12_345))
+        await asyncio.sleep(0.2)
+        frozen_early = gc.get_freeze_count()
+        cache.replace_nodes(node_list(Topology.uniform(4, racks=2))["items"])
+        cache.replace_pods([])
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if gc.get_freeze_count() > frozen_early:
+                break
+        task.cancel()
+        return frozen_early, gc.get_freeze_count(), gc.get_threshold()[0]
+
+    try:
+        frozen_early, frozen, gen0 = asyncio.run(run())
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
+    assert frozen_early == 0 and frozen > 0 and gen0 == 12_345
+
+
+def test_gc_gen0_must_be_positive():
+    out = subprocess.run([sys.executable, "-m", "rlsched.cli", "extender", "serve", "--gc-gen0", "0"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "--gc-gen0: must be at least 1" in out.stderr
