@@ -167,15 +167,10 @@ class BindWatch:
     def _read_stream(self) -> bool:
         """Read the current watch to its end; True once every pod is seen bound (or
         on a watch error, recorded in ``error``)."""
-        buf = bytearray()
-        for chunk in self._resp.stream(None, decode_content=False):
-            buf += chunk
-            while (i := buf.find(b"\n")) >= 0:
-                line = bytes(buf[:i])
-                del buf[:i + 1]
-                if not line.strip():
-                    continue
-                ev = orjson.loads(line)
+        from rlsched_dev.nodes import watch_event_batches
+
+        for events in watch_event_batches(self._resp):
+            for ev in events:
                 obj = ev.get("object") or {}
                 if ev.get("type") == "ERROR":
                     self.error = f"watch error: {obj.get('message') or obj}"

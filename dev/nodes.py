@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import yaml
 
@@ -20,6 +20,7 @@ from .kwok import KWOK_NODE_ANNOTATION, KWOK_TAINT_KEY
 from .proc import ClusterError
 
 __all__ = [
+    "watch_event_batches",
     "DEFAULT_PARALLELISM",
     "count_ready",
     "create_gpu_nodes",
@@ -219,20 +220,11 @@ def _watch_nodes(api, rv: str, seconds: int, state: dict[str, bool], on_batch: C
     """Apply the node events after ``rv`` to ``state`` for up to ``seconds`` (the API
     server ends the watch then); ``on_batch()`` after each chunk read, True stops.
     Returns the last resourceVersion seen; raises ``_Expired`` when ``rv`` is too old."""
-    import orjson
-
     resp = api.list_node(watch=True, resource_version=rv, allow_watch_bookmarks=True,
                          timeout_seconds=max(1, seconds), _preload_content=False)
-    buf = bytearray()
     try:
-        for chunk in resp.stream(None, decode_content=False):
-            buf += chunk
-            while (i := buf.find(b"\n")) >= 0:
-                line = bytes(buf[:i])
-                del buf[:i + 1]
-                if not line.strip():
-                    continue
-                ev = orjson.loads(line)
+        for events in watch_event_batches(resp):
+            for ev in events:
                 obj = ev.get("object") or {}
                 if ev.get("type") == "ERROR":
                     raise _Expired(obj.get("message") or str(obj))
@@ -248,6 +240,19 @@ def _watch_nodes(api, rv: str, seconds: int, state: dict[str, bool], on_batch: C
         resp.close()
         resp.release_conn()
     return rv
+
+
+def watch_event_batches(resp: Any) -> Iterator[list[dict]]:
+    """The events of a raw watch response (``_preload_content=False``), decoded with
+    orjson, one list per chunk read (an event cut across chunks comes with the chunk
+    that ends it)."""
+    import orjson
+
+    rest = b""
+    for chunk in resp.stream(None, decode_content=False):
+        lines = (rest + chunk if rest else chunk).split(b"\n")
+        rest = lines.pop()
+        yield [orjson.loads(line) for line in lines if line.strip()]
 
 
 class _Expired(Exception):
