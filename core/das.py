@@ -557,6 +557,10 @@ class DASPlacement(Placement):
     def observations(self) -> list[tuple[str, float]]:
         return list(self._obs)
 
+    @property
+    def model_version(self) -> str:
+        return self.params.version
+
     # ---------------------------------------------------------------- caches
     def kernel(self, topology: Topology) -> TopologyKernel:
         """The kernel of ``topology``, computed once per topology object."""
@@ -669,6 +673,10 @@ def _make_das(**kwargs) -> DASPlacement:
     return DASPlacement(**kwargs)
 
 
+#: served placements that read a model file (both from the committed DAS weights)
+MODEL_PLACEMENTS = ("das", "das-agent")
+
+
 def resolve_placement_model(policy: str, model: str | Path | None) -> str | None:
     """The weights a served placement reads: ``model`` as given (``"none"``: no file),
     the committed trained DAS weights when ``das`` runs without one, nothing for a
@@ -676,7 +684,7 @@ def resolve_placement_model(policy: str, model: str | Path | None) -> str | None
     the same placement) both resolve it here."""
     if model is not None:
         return None if str(model).lower() == "none" else str(model)
-    return str(DEFAULT_MODEL) if policy.lower() == "das" else None
+    return str(DEFAULT_MODEL) if policy.lower() in MODEL_PLACEMENTS else None
 
 
 def serving_placement(policy: str, model: str | Path | None = None) -> Placement:
@@ -687,8 +695,10 @@ def serving_placement(policy: str, model: str | Path | None = None) -> Placement
     name = policy.lower()
     if name == "das":
         return DASPlacement(model=model)
-    if model is not None:
-        raise ValueError(f"a model file applies to placement das, not {policy!r}")
     from .policy import make_placement
 
+    if name in MODEL_PLACEMENTS:
+        return make_placement(name, model=model)
+    if model is not None:
+        raise ValueError(f"a model file applies to placements {', '.join(MODEL_PLACEMENTS)}, not {policy!r}")
     return make_placement(name)

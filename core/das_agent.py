@@ -408,6 +408,7 @@ class DASAgentPlacement(Placement):
         self.path = Path(model) if model is not None else DEFAULT_WEIGHTS
         self.max_smooth_nodes = max_smooth_nodes
         self.fallback_reason: str | None = None
+        self.model_version = ""
         self._smoother: tuple[object, _das.QuotientSmoother | None] | None = None
         try:
             weights, meta = nn.load_policy_file(self.path, policy="das")
@@ -416,6 +417,7 @@ class DASAgentPlacement(Placement):
             self.b = float(np.asarray(weights["placement.score.bias"]).reshape(-1)[0])
             self.lam = float(arch["lam"])
             self.noise = float(arch.get("gp_noise", 1.0))
+            self.model_version = str(meta.get("version", "unversioned"))
         except (nn.PolicyFileError, KeyError, TypeError, ValueError, IndexError) as exc:
             self.fallback_reason = f"{type(exc).__name__}: {exc}"
             log.warning("DAS placement agent: cannot load %s (%s); falling back to first fit", self.path, self.fallback_reason)

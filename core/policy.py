@@ -68,6 +68,9 @@ class Placement(Protocol):
     #: cannot start until capacity is released, so the simulator may rank the queue
     #: with an ordering's ``rank_for_start`` (see :class:`Ordering`).
     respects_worker_slots: bool = False
+    #: version of the model file the policy serves ("" for a policy without one),
+    #: reported by the extender's ``/version`` and ``rlsched_extender_model_info``
+    model_version: str = ""
 
     def place(self, job: JobView, state: ClusterState, workers: int | None = None) -> list[int] | None:
         """Node index for each of ``workers`` (default ``job.workers``) new workers,

@@ -16,6 +16,10 @@ __all__ = ["register", "serve"]
 
 log = logging.getLogger("rlsched.extender")
 
+#: the placements the extender serves (``config.POLICIES``, spelt here so that building
+#: the command line does not import the serving stack; a test keeps the two equal)
+SERVED_POLICIES = ("das", "das-agent", "firstfit", "bestfit", "loadbalance", "topology", "fgd", "random")
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("extender", help="kube-scheduler extender (filter/prioritize)")
@@ -26,7 +30,7 @@ def register(subparsers) -> None:
     src = s.add_mutually_exclusive_group()
     src.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
     src.add_argument("--static-nodes", metavar="FILE", help="load nodes (and pods) once from a NodeList YAML/JSON file")
-    s.add_argument("--policy", default="das", choices=("das", "firstfit", "bestfit", "loadbalance", "topology", "fgd", "random"))
+    s.add_argument("--policy", default="das", choices=SERVED_POLICIES)
     s.add_argument("--model", default=None,
                    help="DAS model file (.safetensors or .json; default: the committed trained weights "
                    "core/weights/das.safetensors; 'none': the documented default parameters); "

@@ -20,7 +20,7 @@ __all__ = ["build_extender", "load_static", "node_list", "POLICIES"]
 
 log = logging.getLogger(__name__)
 
-POLICIES = ("das", "firstfit", "bestfit", "loadbalance", "topology", "fgd", "random")
+POLICIES = ("das", "das-agent", "firstfit", "bestfit", "loadbalance", "topology", "fgd", "random")
 #: heuristic used when the configured policy raises while scoring
 FALLBACK_POLICY = "bestfit"
 
@@ -46,14 +46,12 @@ def build_extender(
     ``rlsched_extender_policy_fallbacks_total{reason="model_load"}`` and returned by
     ``/version``."""
     name = policy.lower()
-    reason = None
-    version = ""
     placement = serving_placement(name, model)
-    if name == "das":
-        reason = placement.fallback_reason
-        version = placement.params.version
-        if reason:
-            log.warning("DAS model not used, falling back to default parameters: %s", reason)
+    reason = placement.fallback_reason
+    version = placement.model_version
+    if reason:
+        instead = "default parameters" if isinstance(placement, DASPlacement) else "first fit"
+        log.warning("%s model not used, falling back to %s: %s", placement.name, instead, reason)
     cache = ClusterCache(levels=levels, assume_ttl=assume_ttl)
     return Extender(
         cache,
