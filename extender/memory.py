@@ -9,35 +9,17 @@ when a budget is exceeded; an entry larger than the whole budget is not kept at 
 
 from __future__ import annotations
 
-import sys
 from collections import OrderedDict
 from typing import Any, Generic, Hashable, Iterator, TypeVar
 
-import numpy as np
 
-__all__ = ["ByteLRU", "approx_bytes"]
+__all__ = ["ByteLRU"]
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 #: bookkeeping of one entry (the ordered dict's node, the key's hash slot)
 ENTRY_OVERHEAD = 120
-
-
-def approx_bytes(obj: Any, _depth: int = 0) -> int:
-    """An estimate of the memory held by ``obj``: strings, numbers, numpy arrays and
-    the dicts, lists and tuples around them (shared objects are counted each time, so
-    it errs high)."""
-    if isinstance(obj, np.ndarray):  # an array owning its data counts it in getsizeof
-        return sys.getsizeof(obj) + (int(obj.nbytes) if obj.base is not None else 0)
-    size = sys.getsizeof(obj)
-    if _depth > 8:
-        return size
-    if isinstance(obj, dict):
-        return size + sum(approx_bytes(k, _depth + 1) + approx_bytes(v, _depth + 1) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)):
-        return size + sum(approx_bytes(v, _depth + 1) for v in obj)
-    return size
 
 
 class ByteLRU(Generic[K, V]):

@@ -76,7 +76,7 @@ POD_CACHE_BYTES = 2 * 1024 * 1024
 _STR_BYTES = 57
 #: bookkeeping of one /debug entry or part: dicts, small ints, floats
 _ENTRY_BYTES = 1024
-#: a small numpy array beyond its data (what approx_bytes counts for one)
+#: a small numpy array beyond its data (``sys.getsizeof`` of its header)
 _ARRAY_BYTES = 128
 #: upper bound of one ``_gpus`` entry: a pod key and a job of valid names, a tuple
 _GPUS_ENTRY_BYTES = 1024
