@@ -11,12 +11,15 @@ debugging, and no gain from a single extra process). Two ways to call it:
   from one :class:`numpy.random.SeedSequence` per round (:func:`task_seeds`), so a run is
   reproducible for a given ``seed`` whatever the number of workers (RLPTO).
 
-:class:`RayRolloutPool` is the optional Ape-X-style engine for larger runs (Horgan et
-al., ICLR 2018: many actors generate experience with a recent copy of the policy, one
-learner consumes it): the same interface, executed by Ray actors. Ray is an optional
-extra (``pip install 'rlsched[ray]'``) and is imported only when that pool is built;
-without it :class:`EngineUnavailable` says how to install it. :func:`make_pool` picks
-the engine by name (``--engine``).
+:class:`RayRolloutPool` is the same interface on Ray actors (``--engine ray``; PPO's
+RLPTO calls ``run``, MAPPO's DAS ``map``): same tasks, same seeds, same results as the
+process pool. :class:`RayRuntime` starts the local Ray runtime of a run (``num_cpus``
+from ``--workers``, no dashboard, quiet logs) and stops it. Ray is an optional extra
+(``pip install 'rlsched[ray]'``, pinned ``ray==2.60.0``) imported only when the Ray
+engine is asked for; without it, or when Ray cannot start, :class:`EngineUnavailable`
+says so in one line. :func:`make_pool` picks the engine by name (``--engine``). DQN's
+Ape-X (``rlsched train dqn --engine ray``) uses :class:`RayRuntime` directly: its actors
+run asynchronously instead of in rounds.
 
 Also the two small helpers every iteration loop needs: :func:`split_episodes` (episodes
 per worker) and :func:`merge` (concatenate the workers' result dicts).
@@ -24,16 +27,17 @@ per worker) and :func:`merge` (concatenate the workers' result dicts).
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["RolloutPool", "RayRolloutPool", "EngineUnavailable", "make_pool", "task_seeds", "split_episodes", "merge"]
+__all__ = ["RolloutPool", "RayRolloutPool", "RayRuntime", "import_ray", "EngineUnavailable", "make_pool", "task_seeds", "split_episodes", "merge"]
 
 
 class EngineUnavailable(RuntimeError):
-    """The rollout engine asked for cannot run here (Ray is not installed)."""
+    """The rollout engine asked for cannot run here (Ray is not installed or does not start)."""
 
 
 def task_seeds(seed: int, n: int, round_: int = 0) -> list[int]:
@@ -101,29 +105,74 @@ class RolloutPool(_Seeded):
         return self._pool.map(fn, tasks, chunksize=1)
 
 
-class RayRolloutPool(_Seeded):
-    """Ape-X-style actors on Ray with :class:`RolloutPool`'s interface (optional extra)."""
+def import_ray():
+    """The ``ray`` module, or :class:`EngineUnavailable` with the install hint."""
+    try:
+        import ray
+    except ImportError:  # the documented optional extra
+        raise EngineUnavailable(
+            "the Ray engine needs Ray, which is not installed: pip install 'rlsched[ray]' (ray==2.60.0), or use --engine process"
+        ) from None
+    return ray
 
-    def __init__(self, workers: int = 4, seed: int = 0, address: str | None = None) -> None:
+
+class RayRuntime:
+    """A local Ray runtime of its own for one training run: started with ``num_cpus`` CPUs, no
+    dashboard and quiet logs (warnings and the workers' output are not echoed; errors
+    still reach the learner through ``ray.get``), and shut down on :meth:`close` when
+    this object started it. A runtime already initialised in the process (a test's
+    ``ray.init(num_cpus=2)``) is used as it is and left running."""
+
+    def __init__(self, num_cpus: int) -> None:
+        self.ray = import_ray()
+        self.owned = False
+        if self.ray.is_initialized():
+            return
         try:
-            import ray
-        except ImportError:  # the documented optional extra
-            raise EngineUnavailable(
-                "the Ray rollout engine needs Ray, which is not installed: pip install 'rlsched[ray]', or use --engine process"
-            ) from None
-        self._ray = ray
-        if not ray.is_initialized():
-            ray.init(address=address, ignore_reinit_error=True, include_dashboard=False)
+            self.ray.init(
+                address="local",  # this run's own runtime, never a cluster found on the machine (RAY_ADDRESS, `ray start`)
+                num_cpus=max(int(num_cpus), 1),
+                include_dashboard=False,
+                logging_level=logging.ERROR,
+                log_to_driver=False,
+                configure_logging=True,
+            )
+        except Exception as exc:  # any start failure: one clear error, not Ray's traceback
+            raise EngineUnavailable(f"Ray failed to start a local runtime ({type(exc).__name__}: {exc}); use --engine process") from exc
+        self.owned = True
 
-        @ray.remote
-        class _Actor:
-            def call(self, fn, task):
-                return fn(task)
+    def close(self) -> None:
+        if self.owned and self.ray.is_initialized():
+            self.ray.shutdown()
+        self.owned = False
 
+
+class _RayWorker:
+    """One rollout worker: calls what it is given (a Ray actor with one CPU)."""
+
+    def call(self, fn, task):
+        return fn(task)
+
+
+class RayRolloutPool(_Seeded):
+    """:class:`RolloutPool`'s interface on ``workers`` Ray actors (optional extra).
+
+    ``map`` sends task ``k`` to actor ``k % workers`` and returns the results in the
+    order of the tasks; ``run`` draws the same seeds as :class:`RolloutPool`, so a run is
+    the same on either engine. The runtime is sized ``num_cpus=workers``
+    (:class:`RayRuntime`); use the pool as a context manager (``close`` kills the actors
+    and stops the runtime it started)."""
+
+    def __init__(self, workers: int = 2, seed: int = 0) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1 on Ray, got {workers}")
         self.workers = workers
         self.seed = seed
         self._round = 0
-        self._actors = [_Actor.remote() for _ in range(workers)]
+        self._runtime = RayRuntime(workers)
+        self._ray = self._runtime.ray
+        worker = self._ray.remote(num_cpus=1)(_RayWorker)
+        self._actors = [worker.remote() for _ in range(workers)]
 
     def __enter__(self) -> "RayRolloutPool":
         return self
@@ -135,8 +184,12 @@ class RayRolloutPool(_Seeded):
         for a in self._actors:
             self._ray.kill(a)
         self._actors = []
+        self._runtime.close()
 
     def map(self, fn: Callable[[Any], Any], tasks: Sequence[Any]) -> list[Any]:
+        """``[fn(t) for t in tasks]`` on the actors, in order."""
+        if not self._actors:
+            raise RuntimeError("RayRolloutPool.map after close()")
         refs = [self._actors[k % len(self._actors)].call.remote(fn, t) for k, t in enumerate(tasks)]
         return self._ray.get(refs)
 

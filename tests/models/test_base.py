@@ -7,8 +7,7 @@ import csv
 import pytest
 
 from rlsched.models.base import CSVLog
-from rlsched.models.cli import run
-from rlsched.models.rollout import EngineUnavailable, make_pool, merge, split_episodes, task_seeds
+from rlsched.models.rollout import make_pool, merge, split_episodes, task_seeds
 
 
 def _echo(task):
@@ -17,21 +16,6 @@ def _echo(task):
 
 def _seeded(payload, seed):
     return (payload, seed)
-
-
-def test_ray_engine_without_ray_is_a_clear_error(tmp_path):
-    pytest.importorskip("torch")
-    try:
-        import ray  # noqa: F401
-
-        pytest.skip("ray is installed")
-    except ImportError:
-        pass
-    with pytest.raises(EngineUnavailable, match=r"rlsched\[ray\]"):
-        make_pool("ray", 2)
-    # on the command line: a one-line message, not a traceback
-    with pytest.raises(SystemExit, match=r"rlsched train dqn: .*rlsched\[ray\]"):
-        run("train", "dqn", ["--engine", "ray", "--iterations", "0", "--runs-dir", str(tmp_path)])
 
 
 def test_map_and_run_give_the_same_answers_in_process_and_in_workers():
