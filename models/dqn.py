@@ -269,7 +269,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--sync-every", type=int, default=100, help="actor steps between two pulls of the latest weights")
     g.add_argument("--publish-every", type=int, default=25, help="learner updates between two weight publications")
     g.add_argument("--warmup", type=int, default=1000, help="transitions in the replay before the learner starts")
-    g.add_argument("--max-wall", type=float, default=0.0, help="stop the learner after this many seconds (0: after --iterations)")
+    parser.add_argument("--max-wall", type=float, default=0.0, help="stop after this many seconds of wall time, on either engine (0: after --iterations)")
 
 
 def train(args) -> int:
@@ -298,6 +298,8 @@ def train(args) -> int:
         for tr in data["transition"]:
             replay.add(tr)
         progress = counter["updates"] / max(args.iterations * args.updates_per_iter, 1)
+        if args.max_wall:
+            progress = min(max(progress, (time.time() - t0) / args.max_wall), 1.0)
         replay.beta = args.beta + (1.0 - args.beta) * progress
         losses = []
         for _ in range(args.updates_per_iter):
@@ -485,7 +487,8 @@ def train_apex(args) -> int:
 
     The learner runs in this process; one CSV row per ``--updates-per-iter`` updates
     (the episodes the actors finished meanwhile, the replay's figures, the learner's
-    loss, samples/s = transitions stored per second since the actors started)."""
+    loss, samples/s = transitions stored per second since the actors started), and one
+    row per finished episode in ``episodes.csv`` (actor, weight version, figures)."""
     from .base import CSVLog, plot_curve
     from .rollout import RayRuntime, task_seeds
 
@@ -501,6 +504,7 @@ def train_apex(args) -> int:
     env = env_dict(args)
     run = new_run(args, "dqn")
     logf = CSVLog(run.log)
+    episodes_log = CSVLog(run.dir / "episodes.csv", ["wall_s", "actor", "version", "episode_return", "episode_jct", "episode_fee"])
     total = args.iterations * args.updates_per_iter
     runtime = RayRuntime(args.workers)  # one CPU per actor; the replay takes none, the learner is this process
     ray = runtime.ray
@@ -552,6 +556,8 @@ def train_apex(args) -> int:
             st = ray.get(replay.stats.remote())
             eps_done = ray.get(replay.take_episodes.remote())
             wall = time.time() - t0
+            for e in eps_done:
+                episodes_log.write({"wall_s": wall, **e})
             row = {"iteration": it, "updates": updates, "loss": float(np.mean(losses)), "replay": st["size"], "transitions": st["added"],
                    "samples_per_s": st["added"] / wall, "episodes": len(eps_done), "weight_version": version,
                    "actor_version_min": min(st["actor_version"].values()), "beta": beta, "wall_s": wall}

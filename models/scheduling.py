@@ -205,6 +205,8 @@ def run_iterations(args, run: Run, collect: Callable[[dict], dict], make_task: C
             row = iteration_row(it, data, stats, t0)
             logf.write(row)
             bar.set_postfix(ret=f"{row['episode_return']:.2f}", jct=f"{row['episode_jct_mean']:.0f}")
+            if getattr(args, "max_wall", 0) and row["wall_s"] >= args.max_wall:  # a wall-clock budget (DQN's --max-wall)
+                break
     plot_curve(logf.rows, run.curve, "iteration", ["episode_return", "episode_jct_mean"], title)
     return logf
 

@@ -86,3 +86,14 @@ def test_tiny_training_loss_finite_and_parameters_change(tmp_path):
     rows = (tmp_path / "dqn" / "train.csv").read_text().splitlines()[1:]
     losses = [float(r.split(",")[5]) for r in rows]
     assert np.isfinite(losses[-1])
+
+
+def test_max_wall_stops_the_process_engine_after_the_round_that_passes_it(tmp_path):
+    p = argparse.ArgumentParser()
+    dqn.add_arguments(p)
+    a = p.parse_args(["--iterations", "5", "--episodes-per-iter", "1", "--workers", "1", "--batch", "8", "--updates-per-iter", "2",
+                      "--max-wall", "1e-9", "--runs-dir", str(tmp_path), "--run", "dqn"])
+    a.workload = _wl
+    assert dqn.train(a) == 0
+    assert len((tmp_path / "dqn" / "train.csv").read_text().splitlines()) == 1 + 1
+    assert (tmp_path / "dqn" / "model.safetensors").is_file()
