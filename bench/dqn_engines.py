@@ -2,8 +2,9 @@
 
 Reads two training runs of ``rlsched train dqn`` (``--apex``: ``--engine ray``, with its
 ``apex.json``; ``--process``: ``--engine process``) and, when present, the tables their
-``rlsched eval dqn --run RUN`` wrote into them (``dqn_table.json``). Writes one JSON of
-the figures (wall time, transitions, samples/s, learner updates, the evaluation) and one
+``rlsched eval dqn --run RUN`` wrote into them (``dqn_table.json``, ``dqn_eval_runs.json``).
+Writes one JSON of the figures (wall time, transitions, samples/s, learner updates, the
+evaluation and paired per-seed differences with 95% bootstrap intervals) and one
 plot of both learning curves against wall time and against transitions collected.
 
     .venv/bin/python bench/dqn_engines.py --apex out/train/dqn_apex --process out/train/dqn_process \\
@@ -28,6 +29,37 @@ def _rows(run: Path) -> list[dict]:
 def _eval(run: Path) -> list[dict] | None:
     p = run / "dqn_table.json"
     return json.loads(p.read_text()) if p.is_file() else None
+
+
+def paired(apex: Path, process: Path) -> list[dict]:
+    """Per evaluation trace: Ape-X's DQN against the process engine's and each against the
+    best heuristic of that trace, paired over the same evaluation seeds (mean JCT;
+    :func:`rlsched.sim.protocol.paired_bootstrap`, 95% interval)."""
+    from rlsched.sim.protocol import paired_bootstrap
+
+    pa, pp = apex / "dqn_eval_runs.json", process / "dqn_eval_runs.json"
+    if not (pa.is_file() and pp.is_file()):
+        return []
+    ra, rp = json.loads(pa.read_text()), json.loads(pp.read_text())
+    out = []
+    for trace in dict.fromkeys(r["trace"] for r in ra):
+        def jct(rows, system):
+            sel = sorted((r for r in rows if r["trace"] == trace and r["system"] == system), key=lambda r: r["seed"])
+            return [r["seed"] for r in sel], [r["jct_mean"] for r in sel]
+
+        seeds, a = jct(ra, "DQN")
+        seeds_p, b = jct(rp, "DQN")
+        if seeds != seeds_p or len(seeds) < 2:
+            continue
+        line = {"trace": trace, "seeds": seeds, "apex_vs_process": paired_bootstrap(a, b).to_dict()}
+        systems = sorted({r["system"] for r in ra if r["system"] != "DQN"})
+        means = {h: float(np.mean(jct(ra, h)[1])) for h in systems}
+        best = min(means, key=means.get)
+        line["best_heuristic"] = best
+        line["apex_vs_best"] = paired_bootstrap(a, jct(ra, best)[1]).to_dict()
+        line["process_vs_best"] = paired_bootstrap(b, jct(rp, best)[1]).to_dict()
+        out.append(line)
+    return out
 
 
 def summarize(apex: Path, process: Path) -> tuple[dict, dict]:
@@ -55,10 +87,13 @@ def summarize(apex: Path, process: Path) -> tuple[dict, dict]:
             "evaluation": _eval(process),
         },
     }
+    out["paired_jct"] = paired(apex, process)
     a_ep = [r for r in a_rows if r["episodes"] > 0]
     curves = {
-        "Ape-X on Ray (2 actors)": ([r["wall_s"] for r in a_ep], [r["transitions"] for r in a_ep], [r["episode_return"] for r in a_ep]),
-        "process pool (2 workers)": ([r["wall_s"] for r in p_rows], list(p_trans), [r["episode_return"] for r in p_rows]),
+        "Ape-X on Ray (2 actors)": ([r["wall_s"] for r in a_ep], [r["transitions"] for r in a_ep], [r["episode_return"] for r in a_ep],
+                                    [r["wall_s"] for r in a_rows], [r["loss"] for r in a_rows]),
+        "process pool (2 workers)": ([r["wall_s"] for r in p_rows], list(p_trans), [r["episode_return"] for r in p_rows],
+                                     [r["wall_s"] for r in p_rows], [r["loss"] for r in p_rows]),
     }
     return out, curves
 
@@ -69,21 +104,27 @@ def plot(curves: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for name, (wall, trans, ret) in curves.items():
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for name, (wall, trans, ret, lwall, loss) in curves.items():
         ret = np.asarray(ret, dtype=float)
         k = max(len(ret) // 20, 1)
         smooth = np.convolve(ret, np.ones(k) / k, mode="valid")
         for ax, x in zip(axes, (wall, trans)):
             (line,) = ax.plot(x, ret, lw=0.6, alpha=0.25)
-            ax.plot(np.asarray(x)[k - 1:], smooth, lw=1.8, color=line.get_color(), label=f"{name} (mean of {k})")
+            ax.plot(np.asarray(x)[k - 1:], smooth, lw=1.8, color=line.get_color(), label=f"{name}, mean of {k} rows")
+        axes[2].plot(lwall, loss, lw=1.2, color=line.get_color(), label=name)
     axes[0].set_xlabel("wall time (s)")
     axes[1].set_xlabel("transitions collected")
+    axes[1].ticklabel_format(axis="x", style="sci", scilimits=(3, 3))
+    axes[2].set_xlabel("wall time (s)")
+    axes[2].set_ylabel("learner loss (weighted Huber)")
+    axes[2].set_yscale("log")
+    for ax in axes[:2]:
+        ax.set_ylabel("training episode return")
     for ax in axes:
-        ax.set_ylabel("training episode return (both actors' epsilons)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("DQN (dueling, prioritized replay) on synthetic:medium, 100-job episodes: Ape-X on Ray vs process pool")
+    fig.suptitle("DQN on synthetic:medium (100-job episodes), CPU: Ape-X on Ray vs the process pool, same 8-minute budget", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -101,7 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     plot(curves, args.plot)
-    print(json.dumps({k: {m: v for m, v in d.items() if m != "evaluation"} if isinstance(d, dict) else d for k, d in out.items()}, indent=2))
+    print(json.dumps({k: {m: v for m, v in d.items() if m != "evaluation"} if isinstance(d, dict) else d for k, d in out.items()
+                      if k != "paired_jct"}, indent=2))
+    for line in out["paired_jct"]:
+        d = line["apex_vs_process"]
+        print(f"{line['trace']}: Ape-X vs process JCT {d['rel']:+.1%} [{d['rel_lo']:+.1%}, {d['rel_hi']:+.1%}] over {d['n']} seeds")
     return 0
 
 
