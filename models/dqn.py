@@ -530,10 +530,12 @@ def train_apex(args) -> int:
                 ray.get(ready)  # raises an actor's error
                 raise RuntimeError("an Ape-X actor stopped before the learner")
 
-        while ray.get(replay.stats.remote())["size"] < max(args.warmup, args.batch):
+        warmup = min(max(args.warmup, args.batch), args.buffer)
+        while ray.get(replay.stats.remote())["size"] < warmup:
             check_actors()
             time.sleep(0.2)
         updates = 0
+        sent: list = []  # priority updates and publications in flight: their errors are read at each row
         nxt = replay.sample.remote(args.batch, args.beta)
         for it in range(args.iterations):
             losses = []
@@ -543,7 +545,7 @@ def train_apex(args) -> int:
                 idx, ids, items, w = ray.get(nxt)
                 nxt = replay.sample.remote(args.batch, beta)  # prefetched while this batch trains
                 loss, td = dqn_step(net, target, opt, items, w, args.gamma, args.reward_scale)
-                replay.update_priorities.remote(idx, ids, td)
+                sent.append(replay.update_priorities.remote(idx, ids, td))
                 losses.append(loss)
                 updates += 1
                 if updates % args.target_every == 0:
@@ -551,7 +553,9 @@ def train_apex(args) -> int:
                 if updates % args.publish_every == 0:
                     version += 1
                     weights_ref = ray.put(numpy_state(net))
-                    replay.publish.remote([weights_ref], version)
+                    sent.append(replay.publish.remote([weights_ref], version))
+            ray.get(sent)
+            sent.clear()
             check_actors()
             st = ray.get(replay.stats.remote())
             eps_done = ray.get(replay.take_episodes.remote())
