@@ -7,8 +7,8 @@ Writes one JSON of the figures (wall time, transitions, samples/s, learner updat
 evaluation and paired per-seed differences with 95% bootstrap intervals) and one
 plot of both learning curves against wall time and against transitions collected.
 
-    .venv/bin/python bench/dqn_engines.py --apex out/train/dqn_apex --process out/train/dqn_process \\
-        --out docs/results/dqn_apex.json --plot docs/results/dqn_apex_learning_curve.png
+    .venv/bin/python bench/dqn_engines.py --apex out/train/dqn_apex --also-apex out/train/dqn_apex_first \\
+        --process out/train/dqn_process --out docs/results/dqn_apex.json --plot docs/results/dqn_apex_learning_curve.png
 """
 
 from __future__ import annotations
@@ -95,16 +95,26 @@ def summarize(apex: Path, process: Path) -> tuple[dict, dict]:
         "process pool (2 workers)": ([r["wall_s"] for r in p_rows], list(p_trans), [r["episode_return"] for r in p_rows],
                                      [r["wall_s"] for r in p_rows], [r["loss"] for r in p_rows]),
     }
-    return out, curves
+    per_actor = {}
+    if (apex / "episodes.csv").is_file():
+        for e in _rows_of(apex / "episodes.csv"):
+            per_actor.setdefault(int(e["actor"]), []).append((e["wall_s"], e["episode_return"]))
+    return out, {"curves": curves, "per_actor": per_actor, "epsilons": a_sum["epsilons"]}
 
 
-def plot(curves: dict, path: Path) -> None:
+def _rows_of(path: Path) -> list[dict]:
+    with path.open() as f:
+        return [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
+
+
+def plot(data: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    curves, per_actor = data["curves"], data["per_actor"]
+    fig, axes = plt.subplots(1, 4 if per_actor else 3, figsize=(17 if per_actor else 13, 3.8))
     for name, (wall, trans, ret, lwall, loss) in curves.items():
         ret = np.asarray(ret, dtype=float)
         k = max(len(ret) // 20, 1)
@@ -119,7 +129,16 @@ def plot(curves: dict, path: Path) -> None:
     axes[2].set_xlabel("wall time (s)")
     axes[2].set_ylabel("learner loss (weighted Huber)")
     axes[2].set_yscale("log")
-    for ax in axes[:2]:
+    for actor, pts in sorted(per_actor.items()):
+        wall, ret = np.array(pts).T
+        k = max(len(ret) // 15, 1)
+        axes[3].plot(wall, ret, lw=0.6, alpha=0.25, color=f"C{2 + actor}")
+        axes[3].plot(wall[k - 1:], np.convolve(ret, np.ones(k) / k, mode="valid"), lw=1.8, color=f"C{2 + actor}",
+                     label=f"actor {actor}, epsilon {data['epsilons'][actor]:.2g}, mean of {k}")
+    if per_actor:
+        axes[3].set_xlabel("wall time (s)")
+        axes[3].set_title("Ape-X: each actor's episodes", fontsize=9)
+    for ax in axes[:2] if not per_actor else [*axes[:2], axes[3]]:
         ax.set_ylabel("training episode return")
     for ax in axes:
         ax.grid(alpha=0.3)
@@ -134,19 +153,26 @@ def plot(curves: dict, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--apex", type=Path, required=True, help="run directory of `rlsched train dqn --engine ray`")
+    p.add_argument("--also-apex", type=Path, nargs="*", default=[], help="other Ape-X runs of the same configuration, reported beside")
     p.add_argument("--process", type=Path, required=True, help="run directory of `rlsched train dqn --engine process`")
     p.add_argument("--out", type=Path, required=True, help="JSON of the figures")
     p.add_argument("--plot", type=Path, required=True, help="PNG of the learning curves")
     args = p.parse_args(argv)
-    out, curves = summarize(args.apex, args.process)
+    out, data = summarize(args.apex, args.process)
+    # further Ape-X runs of the same configuration: asynchronous, so no two are the same
+    out["ray-apex-other-runs"] = []
+    for other in args.also_apex:
+        o, _ = summarize(other, args.process)
+        out["ray-apex-other-runs"].append({**o["ray-apex"], "paired_jct": o["paired_jct"]})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2) + "\n")
-    plot(curves, args.plot)
+    plot(data, args.plot)
     print(json.dumps({k: {m: v for m, v in d.items() if m != "evaluation"} if isinstance(d, dict) else d for k, d in out.items()
-                      if k != "paired_jct"}, indent=2))
-    for line in out["paired_jct"]:
-        d = line["apex_vs_process"]
-        print(f"{line['trace']}: Ape-X vs process JCT {d['rel']:+.1%} [{d['rel_lo']:+.1%}, {d['rel_hi']:+.1%}] over {d['n']} seeds")
+                      if k not in ("paired_jct", "ray-apex-other-runs")}, indent=2))
+    for run, lines in [(args.apex.name, out["paired_jct"])] + [(o["run"], o["paired_jct"]) for o in out["ray-apex-other-runs"]]:
+        for line in lines:
+            d = line["apex_vs_process"]
+            print(f"{run} {line['trace']}: Ape-X vs process JCT {d['rel']:+.1%} [{d['rel_lo']:+.1%}, {d['rel_hi']:+.1%}] over {d['n']} seeds")
     return 0
 
 
