@@ -36,7 +36,7 @@ from torch import nn
 from rlsched.core import das as core_das
 from rlsched.core import make_ordering, make_placement
 from rlsched.core.das import PLACEMENT_FEATURES
-from rlsched.core.das_agent import CLUSTER_FEATURES, DEFAULT_WEIGHTS, JOB_FEATURES, NODE_FEATURES, das_logits, positional_encoding
+from rlsched.core.das_agent import CLUSTER_FEATURES, DEFAULT_WEIGHTS, JOB_FEATURES, NODE_FEATURES, OBSERVATION_LAYOUT, das_logits, positional_encoding
 from rlsched.sim import SimConfig, Simulator, compute_metrics
 from rlsched.sim.envs import EnvConfig, SchedulingCore
 
@@ -68,7 +68,7 @@ __all__ = [
     "TABLE1_BASELINES",
 ]
 
-VERSION = "1"
+VERSION = "2"  # observation layout 2 (core.das_agent.OBSERVATION_LAYOUT): attained service, epochs
 
 #: DAS Table 1 baselines (ordering/placement); Tetris packs by alignment: tetris/bestfit.
 TABLE1_BASELINES = ("fifo/firstfit", "fifo/loadbalance", "drf/firstfit", "drf/loadbalance", "tetris/bestfit")
@@ -308,6 +308,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gp-noise", type=float, default=1.0, help="RWGP observation noise variance")
     parser.add_argument("--init", type=Path, default=None, help="start from an exported DAS model (ordering + placement)")
     parser.add_argument("--checkpoint-every", type=int, default=10, help="export the weights every N iterations (0: only at the end)")
+    parser.add_argument("--loads", default=None, help="LO,HI: each episode's offered load drawn uniformly from [LO, HI] (synthetic specs)")
+    parser.add_argument("--las-thresholds", default=None,
+                        help="comma list of attained-service thresholds (GPU-seconds) recorded in the model: the served "
+                             "ordering then ranks by these queues first and preempts across them (extension of DAS)")
     add_eval_arguments(parser, "das", served=DEFAULT_WEIGHTS)
 
 
@@ -324,7 +328,8 @@ def train(args) -> int:
         agent.ordering.load_state_dict({k: torch.as_tensor(v) for k, v in init.items() if not k.startswith("placement.")})
         agent.placement.load_state_dict({k[len("placement.") :]: torch.as_tensor(v) for k, v in init.items() if k.startswith("placement.")})
     opt = torch.optim.Adam(agent.parameters(), lr=args.lr)
-    arch = {**agent.ordering.architecture(), "window_select": env["window_select"], "lam": args.rw_lambda, "gp_noise": args.gp_noise}
+    arch = {**agent.ordering.architecture(), "window_select": env["window_select"], "lam": args.rw_lambda, "gp_noise": args.gp_noise,
+            "las_thresholds": list(_las(getattr(args, "las_thresholds", None)))}
     bc_iters = int(getattr(args, "bc_iterations", 0) or 0)
     teacher = getattr(args, "bc_teacher", None)
     if bc_iters and not teacher:
@@ -362,6 +367,16 @@ def train(args) -> int:
     return 0
 
 
+def _las(value) -> tuple[float, ...]:
+    """``--las-thresholds`` (comma string or list) -> validated thresholds."""
+    from rlsched.core.das_agent import las_thresholds
+
+    if value is None or value == "":
+        return ()
+    parts = value.split(",") if isinstance(value, str) else value
+    return las_thresholds([float(x) for x in parts])
+
+
 def _export_das(args, run: Run, agent: DASAgent, arch: dict, wall: float, iterations: int) -> None:
     from .export import export_policy
 
@@ -375,12 +390,15 @@ def _export_das(args, run: Run, agent: DASAgent, arch: dict, wall: float, iterat
             "node_features": list(NODE_FEATURES),
             "cluster_features": list(CLUSTER_FEATURES),
             "placement_features": list(PLACEMENT_FEATURES),
+            "layout": OBSERVATION_LAYOUT,
+            "non_clairvoyant": True,
             "window": args.window,
             "action": "ordering: index of the window job to start (jobs that fit); placement: score per node, workers fill the best nodes",
         },
         architecture={**arch, "placement": "mu = S (w . x + b), S = K (K + gp_noise I)^-1 with K core.das's normalised random-walk kernel; sampling covariance exp(2 log_std) x GP posterior covariance"},
         training={**jsonable_options(args), "iterations_done": iterations, "wall_s": wall, "torch_threads": 1, "device": "cpu"},
-        trained_on={"trace": args.trace, "episode_jobs": args.episode_jobs, "episodes": iterations * args.episodes_per_iter, "seeds": "episode seeds drawn below 2**30 from --seed"},
+        trained_on={"trace": args.trace, "episode_jobs": args.episode_jobs, "episodes": iterations * args.episodes_per_iter, "seeds": "trace seeds drawn from the train split (rlsched.sim.protocol, 0..9,999) with --seed",
+                    "loads": getattr(args, "loads", None)},
     )
 
 
