@@ -237,7 +237,8 @@ def collect_das(task: dict) -> dict:
     rng = np.random.default_rng(task["seed"])
     placement = PlacementRWGP(task["arch"]["lam"], task["arch"]["gp_noise"])
     teacher = make_ordering(task["teacher"]) if task.get("teacher") else None
-    out: dict[str, list] = {k: [] for k in ("jobs", "cluster", "valid", "mask", "slot", "pfeats", "scores", "smoother", "white", "state", "reward", "done")}
+    pteacher = make_placement(task["pteacher"]) if task.get("pteacher") else None
+    out: dict[str, list] = {k: [] for k in ("jobs", "cluster", "valid", "mask", "slot", "pfeats", "scores", "smoother", "white", "state", "reward", "done", "ptarget")}
     returns, jcts, fees = [], [], []
     for _ in range(task["episodes"]):
         core.reset(int(rng.integers(0, 2**30)))
@@ -251,13 +252,21 @@ def collect_das(task: dict) -> dict:
                 d["job"] = core.window_jobs()[d["slot"]]
                 d["pfeats"], _ = core.placement_obs(d["job"])
             st = core.state_vector(0, obs=(d["jobs"], d["cluster"], d["valid"]), mask=d["mask"])
-            nodes = core.place_by_scores(d["job"], d["scores"])
+            target = np.zeros(len(d["scores"]), dtype=np.float32)
+            if pteacher is not None:  # behaviour cloning: the heuristic places the job
+                nodes = pteacher.place(d["job"], core.sim.state)
+                if nodes is None:
+                    raise ValueError(f"placement teacher {task['pteacher']} cannot place a job that fits")
+                target[list(nodes)] = 1.0
+            else:
+                nodes = core.place_by_scores(d["job"], d["scores"])
             r = core.start(d["slot"], nodes)
             for k in ("jobs", "cluster", "valid", "mask", "slot", "pfeats", "scores"):
                 out[k].append(d[k])
             out["white"].append(white)
             out["smoother"].append(smoother32)
             out["state"].append(st)
+            out["ptarget"].append(target)
             out["reward"].append(r)
             out["done"].append(core.done)
         res = compute_metrics(core.sim.result())
@@ -301,6 +310,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window-select", choices=("oldest", "mixed", "shortest"), default="oldest", help="which pending jobs fill the window (core.das_agent.select_window)")
     parser.add_argument("--bc-teacher", default=None, help="core ordering to imitate first (e.g. sjf); with --bc-iterations")
     parser.add_argument("--bc-iterations", type=int, default=0, help="behaviour-cloning iterations before MAPPO")
+    parser.add_argument("--placement-lr", type=float, default=None,
+                        help="learning rate of the placement agent in the behaviour-cloning iterations (default: --lr)")
+    parser.add_argument("--bc-placement", default=None,
+                        help="core placement the placement agent imitates in the behaviour-cloning iterations (e.g. topology)")
     parser.add_argument("--d-model", type=int, default=32)
     parser.add_argument("--heads", type=int, default=2)
     parser.add_argument("--layers", type=int, default=1)
@@ -327,13 +340,21 @@ def train(args) -> int:
         init, _ = load_policy_file(args.init, policy="das")
         agent.ordering.load_state_dict({k: torch.as_tensor(v) for k, v in init.items() if not k.startswith("placement.")})
         agent.placement.load_state_dict({k[len("placement.") :]: torch.as_tensor(v) for k, v in init.items() if k.startswith("placement.")})
-    opt = torch.optim.Adam(agent.parameters(), lr=args.lr)
+    # the placement agent's own learning rate while it clones a placement teacher (its
+    # linear score needs large weights through the GP smoother; --placement-lr)
+    bc_plr = float(getattr(args, "placement_lr", None) or args.lr)
+    opt = torch.optim.Adam(
+        [{"params": list(agent.ordering.parameters()) + list(agent.critic.parameters())},
+         {"params": list(agent.placement.parameters())}],
+        lr=args.lr,
+    )
     arch = {**agent.ordering.architecture(), "window_select": env["window_select"], "lam": args.rw_lambda, "gp_noise": args.gp_noise,
             "las_thresholds": list(_las(getattr(args, "las_thresholds", None)))}
     bc_iters = int(getattr(args, "bc_iterations", 0) or 0)
     teacher = getattr(args, "bc_teacher", None)
-    if bc_iters and not teacher:
-        raise ValueError("--bc-iterations needs --bc-teacher")
+    pteacher = getattr(args, "bc_placement", None)
+    if bc_iters and not (teacher or pteacher):
+        raise ValueError("--bc-iterations needs --bc-teacher or --bc-placement")
     run = new_run(args, "das")
     logf = CSVLog(run.log)
     title = f"DAS (MAPPO) on {args.trace}"
@@ -345,16 +366,18 @@ def train(args) -> int:
         bar = tqdm(range(bc_iters + args.iterations), desc=f"train {args.tag}", unit="it")
         for it in bar:
             bc = it < bc_iters
+            opt.param_groups[1]["lr"] = bc_plr if bc else args.lr
             weights = agent.numpy_weights()
             per = split_episodes(args.episodes_per_iter, args.workers)
             tasks = [
-                {"weights": weights, "arch": arch, "env": env, "seed": int(rng.integers(0, 2**31 - 1)), "episodes": n, "teacher": teacher if bc else None}
+                {"weights": weights, "arch": arch, "env": env, "seed": int(rng.integers(0, 2**31 - 1)), "episodes": n, "teacher": teacher if bc else None,
+                 "pteacher": pteacher if bc else None}
                 for n in per
                 if n > 0
             ]
             data = merge(pool.map(collect_das, tasks))
             stats = _bc_update(agent, opt, data, args, rng) if bc else _mappo_update(agent, opt, data, args, rng)
-            row = {"phase": f"bc:{teacher}" if bc else "mappo", **iteration_row(it, data, stats, t0)}
+            row = {"phase": f"bc:{teacher or '-'}/{pteacher or '-'}" if bc else "mappo", **iteration_row(it, data, stats, t0)}
             logf.write(row)
             bar.set_postfix(ret=f"{row['episode_return']:.2f}", jct=f"{row['episode_jct_mean']:.0f}")
             if args.checkpoint_every and (it + 1) % args.checkpoint_every == 0 and it + 1 < bc_iters + args.iterations:
@@ -465,36 +488,55 @@ def _mappo_update(agent: DASAgent, opt, data: dict, args, rng) -> dict:
 
 
 def _bc_update(agent: DASAgent, opt, data: dict, args, rng) -> dict:
-    """Behaviour cloning of the teacher's choices: cross-entropy on the ordering
-    logits (over the jobs that fit) and the critic regressed on the discounted
-    returns of the teacher's episodes (so MAPPO starts with a fitted critic). The
-    placement agent is not changed."""
+    """Behaviour cloning of the teachers' choices: cross-entropy on the ordering
+    logits (over the jobs that fit; with ``--bc-teacher``), cross-entropy of the
+    placement agent's posterior-mean node scores (softmax over the feasible nodes)
+    against the nodes the placement teacher chose (with ``--bc-placement``), and the
+    critic regressed on the discounted returns of the teachers' episodes (so MAPPO
+    starts with a fitted critic). An agent without a teacher is not changed."""
     rewards = np.asarray(data["reward"], dtype=np.float64) * args.reward_scale
     dones = np.asarray(data["done"], dtype=np.float64)
     _, ret = gae(rewards, np.zeros_like(rewards), dones, 0.0, args.gamma, 1.0)
     jobs, clus = _tensor(data["jobs"]), _tensor(data["cluster"])
     valid, mask = _tensor(data["valid"], torch.bool), _tensor(data["mask"], torch.bool)
     slot, states, ret_t = _tensor(data["slot"], torch.long), _tensor(data["state"]), _tensor(ret)
+    clone_order = bool(getattr(args, "bc_teacher", None))
+    clone_place = bool(getattr(args, "bc_placement", None))
+    if clone_place:
+        n_max = max(a.shape[0] for a in data["pfeats"])
+        pfeats = _tensor(_pad_nodes(data["pfeats"], n_max))
+        smoother = _tensor(_pad_white(data["smoother"], n_max))
+        ptarget = _tensor(_pad_nodes([t[:, None] for t in data["ptarget"]], n_max)[..., 0])
+        feasible = pfeats[..., 0] > 0.5
     n = len(rewards)
-    hist: dict[str, list[float]] = {"loss_ordering": [], "loss_value": [], "bc_accuracy": []}
+    hist: dict[str, list[float]] = {"loss_ordering": [], "loss_placement": [], "loss_value": [], "bc_accuracy": []}
     for _ in range(args.epochs):
         perm = rng.permutation(n)
         for s in range(0, n, args.minibatch):
             idx = torch.as_tensor(perm[s : s + args.minibatch])
-            logits = agent.ordering(jobs[idx], clus[idx], valid[idx]).masked_fill(~mask[idx], float("-inf"))
-            loss_o = nn.functional.cross_entropy(logits, slot[idx])
-            loss_v = 0.5 * ((agent.critic(states[idx]) - ret_t[idx]) ** 2).mean()
+            loss = 0.5 * ((agent.critic(states[idx]) - ret_t[idx]) ** 2).mean()
+            hist["loss_value"].append(float(loss.detach()) * 2)
+            if clone_order:
+                logits = agent.ordering(jobs[idx], clus[idx], valid[idx]).masked_fill(~mask[idx], float("-inf"))
+                loss_o = nn.functional.cross_entropy(logits, slot[idx])
+                loss = loss + loss_o
+                hist["loss_ordering"].append(float(loss_o.detach()))
+                hist["bc_accuracy"].append(float((logits.argmax(-1) == slot[idx]).float().mean()))
+            if clone_place:
+                mu = agent.placement.mean(pfeats[idx], smoother[idx]).masked_fill(~feasible[idx], float("-inf"))
+                logp = torch.log_softmax(mu, -1).masked_fill(~feasible[idx], 0.0)
+                tgt = ptarget[idx]
+                loss_p = -((logp * tgt).sum(-1) / tgt.sum(-1).clamp_min(1.0)).mean()
+                loss = loss + loss_p
+                hist["loss_placement"].append(float(loss_p.detach()))
             opt.zero_grad()
-            (loss_o + 0.5 * loss_v).backward()
-            for part in (agent.ordering, agent.critic):
+            loss.backward()
+            for part in (agent.ordering, agent.placement, agent.critic):
                 torch.nn.utils.clip_grad_norm_(part.parameters(), 0.5)
             opt.step()
-            hist["loss_ordering"].append(float(loss_o.detach()))
-            hist["loss_value"].append(float(loss_v.detach()))
-            hist["bc_accuracy"].append(float((logits.argmax(-1) == slot[idx]).float().mean()))
-    out = {k: float(np.mean(v)) for k, v in hist.items()}
+    out = {k: (float(np.mean(v)) if v else math.nan) for k, v in hist.items()}
     # the same columns as a MAPPO iteration, so one CSV holds both phases
-    return {"loss_ordering": out["loss_ordering"], "loss_placement": math.nan, "loss_value": out["loss_value"], "entropy": math.nan, "approx_kl": math.nan, "placement_std": float(agent.placement.log_std.detach().exp()), "bc_accuracy": out["bc_accuracy"]}
+    return {"loss_ordering": out["loss_ordering"], "loss_placement": out["loss_placement"], "loss_value": out["loss_value"], "entropy": math.nan, "approx_kl": math.nan, "placement_std": float(agent.placement.log_std.detach().exp()), "bc_accuracy": out["bc_accuracy"]}
 
 
 def _log_probs(agent: DASAgent, b: dict) -> tuple[torch.Tensor, torch.Tensor]:

@@ -42,7 +42,7 @@ from rlsched.core.ordering import DRF, Tiresias
 from rlsched.sim import SimConfig, Simulator, compute_metrics
 from rlsched.sim.protocol import paired_bootstrap, seeds
 
-__all__ = ["POOL", "CELLS", "LASDRF", "run_cell", "summarize", "main"]
+__all__ = ["POOL", "CELLS", "LASDRF", "run_cell", "summarize", "render", "main"]
 
 #: the heuristic pool judged against (ordering/placement[+backfill]), all non-clairvoyant
 POOL = tuple(f"{o}/topology{b}" for o in ("fifo", "drf", "tiresias") for b in ("", "+backfill"))
@@ -82,14 +82,16 @@ def _sim(trace, ordering, placement, seed: int, *, backfill: bool = False, clair
             "jcts": [float(r.jct) for r in recs], "ideal_mean": float(np.mean([r.ideal_runtime for r in recs]))}
 
 
-def parse_candidate(text: str) -> tuple[str, Path, tuple[float, ...] | None]:
-    """``NAME=MODEL[@TH1:TH2|@-]`` -> (name, model path, thresholds override or None)."""
+def parse_candidate(text: str) -> tuple[str, Path, tuple[float, ...] | None, str]:
+    """``NAME=MODEL[@TH1:TH2|@-][#PLACEMENT]`` -> (name, model path, thresholds override
+    or None, placement: ``das-agent`` (the model's own) unless a core placement is named)."""
     name, _, rest = text.partition("=")
     if not name or not rest:
-        raise ValueError(f"candidate must be NAME=MODEL[@TH1:TH2|@-], got {text!r}")
+        raise ValueError(f"candidate must be NAME=MODEL[@TH1:TH2|@-][#PLACEMENT], got {text!r}")
+    rest, _, placement = rest.partition("#")
     model, _, th = rest.partition("@")
     over = None if not th else (() if th == "-" else tuple(float(x) for x in th.split(":")))
-    return name, Path(model), over
+    return name, Path(model), over, placement or "das-agent"
 
 
 def run_cell(trace, seed: int, candidates, *, pool=POOL, references: bool = True, ablation: bool = True,
@@ -107,11 +109,12 @@ def run_cell(trace, seed: int, candidates, *, pool=POOL, references: bool = True
         m = _sim(trace, make_ordering(o), make_placement(p), seed, backfill=bf)
         ideal = m["ideal_mean"]
         out[h] = m
-    for name, model, over in candidates:
+    for name, model, over, pname in candidates:
         ordering = DASOrdering(model, las_thresholds=over)
-        placement = DASAgentPlacement(model)
-        if ordering.fallback_reason or placement.fallback_reason:
-            raise RuntimeError(f"candidate {name}: model {model} does not load: {ordering.fallback_reason or placement.fallback_reason}")
+        placement = DASAgentPlacement(model) if pname == "das-agent" else make_placement(pname)
+        reason = ordering.fallback_reason or getattr(placement, "fallback_reason", None)
+        if reason:
+            raise RuntimeError(f"candidate {name}: model {model} does not load: {reason}")
         out[name] = _sim(trace, ordering, placement, seed)
     if ablation:
         out[ABLATION] = _sim(trace, LASDRF(), make_placement("topology"), seed)
@@ -140,13 +143,43 @@ def summarize(rows: list[dict], learned: list[str], pool=POOL) -> list[dict]:
 
         line = {"cell": cell, "load": load, "n": len(vec(best)), "unit": "job" if per_job else "seed",
                 "seeds": seeds_, "mean_jct": mean, "best_heuristic": best, "vs_best": {}, "vs_pool": {}}
+        # resampling thousands of jobs: 2,000 resamples keep it to seconds
+        bs = {"resamples": 2_000} if per_job else {}
         for s in learned + ([ABLATION] if ABLATION in mean else []) + ([CLAIRVOYANT] if CLAIRVOYANT in mean else []):
             if s not in mean:
                 continue
-            line["vs_best"][s] = paired_bootstrap(vec(s), vec(best)).to_dict()
-            line["vs_pool"][s] = {h: paired_bootstrap(vec(s), vec(h)).to_dict() for h in pool}
+            line["vs_best"][s] = paired_bootstrap(vec(s), vec(best), **bs).to_dict()
+            line["vs_pool"][s] = {h: paired_bootstrap(vec(s), vec(h), **bs).to_dict() for h in pool}
         out.append(line)
     return out
+
+
+def _ci(d: dict) -> str:
+    return f"{d['rel']:+.1%} [{d['rel_lo']:+.1%}, {d['rel_hi']:+.1%}]"
+
+
+def render(summary: list[dict], system: str) -> str:
+    """Markdown table of ``system`` against the best heuristic of every cell, with the
+    ablation and the references (relative change of mean JCT, paired bootstrap 95% CI)."""
+    head = ("| cell | load | n | best heuristic (mean JCT s) | DAS mean JCT s | DAS vs best [95% CI] | 10% target | "
+            "las-drf ablation vs best | srtf clairvoyant ref. vs best | lower bound vs best | share of the gap to the bound DAS closes |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|\n")
+    rows = []
+    for line in summary:
+        if system not in line["vs_best"]:
+            continue
+        best = line["best_heuristic"]
+        mb = line["mean_jct"][best]
+        d = line["vs_best"][system]
+        met = "met" if d["rel"] <= -0.10 and d["diff_hi"] < 0 else ("below, CI < 0" if d["diff_hi"] < 0 else ("above, CI > 0" if d["diff_lo"] > 0 else "not separated"))
+        abl = _ci(line["vs_best"][ABLATION]) if ABLATION in line["vs_best"] else "—"
+        clv = _ci(line["vs_best"][CLAIRVOYANT]) if CLAIRVOYANT in line["vs_best"] else "—"
+        lb = line["mean_jct"].get(IDEAL)
+        lbs = f"{lb / mb - 1:+.1%}" if lb else "—"
+        gap = f"{(mb - d['mean_a']) / (mb - lb):.0%}" if lb and mb > lb else "—"
+        rows.append(f"| {line['cell']} | {line['load']:g} | {line['n']} {line['unit']}s | {best} ({mb:,.0f}) | {d['mean_a']:,.0f} | "
+                    f"{_ci(d)} | {met} | {abl} | {clv} | {lbs} | {gap} |")
+    return head + "\n".join(rows) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--candidate", action="append", default=[], help="NAME=MODEL[@TH1:TH2|@-] (repeatable)")
     ap.add_argument("--no-references", action="store_true")
     ap.add_argument("--no-ablation", action="store_true")
+    ap.add_argument("--no-pool", action="store_true", help="run only the candidates (merge the pool's runs later)")
     ap.add_argument("--data-dir", type=Path, default=None)
     ap.add_argument("--merge", type=Path, action="append", default=[], help="earlier output whose runs are reused (same split)")
     ap.add_argument("--out", type=Path, required=True, help="JSON file of rows and summaries")
@@ -167,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     cands = [parse_candidate(c) for c in args.candidate]
     rows: list[dict] = []
     for f in args.merge:
-        old = json.loads(f.read_text())
+        old = json.loads(f.read_text())  # an output, or its .rows.json
         if old["split"] != args.split:
             raise SystemExit(f"{f}: split {old['split']!r}, not {args.split!r}")
         rows.extend(old["rows"])
@@ -181,15 +215,19 @@ def main(argv: list[str] | None = None) -> int:
                 if tr.topology is None:
                     tr.topology = default_topology(tr.jobs)
                 done = frozenset(r["system"] for r in rows if (r["cell"], r["load"], r["seed"]) == (cell, load, seed))
-                res = run_cell(tr, seed, cands, references=not args.no_references, ablation=not args.no_ablation, done=done)
+                res = run_cell(tr, seed, cands, references=not args.no_references, ablation=not args.no_ablation, done=done,
+                               pool=() if args.no_pool else POOL)
                 for system, m in res.items():
                     rows.append({"cell": cell, "load": load, "spec": spec, "seed": seed, "system": system, **m})
+                # the rows so far, after every trace: a stopped run loses none of them
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.with_suffix(".rows.json").write_text(json.dumps({"split": args.split, "rows": rows}) + "\n")
                 print(f"[{time.time() - t0:6.0f}s] {cell} load {load:g} seed {seed}: "
                       + ", ".join(f"{k.split(' ')[0]} {v['jct_mean']:.0f}" for k, v in res.items()), flush=True)
     learned = sorted({r["system"] for r in rows} - set(POOL) - {CLAIRVOYANT, IDEAL, ABLATION})
-    summary = summarize(rows, learned)
+    summary = summarize(rows, learned) if not args.no_pool else []
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"split": args.split, "candidates": [[n, str(m), o] for n, m, o in cands],
+    args.out.write_text(json.dumps({"split": args.split, "candidates": [[n, str(m), o, p] for n, m, o, p in cands],
                                     "summary": summary, "rows": rows}, indent=1) + "\n")
     for line in summary:
         print(f"{line['cell']} load {line['load']:g} (n={line['n']} {line['unit']}s): best heuristic {line['best_heuristic']} "
