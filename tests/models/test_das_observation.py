@@ -8,6 +8,7 @@ import hashlib
 import json
 import math
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -240,3 +241,52 @@ def test_loads_option_parses_and_rejects():
     for bad in ("2.0,0.5", "0,1", "a,b", "1"):
         with pytest.raises(ValueError):
             parse_loads(bad)
+
+
+# ------------------------------------------------------------------ placement cloning, protocol helpers
+def _spread_workload(rng: np.random.Generator):
+    """Small jobs on 6 nodes in 2 racks: many nodes can take each job, so the teacher's
+    choice says something."""
+    topo = Topology.uniform(6, gpus_per_node=4, racks=2)
+    jobs = [JobSpec(id=f"s{k}", submit_time=30.0 * k, workers=int(1 + k % 2), gpus_per_worker=int(1 + k % 3), duration=600.0 + 50 * k)
+            for k in range(16)]
+    return jobs, topo
+
+
+def test_placement_cloning_moves_only_the_placement_agent(tmp_path):
+    from rlsched.core.nn import load_policy_file
+
+    first = _args(tmp_path, iterations=1, episodes_per_iter=1, minibatch=16, workload=_spread_workload, run="a")
+    torch.manual_seed(0)
+    assert das.train(first) == 0
+    w0, _ = load_policy_file(model(first), policy="das")
+    clone = _args(tmp_path, iterations=0, bc_iterations=2, bc_teacher="", bc_placement="topology", placement_lr=0.05,
+                  episodes_per_iter=2, minibatch=16, workload=_spread_workload, run="b", init=model(first))
+    assert das.train(clone) == 0
+    w1, _ = load_policy_file(model(clone), policy="das")
+    assert not np.allclose(w0["placement.score.weight"], w1["placement.score.weight"])
+    assert all(np.array_equal(w0[k], w1[k]) for k in w0 if not k.startswith("placement."))
+    rows = (tmp_path / "b" / "train.csv").read_text().splitlines()
+    assert rows[1].startswith("bc:-/topology") and len(rows) == 3
+
+
+def test_protocol_candidates_and_summary():
+    from rlsched.models import das_protocol as dp
+
+    assert dp.parse_candidate("a=m.safetensors") == ("a", Path("m.safetensors"), None, "das-agent")
+    assert dp.parse_candidate("a=m.safetensors@-#topology") == ("a", Path("m.safetensors"), (), "topology")
+    assert dp.parse_candidate("a=m.safetensors@10:100") == ("a", Path("m.safetensors"), (10.0, 100.0), "das-agent")
+    with pytest.raises(ValueError):
+        dp.parse_candidate("no-model")
+    rows = []
+    for seed, base in ((1, 100.0), (2, 200.0), (3, 300.0)):
+        for k, h in enumerate(dp.POOL):
+            rows.append({"cell": "c", "load": 1.0, "seed": seed, "system": h, "jct_mean": base + 10 * k, "jcts": []})
+        rows.append({"cell": "c", "load": 1.0, "seed": seed, "system": "das", "jct_mean": base * 0.8, "jcts": []})
+        rows.append({"cell": "c", "load": 1.0, "seed": seed, "system": dp.IDEAL, "jct_mean": base * 0.5, "jcts": []})
+    (line,) = dp.summarize(rows, ["das"])
+    assert line["best_heuristic"] == dp.POOL[0] and line["unit"] == "seed" and line["n"] == 3
+    d = line["vs_best"]["das"]
+    assert d["rel"] == pytest.approx(-0.2) and d["diff_hi"] < 0
+    md = dp.render([line], "das")
+    assert "| met |" in md and "40%" in md  # 20 of the 50 points to the bound
