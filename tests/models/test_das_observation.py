@@ -271,7 +271,7 @@ def test_placement_cloning_moves_only_the_placement_agent(tmp_path):
 
 
 def test_protocol_candidates_and_summary():
-    from rlsched.models import das_protocol as dp
+    from rlsched.models import das as dp
 
     assert dp.parse_candidate("a=m.safetensors") == ("a", Path("m.safetensors"), None, "das-agent")
     assert dp.parse_candidate("a=m.safetensors@-#topology") == ("a", Path("m.safetensors"), (), "topology")
@@ -280,13 +280,13 @@ def test_protocol_candidates_and_summary():
         dp.parse_candidate("no-model")
     rows = []
     for seed, base in ((1, 100.0), (2, 200.0), (3, 300.0)):
-        for k, h in enumerate(dp.POOL):
+        for k, h in enumerate(dp.PROTOCOL_POOL):
             rows.append({"cell": "c", "load": 1.0, "seed": seed, "system": h, "jct_mean": base + 10 * k, "jcts": []})
         rows.append({"cell": "c", "load": 1.0, "seed": seed, "system": "das", "jct_mean": base * 0.8, "jcts": []})
         rows.append({"cell": "c", "load": 1.0, "seed": seed, "system": dp.IDEAL, "jct_mean": base * 0.5, "jcts": []})
-    (line,) = dp.summarize(rows, ["das"])
-    assert line["best_heuristic"] == dp.POOL[0] and line["unit"] == "seed" and line["n"] == 3
+    (line,) = dp.protocol_summary(rows, ["das"])
+    assert line["best_heuristic"] == dp.PROTOCOL_POOL[0] and line["unit"] == "seed" and line["n"] == 3
     d = line["vs_best"]["das"]
     assert d["rel"] == pytest.approx(-0.2) and d["diff_hi"] < 0
-    md = dp.render([line], "das")
+    md = dp.protocol_table([line], "das")
     assert "| met |" in md and "40%" in md  # 20 of the 50 points to the bound
