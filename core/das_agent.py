@@ -32,6 +32,18 @@ topology's quotient graph (:class:`~rlsched.core.das.QuotientSmoother`), O(nodes
 job instead of a dense nodes x nodes product. Decisions are those of the slow path,
 kept in :mod:`rlsched.core._das_reference` for the tests that hold them equal.
 
+Observation layout 2 (:data:`OBSERVATION_LAYOUT`, issue 16): every feature is what a
+live operator knows (requested GPUs, age, attained service and executed time, reported
+epochs, queue and priority, the non-clairvoyant remaining estimate and whether one
+exists); none reads a job's true run time. A model file records its features, and a
+file of another layout is refused (:func:`check_observation`; the policies fall back).
+
+Attained-service queues (an extension of the paper, issue 16): a model may record
+``architecture.las_thresholds`` (GPU-seconds). The ordering then ranks by queue class,
+priority, the job's attained-service queue (Tiresias' discretized LAS), fit and logit,
+and is preemptive across those queues (``preempts`` / ``outranked`` / ``demotes_at``,
+as :class:`~rlsched.core.ordering.Tiresias`).
+
 The features are computed here, from a :class:`ClusterState` and :class:`JobView`
 objects only, so the simulator environment (``rlsched.sim.envs``) and serving see the
 same numbers. Weights default to ``core/weights/das.safetensors`` (+ ``das.json``);
