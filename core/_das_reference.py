@@ -69,6 +69,10 @@ def _job_features(job: JobView, state: ClusterState) -> np.ndarray:
             share,
             _QUEUE_RANK.get(job.queue, 1.0),
             math.tanh(job.priority / 10.0),
+            math.log1p(max(job.attained_service, 0.0)) / 14.0,
+            math.log1p(max(job.attained_service, 0.0) / max(gpus, 1)) / 12.0,
+            math.log1p(max(job.progress.epoch, 0)) / 5.0,
+            1.0 if runtime > 0 else 0.0,
         ],
         dtype=np.float32,
     )
@@ -100,7 +104,7 @@ class ReferenceDASOrdering(DASOrdering):
         fits = feats[:, JOB_FEATURES.index("fits_now")] > 0.5
         order = sorted(
             range(len(head)),
-            key=lambda k: (_QUEUE_RANK.get(head[k].queue, 1.0), -head[k].priority, not fits[k], -logits[k], k),
+            key=lambda k: (_QUEUE_RANK.get(head[k].queue, 1.0), -head[k].priority, self.las_queue(head[k]), not fits[k], -logits[k], k),
         )
         chosen = {id(j) for j in head}
         return [head[k] for k in order] + [j for j in fifo if id(j) not in chosen]

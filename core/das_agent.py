@@ -32,6 +32,18 @@ topology's quotient graph (:class:`~rlsched.core.das.QuotientSmoother`), O(nodes
 job instead of a dense nodes x nodes product. Decisions are those of the slow path,
 kept in :mod:`rlsched.core._das_reference` for the tests that hold them equal.
 
+Observation layout 2 (:data:`OBSERVATION_LAYOUT`, issue 16): every feature is what a
+live operator knows (requested GPUs, age, attained service and executed time, reported
+epochs, queue and priority, the non-clairvoyant remaining estimate and whether one
+exists); none reads a job's true run time. A model file records its features, and a
+file of another layout is refused (:func:`check_observation`; the policies fall back).
+
+Attained-service queues (an extension of the paper, issue 16): a model may record
+``architecture.las_thresholds`` (GPU-seconds). The ordering then ranks by queue class,
+priority, the job's attained-service queue (Tiresias' discretized LAS), fit and logit,
+and is preemptive across those queues (``preempts`` / ``outranked`` / ``demotes_at``,
+as :class:`~rlsched.core.ordering.Tiresias`).
+
 The features are computed here, from a :class:`ClusterState` and :class:`JobView`
 objects only, so the simulator environment (``rlsched.sim.envs``) and serving see the
 same numbers. Weights default to ``core/weights/das.safetensors`` (+ ``das.json``);
@@ -40,6 +52,7 @@ when they are missing or corrupt the ordering falls back to FIFO and logs a warn
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 from pathlib import Path
@@ -59,6 +72,9 @@ __all__ = [
     "NODE_FEATURES",
     "CLUSTER_FEATURES",
     "DEFAULT_WEIGHTS",
+    "OBSERVATION_LAYOUT",
+    "ObservationMismatch",
+    "check_observation",
     "job_features",
     "node_features",
     "cluster_summary",
@@ -68,6 +84,7 @@ __all__ = [
     "WINDOW_SELECT",
     "das_logits",
     "DASOrdering",
+    "las_thresholds",
     "placement_features",
     "rack_first_fill",
     "rwgp_smoother",
@@ -88,7 +105,17 @@ JOB_FEATURES = (
     "share_of_free",  # GPUs asked / free GPUs (capped at 4) / 4
     "queue_rank",  # 0 interrupt, 0.5 urgent, 1 normal
     "priority",  # tanh(priority / 10)
+    "log_attained",  # log1p(attained service, GPU-seconds it has held) / 14
+    "log_executed",  # log1p(seconds it has run, attained service / GPUs) / 12
+    "log_epochs",  # log1p(evaluations the job reported, progress.epoch) / 5
+    "has_estimate",  # 1 when the remaining time is known (user's estimate or progress)
 )
+#: Version of the observation layout (:data:`JOB_FEATURES`, :data:`NODE_FEATURES`,
+#: :data:`CLUSTER_FEATURES` and the placement features): a model file records the
+#: features it was trained on, and serving refuses (falls back, logged) a file whose
+#: recorded features differ from these. Layout 1 had the first 10 job features only
+#: (models trained while the simulator exposed true run times).
+OBSERVATION_LAYOUT = 2
 #: Per-node features (the squeeze pools them over nodes).
 NODE_FEATURES = ("free_frac", "used_frac", "rack_free_frac", "empty")
 #: Cluster-wide scalars appended to the pooled node features.
@@ -137,6 +164,7 @@ def job_features(job: JobView, state: ClusterState, fit: bool | None = None) -> 
     gpus = job.workers * job.gpus_per_worker
     runtime = max(remaining_time(job), 0.0)  # an estimate; 0 when unknown
     wait = max(state.time - job.submit_time, 0.0)
+    attained = max(job.attained_service, 0.0)
     free = state.free_gpus
     share = min(gpus / free, 4.0) / 4.0 if free > 0 else 1.0
     return np.array(
@@ -151,9 +179,41 @@ def job_features(job: JobView, state: ClusterState, fit: bool | None = None) -> 
             share,
             _QUEUE_RANK.get(job.queue, 1.0),
             math.tanh(job.priority / 10.0),
+            math.log1p(attained) / 14.0,
+            math.log1p(attained / max(gpus, 1)) / 12.0,
+            math.log1p(max(job.progress.epoch, 0)) / 5.0,
+            1.0 if runtime > 0 else 0.0,
         ],
         dtype=np.float32,
     )
+
+
+class ObservationMismatch(ValueError):
+    """A model file recorded other observation features than serving computes."""
+
+
+def check_observation(metadata: Mapping) -> None:
+    """Raise :class:`ObservationMismatch` unless ``metadata["observation"]`` lists
+    exactly this module's job, node, cluster and placement features (a model trained
+    on another layout would read wrong columns, or fail on a shape)."""
+    obs = metadata.get("observation")
+    if not isinstance(obs, Mapping):
+        raise ObservationMismatch("model metadata has no observation record")
+    want = {
+        "job_features": list(JOB_FEATURES),
+        "node_features": list(NODE_FEATURES),
+        "cluster_features": list(CLUSTER_FEATURES),
+        "placement_features": list(_das.PLACEMENT_FEATURES),
+    }
+    for key, names in want.items():
+        got = obs.get(key)
+        if got is not None and list(got) != names:
+            raise ObservationMismatch(
+                f"model observation layout differs from serving's (layout {OBSERVATION_LAYOUT}): "
+                f"{key} {list(got)} != {names}; retrain or promote a model of this layout"
+            )
+    if obs.get("job_features") is None:
+        raise ObservationMismatch("model metadata lists no job_features")
 
 
 def node_features(state: ClusterState) -> np.ndarray:
@@ -230,7 +290,8 @@ class DASOrdering:
 
     name = "das"
 
-    def __init__(self, model: str | Path | None = None, *, rng: np.random.Generator | None = None) -> None:
+    def __init__(self, model: str | Path | None = None, *, las_thresholds: Sequence[float] | None = None,
+                 rng: np.random.Generator | None = None) -> None:
         del rng  # deterministic at serving time
         self.path = Path(model) if model is not None else DEFAULT_WEIGHTS
         self.fallback_reason: str | None = None
@@ -245,11 +306,21 @@ class DASOrdering:
             self.window_select = str(arch.get("window_select", "oldest"))
             if self.window_select not in WINDOW_SELECT:
                 raise ValueError(f"unknown window_select {self.window_select!r}")
+            check_observation(self.metadata)
+            if np.shape(self.weights["embed.weight"])[-1] != len(JOB_FEATURES):
+                raise ObservationMismatch(
+                    f"embed.weight reads {np.shape(self.weights['embed.weight'])[-1]} job features, serving computes {len(JOB_FEATURES)}"
+                )
+            self.thresholds = _las_thresholds(arch.get("las_thresholds", ()) if las_thresholds is None else las_thresholds)
         except (nn.PolicyFileError, KeyError, TypeError, ValueError) as exc:
             self.fallback_reason = f"{type(exc).__name__}: {exc}"
             self.window, self.num_heads, self.num_layers = 0, 1, 0
             self.window_select = "oldest"
+            self.thresholds = ()
             log.warning("DAS ordering: cannot load %s (%s); falling back to FIFO", self.path, self.fallback_reason)
+        #: preemptive (a waiting job of a lower attained-service queue evicts) when the
+        #: model has attained-service queues
+        self.preemptive = bool(self.thresholds)
         self._memo: tuple[tuple, np.ndarray] | None = None
 
     def observe(self, pending: Sequence[JobView], state: ClusterState) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[JobView]]:
@@ -300,11 +371,11 @@ class DASOrdering:
         head = select_window(fifo, state, self.window, self.window_select)
         fit = state.fit_index().fits
         fits = [fit(j) for j in head]
-        keys = [(_QUEUE_RANK.get(j.queue, 1.0), -j.priority, not f) for j, f in zip(head, fits)]
-        # the logits only order jobs of equal queue class, priority and fit (all of
-        # them for rank, those that fit for rank_for_start): without such a tie the
-        # transformer is not run (one pending job, or one that fits)
-        tied = [k for k in keys if exact or not k[2]]
+        keys = [(_QUEUE_RANK.get(j.queue, 1.0), -j.priority, self.las_queue(j), not f) for j, f in zip(head, fits)]
+        # the logits only order jobs of equal queue class, priority, attained-service
+        # queue and fit (all of them for rank, those that fit for rank_for_start):
+        # without such a tie the transformer is not run (one pending job, or one that fits)
+        tied = [k for k in keys if exact or not k[-1]]
         if len(set(tied)) == len(tied):
             order = sorted(range(len(head)), key=lambda k: (keys[k], k))
         else:
@@ -315,8 +386,47 @@ class DASOrdering:
         chosen = {id(j) for j in head}
         return [head[k] for k in order] + [j for j in fifo if id(j) not in chosen]
 
+    # ------------------------------------------------ attained-service queues (layout 2)
+    def las_queue(self, job: JobView) -> int:
+        """The job's attained-service queue: how many of :attr:`thresholds` its
+        attained service (GPU-seconds) has reached; 0 without thresholds."""
+        return bisect.bisect_right(self.thresholds, job.attained_service) if self.thresholds else 0
+
+    def preempts(self, job: JobView, victim: JobView, state: ClusterState) -> bool:
+        """Waiting ``job`` outranks running ``victim`` when it is in a strictly lower
+        attained-service queue (never without thresholds; ties never preempt)."""
+        return bool(self.thresholds) and self.las_queue(job) < self.las_queue(victim)
+
+    def outranked(self, job: JobView, others: Sequence[JobView], state: ClusterState) -> list[JobView]:
+        if not self.thresholds:
+            return []
+        q = self.las_queue(job)
+        return [o for o in others if q < self.las_queue(o)]
+
+    def demotes_at(self, job: JobView, now: float) -> float | None:
+        """When a job running with ``job.gpus`` GPUs from ``now`` reaches its next
+        threshold (None past the last, or without thresholds)."""
+        k = self.las_queue(job)
+        if k >= len(self.thresholds) or job.gpus <= 0:
+            return None
+        return now + (self.thresholds[k] - job.attained_service) / job.gpus
+
     def __repr__(self) -> str:
         return f"DASOrdering(model={str(self.path)!r}{', fallback=FIFO' if self.fallback_reason else ''})"
+
+
+def las_thresholds(values) -> tuple[float, ...]:
+    """Attained-service thresholds of a model file (GPU-seconds, positive, strictly
+    ascending); ``ValueError`` otherwise."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise ValueError(f"las_thresholds must be a list of GPU-seconds, got {values!r}")
+    th = tuple(float(v) for v in values)
+    if any(not math.isfinite(t) or t <= 0 for t in th) or any(b <= a for a, b in zip(th, th[1:])):
+        raise ValueError(f"las_thresholds must be positive and strictly ascending, got {list(values)}")
+    return th
+
+
+_las_thresholds = las_thresholds  # DASOrdering's keyword shadows the name
 
 
 @register_ordering("das")
@@ -412,6 +522,7 @@ class DASAgentPlacement(Placement):
         self._smoother: tuple[object, _das.QuotientSmoother | None] | None = None
         try:
             weights, meta = nn.load_policy_file(self.path, policy="das")
+            check_observation(meta)
             arch = meta.get("architecture", {})
             self.w = np.asarray(weights["placement.score.weight"], dtype=np.float64)[0]
             self.b = float(np.asarray(weights["placement.score.bias"]).reshape(-1)[0])

@@ -42,6 +42,7 @@ __all__ = [
     "CLUSTER_DIM",
     "SEED_BASELINES",
     "make_workload",
+    "parse_loads",
     "env_config",
     "env_dict",
     "make_core",
@@ -76,7 +77,22 @@ def make_workload(env: dict) -> Callable:
     tests) or a trace SPEC ``env["trace"]`` with ``env["episode_jobs"]`` jobs."""
     if env.get("workload") is not None:
         return env["workload"]
-    return trace_workload(env["trace"], env.get("episode_jobs"))
+    return trace_workload(env["trace"], env.get("episode_jobs"), loads=parse_loads(env.get("loads")))
+
+
+def parse_loads(value) -> tuple[float, float] | None:
+    """``--loads``: ``"LO,HI"`` (or a two-item list, from a config file) -> ``(LO, HI)``;
+    None/empty -> None (the trace's own load)."""
+    if value is None or value == "" or value == []:
+        return None
+    parts = value.split(",") if isinstance(value, str) else list(value)
+    try:
+        lo, hi = (float(x) for x in parts)
+    except (TypeError, ValueError):
+        raise ValueError(f"loads must be 'LO,HI' (offered loads), got {value!r}") from None
+    if not 0 < lo <= hi:
+        raise ValueError(f"loads must satisfy 0 < LO <= HI, got {value!r}")
+    return lo, hi
 
 
 def env_config(env: dict) -> EnvConfig:
@@ -98,6 +114,7 @@ def env_dict(args) -> dict:
         "fee_weight": args.fee_weight,
         "time_scale": args.time_scale,
         "workload": getattr(args, "workload", None),
+        "loads": getattr(args, "loads", None),
     }
 
 

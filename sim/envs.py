@@ -79,17 +79,38 @@ ENV_ID = "rlsched/Scheduling-v0"
 _FEAT_LOW, _FEAT_HIGH = -1.0, 10.0
 
 
-def trace_workload(spec: str, jobs: int | None = None) -> Workload:
+def trace_workload(spec: str, jobs: int | None = None, *, loads: tuple[float, float] | None = None,
+                   split: str = "train") -> Workload:
     """A :data:`Workload` loading ``spec`` (:func:`rlsched.sim.traces.load_trace`) per
-    episode. Synthetic specs get a fresh seed per episode (drawn from the episode's
-    rng) and ``jobs`` overrides their job count; other traces are the same each time."""
+    episode. ``spec`` may list several SPECs separated by ``;`` (one drawn uniformly
+    per episode). Synthetic specs get a fresh trace seed per episode, drawn from the
+    episode's rng inside the seed ``split`` of :mod:`rlsched.sim.protocol` (training
+    draws only train seeds, never a validation or test one), and ``jobs`` overrides
+    their job count. ``loads=(lo, hi)``: each episode's offered load is drawn
+    uniformly from ``[lo, hi]`` and appended as ``,load=X`` (a spec giving its own
+    ``load`` keeps it). Other traces are the same each time."""
+    from .protocol import SPLITS, SplitError
     from .traces import load_trace  # imported only when used
 
-    if jobs is not None and spec.startswith("synthetic:"):
-        spec = f"{spec},jobs={int(jobs)}"
+    specs = [s.strip() for s in spec.split(";") if s.strip()]
+    if not specs:
+        raise ValueError(f"no trace SPEC in {spec!r}")
+    if split not in SPLITS:
+        raise SplitError(f"unknown seed split {split!r}; known: {', '.join(SPLITS)}")
+    lo_seed, hi_seed = SPLITS[split]
+    if loads is not None:
+        lo, hi = float(loads[0]), float(loads[1])
+        if not (0 < lo <= hi):
+            raise ValueError(f"loads must be 0 < lo <= hi, got {loads}")
+    if jobs is not None:
+        specs = [f"{s},jobs={int(jobs)}" if s.startswith("synthetic:") else s for s in specs]
 
     def draw(rng: np.random.Generator):
-        trace = load_trace(spec, seed=int(rng.integers(0, 2**30)))
+        s = specs[int(rng.integers(0, len(specs)))] if len(specs) > 1 else specs[0]
+        seed = int(rng.integers(lo_seed, hi_seed))
+        if loads is not None and "load=" not in s and "arrival_rate=" not in s:
+            s = f"{s},load={rng.uniform(lo, hi):.3f}"
+        trace = load_trace(s, seed=seed)
         if trace.topology is None:
             from .traces import default_topology
 

@@ -94,9 +94,10 @@ def test_alibaba_like_cluster_schedules_as_the_reference(seed, backfill, scrambl
     jobs, topo = _alibaba_like(seed)
     decisions, records = _same(jobs, topo, DASAgentPlacement(), ReferenceDASAgentPlacement(), backfill=backfill,
                                scramble=scramble)
-    # the run is loaded: jobs waited, and highest jobs preempted (the tests see the paths)
+    # the run is loaded: jobs waited or (under the served model's attained-service
+    # queues, which preempt) were suspended, and highest jobs preempted (the tests see the paths)
     submit = {j.id: j.submit_time for j in jobs}
-    assert sum(1 for r in records if r[1] > submit[r[0]]) > len(jobs) // 4
+    assert sum(1 for r in records if r[1] > submit[r[0]] or r[5] > 0) > len(jobs) // 4
     if seed == 0:
         assert any(d["kind"] == "preempt" for d in decisions)
 
