@@ -54,9 +54,10 @@ BASELINES = ("FS", "FCFS", "Optimus", "SLAQ", "TRADL", "beta-rule", "FS+beta")
 #: baselines that read a job's future (its noise-free curve): clairvoyant references
 CLAIRVOYANT = ("Optimus", "SLAQ")
 #: policies whose jobs stop by RLPTO's β rule; the others train for the epoch budget
-BETA_STOP = {"RLPTO", "beta-rule", "FS+beta", "Optimus+beta", "LRW+beta", "Oracle-LRW", "Oracle-Optimus"}
+BETA_STOP = {"RLPTO", "beta-rule", "FS+beta", "Optimus+beta", "LRW+beta", "GrowQ+beta", "Oracle-LRW", "Oracle-Optimus",
+             "Oracle-GrowQ"}
 #: oracle references of the protocol: run with ``clairvoyant`` views (true remaining time)
-ORACLES = ("Oracle-LRW", "Oracle-Optimus")
+ORACLES = ("Oracle-LRW", "Oracle-Optimus", "Oracle-GrowQ")
 VERSION = "2"
 EVAL_SEED_BASE = 1_000_000  # the Tables II/III workloads (older runs); the protocol uses sim.protocol's test split
 VAL_SEED_BASE = 500_000
@@ -144,6 +145,45 @@ class LeastRemainingWork:
                 if j.id in target and target[j.id] != j.workers}
 
 
+class QueueAwareGrow:
+    """Grow while a node is free; while jobs wait, the jobs with the most remaining work
+    give a worker back so the queue is admitted sooner (issue 16).
+
+    Per job decided on: ``-1`` when the queue asks for GPUs, the job holds more than its
+    ``min_workers`` and its rank in remaining work
+    (:func:`~rlsched.core.learned.remaining_rank`) is at least ``threshold``; else ``+1``
+    (the planner grants it only where a node is free and the blocked head's GPUs stay
+    free). A function of RLPTO's layout-2 observation (:func:`teacher_actions`), so a
+    policy can imitate it. On non-clairvoyant views the rank comes from core's estimate
+    (a heuristic baseline); in a ``clairvoyant`` environment from the true remaining time
+    (an oracle reference)."""
+
+    name = "growq"
+
+    def __init__(self, threshold: float = 0.9) -> None:
+        self.threshold = threshold
+
+    def decide(self, running: Sequence[JobView], state: ClusterState) -> dict[str, int]:
+        from rlsched.core.learned import remaining_rank
+
+        queued = bool(state.pending)
+        out = {}
+        for j in running:
+            if queued and j.workers > j.min_workers and remaining_rank(j, state) >= self.threshold:
+                out[j.id] = -1
+            elif j.workers < j.max_workers:
+                out[j.id] = 1
+        return out
+
+
+def teacher_actions(obs: np.ndarray, threshold: float = 0.9) -> np.ndarray:
+    """:class:`QueueAwareGrow`'s action indices (0: −1, 2: +1) read off layout-2
+    observations ``[B, 11]`` (jobs at ``min_workers`` = 1 have ``w = 1/16``)."""
+    f = {k: i for i, k in enumerate(RLPTO_FEATURES)}
+    shrink = (obs[:, f["n"]] > 0) & (obs[:, f["r"]] >= threshold) & (obs[:, f["w"]] > 1.5 / 16)
+    return np.where(shrink, 0, 2)
+
+
 def make_policy(label: str, env: ScalingEnv, weights: Path | None = None):
     """A scaling policy of the tables by its label."""
     from rlsched.core import make_scaling
@@ -156,6 +196,8 @@ def make_policy(label: str, env: ScalingEnv, weights: Path | None = None):
         return make_scaling("optimus")
     if label in ("LRW+beta", "Oracle-LRW"):
         return LeastRemainingWork()
+    if label in ("GrowQ+beta", "Oracle-GrowQ"):
+        return QueueAwareGrow()
     if label == "SLAQ":
         return SLAQScaling(env)
     if label == "TRADL":
@@ -289,6 +331,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--minibatch", type=int, default=1024)
     p.add_argument("--ent-coef", type=float, default=0.01)
     p.add_argument("--reward-scale", type=float, default=10.0, help="rewards are multiplied by this for learning")
+    p.add_argument("--init", choices=("random", "imitate-growq"), default="random",
+                   help="initial actor: random (near-uniform), or imitate-growq: behaviour cloning of QueueAwareGrow on "
+                        "train-split episodes before PPO (issue 16: an extension of the paper's design)")
+    p.add_argument("--bc-episodes", type=int, default=24, help="imitate-growq: teacher episodes")
     p.add_argument("--val-every", type=int, default=10)
     p.add_argument("--val-seeds", type=int, default=4)
     p.add_argument("--time-budget", type=float, default=None, help="stop training after this many minutes")
@@ -302,6 +348,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="eval: the issue-16 protocol instead of Tables II/III: --test-seeds test seeds per cell, paired "
                         "bootstrap of RLPTO against FS+beta, beta-rule, FS, Optimus, with the clairvoyant oracle bound")
     p.add_argument("--test-seeds", type=int, default=20, help="protocol: seeds of the test split per cell")
+    p.add_argument("--reuse-rows", type=Path, default=None,
+                   help="protocol: a previous run's rlpto_protocol_episodes.csv; its rows of policies other than RLPTO "
+                        "are reused (same cells and seeds) instead of run again")
     p.add_argument("--protocol-betas", type=float, nargs="+", default=[0.0003], help="protocol: β of its cells")
     p.add_argument("--protocol-budgets", choices=BUDGETS, nargs="+", default=list(BUDGETS), help="protocol: budget models of its cells")
 
@@ -412,6 +461,9 @@ def train(args) -> int:
                     minibatch_size=args.minibatch, ent_coef=args.ent_coef)
     kl = AdaptiveKL(target=args.kl_target) if args.objective == "kl" else None
     meta = _meta(args)
+    if getattr(args, "init", "random") == "imitate-growq":
+        bc = _imitate(args, model, rng)
+        print(f"rlpto: imitation of QueueAwareGrow: {bc['samples']} decisions, agreement {bc['agreement']:.3f}")
     hyper = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("func",)}
     hyper.pop("config", None)
     fields = ["iter", "samples", "wall_s", "mean_reward", "episode_sum_jct_h", "episode_makespan_h", "episode_acc",
@@ -496,6 +548,40 @@ def train(args) -> int:
     return 0
 
 
+def _imitate(args, model, rng: np.random.Generator) -> dict:
+    """Behaviour cloning of :class:`QueueAwareGrow` (:func:`teacher_actions`): the actor
+    learns the teacher's action on the observations of ``--bc-episodes`` teacher episodes
+    (train split, cells drawn as in training); cross-entropy, Adam 1e-3."""
+    import torch
+
+    xs = []
+    lo, hi = P.SPLITS["train"]
+    for _ in range(args.bc_episodes):
+        env = _env_for(_env_cfg(args), int(rng.choice(args.nodes)), float(rng.choice(args.betas)),
+                       interarrival=float(rng.choice(args.interarrivals)))
+        obs, infos = env.reset(seed=int(rng.integers(lo, hi)))
+        while env.agents:
+            ids = [j for j in env.agents if infos[j]["decides"]]
+            acts = {}
+            if ids:
+                x = np.stack([obs[j] for j in ids])
+                xs.append(x)
+                acts = {j: int(a) for j, a in zip(ids, teacher_actions(x))}
+            obs, _, _, _, infos = env.step(acts)
+    x = torch.from_numpy(np.concatenate(xs).astype(np.float32))
+    y = torch.from_numpy(teacher_actions(x.numpy())).long()
+    opt = torch.optim.Adam(model.actor.parameters(), lr=1e-3)
+    for _ in range(600):
+        idx = torch.from_numpy(rng.integers(0, len(x), size=min(1024, len(x))))
+        loss = torch.nn.functional.cross_entropy(model.actor(x[idx]), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        agree = float((model.actor(x).argmax(-1) == y).float().mean())
+    return {"samples": len(x), "agreement": agree}
+
+
 def _plot_learning_curve(log_path: Path, png: Path) -> None:
     import matplotlib
 
@@ -563,9 +649,9 @@ def evaluate(args) -> int:
 
 #: the protocol's rows: the learned policy, the non-clairvoyant baselines, a non-clairvoyant
 #: least-remaining-work heuristic, and the clairvoyant oracles (references, never baselines)
-PROTOCOL_POLICIES = ("RLPTO", "FS+beta", "beta-rule", "FS", "Optimus+beta", "LRW+beta", *ORACLES)
+PROTOCOL_POLICIES = ("RLPTO", "FS+beta", "beta-rule", "FS", "Optimus+beta", "LRW+beta", "GrowQ+beta", *ORACLES)
 #: baselines RLPTO is judged against (all non-clairvoyant)
-PROTOCOL_BASELINES = ("FS+beta", "beta-rule", "FS", "Optimus+beta", "LRW+beta")
+PROTOCOL_BASELINES = ("FS+beta", "beta-rule", "FS", "Optimus+beta", "LRW+beta", "GrowQ+beta")
 #: the must-show: sum of JCTs at least this much below FS+beta ...
 TARGET_REL = -0.10
 #: ... at a mean final accuracy within this many points of it
@@ -588,12 +674,15 @@ def protocol(args) -> int:
              for beta in args.protocol_betas]
     t0 = time.time()
     rows: list[dict] = []
+    reused: set[str] = set()
+    if args.reuse_rows is not None:
+        rows, reused = _reuse(args.reuse_rows, labels, cells, test)
     with make_pool(args.engine, args.workers, args.seed) as pool:
         for budget in args.protocol_budgets:
             env = {**_env_cfg(args), "budget": budget}
             grid = [(n, beta, s, ia) for (b, n, ia, beta) in cells if b == budget for s in test]
             chunks = [grid[k::max(args.workers, 1)] for k in range(max(args.workers, 1))]
-            for lab in tqdm(labels, desc=f"protocol rlpto ({budget})", unit="policy"):
+            for lab in tqdm([lab for lab in labels if lab not in reused], desc=f"protocol rlpto ({budget})", unit="policy"):
                 res = pool.run(_eval_task, [{"label": lab, "grid": c, "env": env, "weights": weights} for c in chunks if c])
                 rows.extend({**r, "budget": budget} for part in res for r in part)
     wall = time.time() - t0
@@ -611,6 +700,25 @@ def protocol(args) -> int:
     print(md)
     print(f"rlpto protocol: {len(rows)} episodes in {wall:.0f} s; written to {res_dir}")
     return 0
+
+
+def _reuse(path: Path, labels: list[str], cells: list[tuple], test: list[int]) -> tuple[list[dict], set[str]]:
+    """Rows of a previous protocol run for the non-RLPTO policies that cover every cell
+    and seed asked for now (the episodes are deterministic: same cell and seed, same run)."""
+    with open(path, newline="") as fh:
+        old = list(csv.DictReader(fh))
+    num = {"nodes": int, "seed": int, "rescales": int}
+    rows = [{k: (num[k](v) if k in num else v if k in ("policy", "budget") else float(v)) for k, v in r.items()} for r in old]
+    want = {(b, n, ia, beta, s) for (b, n, ia, beta) in cells for s in test}
+    out, reused = [], set()
+    for lab in labels:
+        if lab == "RLPTO":
+            continue
+        mine = [r for r in rows if r["policy"] == lab and (r["budget"], r["nodes"], r["interarrival"], r["beta"], r["seed"]) in want]
+        if len(mine) == len(want):
+            out.extend(mine)
+            reused.add(lab)
+    return out, reused
 
 
 def _model_training(weights: Path) -> dict:

@@ -128,3 +128,31 @@ def test_cluster_reward_training_and_the_protocol_on_test_seeds(tmp_path):
     assert "Oracle-LRW (clairvoyant reference)" in md and "must-show" in md
     rows = (res / "rlpto_protocol_episodes.csv").read_text().splitlines()
     assert len(rows) == 1 + 3 * len(R.PROTOCOL_POLICIES)
+
+
+def test_queue_aware_grow_is_a_function_of_the_observation():
+    """The imitation teacher's actions read off the layout-2 observation are the
+    heuristic's decisions on the same snapshot (+1 at max_workers is a no-op the
+    heuristic leaves out), over an episode with a queue."""
+    from rlsched.sim.scaling_env import ScalingEnv, ScalingEnvConfig
+
+    env = ScalingEnv(ScalingEnvConfig(nodes=12, beta=0.0003, mean_interarrival=150.0))
+    obs, infos = env.reset(seed=3)
+    pol = R.QueueAwareGrow()
+    shrinks = 0
+    while env.agents:
+        views = {v.id: v for v in env.running()}
+        ids = [j for j in env.agents if infos[j]["decides"]]
+        if ids:
+            t = R.teacher_actions(np.stack([obs[j] for j in ids]))
+            d = pol.decide([views[j] for j in ids], env.cluster)
+            for j, a in zip(ids, t):
+                want = (-1, 0, 1)[int(a)]
+                if want == 1 and views[j].workers >= views[j].max_workers:
+                    assert j not in d
+                else:
+                    assert d.get(j) == want
+            shrinks += int((t == 0).sum())
+        obs, _, _, _, infos = env.step({j: int(a) for j, a in zip(ids, R.teacher_actions(np.stack([obs[j] for j in ids])))}
+                                       if ids else {})
+    assert shrinks > 0
