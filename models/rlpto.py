@@ -463,7 +463,8 @@ def train(args) -> int:
     meta = _meta(args)
     if getattr(args, "init", "random") == "imitate-growq":
         bc = _imitate(args, model, rng)
-        print(f"rlpto: imitation of QueueAwareGrow: {bc['samples']} decisions, agreement {bc['agreement']:.3f}")
+        print(f"rlpto: imitation of QueueAwareGrow: {bc['samples']} decisions ({100 * bc['shrink_share']:.1f}% shrinks), "
+              f"agreement {bc['agreement']:.3f}, on shrinks {bc['agreement_shrink']:.3f}")
     hyper = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("func",)}
     hyper.pop("config", None)
     fields = ["iter", "samples", "wall_s", "mean_reward", "episode_sum_jct_h", "episode_makespan_h", "episode_acc",
@@ -570,16 +571,23 @@ def _imitate(args, model, rng: np.random.Generator) -> dict:
             obs, _, _, _, infos = env.step(acts)
     x = torch.from_numpy(np.concatenate(xs).astype(np.float32))
     y = torch.from_numpy(teacher_actions(x.numpy())).long()
-    opt = torch.optim.Adam(model.actor.parameters(), lr=1e-3)
-    for _ in range(600):
-        idx = torch.from_numpy(rng.integers(0, len(x), size=min(1024, len(x))))
-        loss = torch.nn.functional.cross_entropy(model.actor(x[idx]), y[idx])
+    # the teacher shrinks rarely (a few % of decisions): classes weighted by inverse
+    # frequency, or the actor learns "always +1" and drops the shrinks that matter
+    counts = torch.bincount(y, minlength=3).float()
+    weight = torch.where(counts > 0, counts.sum() / (counts.clamp(min=1) * int((counts > 0).sum())), torch.zeros(3))
+    opt = torch.optim.Adam(model.actor.parameters(), lr=3e-3)
+    for _ in range(1500):
+        idx = torch.from_numpy(rng.integers(0, len(x), size=min(2048, len(x))))
+        loss = torch.nn.functional.cross_entropy(model.actor(x[idx]), y[idx], weight=weight)
         opt.zero_grad()
         loss.backward()
         opt.step()
     with torch.no_grad():
-        agree = float((model.actor(x).argmax(-1) == y).float().mean())
-    return {"samples": len(x), "agreement": agree}
+        pred = model.actor(x).argmax(-1)
+    agree = float((pred == y).float().mean())
+    shrink = y == 0
+    agree_shrink = float((pred[shrink] == 0).float().mean()) if bool(shrink.any()) else float("nan")
+    return {"samples": len(x), "agreement": agree, "agreement_shrink": agree_shrink, "shrink_share": float(shrink.float().mean())}
 
 
 def _plot_learning_curve(log_path: Path, png: Path) -> None:
@@ -603,6 +611,31 @@ def _plot_learning_curve(log_path: Path, png: Path) -> None:
     ax[2].axhline(1.0, color="grey", lw=0.8)
     ax[2].set(title="validation (greedy) vs FS+beta", xlabel="iteration")
     ax[2].legend()
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def plot_runs(runs: dict[str, Path], png: Path) -> None:
+    """Validation curves (sum of JCTs relative to FS+beta, validation split) of several
+    training runs in one figure: ``runs`` maps a label to a run directory."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    fig, ax = plt.subplots(1, 2, figsize=(12, 3.8))
+    for label, d in runs.items():
+        df = pd.read_csv(Path(d) / "train.csv")
+        v = df.dropna(subset=["val_jct_ratio"])
+        ax[0].plot(v["wall_s"] / 60, v["val_jct_ratio"], "o-", ms=3, label=label)
+        ax[1].plot(df["wall_s"] / 60, df["p_minus"], label=label)
+    ax[0].axhline(1.0, color="grey", lw=0.8)
+    ax[0].set(title="validation: sum of JCTs / FS+beta (greedy)", xlabel="wall minutes")
+    ax[1].set(title="share of -1 actions in training rollouts", xlabel="wall minutes")
+    ax[0].legend(fontsize=8)
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
@@ -666,7 +699,7 @@ def protocol(args) -> int:
     (clairvoyant) per cell. Writes ``rlpto_protocol.{json,md}`` and the per-episode rows."""
     from tqdm import tqdm
 
-    weights, res_dir, _ = eval_target(args, "rlpto", served=DEFAULT_WEIGHTS)
+    weights, res_dir, record = eval_target(args, "rlpto", served=DEFAULT_WEIGHTS)
     test = P.seeds("test", args.test_seeds)
     labels = [lab for lab in args.policies if lab in PROTOCOL_POLICIES] if args.policies != ["RLPTO", *BASELINES] \
         else list(PROTOCOL_POLICIES)
@@ -697,6 +730,14 @@ def protocol(args) -> int:
     (res_dir / "rlpto_protocol.json").write_text(json.dumps(summary, indent=2) + "\n")
     md = _protocol_markdown(summary)
     (res_dir / "rlpto_protocol.md").write_text(md)
+    if "RLPTO" in labels and "FS+beta" in labels and record and not args.no_update_metadata:
+        from .export import update_evaluation
+
+        a = summary["all"]
+        update_evaluation(weights, {"rlpto_protocol": {
+            "test_seeds": summary["test_seeds"], "cells": list(summary["cells"]),
+            "vs_fs_beta": a["rlpto_vs"]["FS+beta"], "beats_fs_beta": a["beats_fs_beta"], "must_show": a["must_show"],
+            "oracle_bound": a.get("oracle_bound"), "position": a.get("rlpto_position")}})
     print(md)
     print(f"rlpto protocol: {len(rows)} episodes in {wall:.0f} s; written to {res_dir}")
     return 0
