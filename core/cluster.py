@@ -79,6 +79,13 @@ class JobView:
     #: samples per second one worker processes at ideal placement (for Optimus-style
     #: marginal-gain estimates); 0 when unknown
     throughput: float = 0.0
+    #: measured marginal speed-up: throughput with one more worker over throughput now
+    #: (as a profiler measures it, e.g. Pollux's fitted throughput model); 0 when unknown
+    speedup: float = 0.0
+    #: measured statistical efficiency of one more worker: efficiency of a sample at
+    #: ``workers + 1`` over that at ``workers`` (as a gradient-noise-scale monitor
+    #: measures it); 0 when unknown
+    stat_efficiency: float = 0.0
 
     @property
     def gpus(self) -> int:

@@ -2,13 +2,15 @@
 
 RLPTO decides, for every running training job, whether to add ``i`` workers, remove
 ``i`` or keep the count (``i = 1`` by default, the operator's contract). Its PPO actor
-reads seven features per job, named after the paper's state ``(m, e, l, n, a, c, w)``;
-:func:`rlpto_observation` computes them identically in training
-(:mod:`rlsched.sim.scaling_env`) and serving (here):
+reads eleven features per job: the paper's state ``(m, e, l, n, a, c, w)`` and, since
+observation layout 2 (issue 16), four a live operator can also measure — the job's
+marginal speed-up and statistical efficiency, its rank in remaining work as estimated
+from its progress, and the GPUs the queue asks for. :func:`rlpto_observation` computes
+them identically in training (:mod:`rlsched.sim.scaling_env`) and serving (here):
 
-=====  ========================================================  ====================
+=====  ========================================================  ========================
 name   meaning                                                   encoding
-=====  ========================================================  ====================
+=====  ========================================================  ========================
 m      machines free in the cluster                              free / total GPUs
 e      epochs the job has completed                              min(e, 100) / 100
 l      current training loss                                     loss / max loss
@@ -16,14 +18,30 @@ n      number of tasks waiting in the queue                      min(n, total) /
 a      current accuracy                                          a in [0, 1]
 c      change of accuracy in the last evaluation (v_a)           clip(v_a / β, ±10) / 10
 w      workers the job holds                                     min(w, 16) / 16
-=====  ========================================================  ====================
+s      measured marginal speed-up of one more worker             clip(s(w+1)/s(w) − 1, 0, 1);
+                                                                 0 when unknown
+x      measured statistical efficiency of one more worker        eff(w+1)/eff(w) in [0, 1];
+                                                                 1 when unknown
+r      rank of the job's remaining work among running jobs      rank / (running − 1), 0 =
+       (remaining time estimated from progress × its GPUs)       least; unknown ranks last
+q      GPUs the waiting jobs ask for                             min(q / total, 2) / 2
+=====  ========================================================  ========================
 
-``c`` is relative to the job's own threshold β so one policy serves any β.
+``c`` is relative to the job's own threshold β so one policy serves any β. ``r`` uses
+:func:`rlsched.core.ordering.remaining_time`, the non-clairvoyant estimate of
+:mod:`rlsched.core.estimate` (never a job's true run time, except in a simulator run
+labelled clairvoyant). ``s`` and ``x`` come from :class:`~rlsched.core.cluster.JobView`'s
+``speedup`` and ``stat_efficiency``: the scaling environment fills them from the
+engine's throughput and efficiency models (what a profiler and a gradient-noise-scale
+monitor measure, as Pollux does); where nobody measured them they are 0 and encode as
+"unknown" (``s = 0``, ``x = 1``).
 
 :class:`RLPTOScaling` loads ``weights/rlpto.safetensors`` (+ ``.json``) beside this
-module unless given a path. When that file is missing or corrupt it does not fail: it
-decides with the ``beta`` heuristic instead and says why in ``fallback_reason`` (None
-when the learned policy is in use), so the operator can log and count it.
+module unless given a path. When that file is missing, corrupt or of another
+observation layout (a layout-1 model reads 7 features, this code computes 11) it does
+not fail: it decides with the ``fs`` heuristic instead — FS+β, since the planner applies
+the β stop to every scaling — and says why in ``fallback_reason`` (None when the learned
+policy is in use), so the operator can log and count it.
 """
 
 from __future__ import annotations
@@ -36,11 +54,17 @@ import numpy as np
 
 from .cluster import ClusterState, JobView
 from .nn import PolicyFileError, load_policy_file, mlp
+from .ordering import remaining_time
 from .policy import make_scaling, register_scaling
 
-__all__ = ["RLPTO_FEATURES", "rlpto_observation", "job_observation", "RLPTOActor", "RLPTOScaling", "DEFAULT_WEIGHTS"]
+__all__ = ["RLPTO_FEATURES", "RLPTO_LAYOUT", "rlpto_observation", "job_observation", "remaining_rank", "RLPTOActor",
+           "RLPTOScaling", "DEFAULT_WEIGHTS"]
 
-RLPTO_FEATURES = ("m", "e", "l", "n", "a", "c", "w")
+RLPTO_FEATURES = ("m", "e", "l", "n", "a", "c", "w", "s", "x", "r", "q")
+#: observation layout: 1 = the paper's seven features (m..w), 2 = + s, x, r, q (issue 16)
+RLPTO_LAYOUT = 2
+#: features of each layout a model file may declare
+LAYOUT_FEATURES = {1: RLPTO_FEATURES[:7], 2: RLPTO_FEATURES}
 #: action index -> sign of the worker change (times the step ``i``)
 RLPTO_ACTIONS = (-1, 0, 1)
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "rlpto.safetensors"
@@ -58,8 +82,19 @@ def rlpto_observation(
     gain: float,
     beta: float,
     workers: float,
+    speedup: float,
+    stat_efficiency: float,
+    rank: float,
+    queued_gpus: float,
+    total_gpus: float,
 ) -> np.ndarray:
-    """The seven RLPTO features (see the module table) as a float32 vector."""
+    """The eleven RLPTO features (see the module table) as a float32 vector.
+
+    ``speedup``: throughput at ``workers + 1`` over throughput now (0: unknown);
+    ``stat_efficiency``: efficiency of a sample at ``workers + 1`` over now (0: unknown);
+    ``rank``: the job's rank in remaining work among running jobs, already in [0, 1]
+    (:func:`remaining_rank`); ``queued_gpus``: GPUs the waiting jobs ask for, of
+    ``total_gpus``."""
     total = max(float(total), 1.0)
     if math.isfinite(loss) and math.isfinite(max_loss) and max_loss > 0:
         l_feat = min(max(loss / max_loss, 0.0), 2.0)
@@ -80,9 +115,33 @@ def rlpto_observation(
             min(max(accuracy, 0.0), 1.0),
             c,
             min(max(workers, 0.0), 16.0) / 16.0,
+            min(max(speedup - 1.0, 0.0), 1.0) if speedup > 0 and math.isfinite(speedup) else 0.0,
+            min(max(stat_efficiency, 0.0), 1.0) if stat_efficiency > 0 and math.isfinite(stat_efficiency) else 1.0,
+            min(max(rank, 0.0), 1.0) if math.isfinite(rank) else 1.0,
+            min(max(queued_gpus, 0.0) / max(float(total_gpus), 1.0), 2.0) / 2.0,
         ],
         dtype=np.float32,
     )
+
+
+def remaining_rank(job: JobView, state: ClusterState) -> float:
+    """The job's rank in estimated remaining work among the running jobs of ``state``,
+    scaled to [0, 1] (0: the least work left; a job alone ranks 0).
+
+    Remaining work is :func:`~rlsched.core.ordering.remaining_time` (the non-clairvoyant
+    estimate from progress) times the GPUs the job holds; jobs whose remaining time is
+    unknown rank after every known one, ties go by submit time then id."""
+    others = [v for v in state.running.values() if v.id != job.id]
+    if not others:
+        return 0.0
+
+    def key(v: JobView) -> tuple:
+        r = remaining_time(v)
+        return ((0, r * v.gpus) if r > 0 else (1, 0.0), v.submit_time, v.id)
+
+    mine = key(job)
+    below = sum(1 for v in others if key(v) < mine)
+    return below / len(others)
 
 
 def job_observation(job: JobView, state: ClusterState) -> np.ndarray:
@@ -101,11 +160,17 @@ def job_observation(job: JobView, state: ClusterState) -> np.ndarray:
         gain=p.gain,
         beta=job.beta,
         workers=job.workers,
+        speedup=job.speedup,
+        stat_efficiency=job.stat_efficiency,
+        rank=remaining_rank(job, state),
+        queued_gpus=sum(v.workers * v.gpus_per_worker for v in state.pending),
+        total_gpus=state.total_gpus,
     )
 
 
 class RLPTOActor:
-    """Numpy forward of the exported PPO actor: ``obs [B, 7] -> logits [B, 3]``."""
+    """Numpy forward of the exported PPO actor: ``obs [B, 11] -> logits [B, 3]``; a
+    file of another observation layout is refused with :class:`PolicyFileError`."""
 
     def __init__(self, weights: dict[str, np.ndarray], metadata: dict) -> None:
         arch = metadata.get("architecture", {})
@@ -117,8 +182,17 @@ class RLPTOActor:
         except KeyError as exc:
             raise PolicyFileError(f"rlpto weights: tensor {exc.args[0]!r} missing") from None
         self.activation = str(arch.get("activation", "tanh"))
+        obs = metadata.get("observation", {})
+        layout = int(obs.get("layout", 1))  # files written before layouts existed: the paper's 7 features
+        if layout != RLPTO_LAYOUT or list(obs.get("features", LAYOUT_FEATURES.get(layout, ()))) != list(RLPTO_FEATURES):
+            got = LAYOUT_FEATURES.get(layout, obs.get("features", "?"))
+            raise PolicyFileError(
+                f"rlpto model has observation layout {layout} ({len(got)} features {','.join(map(str, got))}); "
+                f"this rlsched computes layout {RLPTO_LAYOUT} ({len(RLPTO_FEATURES)} features {','.join(RLPTO_FEATURES)}): "
+                "retrain it (rlsched train rlpto) and promote the run")
         if self.layers[0][0].shape[1] != len(RLPTO_FEATURES) or self.layers[-1][0].shape[0] != len(RLPTO_ACTIONS):
-            raise PolicyFileError("rlpto weights: actor must map 7 features to 3 actions")
+            raise PolicyFileError(f"rlpto weights: actor must map {len(RLPTO_FEATURES)} features to 3 actions, "
+                                  f"got {self.layers[0][0].shape[1]} -> {self.layers[-1][0].shape[0]}")
         self.step = int(metadata.get("observation", {}).get("action_step", 1))
 
     def logits(self, obs: np.ndarray) -> np.ndarray:
@@ -142,7 +216,7 @@ class RLPTOScaling:
         *,
         path: str | Path | None = None,
         rng: np.random.Generator | None = None,
-        fallback: str = "beta",
+        fallback: str = "fs",
     ) -> None:
         self.path = Path(path) if path is not None else DEFAULT_WEIGHTS
         self.rng = rng

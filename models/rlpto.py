@@ -34,15 +34,18 @@ from typing import Sequence
 import numpy as np
 
 from rlsched.core import ClusterState, JobView
-from rlsched.core.learned import DEFAULT_WEIGHTS, RLPTO_FEATURES, RLPTOActor, RLPTOScaling
+from rlsched.core.learned import DEFAULT_WEIGHTS, RLPTO_FEATURES, RLPTO_LAYOUT, RLPTOActor, RLPTOScaling
 from rlsched.core.nn import log_softmax
-from rlsched.sim.scaling_env import BUDGETS, K_W, OVERPROVISION, ScalingEnv, ScalingEnvConfig
+from rlsched.core.ordering import remaining_time
+from rlsched.sim import protocol as P
+from rlsched.sim.scaling_env import BUDGETS, K_W, OVERPROVISION, REWARDS, ScalingEnv, ScalingEnvConfig
 
 from .base import CSVLog
 from .rollout import make_pool, split_episodes
 from .runs import add_run_arguments, eval_target, new_run
 
-__all__ = ["add_arguments", "train", "evaluate", "SLAQScaling", "BASELINES", "BETAS", "rollout"]
+__all__ = ["add_arguments", "train", "evaluate", "protocol", "SLAQScaling", "LeastRemainingWork", "BASELINES", "BETAS",
+           "rollout"]
 
 BETAS = (0.00005, 0.0001, 0.0002, 0.0003, 0.0005, 0.001)
 NODES = (12, 16)
@@ -51,10 +54,15 @@ BASELINES = ("FS", "FCFS", "Optimus", "SLAQ", "TRADL", "beta-rule", "FS+beta")
 #: baselines that read a job's future (its noise-free curve): clairvoyant references
 CLAIRVOYANT = ("Optimus", "SLAQ")
 #: policies whose jobs stop by RLPTO's β rule; the others train for the epoch budget
-BETA_STOP = {"RLPTO", "beta-rule", "FS+beta"}
-VERSION = "1"
-EVAL_SEED_BASE = 1_000_000  # evaluation workloads: never drawn in training
+BETA_STOP = {"RLPTO", "beta-rule", "FS+beta", "Optimus+beta", "LRW+beta", "GrowQ+beta", "Oracle-LRW", "Oracle-Optimus",
+             "Oracle-GrowQ"}
+#: oracle references of the protocol: run with ``clairvoyant`` views (true remaining time)
+ORACLES = ("Oracle-LRW", "Oracle-Optimus", "Oracle-GrowQ")
+VERSION = "2"
+EVAL_SEED_BASE = 1_000_000  # the Tables II/III workloads (older runs); the protocol uses sim.protocol's test split
 VAL_SEED_BASE = 500_000
+#: mean gaps between arrivals (s) of the training and protocol workloads: several loads
+INTERARRIVALS = (150.0, 300.0, 600.0)
 
 
 # ---------------------------------------------------------------------- baselines
@@ -106,6 +114,76 @@ class SLAQScaling:
         return {j.id: target[j.id] - j.workers for j in jobs if target[j.id] != j.workers}
 
 
+class LeastRemainingWork:
+    """Workers to the least remaining work first (SRPT-style elastic allocation).
+
+    Every elastic running job gets its ``min_workers``; the rest of the GPUs (free plus
+    held by elastic jobs) go, job after job in order of remaining work (remaining time
+    × GPUs held, :func:`~rlsched.core.ordering.remaining_time`; unknown last), up to each
+    job's ``max_workers``. Each job decided on moves one worker towards its target.
+    On non-clairvoyant views it reads core's estimate from progress (a heuristic); in a
+    ``clairvoyant`` environment the true remaining time, and is then the issue's oracle
+    scaler (a labelled reference, never a baseline)."""
+
+    name = "lrw"
+
+    def decide(self, running: Sequence[JobView], state: ClusterState) -> dict[str, int]:
+        jobs = [j for j in state.running.values() if j.min_workers < j.max_workers]
+
+        def key(j: JobView) -> tuple:
+            r = remaining_time(j)
+            return ((0, r * j.gpus) if r > 0 else (1, 0.0), j.submit_time, j.id)
+
+        jobs.sort(key=key)
+        pool = state.free_gpus + sum(j.gpus for j in jobs) - sum(j.min_workers * j.gpus_per_worker for j in jobs)
+        target = {}
+        for j in jobs:
+            add = min(j.max_workers - j.min_workers, max(pool, 0) // j.gpus_per_worker)
+            target[j.id] = j.min_workers + add
+            pool -= add * j.gpus_per_worker
+        return {j.id: int(np.sign(target[j.id] - j.workers)) for j in running
+                if j.id in target and target[j.id] != j.workers}
+
+
+class QueueAwareGrow:
+    """Grow while a node is free; while jobs wait, the jobs with the most remaining work
+    give a worker back so the queue is admitted sooner (issue 16).
+
+    Per job decided on: ``-1`` when the queue asks for GPUs, the job holds more than its
+    ``min_workers`` and its rank in remaining work
+    (:func:`~rlsched.core.learned.remaining_rank`) is at least ``threshold``; else ``+1``
+    (the planner grants it only where a node is free and the blocked head's GPUs stay
+    free). A function of RLPTO's layout-2 observation (:func:`teacher_actions`), so a
+    policy can imitate it. On non-clairvoyant views the rank comes from core's estimate
+    (a heuristic baseline); in a ``clairvoyant`` environment from the true remaining time
+    (an oracle reference)."""
+
+    name = "growq"
+
+    def __init__(self, threshold: float = 0.9) -> None:
+        self.threshold = threshold
+
+    def decide(self, running: Sequence[JobView], state: ClusterState) -> dict[str, int]:
+        from rlsched.core.learned import remaining_rank
+
+        queued = bool(state.pending)
+        out = {}
+        for j in running:
+            if queued and j.workers > j.min_workers and remaining_rank(j, state) >= self.threshold:
+                out[j.id] = -1
+            elif j.workers < j.max_workers:
+                out[j.id] = 1
+        return out
+
+
+def teacher_actions(obs: np.ndarray, threshold: float = 0.9) -> np.ndarray:
+    """:class:`QueueAwareGrow`'s action indices (0: −1, 2: +1) read off layout-2
+    observations ``[B, 11]`` (jobs at ``min_workers`` = 1 have ``w = 1/16``)."""
+    f = {k: i for i, k in enumerate(RLPTO_FEATURES)}
+    shrink = (obs[:, f["n"]] > 0) & (obs[:, f["r"]] >= threshold) & (obs[:, f["w"]] > 1.5 / 16)
+    return np.where(shrink, 0, 2)
+
+
 def make_policy(label: str, env: ScalingEnv, weights: Path | None = None):
     """A scaling policy of the tables by its label."""
     from rlsched.core import make_scaling
@@ -114,8 +192,12 @@ def make_policy(label: str, env: ScalingEnv, weights: Path | None = None):
         return make_scaling("fs")
     if label == "FCFS":
         return make_scaling("fcfs")
-    if label == "Optimus":
+    if label in ("Optimus", "Optimus+beta", "Oracle-Optimus"):
         return make_scaling("optimus")
+    if label in ("LRW+beta", "Oracle-LRW"):
+        return LeastRemainingWork()
+    if label in ("GrowQ+beta", "Oracle-GrowQ"):
+        return QueueAwareGrow()
     if label == "SLAQ":
         return SLAQScaling(env)
     if label == "TRADL":
@@ -132,8 +214,12 @@ def make_policy(label: str, env: ScalingEnv, weights: Path | None = None):
 
 
 # ---------------------------------------------------------------------- rollouts
-def _env_for(cfg: dict, nodes: int, beta: float, stop: str = "beta") -> ScalingEnv:
-    return ScalingEnv(ScalingEnvConfig(nodes=nodes, beta=beta, stop=stop, **cfg))
+def _env_for(cfg: dict, nodes: int, beta: float, stop: str = "beta", clairvoyant: bool = False,
+             interarrival: float | None = None) -> ScalingEnv:
+    cfg = dict(cfg)
+    if interarrival is not None:
+        cfg["mean_interarrival"] = interarrival
+    return ScalingEnv(ScalingEnvConfig(nodes=nodes, beta=beta, stop=stop, clairvoyant=clairvoyant, **cfg))
 
 
 def rollout(payload: dict, seed: int) -> dict:
@@ -151,8 +237,10 @@ def rollout(payload: dict, seed: int) -> dict:
     for _ in range(payload["episodes"]):
         nodes = int(rng.choice(payload["nodes"]))
         beta = float(rng.choice(payload["betas"]))
-        env = _env_for(payload["env"], nodes, beta)
-        obs, infos = env.reset(seed=int(rng.integers(VAL_SEED_BASE)))
+        ia = float(rng.choice(payload.get("interarrivals", INTERARRIVALS)))
+        env = _env_for(payload["env"], nodes, beta, interarrival=ia)
+        lo, hi = P.SPLITS["train"]
+        obs, infos = env.reset(seed=int(rng.integers(lo, hi)))  # training workloads: the protocol's train split only
         buf: dict[str, dict[str, list]] = {}
         while env.agents:
             actions = {}
@@ -175,20 +263,24 @@ def rollout(payload: dict, seed: int) -> dict:
                 if j in buf:  # credited to the job's last decision
                     buf[j]["rew"][-1] += rwd
         res = env.result()
-        stats.append({"nodes": nodes, "beta": beta, "total_time": res.total_time, "sum_jct": res.mean_jct * len(res.finish),
+        stats.append({"nodes": nodes, "beta": beta, "interarrival": ia, "total_time": res.total_time, "sum_jct": res.mean_jct * len(res.finish),
                       "mean_accuracy": res.mean_accuracy})
         for b in buf.values():
             trajs.append({k: np.asarray(v) for k, v in b.items()})
     return {"trajs": trajs, "stats": stats}
 
 
-def run_episode(label: str, nodes: int, beta: float, seed: int, env_cfg: dict, weights: Path | None = None) -> dict:
-    """One evaluation episode of a labelled policy (greedy)."""
-    env = _env_for(env_cfg, nodes, beta, "beta" if label in BETA_STOP else "epochs")
+def run_episode(label: str, nodes: int, beta: float, seed: int, env_cfg: dict, weights: Path | None = None,
+                interarrival: float | None = None) -> dict:
+    """One evaluation episode of a labelled policy (greedy); oracle labels run on
+    clairvoyant views."""
+    env = _env_for(env_cfg, nodes, beta, "beta" if label in BETA_STOP else "epochs", clairvoyant=label in ORACLES,
+                   interarrival=interarrival)
     env.reset(seed)
     res = env.run_policy(make_policy(label, env, weights))
     return {
-        "policy": label, "nodes": nodes, "beta": beta, "seed": seed,
+        "policy": label, "nodes": nodes, "beta": beta, "seed": seed, "interarrival": env.config.mean_interarrival,
+        "rescales": res.rescales,
         "total_time_h": res.total_time / 3600, "sum_jct_h": res.mean_jct * len(res.finish) / 3600,
         "mean_jct_h": res.mean_jct / 3600, "mean_accuracy": res.mean_accuracy, "gpu_hours": res.gpu_seconds / 3600,
     }
@@ -196,7 +288,8 @@ def run_episode(label: str, nodes: int, beta: float, seed: int, env_cfg: dict, w
 
 def _eval_task(payload: dict, seed: int) -> list[dict]:
     del seed  # evaluation seeds are explicit
-    return [run_episode(payload["label"], n, b, s, payload["env"], payload.get("weights")) for (n, b, s) in payload["grid"]]
+    return [run_episode(payload["label"], *cell[:3], payload["env"], payload.get("weights"),
+                        interarrival=cell[3] if len(cell) > 3 else None) for cell in payload["grid"]]
 
 
 # ---------------------------------------------------------------------- arguments
@@ -215,6 +308,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--restart-cost", type=float, default=30.0, help="seconds without progress after a resize (the engine's)")
     p.add_argument("--k-w", type=float, default=K_W)
     p.add_argument("--beta0", type=float, default=None, help="reward threshold β0 (default: each job's β)")
+    p.add_argument("--reward", choices=REWARDS, default="paper",
+                   help="paper: RLPTO's per-job reward; cluster: -(jobs in system x seconds)/3600 per cycle, "
+                        "split among the cycle's jobs (an episode's return is -(sum of JCTs)/3600)")
+    p.add_argument("--interarrivals", type=float, nargs="+", default=list(INTERARRIVALS),
+                   help="mean seconds between arrivals, one drawn per training episode (the load); "
+                        "validation and the protocol use every one")
     p.add_argument("--budget", choices=BUDGETS, default="oracle",
                    help="jobs' epoch budget: 'oracle' (epochs the curve needs to converge) or 'recipe' "
                         f"(a user's budget: oracle x U{OVERPROVISION} per job)")
@@ -232,6 +331,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--minibatch", type=int, default=1024)
     p.add_argument("--ent-coef", type=float, default=0.01)
     p.add_argument("--reward-scale", type=float, default=10.0, help="rewards are multiplied by this for learning")
+    p.add_argument("--init", choices=("random", "imitate-growq"), default="random",
+                   help="initial actor: random (near-uniform), or imitate-growq: behaviour cloning of QueueAwareGrow on "
+                        "train-split episodes before PPO (issue 16: an extension of the paper's design)")
+    p.add_argument("--bc-episodes", type=int, default=24, help="imitate-growq: teacher episodes")
     p.add_argument("--val-every", type=int, default=10)
     p.add_argument("--val-seeds", type=int, default=4)
     p.add_argument("--time-budget", type=float, default=None, help="stop training after this many minutes")
@@ -241,11 +344,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-seeds", type=int, default=5, help="workloads per (nodes, β) cell")
     p.add_argument("--policies", nargs="+", default=["RLPTO", *BASELINES])
     p.add_argument("--no-update-metadata", action="store_true", help="eval: do not record results in the weights' metadata")
+    p.add_argument("--protocol", action="store_true",
+                   help="eval: the issue-16 protocol instead of Tables II/III: --test-seeds test seeds per cell, paired "
+                        "bootstrap of RLPTO against FS+beta, beta-rule, FS, Optimus, with the clairvoyant oracle bound")
+    p.add_argument("--test-seeds", type=int, default=20, help="protocol: seeds of the test split per cell")
+    p.add_argument("--reuse-rows", type=Path, default=None,
+                   help="protocol: a previous run's rlpto_protocol_episodes.csv; its rows of policies other than RLPTO "
+                        "are reused (same cells and seeds) instead of run again")
+    p.add_argument("--protocol-betas", type=float, nargs="+", default=[0.0003], help="protocol: β of its cells")
+    p.add_argument("--protocol-budgets", choices=BUDGETS, nargs="+", default=list(BUDGETS), help="protocol: budget models of its cells")
 
 
 def _env_cfg(args) -> dict:
     return {"n_jobs": args.n_jobs, "interval": args.interval, "k_w": args.k_w, "beta0": args.beta0, "budget": args.budget,
-            "restart_cost": args.restart_cost}
+            "restart_cost": args.restart_cost, "reward": getattr(args, "reward", "paper")}
 
 
 # ---------------------------------------------------------------------- training
@@ -272,6 +384,7 @@ def _meta(args) -> dict:
     return {
         "observation": {
             "features": list(RLPTO_FEATURES),
+            "layout": RLPTO_LAYOUT,
             "encoding": "rlsched.core.learned.rlpto_observation",
             "actions": ["-i", "0", "+i"],
             "action_step": args.step,
@@ -294,10 +407,14 @@ def _export(args, model, path: Path, training: dict, evaluation: dict | None = N
         trained_on={
             "environment": "rlsched.sim.scaling_env.ScalingEnv: PettingZoo parallel env on the Simulator engine "
                            "(ScalingPlanner, FIFO admission, restart cost)",
-            "workload": f"make_jobs: {args.n_jobs} jobs, Poisson arrivals, seeds < {VAL_SEED_BASE}",
+            "workload": f"make_jobs: {args.n_jobs} jobs, Poisson arrivals with mean gaps {list(args.interarrivals)} s, "
+                        f"seeds of the protocol's train split {list(P.SPLITS['train'])}",
             "budget": _budget_text(args.budget),
             "nodes": list(args.nodes), "betas": list(args.betas), "interval_s": args.interval,
-            "reward": f"v_a + sign(v_a - beta0)*T*w*k_w per cycle, k_w={args.k_w}, T*w in worker-minutes",
+            "reward": (f"v_a + sign(v_a - beta0)*T*w*k_w per cycle, k_w={args.k_w}, T*w in worker-minutes"
+                       if args.reward == "paper" else
+                       "cluster: -(jobs in system x seconds)/3600 per cycle, split equally among the cycle's jobs"),
+            "selection": "validation split of rlsched.sim.protocol, sum of JCTs relative to FS+beta",
         },
         evaluation=evaluation,
     )
@@ -310,11 +427,14 @@ def _budget_text(budget: str) -> str:
 
 
 def _validate(args, weights_path: Path, pool) -> dict:
-    """Greedy policy vs FS on held-out validation seeds: ratios of sum of JCTs and of
-    makespans, and accuracy difference (RLPTO − FS)."""
-    grid = [(n, b, VAL_SEED_BASE + k) for n in args.nodes for b in (min(args.betas), 0.0003, max(args.betas)) for k in range(args.val_seeds)]
+    """Greedy policy vs FS+beta on the protocol's validation seeds (every load, the
+    smallest, middle and largest β): ratios of sum of JCTs and of makespans, and the
+    accuracy difference (RLPTO − FS+beta). Models are chosen on this only."""
+    vals = P.seeds("validation", args.val_seeds)
+    bs = sorted({min(args.betas), 0.0003, max(args.betas)})
+    grid = [(n, b, s, ia) for n in args.nodes for b in bs for ia in args.interarrivals for s in vals]
     env = _env_cfg(args)
-    res = pool.run(_eval_task, [{"label": lab, "grid": grid, "env": env, "weights": weights_path} for lab in ("RLPTO", "FS")])
+    res = pool.run(_eval_task, [{"label": lab, "grid": grid, "env": env, "weights": weights_path} for lab in ("RLPTO", "FS+beta")])
     r, f = res[0], res[1]
     return {
         "val_jct_ratio": float(np.mean([a["sum_jct_h"] / b["sum_jct_h"] for a, b in zip(r, f)])),
@@ -341,6 +461,10 @@ def train(args) -> int:
                     minibatch_size=args.minibatch, ent_coef=args.ent_coef)
     kl = AdaptiveKL(target=args.kl_target) if args.objective == "kl" else None
     meta = _meta(args)
+    if getattr(args, "init", "random") == "imitate-growq":
+        bc = _imitate(args, model, rng)
+        print(f"rlpto: imitation of QueueAwareGrow: {bc['samples']} decisions ({100 * bc['shrink_share']:.1f}% shrinks), "
+              f"agreement {bc['agreement']:.3f}, on shrinks {bc['agreement_shrink']:.3f}")
     hyper = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("func",)}
     hyper.pop("config", None)
     fields = ["iter", "samples", "wall_s", "mean_reward", "episode_sum_jct_h", "episode_makespan_h", "episode_acc",
@@ -357,7 +481,7 @@ def train(args) -> int:
             weights = to_numpy_state(_actor_state(model))
             per = split_episodes(args.episodes, args.workers)
             payloads = [{"weights": weights, "meta": meta, "episodes": e, "nodes": args.nodes, "betas": args.betas,
-                         "env": _env_cfg(args)} for e in per if e > 0]
+                         "interarrivals": args.interarrivals, "env": _env_cfg(args)} for e in per if e > 0]
             results = pool.run(rollout, payloads)
             trajs = [t for r in results for t in r["trajs"] if len(t["act"])]
             stats = [s for r in results for s in r["stats"]]
@@ -420,9 +544,50 @@ def train(args) -> int:
                 "ppo": cfg.as_dict()}
     _export(args, model, run.model, training)
     _plot_learning_curve(run.log, run.curve)
-    print(f"rlpto: exported {run.model} (best validation iteration {best[1]}, sum-JCT ratio vs FS {best[0]:.3f}) "
+    print(f"rlpto: exported {run.model} (best validation iteration {best[1]}, sum-JCT ratio vs FS+beta {best[0]:.3f}) "
           f"after {it} iterations, {samples} samples, {wall / 60:.1f} min")
     return 0
+
+
+def _imitate(args, model, rng: np.random.Generator) -> dict:
+    """Behaviour cloning of :class:`QueueAwareGrow` (:func:`teacher_actions`): the actor
+    learns the teacher's action on the observations of ``--bc-episodes`` teacher episodes
+    (train split, cells drawn as in training); cross-entropy, Adam 1e-3."""
+    import torch
+
+    xs = []
+    lo, hi = P.SPLITS["train"]
+    for _ in range(args.bc_episodes):
+        env = _env_for(_env_cfg(args), int(rng.choice(args.nodes)), float(rng.choice(args.betas)),
+                       interarrival=float(rng.choice(args.interarrivals)))
+        obs, infos = env.reset(seed=int(rng.integers(lo, hi)))
+        while env.agents:
+            ids = [j for j in env.agents if infos[j]["decides"]]
+            acts = {}
+            if ids:
+                x = np.stack([obs[j] for j in ids])
+                xs.append(x)
+                acts = {j: int(a) for j, a in zip(ids, teacher_actions(x))}
+            obs, _, _, _, infos = env.step(acts)
+    x = torch.from_numpy(np.concatenate(xs).astype(np.float32))
+    y = torch.from_numpy(teacher_actions(x.numpy())).long()
+    # the teacher shrinks rarely (a few % of decisions): classes weighted by inverse
+    # frequency, or the actor learns "always +1" and drops the shrinks that matter
+    counts = torch.bincount(y, minlength=3).float()
+    weight = torch.where(counts > 0, counts.sum() / (counts.clamp(min=1) * int((counts > 0).sum())), torch.zeros(3))
+    opt = torch.optim.Adam(model.actor.parameters(), lr=3e-3)
+    for _ in range(1500):
+        idx = torch.from_numpy(rng.integers(0, len(x), size=min(2048, len(x))))
+        loss = torch.nn.functional.cross_entropy(model.actor(x[idx]), y[idx], weight=weight)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        pred = model.actor(x).argmax(-1)
+    agree = float((pred == y).float().mean())
+    shrink = y == 0
+    agree_shrink = float((pred[shrink] == 0).float().mean()) if bool(shrink.any()) else float("nan")
+    return {"samples": len(x), "agreement": agree, "agreement_shrink": agree_shrink, "shrink_share": float(shrink.float().mean())}
 
 
 def _plot_learning_curve(log_path: Path, png: Path) -> None:
@@ -441,11 +606,36 @@ def _plot_learning_curve(log_path: Path, png: Path) -> None:
     ax[1].set(title="training episodes (h)", xlabel="iteration")
     ax[1].legend()
     v = df.dropna(subset=["val_jct_ratio"])
-    ax[2].plot(v["iter"], v["val_jct_ratio"], "o-", label="sum JCT / FS")
-    ax[2].plot(v["iter"], v["val_makespan_ratio"], "s-", label="makespan / FS")
+    ax[2].plot(v["iter"], v["val_jct_ratio"], "o-", label="sum JCT / FS+beta")
+    ax[2].plot(v["iter"], v["val_makespan_ratio"], "s-", label="makespan / FS+beta")
     ax[2].axhline(1.0, color="grey", lw=0.8)
-    ax[2].set(title="validation (greedy) vs fair share", xlabel="iteration")
+    ax[2].set(title="validation (greedy) vs FS+beta", xlabel="iteration")
     ax[2].legend()
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def plot_runs(runs: dict[str, Path], png: Path) -> None:
+    """Validation curves (sum of JCTs relative to FS+beta, validation split) of several
+    training runs in one figure: ``runs`` maps a label to a run directory."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    fig, ax = plt.subplots(1, 2, figsize=(12, 3.8))
+    for label, d in runs.items():
+        df = pd.read_csv(Path(d) / "train.csv")
+        v = df.dropna(subset=["val_jct_ratio"])
+        ax[0].plot(v["wall_s"] / 60, v["val_jct_ratio"], "o-", ms=3, label=label)
+        ax[1].plot(df["wall_s"] / 60, df["p_minus"], label=label)
+    ax[0].axhline(1.0, color="grey", lw=0.8)
+    ax[0].set(title="validation: sum of JCTs / FS+beta (greedy)", xlabel="wall minutes")
+    ax[1].set(title="share of -1 actions in training rollouts", xlabel="wall minutes")
+    ax[0].legend(fontsize=8)
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
@@ -454,6 +644,8 @@ def _plot_learning_curve(log_path: Path, png: Path) -> None:
 
 # ---------------------------------------------------------------------- evaluation
 def evaluate(args) -> int:
+    if args.protocol:
+        return protocol(args)
     labels = list(args.policies)
     grid = [(n, b, EVAL_SEED_BASE + k) for n in args.nodes for b in args.betas for k in range(args.eval_seeds)]
     env = _env_cfg(args)
@@ -486,6 +678,190 @@ def evaluate(args) -> int:
             "budget": _budget_text(args.budget), "vs_fs": summary["headline"], "eval_seeds": args.eval_seeds,
             "eval_wall_s": round(time.time() - t0, 1)}})
     return 0
+
+
+#: the protocol's rows: the learned policy, the non-clairvoyant baselines, a non-clairvoyant
+#: least-remaining-work heuristic, and the clairvoyant oracles (references, never baselines)
+PROTOCOL_POLICIES = ("RLPTO", "FS+beta", "beta-rule", "FS", "Optimus+beta", "LRW+beta", "GrowQ+beta", *ORACLES)
+#: baselines RLPTO is judged against (all non-clairvoyant)
+PROTOCOL_BASELINES = ("FS+beta", "beta-rule", "FS", "Optimus+beta", "LRW+beta", "GrowQ+beta")
+#: the must-show: sum of JCTs at least this much below FS+beta ...
+TARGET_REL = -0.10
+#: ... at a mean final accuracy within this many points of it
+TARGET_ACC_POINTS = 0.3
+
+
+def protocol(args) -> int:
+    """The issue-16 protocol for RLPTO: the protocol's test seeds (``--test-seeds``) in
+    every cell (nodes × β × load × budget model), each policy greedy on the same
+    workloads; paired bootstrap 95% intervals of RLPTO − baseline per cell and over all
+    cells, on the sum of JCTs (h) and the mean final accuracy (points); the oracle bound
+    (clairvoyant) per cell. Writes ``rlpto_protocol.{json,md}`` and the per-episode rows."""
+    from tqdm import tqdm
+
+    weights, res_dir, record = eval_target(args, "rlpto", served=DEFAULT_WEIGHTS)
+    test = P.seeds("test", args.test_seeds)
+    labels = [lab for lab in args.policies if lab in PROTOCOL_POLICIES] if args.policies != ["RLPTO", *BASELINES] \
+        else list(PROTOCOL_POLICIES)
+    cells = [(b, n, ia, beta) for b in args.protocol_budgets for n in args.nodes for ia in args.interarrivals
+             for beta in args.protocol_betas]
+    t0 = time.time()
+    rows: list[dict] = []
+    reused: set[str] = set()
+    if args.reuse_rows is not None:
+        rows, reused = _reuse(args.reuse_rows, labels, cells, test)
+    with make_pool(args.engine, args.workers, args.seed) as pool:
+        for budget in args.protocol_budgets:
+            env = {**_env_cfg(args), "budget": budget}
+            grid = [(n, beta, s, ia) for (b, n, ia, beta) in cells if b == budget for s in test]
+            chunks = [grid[k::max(args.workers, 1)] for k in range(max(args.workers, 1))]
+            for lab in tqdm([lab for lab in labels if lab not in reused], desc=f"protocol rlpto ({budget})", unit="policy"):
+                res = pool.run(_eval_task, [{"label": lab, "grid": c, "env": env, "weights": weights} for c in chunks if c])
+                rows.extend({**r, "budget": budget} for part in res for r in part)
+    wall = time.time() - t0
+    res_dir.mkdir(parents=True, exist_ok=True)
+    with open(res_dir / "rlpto_protocol_episodes.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    summary = _protocol_summary(rows, labels, cells, test)
+    summary.update({"model": str(weights), "model_training": _model_training(weights), "wall_s": round(wall, 1),
+                    "test_seeds": [test[0], test[-1]], "n_seeds": len(test), "engine": args.engine, "workers": args.workers})
+    (res_dir / "rlpto_protocol.json").write_text(json.dumps(summary, indent=2) + "\n")
+    md = _protocol_markdown(summary)
+    (res_dir / "rlpto_protocol.md").write_text(md)
+    if "RLPTO" in labels and "FS+beta" in labels and record and not args.no_update_metadata:
+        from .export import update_evaluation
+
+        a = summary["all"]
+        update_evaluation(weights, {"rlpto_protocol": {
+            "test_seeds": summary["test_seeds"], "cells": list(summary["cells"]),
+            "vs_fs_beta": a["rlpto_vs"]["FS+beta"], "beats_fs_beta": a["beats_fs_beta"], "must_show": a["must_show"],
+            "oracle_bound": a.get("oracle_bound"), "position": a.get("rlpto_position")}})
+    print(md)
+    print(f"rlpto protocol: {len(rows)} episodes in {wall:.0f} s; written to {res_dir}")
+    return 0
+
+
+def _reuse(path: Path, labels: list[str], cells: list[tuple], test: list[int]) -> tuple[list[dict], set[str]]:
+    """Rows of a previous protocol run for the non-RLPTO policies that cover every cell
+    and seed asked for now (the episodes are deterministic: same cell and seed, same run)."""
+    with open(path, newline="") as fh:
+        old = list(csv.DictReader(fh))
+    num = {"nodes": int, "seed": int, "rescales": int}
+    rows = [{k: (num[k](v) if k in num else v if k in ("policy", "budget") else float(v)) for k, v in r.items()} for r in old]
+    want = {(b, n, ia, beta, s) for (b, n, ia, beta) in cells for s in test}
+    out, reused = [], set()
+    for lab in labels:
+        if lab == "RLPTO":
+            continue
+        mine = [r for r in rows if r["policy"] == lab and (r["budget"], r["nodes"], r["interarrival"], r["beta"], r["seed"]) in want]
+        if len(mine) == len(want):
+            out.extend(mine)
+            reused.add(lab)
+    return out, reused
+
+
+def _model_training(weights: Path) -> dict:
+    from rlsched.core.nn import PolicyFileError, load_policy_file
+
+    try:
+        _, meta = load_policy_file(weights, policy="rlpto")
+    except PolicyFileError as exc:
+        return {"error": str(exc)}
+    t = meta.get("training", {})
+    keep = ("reward", "budget", "iterations_run", "best_iteration", "best_val_jct_ratio", "samples", "wall_s", "engine",
+            "workers", "interarrivals", "seed")
+    return {k: t[k] for k in keep if k in t}
+
+
+def _pd(a: Sequence[float], b: Sequence[float]) -> dict:
+    d = P.paired_bootstrap(a, b)
+    return {"n": d.n, "mean_a": d.mean_a, "mean_b": d.mean_b, "diff": d.diff, "diff_lo": d.diff_lo, "diff_hi": d.diff_hi,
+            "rel": d.rel, "rel_lo": d.rel_lo, "rel_hi": d.rel_hi}
+
+
+def _protocol_summary(rows: list[dict], labels: list[str], cells: list[tuple], test: list[int]) -> dict:
+    def series(lab: str, key: str, cell: tuple | None) -> list[float]:
+        out = []
+        for c in ([cell] if cell else cells):
+            b, n, ia, beta = c
+            by_seed = {r["seed"]: r[key] for r in rows if r["policy"] == lab and r["budget"] == b and r["nodes"] == n
+                       and r["interarrival"] == ia and r["beta"] == beta}
+            out.extend(by_seed[s] for s in test)
+        return out
+
+    def block(cell: tuple | None) -> dict:
+        out = {"means": {lab: {"sum_jct_h": float(np.mean(series(lab, "sum_jct_h", cell))),
+                               "mean_accuracy_pct": 100 * float(np.mean(series(lab, "mean_accuracy", cell))),
+                               "rescales": float(np.mean(series(lab, "rescales", cell)))} for lab in labels}}
+        if "RLPTO" in labels:
+            out["rlpto_vs"] = {}
+            for lab in labels:
+                if lab == "RLPTO":
+                    continue
+                jct = _pd(series("RLPTO", "sum_jct_h", cell), series(lab, "sum_jct_h", cell))
+                acc = _pd([100 * x for x in series("RLPTO", "mean_accuracy", cell)],
+                          [100 * x for x in series(lab, "mean_accuracy", cell)])
+                out["rlpto_vs"][lab] = {"sum_jct_h": jct, "accuracy_points": acc}
+        if "FS+beta" in labels:
+            out["vs_fs_beta"] = {lab: _pd(series(lab, "sum_jct_h", cell), series("FS+beta", "sum_jct_h", cell))
+                                 for lab in labels if lab != "FS+beta"}
+            oracles = [lab for lab in ORACLES if lab in labels]
+            if oracles:
+                best = min(oracles, key=lambda lab: out["means"][lab]["sum_jct_h"])
+                fb = out["means"]["FS+beta"]["sum_jct_h"]
+                bound = out["means"][best]["sum_jct_h"]
+                out["oracle_bound"] = {"policy": best, "sum_jct_h": bound, "rel_vs_fs_beta": bound / fb - 1}
+                if "RLPTO" in labels and fb > bound:
+                    out["rlpto_position"] = (fb - out["means"]["RLPTO"]["sum_jct_h"]) / (fb - bound)
+        if "RLPTO" in labels and "FS+beta" in labels:
+            v = out["rlpto_vs"]["FS+beta"]
+            out["must_show"] = bool(v["sum_jct_h"]["rel_hi"] <= TARGET_REL and v["sum_jct_h"]["diff_hi"] < 0
+                                    and abs(v["accuracy_points"]["diff"]) <= TARGET_ACC_POINTS)
+            out["beats_fs_beta"] = bool(v["sum_jct_h"]["diff_hi"] < 0)
+        return out
+
+    return {"policies": labels, "clairvoyant": list(ORACLES),
+            "cells": {f"{b}|{n}|{ia:g}|{beta:g}": {"budget": b, "nodes": n, "interarrival": ia, "beta": beta, **block(c)}
+                      for c in cells for (b, n, ia, beta) in [c]},
+            "all": block(None)}
+
+
+def _protocol_markdown(s: dict) -> str:
+    labels = s["policies"]
+    show = lambda lab: f"{lab} (clairvoyant reference)" if lab in s["clairvoyant"] else lab  # noqa: E731
+    out = [f"<!-- generated by `rlsched eval rlpto --protocol` ({s['n_seeds']} test seeds {s['test_seeds'][0]}-"
+           f"{s['test_seeds'][1]} per cell, {s['wall_s']:.0f} s) -->\n",
+           "Sum of JCTs in hours (mean over the test seeds), mean final accuracy in %. Oracle rows read every job's "
+           "true remaining time: clairvoyant references, never baselines. Paired bootstrap 95% intervals of "
+           "RLPTO − baseline over the same seeds; negative sum of JCTs = RLPTO better.\n",
+           "### Means per cell\n",
+           "| budget | nodes | mean gap (s) | β | " + " | ".join(show(lab) for lab in labels) + " | oracle bound vs FS+beta |",
+           "|---" * (len(labels) + 5) + "|"]
+    for c in s["cells"].values():
+        ob = c.get("oracle_bound")
+        out.append(f"| {c['budget']} | {c['nodes']} | {c['interarrival']:g} | {c['beta']:g} | "
+                   + " | ".join(f"{c['means'][lab]['sum_jct_h']:.2f} h / {c['means'][lab]['mean_accuracy_pct']:.2f}%" for lab in labels)
+                   + (f" | {100 * ob['rel_vs_fs_beta']:+.1f}% ({ob['policy']}) |" if ob else " | – |"))
+    if "RLPTO" in labels:
+        out += ["", "### RLPTO − baseline, paired over test seeds (sum of JCTs: relative, 95% CI; accuracy: points, 95% CI)\n",
+                "| cell | " + " | ".join(lab for lab in labels if lab != "RLPTO") + " | must-show | RLPTO between FS+beta (0) and the bound (1) |",
+                "|---" * (len(labels) + 2) + "|"]
+        for name, c in [*s["cells"].items(), ("all cells", s["all"])]:
+            cells = []
+            for lab in labels:
+                if lab == "RLPTO":
+                    continue
+                v = c["rlpto_vs"][lab]
+                j, a = v["sum_jct_h"], v["accuracy_points"]
+                cells.append(f"{100 * j['rel']:+.1f}% [{100 * j['rel_lo']:+.1f}, {100 * j['rel_hi']:+.1f}]; "
+                             f"{a['diff']:+.2f} [{a['diff_lo']:+.2f}, {a['diff_hi']:+.2f}]")
+            pos = c.get("rlpto_position")
+            out.append(f"| {name} | " + " | ".join(cells) + f" | {'met' if c.get('must_show') else 'missed'} | "
+                       + (f"{pos:.2f}" if pos is not None else "–") + " |")
+    out.append("")
+    return "\n".join(out)
 
 
 def _summarize(rows: list[dict], labels: list[str], args) -> dict:

@@ -33,8 +33,15 @@ Every job that has started and not finished is an agent, named by its job id
 ``agents`` in the cycle it starts (a preempted job stays an agent while it waits) and
 leaves with ``terminations[job] = True`` in the cycle it finishes, or with
 ``truncations`` when the episode reaches ``max_time``. All agents share one
-observation space, RLPTO's seven features of
-:func:`rlsched.core.learned.job_observation` (exactly what the served policy reads),
+observation space, RLPTO's eleven features of
+:func:`rlsched.core.learned.job_observation` (exactly what the served policy reads:
+the paper's seven, the job's measured marginal speed-up and statistical efficiency,
+its rank in remaining work estimated from progress, and the queued GPU demand), all
+non-clairvoyant unless the config is marked ``clairvoyant`` (oracle references only).
+Before each cycle's decisions and after it, the environment fills each running view's
+``speedup`` and ``stat_efficiency`` from the engine's throughput and efficiency models
+(:meth:`ScalingEnv._measure`: what a profiler and a gradient-noise-scale monitor
+measure; system properties of the job, not its future),
 and one action space ``Discrete(3)``, indices of ``(−1, 0, +1)`` workers: one policy,
 shared by every agent, maps each agent's observation to its action (parameter sharing).
 
@@ -49,7 +56,7 @@ a whole episode.
 
 Reward
 ------
-The reward of a job for a cycle is RLPTO's
+``reward="paper"`` (the default): the reward of a job for a cycle is RLPTO's
 
     r = v_a + sign(v_a − β0) · T · w · k_w,   k_w = 0.000625
 
@@ -59,6 +66,18 @@ gained), and ``T · w`` the worker-minutes it held during the cycle (``T`` the c
 minutes times its ``w`` workers when it held them throughout). A learner credits a
 decision with the rewards of the cycles until the job's next decision
 (:func:`rlsched.models.rlpto.rollout`).
+
+``reward="cluster"`` (issue 16): the cycle's cluster reward
+``−(jobs in system × seconds)/3600`` — the seconds every submitted, unfinished job
+(running or waiting) spent in the system during the cycle, in hours — split equally
+among the cycle's agents. Over an episode the cluster rewards (and so the agents'
+rewards summed) add up to ``−(sum of JCTs)/3600`` exactly
+(:meth:`ScalingEnv.system_seconds`). ``last_cluster_reward`` holds it under both rewards.
+
+Restarts are not free under either reward: a resize pays the engine's ``restart_cost``
+(the job holds its GPUs and makes no progress), and GPUs a shrink frees go to the
+waiting queue in the same cycle (the engine's admission runs after the plan), so a
+scaler can shrink a job to admit a queued one.
 """
 
 from __future__ import annotations
@@ -91,9 +110,11 @@ BUDGETS = ("oracle", "recipe")
 #: budget is at best what the job needs and at most twice that (mean 1.5x); chosen once,
 #: before any RLPTO result under it was seen (docs/training.md)
 OVERPROVISION = (1.0, 2.0)
-#: bounds of the seven RLPTO features (rlsched.core.learned.rlpto_observation)
-OBS_LOW = np.array([0.0, 0.0, 0.0, 0.0, 0.0, -1.0, 0.0], dtype=np.float32)
-OBS_HIGH = np.array([1.0, 1.0, 2.0, 1.0, 1.0, 1.0, 1.0], dtype=np.float32)
+#: rewards of the environment (module docstring)
+REWARDS = ("paper", "cluster")
+#: bounds of the eleven RLPTO features (rlsched.core.learned.rlpto_observation)
+OBS_LOW = np.array([0.0, 0.0, 0.0, 0.0, 0.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0], dtype=np.float32)
+OBS_HIGH = np.array([1.0, 1.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0], dtype=np.float32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,10 +179,18 @@ class ScalingEnvConfig:
     backfill: bool = False
     #: seconds without progress after a resize or a resume (the engine's)
     restart_cost: float = 30.0
+    #: show the policies every job's true remaining time (``SimConfig.clairvoyant``):
+    #: for labelled oracle references only, never a baseline or a training run
+    clairvoyant: bool = False
+    #: "paper": RLPTO's per-job reward; "cluster": −(jobs in system × seconds)/3600 per
+    #: cycle, split equally among the cycle's agents (module docstring)
+    reward: str = "paper"
 
     def __post_init__(self) -> None:
         if self.budget not in BUDGETS:
             raise ValueError(f"budget must be one of {BUDGETS}, not {self.budget!r}")
+        if self.reward not in REWARDS:
+            raise ValueError(f"reward must be one of {REWARDS}, not {self.reward!r}")
         if self.stop not in ("beta", "epochs"):
             raise ValueError(f"stop must be 'beta' or 'epochs', not {self.stop!r}")
         if self.nodes < 1 or self.gpus_per_node < 1 or self.interval <= 0 or self.n_jobs < 1:
@@ -289,6 +318,8 @@ class ScalingEnv(ParallelEnv):
         self.last_plan = ScalingPlan()
         self.t0 = 0.0
         self.engine_seed = 0
+        #: the last cycle's cluster reward −(jobs in system × seconds)/3600 (both rewards)
+        self.last_cluster_reward = 0.0
 
     # ------------------------------------------------------------------ spaces
     def observation_space(self, agent: str) -> spaces.Box:
@@ -322,10 +353,12 @@ class ScalingEnv(ParallelEnv):
             placement=make_placement(cfg.placement),
             seed=self.engine_seed,
             config=SimConfig(backfill=cfg.backfill, restart_cost=cfg.restart_cost, max_time=self.t0 + cfg.max_time,
-                             record_series=False),
+                             record_series=False, clairvoyant=cfg.clairvoyant),
         )
         self.last_plan = ScalingPlan()
+        self.last_cluster_reward = 0.0
         self._until_someone_runs()
+        self._measure()
         self.agents = [v.id for v in self.sim.running]
         deciding = self._deciding()
         return self._observations(self.agents), {a: self._info(a, deciding) for a in self.agents}
@@ -384,18 +417,26 @@ class ScalingEnv(ParallelEnv):
         prev = list(self.agents)
         if not prev:
             return {}, {}, {}, {}, {}
+        self._measure()
+        sys0 = self.system_seconds()
         self.last_plan = sim.scaling_cycle(policy)
         before = {a: self._meter(a) for a in prev}
         sim.advance_until(sim.now + cfg.interval)
         self._until_someone_runs()
-        beta0 = cfg.beta if cfg.beta0 is None else cfg.beta0
-        g = cfg.gpus_per_node
+        self._measure()
+        self.last_cluster_reward = -(self.system_seconds() - sys0) / 3600.0
         rewards = {}
-        for a in prev:
-            (acc0, att0), (acc1, att1) = before[a], self._meter(a)
-            va = acc1 - acc0
-            worker_min = (att1 - att0) / (g * 60.0)
-            rewards[a] = va + float(np.sign(va - beta0)) * worker_min * cfg.k_w
+        if cfg.reward == "cluster":
+            share = self.last_cluster_reward / len(prev)
+            rewards = {a: share for a in prev}
+        else:
+            beta0 = cfg.beta if cfg.beta0 is None else cfg.beta0
+            g = cfg.gpus_per_node
+            for a in prev:
+                (acc0, att0), (acc1, att1) = before[a], self._meter(a)
+                va = acc1 - acc0
+                worker_min = (att1 - att0) / (g * 60.0)
+                rewards[a] = va + float(np.sign(va - beta0)) * worker_min * cfg.k_w
         running = {v.id for v in sim.running}
         waiting = {v.id for v in sim.pending}
         ended = {a for a in prev if a not in running and a not in waiting}
@@ -418,6 +459,30 @@ class ScalingEnv(ParallelEnv):
         while not sim.running and not sim.done:
             if not sim.step():
                 break
+
+    def system_seconds(self) -> float:
+        """Seconds jobs have spent in the system (submitted, not finished) up to now,
+        summed over jobs: the sum of JCTs once every job has finished."""
+        sim = self.sim
+        now = sim.now
+        done = sum(r.end - r.submit for r in sim.result().records)
+        live = sum(max(now - v.submit_time, 0.0) for v in (*sim.running, *sim.pending))
+        return float(done + live)
+
+    def _measure(self) -> None:
+        """Fill each running job's measured marginal speed-up and statistical efficiency
+        (``JobView.speedup``, ``stat_efficiency``): what a profiler measures of the
+        throughput at one more worker (the engine's throughput model at the best
+        placement) and what a gradient-noise-scale monitor measures of the efficiency
+        of a sample (the job's convergence model), as Pollux measures both. They are
+        system properties of the job, not its future: no run time or convergence point."""
+        sim = self.sim
+        for v in sim.running:
+            w = max(v.workers, 1)
+            now = sim.ideal_throughput(v.id, w)
+            v.speedup = sim.ideal_throughput(v.id, w + 1) / now if now > 0 else 0.0
+            conv, _ = sim.training_curve(v.id)
+            v.stat_efficiency = conv.efficiency(w + 1) / conv.efficiency(w) if conv is not None else 0.0
 
     def _deciding(self) -> set[str]:
         return {rj.key for rj in self.sim.elastic_jobs() if self._probe.decides(rj)}

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlsched.core import make_scaling
-from rlsched.core.learned import RLPTOScaling, rlpto_observation
+from rlsched.core.learned import RLPTO_FEATURES, RLPTOScaling, rlpto_observation
 from rlsched.models import rlpto as R
 from rlsched.models.cli import run
 from rlsched.sim.scaling_env import K_W, ScalingEnv, ScalingEnvConfig, ScalingJob, make_jobs
@@ -89,13 +89,19 @@ def test_actions_respect_bounds_capacity_and_one_decision_per_evaluation():
         env.step({"a": 3})
 
 
+NEW = dict(speedup=0.0, stat_efficiency=0.0, rank=0.0, queued_gpus=0.0, total_gpus=12)
+
+
 def test_observation_encoding():
     o = rlpto_observation(free=3, total=12, epoch=7, loss=0.5, max_loss=2.0, pending=4, accuracy=0.8, gain=0.0006,
-                          beta=0.0003, workers=4)
-    np.testing.assert_allclose(o, [0.25, 0.07, 0.25, 4 / 12, 0.8, 0.2, 0.25], atol=1e-7)
+                          beta=0.0003, workers=4, speedup=1.25, stat_efficiency=0.9, rank=0.5, queued_gpus=6,
+                          total_gpus=12)
+    np.testing.assert_allclose(o, [0.25, 0.07, 0.25, 4 / 12, 0.8, 0.2, 0.25, 0.25, 0.9, 0.5, 0.25], atol=1e-7)
     first = rlpto_observation(free=0, total=12, epoch=1, loss=float("nan"), max_loss=float("nan"), pending=0,
-                              accuracy=0.1, gain=float("inf"), beta=0.0003, workers=1)
+                              accuracy=0.1, gain=float("inf"), beta=0.0003, workers=1, **NEW)
     assert first[2] == 1.0 and first[5] == 1.0
+    # unknown speed-up and efficiency (nobody measured them): no gain, full efficiency
+    assert first[7] == 0.0 and first[8] == 1.0
 
 
 def test_make_jobs_budget_reaches_convergence():
@@ -127,7 +133,9 @@ def test_smoke_training_learns_that_plus_one_costs(tmp_path):
     rng = np.random.default_rng(0)
     obs = np.stack([rlpto_observation(free=rng.integers(0, 4), total=4, epoch=rng.integers(1, 30), loss=1.0, max_loss=2.3,
                                       pending=0, accuracy=rng.uniform(0.2, 0.9), gain=rng.uniform(0, 0.01),
-                                      beta=0.001, workers=rng.integers(1, 4)) for _ in range(64)])
+                                      beta=0.001, workers=rng.integers(1, 4), speedup=rng.uniform(1.0, 1.5),
+                                      stat_efficiency=rng.uniform(0.9, 1.0), rank=rng.uniform(), queued_gpus=0,
+                                      total_gpus=4) for _ in range(64)])
     z = pol._actor.logits(obs)
     p = np.exp(z - z.max(1, keepdims=True))
     p /= p.sum(1, keepdims=True)
@@ -150,27 +158,27 @@ def test_exported_actor_numpy_equals_torch(tmp_path):
     export_policy(path, R._actor_state(model), policy="rlpto", version="1", observation=m["observation"],
                   architecture=m["architecture"], training={}, trained_on={})
     pol = RLPTOScaling(path=path)
-    x = torch.randn(32, 7) * 2
+    x = torch.randn(32, len(RLPTO_FEATURES)) * 2
     with torch.no_grad():
         ref = model.actor(x).numpy()
     np.testing.assert_allclose(pol._actor.logits(x.numpy()), ref, atol=1e-5)
 
 
-def test_fallback_to_beta_rule_on_missing_or_corrupt_file(tmp_path):
+def test_fallback_to_fs_beta_on_missing_or_corrupt_file(tmp_path):
     missing = RLPTOScaling(path=tmp_path / "none.safetensors")
-    assert missing.fallback_reason and "not found" in missing.fallback_reason and "'beta'" in missing.fallback_reason
+    assert missing.fallback_reason and "not found" in missing.fallback_reason and "'fs'" in missing.fallback_reason
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"junk")
     bad.with_suffix(".json").write_text('{"format": "rlsched-policy/1", "policy": "rlpto"}')
     corrupt = RLPTOScaling(path=bad)
     assert corrupt.fallback_reason and "corrupt" in corrupt.fallback_reason
-    # it decides exactly like the beta heuristic on the same snapshot
+    # it decides exactly like FS (FS+beta: the planner applies the β stop) on the same snapshot
     env = ScalingEnv(ScalingEnvConfig(nodes=6, beta=0.001, n_jobs=4))
     env.reset(seed=5)
-    beta = make_scaling("beta")
+    fs = make_scaling("fs")
     for _ in range(30):
-        assert corrupt.decide(env.running(), env.cluster) == beta.decide(env.running(), env.cluster)
-        env.step_policy(beta)
+        assert corrupt.decide(env.running(), env.cluster) == fs.decide(env.running(), env.cluster)
+        env.step_policy(fs)
 
 
 def test_committed_policy_loads_and_decides_within_bounds():

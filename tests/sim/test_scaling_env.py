@@ -166,3 +166,91 @@ def test_scale_ups_leave_the_blocked_heads_gpus():
     while alone.agents:
         alone.step({"a": 2})
     assert alone.result().rescales == 2 and alone.sim.job("a").workers == 3
+
+
+def test_cluster_reward_sums_to_minus_the_sum_of_jcts_over_an_episode():
+    """Hand case: a runs 8 one-minute epochs alone (ends at 480 s); b (submitted at 1 s)
+    waits for all 3 nodes, then does 2 epochs at 3 x 160 samples/s, 20 s each (ends at
+    520 s). Sum of JCTs 480 + 519 = 999 s: the episode's cluster rewards, over cycles and
+    over the agents that share them, add up to -999/3600."""
+    env = ScalingEnv(ScalingEnvConfig(nodes=3, beta=0.001, n_jobs=2, reward="cluster"), jobs=_head_blocking_jobs(True))
+    env.reset(seed=0)
+    total, per_cycle = 0.0, 0.0
+    while env.agents:
+        _, rew, _, _, _ = env.step({})
+        total += sum(rew.values())
+        per_cycle += env.last_cluster_reward
+    res = env.result()
+    assert res.finish == {"a": pytest.approx(480.0), "b": pytest.approx(520.0)}
+    assert total == pytest.approx(-999.0 / 3600, abs=1e-12) and per_cycle == pytest.approx(-999.0 / 3600, abs=1e-12)
+    # a generated workload under FS, several loads: exact to rounding
+    for ia in (150.0, 600.0):
+        env = ScalingEnv(ScalingEnvConfig(nodes=12, beta=0.0003, reward="cluster", mean_interarrival=ia))
+        env.reset(seed=7)
+        total = 0.0
+        while env.agents:
+            _, rew, _, _, _ = env.step_policy(make_scaling("fs"))
+            total += sum(rew.values())
+        res = env.result()
+        assert len(res.finish) == 16
+        assert total == pytest.approx(-res.mean_jct * 16 / 3600, rel=1e-9)
+    with pytest.raises(ValueError, match="reward must be one of"):
+        ScalingEnvConfig(reward="jct")
+
+
+def _grower(restart_cost: float):
+    curve = {"acc_max": 0.9, "acc0": 0.1, "tau": 6.0, "gamma": 0.0, "noise": 0.0}
+    a = ScalingJob(id="a", submit_time=0.0, workers=1, min_workers=1, max_workers=2, compute_time=0.2, grad_gb=0.0,
+                   samples_per_epoch=9600, max_epochs=4, convergence=curve)
+    env = ScalingEnv(ScalingEnvConfig(nodes=2, beta=0.001, n_jobs=1, restart_cost=restart_cost), jobs=[a])
+    env.reset(seed=0)
+    env.step({})  # t = 0 -> 60: epoch 1 at 160 samples/s
+    env.step({"a": 2})  # +1 at t = 60
+    while env.agents:
+        env.step({})
+    return env.result()
+
+
+def test_a_resize_costs_the_engines_restart():
+    """+1 worker at 60 s: the 3 epochs left take 28 800 samples / 320 samples/s = 90 s
+    after the restart, so the job ends at 150 s without a restart cost and at 180 s with
+    the engine's 30 s; the GPUs are held (and billed) through the restart."""
+    free, paid = _grower(0.0), _grower(30.0)
+    assert free.finish["a"] == pytest.approx(150.0) and paid.finish["a"] == pytest.approx(180.0)
+    assert paid.rescales == 1 and paid.gpu_seconds - free.gpu_seconds == pytest.approx(2 * 30.0)
+
+
+def test_shrinking_admits_the_waiting_job_in_the_same_cycle():
+    """a holds 2 of 3 nodes, b waits for 2 (FIFO head, blocked). a gives a worker back at
+    its first evaluation (t = 60): the GPUs freed go to b at once, in that cycle."""
+    curve = {"acc_max": 0.9, "acc0": 0.1, "tau": 6.0, "gamma": 0.0, "noise": 0.0}
+    a = ScalingJob(id="a", submit_time=0.0, workers=2, min_workers=1, max_workers=3, compute_time=0.2, grad_gb=0.0,
+                   samples_per_epoch=19200, max_epochs=20, convergence=curve)
+    b = ScalingJob(id="b", submit_time=1.0, workers=2, min_workers=2, max_workers=2, compute_time=0.2, grad_gb=0.0,
+                   samples_per_epoch=9600, max_epochs=5, convergence=curve)
+    env = ScalingEnv(ScalingEnvConfig(nodes=3, beta=0.001, n_jobs=2), jobs=[a, b])
+    env.reset(seed=0)
+    _, _, _, _, infos = env.step({})  # 0 -> 60: a (2 x 160 samples/s) finishes epoch 1; b arrived and waits
+    assert [v.id for v in env.sim.pending] == ["b"] and infos["a"]["decides"]
+    obs, _, _, _, _ = env.step({"a": 0})  # -1 at t = 60
+    assert env.last_plan.deltas == {"a": -1}
+    assert env.sim.job("b").start_time == pytest.approx(60.0) and env.sim.job("a").workers == 1
+    assert set(env.agents) == {"a", "b"} and not env.sim.pending
+    # the queue is in the observation: before, 2 GPUs of 3 were asked by the waiting job
+    env2 = ScalingEnv(ScalingEnvConfig(nodes=3, beta=0.001, n_jobs=2), jobs=[a, b])
+    env2.reset(seed=0)
+    obs, _, _, _, _ = env2.step({})
+    assert obs["a"][3] == pytest.approx(1 / 3) and obs["a"][10] == pytest.approx((2 / 3) / 2)
+
+
+def test_views_carry_the_measured_speed_up_and_efficiency():
+    env = ScalingEnv(ScalingEnvConfig(nodes=12, beta=0.0003))
+    env.reset(seed=3)
+    for _ in range(5):
+        env.step_policy(make_scaling("fs"))
+    for v in env.running():
+        w = v.workers
+        assert v.speedup == pytest.approx(env.sim.ideal_throughput(v.id, w + 1) / env.sim.ideal_throughput(v.id, w))
+        conv, _ = env.sim.training_curve(v.id)
+        assert v.stat_efficiency == pytest.approx(conv.efficiency(w + 1) / conv.efficiency(w))
+        assert 0 < v.stat_efficiency <= 1 and v.speedup > 1
