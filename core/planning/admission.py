@@ -371,28 +371,80 @@ class Admission:
             views = [r.job for r in cands if r.job is not None]
             last = {v.id: -i for i, v in enumerate(self.ordering.rank(views, state))}
         cands.sort(key=lambda r: (-CLASS_RANK[r.spec.priority_class], r.priority, last.get(r.key, 0), -r.start_time, r.key))
-        f = free.copy()
+        room = _Room.of(job, free, total, state)
         chosen: list[str] = []
         s = job.spec
         for r in cands:
-            for i in r.placement:
-                f[i] = min(f[i] + r.spec.gpus_per_worker, total[i])
+            room.release(r)
             chosen.append(r.key)
-            if gang_fits(f, s.gpus_per_worker, s.min_workers):
-                return self._prune(chosen, cands, free, total, s)
+            if room.fits(s):
+                return self._prune(chosen, cands, _Room.of(job, free, total, state), s)
         return []
 
     @staticmethod
-    def _prune(chosen: list[str], cands: Sequence[RunningEntry], free: np.ndarray, total: np.ndarray, s: TrainingSpec) -> list[str]:
+    def _prune(chosen: list[str], cands: Sequence[RunningEntry], start: "_Room", s: TrainingSpec) -> list[str]:
         """Drop victims (highest priority first) that are not needed after all."""
         by_key = {r.key: r for r in cands}
         keep = list(chosen)
         for key in reversed(chosen[:-1]):
             trial = [k for k in keep if k != key]
-            f = free.copy()
+            room = start.copy()
             for k in trial:
-                for i in by_key[k].placement:
-                    f[i] = min(f[i] + by_key[k].spec.gpus_per_worker, total[i])
-            if gang_fits(f, s.gpus_per_worker, s.min_workers):
+                room.release(by_key[k])
+            if room.fits(s):
                 keep = trial
         return keep
+
+
+@dataclass
+class _Room:
+    """Free GPUs per node (as the caller counts them) and, when the waiting job asks for
+    CPU or memory and the cluster state is known, free CPU and memory per node: victims
+    are chosen until the gang fits by every resource a worker needs, so nobody is evicted
+    for a job whose workers would still not fit (e.g. a worker needing a large node's
+    memory, where freeing GPUs on small nodes does not help)."""
+
+    gpus: np.ndarray
+    total: np.ndarray
+    cpu: np.ndarray | None = None
+    mem: np.ndarray | None = None
+    cpu_total: np.ndarray | None = None
+    mem_total: np.ndarray | None = None
+    cpu_need: int = 0
+    mem_need: int = 0
+
+    @classmethod
+    def of(cls, job: QueueEntry, free: np.ndarray, total: np.ndarray, state: ClusterState | None) -> "_Room":
+        room = cls(np.array(free, dtype=np.int64), np.asarray(total, dtype=np.int64))
+        view = job.job
+        if state is None or view is None or not (view.cpu_milli > 0 or view.memory_mib > 0):
+            return room
+        if len(state.cpu_free) != len(room.gpus):
+            return room
+        room.cpu, room.mem = state.cpu_free.astype(np.int64), state.mem_free.astype(np.int64)
+        room.cpu_total, room.mem_total = state.cpu_total, state.mem_total
+        room.cpu_need, room.mem_need = int(view.cpu_milli), int(view.memory_mib)
+        return room
+
+    def copy(self) -> "_Room":
+        return _Room(self.gpus.copy(), self.total, None if self.cpu is None else self.cpu.copy(),
+                     None if self.mem is None else self.mem.copy(), self.cpu_total, self.mem_total,
+                     self.cpu_need, self.mem_need)
+
+    def release(self, r: RunningEntry) -> None:
+        g = r.spec.gpus_per_worker
+        v = r.job
+        for i in r.placement:
+            self.gpus[i] = min(self.gpus[i] + g, self.total[i])
+            if self.cpu is not None and v is not None:
+                self.cpu[i] = min(self.cpu[i] + v.cpu_milli, self.cpu_total[i])
+                self.mem[i] = min(self.mem[i] + v.memory_mib, self.mem_total[i])
+
+    def fits(self, s: TrainingSpec) -> bool:
+        per = np.maximum(self.gpus, 0) // s.gpus_per_worker
+        if self.cpu is not None:
+            if self.cpu_need > 0:
+                per = np.minimum(per, np.maximum(self.cpu, 0) // self.cpu_need)
+            if self.mem_need > 0:
+                per = np.minimum(per, np.maximum(self.mem, 0) // self.mem_need)
+        return int(per.sum()) >= s.min_workers

@@ -306,3 +306,28 @@ def test_preemption_with_elastic_scaling_keeps_books(ordering, scaling):
     assert sum(r.preemptions for r in res.records) > 0
     for v in sim.running:
         assert v.min_workers <= v.workers <= v.max_workers
+
+
+def test_victims_are_chosen_by_every_resource_the_head_needs():
+    """Regression (issue 16): victims were chosen counting GPUs only, so a job whose
+    worker needs a large node's CPUs evicted a job on a small node, still did not fit,
+    and evicted again at every event (thousands of suspensions on the Alibaba replay).
+
+    Node S: 8 GPUs, 8 CPUs. Node L: 8 GPUs, 128 CPUs. Firstfit, restart cost 30 s.
+    A (8 GPUs, 1 CPU, 100 s) starts on S; B (8 GPUs, 100 CPUs, 100 s) on L, both at 0.
+    H (highest, 8 GPUs, 100 CPUs, 20 s) arrives at 10: only L can host it, so B is the
+    one victim (A's GPUs on S would not help): H runs 10-30 on L, B resumes at 30
+    (30 s restart, 90 s of work) and ends at 150; A is never touched.
+    """
+    from rlsched.core import NodeSpec
+
+    topo = Topology([NodeSpec("S", 8, cpu_milli=8_000), NodeSpec("L", 8, cpu_milli=128_000)])
+    jobs = [
+        JobSpec(id="A", submit_time=0, gpus_per_worker=8, duration=100, cpu_milli=1_000),
+        JobSpec(id="B", submit_time=0, gpus_per_worker=8, duration=100, cpu_milli=100_000),
+        JobSpec(id="H", submit_time=10, gpus_per_worker=8, duration=20, cpu_milli=100_000, priority_class="highest"),
+    ]
+    r = _by_id(_run_checked(_sim(jobs, "fifo", topo=topo)))
+    assert (r["A"].start, r["A"].end, r["A"].preemptions) == (0.0, 100.0, 0)
+    assert (r["H"].start, r["H"].end) == (10.0, 30.0)
+    assert (r["B"].end, r["B"].preemptions) == (150.0, 1)
