@@ -662,6 +662,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recorded", default=None,
                    help="recorded Pollux runs (default: docs/results/peers_pollux.json of this tree)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--verbose", action="store_true", help="show the simulator's warnings (thousands on a loaded replay)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -670,6 +671,11 @@ def main(args: argparse.Namespace) -> int:
     from .traces import TraceError
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "verbose", False):
+        # per-run engine warnings (dropped unfittable jobs, preemption retries) repeat for
+        # every policy and seed; the protocol's own warnings stay
+        logging.getLogger("rlsched.sim").setLevel(logging.ERROR)
+        log.setLevel(logging.WARNING)
     recorded = args.recorded if args.recorded is not None else (default_recorded() if "pollux" in args.suite else None)
     try:
         with Progress(TextColumn("protocol"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
