@@ -115,7 +115,7 @@ class Suite:
         if self.name == "alibaba":
             return f"alibaba2023:default,nodes=30,window={jobs},load={load:g},tail=0.9"
         if self.name == "pollux":
-            return f"pollux-gen:seed={seed},load={load:g}"
+            return f"pollux-gen:seed={seed},jobs={jobs},load={load:g}"
         raise ProtocolError(f"suite {self.name!r} has no trace")
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -257,6 +259,31 @@ def test_tiny_protocol_end_to_end(tmp_path):
     d = json.loads(paths[0].read_text())
     assert d["settings"]["test_seeds"] == [20000, 20001, 20002]
     assert all(math.isfinite(r["mean"]) for r in d["cells"][0]["rows"])
+
+
+def _real_data() -> str | None:
+    env = os.environ.get("RLSCHED_DATA_DIR")
+    cand = Path(env) if env else Path(__file__).resolve().parents[2].parent / "shared" / "data"
+    return str(cand) if (cand / "pollux-osdi21" / "traces" / "philly.csv").is_file() else None
+
+
+@pytest.mark.skipif(_real_data() is None, reason="Pollux OSDI'21 data not found ($RLSCHED_DATA_DIR or ../shared/data)")
+def test_pollux_suite_cells_and_a_tiny_interval_run():
+    suite = ev.SUITES["pollux"]
+    assert suite.test_cells(1.0) == ["published", "generated"] and suite.test_cells(2.0) == ["generated"]
+    units = suite.test_units(1.5, "published", 20, 160)
+    assert [u.key for u in units] == [f"workload-{w}" for w in range(1, 9)]
+    assert units[0].spec == "pollux:workloads-1.5/workload-1"
+    assert [u.seed for u in suite.validation_units(1.0, 2, 160)] == [10000, 10001]
+    res = ev.run_protocol(["pollux"], pool=["fifo/firstfit+nobackfill", "tiresias-2q"], loads=[2.0],
+                          validation_seeds=1, test_seeds=2, top=1, jobs=10, clairvoyant=["optimus-oracle"],
+                          data_dir=_real_data())
+    [cell] = res.cells
+    assert cell["cell"] == "generated" and cell["units"] == ["seed=20000", "seed=20001"]
+    roles = {r["policy"]: r["role"] for r in cell["rows"]}
+    assert roles["rlsched"] == "candidate" and roles["optimus-oracle"] == "clairvoyant reference"
+    assert "tiresias-2q" in roles  # always reported on the pollux suite
+    assert "optimus-oracle" not in cell["strongest"]
 
 
 def test_eval_protocol_cli_imports_no_torch(tmp_path):
