@@ -401,6 +401,9 @@ def run_protocol(
         "served": {"name": SERVED_NAME, "ordering": SERVED.ordering, "placement": SERVED.placement,
                    "scaling": SERVED.scaling, "reason": SERVED.reason},
         "clairvoyant_reference": list(clairvoyant), "pool": {}, "jobs": {}, "recorded": str(recorded) if recorded else None,
+        "pool_kind": "custom (--pool)" if pool is not None else (
+            f"the issue's pool, scalings narrowed to {', '.join(scalings)}" if scalings is not None else "the issue's pool"),
+        "notes": [],
     }
     result = ProtocolResult(settings)
     runner = _Runner(procs, data_dir, tick)
@@ -546,10 +549,12 @@ def markdown(result: ProtocolResult | Mapping) -> str:
         f"Clairvoyant rows are marked {CLAIRVOYANT_LABEL} and never count as baselines; recorded rows "
         f"{RECORDED_LABEL} are runs recorded earlier, paired on the workloads both have.", "",
     ]
+    for note in st.get("notes", []):
+        lines += [f"Note: {note}", ""]
     for suite in st["suites"]:
         pool = st["pool"].get(suite, [])
         lines += [f"## {suite}", "", f"{SUITES[suite].describe.replace('JOBS', str(st['jobs'].get(suite, '')))}; "
-                  f"pool of {len(pool)} policies.", ""]
+                  f"pool of {len(pool)} policies ({st.get('pool_kind', 'the issue pool')}).", ""]
         lines += ["| cell | candidate | against | role | n | candidate mean JCT s | baseline mean JCT s | "
                   "diff s [95% CI] | rel [95% CI] | below? |", "|---|---|---|---|---|---|---|---|---|---|"]
         for c in (c for c in d["cells"] if c["suite"] == suite):
@@ -661,6 +666,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", default=None, help="trace data folder (default: $RLSCHED_DATA_DIR)")
     p.add_argument("--recorded", default=None,
                    help="recorded Pollux runs (default: docs/results/peers_pollux.json of this tree)")
+    p.add_argument("--note", action="append", default=[], help="a note printed with the tables (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--verbose", action="store_true", help="show the simulator's warnings (thousands on a loaded replay)")
 
@@ -692,6 +698,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"rlsched eval protocol: error: {exc}", file=sys.stderr)
         return 2
     res.settings["command"] = "rlsched eval protocol " + " ".join(getattr(args, "argv", []) or [])
+    res.settings["notes"] += list(getattr(args, "note", []) or [])
     paths = write_outputs(res, args.out, args.stem or "protocol_" + "_".join(args.suite))
     for c in res.cells:
         best = next((cp for cp in c["comparisons"] if cp["role"] == "best of the strongest on test" and "diff" in cp), None)
