@@ -57,7 +57,7 @@ from .protocol import PairedDiff, SplitError, paired_bootstrap, seeds
 __all__ = [
     "ProtocolError", "Unit", "Suite", "SUITES", "POOL_ORDERINGS", "POOL_PLACEMENTS", "POOL_SCALINGS",
     "baseline_pool", "select_strongest", "pair_by_unit", "check_pool", "run_unit", "run_protocol",
-    "ProtocolResult", "write_outputs", "add_arguments", "main", "RECORDED_LABEL",
+    "ProtocolResult", "merge", "write_outputs", "add_arguments", "main", "RECORDED_LABEL",
 ]
 
 log = logging.getLogger("rlsched.sim.evaluate")
@@ -616,6 +616,33 @@ def plot(result: ProtocolResult | Mapping, path: Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def merge(parts: Sequence[ProtocolResult | Mapping]) -> ProtocolResult:
+    """One result from runs of the same protocol over different suites or loads (e.g.
+    one process per load): screens and cells side by side, runs and wall time summed.
+    The parts must share candidates, seeds and K."""
+    ds = [p.to_dict() if isinstance(p, ProtocolResult) else p for p in parts]
+    if not ds:
+        raise ProtocolError("nothing to merge")
+    first = ds[0]["settings"]
+    for d in ds[1:]:
+        for k in ("candidates", "validation_seeds", "test_seeds", "top"):
+            if d["settings"][k] != first[k]:
+                raise ProtocolError(f"cannot merge: {k} differs ({d['settings'][k]} vs {first[k]})")
+    st = json.loads(json.dumps(first))
+    st["suites"] = list(dict.fromkeys(s for d in ds for s in d["settings"]["suites"]))
+    for key in ("pool", "jobs"):
+        for d in ds:
+            st[key].update(d["settings"].get(key, {}))
+    st["runs"] = sum(d["settings"].get("runs", 0) for d in ds)
+    st["wall_s"] = sum(d["settings"].get("wall_s", 0.0) for d in ds)
+    st["commands"] = [d["settings"].get("command", "") for d in ds]
+    st["notes"] = list(dict.fromkeys(n for d in ds for n in d["settings"].get("notes", [])))
+    order = {s: i for i, s in enumerate(st["suites"])}
+    screens = sorted((x for d in ds for x in d["screens"]), key=lambda x: (order[x["suite"]], x["load"]))
+    cells = sorted((x for d in ds for x in d["cells"]), key=lambda x: (order[x["suite"]], x["load"], x["cell"]))
+    return ProtocolResult(st, screens, cells)
 
 
 def write_outputs(result: ProtocolResult, out: str | Path, stem: str = "protocol") -> list[Path]:

@@ -184,6 +184,19 @@ def test_protocol_exact_answers(monkeypatch):
     assert "D/d (clairvoyant reference)" in md and "reference, not a baseline" in md
 
 
+def test_runs_per_load_merge_into_one_result(monkeypatch):
+    monkeypatch.setattr(ev, "run_unit", _fake_run_unit)
+    monkeypatch.setattr(ev, "check_pool", lambda names, suite, role="baseline": [parse_policy_name(n) for n in names])
+    kw = dict(candidates=["X/x"], pool=["A/a", "B/b", "C/c"], validation_seeds=2, test_seeds=3, top=1)
+    hi = ev.run_protocol(["synthetic"], loads=[2.0], **kw)
+    lo = ev.run_protocol(["synthetic"], loads=[0.5], **kw)
+    m = ev.merge([hi, lo.to_dict()])
+    assert [c["load"] for c in m.cells] == [0.5, 2.0] and [s["load"] for s in m.screens] == [0.5, 2.0]
+    assert m.settings["runs"] == hi.settings["runs"] + lo.settings["runs"]
+    with pytest.raises(ev.ProtocolError, match="top differs"):
+        ev.merge([hi, ev.run_protocol(["synthetic"], loads=[1.0], **{**kw, "top": 2})])
+
+
 def test_clairvoyant_baselines_are_refused():
     with pytest.raises(ev.ProtocolError, match="clairvoyant"):
         ev.check_pool(["optimus-oracle"], ev.SUITES["pollux"])
