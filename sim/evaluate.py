@@ -549,6 +549,8 @@ def markdown(result: ProtocolResult | Mapping) -> str:
         f"Clairvoyant rows are marked {CLAIRVOYANT_LABEL} and never count as baselines; recorded rows "
         f"{RECORDED_LABEL} are runs recorded earlier, paired on the workloads both have.", "",
     ]
+    for cmd in st.get("commands") or ([st["command"]] if st.get("command") else []):
+        lines += [f"Command: `{cmd}`", ""]
     for note in st.get("notes", []):
         lines += [f"Note: {note}", ""]
     for suite in st["suites"]:
