@@ -596,16 +596,24 @@ def plot(result: ProtocolResult | Mapping, path: Path) -> Path:
     roles = ("strongest baseline", "best of the strongest on test", "reported baseline", "recorded peer")
     fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(cells) + 2), 4.5))
     marks = {}
+    cand_marker = {c: "osD^v<>"[k % 7] for k, c in enumerate(d["settings"]["candidates"])}
     for i, c in enumerate(cells):
         comps = [cp for cp in c["comparisons"] if cp["role"] in roles and "rel" in cp]
+        step = 0.8 / max(len(comps), 1)
         for j, cp in enumerate(comps):
-            off = (j - (len(comps) - 1) / 2) * 0.12
+            off = (j - (len(comps) - 1) / 2) * step
             key = cp["role"] if cp["role"] != "strongest baseline" else "each strongest baseline"
             color = {"each strongest baseline": "C0", "best of the strongest on test": "C3",
                      "reported baseline": "C2", "recorded peer": "C1"}[key]
             lo, hi = 100 * (cp["rel"] - cp["rel_lo"]), 100 * (cp["rel_hi"] - cp["rel"])
-            h = ax.errorbar(i + off, 100 * cp["rel"], yerr=[[lo], [hi]], fmt="o", color=color, capsize=3, ms=4)
+            h = ax.errorbar(i + off, 100 * cp["rel"], yerr=[[lo], [hi]], fmt=cand_marker[cp["candidate"]], color=color,
+                            capsize=3, ms=4)
             marks.setdefault(key, h)
+    if len(cand_marker) > 1:
+        from matplotlib.lines import Line2D
+
+        for cand, mk in cand_marker.items():
+            marks[f"candidate {cand}"] = Line2D([], [], color="k", marker=mk, ls="")
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xticks(range(len(cells)))
     ax.set_xticklabels([_cell_name(c) for c in cells], rotation=30, ha="right", fontsize=8)
@@ -643,7 +651,8 @@ def merge(parts: Sequence[ProtocolResult | Mapping]) -> ProtocolResult:
     st["notes"] = list(dict.fromkeys(n for d in ds for n in d["settings"].get("notes", [])))
     order = {s: i for i, s in enumerate(st["suites"])}
     screens = sorted((x for d in ds for x in d["screens"]), key=lambda x: (order[x["suite"]], x["load"]))
-    cells = sorted((x for d in ds for x in d["cells"]), key=lambda x: (order[x["suite"]], x["load"], x["cell"]))
+    cells = sorted((x for d in ds for x in d["cells"]),
+                   key=lambda x: (order[x["suite"]], x["load"], SUITES[x["suite"]].test_cells(x["load"]).index(x["cell"])))
     return ProtocolResult(st, screens, cells)
 
 
