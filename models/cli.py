@@ -40,7 +40,10 @@ def register(subparsers) -> None:
             description=f"{helptext}. Run `rlsched {command} ALGO --help` for the algorithm's options.",
             add_help=True,
         )
-        p.add_argument("algo", choices=sorted(ALGORITHMS), help="which policy")
+        choices = sorted(ALGORITHMS) + (["protocol"] if command == "eval" else [])
+        p.add_argument("algo", choices=choices,
+                       help="which policy" + ("; `protocol`: candidates against the strongest baselines "
+                                              "(rlsched eval protocol --help)" if command == "eval" else ""))
         p.add_argument("rest", nargs=argparse.REMAINDER, help="the algorithm's options (--config F, --seed N, ...)")
         p.set_defaults(func=lambda args, _c=command: run(_c, args.algo, args.rest))
     models = subparsers.add_parser("models", help="manage trained models", description="manage trained models")
@@ -104,7 +107,13 @@ def build_algo_parser(command: str, algo: str, module) -> argparse.ArgumentParse
 
 
 def run(command: str, algo: str, argv: list[str]) -> int:
-    """Parse ``argv`` with the algorithm's own parser (config file first) and run it."""
+    """Parse ``argv`` with the algorithm's own parser (config file first) and run it.
+    ``rlsched eval protocol`` runs the evaluation protocol (:mod:`rlsched.sim.evaluate`;
+    numpy only, no torch)."""
+    if command == "eval" and algo == "protocol":
+        from rlsched.sim.evaluate import cli
+
+        return cli(argv)
     module = _load_module(algo)
     parser = build_algo_parser(command, algo, module)
     pre, _ = parser.parse_known_args(argv)

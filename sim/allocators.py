@@ -9,9 +9,11 @@
 ``pollux``
     the released Pollux policy (PyPI ``adaptdl-sched==0.2.11``) in its own environment,
     through a bridge process (:mod:`rlsched.sim.peers.pollux`; ``make pollux-env``).
-``<ordering>/<placement>[/<scaling>]``
+``rlsched``
+    the served learned combination (:data:`rlsched.core.served.SERVED`) as below.
+``<ordering>/<placement>[/<scaling>][+backfill|+nobackfill]``
     any of our orderings and placements (``fifo/bestfit``, ``tiresias/topology``, ...)
-    as a gang allocator with backfill (:class:`rlsched.core.gang_allocator.GangAllocator`):
+    as a gang allocator with backfill unless ``+nobackfill`` (:class:`rlsched.core.gang_allocator.GangAllocator`):
     requested GPUs and batch size, no preemption; with a scaling policy (``beta``,
     ``fs``, ``optimus``, ``rlpto``, ...) core's elastic planner resizes running jobs on
     their reported learning curves.
@@ -57,24 +59,30 @@ def is_allocator(name: str) -> bool:
 
 
 def make_allocator(name: str, *, seed: int = 0, **opts) -> Allocator:
-    """A fresh allocator (each run needs its own: allocators keep state)."""
-    if "/" in name:
+    """A fresh allocator (each run needs its own: allocators keep state). ``name`` is
+    a policy name (:func:`rlsched.core.served.parse_policy_name`): an allocation policy,
+    ``ordering/placement[/scaling]`` or ``rlsched`` (the served combination), the last
+    two with an optional ``+backfill``/``+nobackfill`` (default: backfill)."""
+    from rlsched.core.served import parse_policy_name
+
+    pol = parse_policy_name(name)
+    if not pol.allocator:
         import numpy as np
 
         from rlsched.core import make_ordering, make_placement, make_scaling
         from rlsched.core.gang_allocator import GangAllocator
 
-        parts = name.split("/")
-        if len(parts) not in (2, 3) or not all(parts):
-            raise ValueError(f"allocation policy {name!r}: expected a name or ordering/placement[/scaling]")
         so, sp, ss = np.random.SeedSequence(seed).spawn(3)
-        scaling = None
-        if len(parts) == 3 and parts[2] != "none":
-            scaling = make_scaling(parts[2], rng=np.random.default_rng(ss))
-        return GangAllocator(make_ordering(parts[0], rng=np.random.default_rng(so)),
-                             make_placement(parts[1], rng=np.random.default_rng(sp)), scaling, name=name, **opts)
+        scaling = make_scaling(pol.scaling, rng=np.random.default_rng(ss)) if pol.scaling else None
+        if pol.backfill is not None:
+            opts = {**opts, "backfill": pol.backfill}
+        return GangAllocator(make_ordering(pol.ordering, rng=np.random.default_rng(so)),
+                             make_placement(pol.placement, rng=np.random.default_rng(sp)), scaling, name=pol.label, **opts)
     try:
-        factory = ALLOCATORS[name]
+        factory = ALLOCATORS[pol.allocator]
     except KeyError:
-        raise ValueError(f"unknown allocation policy {name!r}; known: {', '.join(ALLOCATORS)}") from None
+        raise ValueError(f"unknown allocation policy {name!r}; known: {', '.join(ALLOCATORS)}, "
+                         "ordering/placement[/scaling] or rlsched") from None
+    if pol.backfill is not None:
+        raise ValueError(f"allocation policy {pol.allocator!r} has its own queue rules: no +backfill/+nobackfill")
     return factory(**opts)

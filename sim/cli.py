@@ -3,6 +3,13 @@
     rlsched sim run --trace SPEC --ordering fifo --placement firstfit [--scaling NAME] --seed N --out DIR
     rlsched sim compare --trace SPEC --policies fifo/firstfit,sjf/bestfit[/beta],... --seed N --out DIR
     rlsched sim compare --trace pollux:workloads/workload-6 --policies tiresias-2q,optimus-oracle,pollux --out DIR
+    rlsched sim compare --trace SPEC --policies fifo/firstfit+backfill,fifo/firstfit+nobackfill,rlsched --out DIR
+
+A policy name (:func:`rlsched.core.served.parse_policy_name`) is
+``ordering/placement[/scaling]``, ``rlsched`` (the served learned combination,
+:data:`rlsched.core.served.SERVED`) or an allocation policy of the interval engine, with
+an optional ``+backfill``/``+nobackfill``: that policy's own backfill, whatever
+``--backfill`` says (which stays the default of the names without a suffix).
 
 Measured workloads (``pollux:<folder>/<file>``, ``pollux-gen:seed=N,...``) run on the
 interval engine (:mod:`.interval`) with allocation policies (:mod:`.allocators`), on
@@ -25,7 +32,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["register", "run_policy", "parse_policies", "label", "CLAIRVOYANT_LABEL"]
+from rlsched.core.served import SERVED_NAME, PolicyName, parse_policy_name
+
+from .allocators import ALLOCATORS
+
+__all__ = ["register", "run_policy", "run_allocator", "policy_config", "parse_policies", "label", "CLAIRVOYANT_LABEL"]
 
 log = logging.getLogger("rlsched.sim")
 
@@ -58,6 +69,8 @@ def register(subparsers) -> None:
 
     r = sub.add_parser("run", help="simulate one ordering/placement[/scaling] policy")
     common(r)
+    r.add_argument("--policy", default=None,
+                   help="a policy name: ordering/placement[/scaling][+backfill|+nobackfill], rlsched, or an allocation policy")
     r.add_argument("--ordering", default=None)
     r.add_argument("--placement", default=None)
     r.add_argument("--scaling", default=None)
@@ -68,7 +81,8 @@ def register(subparsers) -> None:
     c = sub.add_parser("compare", help="simulate several policies on one trace; table, JSON and plots")
     common(c)
     c.add_argument("--policies", required=True,
-                   help="comma list of ordering/placement[/scaling]; allocation policies by name on measured workloads")
+                   help="comma list of ordering/placement[/scaling][+backfill|+nobackfill] or rlsched (the served learned "
+                   "combination); allocation policies by name on measured workloads")
     c.add_argument("--clairvoyant-reference", default=None, metavar="POLICIES",
                    help="also run these ordering/placement[/scaling] with true run times, as labelled reference rows")
     c.set_defaults(func=_cmd_compare)
@@ -76,21 +90,20 @@ def register(subparsers) -> None:
 
 
 # ------------------------------------------------------------------ helpers
-def parse_policies(text: str) -> list[tuple[str, str, str | None]]:
+def parse_policies(text: str) -> list[PolicyName]:
+    """A comma list of policy names (:func:`rlsched.core.served.parse_policy_name`); a
+    single word must be ``rlsched`` or an allocation policy (:mod:`.allocators`)."""
+    from .allocators import is_allocator
+
     out = []
     for item in (s.strip() for s in text.split(",")):
         if not item:
             continue
-        parts = item.split("/")
-        if len(parts) == 1:
-            from .allocators import is_allocator
-
-            if is_allocator(item):
-                out.append((item, "", None))
-                continue
-        if len(parts) not in (2, 3) or not all(parts):
-            raise ValueError(f"policy {item!r}: expected ordering/placement[/scaling] or an allocation policy")
-        out.append((parts[0], parts[1], parts[2] if len(parts) == 3 else None))
+        pol = parse_policy_name(item)
+        if pol.allocator and not is_allocator(pol.allocator):
+            raise ValueError(f"policy {item!r}: expected ordering/placement[/scaling][+backfill|+nobackfill], "
+                             f"{SERVED_NAME!r} or an allocation policy ({', '.join(ALLOCATORS)})")
+        out.append(pol)
     if not out:
         raise ValueError("no policies given")
     return out
@@ -212,6 +225,11 @@ def run_policy(trace, topology, ordering: str, placement: str, scaling: str | No
     return res, m
 
 
+def policy_config(config, pol: PolicyName):
+    """The event engine's config for policy ``pol``: its own backfill when its name says."""
+    return config if pol.backfill is None else replace(config, backfill=pol.backfill)
+
+
 def _config(args):
     from .engine import SimConfig
 
@@ -259,27 +277,40 @@ def _cmd_run(args) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
+        if args.policy and (args.ordering or args.placement or args.scaling or args.allocator):
+            raise ValueError("give --policy NAME or --ordering/--placement[/--scaling] (or --allocator), not both")
+        pol = parse_policies(args.policy)[0] if args.policy else None
+        if args.policy and "," in args.policy:
+            raise ValueError("--policy takes one policy name (compare runs several)")
         trace, topo = _load(args)
         if _is_measured(trace):
+            if pol is not None:
+                args.allocator = pol.label
             if args.ordering and args.placement and not args.allocator:
                 args.allocator = f"{args.ordering}/{args.placement}" + (f"/{args.scaling}" if args.scaling else "")
             if not args.allocator:
-                raise ValueError("a measured workload runs an allocation policy: give --allocator NAME "
+                raise ValueError("a measured workload runs an allocation policy: give --policy or --allocator NAME "
                                  "(or --ordering and --placement [--scaling])")
             with _progress(args.quiet) as prog:
                 task = prog.add_task(args.allocator, total=len(trace.jobs))
                 _, m = run_allocator(trace, topo, args.allocator, _interval_config(args, trace),
                                      progress=lambda n, tot: prog.update(task, completed=n), seed=args.seed)
         else:
-            if args.allocator or not (args.ordering and args.placement):
-                raise ValueError("give --ordering and --placement (--allocator is for measured workloads)")
-            config = _config(args)
+            if pol is None:
+                if args.allocator or not (args.ordering and args.placement):
+                    raise ValueError("give --policy, or --ordering and --placement (--allocator is for measured workloads)")
+                pol = parse_policy_name(f"{args.ordering}/{args.placement}" + (f"/{args.scaling}" if args.scaling else ""))
+            elif pol.allocator:
+                raise ValueError(f"policy {pol.label!r} is an allocation policy of measured workloads; "
+                                 "give ordering/placement[/scaling] or rlsched")
+            config = policy_config(_config(args), pol)
             with _progress(args.quiet) as prog:
-                task = prog.add_task(f"{args.ordering}/{args.placement}", total=len(trace.jobs))
+                task = prog.add_task(pol.label, total=len(trace.jobs))
                 _, m = run_policy(
-                    trace, topo, args.ordering, args.placement, args.scaling, args.seed, config,
+                    trace, topo, pol.ordering, pol.placement, pol.scaling, args.seed, config,
                     progress=lambda n, tot: prog.update(task, completed=n),
                 )
+                m["config"]["policy"] = pol.label
     except (TraceError, ValueError, OSError, RuntimeError) as exc:
         return _fail(str(exc))
     for note in trace.notes:
@@ -318,16 +349,16 @@ def _cmd_compare(args) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        policies = [(o, p, s, args.clairvoyant) for o, p, s in parse_policies(args.policies)]
+        policies = [(pol, args.clairvoyant) for pol in parse_policies(args.policies)]
         if args.clairvoyant_reference:
-            policies += [(o, p, s, True) for o, p, s in parse_policies(args.clairvoyant_reference)]
+            policies += [(pol, True) for pol in parse_policies(args.clairvoyant_reference)]
         trace, topo = _load(args)
         measured = _is_measured(trace)
-        for o, p, s, _ in policies:
-            if not measured and p == "":
-                raise ValueError(f"policy {o + ('/' + p if p else '') + ('/' + s if s else '')!r}: measured workloads run "
+        for pol, _ in policies:
+            if not measured and pol.allocator:
+                raise ValueError(f"policy {pol.label!r}: measured workloads run "
                                  "allocation policies (tiresias-2q, optimus-oracle, pollux, ordering/placement); other "
-                                 "traces run ordering/placement[/scaling]")
+                                 "traces run ordering/placement[/scaling] or rlsched")
         config = _interval_config(args, trace) if measured else _config(args)
     except (TraceError, ValueError, OSError) as exc:
         return _fail(str(exc))
@@ -340,8 +371,8 @@ def _cmd_compare(args) -> int:
     try:
         with _progress(args.quiet) as prog:
             overall = prog.add_task("policies", total=len(policies))
-            for o, p, s, clair in policies:
-                name = (f"{o}/{p}" + (f"/{s}" if s else "")) if p else o
+            for pol, clair in policies:
+                name = pol.label
                 if measured:
                     task = prog.add_task(f"  {name}", total=len(trace.jobs))
                     res, m = run_allocator(trace, topo, name, config, seed=args.seed,
@@ -356,9 +387,11 @@ def _cmd_compare(args) -> int:
                         continue  # the same run twice
                     task = prog.add_task(f"  {shown}", total=len(trace.jobs))
                     res, m = run_policy(
-                        trace, topo, o, p, s, args.seed, replace(config, clairvoyant=clair),
+                        trace, topo, pol.ordering, pol.placement, pol.scaling, args.seed,
+                        replace(policy_config(config, pol), clairvoyant=clair),
                         progress=lambda n, tot, task=task: prog.update(task, completed=n),
                     )
+                    m["config"]["policy"] = name
                 rows.append({"policy": name, "clairvoyant": clair, "metrics": m})
                 results[shown] = res
                 prog.advance(overall)

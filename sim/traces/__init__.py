@@ -10,13 +10,15 @@ SPEC forms (see docs/simulator.md for the formats):
     Alibaba GPU cluster trace 2023 (openb): ``openb_pod_list_<list>.csv`` and
     ``openb_node_list_gpu_node.csv`` in ``<data-dir>/alibaba-gpu-2023``
     (:mod:`.alibaba2023`).
-    The four real-trace forms accept ``,arrival_scale=X``: submit times × X (X < 1
+    The four real-trace forms accept ``,window=N``: N consecutive jobs from a start drawn
+    from the seed, shifted to start at 0 (each seed a different stretch); ``,arrival_scale=X``: submit times × X (X < 1
     compresses arrivals to raise the load; durations are kept); ``,nodes=N``: replay on
     N of the trace's nodes (every k-th node in file order, so the GPU-model mix is
     kept; jobs that fit none of them are dropped and counted in
     ``skipped["unfit_subset"]``); ``,load=X``: the arrival scale that makes the offered
     load (GPU-seconds asked / (GPUs × submission span)) equal X on the (sub)cluster.
-    ``load`` and ``arrival_scale`` exclude each other. ``,estimates=F[,estimate_error=S]``:
+    ``load`` and ``arrival_scale`` exclude each other; ``,tail=Q`` (with ``load``) counts each
+    duration at most at the Q-quantile of the durations when measuring the load. ``,estimates=F[,estimate_error=S]``:
     simulated users' run-time estimates for a share F of the jobs, log-normal error
     of shape S (default 0.5); none of these traces has a field with a user's
     estimate, so by default no job carries one (policies are non-clairvoyant).

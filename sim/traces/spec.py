@@ -19,7 +19,7 @@ from .common import data_dir as _data_dir
 from .synthetic import FORM as SYNTHETIC_FORM
 from .synthetic import synthetic
 
-__all__ = ["Source", "SOURCES", "TRACE_OPTIONS", "load_trace", "parse_options", "apply_options", "subset_nodes", "scale_for_load"]
+__all__ = ["Source", "SOURCES", "TRACE_OPTIONS", "load_trace", "parse_options", "apply_options", "subset_nodes", "window_jobs", "scale_for_load"]
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,8 @@ SOURCES: dict[str, Source] = {
 }
 
 #: options of the real traces:
-#: ``name[,arrival_scale=X][,nodes=N][,load=X][,estimates=F][,estimate_error=S]``
-TRACE_OPTIONS = ("arrival_scale", "nodes", "load", "estimates", "estimate_error")
+#: ``name[,arrival_scale=X][,nodes=N][,window=N][,load=X[,tail=Q]][,estimates=F][,estimate_error=S]``
+TRACE_OPTIONS = ("arrival_scale", "nodes", "window", "load", "tail", "estimates", "estimate_error")
 
 
 def load_trace(
@@ -81,7 +81,8 @@ def parse_options(arg: str) -> tuple[str, dict[str, float]]:
         k, eq, v = item.partition("=")
         k = k.strip()
         if k not in TRACE_OPTIONS or not eq:
-            raise TraceError(f"unknown trace option {item!r}; known: arrival_scale=X, nodes=N, load=X, estimates=F, estimate_error=S")
+            raise TraceError(f"unknown trace option {item!r}; known: arrival_scale=X, nodes=N, window=N, load=X, tail=Q, estimates=F, "
+                             "estimate_error=S")
         try:
             opts[k] = float(v)
         except ValueError:
@@ -92,32 +93,42 @@ def parse_options(arg: str) -> tuple[str, dict[str, float]]:
         elif k == "estimate_error":
             if not opts[k] >= 0:
                 raise TraceError("estimate_error must be >= 0")
+        elif k == "tail":
+            if not 0 < opts[k] <= 1:
+                raise TraceError("tail must be in (0, 1]")
         elif not opts[k] > 0:
             raise TraceError(f"{k} must be > 0")
-    if "nodes" in opts and opts["nodes"] != int(opts["nodes"]):
-        raise TraceError(f"nodes={opts['nodes']:g} is not a whole number")
+    for k in ("nodes", "window"):
+        if k in opts and opts[k] != int(opts[k]):
+            raise TraceError(f"{k}={opts[k]:g} is not a whole number")
     if "load" in opts and "arrival_scale" in opts:
         raise TraceError("give load=X or arrival_scale=X, not both")
+    if "tail" in opts and "load" not in opts:
+        raise TraceError("tail=Q needs load=X (it changes how the load is measured)")
     if "estimate_error" in opts and "estimates" not in opts:
         raise TraceError("estimate_error=S needs estimates=F (the share of jobs with an estimate)")
     return name, opts
 
 
 def apply_options(trace: Trace, opts: dict[str, float], *, seed: int = 0) -> Trace:
-    """``nodes`` first (:func:`subset_nodes`), then the arrival scale: ``arrival_scale``
+    """``nodes`` first (:func:`subset_nodes`), then ``window`` (:func:`window_jobs`, drawn
+    from ``seed``), then the arrival scale: ``arrival_scale``
     or the one that gives offered load ``load`` (:func:`scale_for_load`), then the
     simulated users' estimates: a share ``estimates`` of the jobs (default none: the
     real traces carry no estimate) gets an estimate of its run time with log-normal
     error ``estimate_error`` (:func:`~.common.with_estimates`, drawn from ``seed``)."""
     if "nodes" in opts:
         subset_nodes(trace, int(opts["nodes"]))
+    if "window" in opts:
+        window_jobs(trace, int(opts["window"]), seed)
     if "load" in opts:
-        scale = scale_for_load(trace, opts["load"])
+        scale = scale_for_load(trace, opts["load"], tail=opts.get("tail", 1.0))
     else:
         scale = opts.get("arrival_scale", 1.0)
     if scale != 1.0:
         trace.jobs = [j.with_(submit_time=j.submit_time * scale) for j in trace.jobs]
-        trace.name += f",load={opts['load']:g}" if "load" in opts else f",arrival_scale={scale:g}"
+        trace.name += (f",load={opts['load']:g}" + (f",tail={opts['tail']:g}" if "tail" in opts else "")
+                       if "load" in opts else f",arrival_scale={scale:g}")
         trace.notes.append(f"submit times scaled by {scale:.4g} (durations unchanged)")
     if opts.get("estimates", 0) > 0:
         frac, sigma = opts["estimates"], opts.get("estimate_error", ESTIMATE_ERROR)
@@ -150,12 +161,35 @@ def subset_nodes(trace: Trace, n: int) -> None:
     trace.notes.append(f"replayed on {n} of {len(nodes)} nodes; {trace.skipped.get('unfit_subset', 0)} jobs fit none of them and were dropped")
 
 
-def scale_for_load(trace: Trace, load: float) -> float:
+def window_jobs(trace: Trace, n: int, seed: int) -> None:
+    """Keep ``n`` jobs submitted one after another (by submit time), from a start drawn
+    from ``seed``, their submit times shifted so the first is at 0: each seed replays
+    a different stretch of a real trace (the evaluation protocol's seeds)."""
+    if n > len(trace.jobs):
+        raise TraceError(f"window={n} but the trace has only {len(trace.jobs)} jobs")
+    jobs = sorted(trace.jobs, key=lambda j: j.submit_time)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0x77696E]))  # "win": its own stream
+    start = int(rng.integers(0, len(jobs) - n + 1))
+    kept = jobs[start:start + n]
+    t0 = kept[0].submit_time
+    trace.jobs = [j.with_(submit_time=j.submit_time - t0) for j in kept]
+    trace.name += f",window={n}"
+    trace.notes.append(f"a window of {n} consecutive jobs from job {start} of {len(jobs)} (seed {seed})")
+
+
+def scale_for_load(trace: Trace, load: float, tail: float = 1.0) -> float:
     """Arrival scale giving offered load ``load``: Σ GPUs × duration over
-    (cluster GPUs × submission span × scale)."""
+    (cluster GPUs × submission span × scale). With ``tail`` < 1 each duration counts
+    at most the ``tail``-quantile of the durations: in a heavy-tailed trace a handful
+    of jobs running for days would otherwise set the rate alone (their work lands long
+    after the submissions end), and the jobs would hardly ever queue."""
     if trace.topology is None or not trace.jobs:
         raise TraceError("load=X needs a trace with jobs and a cluster")
-    work = sum(j.workers * j.gpus_per_worker * j.duration for j in trace.jobs if j.duration)
+    durations = np.array([j.duration or 0.0 for j in trace.jobs], dtype=float)
+    if tail < 1.0:
+        durations = np.minimum(durations, np.quantile(durations, tail))
+    gpus = np.array([j.workers * j.gpus_per_worker for j in trace.jobs], dtype=float)
+    work = float((gpus * durations).sum())
     span = max(j.submit_time for j in trace.jobs) - min(j.submit_time for j in trace.jobs)
     if span <= 0 or work <= 0:
         raise TraceError("load=X needs jobs with durations submitted over a time span")
