@@ -160,7 +160,7 @@ def _suite(name: str) -> Suite:
         raise ProtocolError(f"unknown suite {name!r}; known: {', '.join(SUITES)}") from None
 
 
-def check_pool(names: Sequence[str], suite: Suite, *, role: str = "baseline") -> list[PolicyName]:
+def check_pool(names: Sequence[str], suite: Suite, *, role: str = "compared_with") -> list[PolicyName]:
     """Parse and check policy names for ``suite``: registered, runnable on its engine,
     and, for baselines, not clairvoyant (``ProtocolError`` otherwise)."""
     from rlsched.core import ORDERINGS, PLACEMENTS, SCALINGS, make_ordering
@@ -184,7 +184,7 @@ def check_pool(names: Sequence[str], suite: Suite, *, role: str = "baseline") ->
                 raise ProtocolError("the released Pollux policy takes ~50 min a workload: its recorded runs are "
                                     "reported instead (--recorded), paired by workload")
             clair = bool(getattr(make_allocator(pol.allocator), "clairvoyant", False))
-            if role == "baseline" and clair:
+            if role == "compared_with" and clair:
                 raise ProtocolError(f"{name!r} is clairvoyant: give it as --clairvoyant-reference, never as a baseline")
             if role == "clairvoyant reference" and not clair:
                 raise ProtocolError(f"{name!r} is not clairvoyant: a baseline, not a reference")
@@ -296,7 +296,7 @@ class ProtocolResult:
 
 def _comparison(cand: str, base: str, role: str, a: Mapping[str, float], b: Mapping[str, float]) -> dict:
     units, x, y = pair_by_unit(a, b)
-    row: dict[str, Any] = {"candidate": cand, "baseline": base, "role": role, "units": len(units)}
+    row: dict[str, Any] = {"candidate": cand, "compared_with": base, "role": role, "units": len(units)}
     if len(units) < 2:
         row["note"] = f"{len(units)} paired unit(s): no interval"
         return row
@@ -562,7 +562,7 @@ def markdown(result: ProtocolResult | Mapping) -> str:
         for c in (c for c in d["cells"] if c["suite"] == suite):
             for cp in c["comparisons"]:
                 if "diff" not in cp:
-                    lines.append(f"| {_cell_name(c)} | {cp['candidate']} | {_shown(cp['baseline'], cp['role'])} | "
+                    lines.append(f"| {_cell_name(c)} | {cp['candidate']} | {_shown(cp['compared_with'], cp['role'])} | "
                                  f"{cp['role']} | {cp['units']} | - | - | {cp.get('note', '-')} | - | - |")
                     continue
                 ref = cp["role"] == "clairvoyant reference"
@@ -570,7 +570,7 @@ def markdown(result: ProtocolResult | Mapping) -> str:
                 if ref:
                     verdict = f"({verdict}; reference, not a baseline)"
                 lines.append(
-                    f"| {_cell_name(c)} | {cp['candidate']} | {_shown(cp['baseline'], cp['role'])} | {cp['role']} | {cp['n']} | "
+                    f"| {_cell_name(c)} | {cp['candidate']} | {_shown(cp['compared_with'], cp['role'])} | {cp['role']} | {cp['n']} | "
                     f"{_f(cp['mean_a'])} | {_f(cp['mean_b'])} | {_f(cp['diff'])} [{_f(cp['diff_lo'])}, {_f(cp['diff_hi'])}] | "
                     f"{_f(cp['rel'], True)} [{_f(cp['rel_lo'], True)}, {_f(cp['rel_hi'], True)}] | {verdict} |")
         lines.append("")
@@ -741,7 +741,7 @@ def main(args: argparse.Namespace) -> int:
     for c in res.cells:
         best = next((cp for cp in c["comparisons"] if cp["role"] == "best of the strongest on test" and "diff" in cp), None)
         if best:
-            print(f"{_cell_name(c)}: {best['candidate']} vs {best['baseline']} {100 * best['rel']:+.1f}% "
+            print(f"{_cell_name(c)}: {best['candidate']} vs {best['compared_with']} {100 * best['rel']:+.1f}% "
                   f"[{100 * best['rel_lo']:+.1f}%, {100 * best['rel_hi']:+.1f}%]{' below' if best['below'] else ''}")
     print(f"wrote {', '.join(str(p) for p in paths)}")
     return 0

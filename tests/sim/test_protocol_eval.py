@@ -152,7 +152,7 @@ def test_unregistered_names_are_refused_before_anything_runs(monkeypatch):
 
 def test_protocol_exact_answers(monkeypatch):
     monkeypatch.setattr(ev, "run_unit", _fake_run_unit)
-    monkeypatch.setattr(ev, "check_pool", lambda names, suite, role="baseline": [parse_policy_name(n) for n in names])
+    monkeypatch.setattr(ev, "check_pool", lambda names, suite, role="compared_with": [parse_policy_name(n) for n in names])
     seen = []
     res = ev.run_protocol(["synthetic"], candidates=["X/x"], pool=["A/a", "B/b", "C/c"], loads=[1.0],
                           validation_seeds=3, test_seeds=4, top=2, clairvoyant=["D/d"],
@@ -166,7 +166,7 @@ def test_protocol_exact_answers(monkeypatch):
     roles = {r["policy"]: r["role"] for r in cell["rows"]}
     assert roles == {"X/x": "candidate", "B/b": "strongest baseline", "C/c": "strongest baseline",
                      "D/d": "clairvoyant reference"}
-    comps = {(c["baseline"], c["role"]): c for c in cell["comparisons"]}
+    comps = {(c["compared_with"], c["role"]): c for c in cell["comparisons"]}
     # X = 180 vs C = 200 (x the same per-seed factor): -10%, CI on a constant ratio is a point
     c = comps[("C/c", "strongest baseline")]
     assert c["rel"] == pytest.approx(-0.10) and c["rel_lo"] == pytest.approx(-0.10) and c["rel_hi"] == pytest.approx(-0.10)
@@ -186,7 +186,7 @@ def test_protocol_exact_answers(monkeypatch):
 
 def test_runs_per_load_merge_into_one_result(monkeypatch):
     monkeypatch.setattr(ev, "run_unit", _fake_run_unit)
-    monkeypatch.setattr(ev, "check_pool", lambda names, suite, role="baseline": [parse_policy_name(n) for n in names])
+    monkeypatch.setattr(ev, "check_pool", lambda names, suite, role="compared_with": [parse_policy_name(n) for n in names])
     kw = dict(candidates=["X/x"], pool=["A/a", "B/b", "C/c"], validation_seeds=2, test_seeds=3, top=1)
     hi = ev.run_protocol(["synthetic"], loads=[2.0], **kw)
     lo = ev.run_protocol(["synthetic"], loads=[0.5], **kw)
@@ -264,7 +264,7 @@ def test_tiny_protocol_end_to_end(tmp_path):
         assert cp["n"] == 3
         rows = {(r["policy"], r["role"]): r for r in cell["rows"]}
         a = rows[(cp["candidate"], "candidate")]["per_unit"]
-        b = next(r for r in cell["rows"] if r["policy"] == cp["baseline"] and
+        b = next(r for r in cell["rows"] if r["policy"] == cp["compared_with"] and
                  (r["role"] == "clairvoyant reference") == (cp["role"] == "clairvoyant reference"))["per_unit"]
         assert cp["diff"] == pytest.approx(np.mean([a[u] - b[u] for u in a]))
     paths = ev.write_outputs(res, tmp_path, "p")
