@@ -34,8 +34,10 @@ def _bound(pod: dict, node: str) -> dict:
 
 def test_gangs_of_one_cycle_are_placed_as_the_simulator_places_them():
     """The 7-job twin run at t≈467: tw-00 has finished; tw-02 (resume, 2 × 2 GPUs),
-    tw-04 (3 × 2) and tw-05 (2 × 2) are admitted in one cycle. The simulator puts tw-04
-    on gpu-2, gpu-0, gpu-1 (its first worker packs the 2 GPUs left on gpu-2); live, the
+    tw-04 (3 × 2) and tw-05 (2 × 2) are admitted in one cycle. With the model served
+    then, the simulator put tw-04 on gpu-2, gpu-0, gpu-1 (its first worker packed the 2
+    GPUs left on gpu-2; with the issue-16 model, on gpu-0, still not where a 1-worker job
+    would go); live, the
     operator's pods carried no gang size, the extender scored tw-04's first worker as
     a 1-worker job and put it on gpu-0, so tw-05 got other nodes and its scale-ups
     found room one epoch earlier."""
@@ -59,7 +61,18 @@ def test_gangs_of_one_cycle_are_placed_as_the_simulator_places_them():
         for i in nodes:
             st.allocate(i, g)
         want[job] = [names[i] for i in nodes]
-    assert want["tw-04"][0] == "kwok-gpu-2"  # the case the twin check met
+    # the case the twin check met: without its gang size, tw-04's first worker would go
+    # elsewhere (computed with the served model, so the scenario keeps discriminating
+    # when the committed weights change)
+    blind = ClusterState(topo)
+    for _, g, nodes in running:
+        for i in nodes:
+            blind.allocate(i, g)
+    for i in [names.index(n) for n in want["tw-02"]]:
+        blind.allocate(i, 2)
+    one = das.place(JobView(id="tw-04", submit_time=0.0, gpus_per_worker=2, workers=1, min_workers=1,
+                            max_workers=2), blind)
+    assert one is not None and names[one[0]] != want["tw-04"][0]
 
     # the live side: the operator's pods, scored one by one by the extender
     ext = build_extender("das", DEFAULT_MODEL)
