@@ -419,8 +419,6 @@ class _Room:
         view = job.job
         if state is None or view is None or not (view.cpu_milli > 0 or view.memory_mib > 0):
             return room
-        if len(state.cpu_free) != len(room.gpus):
-            return room
         room.cpu, room.mem = state.cpu_free.astype(np.int64), state.mem_free.astype(np.int64)
         room.cpu_total, room.mem_total = state.cpu_total, state.mem_total
         room.cpu_need, room.mem_need = int(view.cpu_milli), int(view.memory_mib)
