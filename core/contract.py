@@ -63,6 +63,28 @@ __all__ = [
     "ENV_NAMESPACE",
     "ENV_INDEX",
     "ENV_ROLE",
+    # the worker contract (rendezvous, generations, batch size, checkpoints)
+    "LABEL_GENERATION",
+    "ENV_MASTER_ADDR",
+    "ENV_MASTER_PORT",
+    "ENV_WORLD_SIZE",
+    "ENV_RANK",
+    "ENV_LOCAL_RANK",
+    "ENV_GENERATION",
+    "ENV_BATCH_SIZE",
+    "ENV_CHECKPOINT_DIR",
+    "TORCHRUN_ENV",
+    "DEFAULT_MASTER_PORT",
+    "CHECKPOINT_VOLUME",
+    "DEFAULT_CHECKPOINT_PATH",
+    "SUCCESS_POLICIES",
+    "DEFAULT_BACKOFF_LIMIT",
+    "EXIT_SIGTERM",
+    "ContractError",
+    "WorkerContract",
+    "service_name",
+    "worker_hostname",
+    "master_addr",
     # the trainer's identity and what it may write
     "TRAINER_ACCOUNT_SUFFIX",
     "trainer_account_name",
@@ -158,6 +180,162 @@ ENV_JOB = "RLSCHED_JOB_NAME"
 ENV_NAMESPACE = "RLSCHED_JOB_NAMESPACE"
 ENV_INDEX = "RLSCHED_WORKER_INDEX"
 ENV_ROLE = "RLSCHED_ROLE"
+
+# --------------------------------------------------------------------------- the worker contract
+# What every worker process finds in its environment: the rendezvous variables
+# PyTorchJob and torchrun users know (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK,
+# LOCAL_RANK; torchrun reads the PET_* twins of its flags), and rlsched's own: the
+# restart generation, the global batch size and the checkpoint directory. One process
+# per worker pod: RANK is the worker index, WORLD_SIZE the number of workers of the
+# generation. A rescale, a resume after preemption or a restart after a failure ends
+# the generation (every worker gets SIGTERM and the grace period) and starts the next
+# one at the new size; pods carry their generation in LABEL_GENERATION.
+#: pods: the restart generation they belong to (0, 1, ...)
+LABEL_GENERATION = "rlsched.dev/generation"
+ENV_MASTER_ADDR = "MASTER_ADDR"
+ENV_MASTER_PORT = "MASTER_PORT"
+ENV_WORLD_SIZE = "WORLD_SIZE"
+ENV_RANK = "RANK"
+ENV_LOCAL_RANK = "LOCAL_RANK"
+ENV_GENERATION = "RLSCHED_GENERATION"
+#: the job's global batch size (summed over workers) for this generation; absent when
+#: neither the spec nor the scheduler sets one
+ENV_BATCH_SIZE = "RLSCHED_GLOBAL_BATCH_SIZE"
+#: where the job's checkpoints live (``spec.checkpoint.path``); absent without one
+ENV_CHECKPOINT_DIR = "RLSCHED_CHECKPOINT_DIR"
+#: torchrun's environment twins of its flags (torch.distributed.run reads ``PET_<FLAG>``)
+TORCHRUN_ENV = ("PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE")
+DEFAULT_MASTER_PORT = 29500
+#: the pod volume that holds ``spec.checkpoint.volume``
+CHECKPOINT_VOLUME = "rlsched-checkpoint"
+DEFAULT_CHECKPOINT_PATH = "/var/run/rlsched/checkpoint"
+#: ``spec.successPolicy``: the job Succeeds when its chief (worker 0) exits 0, or when
+#: every worker of the generation has
+SUCCESS_POLICIES = ("Chief", "AllWorkers")
+#: ``spec.backoffLimit`` default: unexpected worker failures tolerated (as batch/v1 Job)
+DEFAULT_BACKOFF_LIMIT = 6
+#: exit code of a process ended by SIGTERM (128 + 15): an intentional stop's exit
+EXIT_SIGTERM = 143
+
+
+class ContractError(ValueError):
+    """A worker's environment does not hold the worker contract (a variable missing or
+    malformed); the message names the variable."""
+
+
+def service_name(job: str) -> str:
+    """The headless Service of ``job``'s workers (the pods' ``subdomain``): the job name."""
+    return job
+
+
+def worker_hostname(job: str, index: int) -> str:
+    """The stable hostname of worker ``index`` (also its pod name): ``<job>-worker-<i>``."""
+    return f"{job}-worker-{index}"
+
+
+def master_addr(job: str) -> str:
+    """The chief's stable DNS name inside the namespace: ``<job>-worker-0.<service>``."""
+    return f"{worker_hostname(job, 0)}.{service_name(job)}"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerContract:
+    """One worker's view of its job: identity, rendezvous, generation, batch size and
+    checkpoint directory. :meth:`env` is what the operator puts in the pod;
+    :meth:`from_env` is what ``rlsched.trainer`` reads back."""
+
+    job: str
+    namespace: str
+    index: int
+    workers: int
+    generation: int = 0
+    master_addr: str = ""
+    master_port: int = DEFAULT_MASTER_PORT
+    batch_size: int | None = None
+    checkpoint_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.master_addr:
+            object.__setattr__(self, "master_addr", master_addr(self.job))
+        if not (0 <= self.index < self.workers):
+            raise ContractError(f"{ENV_RANK}: worker index {self.index} outside 0..{self.workers - 1}")
+        if self.generation < 0:
+            raise ContractError(f"{ENV_GENERATION}: generation {self.generation} < 0")
+        if not (1 <= self.master_port <= 65535):
+            raise ContractError(f"{ENV_MASTER_PORT}: port {self.master_port} outside 1..65535")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ContractError(f"{ENV_BATCH_SIZE}: batch size {self.batch_size} < 1")
+
+    @property
+    def rank(self) -> int:
+        return self.index
+
+    @property
+    def world_size(self) -> int:
+        return self.workers
+
+    @property
+    def is_chief(self) -> bool:
+        return self.index == 0
+
+    def env(self) -> dict[str, str]:
+        """The worker's environment variables (the job and namespace are set by the
+        operator separately: the namespace comes from the downward API)."""
+        out = {
+            ENV_MASTER_ADDR: self.master_addr,
+            ENV_MASTER_PORT: str(self.master_port),
+            ENV_WORLD_SIZE: str(self.workers),
+            ENV_RANK: str(self.index),
+            ENV_LOCAL_RANK: "0",
+            "PET_MASTER_ADDR": self.master_addr,
+            "PET_MASTER_PORT": str(self.master_port),
+            "PET_NNODES": str(self.workers),
+            "PET_NODE_RANK": str(self.index),
+            "PET_NPROC_PER_NODE": "1",
+            ENV_INDEX: str(self.index),
+            ENV_ROLE: ROLE_CHIEF if self.index == 0 else ROLE_WORKER,
+            ENV_GENERATION: str(self.generation),
+        }
+        if self.batch_size is not None:
+            out[ENV_BATCH_SIZE] = str(self.batch_size)
+        if self.checkpoint_dir:
+            out[ENV_CHECKPOINT_DIR] = self.checkpoint_dir
+        return out
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> "WorkerContract":
+        """The contract from a worker's environment; :class:`ContractError` naming the
+        first variable that is missing or malformed."""
+
+        def need(key: str) -> str:
+            v = environ.get(key)
+            if v is None or v == "":
+                raise ContractError(f"{key} is not set: not started by the rlsched operator "
+                                    f"(set it by hand to run outside a TrainingJob)")
+            return v
+
+        def num(key: str, default: str | None = None) -> int:
+            v = environ.get(key) or default
+            if v is None:
+                need(key)
+            try:
+                return int(str(v).strip())
+            except ValueError:
+                raise ContractError(f"{key}={v!r:.40} is not a whole number") from None
+
+        batch = environ.get(ENV_BATCH_SIZE)
+        return cls(
+            job=need(ENV_JOB),
+            namespace=environ.get(ENV_NAMESPACE) or "",
+            index=num(ENV_RANK),
+            workers=num(ENV_WORLD_SIZE),
+            generation=num(ENV_GENERATION, "0"),
+            master_addr=need(ENV_MASTER_ADDR),
+            master_port=num(ENV_MASTER_PORT, str(DEFAULT_MASTER_PORT)),
+            batch_size=num(ENV_BATCH_SIZE) if batch else None,
+            checkpoint_dir=environ.get(ENV_CHECKPOINT_DIR) or None,
+        )
+
 
 #: worker pods run under the ServiceAccount ``<job>-trainer``, whose Role may get and
 #: patch that one job's status; the trainer-status admission policy matches the same name

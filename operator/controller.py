@@ -119,7 +119,10 @@ from rlsched.core.contract import (
     DEFAULT_SCHEDULER_NAME,
     GROUP,
     KIND,
+    LABEL_GENERATION,
     LABEL_INDEX,
+    LABEL_MANAGED_BY,
+    MANAGED_BY_OPERATOR,
     PLURAL,
     POD_SECURITY_BASELINE,
     VERSION,
@@ -139,11 +142,12 @@ from rlsched.core.planning import (
     take_gang,
 )
 from rlsched.core.das import resolve_placement_model, serving_placement
+from rlsched.core.lifecycle import BACKOFF_CAP_S, FAIL, RESTART, SUCCEED, Verdict, WorkerState, judge
 from rlsched.core.policy import ORDERINGS, SCALINGS
 
 from .metrics import OperatorMetrics
 from .podsecurity import POD_SECURITY_REASON, PodSecurityGate
-from .resources import trainer_rbac, worker_pod
+from .resources import trainer_rbac, worker_pod, worker_service
 from .snapshot import build_snapshot
 from .spec import SpecError, parse_spec
 
@@ -158,7 +162,8 @@ ACTIVE = ("Queued", "Starting", "Running")
 PHASES = ("Queued", "Starting", "Running", "Succeeded", "Failed")
 #: status fields only the operator writes and then acts on (see "What the operator
 #: trusts" above); its last written value of each is its record
-OWNED_FIELDS = ("phase", "targetWorkers", "queue", "nominated", "queuedTime", "admittedTime", "startTime", "rlpto")
+OWNED_FIELDS = ("phase", "targetWorkers", "queue", "nominated", "queuedTime", "admittedTime", "startTime", "rlpto",
+                "restartGeneration", "startedGeneration", "failures", "restartAfter")
 TIME_FIELDS = ("queuedTime", "admittedTime", "startTime")
 #: clock skew tolerated between the operator, the API server and earlier operators
 SKEW_S = 300.0
@@ -312,6 +317,16 @@ def guard_status(
             st["targetWorkers"] = spec.clamp_workers(st.get("targetWorkers"))
         if st.get("nominated") and record is None and not (phase == "Queued" and spec.priority_class == "highest"):
             st["nominated"] = False
+    for k in ("restartGeneration", "startedGeneration", "failures"):
+        v = st.get(k)
+        if k in st and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            st[k] = 0
+    if "restartAfter" in st:
+        t = _time(st["restartAfter"])
+        if t is None:
+            st.pop("restartAfter")
+        elif t > now + BACKOFF_CAP_S + SKEW_S:
+            st["restartAfter"] = format_time(now + BACKOFF_CAP_S)
     for k in TIME_FIELDS:
         if k not in st:
             continue
@@ -468,6 +483,48 @@ def build_ordering(name: str, model: str | None):
     return make_ordering(name, **(_model_kwargs(factory, model) if factory else {}))
 
 
+def pod_generation(pod: Mapping) -> int:
+    """The generation a worker pod belongs to (``rlsched.dev/generation``; 0 when the
+    label is missing: pods of an operator before generations)."""
+    v = ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_GENERATION, "0")
+    try:
+        return max(0, int(v))
+    except (TypeError, ValueError):
+        return -1  # never the current generation: stopped and replaced
+
+
+def worker_state(pod: Mapping) -> WorkerState | None:
+    """A worker pod as :func:`rlsched.core.lifecycle.judge` reads it: index,
+    generation, phase, the exit code of its first (worker) container, whether the
+    operator is stopping it and whether someone evicted it. None when the pod has no
+    worker index."""
+    md = pod.get("metadata") or {}
+    try:
+        index = int((md.get("labels") or {})[LABEL_INDEX])
+    except (KeyError, TypeError, ValueError):
+        return None
+    st = pod.get("status") or {}
+    spec = pod.get("spec") or {}
+    containers = spec.get("containers") or [{}]
+    first = containers[0].get("name") if isinstance(containers[0], Mapping) else None
+    code = None
+    for cs in st.get("containerStatuses") or []:
+        if not isinstance(cs, Mapping) or (first is not None and cs.get("name") != first):
+            continue
+        term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
+        if isinstance(term, Mapping) and isinstance(term.get("exitCode"), int):
+            code = term["exitCode"]
+        break
+    phase = st.get("phase") or "Pending"
+    if phase == "Failed" and code is None:
+        code = -1  # failed without a container exit (e.g. evicted before it started)
+    disrupted = st.get("reason") == "Evicted" or any(
+        isinstance(c, Mapping) and c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+        for c in st.get("conditions") or [])
+    return WorkerState(name=md.get("name", ""), index=index, generation=pod_generation(pod), phase=phase,
+                       exit_code=code, stopping=md.get("deletionTimestamp") is not None, disrupted=disrupted)
+
+
 @dataclass
 class _Job:
     """One TrainingJob as read this cycle."""
@@ -476,6 +533,8 @@ class _Job:
     spec: TrainingSpec | None
     error: str | None
     pods: list[dict] = field(default_factory=list)
+    #: its worker pods that terminated (Succeeded/Failed) and still exist
+    finished: list[dict] = field(default_factory=list)
 
     @property
     def key(self) -> str:
@@ -500,6 +559,26 @@ class _Job:
     def live_pods(self) -> list[dict]:
         return [p for p in self.pods if p["metadata"].get("deletionTimestamp") is None
                 and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+
+    @property
+    def generation(self) -> int:
+        g = self.status.get("restartGeneration")
+        return g if isinstance(g, int) and not isinstance(g, bool) and g >= 0 else 0
+
+    @property
+    def failures(self) -> int:
+        n = self.status.get("failures")
+        return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else 0
+
+    def all_pods(self) -> list[dict]:
+        """Every worker pod the job controls: running, terminating and terminated."""
+        seen = {p["metadata"].get("uid") or p["metadata"]["name"] for p in self.pods}
+        return self.pods + [p for p in self.finished
+                            if (p["metadata"].get("uid") or p["metadata"]["name"]) not in seen]
+
+    def workers(self) -> list[WorkerState]:
+        """The job's worker pods as the lifecycle reads them (:func:`worker_state`)."""
+        return [w for w in (worker_state(p) for p in self.all_pods()) if w is not None]
 
 
 class Controller:
@@ -657,11 +736,16 @@ class Controller:
         now = self.clock()
         self.cycles += 1
         self.metrics.cycles.inc()
-        bodies, pods_all, nodes = await asyncio.gather(
+        bodies, pods_all, nodes, ended = await asyncio.gather(
             self.list_jobs(),
             self.read_json(self.core.list_pod_for_all_namespaces(
                 field_selector="status.phase!=Succeeded,status.phase!=Failed", _preload_content=False)),
             self.read_json(self.core.list_node(_preload_content=False)),
+            # the workers that exited: their exit codes decide success, failure, restart
+            self.read_json(self.core.list_pod_for_all_namespaces(
+                label_selector=f"{LABEL_MANAGED_BY}={MANAGED_BY_OPERATOR}",
+                field_selector="status.phase!=Pending,status.phase!=Running,status.phase!=Unknown",
+                _preload_content=False)),
         )
         pods = pods_all["items"]
         snap = build_snapshot(nodes["items"], pods, time=now)
@@ -692,6 +776,11 @@ class Controller:
                 j.pods.append(p)
             elif self.config.namespace in (None, md.get("namespace")) and md.get("deletionTimestamp") is None:
                 orphans.append(p)
+        for p in ended["items"]:
+            owner = controlling_job(p)
+            j = by_uid.get(owner.uid) if owner is not None else None
+            if j is not None and j.ns == p["metadata"].get("namespace"):
+                j.finished.append(p)
         for p in orphans:
             md = p["metadata"]
             try:
@@ -712,10 +801,13 @@ class Controller:
                 return  # a valid job: the create handler has not enqueued it yet
             await self._trust(j, now)
             phase = j.status.get("phase")
-            if phase not in ACTIVE:
+            if phase not in ACTIVE or phase == "Queued":
+                # a finished or queued job holds no workers: these are left over from a
+                # step that recorded the new phase and stopped before its pods were stopped
                 for p in j.live_pods():
                     await self.delete_pod(j.ns, p["metadata"]["name"], self.config.grace_period_s)
-                return
+                if phase not in ACTIVE:
+                    return
             if j.spec is None:
                 await self.fail(j, "InvalidSpec", j.error or "invalid spec", now)
                 return
@@ -730,7 +822,9 @@ class Controller:
                 elif phase == "Starting":
                     await self._starting(j, now)
                 if j.status.get("phase") == "Running":
-                    running.append(await self._running(j, snap.placement.get(j.key, []), now))
+                    rj = await self._running(j, snap.placement.get(j.key, []), now)
+                    if rj is not None:
+                        running.append(rj)
             finally:
                 # a job holding GPUs stays visible to preemption even when a step failed
                 if j.status.get("phase") in ("Starting", "Running"):
@@ -771,7 +865,7 @@ class Controller:
         async def act(j: _Job) -> None:
             rj = by_key[j.key]
             if rj.key in splan.finished:
-                await self.complete(j, rj, splan.finished[rj.key], now)
+                await self.complete(j, splan.finished[rj.key], now, rj=rj)
                 return
             d = splan.deltas.get(rj.key, 0)
             patch: dict[str, Any] = {}
@@ -780,11 +874,16 @@ class Controller:
                 patch["rlpto"] = merge_diff(j.status.get("rlpto"), rl) if isinstance(j.status.get("rlpto"), Mapping) else rl
             if d:
                 target = j.spec.clamp_workers(rj.workers + d)
+                # a new world size is a new generation: every worker restarts from the
+                # checkpoint at the new size (recorded before the old workers are stopped)
                 patch["targetWorkers"] = target
+                patch["restartGeneration"] = j.generation + 1
                 self.metrics.scaling_decisions.labels(direction="up" if d > 0 else "down").inc()
+                self.metrics.restarts.labels(reason="Rescaled").inc()
                 await self.patch_status(j, patch)
                 await self.event(j.body, "ScaledUp" if d > 0 else "ScaledDown",
-                                 f"workers {rj.workers} -> {target} (accuracy gain {rj.state.gain:.4g}, beta {rj.spec.beta})")
+                                 f"workers {rj.workers} -> {target}, generation {j.generation} "
+                                 f"(accuracy gain {rj.state.gain:.4g}, beta {rj.spec.beta})")
                 await self.reconcile_pods(j, target)
             elif patch:
                 await self.patch_status(j, patch)
@@ -929,10 +1028,59 @@ class Controller:
         return QueueEntry(key=j.key, spec=j.spec, submit_time=submit, priority=pr, queue=queue,
                           nominated=bool(st.get("nominated")))
 
+    def _target(self, j: _Job) -> int:
+        """The worker count of the job's current generation."""
+        if j.status.get("phase") == "Starting":
+            return j.spec.min_workers
+        return j.spec.clamp_workers(j.status.get("targetWorkers"))
+
+    async def _lifecycle(self, j: _Job, now: float) -> str:
+        """Judge the current generation's workers (:func:`rlsched.core.lifecycle.judge`)
+        and carry the verdict out; returns its action (``none`` when the job goes on
+        as it is). Each verdict is written to the status before any pod is touched."""
+        gen = j.generation
+        v = judge(j.workers(), generation=gen, target=self._target(j),
+                  running=j.status.get("phase") == "Running" and j.status.get("startedGeneration") == gen,
+                  success_policy=j.spec.success_policy, failures=j.failures, backoff_limit=j.spec.backoff_limit)
+        if v.action == SUCCEED:
+            await self.complete(j, v.reason, now, message=v.message)
+        elif v.action == FAIL:
+            await self.fail(j, v.reason, v.message, now, ctype="Failed", cstatus="True",
+                            extra={"failures": v.failures, "lastFailure": self._failure_record(v, gen, now)})
+        elif v.action == RESTART:
+            await self.restart(j, v, now)
+        return v.action
+
+    @staticmethod
+    def _failure_record(v: Verdict, gen: int, now: float) -> dict:
+        return {"worker": v.worker or "", "exitCode": v.exit_code, "generation": gen, "reason": v.reason,
+                "time": format_time(now)}
+
+    async def restart(self, j: _Job, v: Verdict, now: float) -> None:
+        """End the current generation and start the next after the backoff: the new
+        generation (and the failure count) are recorded first, then the old workers
+        get SIGTERM with the grace period."""
+        gen = j.generation
+        patch: dict[str, Any] = {
+            "restartGeneration": gen + 1,
+            "conditions": set_condition(j.status.get("conditions"), "Restarting", "True", v.reason, v.message, now),
+        }
+        if v.count:
+            patch["failures"] = v.failures
+            patch["lastFailure"] = self._failure_record(v, gen, now)
+            patch["restartAfter"] = format_time(now + v.backoff_s)
+        await self.patch_status(j, patch)
+        self.metrics.restarts.labels(reason=v.reason).inc()
+        await self.event(j.body, v.reason, v.message, "Warning")
+        await self.reconcile_pods(j, self._target(j))
+
     async def _starting(self, j: _Job, now: float) -> None:
+        if await self._lifecycle(j, now) in (SUCCEED, FAIL):
+            return
         target = j.spec.min_workers
         await self.reconcile_pods(j, target)
-        live = j.live_pods()
+        gen = j.generation
+        live = [p for p in j.live_pods() if pod_generation(p) == gen]
         running = [p for p in live if (p.get("status") or {}).get("phase") == "Running"]
         if len(running) >= target:
             created = parse_time(j.body["metadata"].get("creationTimestamp")) or now
@@ -940,33 +1088,45 @@ class Controller:
             wait = max(0.0, (parse_time(j.status.get("admittedTime")) or now) - queued)
             await self.patch_status(j, {
                 "phase": "Running", "startTime": format_time(now), "workers": len(live),
-                "readyWorkers": len(running), "admissionWaitSeconds": wait,
+                "readyWorkers": len(running), "admissionWaitSeconds": wait, "startedGeneration": gen,
                 "conditions": set_condition(j.status.get("conditions"), "Running", "True", "GangStarted",
                                             f"all {target} workers running", now),
             })
             await self.event(j.body, "Started", f"gang of {target} workers running after {wait:.1f}s in the queue")
             return
-        admitted = parse_time(j.status.get("admittedTime")) or now
+        admitted = max(parse_time(j.status.get("admittedTime")) or now,
+                       parse_time(j.status.get("restartAfter")) or 0.0)
         if self.queues.start_timed_out(admitted, now):
-            for p in j.pods:
-                await self.delete_pod(j.ns, p["metadata"]["name"], 0)
-            j.pods = []
             await self.patch_status(j, {
                 "phase": "Queued", "workers": 0, "readyWorkers": 0, "targetWorkers": 0,
+                "restartGeneration": gen + 1,
                 "conditions": set_condition(j.status.get("conditions"), "Running", "False", "GangTimeout",
                                             f"{target - len(running)} of {target} workers still not running after "
                                             f"{self.config.start_timeout_s:.0f}s; requeued", now),
             })
+            for p in j.live_pods():
+                await self.delete_pod(j.ns, p["metadata"]["name"], 0)
+            j.pods = []
             await self.event(j.body, "GangTimeout", f"only {len(running)}/{target} workers running; pods deleted, requeued", "Warning")
 
-    async def _running(self, j: _Job, placement: list[int], now: float) -> RunningJob:
+    async def _running(self, j: _Job, placement: list[int], now: float) -> RunningJob | None:
+        """The running job as the scaling planner sees it, after its workers' exits
+        were judged; None when that ended the job or restarted its generation."""
+        if await self._lifecycle(j, now) != "none":
+            return None
         target = j.spec.clamp_workers(j.status.get("targetWorkers"))
-        await self.reconcile_pods(j, target)
-        live = j.live_pods()
+        complete = await self.reconcile_pods(j, target)
+        gen = j.generation
+        live = [p for p in j.live_pods() if pod_generation(p) == gen]
         ready = sum(1 for p in live if any(c.get("type") == "Ready" and c.get("status") == "True"
                                           for c in (p.get("status") or {}).get("conditions") or []))
+        patch: dict[str, Any] = {}
         if j.status.get("workers") != len(live) or j.status.get("readyWorkers") != ready:
-            await self.patch_status(j, {"workers": len(live), "readyWorkers": ready})
+            patch.update({"workers": len(live), "readyWorkers": ready})
+        if complete and j.status.get("startedGeneration") != gen:
+            patch["startedGeneration"] = gen  # every worker of the generation exists: a loss is now a restart
+        if patch:
+            await self.patch_status(j, patch)
         prog = progress_of(j.status)
         state = ElasticState.from_status(j.status.get("rlpto"))
         start = parse_time(j.status.get("startTime")) or now
@@ -976,31 +1136,44 @@ class Controller:
                           submit_time=submit, start_time=start, placement=placement)
 
     # ------------------------------------------------------------------ actions
-    async def reconcile_pods(self, j: _Job, target: int) -> None:
-        """Create missing workers ``0..target-1``, delete those with index >= target.
+    async def reconcile_pods(self, j: _Job, target: int) -> bool:
+        """Bring the job's pods to workers ``0..target-1`` of its current generation;
+        True when every one of them exists.
 
+        Pods of an older generation (or with an index >= ``target``) are stopped first
+        — SIGTERM with the grace period for a live one, at once for one that already
+        exited — and the new generation is created only once they are gone (names and
+        GPUs are reused, and the job never holds more than ``maxWorkers`` pods), and
+        not before ``status.restartAfter`` (the backoff after a failure).
         ``target`` is clamped to the spec first. A pod the API server refuses for good
         raises :class:`JobRejected` (the job fails); a transient refusal sets condition
         ``PodsCreated=False`` and leaves the rest to the next cycle."""
         target = j.spec.clamp_workers(target)
-        have: dict[int, dict] = {}
-        for p in j.live_pods():
-            try:
-                have[int(p["metadata"]["labels"][LABEL_INDEX])] = p
-            except (KeyError, ValueError):
+        gen = j.generation
+        old = False
+        for p in j.all_pods():
+            w = worker_state(p)
+            if w is not None and w.generation == gen and w.index < target:
                 continue
-        for idx, p in sorted(have.items(), reverse=True):
-            if idx >= target:
-                await self.delete_pod(j.ns, p["metadata"]["name"], self.config.grace_period_s)
-                j.pods = [q for q in j.pods if q is not p]
+            old = True
+            if p["metadata"].get("deletionTimestamp") is None:
+                finished = w is None or w.finished
+                await self.delete_pod(j.ns, p["metadata"]["name"], 0 if finished else self.config.grace_period_s)
+        if old:
+            return False  # the new generation starts once the old one is gone
+        after = parse_time(j.status.get("restartAfter"))
+        if after is not None and self.clock() < after:
+            return False
+        have = {w.index for w in j.workers() if w.generation == gen and not w.stopping}
         missing = [idx for idx in range(target) if idx not in have]
         if missing:
             await self.ensure_rbac(j)  # idempotent; the pods run under the job's account
+            await self.ensure_service(j)  # the workers' stable names
         for idx in missing:
             try:
                 pod = worker_pod(j.body, idx, j.spec.gpus_per_worker,
                                  scheduler_name=self.config.scheduler_name, grace_period_s=self.config.grace_period_s,
-                                 gang_size=target)
+                                 gang_size=target, generation=gen)
             except ValueError as exc:  # WorkerGPUError, ShapeError: the template cannot make a worker
                 raise JobRejected("Valid", "InvalidSpec", str(exc)) from exc
             name = pod["metadata"]["name"]
@@ -1014,16 +1187,18 @@ class Controller:
                 self.metrics.job_errors.labels(kind="transient").inc()
                 await self._pods_pending(j, reason, f"creating worker pod {name} failed ({exc.status} {reason}): "
                                                     f"{message}; retried next cycle")
-                return
+                return False
             if created:
                 j.pods.append(pod)
             else:
                 await self._clear_finished(j.ns, name)
-        old = get_condition(j.status.get("conditions"), "PodsCreated")
-        if missing and old and old.get("status") != "True":
+                return False
+        old_cond = get_condition(j.status.get("conditions"), "PodsCreated")
+        if missing and old_cond and old_cond.get("status") != "True":
             await self.patch_status(j, {"conditions": set_condition(
                 j.status.get("conditions"), "PodsCreated", "True", "Created", f"workers 0..{target - 1} exist",
                 self.clock())})
+        return True
 
     async def _pods_pending(self, j: _Job, reason: str, message: str) -> None:
         """Condition ``PodsCreated=False`` (and a Warning Event when it changes)."""
@@ -1054,6 +1229,10 @@ class Controller:
         await self.create_ignoring_conflict(self.rbac.create_namespaced_role(j.ns, role))
         await self.create_ignoring_conflict(self.rbac.create_namespaced_role_binding(j.ns, binding))
 
+    async def ensure_service(self, j: _Job) -> None:
+        """The job's headless Service (idempotent)."""
+        await self.create_ignoring_conflict(self.core.create_namespaced_service(j.ns, worker_service(j.body)))
+
     async def admit(self, j: _Job, now: float) -> None:
         target = j.spec.min_workers
         queued = parse_time(j.status.get("queuedTime")) or parse_time(j.body["metadata"].get("creationTimestamp")) or now
@@ -1072,56 +1251,71 @@ class Controller:
         await self.reconcile_pods(j, target)
 
     async def preempt(self, j: _Job, by: str, now: float) -> None:
-        for p in j.live_pods():
-            await self.delete_pod(j.ns, p["metadata"]["name"], self.config.grace_period_s)
+        """Back to the interrupt queue: the next generation is recorded first, then the
+        workers get SIGTERM with the grace period to checkpoint."""
         self.metrics.preemptions.inc()
         before = j.status.get("preemptions")
         count = before if isinstance(before, int) and not isinstance(before, bool) and before >= 0 else 0
         await self.patch_status(j, {
             "phase": "Queued", "queue": "interrupt", "targetWorkers": 0, "workers": 0, "readyWorkers": 0,
-            "preemptions": count + 1, "queuedTime": format_time(now),
+            "preemptions": count + 1, "queuedTime": format_time(now), "restartGeneration": j.generation + 1,
             "conditions": set_condition(j.status.get("conditions"), "Running", "False", "Preempted",
                                         f"preempted by {by}; resumes first from the interrupt queue", now),
         })
+        for p in j.live_pods():
+            await self.delete_pod(j.ns, p["metadata"]["name"], self.config.grace_period_s)
         await self.event(j.body, "Preempted",
                          f"preempted by highest-priority job {by}; workers get {self.config.grace_period_s}s to checkpoint",
                          "Warning")
 
-    async def complete(self, j: _Job, rj: RunningJob, why: str, now: float) -> None:
+    async def complete(self, j: _Job, why: str, now: float, *, message: str = "",
+                       rj: RunningJob | None = None) -> None:
+        """The job Succeeded: recorded first, then the workers still running get SIGTERM
+        with the grace period (so a script stopped by the beta stop or maxEpochs saves
+        its model); a crash in between leaves a finished job whose pods the next cycle
+        stops, never a job run again."""
+        created = parse_time(j.body["metadata"].get("creationTimestamp")) or now
+        prog = rj.progress if rj is not None else progress_of(j.status)
+        what = message or f"epoch {prog.epoch}, accuracy {prog.accuracy:.4f}"
+        patch: dict[str, Any] = {
+            "phase": "Succeeded", "reason": why, "completionTime": format_time(now), "jctSeconds": now - created,
+            "targetWorkers": 0, "workers": 0, "readyWorkers": 0,
+            "conditions": set_condition(j.status.get("conditions"), "Complete", "True", why, what, now),
+        }
+        if rj is not None:
+            patch["rlpto"] = rj.state.to_status()
+        await self.patch_status(j, patch)
         for p in j.live_pods():
             await self.delete_pod(j.ns, p["metadata"]["name"], self.config.grace_period_s)
-        created = parse_time(j.body["metadata"].get("creationTimestamp")) or now
-        await self.patch_status(j, {
-            "phase": "Succeeded", "reason": why, "completionTime": format_time(now), "jctSeconds": now - created,
-            "targetWorkers": 0, "workers": 0, "readyWorkers": 0, "rlpto": rj.state.to_status(),
-            "conditions": set_condition(j.status.get("conditions"), "Complete", "True", why,
-                                        f"epoch {rj.progress.epoch}, accuracy {rj.progress.accuracy:.4f}", now),
-        })
         self.metrics.completions.labels(reason=why).inc()
-        await self.event(j.body, "Completed", f"{why} at epoch {rj.progress.epoch}, accuracy "
-                                              f"{rj.progress.accuracy:.4f}, JCT {now - created:.1f}s")
+        await self.event(j.body, "Completed", f"{why}: {what}, JCT {now - created:.1f}s")
 
-    async def fail(self, j: _Job, reason: str, message: str, now: float, *, ctype: str = "Valid") -> None:
-        """Fail the job for good: its pods are deleted at once (their GPUs freed), phase
-        ``Failed`` with condition ``ctype=False`` (``reason``, ``message``) and a
-        Warning Event."""
-        for p in j.live_pods():
-            await self.delete_pod(j.ns, p["metadata"]["name"], 0)
+    async def fail(self, j: _Job, reason: str, message: str, now: float, *, ctype: str = "Valid",
+                   cstatus: str = "False", extra: Mapping[str, Any] | None = None) -> None:
+        """Fail the job for good: phase ``Failed`` with condition ``ctype=cstatus``
+        (``reason``, ``message``) recorded first, then its pods are deleted at once
+        (their GPUs freed), and a Warning Event."""
         await self.patch_status(j, {
             "phase": "Failed", "reason": reason, "message": message, "queue": "", "targetWorkers": 0,
-            "workers": 0, "readyWorkers": 0, "nominated": False,
-            "conditions": set_condition(j.status.get("conditions"), ctype, "False", reason, message, now),
+            "workers": 0, "readyWorkers": 0, "nominated": False, **(extra or {}),
+            "conditions": set_condition(j.status.get("conditions"), ctype, cstatus, reason, message, now),
         })
+        for p in j.live_pods():
+            await self.delete_pod(j.ns, p["metadata"]["name"], 0)
+        self.metrics.failures.labels(reason=reason).inc()
         await self.event(j.body, reason, message, "Warning")
 
     async def sweep_rbac(self, uids: set[str]) -> None:
-        """Delete trainer ServiceAccounts/Roles/RoleBindings controlled by a
-        TrainingJob that is gone (objects only labelled as the operator's are kept)."""
+        """Delete the workers' Services and trainer ServiceAccounts/Roles/RoleBindings
+        controlled by a TrainingJob that is gone (objects only labelled as the
+        operator's are kept)."""
         sel = "app.kubernetes.io/managed-by=rlsched-operator"
         ns = self.config.namespace
         kinds = [
             (self.core.list_service_account_for_all_namespaces, self.core.list_namespaced_service_account,
              self.core.delete_namespaced_service_account),
+            (self.core.list_service_for_all_namespaces, self.core.list_namespaced_service,
+             self.core.delete_namespaced_service),
             (self.rbac.list_role_for_all_namespaces, self.rbac.list_namespaced_role, self.rbac.delete_namespaced_role),
             (self.rbac.list_role_binding_for_all_namespaces, self.rbac.list_namespaced_role_binding,
              self.rbac.delete_namespaced_role_binding),

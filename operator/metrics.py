@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-__all__ = ["OperatorMetrics", "COMPLETION_REASONS"]
+__all__ = ["OperatorMetrics", "COMPLETION_REASONS", "RESTART_REASONS"]
 
 #: label values of ``rlsched_operator_completions_total`` (ScalingPlanner.finished)
-COMPLETION_REASONS = ("Converged", "MaxEpochs")
+#: how the operator ends a job well: RLPTO's beta stop, maxEpochs, or the workers' exits
+#: (core.lifecycle: the chief's exit 0, or every worker's)
+COMPLETION_REASONS = ("Converged", "MaxEpochs", "ChiefSucceeded", "AllWorkersSucceeded")
+#: why a worker generation restarts (core.lifecycle's verdicts and the scaling planner's)
+RESTART_REASONS = ("Rescaled", "WorkerFailed", "WorkerDisrupted", "WorkerLost")
 
 
 class OperatorMetrics:
@@ -51,12 +55,27 @@ class OperatorMetrics:
         )
         self.completions = Counter(
             "rlsched_operator_completions_total",
-            "TrainingJobs finished by the operator, by reason: Converged (RLPTO's beta stop) or MaxEpochs",
+            "TrainingJobs finished by the operator, by reason: Converged (RLPTO's beta stop), MaxEpochs, ChiefSucceeded or AllWorkersSucceeded",
             ["reason"],
             registry=r,
         )
         for reason in COMPLETION_REASONS:
             self.completions.labels(reason=reason)  # both series exist from the start (0)
+        self.restarts = Counter(
+            "rlsched_operator_generation_restarts_total",
+            "Worker generations ended and started again, by reason: Rescaled, WorkerFailed (counted against "
+            "backoffLimit), WorkerDisrupted or WorkerLost (not counted)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in RESTART_REASONS:
+            self.restarts.labels(reason=reason)
+        self.failures = Counter(
+            "rlsched_operator_failed_jobs_total",
+            "TrainingJobs that ended Failed, by reason (BackoffLimitExceeded, InvalidSpec, ...)",
+            ["reason"],
+            registry=r,
+        )
         self.admission_wait = Histogram(
             "rlsched_operator_admission_wait_seconds",
             "Time from queued to admitted",

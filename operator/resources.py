@@ -20,12 +20,16 @@ from typing import Any, Mapping
 
 from rlsched.core.contract import (
     ANNOTATION_GANG_SIZE,
+    CHECKPOINT_VOLUME,
+    DEFAULT_MASTER_PORT,
+    LABEL_GENERATION,
+    WorkerContract,
+    service_name,
+    worker_hostname,
     API_VERSION,
     DEFAULT_SCHEDULER_NAME,
-    ENV_INDEX,
     ENV_JOB,
     ENV_NAMESPACE,
-    ENV_ROLE,
     GROUP,
     KIND,
     LABEL_INDEX,
@@ -41,8 +45,11 @@ from rlsched.core.contract import (
     trainer_account_name,
 )
 
-__all__ = ["owner_reference", "worker_name", "worker_pod", "trainer_rbac", "trainer_account_name",
-           "set_worker_gpus", "WorkerGPUError"]
+__all__ = ["owner_reference", "worker_name", "worker_pod", "worker_service", "trainer_rbac",
+           "trainer_account_name", "set_worker_gpus", "WorkerGPUError", "RENDEZVOUS_PORT_NAME"]
+
+#: the port of the headless Service (the chief's rendezvous, MASTER_PORT)
+RENDEZVOUS_PORT_NAME = "rendezvous"
 
 
 class WorkerGPUError(ValueError):
@@ -62,7 +69,34 @@ def owner_reference(body: Mapping, controller: bool = True) -> dict:
 
 
 def worker_name(job: str, index: int) -> str:
-    return f"{job}-worker-{index}"
+    """The pod name of worker ``index``: its stable hostname (``core.contract``)."""
+    return worker_hostname(job, index)
+
+
+def master_port(body: Mapping) -> int:
+    port = (body.get("spec") or {}).get("masterPort")
+    return int(port) if isinstance(port, int) and not isinstance(port, bool) else DEFAULT_MASTER_PORT
+
+
+def worker_service(body: Mapping) -> dict:
+    """The job's headless Service: it gives worker ``i`` the stable DNS name
+    ``<job>-worker-<i>.<job>`` (the pods' ``hostname`` and ``subdomain``), published
+    before the pods are ready so that the workers can rendezvous."""
+    md = body["metadata"]
+    job = md["name"]
+    port = master_port(body)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": service_name(job), "namespace": md["namespace"], "labels": job_labels(job),
+                     "ownerReferences": [owner_reference(body)]},
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {LABEL_JOB: job},
+            "ports": [{"name": RENDEZVOUS_PORT_NAME, "port": port, "targetPort": port, "protocol": "TCP"}],
+        },
+    }
 
 
 def job_labels(job: str) -> dict[str, str]:
@@ -91,34 +125,58 @@ def worker_pod(
     scheduler_name: str = DEFAULT_SCHEDULER_NAME,
     grace_period_s: int = 30,
     gang_size: int | None = None,
+    generation: int = 0,
+    batch_size: int | None = None,
 ) -> dict:
-    """The pod of worker ``index`` (0 is the chief) from the job's pod template.
+    """The pod of worker ``index`` (0 is the chief) of ``generation``, one of
+    ``gang_size`` workers, from the job's pod template.
 
-    ``gang_size``: the job's worker count this pod is created for, written as
-    ``rlsched.dev/gang-size`` so the extender scores every worker of a gang as one
-    worker of that many (the DAS room and learned terms count the whole gang's GPUs,
-    as ``Placement.place`` and the simulator do); without it the extender sees the
-    first worker of a gang as a job of one worker (found by the twin check)."""
+    The pod carries the worker contract (:class:`~rlsched.core.contract.WorkerContract`:
+    rendezvous variables, generation, global batch size, checkpoint directory) in every
+    container, its stable hostname under the job's headless Service, the checkpoint
+    volume of ``spec.checkpoint`` mounted in every container, and ``restartPolicy:
+    Never`` (the operator restarts whole generations, counting failures).
+
+    ``gang_size`` is also written as ``rlsched.dev/gang-size`` so the extender scores
+    every worker of a gang as one worker of that many (the DAS room and learned terms
+    count the whole gang's GPUs, as ``Placement.place`` and the simulator do); without
+    it the extender sees the first worker of a gang as a job of one worker (found by
+    the twin check). ``batch_size`` defaults to ``spec.batchSize``."""
     md = body["metadata"]
     job = md["name"]
-    template = copy.deepcopy(body["spec"]["template"])
+    spec = body["spec"]
+    template = copy.deepcopy(spec["template"])
     tmd = template.get("metadata") or {}
     pod_spec: dict[str, Any] = template["spec"]
     role = ROLE_CHIEF if index == 0 else ROLE_WORKER
-    labels = {**(tmd.get("labels") or {}), **job_labels(job), LABEL_ROLE: role, LABEL_INDEX: str(index)}
+    workers = int(gang_size) if gang_size else index + 1
+    labels = {**(tmd.get("labels") or {}), **job_labels(job), LABEL_ROLE: role, LABEL_INDEX: str(index),
+              LABEL_GENERATION: str(int(generation))}
     pod_spec["schedulerName"] = scheduler_name
-    pod_spec["restartPolicy"] = pod_spec.get("restartPolicy") or "Never"
+    pod_spec["restartPolicy"] = "Never"
     pod_spec.setdefault("terminationGracePeriodSeconds", grace_period_s)
     pod_spec["serviceAccountName"] = trainer_account_name(job)
+    pod_spec["hostname"] = worker_hostname(job, index)
+    pod_spec["subdomain"] = service_name(job)
+    ckpt = spec.get("checkpoint") if isinstance(spec.get("checkpoint"), Mapping) else None
+    if batch_size is None and isinstance(spec.get("batchSize"), int):
+        batch_size = int(spec["batchSize"])
+    contract = WorkerContract(job=job, namespace=md.get("namespace", ""), index=index, workers=workers,
+                              generation=int(generation), master_port=master_port(body), batch_size=batch_size,
+                              checkpoint_dir=ckpt["path"] if ckpt else None)
     env = [
         {"name": ENV_JOB, "value": job},
         {"name": ENV_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        {"name": ENV_INDEX, "value": str(index)},
-        {"name": ENV_ROLE, "value": role},
-    ]
+    ] + [{"name": k, "value": v} for k, v in contract.env().items()]
+    names = {e["name"] for e in env}
     for c in pod_spec["containers"]:
-        names = {e.get("name") for e in env}
-        c["env"] = [e for e in c.get("env") or [] if e.get("name") not in names] + env
+        c["env"] = [e for e in c.get("env") or [] if e.get("name") not in names] + copy.deepcopy(env)
+    if ckpt and isinstance(ckpt.get("volume"), Mapping):
+        pod_spec["volumes"] = [v for v in pod_spec.get("volumes") or [] if v.get("name") != CHECKPOINT_VOLUME] + [
+            {"name": CHECKPOINT_VOLUME, **copy.deepcopy(dict(ckpt["volume"]))}]
+        for c in pod_spec["containers"]:
+            c["volumeMounts"] = [m for m in c.get("volumeMounts") or [] if m.get("name") != CHECKPOINT_VOLUME] + [
+                {"name": CHECKPOINT_VOLUME, "mountPath": ckpt["path"]}]
     set_worker_gpus(pod_spec, gpus_per_worker)
     pod = {
         "apiVersion": "v1",

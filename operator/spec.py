@@ -26,7 +26,11 @@ from typing import Any, Mapping
 import copy
 
 from rlsched.core.contract import (
+    CHECKPOINT_VOLUME,
+    DEFAULT_BACKOFF_LIMIT,
+    DEFAULT_MASTER_PORT,
     DEFAULT_SCHEDULER_NAME,
+    SUCCESS_POLICIES,
     RESOURCE_GPU,
     ShapeError,
     container_gpus,
@@ -102,6 +106,21 @@ def parse_spec(
     if est < 0:
         problems.append(f"spec.estimatedRuntime must be >= 0, got {est}")
 
+    batch = _int(spec, "batchSize", None, problems)
+    if batch is not None and batch < 1:
+        problems.append(f"spec.batchSize must be >= 1, got {batch}")
+    port = _int(spec, "masterPort", DEFAULT_MASTER_PORT, problems)
+    if port is not None and not (1 <= port <= 65535):
+        problems.append(f"spec.masterPort must lie in 1..65535, got {port}")
+    backoff = _int(spec, "backoffLimit", DEFAULT_BACKOFF_LIMIT, problems)
+    if backoff is not None and backoff < 0:
+        problems.append(f"spec.backoffLimit must be >= 0, got {backoff}")
+    policy = spec.get("successPolicy", "Chief")
+    if policy not in SUCCESS_POLICIES:
+        problems.append(f"spec.successPolicy must be one of {', '.join(SUCCESS_POLICIES)}, got {policy!r}")
+        policy = "Chief"
+    _check_checkpoint(spec.get("checkpoint"), spec.get("template"), problems)
+
     prio = spec.get("priority") or {}
     if not isinstance(prio, Mapping):
         problems.append("spec.priority must be an object {class, value}")
@@ -116,6 +135,9 @@ def parse_spec(
     if name is not None:
         try:
             dns_label(name, "the job name")
+            if not name[:1].isalpha():
+                raise ShapeError(f"the job name {name!r} must start with a letter: it names the workers' "
+                                 f"headless Service (an RFC 1035 label)")
             if mx is not None and mx >= 1:
                 try:
                     dns_label(worker_name(name, mx - 1), "worker pod name")
@@ -136,7 +158,38 @@ def parse_spec(
         data_size=data_size,
         estimated_runtime=est,
         pinned_workers=pinned,
+        success_policy=policy,
+        backoff_limit=DEFAULT_BACKOFF_LIMIT if backoff is None else backoff,
+        batch_size=batch,
     )
+
+
+def _check_checkpoint(ckpt: Any, template: Any, problems: list[str]) -> None:
+    """``spec.checkpoint``: ``{path, volume?}``; the path absolute, the volume a volume
+    source (an object without a ``name``: the operator names it), and the template
+    not already using the volume's name."""
+    if ckpt is None:
+        return
+    if not isinstance(ckpt, Mapping):
+        problems.append("spec.checkpoint must be an object {path, volume}")
+        return
+    path = ckpt.get("path")
+    if not isinstance(path, str) or not path.startswith("/"):
+        problems.append(f"spec.checkpoint.path must be an absolute path, got {path!r}")
+    vol = ckpt.get("volume")
+    if vol is None:
+        return
+    if not isinstance(vol, Mapping) or not vol:
+        problems.append("spec.checkpoint.volume must be a volume source such as "
+                        "{persistentVolumeClaim: {claimName: ...}}")
+        return
+    if "name" in vol:
+        problems.append(f"spec.checkpoint.volume must not have a name: the operator mounts it as {CHECKPOINT_VOLUME!r}")
+    pod = template.get("spec") if isinstance(template, Mapping) else None
+    vols = pod.get("volumes") if isinstance(pod, Mapping) else None
+    if isinstance(vols, list) and any(isinstance(v, Mapping) and v.get("name") == CHECKPOINT_VOLUME for v in vols):
+        problems.append(f"spec.template.spec.volumes already has a volume named {CHECKPOINT_VOLUME!r}; "
+                        f"rename it (the operator mounts spec.checkpoint.volume under that name)")
 
 
 def _check_template(template: Any, gpw: int, scheduler_name: str, problems: list[str]) -> None:
@@ -154,6 +207,12 @@ def _check_template(template: Any, gpw: int, scheduler_name: str, problems: list
             f"spec.template.spec.schedulerName is {sched!r}; the operator places workers with "
             f"{scheduler_name!r}, leave it unset"
         )
+    if pod.get("restartPolicy") not in (None, "", "Never"):
+        problems.append(f"spec.template.spec.restartPolicy is {pod.get('restartPolicy')!r}; workers run with "
+                        f"'Never': the operator restarts the whole generation (spec.backoffLimit)")
+    if pod.get("hostname") or pod.get("subdomain"):
+        problems.append("spec.template.spec.hostname and subdomain must be unset: the operator gives each worker "
+                        "its stable name under the job's headless Service")
     if pod.get("nodeName"):
         problems.append("spec.template.spec.nodeName must be unset: the scheduler places workers")
     if not all(isinstance(c, Mapping) for c in containers):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..cluster import JobView, Progress
+from ..contract import DEFAULT_BACKOFF_LIMIT
 from ..estimate import estimate_remaining
 
 __all__ = ["TrainingSpec", "PRIORITY_CLASSES"]
@@ -32,6 +33,12 @@ class TrainingSpec:
     estimated_runtime: float = 0.0
     #: pinned worker count (``spec.workers``, what ``kubectl scale`` sets), or None
     pinned_workers: int | None = None
+    #: ``spec.successPolicy``: ``Chief`` (worker 0 exits 0) or ``AllWorkers``
+    success_policy: str = "Chief"
+    #: ``spec.backoffLimit``: unexpected worker failures tolerated before the job Fails
+    backoff_limit: int = DEFAULT_BACKOFF_LIMIT
+    #: ``spec.batchSize``: the global batch size the job asked for (None: its own choice)
+    batch_size: int | None = None
 
     @property
     def gang_gpus(self) -> int:

@@ -104,8 +104,8 @@ def test_worker_pod_labels_owner_scheduler_gpus_env():
     p = worker_pod(JOB, 1, 2, scheduler_name="rlsched", grace_period_s=45)
     md, spec = p["metadata"], p["spec"]
     assert md["name"] == "tj1-worker-1"
-    assert md["labels"] == {"team": "x", LABEL_JOB: "tj1", LABEL_ROLE: "worker",
-                            LABEL_INDEX: "1", "app.kubernetes.io/managed-by": "rlsched-operator"}
+    assert md["labels"] == {"team": "x", LABEL_JOB: "tj1", LABEL_ROLE: "worker", LABEL_INDEX: "1",
+                            "app.kubernetes.io/managed-by": "rlsched-operator", "rlsched.dev/generation": "0"}
     assert md["ownerReferences"][0]["uid"] == "u-1" and md["ownerReferences"][0]["controller"] is True
     assert spec["schedulerName"] == "rlsched" and spec["terminationGracePeriodSeconds"] == 45
     assert spec["serviceAccountName"] == "tj1-trainer"
@@ -117,6 +117,42 @@ def test_worker_pod_labels_owner_scheduler_gpus_env():
     assert worker_pod(JOB, 0, 2)["metadata"]["labels"]["rlsched.dev/role"] == "chief"
     # the template itself is not modified
     assert "schedulerName" not in JOB["spec"]["template"]["spec"]
+
+
+def test_worker_pod_carries_the_worker_contract_and_checkpoint_volume():
+    job = {**JOB, "spec": {**JOB["spec"], "batchSize": 96, "masterPort": 23456,
+                           "checkpoint": {"path": "/ckpt", "volume": {"persistentVolumeClaim": {"claimName": "c"}}}}}
+    job["spec"]["template"] = {"spec": {"containers": [{"name": "c", "image": "i"}, {"name": "side", "image": "s"}],
+                                        "restartPolicy": "OnFailure"}}
+    p = worker_pod(job, 2, 2, gang_size=3, generation=5)
+    spec = p["spec"]
+    assert (spec["hostname"], spec["subdomain"], spec["restartPolicy"]) == ("tj1-worker-2", "tj1", "Never")
+    assert p["metadata"]["labels"]["rlsched.dev/generation"] == "5"
+    assert {"name": "rlsched-checkpoint", "persistentVolumeClaim": {"claimName": "c"}} in spec["volumes"]
+    for c in spec["containers"]:  # every container sees the contract and the checkpoint
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert {k: env[k] for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK",
+                                    "PET_MASTER_ADDR", "PET_NNODES", "PET_NODE_RANK", "RLSCHED_GENERATION",
+                                    "RLSCHED_GLOBAL_BATCH_SIZE", "RLSCHED_CHECKPOINT_DIR")} == {
+            "MASTER_ADDR": "tj1-worker-0.tj1", "MASTER_PORT": "23456", "WORLD_SIZE": "3", "RANK": "2",
+            "LOCAL_RANK": "0", "PET_MASTER_ADDR": "tj1-worker-0.tj1", "PET_NNODES": "3", "PET_NODE_RANK": "2",
+            "RLSCHED_GENERATION": "5", "RLSCHED_GLOBAL_BATCH_SIZE": "96", "RLSCHED_CHECKPOINT_DIR": "/ckpt"}
+        assert {"name": "rlsched-checkpoint", "mountPath": "/ckpt"} in c["volumeMounts"]
+    # what the trainer reads back is what the operator meant
+    from rlsched.core.contract import WorkerContract
+    env = {e["name"]: e.get("value") or "ns" for e in spec["containers"][0]["env"]}
+    wc = WorkerContract.from_env(env)
+    assert (wc.job, wc.rank, wc.world_size, wc.generation, wc.batch_size, wc.checkpoint_dir, wc.master_port) == \
+        ("tj1", 2, 3, 5, 96, "/ckpt", 23456)
+
+
+def test_worker_service_is_headless_and_publishes_unready_workers():
+    from rlsched.operator.resources import worker_service
+
+    svc = worker_service(JOB)
+    assert svc["metadata"]["name"] == "tj1" and svc["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["spec"]["selector"] == {LABEL_JOB: "tj1"} and svc["spec"]["ports"][0]["port"] == 29500
 
 
 def test_trainer_rbac_limited_to_own_job():

@@ -20,6 +20,19 @@ def test_valid_spec_parses_every_field():
     assert (s.pinned_workers, s.data_size, s.estimated_runtime, s.gang_gpus) == (3, 1000, 60.0, 4)
 
 
+def test_lifecycle_fields_parse_with_job_defaults():
+    s = parse_spec(body(batchSize=256, successPolicy="AllWorkers", backoffLimit=0,
+                        checkpoint={"path": "/ckpt", "volume": {"persistentVolumeClaim": {"claimName": "c"}}}))
+    assert (s.batch_size, s.success_policy, s.backoff_limit) == (256, "AllWorkers", 0)
+    d = parse_spec(body())
+    assert (d.batch_size, d.success_policy, d.backoff_limit) == (None, "Chief", 6)
+
+
+def test_job_name_must_start_with_a_letter_for_its_service():
+    with pytest.raises(SpecError, match="must start with a letter"):
+        parse_spec(body(), name="1job")
+
+
 def test_defaults():
     s = parse_spec({"minWorkers": 1, "maxWorkers": 1, "template": {"spec": {"containers": [{}]}}})
     assert (s.gpus_per_worker, s.priority_class, s.beta, s.max_epochs, s.pinned_workers) == (1, "normal", 0.001, 100, None)
@@ -35,6 +48,17 @@ def test_defaults():
         ({"priority": {"class": "vip"}}, "priority.class must be one of"),
         ({"workers": 9}, "spec.workers (9) must lie within"),
         ({"minWorkers": 1.5}, "minWorkers must be an integer"),
+        ({"batchSize": 0}, "spec.batchSize must be >= 1"),
+        ({"masterPort": 70000}, "spec.masterPort must lie in 1..65535"),
+        ({"backoffLimit": -1}, "spec.backoffLimit must be >= 0"),
+        ({"successPolicy": "Any"}, "spec.successPolicy must be one of Chief, AllWorkers"),
+        ({"checkpoint": {"path": "relative"}}, "spec.checkpoint.path must be an absolute path"),
+        ({"checkpoint": {"path": "/c", "volume": {"name": "v", "emptyDir": {}}}}, "must not have a name"),
+        ({"checkpoint": {"path": "/c", "volume": {"emptyDir": {}}},
+          "template": {"spec": {"containers": [{}], "volumes": [{"name": "rlsched-checkpoint", "emptyDir": {}}]}}},
+         "already has a volume named 'rlsched-checkpoint'"),
+        ({"template": {"spec": {"containers": [{}], "restartPolicy": "OnFailure"}}}, "restartPolicy is 'OnFailure'"),
+        ({"template": {"spec": {"containers": [{}], "hostname": "h"}}}, "hostname and subdomain must be unset"),
         ({"template": {"spec": {"containers": []}}}, "at least one container"),
         ({"template": {"spec": {"schedulerName": "default-scheduler", "containers": [{}]}}}, "schedulerName"),
         ({"template": {"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "4"}}}]}}},

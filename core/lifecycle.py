@@ -1,0 +1,150 @@
+"""The job lifecycle by its workers' exits: success, failure with backoff, restarts.
+
+A job's workers belong to a *generation* (``status.restartGeneration``; each worker
+pod carries it as ``rlsched.dev/generation``). A rescale, a resume after preemption
+and a restart after a failure end the generation: the operator records the next one
+*before* it stops the old workers (SIGTERM, grace period), so whatever an old
+worker does afterwards — exit 0 after saving its checkpoint, 143 on SIGTERM, even a
+crash — is never judged. Only the current generation's workers are, by :func:`judge`:
+
+* **success** — ``successPolicy: Chief`` (the default, as PyTorchJob and TrainJob):
+  worker 0 exited 0; ``AllWorkers``: every worker of the generation exited 0;
+* **failure** — a worker the operator did not stop exited non-zero. It counts against
+  ``spec.backoffLimit`` (as batch/v1 Job): within the limit the generation restarts
+  after :func:`backoff_s`; beyond it the job Fails, the exit code in its condition;
+* **disruption** — a worker evicted or deleted by someone else (pod condition
+  ``DisruptionTarget``, or a worker of a running generation gone without an exit):
+  the generation restarts at once and nothing is counted, since the script did
+  nothing wrong;
+* a worker that exited 0 while the chief still runs (policy ``Chief``) is simply done.
+
+Crash safety comes from the order of the steps, which the callers keep: every
+decision is written to the job's status (phase, generation, failure count) in one
+write before any pod is deleted or created, so an operator that dies between two
+steps finds either the old state (and decides the same again) or the new one (and
+only finishes the pod work); a failure is counted exactly once because the write
+that counts it also moves the generation past the failed pod.
+
+Pure: no Kubernetes client; the operator translates pods into :class:`WorkerState`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from .contract import EXIT_SIGTERM, SUCCESS_POLICIES
+
+__all__ = ["WorkerState", "Verdict", "judge", "backoff_s", "BACKOFF_BASE_S", "BACKOFF_CAP_S",
+           "NONE", "SUCCEED", "FAIL", "RESTART"]
+
+#: batch/v1 Job's pod-failure backoff: 10 s, doubled per failure, at most 6 minutes
+BACKOFF_BASE_S = 10.0
+BACKOFF_CAP_S = 360.0
+
+NONE, SUCCEED, FAIL, RESTART = "none", "succeed", "fail", "restart"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerState:
+    """What the lifecycle reads of one worker pod."""
+
+    name: str
+    index: int
+    generation: int
+    #: the pod phase: Pending, Running, Succeeded, Failed (Unknown counts as running)
+    phase: str
+    #: the worker container's exit code once it terminated
+    exit_code: int | None = None
+    #: the operator asked it to stop (the pod has a deletionTimestamp)
+    stopping: bool = False
+    #: someone else evicted or preempted it (condition DisruptionTarget)
+    disrupted: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def succeeded(self) -> bool:
+        return self.phase == "Succeeded" and self.exit_code in (None, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What the lifecycle asks for; ``count`` says whether it is a failure counted
+    against the backoff limit, ``failures`` the count after it."""
+
+    action: str = NONE
+    reason: str = ""
+    message: str = ""
+    worker: str | None = None
+    exit_code: int | None = None
+    count: bool = False
+    failures: int = 0
+    backoff_s: float = 0.0
+
+
+def backoff_s(failures: int, base: float = BACKOFF_BASE_S, cap: float = BACKOFF_CAP_S) -> float:
+    """Delay before the generation after the ``failures``-th failure starts:
+    ``base * 2**(failures-1)``, at most ``cap`` (0 before any failure)."""
+    if failures <= 0:
+        return 0.0
+    return min(cap, base * 2.0 ** min(failures - 1, 32))
+
+
+def judge(
+    workers: Iterable[WorkerState],
+    *,
+    generation: int,
+    target: int,
+    running: bool,
+    success_policy: str = "Chief",
+    failures: int = 0,
+    backoff_limit: int = 6,
+) -> Verdict:
+    """The verdict on the current ``generation`` of a job that should have ``target``
+    workers. ``running``: the generation had started (every worker was created and the
+    job is Running), so a worker gone without an exit is a disruption; while the gang
+    is still being created a missing worker is only not created yet."""
+    if success_policy not in SUCCESS_POLICIES:
+        raise ValueError(f"success policy {success_policy!r} is not one of {SUCCESS_POLICIES}")
+    current = {w.index: w for w in workers if w.generation == generation and not w.stopping}
+    # a failure outranks a success seen in the same cycle: the job did not finish cleanly
+    for i in sorted(current):
+        w = current[i]
+        if w.phase != "Failed" or w.succeeded:
+            continue
+        code = w.exit_code
+        if w.disrupted:
+            return Verdict(RESTART, "WorkerDisrupted",
+                           f"worker {w.name} was evicted (exit code {code}); generation {generation} restarts",
+                           worker=w.name, exit_code=code, failures=failures)
+        n = failures + 1
+        what = f"worker {w.name} exited with code {code}" if code is not None else f"worker {w.name} failed"
+        if code == EXIT_SIGTERM:
+            what += " (SIGTERM, not sent by rlsched)"
+        if n > backoff_limit:
+            return Verdict(FAIL, "BackoffLimitExceeded",
+                           f"{what}; {n} unexpected failures, more than backoffLimit {backoff_limit}",
+                           worker=w.name, exit_code=code, count=True, failures=n)
+        wait = backoff_s(n)
+        return Verdict(RESTART, "WorkerFailed",
+                       f"{what}; failure {n} of backoffLimit {backoff_limit}, generation {generation + 1} "
+                       f"starts in {wait:.0f}s", worker=w.name, exit_code=code, count=True, failures=n,
+                       backoff_s=wait)
+    chief = current.get(0)
+    if success_policy == "Chief" and chief is not None and chief.succeeded:
+        return Verdict(SUCCEED, "ChiefSucceeded", f"worker {chief.name} (the chief) exited 0",
+                       worker=chief.name, exit_code=0, failures=failures)
+    if success_policy == "AllWorkers" and target > 0 and all(
+            i in current and current[i].succeeded for i in range(target)):
+        return Verdict(SUCCEED, "AllWorkersSucceeded", f"all {target} workers exited 0", exit_code=0,
+                       failures=failures)
+    if running:
+        gone = [i for i in range(target) if i not in current]
+        if gone:
+            return Verdict(RESTART, "WorkerLost",
+                           f"worker {gone[0]} of generation {generation} is gone without an exit; "
+                           f"generation {generation + 1} starts", failures=failures)
+    return Verdict(failures=failures)
