@@ -1,7 +1,11 @@
 """A fake trainer: progress for running TrainingJobs from the simulator's convergence model.
 
 On a control plane with kwok nodes no container runs, so this stands in for every
-job's chief. Each tick (``epoch_s`` wall seconds) every Running job of the namespace
+job's chief. It plays the pods kwok runs: a job advances only while the chief of its
+current generation (``rlsched.dev/generation`` = ``status.restartGeneration``) is a
+Running pod, with as many workers as that generation has Running pods, so a job whose
+workers are gone (stopped, preempted, restarting) shows no progress, as a real one
+would not. Each tick (``epoch_s`` wall seconds) every such job
 processes ``workers x samples_per_epoch / minWorkers`` samples — one epoch per tick
 at the gang size, more with more workers — and reports the accuracy and loss that
 :class:`rlsched.sim.convergence.ConvergenceModel` gives for the effective epochs done
@@ -10,6 +14,10 @@ at the gang size, more with more workers — and reports the accuracy and loss t
 Reports go through :func:`rlsched.trainer.report` with the job's own ServiceAccount
 token (TokenRequest API), so they exercise the per-job RBAC the operator created; with
 ``use_job_token=False`` the trainer's own credentials are used instead.
+
+An API server that restarts does not end it: a tick that cannot read the cluster is
+logged and retried with a growing pause (at most ``max_backoff_s``), and
+:class:`rlsched.trainer.Reporter` retries its own writes.
 
 Command line: ``rlsched fake-trainer --namespace NS [--kubeconfig K]`` (the demo runs it).
 """
@@ -23,7 +31,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from rlsched.core.contract import GROUP, PLURAL, VERSION
+from rlsched.core.contract import GROUP, LABEL_GENERATION, LABEL_INDEX, LABEL_JOB, PLURAL, VERSION, controlling_job
 from rlsched.operator.resources import trainer_account_name
 from rlsched.sim.convergence import ConvergenceModel
 from rlsched.trainer import Reporter
@@ -55,6 +63,7 @@ class FakeTrainer:
         gamma: float = 0.05,
         noise: float = 0.002,
         use_job_token: bool = True,
+        max_backoff_s: float = 10.0,
     ) -> None:
         from kubernetes import client, config
 
@@ -62,6 +71,7 @@ class FakeTrainer:
         self.epoch_s = epoch_s
         self.seed, self.tau, self.gamma, self.noise = seed, tau, gamma, noise
         self.use_job_token = use_job_token
+        self.max_backoff_s = max_backoff_s
         self.conf = client.Configuration()
         config.load_kube_config(config_file=kubeconfig, client_configuration=self.conf)
         self.admin = client.ApiClient(self.conf)
@@ -95,6 +105,7 @@ class FakeTrainer:
         from kubernetes.client.exceptions import ApiException
 
         items = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL)["items"]
+        playing = self.playing()
         out: dict[str, dict] = {}
         live = set()
         for body in items:
@@ -103,12 +114,15 @@ class FakeTrainer:
             st = body.get("status") or {}
             if st.get("phase") != "Running":
                 continue
+            gen = st.get("restartGeneration") or 0
+            workers = playing.get((uid, gen), 0)
+            if not workers:
+                continue  # no live chief of the current generation: nothing trains
             run = self.runs.get(uid)
             if run is None:
                 run = self.runs[uid] = _Run(self._model(body))
                 run.epoch = int((st.get("progress") or {}).get("epoch", 0))  # resume after a preemption
                 run.eff_epochs = float(run.epoch)
-            workers = max(1, int(st.get("workers") or 0))
             m = run.model
             per_tick = m.samples_per_epoch * workers / int(body["spec"]["minWorkers"])
             run.eff_epochs += m.effective_epochs(per_tick, workers)
@@ -127,18 +141,51 @@ class FakeTrainer:
             del self.runs[uid]
         return out
 
-    def run_until(self, stop: threading.Event) -> None:
-        """Tick every ``epoch_s`` until ``stop`` is set (for a thread)."""
-        while not stop.wait(self.epoch_s):
+    def playing(self) -> dict[tuple[str, int], int]:
+        """``(job uid, generation) -> Running workers`` for each generation whose chief
+        (worker 0) is a Running pod: the pods this trainer plays."""
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=LABEL_JOB).items
+        running: dict[tuple[str, int], int] = {}
+        chiefs: set[tuple[str, int]] = set()
+        for p in pods:
+            owner = controlling_job(self.admin.sanitize_for_serialization(p))
+            if owner is None or p.metadata.deletion_timestamp is not None or (p.status and p.status.phase) != "Running":
+                continue
+            labels = p.metadata.labels or {}
+            try:
+                key = (owner.uid, int(labels.get(LABEL_GENERATION, "0")))
+            except ValueError:
+                continue
+            running[key] = running.get(key, 0) + 1
+            if labels.get(LABEL_INDEX) == "0":
+                chiefs.add(key)
+        return {k: n for k, n in running.items() if k in chiefs}
+
+    def safe_tick(self) -> bool:
+        """:meth:`tick`, a failure logged instead of raised; True when it succeeded."""
+        try:
             self.tick()
+            return True
+        except Exception as exc:  # the API server restarting, a lost connection: retried
+            log.warning("fake trainer: tick failed, retrying: %r", exc)
+            return False
+
+    def run_until(self, stop: threading.Event) -> None:
+        """Tick every ``epoch_s`` until ``stop`` is set (for a thread); after failed
+        ticks the pause doubles, up to ``max_backoff_s``."""
+        pause = self.epoch_s
+        while not stop.wait(pause):
+            pause = self.epoch_s if self.safe_tick() else min(self.max_backoff_s, pause * 2)
 
     async def run(self) -> None:
-        """Tick forever (CLI)."""
+        """Tick forever (CLI), with the same backoff as :meth:`run_until`."""
         import asyncio
 
+        pause = self.epoch_s
         while True:
-            await asyncio.to_thread(self.tick)
-            await asyncio.sleep(self.epoch_s)
+            ok = await asyncio.to_thread(self.safe_tick)
+            pause = self.epoch_s if ok else min(self.max_backoff_s, pause * 2)
+            await asyncio.sleep(pause)
 
     def close(self) -> Any:
         for r in self.runs.values():

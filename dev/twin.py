@@ -415,6 +415,7 @@ class _Replay:
     nodes: tuple[int, ...] = ()
     rate: float = 0.0  # samples per simulated second at the last tick
     resume_at: float = 0.0  # wall time the current restart ends
+    paused_at: float | None = None  # wall time its generation stopped for a restart (still Running)
     last: float = 0.0  # wall time of the last advance
     started: bool = False
     reporter: Any = None
@@ -487,10 +488,32 @@ class ReplayTrainer:
         r.last = now
         return out
 
+    def pause(self, r: _Replay, now: float) -> None:
+        """The job is still Running but its generation is restarting (a resize or a
+        failure: the old workers stopped, the new ones not all running yet): no
+        progress, and the time until they run counts towards the restart cost."""
+        if r.paused_at is None and r.nodes:
+            r.paused_at = now
+            r.rate = 0.0
+
     def reconfigure(self, r: _Replay, nodes: Sequence[int], now: float) -> None:
         """The job now runs ``nodes`` (one per running worker; empty: not running):
-        start, resume (restart cost), resize (restart cost) or stop."""
+        start, resume (restart cost), resize (restart cost) or stop. After a
+        :meth:`pause` the new generation resumes ``restart_cost`` after the old one
+        stopped (the engine charges a restart once, however long the pods take)."""
         nodes = tuple(sorted(nodes)) if len(nodes) >= r.spec.min_workers else ()
+        paused, r.paused_at = r.paused_at, None
+        if paused is not None and nodes:
+            if len(nodes) != len(r.nodes):
+                r.sizes.append((now, len(nodes)))
+            counts: dict[int, int] = {}
+            for i in nodes:
+                counts[i] = counts.get(i, 0) + r.spec.gpus_per_worker
+            r.workers = len(nodes)
+            r.rate = throughput(r.spec, r.workers, self.topology.span_level(counts), self.topology.bandwidth)
+            r.resume_at = max(now, paused + self.restart_wall) if r.started else now
+            r.nodes = nodes
+            return
         if nodes == r.nodes:
             return
         names = [self.topology.nodes[i].name for i in nodes]
@@ -515,14 +538,15 @@ class ReplayTrainer:
 
     # ---- the cluster side
     def tick(self) -> None:
-        from rlsched.core.contract import GROUP, LABEL_JOB, PLURAL, VERSION, controlling_job
+        from rlsched.core.contract import GROUP, LABEL_GENERATION, LABEL_JOB, PLURAL, VERSION, controlling_job
         from rlsched.trainer import Reporter
 
         now = self.clock()
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=LABEL_JOB, _preload_content=False)
         pods = json.loads(pods.data)["items"]
         bodies = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL)["items"]
-        phase = {b["metadata"]["name"]: (b.get("status") or {}).get("phase") for b in bodies}
+        status = {b["metadata"]["name"]: (b.get("status") or {}) for b in bodies}
+        phase = {name: st.get("phase") for name, st in status.items()}
         running: dict[str, list[int]] = {}
         for p in pods:
             owner = controlling_job(p)
@@ -530,6 +554,9 @@ class ReplayTrainer:
             node = (p.get("spec") or {}).get("nodeName")
             if owner is None or md.get("deletionTimestamp") or st.get("phase") != "Running" or not node:
                 continue
+            gen = (md.get("labels") or {}).get(LABEL_GENERATION, "0")
+            if gen != str((status.get(owner.name) or {}).get("restartGeneration") or 0):
+                continue  # a worker of an older generation, on its way out
             i = self.topology.index.get(node)
             if i is not None:
                 running.setdefault(owner.name, []).append(i)
@@ -540,7 +567,12 @@ class ReplayTrainer:
             if phase[name] in ("Succeeded", "Failed"):
                 self.reconfigure(r, [], now)
                 continue
-            self.reconfigure(r, running.get(name, []), now)
+            nodes = running.get(name, [])
+            target = status[name].get("targetWorkers")
+            if phase[name] == "Running" and r.nodes and isinstance(target, int) and len(nodes) < target:
+                self.pause(r, now)  # its generation is restarting: every worker starts again
+            else:
+                self.reconfigure(r, nodes, now)
             for epoch, acc, loss in reports:
                 try:
                     if r.reporter is None:
