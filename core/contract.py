@@ -58,6 +58,7 @@ __all__ = [
     "ANNOTATION_PRIORITY_REQUESTS",
     "ANNOTATION_EVENT_TIME",
     "ANNOTATION_DURATION",
+    "ANNOTATION_EXIT_CODE",
     "ANNOTATION_TRACE_JOB",
     "ENV_JOB",
     "ENV_NAMESPACE",
@@ -172,6 +173,8 @@ ANNOTATION_PRIORITY_REQUESTS = "rlsched.dev/priority-requests"
 ANNOTATION_EVENT_TIME = "rlsched.dev/event-time"
 #: pods on the local control plane (kwok): Succeeded after this many seconds
 ANNOTATION_DURATION = "rlsched.dev/duration-seconds"
+#: pods on the local control plane (kwok): with the duration, Failed with this exit code
+ANNOTATION_EXIT_CODE = "rlsched.dev/exit-code"
 #: TrainingJobs submitted by the demo: the id of the trace job they replay
 ANNOTATION_TRACE_JOB = "rlsched.dev/trace-job"
 

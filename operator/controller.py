@@ -295,7 +295,7 @@ def guard_status(
     maxWorkers]``, exactly ``minWorkers`` while ``Starting``; ``nominated`` only on a
     queued ``highest`` job unless recorded; times within ``[creation, now]`` give or
     take :data:`SKEW_S`); adopted without a record, ``Starting``/``Running`` needs a
-    live worker the job controls (``live_workers``), else the job is ``Queued`` again
+    worker pod the job controls, running or exited (``live_workers``), else the job is ``Queued`` again
     (admitted anew: at worst a delay). ``changed`` maps each field whose trusted value
     differs from the status to ``(status value, trusted value)``.
     """
@@ -969,8 +969,10 @@ class Controller:
         (:func:`guard_status`); write back and report fields someone else changed."""
         rec = self.record.get(j.uid)
         created = parse_time(j.body["metadata"].get("creationTimestamp"))
-        trusted, changed = guard_status(j.status, rec, j.spec, created=created, now=now,
-                                        live_workers=len(j.live_pods()))
+        # workers that already exited count too: a job whose chief just finished is
+        # judged (Succeeded), not queued and run again by an operator with no record
+        ran = len(j.live_pods()) + sum(1 for p in j.finished if p["metadata"].get("deletionTimestamp") is None)
+        trusted, changed = guard_status(j.status, rec, j.spec, created=created, now=now, live_workers=ran)
         if rec is None:
             self.record[j.uid] = {k: _stored(trusted.get(k)) for k in OWNED_FIELDS}
         if changed:
