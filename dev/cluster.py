@@ -17,6 +17,16 @@ Nodes are kwok nodes made from :class:`rlsched.core.topology.Topology` by
 bound pods Running and, when they carry the ``rlsched.dev/duration-seconds``
 annotation, Succeeded after that many seconds.
 
+Supervision: while the handle that started it lives, a supervisor thread restarts
+kube-controller-manager, the schedulers and kwok when they exit unexpectedly, as a
+kubelet restarts a static pod (backoff 0.5 s doubling to 30 s, reset after 60 s up);
+each restart is logged (``logs/supervisor.log``, the component's log, the
+``rlsched_dev.cluster`` logger) and counted in :attr:`LocalCluster.restarts`.
+kube-scheduler exits on purpose when its cache is corrupted (a pod re-created under a
+reused name, kubernetes#50916); without a restart nothing would be scheduled again.
+Deliberate stops (``stop_scheduler``, ``restart_apiserver``, ``stop``) are left
+alone.
+
 Command line: ``rlsched cluster up|down|status [--dir D]``.
 """
 
@@ -24,11 +34,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import ssl
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -55,7 +67,16 @@ __all__ = [
     "register",
 ]
 
+log = logging.getLogger(__name__)
+
 SCHEDULER_NAME = DEFAULT_SCHEDULER_NAME
+#: the components the supervisor restarts when they exit unexpectedly (etcd and
+#: kube-apiserver hold the state; a test that stops them means it, see
+#: :meth:`LocalCluster.restart_apiserver`)
+SUPERVISED = ("kube-controller-manager", "kube-scheduler", "rlsched-scheduler", "kwok")
+#: restart backoff: first delay, cap (doubling in between, as kubelet's CrashLoopBackOff),
+#: and how long a component must have run for its backoff to start over
+RESTART_BACKOFF_S, RESTART_BACKOFF_MAX_S, RESTART_RESET_S = 0.5, 30.0, 60.0
 #: kube-controller-manager's client limit (requests/s, burst) on the local cluster
 KCM_QPS, KCM_BURST = 500, 1000
 _STATE_FILE = "state.json"
@@ -116,6 +137,8 @@ class LocalCluster:
     """etcd + kube-apiserver + kube-controller-manager + 2 kube-schedulers + kwok.
 
     ``kwok=False`` leaves out the kwok controller (for a second, external one).
+    ``supervise`` (default): restart kube-controller-manager, the schedulers and kwok
+    when they exit unexpectedly, while this handle lives (:attr:`restarts` counts).
     The components die with this process unless ``detach`` (then stop them with
     :meth:`attach` + :meth:`stop`, as ``rlsched cluster down`` does).
     ``workdir`` holds certificates, configs, etcd data, logs (``logs/<name>.log``) and
@@ -150,6 +173,7 @@ class LocalCluster:
         rlsched_tuning: SchedulerTuning | None = None,
         start_timeout_s: float = 90.0,
         kwok: bool = True,
+        supervise: bool = True,
         detach: bool = False,
         keep_workdir: bool | None = None,
         progress: ProgressFn | None = None,
@@ -177,6 +201,17 @@ class LocalCluster:
         self.processes: dict[str, Process] = {}
         self._kwok: KwokController | None = None
         self.started = False
+        self.supervise = supervise
+        self._init_supervision()
+
+    def _init_supervision(self) -> None:
+        #: restarts of each component by the supervisor (unexpected exits only)
+        self.restarts: dict[str, int] = {}
+        self._lock = threading.RLock()  # processes, spawning, the supervisor's view
+        self._held: set[str] = set()    # stopped on purpose: not restarted
+        self._paused = 0                # > 0 while restart_apiserver runs
+        self._supervisor: threading.Thread | None = None
+        self._supervisor_stop = threading.Event()
 
     # -- public properties
     @property
@@ -236,6 +271,8 @@ class LocalCluster:
         for attempt in range(3):
             try:
                 self._start()
+                if self.supervise:
+                    self._start_supervisor()
                 return self
             except ClusterError as exc:
                 # A port chosen free can be taken (e.g. as a client's source port)
@@ -319,6 +356,15 @@ class LocalCluster:
         old = self.processes.get("kube-apiserver")
         if not self.started or old is None or old.popen is None:
             raise ClusterError("no kube-apiserver started by this handle to restart")
+        with self._lock:
+            self._paused += 1  # the components that exit meanwhile are restarted below
+        try:
+            self._restart_apiserver(old, grace)
+        finally:
+            with self._lock:
+                self._paused -= 1
+
+    def _restart_apiserver(self, old: Process, grace: float) -> None:
         self._progress("restarting kube-apiserver")
         old.stop(grace)
         api = self._spawn("kube-apiserver", self._apiserver_argv(self._dir / "pki"))
@@ -335,7 +381,10 @@ class LocalCluster:
             if proc is None or proc.exited() is None:
                 continue
             self._progress(f"{name} exited during the restart; starting it again")
-            proc = self._spawn(name, proc.argv)
+            self._log_supervision(name, f"{name} (pid {proc.pid}) exited with status "
+                                        f"{proc.exited()} during the API server restart; "
+                                        "started again by restart_apiserver")
+            proc = self._respawn(name, proc)
             url = f"https://127.0.0.1:{self.ports[port]}/healthz"
             wait_for(lambda u=url: http_ok(u, insecure, expect="ok"), self.start_timeout_s,
                      f"{name} {url}", proc, [api])
@@ -350,7 +399,9 @@ class LocalCluster:
         profile then wait in the API server until :meth:`start_scheduler`."""
         if name not in self._SCHEDULERS:
             raise ValueError(f"no scheduler {name!r}; one of {sorted(self._SCHEDULERS)}")
-        proc = self.processes.get(name)
+        with self._lock:
+            self._held.add(name)  # the supervisor leaves it stopped
+            proc = self.processes.get(name)
         if proc is not None:
             proc.stop(grace)
 
@@ -367,7 +418,9 @@ class LocalCluster:
         if tuning is not None:
             self.tuning[name] = tuning
         port, extender = self._SCHEDULERS[name]
-        proc = self._spawn(name, self._scheduler_argv(port, extender=extender))
+        with self._lock:
+            proc = self._spawn(name, self._scheduler_argv(port, extender=extender))
+            self._held.discard(name)
         if wait:
             insecure = ssl.create_default_context()
             insecure.check_hostname = False
@@ -388,11 +441,146 @@ class LocalCluster:
         return str(self.tools_bin / name)
 
     def _spawn(self, name: str, argv: list[str]) -> Process:
-        proc = Process(name, argv, self.log_path(name), detach=self.detach)
-        proc.start(self._dir)
-        self.processes[name] = proc
-        self._write_state()
-        return proc
+        with self._lock:
+            proc = Process(name, argv, self.log_path(name), detach=self.detach)
+            proc.start(self._dir)
+            self.processes[name] = proc
+            self._write_state()
+            return proc
+
+    def _respawn(self, name: str, old: Process) -> Process:
+        """Start ``old`` (exited) again with the same command line."""
+        with self._lock:
+            if name == "kwok":
+                self._release_leases("kube-node-lease", None, name, "node leases", delete=True)
+            elif name in self._SCHEDULERS:  # its leader lease has the process's name
+                self._release_leases("kube-system", name, name, "leader lease")
+            proc = self._spawn(name, old.argv)
+            if name == "kwok" and self._kwok is not None:
+                self._kwok.process = proc
+            return proc
+
+    def _release_leases(self, namespace: str, lease_name: str | None, component: str,
+                        what: str, *, delete: bool = False) -> None:
+        """Release (or ``delete``) the leases (all of ``namespace``, or the one named
+        ``lease_name``) that an exited ``component`` held, before it is started again.
+        Both kwok and kube-scheduler name themselves ``<hostname>_<uuid>``, new at every
+        start. A restarted kube-scheduler would wait out its dead predecessor's leader
+        lease (15 s); released, it leads at its next try (2 s). A restarted kwok manages
+        only nodes whose lease names it and, when it meets a lease its informer has not
+        seen yet, tries again only a renewal period (30 s) later, or after the lease
+        expired (120 s): deleted, the leases are simply created anew at its start. The
+        holder is dead (its exit was seen), so this is safe. Best effort: with the API
+        server away the leases expire on their own."""
+        import socket
+
+        from kubernetes import client, config
+
+        prefix = f"{socket.gethostname()}_"
+        try:
+            coord = client.CoordinationV1Api(
+                config.new_client_from_config(config_file=str(self.kubeconfig)))
+            leases = coord.list_namespaced_lease(namespace, _request_timeout=5).items
+            released = 0
+            for lease in leases:
+                if lease_name is not None and lease.metadata.name != lease_name:
+                    continue
+                if not (lease.spec.holder_identity or "").startswith(prefix):
+                    continue
+                if delete:
+                    coord.delete_namespaced_lease(lease.metadata.name, namespace,
+                                                  _request_timeout=5)
+                else:
+                    coord.patch_namespaced_lease(lease.metadata.name, namespace,
+                                                 {"spec": {"holderIdentity": None}},
+                                                 _request_timeout=5)
+                released += 1
+            if released:
+                self._log_supervision(component, f"{'deleted' if delete else 'released'} "
+                                                 f"{released} {what} of the exited {component}")
+        except Exception as exc:
+            self._log_supervision(component, f"could not release the exited {component}'s "
+                                             f"{what}: {exc}")
+
+    # -- supervision (a kubelet's restart of static pods)
+    def _start_supervisor(self) -> None:
+        self._supervisor_stop.clear()
+        # Components restarted from this thread are tied to it (PR_SET_PDEATHSIG acts
+        # on the spawning thread): it lives until stop().
+        self._supervisor = threading.Thread(target=self._supervise, name="rlsched-supervisor",
+                                            daemon=True)
+        self._supervisor.start()
+
+    def _stop_supervisor(self) -> None:
+        th, self._supervisor = self._supervisor, None
+        self._supervisor_stop.set()
+        if th is not None and th is not threading.current_thread():
+            th.join(30)
+
+    def _log_supervision(self, name: str, message: str) -> None:
+        """One line in ``logs/supervisor.log``, the component's own log and the logger."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        log.warning("%s", message)
+        for path in (self._dir / "logs" / "supervisor.log", self.log_path(name)):
+            try:
+                with open(path, "a") as f:
+                    f.write(f"{stamp} rlsched supervisor: {message}\n")
+            except OSError:
+                pass
+
+    def _supervise(self, every: float = 0.2) -> None:
+        """Restart the :data:`SUPERVISED` components that exit unexpectedly, with a
+        per-component exponential backoff (:data:`RESTART_BACKOFF_S` doubling to
+        :data:`RESTART_BACKOFF_MAX_S`, reset after :data:`RESTART_RESET_S` up)."""
+        backoff: dict[str, float] = {}
+        up_since: dict[str, tuple[Process, float]] = {}
+        due: dict[str, tuple[Process, float, int | None]] = {}  # name -> (exited, when, rc)
+        while not self._supervisor_stop.wait(every):
+            try:
+                with self._lock:
+                    if self._paused or not self.started:
+                        due.clear()
+                        continue
+                    now = time.monotonic()
+                    for name in SUPERVISED:
+                        proc = self.processes.get(name)
+                        if name in self._held or proc is None or proc.popen is None:
+                            due.pop(name, None)
+                            continue
+                        rc = proc.exited()
+                        if rc is None:
+                            since = up_since.setdefault(name, (proc, now))
+                            if since[0] is not proc:
+                                up_since[name] = since = (proc, now)
+                            if now - since[1] >= RESTART_RESET_S:
+                                backoff.pop(name, None)
+                            due.pop(name, None)
+                            continue
+                        pending = due.get(name)
+                        if pending is None or pending[0] is not proc:
+                            delay = backoff.get(name, RESTART_BACKOFF_S)
+                            due[name] = (proc, now + delay, rc)
+                            self._log_supervision(name, f"{name} (pid {proc.pid}) exited "
+                                                        f"unexpectedly with status {rc}; "
+                                                        f"restarting in {delay:g}s")
+                            continue
+                        if now < pending[1]:
+                            continue
+                        backoff[name] = min(backoff.get(name, RESTART_BACKOFF_S) * 2,
+                                            RESTART_BACKOFF_MAX_S)
+                        try:
+                            new = self._respawn(name, proc)
+                        except OSError as exc:
+                            due[name] = (proc, now + backoff[name], rc)
+                            self._log_supervision(name, f"{name}: restart failed ({exc}); "
+                                                        f"next try in {backoff[name]:g}s")
+                            continue
+                        due.pop(name, None)
+                        self.restarts[name] = self.restarts.get(name, 0) + 1
+                        self._log_supervision(name, f"{name} restarted (pid {new.pid}; "
+                                                    f"restart #{self.restarts[name]})")
+            except Exception:  # never let the supervisor die: its children die with it
+                log.exception("supervisor")
 
     def _ssl_context(self) -> ssl.SSLContext:
         pki = self._dir / "pki"
@@ -535,6 +723,8 @@ class LocalCluster:
             if started_in(int(pid), d):
                 self.processes[name] = Process(name, [], d / "logs" / f"{name}.log", pid=int(pid))
         self._kwok = None
+        self.supervise = False
+        self._init_supervision()
         self.started = True
         return self
 
@@ -543,6 +733,9 @@ class LocalCluster:
         ``grace`` seconds), newest first, and remove a temporary workdir."""
         if not self.started:
             return
+        self._stop_supervisor()
+        with self._lock:
+            self._held.update(self.processes)
         self._stop_processes(grace)
         self.started = False
         if self.workdir is None:

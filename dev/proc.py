@@ -76,12 +76,26 @@ def tail(path: Path, lines: int = 30) -> str:
 
 
 # --------------------------------------------------------------------------- processes
+_PRCTL = None
+
+
+def _prctl():
+    """libc's ``prctl``, looked up in the parent: a child forked from a process with
+    several threads (the cluster's supervisor thread restarts components) must not
+    dlopen anything before exec (another thread may have held the loader's lock)."""
+    global _PRCTL
+    if _PRCTL is None:
+        import ctypes
+
+        _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+    return _PRCTL
+
+
 def _die_with_parent() -> None:
     """In the child before exec: get SIGTERM when the parent dies (Linux prctl)."""
-    import ctypes
-
     PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    assert _PRCTL is not None
+    _PRCTL(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
 
 
 @dataclass
@@ -104,6 +118,8 @@ class Process:
     def start(self, cwd: Path, env: Mapping[str, str] | None = None) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         tie = None if self.detach or not sys.platform.startswith("linux") else _die_with_parent
+        if tie is not None:
+            _prctl()
         with open(self.log, "ab") as out:
             self.popen = subprocess.Popen(
                 self.argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,

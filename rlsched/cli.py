@@ -23,6 +23,7 @@ _COMMANDS = {
     "cluster": "rlsched_dev.cluster",
     "demo": "rlsched_dev.demo",
     "fake-trainer": "rlsched_dev.fake_trainer",
+    "node-agent": "rlsched_dev.node_agent",
 }
 
 
