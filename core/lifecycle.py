@@ -60,6 +60,8 @@ class WorkerState:
     stopping: bool = False
     #: someone else evicted or preempted it (condition DisruptionTarget)
     disrupted: bool = False
+    #: the number of workers of the generation it was created for (None: unknown)
+    gang_size: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -142,7 +144,11 @@ def judge(
         return Verdict(SUCCEED, "AllWorkersSucceeded", f"all {target} workers exited 0", exit_code=0,
                        failures=failures)
     if running:
-        gone = [i for i in range(target) if i not in current]
+        # the generation's own size (its pods say how many they were created for): a
+        # target that changed without a new generation is a rescale, not a loss
+        sizes = [w.gang_size for w in current.values() if w.gang_size]
+        size = max(sizes) if sizes else target
+        gone = [i for i in range(size) if i not in current]
         if gone:
             return Verdict(RESTART, "WorkerLost",
                            f"worker {gone[0]} of generation {generation} is gone without an exit; "

@@ -115,6 +115,7 @@ from rlsched.core import ClusterState, JobView, Progress, make_ordering, make_pl
 from rlsched.core.contract import ANNOTATION_EVENT_TIME as EVENT_TIME_ANNOTATION
 from rlsched.core.contract import ANNOTATION_PRIORITY_REQUESTS as REQUESTS_ANNOTATION
 from rlsched.core.contract import (
+    ANNOTATION_GANG_SIZE,
     API_VERSION,
     DEFAULT_SCHEDULER_NAME,
     GROUP,
@@ -521,8 +522,13 @@ def worker_state(pod: Mapping) -> WorkerState | None:
     disrupted = st.get("reason") == "Evicted" or any(
         isinstance(c, Mapping) and c.get("type") == "DisruptionTarget" and c.get("status") == "True"
         for c in st.get("conditions") or [])
+    try:
+        gang = int((md.get("annotations") or {}).get(ANNOTATION_GANG_SIZE, ""))
+    except ValueError:
+        gang = None
     return WorkerState(name=md.get("name", ""), index=index, generation=pod_generation(pod), phase=phase,
-                       exit_code=code, stopping=md.get("deletionTimestamp") is not None, disrupted=disrupted)
+                       exit_code=code, stopping=md.get("deletionTimestamp") is not None, disrupted=disrupted,
+                       gang_size=gang if gang and gang > 0 else None)
 
 
 @dataclass
@@ -834,9 +840,11 @@ class Controller:
                         placement=snap.placement.get(j.key, []),
                     ))
 
+        listed = {j.key: len(j.pods) for j in jobs.values()}
         # jobs are independent here: observe them concurrently (bounded), then decide
         # on the whole picture in a fixed order
         await self._each(observe, jobs.values(), now)
+        self._hold_restarting(jobs.values(), listed, snap.state)
         order = {k: i for i, k in enumerate(jobs)}
         for lst in (waiting, running, holders):
             lst.sort(key=lambda e: order[e.key])
@@ -882,8 +890,8 @@ class Controller:
                 self.metrics.restarts.labels(reason="Rescaled").inc()
                 await self.patch_status(j, patch)
                 await self.event(j.body, "ScaledUp" if d > 0 else "ScaledDown",
-                                 f"workers {rj.workers} -> {target}, generation {j.generation} "
-                                 f"(accuracy gain {rj.state.gain:.4g}, beta {rj.spec.beta})")
+                                 f"workers {rj.workers} -> {target} (generation {j.generation}, "
+                                 f"accuracy gain {rj.state.gain:.4g}, beta {rj.spec.beta})")
                 await self.reconcile_pods(j, target)
             elif patch:
                 await self.patch_status(j, patch)
@@ -896,6 +904,23 @@ class Controller:
                 self.metrics.job_errors.labels(kind="transient").inc()
                 log.warning("RBAC sweep failed, retried later: %r", exc)
         self._metrics(jobs, plan)
+
+    def _hold_restarting(self, jobs: Sequence[_Job] | Any, listed: Mapping[str, int], state: ClusterState) -> None:
+        """A Starting or Running job whose generation is being replaced (the old workers
+        gone, the new not all created yet) still holds its GPUs: charge the ones its
+        listed pods do not hold to the freest nodes (as the snapshot charges unbound
+        pods), so that admission and scaling do not give them away between two
+        generations (found by the twin check). Mutates ``state``."""
+        for j in jobs:
+            if j.spec is None or j.status.get("phase") not in ("Starting", "Running"):
+                continue
+            done = sum(1 for w in j.workers() if w.generation == j.generation and w.finished and not w.stopping)
+            missing = (self._target(j) - listed.get(j.key, 0) - done) * j.spec.gpus_per_worker
+            while missing > 0 and state.free_gpus > 0:
+                i = int(np.argmax(state.free))
+                take = min(missing, int(state.free[i]))
+                state.allocate(i, take)
+                missing -= take
 
     def _place(self, job: JobView, state: ClusterState) -> list[int] | None:
         """Admission's room check: the gang's nodes as the extender's placement would
@@ -1117,8 +1142,15 @@ class Controller:
         if await self._lifecycle(j, now) != "none":
             return None
         target = j.spec.clamp_workers(j.status.get("targetWorkers"))
-        complete = await self.reconcile_pods(j, target)
         gen = j.generation
+        sizes = {w.gang_size for w in j.workers() if w.generation == gen and not w.stopping and w.gang_size}
+        if sizes and sizes != {target}:
+            # the target moved without a new generation (a status adopted after a
+            # restart of the operator): the workers' WORLD_SIZE is wrong, start anew
+            await self.restart(j, Verdict(RESTART, "Rescaled", f"workers {max(sizes)} -> {target}: "
+                                          f"generation {gen + 1} starts at the new size"), now)
+            return None
+        complete = await self.reconcile_pods(j, target)
         live = [p for p in j.live_pods() if pod_generation(p) == gen]
         ready = sum(1 for p in live if any(c.get("type") == "Ready" and c.get("status") == "True"
                                           for c in (p.get("status") or {}).get("conditions") or []))

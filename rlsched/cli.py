@@ -44,6 +44,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         except ModuleNotFoundError as exc:
             if exc.name and module.startswith(exc.name):
                 continue  # subsystem not built yet
+            if not module.startswith("rlsched_dev"):
+                # `pip install rlsched` (or `rlsched[trainer]`) carries the trainer only
+                raise SystemExit(f"rlsched {name}: the scheduler's dependencies are not installed "
+                                 f"({exc.name} is missing); install them with: pip install 'rlsched[scheduler]'") from exc
             raise
         mod.register(sub)
         seen.add(module)

@@ -50,6 +50,10 @@ FORBIDDEN_THIRD_PARTY = {
     "rlsched": {"torch", "kopf", "aiohttp"},
     "dev": set(),
 }
+#: files a forbidden third-party import is allowed in, by path prefix: the trainer library
+#: imports torch inside the functions that need it (tests/trainer/test_light_install.py
+#: holds `import rlsched.trainer` free of torch)
+ALLOWED_THIRD_PARTY = {"rlsched/trainer/": {"torch"}}
 FORBIDDEN = {
     folder: {p for p in OURS if p != PACKAGES[folder] and p not in ALLOWED_OURS[folder]} | FORBIDDEN_THIRD_PARTY[folder]
     for folder in PACKAGES
@@ -92,8 +96,11 @@ def _imports(path: Path, package: str, root: Path):
 def _violations(folder: str, root: Path = ROOT):
     bad = []
     for path in _files(folder, root):
+        rel = path.relative_to(root).as_posix()
+        allowed = set().union(*(m for prefix, m in ALLOWED_THIRD_PARTY.items() if rel.startswith(prefix)))
+        forbidden = FORBIDDEN[folder] - allowed
         for lineno, mod, names in _imports(path, folder, root):
-            hit = next((n for n in names for f in FORBIDDEN[folder] if n == f or n.startswith(f + ".")), None)
+            hit = next((n for n in names for f in forbidden if n == f or n.startswith(f + ".")), None)
             if hit is not None:
                 bad.append(f"{path.relative_to(root)}:{lineno} imports {hit}")
     return bad
@@ -150,8 +157,9 @@ def _cycles(root: Path = ROOT) -> list[list[str]]:
 def test_every_code_folder_is_checked():
     mapped = {"rlsched", "core", "sim", "extender", "operator", "models", "dev"}
     # peers/: scripts run by the peers' own environments; they import nothing of rlsched
-    # (tests/sim/test_pollux_peer.py)
-    folders = {p.parent.name for p in ROOT.glob("*/*.py")} - {"tests", "bench", "tools", "docs", "deploy", "helm", "peers"}
+    # (tests/sim/test_pollux_peer.py). examples/: users' training scripts (torch and
+    # rlsched.trainer), outside the package
+    folders = {p.parent.name for p in ROOT.glob("*/*.py")} - {"tests", "bench", "tools", "docs", "deploy", "helm", "peers", "examples"}
     assert folders <= mapped | {"files"}, f"unchecked code folders: {sorted(folders - mapped)}"
     for folder in PACKAGES:
         assert (ROOT / folder).is_dir(), f"{folder}/ is missing"
@@ -187,6 +195,13 @@ def test_checker_catches_a_cycle(tmp_path):
     (tmp_path / "models" / "b.py").write_text("from rlsched.models.a import f\n")
     (tmp_path / "models" / "c.py").write_text("from . import a\n")
     assert _cycles(tmp_path) == [["rlsched.models.a", "rlsched.models.b"]]
+
+
+def test_only_the_trainer_may_import_torch(tmp_path):
+    (tmp_path / "rlsched" / "trainer").mkdir(parents=True)
+    (tmp_path / "rlsched" / "trainer" / "ok.py").write_text("def f():\n    import torch\n")
+    (tmp_path / "rlsched" / "cli.py").write_text("def f():\n    import torch.nn\n")
+    assert _violations("rlsched", tmp_path) == ["rlsched/cli.py:2 imports torch.nn"]
 
 
 def test_nothing_in_the_product_imports_the_dev_package(tmp_path):

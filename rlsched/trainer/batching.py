@@ -1,0 +1,113 @@
+"""The global batch the scheduler asks for, split over the generation's workers.
+
+rlsched (like Pollux) decides a job's *global* batch size together with its workers and
+hands it to every worker as ``RLSCHED_GLOBAL_BATCH_SIZE``; the script keeps it whatever
+the world size: each of the ``W`` workers takes a share of every global batch of ``B``
+samples, ``B // W`` or one more (the first ``B mod W`` ranks), so uneven divisions lose
+nothing. With a per-worker micro-batch limit ``m`` (what fits in a GPU), a share is
+processed in ``k = ceil(max share / m)`` micro-batches with gradient accumulation (the
+same ``k`` on every rank, so every rank synchronises on the same backward pass).
+
+The gradient then equals the mean over the global batch when every micro-batch's
+*summed* per-sample loss is multiplied by :func:`loss_scale` ``= W / B``:
+DistributedDataParallel averages the ranks' gradients, so
+``(1/W) * sum_r (W/B) * sum_{i in r} grad l_i = (1/B) * sum_i grad l_i``,
+whatever the shares are (the last, shorter global batch of an epoch included, with
+``B`` its actual size).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+from rlsched.core.contract import ENV_BATCH_SIZE
+
+from .errors import BatchSizeError
+
+__all__ = ["BatchPlan", "plan_batch", "split_evenly", "loss_scale", "global_batch_size"]
+
+
+def split_evenly(total: int, parts: int) -> tuple[int, ...]:
+    """``total`` items in ``parts`` contiguous shares as equal as possible: the first
+    ``total mod parts`` shares hold one more."""
+    if parts < 1:
+        raise BatchSizeError(f"cannot split into {parts} parts")
+    if total < 0:
+        raise BatchSizeError(f"cannot split {total} items")
+    q, r = divmod(total, parts)
+    return tuple(q + 1 if i < r else q for i in range(parts))
+
+
+def loss_scale(global_count: int, world_size: int) -> float:
+    """The factor for a micro-batch's summed per-sample loss so that DDP's averaged
+    gradient is the mean over the ``global_count`` samples of the step: ``W / B``."""
+    if global_count < 1 or world_size < 1:
+        raise BatchSizeError(f"no loss scale for {global_count} samples over {world_size} workers")
+    return world_size / global_count
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPlan:
+    """How one global batch is split: per rank its share (samples per step) and the
+    number of micro-batches (gradient-accumulation steps) every rank runs."""
+
+    global_batch: int
+    world_size: int
+    shares: tuple[int, ...]
+    accumulation_steps: int
+    micro_batch_limit: int | None = None
+
+    @property
+    def per_worker(self) -> int:
+        """The largest share (what one worker must process per step)."""
+        return max(self.shares)
+
+    @property
+    def even(self) -> bool:
+        """Whether the global batch divides evenly over the workers."""
+        return len(set(self.shares)) == 1
+
+    def share(self, rank: int) -> int:
+        return self.shares[rank]
+
+    def micro_batches(self, rank: int, count: int | None = None) -> tuple[int, ...]:
+        """Sizes of rank ``rank``'s micro-batches for a share of ``count`` samples
+        (default: its full share), at most ``micro_batch_limit`` each."""
+        n = self.shares[rank] if count is None else count
+        return split_evenly(n, self.accumulation_steps)
+
+
+def plan_batch(global_batch: int, world_size: int, micro_batch_limit: int | None = None) -> BatchPlan:
+    """Split ``global_batch`` over ``world_size`` workers; with ``micro_batch_limit``,
+    derive the gradient-accumulation steps. :class:`BatchSizeError` when the global
+    batch is smaller than the world size (a worker would never have a sample)."""
+    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+        raise BatchSizeError(f"global batch size must be a whole number >= 1, got {global_batch!r}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise BatchSizeError(f"world size must be a whole number >= 1, got {world_size!r}")
+    if global_batch < world_size:
+        raise BatchSizeError(f"global batch size {global_batch} is smaller than the {world_size} workers")
+    if micro_batch_limit is not None and (isinstance(micro_batch_limit, bool) or micro_batch_limit < 1):
+        raise BatchSizeError(f"micro-batch limit must be >= 1, got {micro_batch_limit!r}")
+    shares = split_evenly(global_batch, world_size)
+    steps = 1 if micro_batch_limit is None else math.ceil(shares[0] / micro_batch_limit)
+    return BatchPlan(global_batch, world_size, shares, steps, micro_batch_limit)
+
+
+def global_batch_size(default: int, environ: Mapping[str, str] | None = None) -> int:
+    """The global batch the scheduler asks for (``RLSCHED_GLOBAL_BATCH_SIZE``), else the
+    script's ``default``."""
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV_BATCH_SIZE)
+    if not raw:
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise BatchSizeError(f"{ENV_BATCH_SIZE}={raw!r:.40} is not a whole number") from None
+    if value < 1:
+        raise BatchSizeError(f"{ENV_BATCH_SIZE}={value} < 1")
+    return value

@@ -1,0 +1,141 @@
+"""The worker contract inside the training process, and ``torch.distributed`` from it.
+
+The operator starts one process per worker pod with the rendezvous variables PyTorchJob
+and torchrun users know (``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE``, ``RANK``,
+``LOCAL_RANK``) and rlsched's own (``RLSCHED_GENERATION``,
+``RLSCHED_GLOBAL_BATCH_SIZE``, ``RLSCHED_CHECKPOINT_DIR``, the job's name and
+namespace). :func:`worker_contract` reads them (the parser is
+:meth:`rlsched.core.contract.WorkerContract.from_env`, the same description the operator
+writes them from); :func:`init_distributed` joins the generation's process group.
+
+torch is imported only when :func:`init_distributed` is called.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Mapping
+
+from rlsched.core.contract import (
+    ENV_BATCH_SIZE,
+    ENV_CHECKPOINT_DIR,
+    ENV_GENERATION,
+    ENV_JOB,
+    ENV_LOCAL_RANK,
+    ENV_MASTER_ADDR,
+    ENV_MASTER_PORT,
+    ENV_NAMESPACE,
+    ENV_RANK,
+    ENV_WORLD_SIZE,
+    EXIT_SIGTERM,
+    ContractError,
+    WorkerContract,
+)
+
+from .errors import RendezvousError
+
+__all__ = [
+    "WorkerContract",
+    "ContractError",
+    "EXIT_SIGTERM",
+    "ENV_JOB",
+    "ENV_NAMESPACE",
+    "ENV_MASTER_ADDR",
+    "ENV_MASTER_PORT",
+    "ENV_WORLD_SIZE",
+    "ENV_RANK",
+    "ENV_LOCAL_RANK",
+    "ENV_GENERATION",
+    "ENV_BATCH_SIZE",
+    "ENV_CHECKPOINT_DIR",
+    "DEFAULT_TIMEOUT_S",
+    "worker_contract",
+    "local_rank",
+    "init_distributed",
+    "shutdown_distributed",
+]
+
+#: rendezvous and collective timeout: a generation whose peers do not arrive, or a peer
+#: that died inside a collective, ends the survivors with an error after this long
+DEFAULT_TIMEOUT_S = 300.0
+
+
+def worker_contract(environ: Mapping[str, str] | None = None) -> WorkerContract:
+    """This worker's contract from ``environ`` (default ``os.environ``); a
+    :class:`ContractError` naming the first missing or malformed variable, which is
+    what a script run outside the operator gets."""
+    return WorkerContract.from_env(os.environ if environ is None else environ)
+
+
+def local_rank(environ: Mapping[str, str] | None = None) -> int:
+    """``LOCAL_RANK`` (0 when unset: one process per pod); a :class:`ContractError`
+    when it is not a whole number >= 0."""
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV_LOCAL_RANK) or "0"
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ContractError(f"{ENV_LOCAL_RANK}={raw!r:.40} is not a whole number") from None
+    if value < 0:
+        raise ContractError(f"{ENV_LOCAL_RANK}={value} < 0")
+    return value
+
+
+def init_distributed(
+    backend: str | None = None,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    environ: Mapping[str, str] | None = None,
+) -> WorkerContract:
+    """Join this generation's ``torch.distributed`` process group and return the
+    contract it was built from.
+
+    ``backend``: ``"nccl"`` when CUDA is available (the process then uses GPU
+    ``LOCAL_RANK``), else ``"gloo"``. The rendezvous is a TCP store at
+    ``MASTER_ADDR:MASTER_PORT`` (the chief, rank 0, hosts it) with ``RANK`` and
+    ``WORLD_SIZE`` of the contract; ``timeout_s`` bounds the rendezvous and every
+    collective. Already initialised: the contract is returned and nothing else happens.
+
+    Raises :class:`ContractError` outside the operator (a variable missing) and
+    :class:`RendezvousError` when the group does not assemble.
+    """
+    contract = worker_contract(environ)
+    lrank = local_rank(environ)
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise RendezvousError("this torch build has no torch.distributed")
+    if dist.is_initialized():
+        return contract
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(lrank)
+    host = contract.master_addr
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 literal in a URL
+    url = f"tcp://{host}:{contract.master_port}"
+    try:
+        dist.init_process_group(
+            backend,
+            init_method=url,
+            rank=contract.rank,
+            world_size=contract.world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+    except (RuntimeError, TimeoutError, OSError, ValueError) as exc:
+        raise RendezvousError(
+            f"rank {contract.rank} of {contract.world_size} (generation {contract.generation}) could not join "
+            f"the process group at {url} with {backend} within {timeout_s:g}s: {exc}"
+        ) from exc
+    return contract
+
+
+def shutdown_distributed() -> None:
+    """Leave the process group if one was joined (before the process exits)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,81 @@
+"""SIGTERM: the end of a generation, agreed by every rank.
+
+A rescale, a preemption (and later resume) or a restart after a failure ends the
+generation: the operator sends every worker SIGTERM and waits the grace period
+(``terminationGracePeriodSeconds``) before SIGKILL. The protocol:
+
+1. :func:`install_stop_handler` makes SIGTERM set a flag (the only global state of
+   ``rlsched.trainer``); nothing is interrupted.
+2. The training loop finishes the step it is in and calls :func:`agree_to_stop` once
+   per step: an all-reduce (max) of every rank's flag, so all ranks leave the loop after
+   the same step and none is left blocking in a collective a peer has already left
+   (SIGTERM reaches the pods at slightly different times, or not all of them).
+3. Rank 0 writes the checkpoint; every process exits :data:`EXIT_STOPPED` (0).
+
+The operator counts a worker that exits 0 or :data:`~rlsched.core.contract.EXIT_SIGTERM`
+(143 = 128 + SIGTERM, what a process killed by the signal reports) after SIGTERM as an
+intentional stop, never as a failure; any other non-zero exit is a failure counted
+against ``spec.backoffLimit``.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Iterable
+
+from rlsched.core.contract import EXIT_SIGTERM
+
+__all__ = ["EXIT_STOPPED", "EXIT_SIGTERM", "install_stop_handler", "stop_requested", "clear_stop_request",
+           "agree_to_stop"]
+
+#: what a worker exits with after an agreed stop (143 is accepted as well)
+EXIT_STOPPED = 0
+
+_stop_requested = False  # set by the signal handler; the module's only state
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    global _stop_requested
+    _stop_requested = True
+
+
+def install_stop_handler(signals: Iterable[int] = (signal.SIGTERM,)) -> None:
+    """Make ``signals`` (default SIGTERM) request a stop instead of killing the
+    process. Call it from the main thread, before the process group is joined, so a
+    SIGTERM during start-up is not lost."""
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("install_stop_handler must be called from the main thread (a signal-handler rule)")
+    for sig in signals:
+        signal.signal(sig, _on_signal)
+
+
+def stop_requested() -> bool:
+    """Whether this process received a stop signal (not yet agreed with the others)."""
+    return _stop_requested
+
+
+def clear_stop_request() -> None:
+    """Forget a received stop signal (tests, or a loop that decided to go on)."""
+    global _stop_requested
+    _stop_requested = False
+
+
+def agree_to_stop(group: object = None) -> bool:
+    """True when any rank of ``group`` (default: the whole world) has received a stop
+    signal: an all-reduce of the flags with ``MAX``. Every rank must call it at the same
+    point of every step (it is a collective). Without an initialised process group it
+    is the local flag."""
+    local = _stop_requested
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return local
+    import torch
+
+    device = torch.device("cpu")
+    if dist.get_backend(group) == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    flag = torch.tensor([1 if local else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    return bool(flag.item())
