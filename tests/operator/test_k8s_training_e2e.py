@@ -1,0 +1,141 @@
+"""A real distributed PyTorch job under rlsched, end to end (issue 24, must show).
+
+The real operator, extender and kube-scheduler of the local control plane; the worker
+pods run as real processes on two nodes played by the test-only node agent
+(``rlsched_dev.node_agent``); the script is ``examples/ddp_digits.py``
+(torch.distributed over gloo on CPU, ``rlsched.trainer``). The kwok nodes are cordoned
+for the test, so the agent's 4 GPUs are the whole cluster.
+
+The job goes 2 -> 3 workers (scale-up), 3 -> 2 -> 1 (scale-down: one worker per cycle,
+each step a new generation), is preempted by a ``highest`` job that needs all 4 GPUs,
+resumes, and Succeeds when its chief exits 0 after the last epoch, its model saved.
+A script that crashes ends Failed after ``backoffLimit`` with its exit code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import pytest
+
+from rlsched.core.contract import GROUP, LABEL_GENERATION, PLURAL, VERSION
+
+pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.timeout(900)]
+
+AGENT_SELECTOR = {"rlsched.dev/node-agent": "true"}
+
+
+@contextlib.contextmanager
+def agent_cluster(kube_cluster, kapi, tmp_path):
+    """The node agent with two 2-GPU nodes; every kwok node cordoned meanwhile."""
+    from rlsched_dev.node_agent import NodeAgent
+
+    kwok = list(kube_cluster.node_names)
+    for n in kwok:
+        kapi.core.patch_node(n, {"spec": {"unschedulable": True}})
+    try:
+        with NodeAgent(str(kube_cluster.kubeconfig), ["agent-a:2:rack-a", "agent-b:2:rack-a"],
+                       log_dir=tmp_path / "agent") as agent:
+            yield agent
+    finally:
+        for n in kwok:
+            kapi.core.patch_node(n, {"spec": {"unschedulable": False}})
+
+
+def digits_template(tmp_path, *extra):
+    return {"spec": {
+        "nodeSelector": AGENT_SELECTOR,
+        "terminationGracePeriodSeconds": 30,
+        "containers": [{"name": "train", "image": "registry.example/rlsched/trainer:test", "command": [
+            "python", "examples/ddp_digits.py", "--epochs", "8", "--step-delay", "0.05", "--report-interval", "0.5",
+            "--log-file", str(tmp_path / "events.jsonl"), *extra]}],
+    }}
+
+
+def events_log(tmp_path):
+    path = tmp_path / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_real_ddp_job_rescaled_preempted_resumed_succeeds(kube_cluster, kapi, ns, tj, run_operator, extender,
+                                                           wait_until, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+
+    def st():
+        return kapi.status(ns, "digits")
+
+    def training(workers):
+        """The current generation runs with ``workers`` and has reported a step."""
+        s = st()
+        p = s.get("progress") or {}
+        return (p.get("generation") == s.get("restartGeneration", 0) and p.get("workers") == workers
+                and (p.get("step") or 0) > 0)
+
+    def scale(n):
+        kapi.custom.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "digits", {"spec": {"workers": n}})
+
+    with agent_cluster(kube_cluster, kapi, tmp_path) as agent, \
+            run_operator(ns, patience=1000, grace_period_s=30, start_timeout_s=120.0):
+        tj(ns, "digits", 1, 3, gpus=1, workers=2, maxEpochs=1000,
+           checkpoint={"path": str(ckpt), "volume": {"hostPath": {"path": str(ckpt), "type": "DirectoryOrCreate"}}},
+           template=digits_template(tmp_path))
+        wait_until(lambda: training(2), 120, "2 workers training (generation 0)", every=0.5)
+        g0 = st()["restartGeneration"] if "restartGeneration" in st() else 0
+        scale(3)  # scale-up
+        wait_until(lambda: training(3), 120, "3 workers training", every=0.5)
+        scale(1)  # scale-down, 3 -> 2 -> 1
+        wait_until(lambda: training(1), 180, "1 worker training", every=0.5)
+        assert st()["restartGeneration"] == g0 + 3
+        # a highest-class job that needs every GPU preempts it
+        tj(ns, "boss", 4, gpus=1, klass="highest", template={"spec": {
+            "nodeSelector": AGENT_SELECTOR,
+            "containers": [{"name": "c", "image": "x", "command": ["python", "-c", "import time; time.sleep(2)"]}]}})
+        wait_until(lambda: kapi.phase(ns, "boss") == "Succeeded", 180, "the preemptor ran and exited 0", every=0.5)
+        assert st()["preemptions"] == 1
+        wait_until(lambda: kapi.phase(ns, "digits") == "Succeeded", 300, "the job finished", every=1.0)
+        final = st()
+        agent_log = agent.log.read_text() if agent.log.exists() else ""
+
+    assert final["reason"] == "ChiefSucceeded", final
+    assert final.get("failures", 0) == 0  # every stop was intentional: none counted
+    assert (ckpt / "model.pt").is_file()
+    assert final["restartGeneration"] == g0 + 4  # + the resume after the preemption
+    # what the processes did: world sizes per generation, every SIGTERMed process saved and exited 0
+    ev = events_log(tmp_path)
+    starts = [e for e in ev if e.get("event") == "start"]
+    assert {e["world"] for e in starts} >= {1, 2, 3}, starts
+    stops = [e for e in ev if e.get("event") == "stop"]
+    assert len({e["gen"] for e in stops}) >= 4, stops  # 2->3, 3->2, 2->1, the preemption
+    # the loss curve goes on from the checkpoint: each generation starts at the step,
+    # and with the model, the one before it stopped at (same test loss, same step)
+    assert not starts[0]["resumed"] and all(e["resumed"] for e in starts[1:])
+    by_gen = {e["gen"]: e for e in stops}
+    for e in starts[1:]:
+        before = by_gen[max(g for g in by_gen if g < e["gen"])]
+        assert e["step"] == before["step"] and abs(e["eval_loss"] - before["eval_loss"]) < 1e-4, (before, e)
+    done = [e for e in ev if e.get("event") == "done"]
+    assert len(done) == 1 and done[0]["eval_acc"] > 0.9, done
+    assert kapi.events(ns, "digits", "ScaledUp") and kapi.events(ns, "digits", "ScaledDown")
+    assert kapi.events(ns, "digits", "Preempted")
+    assert "Traceback" not in agent_log
+
+
+def test_crashing_script_fails_after_backoff_limit_with_its_exit_code(kube_cluster, kapi, ns, tj, run_operator,
+                                                                       extender, wait_until, tmp_path):
+    with agent_cluster(kube_cluster, kapi, tmp_path), run_operator(ns):
+        tj(ns, "broken", 2, gpus=1, backoffLimit=1, template={"spec": {
+            "nodeSelector": AGENT_SELECTOR,
+            "containers": [{"name": "c", "image": "x", "command": [
+                "python", "-c", "import sys, time; time.sleep(1); sys.exit(7)"]}]}})
+        wait_until(lambda: kapi.phase(ns, "broken") == "Failed", 120, "Failed after backoffLimit", every=0.5)
+        s = kapi.status(ns, "broken")
+        cond = kapi.condition(ns, "broken", "Failed")
+    assert s["failures"] == 2 and s["lastFailure"]["exitCode"] == 7
+    assert cond["reason"] == "BackoffLimitExceeded" and "code 7" in cond["message"]
+    assert len(kapi.events(ns, "broken", "WorkerFailed")) == 1
+    gens = {p.metadata.labels[LABEL_GENERATION] for p in kapi.pods(ns, "broken", terminating=True)}
+    assert gens <= {"1"}  # the first generation's pods were replaced, the second's are kept for their logs
