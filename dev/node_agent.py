@@ -99,6 +99,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import yaml
 
+from rlsched.core.contract import ENV_MASTER_ADDR, ENV_MASTER_PORT
 from rlsched.core.topology import NodeSpec
 
 from .kwok import KWOK_NODE_ANNOTATION
@@ -330,8 +331,8 @@ def rewrite_network(env: Mapping[str, str], namespace: str, stable_names: Iterab
         m = pattern.fullmatch(host) if pattern else None
         return m.group("name") if m else host
 
-    master = env.get("MASTER_ADDR", "")
-    for addr_key, port_key in (("MASTER_ADDR", "MASTER_PORT"),
+    master = env.get(ENV_MASTER_ADDR, "")
+    for addr_key, port_key in ((ENV_MASTER_ADDR, ENV_MASTER_PORT),
                                ("PET_MASTER_ADDR", "PET_MASTER_PORT")):
         port = env.get(port_key, "")
         if port.isdigit():
