@@ -296,8 +296,9 @@ def guard_status(
     maxWorkers]``, exactly ``minWorkers`` while ``Starting``; ``nominated`` only on a
     queued ``highest`` job unless recorded; times within ``[creation, now]`` give or
     take :data:`SKEW_S`); adopted without a record, ``Starting``/``Running`` needs a
-    worker pod the job controls, running or exited (``live_workers``), else the job is ``Queued`` again
-    (admitted anew: at worst a delay). ``changed`` maps each field whose trusted value
+    worker pod the job controls, running, terminating or exited, or a generation being
+    replaced (``live_workers``), else the job is ``Queued`` again (admitted anew: at
+    worst a delay). ``changed`` maps each field whose trusted value
     differs from the status to ``(status value, trusted value)``.
     """
     st = copy.deepcopy(dict(status))
@@ -995,8 +996,16 @@ class Controller:
         rec = self.record.get(j.uid)
         created = parse_time(j.body["metadata"].get("creationTimestamp"))
         # workers that already exited count too: a job whose chief just finished is
-        # judged (Succeeded), not queued and run again by an operator with no record
-        ran = len(j.live_pods()) + sum(1 for p in j.finished if p["metadata"].get("deletionTimestamp") is None)
+        # judged (Succeeded), not queued and run again by an operator with no record;
+        # so do the pods of a Running job whose generation is being replaced (the old
+        # ones stopped, terminating or gone, the new ones not created yet: the status
+        # says so with restartGeneration > startedGeneration), or the operator that
+        # takes over would queue it and take its resize again
+        ran = len(j.pods) + sum(1 for p in j.finished if p["metadata"].get("deletionTimestamp") is None)
+        started = j.status.get("startedGeneration")
+        if (rec is None and j.status.get("phase") == "Running" and isinstance(started, int)
+                and j.generation > started):
+            ran += 1
         trusted, changed = guard_status(j.status, rec, j.spec, created=created, now=now, live_workers=ran)
         if rec is None:
             self.record[j.uid] = {k: _stored(trusted.get(k)) for k in OWNED_FIELDS}
