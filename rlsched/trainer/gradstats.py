@@ -1,7 +1,7 @@
 """Gradient statistics for the scheduler's statistical efficiency (gradient noise scale).
 
 Pollux (Qiao et al., "Pollux: Co-adaptive Cluster Scheduling for Goodput-Optimized
-Deep Learning", OSDI'21, §3.2) judges a batch size by the gradient noise scale
+Deep Learning", OSDI'21, §3.1) judges a batch size by the gradient noise scale
 ``B_noise = tr(Sigma) / |G|^2`` of McCandlish et al. ("An Empirical Model of
 Large-Batch Training", 2018, appendix A), estimated while training from the gradient
 norms data parallelism computes anyway. With ``g_b`` a gradient over ``b`` samples,

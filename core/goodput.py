@@ -1,0 +1,798 @@
+"""Goodput: what GPUs are worth to a job, modelled from what the job itself reports.
+
+This is the job model of Pollux (Qiao et al., "Pollux: Co-adaptive Cluster Scheduling
+for Goodput-Optimized Deep Learning", OSDI 2021, §3), written from the paper's
+formulas. It is non-clairvoyant: its only inputs are what a live scheduler knows of a
+job — the step times the job reported on the placements it ran, its batch sizes, the
+gradient statistics its trainer measured (:class:`JobObservations` keeps them) and the
+batch bounds of its spec. No measured profile table, no true run time. Pure numpy +
+scipy (``tests/unit/test_import_contracts.py``).
+
+Notation: ``K`` data-parallel replicas (the trainer's ``WORLD_SIZE``, one GPU each when
+``gpusPerWorker`` is 1) on ``N`` nodes, per-GPU (micro-)batch ``m``, ``s``
+gradient-accumulation steps besides the synchronised one, global batch
+``M = K·m·(s+1)``, the job's initial (tuned) batch ``M0``.
+
+System throughput (§3.2), :class:`ThroughputModel`::
+
+    T_grad(m)    = α_grad + β_grad·m                       compute of one micro-batch
+    T_sync(K, N) = 0                                        K = 1
+                 = α_sync^local + β_sync^local·(K − 2)      N = 1, K ≥ 2
+                 = α_sync^node  + β_sync^node ·(K − 2)      N ≥ 2
+    T_iter       = s·T_grad + (T_grad^γ + T_sync^γ)^(1/γ)   γ ≥ 1: overlap of compute
+                                                            and synchronisation
+    THROUGHPUT   = M / T_iter                               samples per second
+
+(γ = 1: no overlap, T_grad + T_sync; γ → ∞: perfect overlap, max(T_grad, T_sync).)
+The seven parameters (:class:`ThroughputParams`) are fitted by bounded least squares
+on the logarithm of the step times, as the paper fits them (RMSLE, L-BFGS-B; here
+``scipy.optimize.least_squares``), with a prior (:class:`ThroughputPrior`) that both
+fills in what the data cannot tell and regularises towards documented defaults.
+
+Statistical efficiency (§3.1), :class:`EfficiencyModel`, from the gradient noise scale
+``φ = tr(Σ)/|G|²`` (McCandlish et al., "An Empirical Model of Large-Batch Training",
+2018)::
+
+    EFFICIENCY(M) = (φ + M0) / (φ + M)
+
+the progress per training sample at batch ``M`` relative to batch ``M0``.
+
+Goodput (§3), :class:`GoodputModel`::
+
+    GOODPUT(K, N, M) = THROUGHPUT(K, N, m, s) × EFFICIENCY(M)
+
+with ``s`` and ``m`` given by ``M`` as the trainer splits it, maximised over the
+feasible batch sizes for an allocation (§4.1, :meth:`GoodputModel.optimize_batch`);
+``SPEEDUP(K, N)`` is the best goodput at ``(K, N)`` over the best on one GPU
+(:meth:`GoodputModel.speedup`; §4.2 normalises by a fair-share allocation instead,
+the released ``adaptdl-sched`` by one GPU, as here).
+
+Where this differs from the paper, and why:
+
+* the fit sees total step times only — ``status.progress`` carries no separate
+  compute time (AdaptDL's code also fits one);
+* the prior regularises towards moderate synchronisation costs instead of pinning
+  unobserved terms to zero (the paper's optimistic "prior-driven exploration", §4.1,
+  is :meth:`ThroughputPrior.optimistic`): with a restart costing tens of seconds, a
+  guess that every GPU scales perfectly is expensive;
+* the batch is optimised exactly over every whole batch size, not on a sampled grid;
+* ``s`` is the trainer's split (``rlsched.trainer.plan_batch``), with no forced
+  accumulation step on one GPU (AdaptDL forces one there to measure gradient
+  statistics; ``rlsched.trainer`` measures none with one worker).
+
+:class:`JobObservations` is the record a scheduler keeps per job and the only way in
+from a live cluster: it folds ``status.progress`` reports into per-shape mean step
+times and refits only when they move.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, NamedTuple
+
+import numpy as np
+from scipy.optimize import least_squares
+
+__all__ = [
+    "ThroughputParams",
+    "ThroughputPrior",
+    "ThroughputModel",
+    "EfficiencyModel",
+    "BatchBounds",
+    "BatchChoice",
+    "GoodputModel",
+    "ShapeRecord",
+    "JobObservations",
+    "PROGRESS_FIELDS",
+]
+
+#: γ is kept in [1, 10]: 10 is already max(T_grad, T_sync) within 7% (2^(1/10)).
+GAMMA_RANGE = (1.0, 10.0)
+
+
+# ------------------------------------------------------------------------ throughput
+@dataclass(frozen=True, slots=True)
+class ThroughputParams:
+    """The seven parameters of Pollux's throughput model (§3.2), in seconds
+    (``beta_grad`` in seconds per sample; the sync ``beta``s per replica beyond 2)."""
+
+    alpha_grad: float
+    beta_grad: float
+    alpha_local: float
+    beta_local: float
+    alpha_node: float
+    beta_node: float
+    gamma: float
+
+    def __post_init__(self) -> None:
+        values = (self.alpha_grad, self.beta_grad, self.alpha_local, self.beta_local,
+                  self.alpha_node, self.beta_node)
+        if not all(math.isfinite(v) and v >= 0 for v in values):
+            raise ValueError(f"throughput parameters must be finite and >= 0, got {values}")
+        if self.alpha_grad + self.beta_grad <= 0:
+            raise ValueError("alpha_grad + beta_grad must be > 0 (a step takes time)")
+        if not GAMMA_RANGE[0] <= self.gamma <= GAMMA_RANGE[1]:
+            raise ValueError(f"gamma must lie in {GAMMA_RANGE}, got {self.gamma}")
+
+    def astuple(self) -> tuple[float, ...]:
+        return (self.alpha_grad, self.beta_grad, self.alpha_local, self.beta_local,
+                self.alpha_node, self.beta_node, self.gamma)
+
+
+def _iteration_time(p: tuple, K, N, m, s):
+    """T_iter of the module docstring, vectorised over broadcastable K, N, m, s."""
+    ag, bg, al, bl, an, bn, g = p
+    tg = ag + bg * m
+    ts = np.where(K <= 1, 0.0, np.where(N <= 1, al + bl * (K - 2), an + bn * (K - 2)))
+    # (tg^γ + ts^γ)^(1/γ) as big·(1 + (small/big)^γ)^(1/γ): no overflow at γ = 10
+    big, small = np.maximum(tg, ts), np.minimum(tg, ts)
+    ratio = np.divide(small, big, out=np.zeros(np.shape(big)), where=big > 0)
+    return s * tg + big * (1.0 + ratio ** g) ** (1.0 / g)
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputPrior:
+    """What the throughput model assumes before (and besides) the job's own data.
+
+    The prior is stated relative to ``C``, the compute time of one micro-batch at the
+    reference per-GPU batch ``m_ref`` (the job's initial batch, clipped to its per-GPU
+    bounds), so it holds for a model of any speed:
+
+    * ``overhead_fraction``: ``α_grad / C`` (0.2: a fifth of a step is fixed overhead —
+      kernel launches, optimizer step, input pipeline — and the rest scales with ``m``);
+    * ``local_sync``: ``(α_sync^local, β_sync^local) / C`` = (0.1, 0.01): an all-reduce
+      within a node (NVLink/PCIe) costs about a tenth of a step, +1% per extra replica;
+    * ``node_sync``: ``(α_sync^node, β_sync^node) / C`` = (0.5, 0.05): across nodes
+      (Ethernet/InfiniBand) about half a step, +5% per extra replica;
+    * ``gamma``: 1.5, partial overlap (PyTorch DDP all-reduces buckets during backward);
+    * ``step_time``: ``C`` in seconds while the job has reported nothing (1 s: with no
+      data only ratios — speedups, the best batch — mean anything).
+
+    These defaults are engineering guesses, deliberately neither Pollux's optimistic
+    exploration prior (all synchronisation free until observed, §4.1 "prior-driven
+    exploration"; :meth:`optimistic`) nor pessimistic: a wrong guess costs restarts.
+
+    The fit minimises ``Σ_shapes ((log T̂ − log T)/step_time_noise)²`` plus
+    ``((x − x̂)/σ)²`` for each parameter in its fitted coordinates: the logarithms of
+    ``C`` (σ = 10, practically free) and of the four sync ratios (σ = ``spread``), the
+    logit of the overhead fraction (σ = ``spread``) and γ itself (σ = ``gamma_spread``).
+    A parameter the observations do not determine (the sync terms of a job seen only
+    on one GPU) thus stays at the prior, and one they do is set by the data: with
+    ``step_time_noise`` = 0.1 a single placement shape weighs like a prior σ of 10%."""
+
+    overhead_fraction: float = 0.2
+    local_sync: tuple[float, float] = (0.1, 0.01)
+    node_sync: tuple[float, float] = (0.5, 0.05)
+    gamma: float = 1.5
+    step_time: float = 1.0
+    spread: float = 1.5
+    gamma_spread: float = 1.0
+    step_time_noise: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.overhead_fraction < 1.0:
+            raise ValueError(f"overhead_fraction must lie in (0, 1), got {self.overhead_fraction}")
+        ratios = (*self.local_sync, *self.node_sync)
+        if len(ratios) != 4 or not all(math.isfinite(r) and r >= 0 for r in ratios):
+            raise ValueError(f"sync ratios must be pairs of finite numbers >= 0, got {ratios}")
+        if not GAMMA_RANGE[0] <= self.gamma <= GAMMA_RANGE[1]:
+            raise ValueError(f"gamma must lie in {GAMMA_RANGE}, got {self.gamma}")
+        for name in ("step_time", "spread", "gamma_spread", "step_time_noise"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be finite and > 0, got {v}")
+
+    @classmethod
+    def optimistic(cls) -> "ThroughputPrior":
+        """Pollux's exploration prior (§4.1): synchronisation free (ratios at the fit's
+        lower bound, 1e-6) until the job has been observed on the placements that
+        reveal it — optimistic, so the scheduler tries larger allocations."""
+        return cls(local_sync=(0.0, 0.0), node_sync=(0.0, 0.0))
+
+
+# fitted coordinates: x = (log C, logit f, log a_l, log b_l, log a_n, log b_n, γ)
+_RATIO_FLOOR = 1e-6
+_X_LOWER = np.array([math.log(1e-7), math.log(1e-4 / (1 - 1e-4)), *[math.log(_RATIO_FLOOR)] * 4, GAMMA_RANGE[0]])
+_X_UPPER = np.array([math.log(1e5), math.log((1 - 1e-4) / 1e-4), *[math.log(1e3)] * 4, GAMMA_RANGE[1]])
+_GAMMA_STARTS = (1.0, 4.0)  # extra deterministic starts once γ matters: T_iter is not convex in γ
+
+
+def _prior_x(prior: ThroughputPrior) -> tuple[np.ndarray, np.ndarray]:
+    f = prior.overhead_fraction
+    ratios = np.maximum([*prior.local_sync, *prior.node_sync], _RATIO_FLOOR)
+    mean = np.array([math.log(prior.step_time), math.log(f / (1 - f)), *np.log(ratios), prior.gamma])
+    sd = np.array([10.0, prior.spread, *[prior.spread] * 4, prior.gamma_spread])
+    return np.clip(mean, _X_LOWER, _X_UPPER), sd
+
+
+def _fit_jacobian(x: np.ndarray, m_ref: float, K, N, m, s, noise: float, sd: np.ndarray) -> np.ndarray:
+    """d residuals / d x of :meth:`ThroughputModel.fit`, analytically (the chain rule
+    through T_iter = s·T_grad + O, O = B·(1 + r^γ)^(1/γ), B = max(T_grad, T_sync),
+    r = min/max)."""
+    c, f = math.exp(x[0]), 1.0 / (1.0 + math.exp(-x[1]))
+    al, bl, an, bn, g = math.exp(x[2]), math.exp(x[3]), math.exp(x[4]), math.exp(x[5]), float(x[6])
+    u = m / m_ref
+    tg = c * (f + (1 - f) * u)
+    multi, local = K >= 2, N <= 1
+    ts = np.where(multi, c * np.where(local, al + bl * (K - 2), an + bn * (K - 2)), 0.0)
+    big, small = np.maximum(tg, ts), np.minimum(tg, ts)
+    r = np.divide(small, big, out=np.zeros(np.shape(big)), where=big > 0)
+    rg = r ** g
+    o = big * (1.0 + rg) ** (1.0 / g)
+    t = s * tg + o
+    d_tg = s + (tg / o) ** (g - 1.0)                       # dT/dT_grad
+    d_ts = np.where(multi, (ts / o) ** (g - 1.0), 0.0)     # dT/dT_sync
+    log_r = np.log(np.where(r > 0, r, 1.0))
+    d_g = o * (-np.log1p(rg) / g ** 2 + rg * log_r / (g * (1.0 + rg)))
+    jac = np.empty((t.size + 7, 7))
+    scale = 1.0 / (noise * t)
+    jac[: t.size, 0] = scale * (d_tg * tg + d_ts * ts)     # C scales every time
+    jac[: t.size, 1] = scale * d_tg * c * (1 - u) * f * (1 - f)
+    on_local, on_node = multi & local, multi & ~local
+    jac[: t.size, 2] = scale * d_ts * np.where(on_local, c * al, 0.0)
+    jac[: t.size, 3] = scale * d_ts * np.where(on_local, c * bl * (K - 2), 0.0)
+    jac[: t.size, 4] = scale * d_ts * np.where(on_node, c * an, 0.0)
+    jac[: t.size, 5] = scale * d_ts * np.where(on_node, c * bn * (K - 2), 0.0)
+    jac[: t.size, 6] = scale * d_g
+    jac[t.size:] = np.diag(1.0 / sd)
+    return jac
+
+
+def _params_of(x: np.ndarray, m_ref: float) -> tuple:
+    c = math.exp(x[0])
+    f = 1.0 / (1.0 + math.exp(-x[1]))
+    return (f * c, (1 - f) * c / m_ref, c * math.exp(x[2]), c * math.exp(x[3]),
+            c * math.exp(x[4]), c * math.exp(x[5]), float(x[6]))
+
+
+class ThroughputModel:
+    """Seconds per step and samples per second of a job (§3.2; module docstring).
+
+    Every method takes numbers or broadcastable arrays and answers in kind."""
+
+    __slots__ = ("params", "_p")
+
+    def __init__(self, params: ThroughputParams) -> None:
+        self.params = params
+        self._p = params.astuple()
+
+    def __repr__(self) -> str:
+        return f"ThroughputModel({self.params!r})"
+
+    def grad_time(self, m):
+        """``T_grad(m)``: one micro-batch of ``m`` samples on one GPU."""
+        return _scalar_or(self.params.alpha_grad + self.params.beta_grad * np.asarray(m, dtype=float))
+
+    def sync_time(self, K, N):
+        """``T_sync(K, N)``: gradient synchronisation over ``K`` replicas on ``N`` nodes."""
+        p, K, N = self.params, np.asarray(K), np.asarray(N)
+        return _scalar_or(np.where(K <= 1, 0.0, np.where(N <= 1, p.alpha_local + p.beta_local * (K - 2),
+                                                         p.alpha_node + p.beta_node * (K - 2))))
+
+    def iteration_time(self, K, N, m, s=0):
+        """``T_iter``: seconds per optimizer step with ``K`` replicas on ``N`` nodes,
+        ``m`` samples per micro-batch and ``s`` accumulation steps."""
+        K, N = _check_placement(K, N)
+        return _scalar_or(_iteration_time(self._p, K, N, np.asarray(m, dtype=float), np.asarray(s, dtype=float)))
+
+    def throughput(self, K, N, m, s=0):
+        """``THROUGHPUT = K·m·(s+1) / T_iter``, samples per second."""
+        t = self.iteration_time(K, N, m, s)
+        return _scalar_or(np.asarray(K) * np.asarray(m, dtype=float) * (np.asarray(s) + 1) / t)
+
+    # ------------------------------------------------------------------ fitting
+    @classmethod
+    def from_prior(cls, prior: ThroughputPrior | None = None, reference_batch: float = 1.0) -> "ThroughputModel":
+        """The prior's model (no observations): ``C = prior.step_time`` at the per-GPU
+        ``reference_batch``."""
+        prior = prior or ThroughputPrior()
+        mean, _ = _prior_x(prior)
+        return cls(ThroughputParams(*_params_of(mean, float(reference_batch))))
+
+    @classmethod
+    def fit(cls, observations: Iterable[tuple[float, float, float, float, float]],
+            prior: ThroughputPrior | None = None, reference_batch: float | None = None) -> "ThroughputModel":
+        """Fit to ``(K, N, m, s, step_seconds)`` observations (one per placement shape:
+        average repeated reports first, :class:`JobObservations` does).
+
+        Bounded least squares (``scipy.optimize.least_squares``, trust-region
+        reflective, analytic Jacobian) on ``log T_iter`` plus the prior's regulariser
+        (:class:`ThroughputPrior`). Started from the prior's mean with ``C`` matched
+        to the data and, once some observation has ``K >= 2`` (before, γ does not
+        enter), also from that point with γ = 1 and γ = 4; the lowest cost wins (the
+        objective is not convex in γ). Deterministic. ``reference_batch``: the
+        per-GPU batch the prior's ``C`` refers to (default: the geometric mean of the
+        observed ``m``; :meth:`JobObservations.model` passes the job's initial batch,
+        :attr:`BatchBounds.reference_local_batch`)."""
+        prior = prior or ThroughputPrior()
+        obs = np.array([tuple(map(float, o)) for o in observations], dtype=float).reshape(-1, 5)
+        K, N, m, s, t = obs.T
+        if obs.size:
+            _check_placement(K, N)
+            if not (np.all(np.isfinite(obs)) and np.all(m > 0) and np.all(s >= 0) and np.all(t > 0)):
+                raise ValueError("observations need finite m > 0, s >= 0 and step time > 0")
+        if reference_batch is None:
+            reference_batch = float(np.exp(np.mean(np.log(m)))) if obs.size else 1.0
+        if not reference_batch > 0:
+            raise ValueError(f"reference_batch must be > 0, got {reference_batch}")
+        mean, sd = _prior_x(prior)
+        if not obs.size:
+            return cls(ThroughputParams(*_params_of(mean, reference_batch)))
+        log_t, noise = np.log(t), prior.step_time_noise
+
+        def residuals(x: np.ndarray) -> np.ndarray:
+            pred = _iteration_time(_params_of(x, reference_batch), K, N, m, s)
+            return np.concatenate([(np.log(pred) - log_t) / noise, (x - mean) / sd])
+
+        def jacobian(x: np.ndarray) -> np.ndarray:
+            return _fit_jacobian(x, reference_batch, K, N, m, s, noise, sd)
+
+        start = mean.copy()
+        unit = _iteration_time(_params_of(np.r_[0.0, mean[1:]], reference_batch), K, N, m, s)
+        start[0] = float(np.mean(log_t - np.log(unit)))  # C matched to the data
+        best = None
+        for gamma in (mean[6], *(_GAMMA_STARTS if np.any(K >= 2) else ())):
+            x0 = start.copy()
+            x0[6] = gamma
+            span = _X_UPPER - _X_LOWER
+            x0 = np.clip(x0, _X_LOWER + 1e-6 * span, _X_UPPER - 1e-6 * span)
+            res = least_squares(residuals, x0, jac=jacobian, bounds=(_X_LOWER, _X_UPPER), method="trf",
+                                x_scale=1.0, xtol=1e-10, ftol=1e-12, gtol=1e-10, max_nfev=400)
+            if best is None or res.cost < best.cost - 1e-12:
+                best = res
+        return cls(ThroughputParams(*_params_of(best.x, reference_batch)))
+
+
+def _check_placement(K, N):
+    K, N = np.asarray(K), np.asarray(N)
+    if np.any(K < 1) or np.any(N < 1) or np.any(N > K):
+        raise ValueError("need 1 <= N <= K (nodes at most replicas)")
+    return K, N
+
+
+def _scalar_or(a):
+    a = np.asarray(a)
+    return float(a) if a.ndim == 0 else a
+
+
+# ------------------------------------------------------------------------ efficiency
+@dataclass(frozen=True, slots=True)
+class EfficiencyModel:
+    """Statistical efficiency of a global batch ``M`` relative to ``M0`` (§3.1).
+
+    ``grad_sqr`` ≈ ``|G|²`` and ``grad_var`` ≈ ``tr(Σ)`` are exactly what
+    ``rlsched.trainer`` reports as ``status.progress.gradSqr`` / ``gradVar``
+    (``rlsched/trainer/gradstats.py``, docs/trainer.md "Gradient statistics"): the
+    squared norm of the true gradient and the trace of the *per-sample* gradient
+    covariance (McCandlish et al. 2018, A.2–A.3), so the noise scale is
+    ``φ = grad_var / grad_sqr`` in samples with no rescaling. (AdaptDL's own
+    ``grad_var`` is the variance at the initial batch, ``tr(Σ)/M0``; the formula below
+    is the same once that is undone.)
+
+    ``efficiency(M) = (φ + M0)/(φ + M)``: 1 at ``M0``, falling with ``M``.
+
+    Degenerate reports: the trainer reports a negative smoothed estimate as 0.
+    ``grad_sqr <= 0 < grad_var`` (the gradient drowned in noise) is ``φ = ∞``:
+    efficiency 1 at every batch, as Pollux's code treats it; ``grad_var <= 0 <
+    grad_sqr`` is ``φ = 0``: ``M0/M``.
+
+    No statistics yet (None, non-finite, or both <= 0): ``min(1, M0/M)`` — the
+    conservative limit ``φ → 0`` in which a batch larger than ``M0`` buys no progress
+    per step at all (every sample beyond ``M0`` is wasted), so goodput never favours
+    a larger batch on faith; below ``M0`` it is 1, not the formula's ``> 1``."""
+
+    init_batch: float
+    grad_sqr: float | None = None
+    grad_var: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.init_batch) and self.init_batch > 0):
+            raise ValueError(f"init_batch must be > 0, got {self.init_batch}")
+
+    @property
+    def noise_scale(self) -> float | None:
+        """``φ`` in samples; ``math.inf`` when the gradient is all noise; None unknown."""
+        g, v = self.grad_sqr, self.grad_var
+        if g is None or v is None or not (math.isfinite(g) and math.isfinite(v)):
+            return None
+        g, v = max(g, 0.0), max(v, 0.0)
+        if g == 0.0:
+            return math.inf if v > 0 else None
+        return v / g
+
+    def efficiency(self, M):
+        """EFFICIENCY(M), vectorised."""
+        M = np.asarray(M, dtype=float)
+        phi, m0 = self.noise_scale, float(self.init_batch)
+        if phi is None:
+            return _scalar_or(np.minimum(1.0, m0 / M))
+        if math.isinf(phi):
+            return _scalar_or(np.ones(M.shape))
+        return _scalar_or((phi + m0) / (phi + M))
+
+
+# ------------------------------------------------------------------------ goodput
+@dataclass(frozen=True, slots=True)
+class BatchBounds:
+    """The batch sizes a job may train at.
+
+    ``init_batch``: ``M0``, the global batch its hyperparameters were tuned for (the
+    efficiency reference; the optimizer never goes below it, §4.1). ``max_batch``: the
+    largest global batch (default ``M0``: a fixed batch). ``min_local_batch``: the
+    smallest per-replica share worth running (every replica gets at least this many
+    samples per step). ``max_local_batch``: the largest micro-batch that fits a GPU
+    (None: any); a larger share runs in ``s + 1 = ceil(ceil(M/K) / max_local_batch)``
+    micro-batches, as ``rlsched.trainer.plan_batch`` splits it, unless ``accumulation``
+    is False, when such a batch is infeasible."""
+
+    init_batch: int
+    max_batch: int | None = None
+    min_local_batch: int = 1
+    max_local_batch: int | None = None
+    accumulation: bool = True
+
+    def __post_init__(self) -> None:
+        ints = [v for v in (self.init_batch, self.min_local_batch, self.max_batch, self.max_local_batch) if v is not None]
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1 for v in ints):
+            raise ValueError(f"batch bounds must be whole numbers >= 1, got {self}")
+        if self.max_batch is not None and self.max_batch < self.init_batch:
+            raise ValueError(f"max_batch {self.max_batch} < init_batch {self.init_batch}")
+        if self.max_local_batch is not None and self.max_local_batch < self.min_local_batch:
+            raise ValueError(f"max_local_batch {self.max_local_batch} < min_local_batch {self.min_local_batch}")
+
+    @classmethod
+    def from_limits(cls, limits: Any) -> "BatchBounds":
+        """From an ``rlsched.core.allocation.AppLimits`` (or anything with its fields)."""
+        return cls(int(limits.init_batch_size), int(limits.max_batch_size),
+                   int(limits.min_local_bsz), int(limits.max_local_bsz))
+
+    @property
+    def largest(self) -> int:
+        return self.init_batch if self.max_batch is None else self.max_batch
+
+    @property
+    def reference_local_batch(self) -> float:
+        """The per-GPU batch the throughput prior is stated at: ``M0`` within the
+        per-GPU bounds."""
+        hi = self.max_local_batch if self.max_local_batch is not None else self.init_batch
+        return float(min(max(self.init_batch, self.min_local_batch), hi))
+
+    def accumulation_steps(self, M, K):
+        """``s`` for global batch ``M`` on ``K`` replicas: the trainer's
+        ``ceil(ceil(M/K) / max_local_batch) − 1`` (0 without a per-GPU limit)."""
+        M, K = np.asarray(M, dtype=np.int64), np.asarray(K, dtype=np.int64)
+        if self.max_local_batch is None:
+            return _int_or(np.zeros(np.broadcast(M, K).shape, dtype=np.int64))
+        share = -(-M // K)
+        return _int_or(np.maximum(-(-share // self.max_local_batch) - 1, 0))
+
+    def batch_range(self, K):
+        """``(lo, hi)``: the global batches ``optimize_batch`` considers on ``K``
+        replicas, ``lo = max(M0, K·min_local)``, ``hi = max_batch`` (without
+        accumulation also ``<= K·max_local``); none when ``lo > hi``."""
+        K = np.asarray(K, dtype=np.int64)
+        lo = np.maximum(self.init_batch, K * self.min_local_batch)
+        hi = np.full(K.shape, self.largest, dtype=np.int64)
+        if self.max_local_batch is not None and not self.accumulation:
+            hi = np.minimum(hi, K * self.max_local_batch)
+        return lo, hi
+
+    def feasible(self, K, M):
+        """Whether ``K`` replicas can train at global batch ``M`` (``M`` below ``M0``
+        included: a batch the job may be given; the optimizer does not choose it)."""
+        K, M = np.asarray(K, dtype=np.int64), np.asarray(M, dtype=np.int64)
+        ok = (M >= K * self.min_local_batch) & (M <= self.largest) & (M >= 1)
+        if self.max_local_batch is not None and not self.accumulation:
+            ok &= M <= K * self.max_local_batch
+        return ok
+
+
+def _int_or(a):
+    a = np.asarray(a)
+    return int(a) if a.ndim == 0 else a
+
+
+class BatchChoice(NamedTuple):
+    """The best batch for an allocation: global ``batch`` M, mean micro-batch
+    ``local_batch`` m, ``accumulation`` steps s and its ``goodput`` (samples at the
+    initial batch's efficiency per second). All 0 where no batch is feasible."""
+
+    batch: Any
+    local_batch: Any
+    accumulation: Any
+    goodput: Any
+
+
+class GoodputModel:
+    """GOODPUT(K, N, M) = THROUGHPUT × EFFICIENCY within the job's batch bounds.
+
+    Immutable; results of :meth:`optimize_batch` for scalar ``(K, N)`` are memoised
+    (a scheduler asks the same job about the same shapes many times in a cycle)."""
+
+    __slots__ = ("throughput", "efficiency", "bounds", "_memo")
+
+    def __init__(self, throughput: ThroughputModel, efficiency: EfficiencyModel, bounds: BatchBounds) -> None:
+        self.throughput, self.efficiency, self.bounds = throughput, efficiency, bounds
+        self._memo: dict[tuple[int, int], BatchChoice] = {}
+
+    def __repr__(self) -> str:
+        return f"GoodputModel({self.throughput!r}, {self.efficiency!r}, {self.bounds!r})"
+
+    def _segment_goodput(self, K: np.ndarray, N: np.ndarray, s: np.ndarray):
+        """``M -> goodput`` for rows of ``M`` over ranges of fixed ``(K, N, s)``: the
+        constant parts precomputed (this runs in the optimizer's inner loop)."""
+        ag, bg, *_, g = self.throughput._p
+        ts = np.asarray(self.throughput.sync_time(K, N), dtype=float)
+        per_micro = bg / (K * (s + 1.0))
+        sf = s.astype(float)
+        phi, m0 = self.efficiency.noise_scale, float(self.efficiency.init_batch)
+
+        def f(M: np.ndarray) -> np.ndarray:
+            M = M.astype(float)
+            tg = ag + per_micro * M
+            big, small = np.maximum(tg, ts), np.minimum(tg, ts)
+            t = sf * tg + big * (1.0 + (small / big) ** g) ** (1.0 / g)
+            if phi is None:
+                eff = np.minimum(1.0, m0 / M)
+            elif math.isinf(phi):
+                eff = 1.0
+            else:
+                eff = (phi + m0) / (phi + M)
+            return M / t * eff
+
+        return f
+
+    def _goodput_at(self, K, N, M, s):
+        """Goodput with the accumulation steps given (vectorised, no bounds check)."""
+        m = M / (K * (s + 1.0))
+        t = _iteration_time(self.throughput._p, K, N, m, s)
+        return M / t * np.asarray(self.efficiency.efficiency(M), dtype=float)
+
+    def goodput(self, K, N, M):
+        """GOODPUT at global batch ``M`` split as the trainer splits it; 0 where the
+        bounds forbid ``M`` on ``K`` replicas. Vectorised."""
+        K, N = _check_placement(K, N)
+        M = np.asarray(M, dtype=np.int64)
+        K, N, M = np.broadcast_arrays(K.astype(np.int64), N.astype(np.int64), M)
+        ok = self.bounds.feasible(K, M)
+        Msafe = np.where(ok, M, 1).astype(float)
+        s = np.asarray(self.bounds.accumulation_steps(np.where(ok, M, 1), K), dtype=float)
+        return _scalar_or(np.where(ok, self._goodput_at(K, N, Msafe, s), 0.0))
+
+    def optimize_batch(self, K, N) -> BatchChoice:
+        """The global batch that maximises goodput on ``K`` replicas over ``N`` nodes,
+        over every whole ``M`` in :meth:`BatchBounds.batch_range` — exactly, not on a
+        grid: for a fixed ``s`` the step time is convex in ``M`` (a p-norm of affine
+        functions plus an affine one) and ``M·EFFICIENCY(M)`` concave, so goodput is
+        quasi-concave on each range of ``M`` with the same ``s``; an integer ternary
+        search per range (vectorised over ranges and over array ``K``, ``N``) finds
+        each range's best, and the best range wins (ties: the smaller batch). Cost
+        ``O(ranges · log(max_batch))`` evaluations, ranges = accumulation counts."""
+        if np.ndim(K) == 0 and np.ndim(N) == 0:
+            key = (int(K), int(N))
+            hit = self._memo.get(key)
+            if hit is None:
+                hit = BatchChoice(*(a.item() for a in self._optimize(np.array([key[0]]), np.array([key[1]]))))
+                self._memo[key] = hit
+            return hit
+        K, N = np.broadcast_arrays(np.asarray(K, dtype=np.int64), np.asarray(N, dtype=np.int64))
+        shape = K.shape
+        out = self._optimize(K.ravel(), N.ravel())
+        return BatchChoice(*(a.reshape(shape) for a in out))
+
+    def _optimize(self, K: np.ndarray, N: np.ndarray):
+        _check_placement(K, N)
+        b = self.bounds
+        n = K.size
+        lo, hi = b.batch_range(K)
+        ok = lo <= hi
+        if b.max_local_batch is None:
+            s_lo = s_hi = np.zeros(n, dtype=np.int64)
+        else:
+            s_lo = np.asarray(b.accumulation_steps(np.where(ok, lo, 1), K)).reshape(n)
+            s_hi = np.asarray(b.accumulation_steps(np.where(ok, hi, 1), K)).reshape(n)
+        count = np.where(ok, s_hi - s_lo + 1, 0)
+        pair = np.repeat(np.arange(n), count)
+        first = np.cumsum(count) - count
+        s = s_lo[pair] + (np.arange(pair.size) - first[pair])
+        Kp, Np = K[pair], N[pair]
+        a, z = lo[pair].copy(), hi[pair].copy()
+        if b.max_local_batch is not None:
+            cap = Kp * b.max_local_batch
+            a, z = np.maximum(a, cap * s + 1), np.minimum(z, cap * (s + 1))
+        f = self._segment_goodput(Kp, Np, s)
+        while True:  # integer ternary search on every range at once
+            live = z - a > 2
+            if not live.any():
+                break
+            third = (z - a) // 3
+            m1, m2 = a + third, z - third
+            g1, g2 = f(np.stack([m1, m2]))
+            right = g1 < g2
+            a = np.where(live & right, m1 + 1, a)
+            z = np.where(live & ~right, m2 - 1, z)
+        cands = np.stack([a, np.minimum(a + 1, z), np.minimum(a + 2, z)])
+        vals = f(cands)
+        pick = np.argmax(vals, axis=0)
+        seg_M = cands[pick, np.arange(pair.size)]
+        seg_g = vals[pick, np.arange(pair.size)]
+        batch = np.zeros(n, dtype=np.int64)
+        good, local, accum = np.zeros(n), np.zeros(n), np.zeros(n, dtype=np.int64)
+        if pair.size:
+            order = np.lexsort((seg_M, -seg_g, pair))
+            lead = order[np.r_[True, pair[order][1:] != pair[order][:-1]]]
+            who = pair[lead]
+            batch[who], good[who], accum[who] = seg_M[lead], seg_g[lead], s[lead]
+            local[who] = seg_M[lead] / (K[who] * (s[lead] + 1.0))
+        return batch, local, accum, good
+
+    def speedup(self, K, N):
+        """SPEEDUP(K, N): best goodput at ``(K, N)`` over the best on one GPU (what
+        Pollux's fairness compares, §4.2); a :class:`ValueError` when the job cannot
+        train on one GPU (its bounds forbid every batch there)."""
+        base = self.optimize_batch(1, 1).goodput
+        if not base > 0:
+            raise ValueError("speedup is relative to one GPU, where this job's batch bounds allow no batch")
+        return _scalar_or(np.asarray(self.optimize_batch(K, N).goodput) / base)
+
+
+# ------------------------------------------------------------------------ observations
+#: the ``status.progress`` fields :meth:`JobObservations.update` reads — nothing else
+PROGRESS_FIELDS = ("stepTimeSeconds", "samplesPerSecond", "workers", "globalBatchSize", "gradSqr", "gradVar")
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeRecord:
+    """The step time a job reported on one placement shape: ``workers`` replicas on
+    ``nodes`` nodes at global batch ``batch`` with ``accumulation`` steps; ``step_time``
+    the running mean of its ``reports`` (over the last ``JobObservations.WINDOW``,
+    exponentially beyond)."""
+
+    workers: int
+    nodes: int
+    batch: int
+    accumulation: int
+    step_time: float
+    reports: int = 1
+
+    @property
+    def key(self) -> tuple[int, int, int, int]:
+        return (self.workers, self.nodes, self.batch, self.accumulation)
+
+    @property
+    def local_batch(self) -> float:
+        return self.batch / (self.workers * (self.accumulation + 1))
+
+
+def _number(progress: Mapping[str, Any], key: str) -> float | None:
+    v = progress.get(key)
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+@dataclass(frozen=True, slots=True)
+class JobObservations:
+    """What a live scheduler keeps per job to model its goodput: the step times it
+    reported per placement shape, and its latest gradient statistics. Immutable and
+    hashable; :meth:`update` returns the record with one more report folded in.
+
+    ``fitted``: the observations the throughput model is fitted to — the current ones
+    as of the last report that added a shape or moved a shape's mean step time by
+    more than :attr:`REFIT_TOLERANCE` (5%) from them. Reports that only jitter keep
+    the same fit (and its memoised result): a fit takes milliseconds, a scheduler
+    asks every cycle.
+
+    Its inputs are only what the job reports (``status.progress``, the fields of
+    :data:`PROGRESS_FIELDS`), the number of nodes its workers ran on (the scheduler
+    placed them) and its batch bounds (its spec) — nothing the job did not say."""
+
+    bounds: BatchBounds
+    shapes: tuple[ShapeRecord, ...] = ()
+    grad_sqr: float | None = None
+    grad_var: float | None = None
+    prior: ThroughputPrior = field(default_factory=ThroughputPrior)
+    fitted: tuple[tuple[int, int, float, int, float], ...] = ()
+
+    #: reports averaged with equal weight per shape before the mean turns exponential
+    WINDOW = 8
+    #: refit only when a shape is new or a mean step time moved by more than this
+    REFIT_TOLERANCE = 0.05
+
+    @classmethod
+    def from_progress(cls, progress: Mapping[str, Any], nodes: int, bounds: BatchBounds,
+                      previous: "JobObservations | None" = None) -> "JobObservations":
+        """Fold one ``status.progress`` report (as the trainer writes it,
+        ``rlsched/trainer/reporting.py``) into ``previous`` (or a fresh record for a
+        job of these ``bounds``); ``nodes``: how many nodes its workers ran on."""
+        base = previous if previous is not None else cls(bounds)
+        return base.update(progress, nodes)
+
+    def update(self, progress: Mapping[str, Any], nodes: int) -> "JobObservations":
+        """This record with one report folded in. Reads only :data:`PROGRESS_FIELDS`:
+        ``workers`` and ``globalBatchSize`` give the shape, ``stepTimeSeconds`` the
+        step time (else ``globalBatchSize / samplesPerSecond``), ``gradSqr``/``gradVar``
+        replace the statistics (they are the trainer's own moving averages). A report
+        without a shape or a positive step time adds no step time."""
+        out = self
+        sqr, var = _number(progress, "gradSqr"), _number(progress, "gradVar")
+        if sqr is not None and var is not None:
+            out = _replace(out, grad_sqr=sqr, grad_var=var)
+        workers, batch = _number(progress, "workers"), _number(progress, "globalBatchSize")
+        if workers is None or batch is None or workers < 1 or batch < 1:
+            return out
+        step = _number(progress, "stepTimeSeconds")
+        if step is None or step <= 0:
+            rate = _number(progress, "samplesPerSecond")
+            step = batch / rate if rate is not None and rate > 0 else None
+        if step is None:
+            return out
+        return out.record(int(workers), int(nodes), int(batch), step)
+
+    def record(self, workers: int, nodes: int, batch: int, step_time: float) -> "JobObservations":
+        """This record with one step time on ``workers`` replicas over ``nodes`` nodes
+        at global batch ``batch`` (accumulation steps as the trainer derives them)."""
+        _check_placement(workers, nodes)
+        if not (math.isfinite(step_time) and step_time > 0) or batch < 1:
+            raise ValueError(f"need batch >= 1 and a step time > 0, got {batch}, {step_time}")
+        s = int(self.bounds.accumulation_steps(batch, workers))
+        key = (workers, nodes, batch, s)
+        shapes = list(self.shapes)
+        for i, r in enumerate(shapes):
+            if r.key == key:
+                n = r.reports + 1
+                mean = r.step_time + (step_time - r.step_time) / min(n, self.WINDOW)
+                shapes[i] = ShapeRecord(*key, mean, n)
+                break
+        else:
+            shapes.append(ShapeRecord(*key, float(step_time)))
+            shapes.sort(key=lambda r: r.key)
+        out = _replace(self, shapes=tuple(shapes))
+        now = out.observations()
+        if _moved(now, self.fitted, self.REFIT_TOLERANCE):
+            out = _replace(out, fitted=now)
+        return out
+
+    def observations(self) -> tuple[tuple[int, int, float, int, float], ...]:
+        """``(K, N, m, s, step_time)`` per shape: the throughput fit's input."""
+        return tuple((r.workers, r.nodes, r.local_batch, r.accumulation, r.step_time) for r in self.shapes)
+
+    def model(self) -> GoodputModel:
+        """The job's goodput model: the throughput fitted to :attr:`fitted` (the prior
+        alone before any step time), the efficiency from its latest gradient
+        statistics, its batch bounds. Memoised."""
+        b = self.bounds
+        throughput = _fit(self.fitted, self.prior, b.reference_local_batch)
+        return _goodput_model(throughput, EfficiencyModel(b.init_batch, self.grad_sqr, self.grad_var), b)
+
+
+def _replace(obs: JobObservations, **changes: Any) -> JobObservations:
+    fields = {"bounds": obs.bounds, "shapes": obs.shapes, "grad_sqr": obs.grad_sqr,
+              "grad_var": obs.grad_var, "prior": obs.prior, "fitted": obs.fitted}
+    fields.update(changes)
+    return JobObservations(**fields)
+
+
+def _moved(now: tuple, fitted: tuple, tolerance: float) -> bool:
+    """Whether ``now`` differs from ``fitted`` in its shapes or by more than
+    ``tolerance`` (relative) in a step time."""
+    if [o[:4] for o in now] != [o[:4] for o in fitted]:
+        return True
+    limit = math.log1p(tolerance)
+    return any(abs(math.log(a[4] / b[4])) > limit for a, b in zip(now, fitted))
+
+
+@functools.lru_cache(maxsize=256)
+def _fit(observations: tuple, prior: ThroughputPrior, reference_batch: float) -> ThroughputModel:
+    return ThroughputModel.fit(observations, prior, reference_batch)
+
+
+@functools.lru_cache(maxsize=1024)
+def _goodput_model(throughput: ThroughputModel, efficiency: EfficiencyModel, bounds: BatchBounds) -> GoodputModel:
+    return GoodputModel(throughput, efficiency, bounds)
