@@ -295,3 +295,29 @@ def test_replay_trainer_runs_the_engine_job_model():
     assert [e for e, _, _ in out] == [2, 3, 4, 5]  # capped at maxEpochs
     assert out[0][1] == pytest.approx(0.02)  # two epochs' samples, all at one worker
     assert r.work_done == 5 * 1000
+
+
+def test_replay_trainer_charges_a_generation_restart_once_from_when_the_old_workers_stopped():
+    """A resize is a new generation live: the old workers stop (pause), the new ones run
+    later at the new size. No progress in between, the engine's one restart cost counted
+    from the pause (the live gap is part of it), not a new gang run."""
+    from rlsched.sim import JobSpec
+    from rlsched_dev.twin import _Replay
+
+    spec = JobSpec(id="j", submit_time=0.0, workers=1, min_workers=1, max_workers=2, gpus_per_worker=4,
+                   samples_per_epoch=1000, max_epochs=5, compute_time=0.25, grad_gb=0.1, batch_per_worker=32)
+    tr = ReplayTrainer.__new__(ReplayTrainer)
+    tr.topology, tr.time_scale, tr.restart_wall = TOPO, 10.0, 3.0
+    r = _Replay(spec, _Conv())
+    tr.reconfigure(r, [0], 0.0)
+    tr.advance(r, 1.0)
+    tr.pause(r, 1.0)  # generation g stopped at t = 1
+    assert r.rate == 0.0 and r.nodes == (0,)
+    before = r.work_done
+    assert tr.advance(r, 2.0) == [] and r.work_done == before  # nothing while restarting
+    tr.reconfigure(r, [0, 0], 2.0)  # generation g+1 runs at t = 2 with 2 workers
+    assert r.resume_at == pytest.approx(1.0 + 3.0)  # one restart, counted from the pause
+    assert r.workers == 2 and len(r.runs) == 1 and r.sizes[-1] == (2.0, 2)
+    tr.pause(r, 10.0)
+    tr.reconfigure(r, [0, 0], 20.0)  # a restart slower than the restart cost: none extra
+    assert r.resume_at == pytest.approx(20.0) and len(r.runs) == 1
