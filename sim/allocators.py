@@ -40,6 +40,12 @@ def _optimus(**opts) -> Allocator:
     return OptimusOracle(**opts)
 
 
+def _pollux_paper(**opts) -> Allocator:
+    from rlsched.core.peers import PolluxPaperAllocator
+
+    return PolluxPaperAllocator(**opts)
+
+
 def _pollux(**opts) -> Allocator:
     from .peers.pollux import PolluxAllocator
 
@@ -51,6 +57,9 @@ ALLOCATORS: dict[str, Callable[..., Allocator]] = {
     "tiresias-2q": _tiresias,
     "optimus-oracle": _optimus,
     "pollux": _pollux,
+    # PolluxSched as the paper describes it (core/peers/pollux_paper.py), beside the
+    # released one ("pollux", its own environment)
+    "pollux-paper": _pollux_paper,
 }
 
 

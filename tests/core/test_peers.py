@@ -90,7 +90,11 @@ def test_both_are_allocators_named_as_the_benchmark_names_them():
     t, o = TiresiasAllocator(), OptimusOracle()
     assert isinstance(t, Allocator) and isinstance(o, Allocator)
     assert (t.name, t.clairvoyant, o.name, o.clairvoyant) == ("tiresias-2q", False, "optimus-oracle", True)
-    assert PEERS == {"tiresias-2q": TiresiasAllocator, "optimus-oracle": OptimusOracle}
+    from rlsched.core.peers import PolluxPaperAllocator
+
+    assert PEERS == {"tiresias-2q": TiresiasAllocator, "optimus-oracle": OptimusOracle,
+                     "pollux-paper": PolluxPaperAllocator}
+    assert PolluxPaperAllocator.clairvoyant is False
     # the Pollux paper's threshold: 16 GPU-hours
     assert POLLUX_THRESHOLD == 57_600.0 and t.threshold == 57_600.0 and t.starvation_factor == 0.0
 
