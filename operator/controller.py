@@ -149,7 +149,7 @@ from rlsched.core.policy import ORDERINGS, SCALINGS
 from .metrics import OperatorMetrics
 from .podsecurity import POD_SECURITY_REASON, PodSecurityGate
 from .resources import trainer_rbac, worker_pod, worker_service
-from .snapshot import build_snapshot
+from .snapshot import build_snapshot, charge_freest
 from .spec import SpecError, parse_spec
 
 __all__ = ["OperatorConfig", "Controller", "REQUESTS_ANNOTATION", "parse_time", "format_time", "OWNED_FIELDS",
@@ -567,15 +567,18 @@ class _Job:
         return [p for p in self.pods if p["metadata"].get("deletionTimestamp") is None
                 and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
 
+    def _count(self, key: str) -> int:
+        """A non-negative whole number of the status (0 when absent or malformed)."""
+        v = self.status.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+
     @property
     def generation(self) -> int:
-        g = self.status.get("restartGeneration")
-        return g if isinstance(g, int) and not isinstance(g, bool) and g >= 0 else 0
+        return self._count("restartGeneration")
 
     @property
     def failures(self) -> int:
-        n = self.status.get("failures")
-        return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else 0
+        return self._count("failures")
 
     def all_pods(self) -> list[dict]:
         """Every worker pod the job controls: running, terminating and terminated."""
@@ -916,12 +919,7 @@ class Controller:
             if j.spec is None or j.status.get("phase") not in ("Starting", "Running"):
                 continue
             done = sum(1 for w in j.workers() if w.generation == j.generation and w.finished and not w.stopping)
-            missing = (self._target(j) - listed.get(j.key, 0) - done) * j.spec.gpus_per_worker
-            while missing > 0 and state.free_gpus > 0:
-                i = int(np.argmax(state.free))
-                take = min(missing, int(state.free[i]))
-                state.allocate(i, take)
-                missing -= take
+            charge_freest(state, (self._target(j) - listed.get(j.key, 0) - done) * j.spec.gpus_per_worker)
 
     def _place(self, job: JobView, state: ClusterState) -> list[int] | None:
         """Admission's room check: the gang's nodes as the extender's placement would

@@ -30,7 +30,17 @@ import numpy as np
 from rlsched.core import ClusterState, Topology
 from rlsched.core.contract import DEFAULT_TOPOLOGY_LEVELS, ShapeError, controlling_job, node_shape, pod_gpus
 
-__all__ = ["Snapshot", "build_snapshot"]
+__all__ = ["Snapshot", "build_snapshot", "charge_freest"]
+
+
+def charge_freest(state: ClusterState, gpus: int) -> None:
+    """Charge ``gpus`` GPUs held nowhere known yet (unbound pods, a generation being
+    replaced) to the freest nodes of ``state``, as far as they go."""
+    while gpus > 0 and state.free_gpus > 0:
+        i = int(np.argmax(state.free))
+        take = min(gpus, int(state.free[i]))
+        state.allocate(i, take)
+        gpus -= take
 
 
 def _terminated(pod: Mapping) -> bool:
@@ -118,10 +128,5 @@ def build_snapshot(
         owner = controlling_job(p)
         if owner is not None:
             placement.setdefault(f"{md.get('namespace', '')}/{owner.name}", []).append(i)
-    # unbound pods: charge the freest nodes
-    while unbound > 0 and state.free_gpus > 0:
-        i = int(np.argmax(state.free))
-        take = min(unbound, int(state.free[i]))
-        state.allocate(i, take)
-        unbound -= take
+    charge_freest(state, unbound)  # unbound pods: charge the freest nodes
     return Snapshot(state=state, node_index=index, placement=placement, releasing=releasing, problems=problems)
