@@ -9,6 +9,10 @@
 ``pollux``
     the released Pollux policy (PyPI ``adaptdl-sched==0.2.11``) in its own environment,
     through a bridge process (:mod:`rlsched.sim.peers.pollux`; ``make pollux-env``).
+``goodput``
+    rlsched's goodput allocator (:mod:`rlsched.core.goodput_allocator`): fairness by
+    attained service decides who runs, goodput per GPU who grows, the batch size with
+    the allocation, the restart cost weighed in every change.
 ``rlsched``
     the served learned combination (:data:`rlsched.core.served.SERVED`) as below.
 ``<ordering>/<placement>[/<scaling>][+backfill|+nobackfill]``
@@ -46,6 +50,12 @@ def _pollux_paper(**opts) -> Allocator:
     return PolluxPaperAllocator(**opts)
 
 
+def _goodput(**opts) -> Allocator:
+    from rlsched.core.goodput_allocator import GoodputAllocator
+
+    return GoodputAllocator(**opts)
+
+
 def _pollux(**opts) -> Allocator:
     from .peers.pollux import PolluxAllocator
 
@@ -60,6 +70,8 @@ ALLOCATORS: dict[str, Callable[..., Allocator]] = {
     # PolluxSched as the paper describes it (core/peers/pollux_paper.py), beside the
     # released one ("pollux", its own environment)
     "pollux-paper": _pollux_paper,
+    # rlsched's own goodput allocator (core/goodput_allocator.py)
+    "goodput": _goodput,
 }
 
 

@@ -79,14 +79,14 @@ keeps the population and the fitted models between calls).
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from dataclasses import replace
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from ..allocation import AllocJob, Allocation, AllocationError, AllocNode
-from ..goodput import BatchBounds, EfficiencyModel, GoodputModel, ThroughputModel, ThroughputPrior
+from ..goodput import GoodputModel, ThroughputPrior
+from ..job_goodput import JobGoodput, split_batch
 
 __all__ = ["PolluxPaperAllocator"]
 
@@ -128,11 +128,8 @@ class PolluxPaperAllocator:
         self._now: float | None = None
         #: the last population: job ids (rows), node indices (columns), matrices
         self._pop: tuple[list[str], list[int], np.ndarray] | None = None
-        #: (observations, prior, reference batch) -> fitted throughput model (jobs of one
-        #: application measured on the same shapes share a fit)
-        self._fits: OrderedDict[tuple, ThroughputModel] = OrderedDict()
-        #: (models, bounds, shape) -> goodput table (a job's statistics change per epoch)
-        self._goodputs: OrderedDict[tuple, np.ndarray] = OrderedDict()
+        #: each job's goodput model and table from what it reported (cached fits)
+        self._jobs = JobGoodput(self.prior, prior_for=self.prior_for, cache=self.FIT_CACHE)
 
     def __repr__(self) -> str:
         return (f"PolluxPaperAllocator(p={self.p}, restart_delay={self.restart_delay}, population={self.population}, "
@@ -141,20 +138,7 @@ class PolluxPaperAllocator:
     # ------------------------------------------------------------------ job model
     def model(self, job: AllocJob) -> GoodputModel:
         """The job's goodput model from what it reported (module docstring)."""
-        bounds = BatchBounds.from_limits(job.limits)
-        obs = tuple(sorted((s.num_replicas, s.num_nodes, float(s.atomic_bsz), 0, float(s.step_time))
-                           for s in job.profile if s.step_time > 0 and s.atomic_bsz > 0))
-        prior = self.prior_for(obs)
-        key = (obs, prior, bounds.reference_local_batch)
-        fit = self._fits.get(key)
-        if fit is None:
-            fit = self._fits[key] = ThroughputModel.fit(obs, prior, bounds.reference_local_batch)
-            while len(self._fits) > self.FIT_CACHE:
-                self._fits.popitem(last=False)
-        else:
-            self._fits.move_to_end(key)
-        var = None if job.grad_var is None else job.grad_var * bounds.init_batch  # tr(Σ)/M0 -> tr(Σ)
-        return GoodputModel(fit, EfficiencyModel(bounds.init_batch, job.grad_sqr, var), bounds)
+        return self._jobs.model(job)
 
     def prior_for(self, observations: tuple) -> ThroughputPrior:
         """Pollux's prior-driven exploration (§4.1): a synchronisation term the job has
@@ -183,22 +167,8 @@ class PolluxPaperAllocator:
         """``table[K, d]``: SPEEDUP on ``K`` GPUs (``K < width``) on one node (``d = 0``)
         or several (``d = 1``), relative to the fair share (module docstring); 0 where
         the job cannot run (or ``K`` GPUs do not fit one node, for ``d = 0``)."""
-        gm = self.model(job)
+        good, gm = self._jobs.table(job, width, node_gpus)
         kmax = min(job.max_replicas, width - 1)
-        key = (gm.throughput, gm.efficiency, gm.bounds, kmax, width, node_gpus)
-        good = self._goodputs.get(key)
-        if good is None:
-            good = np.zeros((width, 2))
-            if kmax >= 1:
-                K = np.arange(1, kmax + 1)
-                good[1:kmax + 1, 0] = gm.optimize_batch(K, np.ones_like(K)).goodput
-                K2 = np.arange(2, kmax + 1)
-                if K2.size:
-                    good[2:kmax + 1, 1] = gm.optimize_batch(K2, np.full_like(K2, 2)).goodput
-            good[node_gpus + 1:, 0] = 0.0  # one node holds at most node_gpus
-            self._goodputs[key] = good
-            while len(self._goodputs) > self.FIT_CACHE:
-                self._goodputs.popitem(last=False)
         fair = min(max(-(-total_gpus // max(n_jobs, 1)), 1), kmax)
         base = 0.0
         for k in range(fair, 0, -1):  # the fair share, or the largest K below it where the job can train
@@ -445,23 +415,5 @@ class _Problem:
             nodes = tuple(int(self.node_ids[c]) for c in np.nonzero(row)[0] for _ in range(int(row[c])))
             n = int(np.count_nonzero(row))
             choice = gm.optimize_batch(k, min(n, k))
-            out[job.id] = Allocation(nodes, *_split(job, k, int(choice.batch), int(choice.accumulation)))
+            out[job.id] = Allocation(nodes, *split_batch(job, k, int(choice.batch), int(choice.accumulation)))
         return out
-
-
-def _split(job: AllocJob, k: int, batch: int, accum: int) -> tuple[int | None, int | None]:
-    """(per-GPU batch, accumulation steps) for global ``batch`` on ``k`` GPUs, whole and
-    within the application's limits; ``(None, None)`` (the engine's own split of the
-    job's batch) where the model found no feasible batch."""
-    lim = job.limits
-    if batch < 1:
-        return None, None
-    accum = max(accum, 0)
-    atomic = min(max(batch // (k * (accum + 1)), 1), lim.max_local_bsz)
-    if atomic < lim.min_local_bsz and k * lim.min_local_bsz * (accum + 1) <= lim.max_batch_size:
-        atomic = lim.min_local_bsz
-    while k * atomic * (accum + 1) > lim.max_batch_size and atomic > 1:
-        atomic -= 1
-    if k * atomic * (accum + 1) > lim.max_batch_size:
-        return None, None
-    return atomic, accum

@@ -1,0 +1,202 @@
+"""rlsched's goodput allocator: GPUs and batch sizes follow what each GPU is worth to a job.
+
+Every scheduling interval (:meth:`GoodputAllocator.allocate`) it decides every job's
+GPU count, nodes and global batch size at once, from what a live scheduler knows of
+each job (:class:`~rlsched.core.allocation.AllocJob`: request, age, attained service,
+restarts, current allocation, the step times and gradient statistics it reported; never
+``AllocJob.oracle``: ``clairvoyant = False``):
+
+1. **What a GPU is worth** (:class:`~rlsched.core.job_goodput.JobGoodput`): per job,
+   Pollux's goodput model (Qiao et al., OSDI'21 §3) fitted to the step times it
+   reported, with its statistical efficiency from its gradient noise scale; the best
+   goodput on ``K`` GPUs over the batch sizes its bounds allow. Its *speedup*
+   ``s_j(K)`` is that goodput over the goodput on one GPU.
+2. **Who runs** (fairness by attained service, Tiresias' discretized 2D-LAS, Gu et al.
+   NSDI'19): jobs in two queues by attained GPU-seconds (below ``threshold`` first),
+   first come first served within a queue; walking that order each job is given its
+   smallest gang (``min_replicas``, at least 1 GPU) while GPUs remain. Every job that
+   runs therefore runs before any job gets a second GPU, and a running job is shrunk —
+   or, when the cluster cannot hold one GPU per job, stopped — to let a job the order
+   ranks before it start (*shrink-to-admit*).
+3. **Who grows** (goodput): the GPUs left go, a move at a time, to the job whose
+   utility gains most per GPU, where a move takes a job from ``K`` to any ``K' > K``
+   GPUs in one decision (so a job whose goodput rises only past a node boundary still
+   gets there) and the utility of a job is ``u(s) = (s^p − 1)/p`` of its speedup
+   (``p = 1``: total speedup; ``p → 0``: ``log s``, proportional fairness; ``p < 0``
+   leans further towards the jobs with the least). A job's marginal goodput falls where
+   its synchronisation cost grows (across nodes) and where a larger batch loses
+   statistical efficiency (a small gradient noise scale), and its GPUs go elsewhere.
+   The learning curve is not read: there is no convergence-aware give-back (RLPTO's
+   idea) here; a GPU is worth the progress per second it adds.
+4. **Restart cost in every change**: a running job whose GPU count changes restarts
+   (the engine charges ``restart_delay``; live, a generation swap). Its speedup at any
+   count other than its current one is multiplied by Pollux's re-allocation factor
+   ``max(T − R·δ, 0)/(T + δ)`` (``T`` its age, ``R`` its restarts, ``δ`` the restart
+   delay, OSDI'21 §4.2): a change must gain more than the restart costs over a horizon
+   as long as the job has lived, and a job that restarted often pays more. Keeping the
+   current count carries no penalty, so growing back to it is the most valuable move a
+   shrunk job has.
+5. **Where** (:func:`~rlsched.core.peers.place.keep_or_pack`): a job whose count is
+   unchanged keeps its nodes exactly; the others are packed on as few nodes as possible,
+   largest first.
+6. **Batch size**: each job trains at the goodput-optimal global batch for its new
+   allocation (:meth:`~rlsched.core.goodput.GoodputModel.optimize_batch`), as per-GPU
+   batch and accumulation steps.
+
+The search is greedy over a heap of each job's best move: ``O((G + J) log J)`` moves
+for ``G`` GPUs and ``J`` jobs, each re-evaluating one job's table (benchmark:
+``bench/decision_time.py``). One instance serves one engine run, called in time order
+(it keeps only its cache of fitted models).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .allocation import AllocJob, Allocation, AllocationError, AllocNode
+from .goodput import ThroughputPrior
+from .job_goodput import JobGoodput, split_batch
+from .peers.place import keep_or_pack
+from .peers.tiresias import POLLUX_THRESHOLD
+
+__all__ = ["GoodputAllocator"]
+
+
+class GoodputAllocator:
+    """rlsched's goodput allocator (module docstring)."""
+
+    name = "goodput"
+    clairvoyant = False
+
+    def __init__(self, *, p: float = 1.0, restart_delay: float = 30.0, threshold: float = POLLUX_THRESHOLD,
+                 prior: ThroughputPrior | None = None) -> None:
+        if not math.isfinite(p):
+            raise ValueError(f"p must be finite, got {p}")
+        if not (math.isfinite(restart_delay) and restart_delay >= 0):
+            raise ValueError(f"restart_delay must be >= 0, got {restart_delay}")
+        if not (math.isfinite(threshold) and threshold > 0):
+            raise ValueError(f"threshold must be > 0 GPU-seconds, got {threshold}")
+        self.p, self.restart_delay, self.threshold = float(p), float(restart_delay), float(threshold)
+        self.jobs = JobGoodput(prior)
+        self._now: float | None = None
+
+    def __repr__(self) -> str:
+        return f"GoodputAllocator(p={self.p}, restart_delay={self.restart_delay}, threshold={self.threshold})"
+
+    # ------------------------------------------------------------------ the pieces
+    def order(self, jobs: Sequence[AllocJob]) -> list[AllocJob]:
+        """Who runs first: two queues by attained service, FCFS within each."""
+        return sorted(jobs, key=lambda j: (j.attained_service >= self.threshold, j.submit_time, j.id))
+
+    def utility(self, speedup: np.ndarray) -> np.ndarray:
+        """``u(s) = (s^p − 1)/p`` (``log s`` at ``p = 0``); ``−inf`` at ``s = 0``."""
+        s = np.asarray(speedup, dtype=float)
+        with np.errstate(divide="ignore"):
+            if self.p == 0:
+                return np.log(s)
+            if self.p < 0:
+                return np.where(s > 0, (np.power(np.where(s > 0, s, 1.0), self.p) - 1.0) / self.p, -np.inf)
+            return np.where(s > 0, (np.power(s, self.p) - 1.0) / self.p, -np.inf)
+
+    def factor(self, job: AllocJob) -> float:
+        """Pollux's re-allocation factor ``max(T − R·δ, 0)/(T + δ)`` (1 without a delay)."""
+        d = self.restart_delay
+        if d <= 0:
+            return 1.0
+        age = max(job.age, 0.0)
+        return max(age - job.num_restarts * d, 0.0) / (age + d)
+
+    def values(self, job: AllocJob, width: int, node_gpus: int) -> np.ndarray:
+        """``u`` of the job's speedup on ``K = 0 .. width − 1`` GPUs (packed: one node
+        while they fit one), the restart factor applied at every count but the current
+        one of a running job; ``−inf`` where it cannot train."""
+        good, _ = self.jobs.table(job, width, node_gpus)
+        K = np.arange(width)
+        g = np.where(K <= node_gpus, good[:, 0], good[:, 1])
+        base = next((x for x in g[1:] if x > 0), 0.0)
+        speed = g / base if base > 0 else np.zeros(width)
+        held = len(job.allocation)
+        if held:
+            f = self.factor(job)
+            speed = np.where(K == held, speed, speed * f)
+        return self.utility(speed)
+
+    # ------------------------------------------------------------------ decision
+    def counts(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode]) -> dict[str, int]:
+        """Each job's GPU count (steps 2–4 of the module docstring); 0: it waits."""
+        total = sum(n.gpus for n in nodes)
+        node_gpus = max((n.gpus for n in nodes), default=0)
+        order = self.order(jobs)
+        width = min(max((j.max_replicas for j in jobs), default=0), total) + 1
+        free = total
+        count: dict[str, int] = {}
+        running: list[int] = []
+        for r, j in enumerate(order):  # who runs: smallest gangs in the fairness order
+            need = max(j.min_replicas, 1)
+            if need <= min(free, j.max_replicas):
+                count[j.id] = need
+                free -= need
+                running.append(r)
+        if free == 0 or not running:
+            return count
+        vals = [None] * len(order)
+        heap: list[tuple[float, int, int, int]] = []
+
+        def best_move(r: int) -> tuple[float, int] | None:
+            j = order[r]
+            k = count[j.id]
+            hi = min(j.max_replicas, k + free, width - 1)
+            if hi <= k:
+                return None
+            v = vals[r]
+            ahead = v[k + 1:hi + 1]
+            gain = (ahead - v[k]) / np.arange(1, hi - k + 1)
+            if not np.isfinite(v[k]):  # cannot train at k: any count it can train at
+                gain = np.where(np.isfinite(ahead), np.inf, -np.inf)
+            i = int(np.argmax(gain))
+            return (float(gain[i]), k + 1 + i) if gain[i] > 0 else None
+
+        for r in running:
+            vals[r] = self.values(order[r], width, node_gpus)
+            mv = best_move(r)
+            if mv is not None:
+                heapq.heappush(heap, (-mv[0], r, count[order[r].id], mv[1]))
+        while heap and free > 0:
+            _, r, k_then, k_new = heapq.heappop(heap)
+            jid = order[r].id
+            if count[jid] != k_then:  # stale: the job's fresh move is on the heap
+                continue
+            if k_new - k_then > free:  # more GPUs than are left: its best move within them
+                mv = best_move(r)
+                if mv is not None:
+                    heapq.heappush(heap, (-mv[0], r, k_then, mv[1]))
+                continue
+            free -= k_new - k_then
+            count[jid] = k_new
+            mv = best_move(r)
+            if mv is not None:
+                heapq.heappush(heap, (-mv[0], r, k_new, mv[1]))
+        return count
+
+    def allocate(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], now: float) -> Mapping[str, Allocation]:
+        if self._now is not None and now < self._now:
+            raise ValueError(f"{self.name}: called at {now} after {self._now}; one instance serves one run in time order")
+        self._now = now
+        ids = [j.id for j in jobs]
+        if len(set(ids)) != len(ids):
+            raise AllocationError(f"{self.name}: duplicate job ids")
+        count = self.counts(jobs, nodes)
+        by_id = {j.id: j for j in jobs}
+        demand = [(by_id[jid], k) for jid, k in count.items() if k > 0]
+        where = keep_or_pack(demand, nodes)
+        out: dict[str, Allocation] = {j.id: Allocation() for j in jobs}
+        for job, k in demand:
+            placed = where[job.id]
+            n = len(set(placed))
+            choice = self.jobs.model(job).optimize_batch(k, min(n, k))
+            out[job.id] = Allocation(placed, *split_batch(job, k, int(choice.batch), int(choice.accumulation)))
+        return out

@@ -1,0 +1,122 @@
+"""What GPUs are worth to each job of an allocation problem, from what the job reported.
+
+The goodput model (:mod:`rlsched.core.goodput`) of one :class:`~rlsched.core.allocation.AllocJob`:
+a throughput model fitted to the step times in its ``profile`` (one observation
+``(K, N, m, s = 0, step_time)`` per measured placement) and a statistical-efficiency
+model from its gradient statistics, within its batch bounds; and a goodput *table*
+over replica counts, one column for one node and one for several. Every allocator
+that weighs goodput (``goodput``, ``pollux-paper``) reads jobs through this one object,
+so they see exactly the same (non-clairvoyant) facts: ``AllocJob.oracle`` is never read.
+
+**Normalisation of** ``grad_var``: the engine reports AdaptDL's gradient variance at the
+initial batch, ``tr(Σ)/M0``; :class:`~rlsched.core.goodput.EfficiencyModel` wants the
+per-sample ``tr(Σ)``, so it gets ``grad_var × M0``.
+
+Fits and tables are cached (least recently used dropped): jobs of one application
+measured on the same shapes share a fit, and a job's table changes only when its
+statistics or observations do.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable
+
+import numpy as np
+
+from .allocation import AllocJob
+from .goodput import BatchBounds, EfficiencyModel, GoodputModel, ThroughputModel, ThroughputPrior
+
+__all__ = ["JobGoodput", "observations_of", "split_batch"]
+
+
+def observations_of(job: AllocJob) -> tuple[tuple[int, int, float, int, float], ...]:
+    """The throughput fit's observations from the step times ``job`` measured."""
+    return tuple(sorted((s.num_replicas, s.num_nodes, float(s.atomic_bsz), 0, float(s.step_time))
+                        for s in job.profile if s.step_time > 0 and s.atomic_bsz > 0))
+
+
+class JobGoodput:
+    """Goodput models and tables of jobs, cached (module docstring).
+
+    ``prior_for(observations)`` gives the throughput prior a job's fit uses (default:
+    ``prior`` whatever the observations: moderate synchronisation costs until a job's
+    data says otherwise)."""
+
+    def __init__(self, prior: ThroughputPrior | None = None,
+                 prior_for: Callable[[tuple], ThroughputPrior] | None = None, cache: int = 4096) -> None:
+        self.prior = prior if prior is not None else ThroughputPrior()
+        self._prior_for = prior_for
+        self.cache = int(cache)
+        self._fits: OrderedDict[tuple, ThroughputModel] = OrderedDict()
+        self._tables: OrderedDict[tuple, np.ndarray] = OrderedDict()
+
+    def prior_for(self, observations: tuple) -> ThroughputPrior:
+        return self.prior if self._prior_for is None else self._prior_for(observations)
+
+    def model(self, job: AllocJob) -> GoodputModel:
+        """The job's goodput model from what it reported."""
+        bounds = BatchBounds.from_limits(job.limits)
+        obs = observations_of(job)
+        prior = self.prior_for(obs)
+        key = (obs, prior, bounds.reference_local_batch)
+        fit = _cached(self._fits, key)
+        if fit is None:
+            fit = _store(self._fits, key, ThroughputModel.fit(obs, prior, bounds.reference_local_batch), self.cache)
+        var = None if job.grad_var is None else job.grad_var * bounds.init_batch  # tr(Σ)/M0 -> tr(Σ)
+        return GoodputModel(fit, EfficiencyModel(bounds.init_batch, job.grad_sqr, var), bounds)
+
+    def table(self, job: AllocJob, width: int, node_gpus: int) -> tuple[np.ndarray, GoodputModel]:
+        """``table[K, d]`` (``K < width``): the best goodput (samples per second at the
+        initial batch's efficiency, over the feasible batch sizes) on ``K`` GPUs of one
+        node (``d = 0``) or of several (``d = 1``); 0 where the job cannot train
+        (``K = 0``, ``K`` beyond ``max_replicas``, ``K > node_gpus`` on one node, or no
+        feasible batch)."""
+        gm = self.model(job)
+        kmax = min(job.max_replicas, width - 1)
+        key = (gm.throughput, gm.efficiency, gm.bounds, kmax, width, node_gpus)
+        good = _cached(self._tables, key)
+        if good is None:
+            good = np.zeros((width, 2))
+            if kmax >= 1:
+                K = np.arange(1, kmax + 1)
+                good[1:kmax + 1, 0] = gm.optimize_batch(K, np.ones_like(K)).goodput
+                K2 = np.arange(2, kmax + 1)
+                if K2.size:
+                    good[2:kmax + 1, 1] = gm.optimize_batch(K2, np.full_like(K2, 2)).goodput
+            good[node_gpus + 1:, 0] = 0.0  # one node holds at most node_gpus
+            good.setflags(write=False)
+            _store(self._tables, key, good, self.cache)
+        return good, gm
+
+
+def _cached(cache: OrderedDict, key: tuple):
+    hit = cache.get(key)
+    if hit is not None:
+        cache.move_to_end(key)
+    return hit
+
+
+def _store(cache: OrderedDict, key: tuple, value, size: int):
+    cache[key] = value
+    while len(cache) > size:
+        cache.popitem(last=False)
+    return value
+
+
+def split_batch(job: AllocJob, k: int, batch: int, accum: int) -> tuple[int | None, int | None]:
+    """(per-GPU batch, accumulation steps) for global ``batch`` on ``k`` GPUs, whole and
+    within the application's limits; ``(None, None)`` (the engine's own split of the
+    job's batch) where the model found no feasible batch."""
+    lim = job.limits
+    if batch < 1:
+        return None, None
+    accum = max(accum, 0)
+    atomic = min(max(batch // (k * (accum + 1)), 1), lim.max_local_bsz)
+    if atomic < lim.min_local_bsz and k * lim.min_local_bsz * (accum + 1) <= lim.max_batch_size:
+        atomic = lim.min_local_bsz
+    while k * atomic * (accum + 1) > lim.max_batch_size and atomic > 1:
+        atomic -= 1
+    if k * atomic * (accum + 1) > lim.max_batch_size:
+        return None, None
+    return atomic, accum

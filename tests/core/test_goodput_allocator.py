@@ -1,0 +1,213 @@
+"""rlsched's goodput allocator (core/goodput_allocator.py): each rule of its decision on
+a case small enough to reason out by hand, feasibility on random cases, and that it
+reads only what jobs report."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlsched.core.allocation import AllocJob, Allocator, AllocNode, AppLimits, ProfileSample, check_allocations
+from rlsched.core.goodput_allocator import GoodputAllocator
+from rlsched.sim.allocators import make_allocator
+
+# an application whose per-GPU batch is fixed (min = max local batch = init batch):
+# every allocation trains at 64 samples per GPU, so goodput is throughput alone
+FIXED = AppLimits(init_batch_size=64, max_batch_size=64 * 64, min_local_bsz=64, max_local_bsz=64)
+# and one whose batch may grow 16x, with up to 256 per GPU
+ELASTIC = AppLimits(init_batch_size=128, max_batch_size=2048, min_local_bsz=16, max_local_bsz=256)
+
+
+def linear_step(k, n, m):
+    """Perfect scaling: the step time does not depend on the GPUs."""
+    return 0.010 + 0.001 * m
+
+
+def poor_step(k, n, m):
+    """Synchronisation as costly as the compute once there are 2+ GPUs: 2 GPUs are
+    worth about one."""
+    return (0.010 + 0.001 * m) * (1.0 if k == 1 else 2.0 + 0.2 * (k - 2))
+
+
+def measured(step, *shapes):
+    return tuple(ProfileSample(num_nodes=n, num_replicas=k, atomic_bsz=m, step_time=step(k, n, m),
+                               sync_time=step(k, n, m) - step(1, 1, m)) for k, n, m in shapes)
+
+
+SHAPES = ((1, 1, 64), (2, 1, 64), (4, 1, 64), (8, 2, 64))
+
+
+def make_job(jid, *, step=linear_step, limits=FIXED, alloc=(), age=1e5, restarts=0, attained=0.0, submit=0.0,
+             max_replicas=16, min_replicas=1, grad=(1.0, 1.0), oracle=None):
+    return AllocJob(id=jid, submit_time=submit, application="app", age=age, attained_service=attained,
+                    num_restarts=restarts, allocation=tuple(alloc), target_replicas=1,
+                    target_batch_size=limits.init_batch_size, min_replicas=min_replicas, max_replicas=max_replicas,
+                    limits=limits, grad_sqr=grad[0], grad_var=grad[1], profile=measured(step, *SHAPES), oracle=oracle)
+
+
+def nodes_of(*gpus):
+    return [AllocNode(i, g, f"n{i}") for i, g in enumerate(gpus)]
+
+
+def decide(jobs, nodes, allocator=None, now=0.0):
+    allocator = allocator or GoodputAllocator()
+    out = allocator.allocate(jobs, nodes, now)
+    check_allocations(jobs, nodes, out)
+    assert set(out) == {j.id for j in jobs}
+    return out
+
+
+def counts(out):
+    return {k: a.replicas for k, a in out.items()}
+
+
+def test_registered_and_non_clairvoyant():
+    a = make_allocator("goodput")
+    assert isinstance(a, GoodputAllocator) and isinstance(a, Allocator)
+    assert a.name == "goodput" and a.clairvoyant is False
+
+
+def test_the_least_served_jobs_run_first_when_gpus_are_short():
+    """6 one-GPU jobs on 4 GPUs: the four in the fairness order run — queue 0 (below
+    the threshold of attained service) first, first come first served within it."""
+    big = GoodputAllocator().threshold
+    jobs = [make_job("old-heavy", submit=0.0, attained=2 * big, alloc=(0,)),
+            make_job("a", submit=1.0), make_job("b", submit=2.0), make_job("c", submit=3.0),
+            make_job("d", submit=4.0), make_job("e", submit=5.0)]
+    out = counts(decide(jobs, nodes_of(2, 2)))
+    assert out == {"old-heavy": 0, "a": 1, "b": 1, "c": 1, "d": 1, "e": 0}
+
+
+def test_a_lone_job_gets_every_gpu_it_can_use_in_one_decision():
+    """One perfectly scaling job and 8 free GPUs: all 8 at once (many workers added in
+    one decision), at the batch its goodput model picks for 8 GPUs."""
+    jobs = [make_job("a", max_replicas=8)]
+    out = decide(jobs, nodes_of(4, 4))
+    assert out["a"].replicas == 8 and sorted(out["a"].nodes) == [0] * 4 + [1] * 4
+    assert (out["a"].atomic_bsz, out["a"].accum_steps) == (64, 0)
+
+
+def test_gpus_go_where_they_are_worth_most():
+    """A perfectly scaling job and one that gains nothing from a second GPU share 8
+    GPUs: the poorly scaling one keeps one GPU, the other takes the rest."""
+    jobs = [make_job("good", max_replicas=8), make_job("poor", step=poor_step, submit=1.0, max_replicas=8)]
+    assert counts(decide(jobs, nodes_of(4, 4))) == {"good": 7, "poor": 1}
+
+
+def test_a_running_job_shrinks_to_let_a_waiting_one_start():
+    """A perfectly scaling job holding all 4 GPUs and a newcomer: the newcomer starts
+    on GPUs the running job gives up; with log utility (proportional fairness) they
+    split evenly, since log 2 + log 2 > log 3 + log 1."""
+    jobs = [make_job("running", alloc=(0, 0, 0, 0), attained=10.0), make_job("new", submit=1.0)]
+    out = counts(decide(jobs, nodes_of(4)))
+    assert out["new"] >= 1 and out["running"] >= 1 and out["new"] + out["running"] == 4
+    assert counts(decide(jobs, nodes_of(4), GoodputAllocator(p=0.0))) == {"running": 2, "new": 2}
+
+
+@pytest.mark.parametrize("age, grows", [(10.0, False), (1e5, True)])
+def test_a_change_must_pay_for_its_restart(age, grows):
+    """A running job on 2 of 4 GPUs that would scale perfectly to 4: a young job (10 s
+    old, factor 10/40) would train slower over its horizon after a 30 s restart and
+    stays on its 2 GPUs; an old one grows."""
+    jobs = [make_job("a", alloc=(0, 0), age=age, max_replicas=4)]
+    out = decide(jobs, nodes_of(4))
+    assert out["a"].replicas == (4 if grows else 2)
+    if not grows:
+        assert out["a"].nodes == (0, 0)  # kept where it was: no restart
+
+
+def test_a_job_that_restarted_often_pays_more_for_a_change():
+    """The factor max(T − R·δ, 0)/(T + δ): with 50 restarts in 1,000 s, nothing pays."""
+    a = GoodputAllocator()
+    assert a.factor(make_job("x", age=1000.0, restarts=0)) == pytest.approx(1000 / 1030)
+    assert a.factor(make_job("x", age=1000.0, restarts=50)) == 0.0
+    jobs = [make_job("a", alloc=(0,), age=1000.0, restarts=50, max_replicas=4)]
+    assert decide(jobs, nodes_of(4))["a"].nodes == (0,)
+
+
+def test_the_batch_size_is_chosen_with_the_allocation():
+    """An elastic-batch job with a large gradient noise scale (big batches lose little
+    efficiency) trains at the goodput-optimal batch of its allocation; with a tiny noise
+    scale it stays near its initial batch."""
+    alloc = GoodputAllocator()
+    noisy = make_job("a", limits=ELASTIC, max_replicas=4, grad=(1.0, 1e4))
+    out = decide([noisy], nodes_of(4), alloc)["a"]
+    gm = alloc.jobs.model(noisy)
+    best = gm.optimize_batch(out.replicas, 1)
+    assert out.batch_size == pytest.approx(best.batch, rel=0.05) and out.batch_size > ELASTIC.init_batch_size
+    quiet = make_job("a", limits=ELASTIC, max_replicas=4, grad=(1.0, 1e-4))
+    out = decide([quiet], nodes_of(4), GoodputAllocator())["a"]
+    assert out.batch_size <= 2 * ELASTIC.init_batch_size
+
+
+def test_gpus_follow_statistical_efficiency():
+    """Two elastic-batch jobs share 8 GPUs of a poorly scaling application, where more
+    GPUs pay only through a larger batch: the job whose gradient noise scale is large
+    (large batches lose little progress per sample) gets more GPUs than the one whose
+    small noise scale makes every sample beyond its initial batch nearly wasted."""
+    wide = make_job("wide", step=poor_step, limits=ELASTIC, max_replicas=8, grad=(1.0, 1e3))
+    narrow = make_job("narrow", step=poor_step, limits=ELASTIC, max_replicas=8, submit=1.0, grad=(1.0, 1e-3))
+    out = counts(decide([wide, narrow], nodes_of(4, 4)))
+    assert out["wide"] > out["narrow"] >= 1
+
+
+def test_it_reads_no_oracle():
+    class Forbidden:
+        def __getattribute__(self, name):
+            raise AssertionError(f"goodput read the oracle's {name}")
+
+    nodes = nodes_of(4, 4)
+    plain = [make_job("a"), make_job("b", submit=1.0, step=poor_step)]
+    spied = [replace(j, oracle=Forbidden()) for j in plain]
+    assert decide(plain, nodes) == decide(spied, nodes)
+
+
+def test_rejects_calls_out_of_time_order_and_bad_settings():
+    a = GoodputAllocator()
+    decide([make_job("a")], nodes_of(4), a, now=60.0)
+    with pytest.raises(ValueError):
+        a.allocate([make_job("a")], nodes_of(4), 0.0)
+    for bad in ({"p": float("nan")}, {"restart_delay": -1.0}, {"threshold": 0.0}):
+        with pytest.raises(ValueError):
+            GoodputAllocator(**bad)
+
+
+@pytest.mark.parametrize("p", [1.0, 0.0, -1.0])
+def test_utility_is_increasing_and_zero_at_speedup_one(p):
+    u = GoodputAllocator(p=p).utility(np.array([0.0, 0.5, 1.0, 2.0, 8.0]))
+    assert u[0] == -np.inf and u[2] == pytest.approx(0.0) and np.all(np.diff(u[1:]) > 0)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    gpus=st.lists(st.integers(0, 8), min_size=1, max_size=5),
+    specs=st.lists(st.tuples(st.booleans(), st.integers(1, 12), st.integers(1, 3), st.floats(0, 1e5),
+                             st.integers(0, 5), st.booleans()), min_size=1, max_size=10),
+    p=st.sampled_from([1.0, 0.0, -1.0]),
+)
+def test_always_a_valid_allocation_that_uses_the_gpus(gpus, specs, p):
+    nodes = nodes_of(*gpus)
+    free = {n.index: n.gpus for n in nodes}
+    jobs = []
+    for i, (good, mx, mn, age, restarts, running) in enumerate(specs):
+        mn = min(mn, mx)
+        alloc = ()
+        if running:  # a valid current allocation: mn GPUs wherever they are still free
+            take = [n for n, f in free.items() for _ in range(f)][:mn]
+            if len(take) == mn:
+                alloc = tuple(take)
+                for n in take:
+                    free[n] -= 1
+        jobs.append(make_job(f"j{i}", step=linear_step if good else poor_step, max_replicas=mx, min_replicas=mn,
+                             age=age, restarts=restarts, submit=float(i), alloc=alloc,
+                             limits=ELASTIC if i % 2 else FIXED))
+    out = decide(jobs, nodes, GoodputAllocator(p=p))
+    # with no restart to weigh (nobody holds GPUs yet), a GPU is left idle only when
+    # every job that runs is at its max_replicas or gains nothing from more
+    if not any(j.allocation for j in jobs):
+        used = sum(a.replicas for a in out.values())
+        hungry = [j for j in jobs if 0 < out[j.id].replicas < j.max_replicas and j.profile[1].step_time == j.profile[0].step_time
+                  and j.limits is FIXED]
+        assert used == sum(gpus) or not hungry, (counts(out), gpus)
