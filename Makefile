@@ -68,6 +68,7 @@ bench: venv $(TEST_DEPS)
 	$(PY) bench/extender_bench.py --sizes 1000,5000 --clients 1,2,4,8 --requests 1500 --out bench/results/extender.json
 	$(PY) bench/sim_scaling.py --repeats 3 --out bench/results/sim_scaling.json
 	$(PY) bench/scheduling.py --out bench/results/scheduling.json
+	$(PY) bench/decision_time.py --out bench/results/decision_time.json
 	$(PY) bench/operator_admission.py --jobs 200 --out bench/results
 	$(PY) bench/faults.py --rounds 20 --out bench/results/faults.json
 	$(PY) bench/twin.py --jobs 20 --out bench/results/twin.json

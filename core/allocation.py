@@ -23,6 +23,7 @@ its progress (checkpointed).
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence, runtime_checkable
@@ -199,8 +200,9 @@ def packed(replicas: int, free: Mapping[int, int]) -> tuple[int, ...] | None:
     if sum(free.values()) < replicas:
         return None
     out: list[int] = []
-    for idx, n in sorted(free.items(), key=lambda kv: (-kv[1], kv[0])):
-        take = min(n, replicas - len(out))
+    # each node used gives at least one GPU: the ``replicas`` first of the order suffice
+    for neg, idx in heapq.nsmallest(replicas, [(-n, idx) for idx, n in free.items() if n > 0]):
+        take = min(-neg, replicas - len(out))
         out.extend([idx] * take)
         if len(out) == replicas:
             break

@@ -580,6 +580,9 @@ class GoodputModel:
         K, N = np.broadcast_arrays(np.asarray(K, dtype=np.int64), np.asarray(N, dtype=np.int64))
         shape = K.shape
         out = self._optimize(K.ravel(), N.ravel())
+        if K.size <= 256:  # remember them for the scalar questions that follow (a decision's decode)
+            for i, key in enumerate(zip(K.ravel().tolist(), N.ravel().tolist())):
+                self._memo.setdefault(key, BatchChoice(*(a[i].item() for a in out)))
         return BatchChoice(*(a.reshape(shape) for a in out))
 
     def _optimize(self, K: np.ndarray, N: np.ndarray):

@@ -197,6 +197,6 @@ class GoodputAllocator:
         for job, k in demand:
             placed = where[job.id]
             n = len(set(placed))
-            choice = self.jobs.model(job).optimize_batch(k, min(n, k))
+            choice = self.jobs.model(job).optimize_batch(k, min(n, k))  # memoised: the table asked it
             out[job.id] = Allocation(placed, *split_batch(job, k, int(choice.batch), int(choice.accumulation)))
         return out

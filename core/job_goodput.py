@@ -49,6 +49,7 @@ class JobGoodput:
         self._prior_for = prior_for
         self.cache = int(cache)
         self._fits: OrderedDict[tuple, ThroughputModel] = OrderedDict()
+        self._models: OrderedDict[tuple, GoodputModel] = OrderedDict()
         self._tables: OrderedDict[tuple, np.ndarray] = OrderedDict()
 
     def prior_for(self, observations: tuple) -> ThroughputPrior:
@@ -64,7 +65,12 @@ class JobGoodput:
         if fit is None:
             fit = _store(self._fits, key, ThroughputModel.fit(obs, prior, bounds.reference_local_batch), self.cache)
         var = None if job.grad_var is None else job.grad_var * bounds.init_batch  # tr(Σ)/M0 -> tr(Σ)
-        return GoodputModel(fit, EfficiencyModel(bounds.init_batch, job.grad_sqr, var), bounds)
+        eff = EfficiencyModel(bounds.init_batch, job.grad_sqr, var)
+        mkey = (fit, eff, bounds)
+        gm = _cached(self._models, mkey)
+        if gm is None:  # kept, so its memo of best batches outlives the call
+            gm = _store(self._models, mkey, GoodputModel(fit, eff, bounds), self.cache)
+        return gm
 
     def table(self, job: AllocJob, width: int, node_gpus: int) -> tuple[np.ndarray, GoodputModel]:
         """``table[K, d]`` (``K < width``): the best goodput (samples per second at the

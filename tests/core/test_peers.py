@@ -342,3 +342,30 @@ def test_random_job_sets_never_over_commit(specs, gpus, name, factor):
             if step > 0 and j.allocation and len(where[j.id]) == len(j.allocation):
                 assert where[j.id] == j.allocation  # a job that keeps running keeps its nodes
         jobs = advance(jobs, where)
+
+
+@settings(max_examples=60, deadline=None)
+@given(free=st.lists(st.integers(0, 8), min_size=1, max_size=40),
+       counts=st.lists(st.integers(1, 12), min_size=1, max_size=30))
+def test_keep_or_pack_places_exactly_as_packed_one_job_after_another(free, counts):
+    """keep_or_pack's bucketed free list picks what allocation.packed picks, job after
+    job (largest first), on any cluster."""
+    from collections import Counter
+
+    from rlsched.core.allocation import packed
+    from rlsched.core.peers.place import keep_or_pack
+
+    nodes = [AllocNode(i, g, f"n{i}") for i, g in enumerate(free)]
+    jobs, total = [], sum(free)
+    for k, c in enumerate(counts):
+        if c > total:
+            break
+        jobs.append((job(f"j{k}", float(k)), c))
+        total -= c
+    got = keep_or_pack(jobs, nodes)
+    left = {n.index: n.gpus for n in nodes}
+    for k, (j, c) in sorted(enumerate(jobs), key=lambda e: (-e[1][1], e[0])):
+        want = packed(c, left)
+        assert got[j.id] == want
+        for i, n in Counter(want).items():
+            left[i] -= n
