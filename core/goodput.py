@@ -88,6 +88,12 @@ __all__ = [
     "PROGRESS_FIELDS",
 ]
 
+#: the throughput fit's stopping tolerances (``scipy.optimize.least_squares``): looser
+#: than scipy's defaults would stop early on flat priors, tighter buys nothing — against
+#: 1e-10/1e-12/1e-10 they changed predicted step times by at most 0.016% (median 3e-7)
+#: on 40 jobs' observations from the interval engine, at 2.6x less time per fit
+_FIT_XTOL, _FIT_FTOL, _FIT_GTOL = 1e-6, 1e-6, 1e-8
+
 #: γ is kept in [1, 10]: 10 is already max(T_grad, T_sync) within 7% (2^(1/10)).
 GAMMA_RANGE = (1.0, 10.0)
 
@@ -339,7 +345,7 @@ class ThroughputModel:
             span = _X_UPPER - _X_LOWER
             x0 = np.clip(x0, _X_LOWER + 1e-6 * span, _X_UPPER - 1e-6 * span)
             res = least_squares(residuals, x0, jac=jacobian, bounds=(_X_LOWER, _X_UPPER), method="trf",
-                                x_scale=1.0, xtol=1e-10, ftol=1e-12, gtol=1e-10, max_nfev=400)
+                                x_scale=1.0, xtol=_FIT_XTOL, ftol=_FIT_FTOL, gtol=_FIT_GTOL, max_nfev=400)
             if best is None or res.cost < best.cost - 1e-12:
                 best = res
         return cls(ThroughputParams(*_params_of(best.x, reference_batch)))

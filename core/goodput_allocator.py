@@ -28,6 +28,10 @@ restarts, current allocation, the step times and gradient statistics it reported
    statistical efficiency (a small gradient noise scale), and its GPUs go elsewhere.
    The learning curve is not read: there is no convergence-aware give-back (RLPTO's
    idea) here; a GPU is worth the progress per second it adds.
+   ``p = 0.5`` by default: chosen on validation seeds only (``bench/goodput_select.py``:
+   pollux-gen seeds 10,000–10,003 at 1.0x and 1.5x load, mean JCT 2,256.5 s against
+   2,256.6 s for ``p = 0``, 2,271 s for ``p = −1`` and 2,316 s for ``p = 1``;
+   docs/results/goodput_select.json).
 4. **Restart cost in every change**: a running job whose GPU count changes restarts
    (the engine charges ``restart_delay``; live, a generation swap). Its speedup at any
    count other than its current one is multiplied by Pollux's re-allocation factor
@@ -72,7 +76,7 @@ class GoodputAllocator:
     name = "goodput"
     clairvoyant = False
 
-    def __init__(self, *, p: float = 1.0, restart_delay: float = 30.0, threshold: float = POLLUX_THRESHOLD,
+    def __init__(self, *, p: float = 0.5, restart_delay: float = 30.0, threshold: float = POLLUX_THRESHOLD,
                  prior: ThroughputPrior | None = None) -> None:
         if not math.isfinite(p):
             raise ValueError(f"p must be finite, got {p}")
