@@ -6,7 +6,9 @@ serve — under the allocation interface (:mod:`rlsched.core.allocation`), so th
 measured on the interval engine beside the peers: each job runs its requested GPUs
 (``target_replicas``) at its requested batch size, started gang-style where the
 placement puts it, in the order the ordering ranks the waiting jobs, through core's
-:class:`~rlsched.core.planning.Admission` (the operator's queue rules): a running job
+:class:`~rlsched.core.cycle.SchedulingCycle` — the operator's cycle: core's
+:class:`~rlsched.core.planning.Admission` (the operator's queue rules), settled within
+the interval (victims released and admission planned again), then the scaling step: a running job
 keeps its nodes (no migration), and under a preemptive ordering (Tiresias, SRTF) the
 blocked head of the queue evicts jobs the ordering ranks after it, which keep their
 progress and wait. With ``backfill`` later jobs start when the head does not fit.
@@ -31,6 +33,7 @@ from typing import Mapping, Sequence
 
 from .allocation import Allocation, AllocJob, AllocNode
 from .cluster import ClusterState, JobView, Progress
+from .cycle import SchedulingCycle
 from .planning import (
     Admission,
     ElasticState,
@@ -39,13 +42,18 @@ from .planning import (
     RunningJob,
     ScalingPlanner,
     TrainingSpec,
-    reserved_gpus,
     scaling_steps,
 )
 from .policy import Ordering, Placement, Scaling
 from .topology import Topology
 
 __all__ = ["GangAllocator", "learning_score"]
+
+
+def _spec(v: JobView) -> TrainingSpec:
+    """A gang of the workers the job runs with (the allocator's jobs are not elastic at
+    admission)."""
+    return TrainingSpec(min_workers=v.workers, max_workers=v.workers)
 
 
 def learning_score(metrics: Sequence[float], higher_is_better: bool) -> list[float]:
@@ -77,6 +85,8 @@ class GangAllocator:
         self.planner = ScalingPlanner(scaling, patience=patience) if scaling is not None else None
         #: core's admission: the operator's queue rules (preemption under preemptive orderings)
         self.admission = Admission(ordering, backfill=backfill, preemption=preemption)
+        #: the one cycle the operator runs too: admission, then the planner
+        self.cycle = SchedulingCycle(self.admission, self.planner)
         parts = [getattr(ordering, "name", "ordering"), getattr(placement, "name", "placement")]
         if scaling is not None:
             parts.append(getattr(scaling, "name", "scaling"))
@@ -99,6 +109,10 @@ class GangAllocator:
                        attained_service=j.attained_service, placement=[])
 
     def allocate(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], now: float) -> Mapping[str, Allocation]:
+        """One interval: core's :class:`~rlsched.core.cycle.SchedulingCycle` in its settle
+        mode (admission, preemption of the jobs a preemptive ordering ranks after the
+        blocked head, the victims released and admission planned again, then the scaling
+        step), translated into allocations."""
         state = ClusterState(self._topology(nodes), time=now)
         index = {n.index: k for k, n in enumerate(nodes)}
         out: dict[str, Allocation] = {}
@@ -116,64 +130,40 @@ class GangAllocator:
             else:
                 pending.append(v)
         state.pending = pending
-        blocked = self._admit(jobs, nodes, state, pending, out, now)
-        if self.planner is not None:
-            self._scale(jobs, nodes, state, out, blocked, now)
+        by_id = {j.id: j for j in jobs}
+        waiting = [QueueEntry(key=v.id, spec=_spec(v), submit_time=v.submit_time, priority=0.0, job=v) for v in pending]
+        holders = [RunningEntry(key=v.id, spec=_spec(v), priority=0.0, start_time=by_id[v.id].submit_time,
+                                placement=list(v.placement), job=v) for v in state.running.values()]
+        plan = self.cycle.plan(waiting, holders, state, running=lambda gone: self._elastic_jobs(jobs, gone, state, now),
+                               place=self._place, place_one=self._place_one, settle=True)
+        if plan.scaling_error is not None:
+            raise plan.scaling_error
+        for rnd in plan.rounds:  # each gang started where the placement put it; victims wait (keeping their progress)
+            for key, where in rnd.placed.items():
+                out[key] = Allocation(tuple(nodes[k].index for k in where))
+            for key in rnd.released:
+                out.pop(key, None)
+        for jid, step in scaling_steps(plan.scaling.deltas):
+            cur = list(out[jid].nodes)
+            if step < 0 and len(cur) > 1:
+                cur.pop()
+            elif step > 0 and jid in plan.scaling.nodes:
+                cur.append(nodes[plan.scaling.nodes[jid]].index)
+            out[jid] = Allocation(tuple(cur))
         return out
 
-    def _admit(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], state: ClusterState,
-               pending: list[JobView], out: dict[str, Allocation], now: float) -> JobView | None:
-        """Core's admission, as the operator's cycle runs it: the waiting jobs in the
-        ordering's order, each gang started where the placement puts it, head-of-line
-        blocking or backfill; under a preemptive ordering (Tiresias, SRTF) the blocked
-        head evicts jobs the ordering ranks after it (they keep their progress and wait).
-        Returns the job left blocked at the head, if any."""
-        by_id = {j.id: j for j in jobs}
+    def _place(self, v: JobView, state: ClusterState):
+        return self.placement.place(v, state)
 
-        def spec(v: JobView) -> TrainingSpec:
-            return TrainingSpec(min_workers=v.workers, max_workers=v.workers)
-
-        def place(v: JobView, st: ClusterState):
-            return self.placement.place(v, st)
-
-        blocked = None
-        for _ in range(2 * len(jobs) + 2):  # each round evicts jobs ranked after the head: rounds end
-            waiting = [QueueEntry(key=v.id, spec=spec(v), submit_time=v.submit_time, priority=0.0, job=v)
-                       for v in pending]
-            running = [RunningEntry(key=v.id, spec=spec(v), priority=0.0, start_time=by_id[v.id].submit_time,
-                                    placement=list(v.placement), job=v) for v in state.running.values()]
-            plan = self.admission.plan(waiting, running, state, place=place)
-            views = {v.id: v for v in pending}
-            for key in plan.admit:
-                v = views[key]
-                where = self.placement.place(v, state)
-                if where is None:  # the room check said it fits: a placement that disagrees waits
-                    continue
-                state.allocate_job(v, where)
-                v.placement = list(where)
-                state.running[v.id] = v
-                out[v.id] = Allocation(tuple(nodes[k].index for k in where))
-            started = set(plan.admit)
-            pending = [v for v in pending if v.id not in started or v.id not in out]
-            blocked = views.get(plan.blocked) if plan.blocked else None
-            if not plan.preempt:
-                break
-            for key in plan.preempt:
-                v = state.running.pop(key)
-                state.release_job(v, v.placement)
-                v.placement = []
-                out.pop(key, None)
-                pending.append(v)
-        return blocked
-
-    def _scale(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], state: ClusterState,
-               out: dict[str, Allocation], blocked: JobView | None, now: float) -> None:
-        """One elastic cycle of core's planner over the jobs that were running."""
+    def _elastic_jobs(self, jobs: Sequence[AllocJob], gone: set, state: ClusterState, now: float) -> list[RunningJob]:
+        """The jobs that were running and keep their GPUs (not in ``gone``), as core's
+        planner sees them: each one's reported learning curve folded into its
+        :class:`~rlsched.core.planning.ElasticState`."""
         live = {j.id for j in jobs}
         self._elastic = {k: v for k, v in self._elastic.items() if k in live}
         running = []
         for j in jobs:
-            if not j.allocation or j.id not in out:  # waiting, or preempted this cycle
+            if not j.allocation or j.id in gone:  # waiting, or preempted this cycle
                 continue
             v = state.running[j.id]
             v.min_workers, v.max_workers = 1, max(j.max_replicas, v.workers)
@@ -189,19 +179,7 @@ class GangAllocator:
             running.append(RunningJob(key=j.id, spec=spec, workers=v.workers, progress=prog, state=es,
                                       submit_time=j.submit_time, start_time=now, placement=list(v.placement),
                                       patience=1 << 30, job=v))  # completion is the target, never a β stop
-        if not running:
-            return
-        head = None
-        if blocked is not None:
-            head = TrainingSpec(min_workers=blocked.workers, max_workers=blocked.workers)
-        plan = self.planner.plan(running, state, reserved_gpus=reserved_gpus(head), place=self._place_one)
-        for jid, step in scaling_steps(plan.deltas):
-            cur = list(out[jid].nodes)
-            if step < 0 and len(cur) > 1:
-                cur.pop()
-            elif step > 0 and jid in plan.nodes:
-                cur.append(nodes[plan.nodes[jid]].index)
-            out[jid] = Allocation(tuple(cur))
+        return running
 
     def _place_one(self, rj: RunningJob, state: ClusterState) -> int | None:
         v = rj.job

@@ -107,7 +107,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping, Sequence
 
-import numpy as np
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -139,9 +138,8 @@ from rlsched.core.planning import (
     RunningJob,
     ScalingPlanner,
     TrainingSpec,
-    reserved_gpus,
-    take_gang,
 )
+from rlsched.core.cycle import SchedulingCycle
 from rlsched.core.das import resolve_placement_model, serving_placement
 from rlsched.core.lifecycle import BACKOFF_CAP_S, FAIL, RESTART, SUCCEED, Verdict, WorkerState, judge
 from rlsched.core.policy import ORDERINGS, SCALINGS
@@ -153,8 +151,7 @@ from .snapshot import build_snapshot, charge_freest
 from .spec import SpecError, parse_spec
 
 __all__ = ["OperatorConfig", "Controller", "REQUESTS_ANNOTATION", "parse_time", "format_time", "OWNED_FIELDS",
-           "JobRejected", "api_error", "permanent_rejection", "guard_status", "merge_patch", "merge_diff",
-           "after_admission"]
+           "JobRejected", "api_error", "permanent_rejection", "guard_status", "merge_patch", "merge_diff"]
 
 log = logging.getLogger(__name__)
 
@@ -237,31 +234,6 @@ def merge_diff(current: Any, wanted: Any) -> Any:
                 out[k] = merge_diff(current.get(k), v)
         return out
     return copy.deepcopy(wanted)
-
-
-def after_admission(state: ClusterState, waiting: Sequence[QueueEntry], plan: AdmissionPlan) -> ClusterState:
-    """``state`` as the scaling planner must see it after this cycle's admissions: the
-    gangs admitted hold their GPUs (where :meth:`Admission.plan` counted them, best fit;
-    their pods do not exist yet, so the snapshot still shows the GPUs free) and the jobs
-    still waiting are its pending jobs (the RLPTO policy reads how many wait). Without
-    it a scale-up could take the GPUs a gang was just admitted to, leaving that gang
-    Starting until its start timeout; the simulator admits before it scales, on one
-    state. Mutates and returns ``state``."""
-    admitted = set(plan.admit)
-    by_key = {e.key: e for e in waiting}
-    for key in plan.admit:  # in the order the plan took their GPUs
-        e = by_key[key]
-        free = np.maximum(state.free.astype(np.int64), 0)
-        after = free.copy()
-        try:
-            take_gang(after, e.spec.gpus_per_worker, e.spec.min_workers)
-        except ValueError:  # it fitted when planned; a snapshot cannot shrink in between
-            log.warning("%s: admitted gang no longer fits the snapshot; scaling sees its GPUs free", e.key)
-            continue
-        for i in np.flatnonzero(free - after):
-            state.allocate(int(i), int(free[i] - after[i]))
-    state.pending = [e.view() for e in waiting if e.key not in admitted]
-    return state
 
 
 def _stored(v: Any) -> Any:
@@ -617,6 +589,8 @@ class Controller:
             start_timeout_s=config.start_timeout_s,
         )
         self.planner = ScalingPlanner(build_scaling(config.scaling, config.scaling_model), patience=config.patience)
+        #: core's cycle over the two: what every cycle decides (the simulator's allocator runs it too)
+        self.scheduling = SchedulingCycle(self.queues, self.planner)
         self.placement = build_placement(config.placement, config.placement_model)
         self._fallback_placement = make_placement("bestfit")
         self.pod_security = PodSecurityGate(self.core, self.read_json, config)
@@ -853,7 +827,11 @@ class Controller:
         for lst in (waiting, running, holders):
             lst.sort(key=lambda e: order[e.key])
 
-        plan = self.queues.plan(waiting, holders, snap.state, snap.releasing, place=self._place)
+        # decide on the whole picture at once (core's cycle: admission, then scaling on
+        # the state after it), then act on the plan
+        cplan = self.scheduling.plan(waiting, holders, snap.state, running=running, releasing=snap.releasing,
+                                     place=self._place)
+        plan = cplan.admission
         self.last_plan = plan
         await self._each(lambda j: self._schedulable(j, plan.unfittable.get(j.key), now),
                          [jobs[e.key] for e in waiting], now)
@@ -869,9 +847,10 @@ class Controller:
         for k in plan.admit:
             await self._contain(jobs[k], lambda j: self.admit(j, now), now)
 
-        running = [r for r in running if r.key not in plan.preempt]
-        state = after_admission(snap.state, waiting, plan)
-        splan = self.planner.plan(running, state, reserved_gpus=reserved_gpus(jobs[plan.blocked].spec if plan.blocked else None))
+        if cplan.scaling_error is not None:  # a broken scaling policy: admissions are done, the cycle fails here
+            raise cplan.scaling_error
+        running = cplan.running
+        splan = cplan.scaling
         by_key = {r.key: r for r in running}
 
         async def act(j: _Job) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from rlsched.core import ClusterState, Progress, Topology, make_scaling
 from rlsched.core.planning import Admission, ElasticState, QueueEntry, RunningEntry, RunningJob, ScalingPlanner, TrainingSpec
 from rlsched.core.policy import make_ordering
-from rlsched.operator.controller import after_admission
+from rlsched.core.cycle import after_admission
 
 
 def _setup():

@@ -1,0 +1,289 @@
+"""The scheduling cycle: admission, preemption and elastic scaling as one pure call.
+
+:class:`SchedulingCycle` strings core's planners together the way every caller runs
+them, so the sequence lives here once and the adapters only translate:
+
+1. :meth:`Admission.plan <rlsched.core.planning.Admission.plan>` over the waiting jobs
+   and the jobs holding GPUs: whom to start (in order), whom to preempt, the blocked
+   head of line, the gangs that can never fit;
+2. the cluster as scaling must see it after those admissions (:func:`after_admission`:
+   the gangs admitted hold their GPUs although their pods do not exist yet, the jobs
+   still waiting are the pending ones);
+3. :meth:`ScalingPlanner.plan <rlsched.core.planning.ScalingPlanner.plan>` over the
+   elastic jobs that keep their GPUs (victims of this cycle dropped), with the blocked
+   head's gang reserved (:func:`~rlsched.core.planning.reserved_gpus`): scale-ups never
+   take the GPUs the head waits for.
+
+The result is one :class:`CyclePlan`. The operator (``Controller.cycle``) calls it once
+per cycle and turns the plan into API calls; the gang allocator
+(:class:`rlsched.core.gang_allocator.GangAllocator`) calls it once per interval and turns
+it into allocations.
+
+Settling (``settle=True``, the interval engine's mode): a live operator preempts, waits
+for the victims' pods to go and admits the preemptor in a later cycle; an allocator that
+decides one interval at a time cannot wait, so the victims are released and admission
+planned again in the same call, for a bounded number of rounds (each round evicts only
+jobs ranked after the head, so rounds end; the bound is ``2 x jobs + 2`` by default).
+In that mode each admitted gang is placed for real on ``state`` with ``place`` (a gang
+the placement refuses keeps waiting) and is a holder in the next round; each victim is
+released from ``state`` and waits again, in the interrupt queue, and the job that
+preempted it is nominated (served before every queue until it starts), as the operator
+does between cycles. ``state.pending`` is
+left as the caller set it (the interval engine counts every job that waited when the
+interval began).
+
+Pure: numpy and core's cluster model, no Kubernetes objects, no clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Sequence, Union
+
+import numpy as np
+
+from .cluster import ClusterState, JobView
+from .planning import (
+    Admission,
+    AdmissionPlan,
+    QueueEntry,
+    RunningEntry,
+    RunningJob,
+    ScalingPlan,
+    ScalingPlanner,
+    reserved_gpus,
+    take_gang,
+)
+
+__all__ = ["SchedulingCycle", "CyclePlan", "SettleRound", "after_admission", "best_fit_gang"]
+
+log = logging.getLogger(__name__)
+
+#: admission's room check and the settle mode's placement: a gang's node per worker, or None
+PlaceGang = Callable[[JobView, ClusterState], Union[Sequence[int], None]]
+#: the scaling step's room check: a node for one more worker of a running job, or None
+PlaceOne = Callable[[RunningJob, ClusterState], Union[int, None]]
+#: the elastic jobs, or a callable building them once admission is decided: it gets the
+#: keys preempted for good this cycle (the gang allocator folds each job's reported curve
+#: into the live view that admission reads too, so it builds them only afterwards)
+Elastic = Union[Sequence[RunningJob], Callable[[set], Sequence[RunningJob]]]
+
+
+def after_admission(state: ClusterState, waiting: Sequence[QueueEntry], plan: AdmissionPlan) -> ClusterState:
+    """``state`` as the scaling planner must see it after this cycle's admissions: the
+    gangs admitted hold their GPUs (where :meth:`Admission.plan` counted them, best fit;
+    their pods do not exist yet, so the snapshot still shows the GPUs free) and the jobs
+    still waiting are its pending jobs (the RLPTO policy reads how many wait). Without
+    it a scale-up could take the GPUs a gang was just admitted to, leaving that gang
+    Starting until its start timeout; the simulator admits before it scales, on one
+    state. Mutates and returns ``state``."""
+    admitted = set(plan.admit)
+    by_key = {e.key: e for e in waiting}
+    for key in plan.admit:  # in the order the plan took their GPUs
+        e = by_key[key]
+        free = np.maximum(state.free.astype(np.int64), 0)
+        after = free.copy()
+        try:
+            take_gang(after, e.spec.gpus_per_worker, e.spec.min_workers)
+        except ValueError:  # it fitted when planned; a snapshot cannot shrink in between
+            log.warning("%s: admitted gang no longer fits the snapshot; scaling sees its GPUs free", e.key)
+            continue
+        for i in np.flatnonzero(free - after):
+            state.allocate(int(i), int(free[i] - after[i]))
+    state.pending = [e.view() for e in waiting if e.key not in admitted]
+    return state
+
+
+def best_fit_gang(job: JobView, state: ClusterState) -> list[int] | None:
+    """The settle mode's default placement: ``job.workers`` workers on the fullest nodes
+    that fit them (:func:`~rlsched.core.planning.take_gang`'s order), one node per
+    worker, or None when the gang does not fit."""
+    free = np.maximum(state.free.astype(np.int64), 0)
+    g, left = job.gpus_per_worker, job.workers
+    nodes: list[int] = []
+    for i in np.argsort(free, kind="stable"):
+        if left == 0:
+            break
+        k = min(left, int(free[i]) // g)
+        nodes.extend([int(i)] * k)
+        left -= k
+    return None if left else nodes
+
+
+@dataclass(slots=True)
+class SettleRound:
+    """One admission round of the settle mode: the plan, the gangs placed (key -> node
+    per worker, in the order they were placed) and the victims released afterwards."""
+
+    admission: AdmissionPlan
+    placed: dict[str, list[int]] = field(default_factory=dict)
+    released: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class CyclePlan:
+    """What one cycle decides.
+
+    ``admission``: whom to start (``admit``, in order), whom to preempt (``preempt``), the
+    blocked head (``blocked``) and the gangs that can never fit (``unfittable``); in the
+    settle mode the rounds merged (``admit`` the gangs placed, ``preempt`` every victim,
+    in order; the rest as the last round left it). ``scaling``: per elastic job its
+    worker change (``deltas``), the node of each scale-up (``nodes``) and the finished
+    jobs (``finished``). ``state``: the cluster after admission, as scaling saw it (the
+    caller's object, mutated). ``running``: the elastic jobs the scaling step decided
+    on (victims dropped; empty without a planner). ``rounds``: the settle mode's rounds
+    (empty otherwise). ``blocked``: the waiting entry of the blocked head, if any.
+
+    ``scaling_error``: what the scaling step raised, if anything (then ``scaling`` is
+    empty). Admission stands on its own: a caller acts on it, then raises this where it
+    would have scaled, so a broken scaling policy never holds admissions back.
+    """
+
+    admission: AdmissionPlan
+    scaling: ScalingPlan
+    state: ClusterState
+    running: list[RunningJob] = field(default_factory=list)
+    blocked: QueueEntry | None = None
+    rounds: list[SettleRound] = field(default_factory=list)
+    scaling_error: Exception | None = None
+
+    @property
+    def preempted(self) -> list[str]:
+        """The jobs that lose their GPUs this cycle, in order (in the settle mode the
+        victims not started again in a later round)."""
+        if not self.rounds:
+            return list(self.admission.preempt)
+        out: list[str] = []
+        for r in self.rounds:  # a round places its gangs, then releases its victims
+            out = [k for k in out if k not in r.placed] + list(r.released)
+        return out
+
+
+class SchedulingCycle:
+    """Admission, preemption and elastic scaling, in one call (see the module docstring).
+
+    ``admission``: core's :class:`~rlsched.core.planning.Admission` (queues, gang fit,
+    backfill, preemption); ``planner``: core's
+    :class:`~rlsched.core.planning.ScalingPlanner`, or None for no elastic step.
+    """
+
+    def __init__(self, admission: Admission, planner: ScalingPlanner | None = None) -> None:
+        self.admission = admission
+        self.planner = planner
+
+    def plan(
+        self,
+        waiting: Sequence[QueueEntry],
+        holders: Sequence[RunningEntry],
+        state: ClusterState,
+        *,
+        running: Elastic = (),
+        releasing: np.ndarray | None = None,
+        place: PlaceGang | None = None,
+        place_one: PlaceOne | None = None,
+        settle: bool = False,
+        rounds: int | None = None,
+    ) -> CyclePlan:
+        """One cycle over ``state`` (mutated: the admissions stay on it, see
+        :class:`CyclePlan`).
+
+        ``waiting``: the queued jobs; ``holders``: every job holding GPUs (the
+        preemption candidates); ``running``: the elastic jobs the scaling step decides on
+        (or a callable building them, :data:`Elastic`); ``releasing``: per-node GPUs of
+        pods already being deleted (a blocked head waits for them rather than preempting
+        again); ``place(job, state)``: admission's room check (the placement that
+        follows), and the settle mode's placement (default :func:`best_fit_gang`);
+        ``place_one(job, state)``: the scaling step's room check for one more worker
+        (default best fit). ``settle``: release the victims and plan admission again in
+        this call, at most ``rounds`` rounds (default ``2 x (waiting + holders) + 2``).
+        """
+        if settle:
+            admission, blocked, settled = self._settle(waiting, holders, state, releasing, place, rounds)
+        else:
+            admission = self.admission.plan(waiting, holders, state, releasing, place=place)
+            by_key = {e.key: e for e in waiting}
+            blocked = by_key[admission.blocked] if admission.blocked else None
+            settled = []
+            state = after_admission(state, waiting, admission)
+        out = CyclePlan(admission=admission, scaling=ScalingPlan(), state=state, blocked=blocked, rounds=settled)
+        if self.planner is None:
+            return out
+        gone = set(out.preempted)
+        jobs = running(gone) if callable(running) else running
+        out.running = [r for r in jobs if r.key not in gone]
+        try:
+            out.scaling = self.planner.plan(out.running, state, reserved_gpus=reserved_gpus(
+                blocked.spec if blocked is not None else None), place=place_one)
+        except Exception as exc:  # noqa: BLE001 - handed to the caller, who raises it after admitting
+            out.scaling_error = exc
+        return out
+
+    def _settle(
+        self,
+        waiting: Sequence[QueueEntry],
+        holders: Sequence[RunningEntry],
+        state: ClusterState,
+        releasing: np.ndarray | None,
+        place: PlaceGang | None,
+        rounds: int | None,
+    ) -> tuple[AdmissionPlan, QueueEntry | None, list[SettleRound]]:
+        """Admission rounds until nobody is preempted (or ``rounds`` ran): each round's
+        gangs are placed on ``state`` and hold GPUs in the next round, its victims are
+        released and wait again."""
+        place = place or best_fit_gang
+        waiting, holders = list(waiting), list(holders)
+        limit = 2 * (len(waiting) + len(holders)) + 2 if rounds is None else int(rounds)
+        done: list[SettleRound] = []
+        plan: AdmissionPlan | None = None
+        blocked: QueueEntry | None = None
+        for _ in range(limit):
+            plan = self.admission.plan(waiting, holders, state, releasing, place=place)
+            by_key = {e.key: e for e in waiting}
+            rnd = SettleRound(plan)
+            for key in plan.admit:
+                e = by_key[key]
+                v = e.view()
+                where = place(v, state)
+                if where is None:  # the room check said it fits: a placement that disagrees waits
+                    continue
+                state.allocate_job(v, where)
+                v.placement = list(where)
+                state.running[v.id] = v
+                rnd.placed[key] = [int(i) for i in where]
+                holders.append(RunningEntry(key=e.key, spec=e.spec, priority=e.priority, start_time=state.time,
+                                            placement=list(v.placement), job=e.job))
+            waiting = [e for e in waiting if e.key not in rnd.placed]
+            blocked = by_key.get(plan.blocked) if plan.blocked else None
+            done.append(rnd)
+            if not plan.preempt:
+                break
+            evict = set(plan.preempt)
+            victims = {r.key: r for r in holders if r.key in evict}
+            for key in plan.preempt:
+                r = victims[key]
+                v = state.running.pop(key, None) or r.job or r.spec.view(
+                    key, submit_time=r.start_time, workers=max(len(r.placement), 1), priority=r.priority)
+                state.release_job(v, r.placement)
+                v.placement = []
+                rnd.released.append(key)
+                waiting.append(QueueEntry(key=key, spec=r.spec, priority=r.priority, queue="interrupt", job=r.job,
+                                          submit_time=r.job.submit_time if r.job is not None else r.start_time))
+            holders = [r for r in holders if r.key not in victims]
+            if blocked is not None and not blocked.nominated:
+                # the preemptor is served before every queue until it starts, as the
+                # operator nominates it: else the victims, resuming first, would take
+                # their GPUs back and it would preempt them again
+                waiting = [dataclasses.replace(e, nominated=True) if e is blocked else e for e in waiting]
+        if plan is None:  # rounds=0: nothing planned
+            return AdmissionPlan(), None, done
+        merged = AdmissionPlan(
+            admit=[k for r in done for k in r.placed],
+            preempt=[k for r in done for k in r.released],
+            order=list(plan.order),
+            blocked=plan.blocked,
+            waiting_gpus=plan.waiting_gpus,
+            unfittable=dict(plan.unfittable),
+        )
+        return merged, blocked, done

@@ -1,0 +1,144 @@
+"""The cycle that strings admission, preemption and scaling together lives once, in
+``core/cycle.py`` (``SchedulingCycle``): the operator and the gang allocator call it
+and only translate its plan. Checked on the source: neither may reach core's
+``Admission.plan`` or ``ScalingPlanner.plan`` itself, and both must call the cycle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: the planners only the cycle may drive
+PLANNERS = {"Admission", "ScalingPlanner"}
+#: where a SchedulingCycle keeps them (``x.cycle.admission.plan(...)`` would go around it)
+CYCLE_PARTS = {"admission", "planner"}
+#: the callers that must go through the cycle
+CALLERS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "operator").rglob("*.py")) + ["core/gang_allocator.py"]
+
+
+def _dotted(node: ast.AST) -> str | None:
+    """``a.b.c`` of a Name/Attribute chain, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return ".".join([node.id] + parts[::-1])
+    return None
+
+
+def _callee(node: ast.AST) -> str | None:
+    """The class or function name a call calls (``Admission(...)``,
+    ``planning.Admission(...)`` -> ``Admission``)."""
+    if isinstance(node, ast.Call):
+        name = _dotted(node.func)
+        return name.rsplit(".", 1)[-1] if name else None
+    return None
+
+
+def _values(node: ast.AST):
+    """What an assignment may bind: the value, each branch of ``a if c else b``."""
+    if isinstance(node, ast.IfExp):
+        yield from _values(node.body)
+        yield from _values(node.orelse)
+    elif node is not None:
+        yield node
+
+
+def _assignments(tree: ast.AST):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                yield t, node.value
+        elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
+            yield node.target, node.value
+
+
+def bound_to(tree: ast.AST, classes: set[str]) -> set[str]:
+    """Dotted names (``self.queues``, ``adm``) bound to an instance of ``classes``, and
+    the names they are copied to (``adm = self.queues``)."""
+    names: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for target, value in _assignments(tree):
+            name = _dotted(target)
+            if name is None or name in names:
+                continue
+            if any(_callee(v) in classes or _dotted(v) in names for v in _values(value)):
+                names.add(name)
+                changed = True
+    return names
+
+
+def direct_plans(source: str, filename: str = "<src>") -> list[str]:
+    """``file:line receiver.plan`` for every use of ``.plan`` on core's Admission or
+    ScalingPlanner: on a name bound to one, on the class itself (``Admission.plan``), on
+    a fresh instance (``Admission(...).plan``), or on a cycle's parts
+    (``....admission.plan``, ``....planner.plan``)."""
+    tree = ast.parse(source, filename=filename)
+    planners = bound_to(tree, PLANNERS)
+    bad = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and node.attr == "plan"):
+            continue
+        base = node.value
+        name = _dotted(base)
+        if (name is not None and (name in planners or name in PLANNERS or name.rsplit(".", 1)[-1] in CYCLE_PARTS)) \
+                or _callee(base) in PLANNERS:
+            bad.append((node.lineno, f"{filename}:{node.lineno} {name or _callee(base) + '(...)'}.plan"))
+    return [hit for _, hit in sorted(bad)]
+
+
+def cycle_calls(source: str) -> int:
+    """How many ``.plan(...)`` calls go to a name bound to a SchedulingCycle."""
+    tree = ast.parse(source)
+    cycles = bound_to(tree, {"SchedulingCycle"})
+    return sum(1 for node in ast.walk(tree)
+               if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "plan"
+               and (_dotted(node.func.value) in cycles or _callee(node.func.value) == "SchedulingCycle"))
+
+
+def test_the_callers_never_drive_the_planners_themselves():
+    assert "operator/controller.py" in CALLERS
+    bad = [hit for rel in CALLERS for hit in direct_plans((ROOT / rel).read_text(), rel)]
+    assert bad == []
+
+
+def test_the_operator_and_the_gang_allocator_call_the_cycle_once():
+    for rel in ("operator/controller.py", "core/gang_allocator.py"):
+        assert cycle_calls((ROOT / rel).read_text()) == 1, rel
+
+
+def test_the_checker_catches_direct_calls():
+    src = '''
+class Controller:
+    def __init__(self, policy, scaling):
+        self.queues = Admission(policy, backfill=True)
+        self.planner: ScalingPlanner | None = ScalingPlanner(scaling) if scaling else None
+        self.scheduling = SchedulingCycle(self.queues, self.planner)
+
+    def cycle(self, w, h, s, r):
+        plan = self.queues.plan(w, h, s)
+        q = self.queues
+        q.plan(w, h, s)
+        splan = self.planner.plan(r, s)
+        Admission.plan(self.queues, w, h, s)
+        Admission(None).plan(w, h, s)
+        self.scheduling.admission.plan(w, h, s)
+        ok = self.scheduling.plan(w, h, s, running=r)
+        fine = self.other.plan()
+        also = planning.ScalingPlanner(x).plan
+'''
+    assert direct_plans(src) == [
+        "<src>:9 self.queues.plan",
+        "<src>:11 q.plan",
+        "<src>:12 self.planner.plan",
+        "<src>:13 Admission.plan",
+        "<src>:14 Admission(...).plan",
+        "<src>:15 self.scheduling.admission.plan",
+        "<src>:18 ScalingPlanner(...).plan",
+    ]
+    assert cycle_calls(src) == 1
