@@ -365,6 +365,19 @@ def _copy_jobs(jobs: Sequence[AllocJob]) -> list[AllocJob]:
     return [dataclasses.replace(j) for j in jobs]
 
 
+def _make(policy: str, seed: int):
+    """An allocator from ``name[@key=value[,key=value]]`` (the options are numbers,
+    passed to the allocator's constructor, e.g. ``goodput@refit_tolerance=0.05``)."""
+    from rlsched.sim.allocators import make_allocator
+
+    name, _, opts = policy.partition("@")
+    kwargs = {}
+    for item in filter(None, opts.split(",")):
+        key, _, value = item.partition("=")
+        kwargs[key.strip()] = None if value.strip().lower() == "none" else float(value)
+    return make_allocator(name, seed=seed, **kwargs)
+
+
 def _timed(alloc, jobs, nodes, now):
     gc.collect()
     c0 = time.process_time()
@@ -390,7 +403,6 @@ def _measure(conn, policy: str, seed: int, jobs, nodes, now: float, apps, repeat
 
             lim = int(max_memory_gb * 2**30)
             resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
-        from rlsched.sim.allocators import make_allocator
 
         def send(phase: str, call: int, inp, result, t: float, c: float) -> None:
             err = None
@@ -406,20 +418,20 @@ def _measure(conn, policy: str, seed: int, jobs, nodes, now: float, apps, repeat
             conn.send(msg)
 
         # warm-up: a throw-away instance, the first decision of this process
-        alloc = make_allocator(policy, seed=seed)
+        alloc = _make(policy, seed)
         inp = _copy_jobs(jobs)
         result, t, c = _timed(alloc, inp, nodes, now)
         _close(alloc)
         send("warmup", 0, inp, result, t, c)
         # fresh: a new instance per decision, made outside the timed region
         for i in range(repeats):
-            alloc = make_allocator(policy, seed=seed)
+            alloc = _make(policy, seed)
             inp = _copy_jobs(jobs)
             result, t, c = _timed(alloc, inp, nodes, now)
             _close(alloc)
             send("fresh", i, inp, result, t, c)
         # steady: one instance, successive intervals, each decision applied
-        alloc = make_allocator(policy, seed=seed)
+        alloc = _make(policy, seed)
         try:
             inp = _copy_jobs(jobs)
             result, t, c = _timed(alloc, inp, nodes, now)
@@ -613,7 +625,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from rlsched.sim.allocators import make_allocator
     from rlsched.sim.traces import TraceError, data_dir
 
     console = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
@@ -625,8 +636,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     skipped: dict[str, str] = {}
     for p in list(policies):
         try:
-            _close(make_allocator(p, seed=0))
-        except (ValueError, ImportError) as exc:
+            _close(_make(p, 0))
+        except (ValueError, TypeError, ImportError) as exc:
             why = f"{type(exc).__name__}: {exc}"
             console.print(f"note: skipping policy {p!r}: make_allocator does not know it ({why})")
             skipped[p] = why

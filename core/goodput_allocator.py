@@ -10,7 +10,13 @@ restarts, current allocation, the step times and gradient statistics it reported
    Pollux's goodput model (Qiao et al., OSDI'21 §3) fitted to the step times it
    reported, with its statistical efficiency from its gradient noise scale; the best
    goodput on ``K`` GPUs over the batch sizes its bounds allow. Its *speedup*
-   ``s_j(K)`` is that goodput over the goodput on one GPU.
+   ``s_j(K)`` is that goodput over the goodput on one GPU. A job's throughput model
+   is refitted whenever its measurements change (default); with ``refit_tolerance``
+   (e.g. 0.05, the live ``JobObservations``' 5%) only when the model mispredicts one
+   of them by more than that, so a decision refits only the jobs whose new
+   measurements surprised it — much faster in steady state
+   (``bench/decision_time.py``), not yet measured on the protocol, hence not the
+   default.
 2. **Who runs** (fairness by attained service, Tiresias' discretized 2D-LAS, Gu et al.
    NSDI'19): jobs in two queues by attained GPU-seconds (below ``threshold`` first),
    first come first served within a queue; walking that order each job is given its
@@ -77,7 +83,7 @@ class GoodputAllocator:
     clairvoyant = False
 
     def __init__(self, *, p: float = 0.5, restart_delay: float = 30.0, threshold: float = POLLUX_THRESHOLD,
-                 prior: ThroughputPrior | None = None) -> None:
+                 prior: ThroughputPrior | None = None, refit_tolerance: float | None = None) -> None:
         if not math.isfinite(p):
             raise ValueError(f"p must be finite, got {p}")
         if not (math.isfinite(restart_delay) and restart_delay >= 0):
@@ -85,7 +91,7 @@ class GoodputAllocator:
         if not (math.isfinite(threshold) and threshold > 0):
             raise ValueError(f"threshold must be > 0 GPU-seconds, got {threshold}")
         self.p, self.restart_delay, self.threshold = float(p), float(restart_delay), float(threshold)
-        self.jobs = JobGoodput(prior)
+        self.jobs = JobGoodput(prior, refit_tolerance=refit_tolerance)
         self._now: float | None = None
 
     def __repr__(self) -> str:

@@ -44,10 +44,19 @@ class JobGoodput:
     data says otherwise)."""
 
     def __init__(self, prior: ThroughputPrior | None = None,
-                 prior_for: Callable[[tuple], ThroughputPrior] | None = None, cache: int = 4096) -> None:
+                 prior_for: Callable[[tuple], ThroughputPrior] | None = None, cache: int = 4096,
+                 refit_tolerance: float | None = None) -> None:
         self.prior = prior if prior is not None else ThroughputPrior()
         self._prior_for = prior_for
         self.cache = int(cache)
+        if refit_tolerance is not None and not refit_tolerance >= 0:
+            raise ValueError(f"refit_tolerance must be >= 0, got {refit_tolerance}")
+        #: None: refit whenever a job's observations change; else keep a job's fit while it
+        #: predicts every observation within this relative error (the live
+        #: JobObservations' 5% rule, applied to the model's predictions)
+        self.refit_tolerance = refit_tolerance
+        #: job id -> its last fit and the observations it explained (for refit_tolerance)
+        self._job_fit: OrderedDict[str, tuple[tuple, ThroughputPrior, float, ThroughputModel]] = OrderedDict()
         self._fits: OrderedDict[tuple, ThroughputModel] = OrderedDict()
         self._models: OrderedDict[tuple, GoodputModel] = OrderedDict()
         self._tables: OrderedDict[tuple, np.ndarray] = OrderedDict()
@@ -63,7 +72,11 @@ class JobGoodput:
         key = (obs, prior, bounds.reference_local_batch)
         fit = _cached(self._fits, key)
         if fit is None:
+            fit = self._still_good(job.id, obs, prior, bounds.reference_local_batch)
+        if fit is None:
             fit = _store(self._fits, key, ThroughputModel.fit(obs, prior, bounds.reference_local_batch), self.cache)
+        if self.refit_tolerance is not None:
+            _store(self._job_fit, job.id, (obs, prior, bounds.reference_local_batch, fit), self.cache)
         var = None if job.grad_var is None else job.grad_var * bounds.init_batch  # tr(Σ)/M0 -> tr(Σ)
         eff = EfficiencyModel(bounds.init_batch, job.grad_sqr, var)
         mkey = (fit, eff, bounds)
@@ -71,6 +84,25 @@ class JobGoodput:
         if gm is None:  # kept, so its memo of best batches outlives the call
             gm = _store(self._models, mkey, GoodputModel(fit, eff, bounds), self.cache)
         return gm
+
+    def _still_good(self, job_id: str, obs: tuple, prior: ThroughputPrior, ref: float) -> ThroughputModel | None:
+        """The job's last fit, if ``refit_tolerance`` is set, the prior and reference
+        batch are unchanged, the observations it was fitted to are all still there, and
+        it predicts each new one within the tolerance."""
+        if self.refit_tolerance is None or not obs:
+            return None
+        last = _cached(self._job_fit, job_id)
+        if last is None or last[1] != prior or last[2] != ref:
+            return None
+        fit, seen = last[3], set(last[0])
+        if not seen <= set(obs):
+            return None
+        new = [o for o in obs if o not in seen]
+        if not new:
+            return fit
+        K, N, m, s_, t = np.array(new, dtype=float).T
+        err = np.abs(np.log(fit.iteration_time(K, N, m, s_) / t))
+        return fit if float(err.max()) <= np.log1p(self.refit_tolerance) else None
 
     def table(self, job: AllocJob, width: int, node_gpus: int) -> tuple[np.ndarray, GoodputModel]:
         """``table[K, d]`` (``K < width``): the best goodput (samples per second at the

@@ -211,3 +211,22 @@ def test_always_a_valid_allocation_that_uses_the_gpus(gpus, specs, p):
         hungry = [j for j in jobs if 0 < out[j.id].replicas < j.max_replicas and j.profile[1].step_time == j.profile[0].step_time
                   and j.limits is FIXED]
         assert used == sum(gpus) or not hungry, (counts(out), gpus)
+
+
+def test_refit_tolerance_keeps_a_fit_that_still_predicts_and_refits_a_surprised_one():
+    """With refit_tolerance, a job's throughput model is kept while it predicts each new
+    measured step time within the tolerance and refitted once one is off by more."""
+    a = GoodputAllocator(refit_tolerance=0.05)
+    j = make_job("a", max_replicas=8)
+    first = a.jobs.model(j).throughput
+    # a new measurement the fit already predicts (within 5%): same model, no refit
+    k, n, m = 3, 1, 64
+    good = ProfileSample(n, k, m, float(first.iteration_time(k, n, m)) * 1.01, 0.0)
+    assert a.jobs.model(replace(j, profile=j.profile + (good,))).throughput is first
+    # one it mispredicts by 50%: refitted
+    bad = ProfileSample(n, k, m, float(first.iteration_time(k, n, m)) * 1.5, 0.0)
+    assert a.jobs.model(replace(j, profile=j.profile + (bad,))).throughput is not first
+    # without the tolerance every change of the measurements refits
+    b = GoodputAllocator()
+    f0 = b.jobs.model(j).throughput
+    assert b.jobs.model(replace(j, profile=j.profile + (good,))).throughput is not f0
