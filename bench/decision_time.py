@@ -708,7 +708,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = {
         "benchmark": "one allocation decision: seconds per allocate() call, ratio to fifo/bestfit in the same run",
         "issue": "25 item 7",
-        "baseline": BASELINE,
+        "baseline_policy": BASELINE,
         "targets": dict(TARGETS),
         "target_results": _targets(rows, policies),
         "policies": policies,

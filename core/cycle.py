@@ -19,6 +19,24 @@ per cycle and turns the plan into API calls; the gang allocator
 (:class:`rlsched.core.gang_allocator.GangAllocator`) calls it once per interval and turns
 it into allocations.
 
+The discrete-event engine (:class:`rlsched.sim.engine.Simulator`) decides one event
+time at a time on its live cluster, so it calls the cycle's steps rather than
+:meth:`SchedulingCycle.plan`, the same objects deciding:
+
+* :meth:`SchedulingCycle.preemption_rounds`: after an admission pass (the engine's
+  incremental walk over core's :meth:`Admission.walk
+  <rlsched.core.planning.Admission.walk>`), the head of line (:meth:`~SchedulingCycle.head`)
+  asks for victims (:meth:`~SchedulingCycle.preempt`, one :class:`Preemption`), the
+  engine suspends them and starts the head, passes again, until nobody preempts;
+* :meth:`SchedulingCycle.scale`: the scaling step with the blocked head's gang reserved
+  (what :meth:`~SchedulingCycle.plan` runs after admission too, so the operator and the
+  gang allocator run the same code).
+
+:meth:`~SchedulingCycle.preemption_rounds` decides and leaves the effects to the
+caller's callbacks (``apply``: suspend and start; ``admit``: the next pass), as
+:meth:`Admission.walk <rlsched.core.planning.Admission.walk>` leaves starting a job to
+its ``try_start``.
+
 Settling (``settle=True``, the interval engine's mode): a live operator preempts, waits
 for the victims' pods to go and admits the preemptor in a later cycle; an allocator that
 decides one interval at a time cannot wait, so the victims are released and admission
@@ -40,7 +58,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Sequence, Union
+from typing import Callable, Iterable, Sequence, Union
 
 import numpy as np
 
@@ -57,7 +75,7 @@ from .planning import (
     take_gang,
 )
 
-__all__ = ["SchedulingCycle", "CyclePlan", "SettleRound", "after_admission", "best_fit_gang"]
+__all__ = ["SchedulingCycle", "CyclePlan", "SettleRound", "Preemption", "after_admission", "best_fit_gang"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +83,9 @@ log = logging.getLogger(__name__)
 PlaceGang = Callable[[JobView, ClusterState], Union[Sequence[int], None]]
 #: the scaling step's room check: a node for one more worker of a running job, or None
 PlaceOne = Callable[[RunningJob, ClusterState], Union[int, None]]
+#: the event engine's translation of a live view into core's entries
+AsEntry = Callable[[JobView], QueueEntry]
+AsHolder = Callable[[JobView], RunningEntry]
 #: the elastic jobs, or a callable building them once admission is decided: it gets the
 #: keys preempted for good this cycle (the gang allocator folds each job's reported curve
 #: into the live view that admission reads too, so it builds them only afterwards)
@@ -161,15 +182,32 @@ class CyclePlan:
         return out
 
 
+@dataclass(slots=True)
+class Preemption:
+    """One preemption decision (:meth:`SchedulingCycle.preempt`): the blocked head of
+    line ``head`` evicts ``victims`` (in the order the caller listed the running jobs:
+    the order to suspend them in); those in ``interrupt`` go to the interrupt queue and
+    resume first (the class rule: a ``highest`` head's lower-class victims), the others
+    back to their own queue, where the ordering ranks them (a victim of a preemptive
+    ordering in the interrupt queue would resume ahead of its preemptor's peers only to
+    be preempted again)."""
+
+    head: QueueEntry
+    victims: list[str] = field(default_factory=list)
+    interrupt: list[str] = field(default_factory=list)
+
+
 class SchedulingCycle:
     """Admission, preemption and elastic scaling, in one call (see the module docstring).
 
     ``admission``: core's :class:`~rlsched.core.planning.Admission` (queues, gang fit,
-    backfill, preemption); ``planner``: core's
-    :class:`~rlsched.core.planning.ScalingPlanner`, or None for no elastic step.
+    backfill, preemption), or None where no ordering decides (an event engine driven by
+    hand: then only :meth:`head` and :meth:`scale` answer, head of line FIFO);
+    ``planner``: core's :class:`~rlsched.core.planning.ScalingPlanner`, or None for no
+    elastic step.
     """
 
-    def __init__(self, admission: Admission, planner: ScalingPlanner | None = None) -> None:
+    def __init__(self, admission: Admission | None, planner: ScalingPlanner | None = None) -> None:
         self.admission = admission
         self.planner = planner
 
@@ -214,8 +252,7 @@ class SchedulingCycle:
         jobs = running(gone) if callable(running) else running
         out.running = [r for r in jobs if r.key not in gone]
         try:
-            out.scaling = self.planner.plan(out.running, state, reserved_gpus=reserved_gpus(
-                blocked.spec if blocked is not None else None), place=place_one)
+            out.scaling = self.scale(out.running, state, blocked, place_one)
         except Exception as exc:  # noqa: BLE001 - handed to the caller, who raises it after admitting
             out.scaling_error = exc
         return out
@@ -287,3 +324,122 @@ class SchedulingCycle:
             unfittable=dict(plan.unfittable),
         )
         return merged, blocked, done
+
+    # ------------------------------------------ the steps (the event engine calls them one at a time)
+    def head(self, pending: Sequence[JobView], state: ClusterState) -> JobView | None:
+        """The head of line among the waiting jobs' views: the one the admission
+        ordering ranks first (after an admission pass it is blocked: everyone waiting
+        is blocked or behind it), the first submitted (then the lowest id) without an
+        admission; None when nobody waits."""
+        if not pending:
+            return None
+        if self.admission is None:
+            return min(pending, key=lambda v: (v.submit_time, v.id))
+        return self.admission.ordering.rank(pending, state)[0]
+
+    def preemption_possible(self, highest_waiting: bool) -> bool:
+        """Whether any waiting job may preempt at all: preemption on, and a preemptive
+        ordering (SRTF, Tiresias) or a ``highest`` job waiting (``highest_waiting``) —
+        :meth:`Admission.may_preempt <rlsched.core.planning.Admission.may_preempt>`
+        for every waiting job at once."""
+        adm = self.admission
+        return adm is not None and adm.preemption and (adm.preemptive_ordering or bool(highest_waiting))
+
+    def preempt(
+        self,
+        head: QueueEntry,
+        running: Iterable[JobView],
+        state: ClusterState,
+        now: float,
+        holder: AsHolder,
+    ) -> Preemption | None:
+        """One preemption decision for blocked head of line ``head`` (its ``job``, the
+        live view, when it has one), given the running jobs' live views: the victims
+        :meth:`Admission.choose_victims <rlsched.core.planning.Admission.choose_victims>`
+        picks on the nodes that can host the head's workers (its GPU models), or None.
+
+        A job started or resumed at ``now`` is no victim (as in the operator, whose
+        plan never evicts the jobs it admits in the same cycle: no run of zero length,
+        no restart cost paid for nothing). A head below ``highest`` evicts only jobs the
+        ordering ranks strictly after it (``outranked``/``preempts``; admission checks
+        them again, with the classes). ``holder(view)`` is the caller's translation of a
+        candidate into a :class:`~rlsched.core.planning.RunningEntry` (called only for
+        the candidates left by those two filters, in order)."""
+        adm = self.admission
+        if adm is None or not adm.may_preempt(head):
+            return None
+        v = head.view()
+        mask = np.zeros(len(state.total), dtype=bool)
+        mask[state.candidates_total(v.gpus_per_worker, v.gpu_models)] = True
+        free = np.where(mask, state.free, 0).astype(np.int64)
+        total = np.where(mask, state.total, 0).astype(np.int64)
+        views = [r for r in running if r.start_time < now]
+        by_class = head.spec.priority_class == "highest"
+        if not by_class:
+            ordering = adm.ordering
+            outranked = getattr(ordering, "outranked", None)
+            views = (outranked(v, views, state) if outranked is not None
+                     else [r for r in views if ordering.preempts(v, r, state)])
+            if not views:
+                return None
+        entries = [holder(r) for r in views]
+        chosen = set(adm.choose_victims(head, entries, free, total, state))
+        if not chosen:
+            return None
+        victims = [r for r in entries if r.key in chosen]
+        return Preemption(head=head, victims=[r.key for r in victims],
+                          interrupt=[r.key for r in victims if by_class and r.spec.priority_class != "highest"])
+
+    def preemption_rounds(
+        self,
+        state: ClusterState,
+        now: float,
+        *,
+        entry: AsEntry,
+        holder: AsHolder,
+        apply: Callable[[Preemption], bool],
+        admit: Callable[[], object],
+        rounds: int | None = None,
+    ) -> list[Preemption]:
+        """The event engine's preemption, after an admission pass left jobs waiting on
+        ``state`` (its live cluster: ``pending`` and ``running`` views): the head of
+        line (:meth:`head`, as ``entry(view)``) asks for victims among
+        ``state.running`` (:meth:`preempt`); ``apply(decision)`` suspends them and
+        starts the head (False when the head's placement failed: it waits and the
+        rounds end); ``admit()`` passes over the waiting jobs again. Rounds go on until
+        nobody waits or preempts, at most ``rounds`` (default ``2 x (running + pending)
+        + 2``: each round replaces running jobs by a job the rules rank strictly before
+        them, so rounds end; the bound only guards against a policy breaking that
+        promise). Returns the decisions applied, in order."""
+        limit = 2 * (len(state.running) + len(state.pending)) + 2 if rounds is None else int(rounds)
+        done: list[Preemption] = []
+        for _ in range(limit):
+            if not state.pending:
+                return done
+            d = self.preempt(entry(self.head(state.pending, state)), state.running.values(), state, now, holder)
+            if d is None:
+                return done
+            done.append(d)
+            if not apply(d):
+                return done
+            admit()
+        log.warning("t=%g: preemption did not settle; %d jobs still pending", now, len(state.pending))
+        return done
+
+    def scale(
+        self,
+        running: Sequence[RunningJob],
+        state: ClusterState,
+        blocked: QueueEntry | None = None,
+        place_one: PlaceOne | None = None,
+    ) -> ScalingPlan:
+        """The scaling step: :meth:`ScalingPlanner.plan
+        <rlsched.core.planning.ScalingPlanner.plan>` over the elastic jobs ``running``
+        on ``state``, the gang of the blocked head of line ``blocked`` reserved
+        (:func:`~rlsched.core.planning.reserved_gpus`: scale-ups never take the GPUs it
+        waits for), room checked with ``place_one`` (default best fit). Raises what the
+        policy raises; ValueError without a planner."""
+        if self.planner is None:
+            raise ValueError("no scaling planner in this cycle")
+        return self.planner.plan(running, state, reserved_gpus=reserved_gpus(
+            blocked.spec if blocked is not None else None), place=place_one)

@@ -29,8 +29,20 @@ Two ways to drive it:
 Jobs that cannot fit even the empty cluster are reported (``result.unfittable``,
 logged) and dropped at arrival.
 
+Every preemption and scaling decision is core's
+:class:`~rlsched.core.cycle.SchedulingCycle` (``self.cycle``), the object the operator
+and the gang allocator run: the engine only translates its live jobs into core's
+entries and applies the decisions to its event heap (starts, suspends, rescales).
+Admission passes (:meth:`Simulator._schedule_pass`, :meth:`Simulator._schedule_static`,
+:meth:`Simulator._static_heads`, :meth:`Simulator._absorb`) are translation and
+caching only: they rank with the ordering and start jobs through core's
+:meth:`Admission.walk <rlsched.core.planning.Admission.walk>` (head-of-line or
+backfill), caching the ranking where it cannot change.
+
 Preemption (``SimConfig.preemption``, on by default as in the operator) is decided by
-core's :class:`~rlsched.core.planning.Admission` (``choose_victims``): after a policy
+the cycle (:meth:`SchedulingCycle.preemption_rounds
+<rlsched.core.cycle.SchedulingCycle.preemption_rounds>`, core's
+:class:`~rlsched.core.planning.Admission` choosing victims): after a policy
 pass, the blocked head of the queue may evict running jobs — a ``highest``-class job
 any lower class (the victim goes to the interrupt queue and resumes first, as the
 operator does), and under a preemptive ordering (SRTF, Tiresias) jobs the ordering
@@ -41,8 +53,10 @@ attained service, releases its GPUs and, when it resumes, pays ``restart_cost``
 seconds without progress (the same cost as a resize). Tiresias' demotions (attained
 service crossing a threshold while running) are events of their own.
 
-Elastic scaling runs core's :class:`~rlsched.core.planning.ScalingPlanner`, the object
-the operator runs, every ``scaling_interval`` seconds (:meth:`Simulator.scaling_cycle`):
+Elastic scaling runs core's :class:`~rlsched.core.planning.ScalingPlanner` through the
+cycle (:meth:`SchedulingCycle.scale <rlsched.core.cycle.SchedulingCycle.scale>`, the
+step the operator's cycle runs after admission), every ``scaling_interval`` seconds
+(:meth:`Simulator.scaling_cycle`):
 each job's progress is folded into its :class:`~rlsched.core.planning.ElasticState`
 (kept on the engine as the operator keeps it in ``status.rlpto``), the policy is asked
 only about jobs with an evaluation newer than their last decision, changes are one
@@ -69,6 +83,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from rlsched.core import ClusterState, JobView, Level, Ordering, Placement, PlacementError, Scaling, Topology
+from rlsched.core.cycle import Preemption, SchedulingCycle
 from rlsched.core.estimate import estimate_remaining
 from rlsched.core.planning import (
     Admission,
@@ -80,7 +95,6 @@ from rlsched.core.planning import (
     ScalingPlanner,
     TrainingSpec,
     convergence_gains,
-    reserved_gpus,
     scaling_steps,
 )
 
@@ -285,6 +299,9 @@ class Simulator:
         self.scaling = scaling
         #: core's elastic planner over ``scaling`` (the operator's ScalingPlanner)
         self.planner = ScalingPlanner(scaling) if scaling is not None else None
+        #: core's scheduling cycle over the two: every preemption and scaling decision
+        #: (the operator and the gang allocator run it too); the engine only applies them
+        self.cycle = SchedulingCycle(self.admission, self.planner)
         self.rng = np.random.default_rng(seed)
         self.state = ClusterState(topology)
         self.now = 0.0
@@ -665,23 +682,20 @@ class Simulator:
         self._dirty = True
 
     def _schedule(self) -> None:
-        """One policy pass, then (preemption on) let the blocked head of the queue
-        preempt through core's admission, start it, and pass again, until nobody
+        """One policy pass, then (preemption on) core's
+        :meth:`SchedulingCycle.preemption_rounds <rlsched.core.cycle.SchedulingCycle.preemption_rounds>`:
+        the blocked head of the queue asks for victims, the engine suspends them and
+        starts it (:meth:`_apply_preemption`), and passes again, until nobody
         preempts."""
         self._schedule_pass()
         st = self.state
-        if not (st.pending and self.config.preemption and (self._policy_preempts or self._highest_pending)):
+        if not (st.pending and self.cycle.preemption_possible(self._highest_pending > 0)):
             return
         if self._policy_preempts:  # the ordering compares live attained service / remaining time
             for v in st.running.values():
                 self._sync(self._by_id[v.id], self.now)
-        # each round replaces running jobs by a job the rules rank strictly before them,
-        # so rounds end; the bound only guards against a policy breaking that promise
-        for _ in range(2 * (len(st.running) + len(st.pending)) + 2):
-            if not st.pending or not self._preempt_once():
-                return
-            self._schedule_pass()
-        log.warning("t=%g: preemption did not settle; %d jobs still pending", self.now, len(st.pending))
+        self.cycle.preemption_rounds(st, self.now, entry=self._entry, holder=self._running_entry,
+                                     apply=self._apply_preemption, admit=self._schedule_pass)
 
     def _gang_spec(self, v: JobView) -> TrainingSpec:
         """The job as core's admission sees it: its gang is the workers it has (or
@@ -700,48 +714,22 @@ class Simulator:
         return RunningEntry(key=v.id, spec=self._gang_spec(v), priority=v.priority, start_time=float(v.start_time),
                             placement=list(v.placement), job=v)
 
-    def _preempt_once(self) -> bool:
-        """The head of the queue (it did not start) asks core's admission for victims on
-        the nodes that can host its workers; they are suspended and the head starts.
-        Returns False when nobody was preempted."""
-        st = self.state
-        head = self.ordering.rank(st.pending, st)[0]
-        entry = self._entry(head)
-        if not self.admission.may_preempt(entry):
-            return False
-        mask = np.zeros(len(st.total), dtype=bool)
-        mask[st.candidates_total(head.gpus_per_worker, head.gpu_models)] = True
-        free = np.where(mask, st.free, 0).astype(np.int64)
-        total = np.where(mask, st.total, 0).astype(np.int64)
-        # a job started or resumed at this instant is no victim (as in the operator,
-        # whose plan never evicts the jobs it admits in the same cycle): no run of
-        # zero length, no restart cost paid for nothing
-        views = [v for v in st.running.values() if v.start_time < self.now]
-        if entry.spec.priority_class != "highest":
-            # only the ordering's rule applies: keep the jobs it ranks after the head
-            # (core's admission checks them again, with the classes)
-            outranked = getattr(self.ordering, "outranked", None)
-            views = (outranked(head, views, st) if outranked is not None
-                     else [v for v in views if self.ordering.preempts(head, v, st)])
-            if not views:
-                return False
-        running = [self._running_entry(v) for v in views]
-        victims = self.admission.choose_victims(entry, running, free, total, st)
-        if not victims:
-            return False
-        by_class = entry.spec.priority_class == "highest"
-        for r in running:
-            if r.key in victims:
-                if self._decisions is not None:
-                    self._decisions.append({"kind": "preempt", "job": r.key, "t": self.now, "by": head.id})
-                # the class rule sends its victim to the interrupt queue (resumes first)
-                self._suspend(self._by_id[r.key], self.now, interrupt=by_class and r.spec.priority_class != "highest")
+    def _apply_preemption(self, d: Preemption) -> bool:
+        """Apply core's decision (:meth:`SchedulingCycle.preempt
+        <rlsched.core.cycle.SchedulingCycle.preempt>`): suspend its victims (to the
+        interrupt queue where it says), then start the head where the placement says.
+        Returns False when the head's placement failed (it waits)."""
+        head = d.head.job
+        interrupt = set(d.interrupt)
+        for key in d.victims:
+            if self._decisions is not None:
+                self._decisions.append({"kind": "preempt", "job": key, "t": self.now, "by": head.id})
+            self._suspend(self._by_id[key], self.now, interrupt=key in interrupt)
         if self._try_start(head):
-            st.pending = [p for p in st.pending if p.start_time is None]
-        else:
-            log.warning("t=%g: job %s preempted %s but its placement failed; it waits", self.now, head.id, victims)
-            return False
-        return True
+            self.state.pending = [p for p in self.state.pending if p.start_time is None]
+            return True
+        log.warning("t=%g: job %s preempted %s but its placement failed; it waits", self.now, head.id, d.victims)
+        return False
 
     def _suspend(self, j: _Job, t: float, interrupt: bool) -> None:
         """Checkpoint a running job: keep its progress, epochs and attained service,
@@ -796,7 +784,11 @@ class Simulator:
         """One policy pass: rank the pending jobs and start them in order. With a
         placement that ``respects_worker_slots``, an ordering's ``rank_for_start`` ranks
         (core.policy: jobs that cannot start may stay unordered among themselves; they
-        fail to start wherever they stand, so the same jobs start)."""
+        fail to start wherever they stand, so the same jobs start).
+
+        Translation and caching only: who starts is core's :meth:`Admission.walk
+        <rlsched.core.planning.Admission.walk>` (head-of-line or backfill) over the
+        ordering's ranking; the caches only skip ranking what cannot change."""
         self._dirty = False
         st = self.state
         pending = st.pending
@@ -864,7 +856,9 @@ class Simulator:
         changes (FIFO, SJF, SRTF, Tiresias without preemption): keep the last full
         ranking plus a side list of later arrivals, and find each next head by ranking
         only (head of the ranking + side list). The side list is folded into a full
-        re-ranking when it outgrows an eighth of the queue."""
+        re-ranking when it outgrows an eighth of the queue. A cache over core's
+        :meth:`Admission.walk <rlsched.core.planning.Admission.walk>`: it decides
+        nothing of its own."""
         started, _ = self.admission.walk(self._static_heads(), self._try_start)  # backfill is off here
         if started:
             st = self.state
@@ -1118,11 +1112,11 @@ class Simulator:
             self._schedule()
         if policy is None and self.planner is None:
             raise ValueError("no scaling policy: give one, or build the simulator with scaling=")
-        planner = self.planner if policy is None else ScalingPlanner(policy)
+        cycle = self.cycle if policy is None else SchedulingCycle(self.admission, ScalingPlanner(policy))
         running = self.elastic_jobs()
         if not running:
             return ScalingPlan()
-        plan = planner.plan(running, self.state, reserved_gpus=reserved_gpus(self._blocked_head()), place=self._place_one)
+        plan = cycle.scale(running, self.state, blocked=self._blocked_head(), place_one=self._place_one)
         self.apply_scaling(plan)
         if self.ordering is not None and self._dirty:
             self._schedule()
@@ -1144,17 +1138,12 @@ class Simulator:
             self._record(self.now)
         return done
 
-    def _blocked_head(self) -> TrainingSpec | None:
-        """The gang of the job at the head of the waiting queue (after a policy pass
-        every waiting job is blocked or behind the blocked head), as admission sees it."""
-        st = self.state
-        if not st.pending:
-            return None
-        if self.ordering is not None:
-            head = self.ordering.rank(st.pending, st)[0]
-        else:
-            head = min(st.pending, key=lambda v: (v.submit_time, v.id))
-        return self._entry(head).spec
+    def _blocked_head(self) -> QueueEntry | None:
+        """The job at the head of the waiting queue (core's
+        :meth:`SchedulingCycle.head <rlsched.core.cycle.SchedulingCycle.head>`; after a
+        policy pass every waiting job is blocked or behind it), as admission sees it."""
+        head = self.cycle.head(self.state.pending, self.state)
+        return None if head is None else self._entry(head)
 
     def _place_one(self, rj: RunningJob, state: ClusterState) -> int | None:
         """The planner's room check: where the placement policy puts one more worker

@@ -156,7 +156,7 @@ def tiny_run(tmp_path_factory):
 def test_tiny_run_writes_every_row_with_ratios_to_fifo(tiny_run):
     rc, report, _ = tiny_run
     assert rc == 0
-    assert report["baseline"] == "fifo/bestfit"
+    assert report["baseline_policy"] == "fifo/bestfit"
     assert report["targets"] == {"16x4:160": 0.1, "1024x4:1000": 1.0}
     assert report["policies"] == list(POLICIES)
     assert "no-such-policy" in report["skipped_policies"]

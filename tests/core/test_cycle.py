@@ -1,12 +1,13 @@
 """core/cycle.py: admission, preemption and elastic scaling as one pure call — the
-operator's cycle and the gang allocator's interval, with hand-computed answers."""
+operator's cycle, the gang allocator's interval and the event engine's steps (head of
+line, preemption rounds, scaling), with hand-computed answers."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from rlsched.core import ClusterState, Progress, Topology, make_ordering, make_scaling
+from rlsched.core import ClusterState, JobView, Progress, Topology, make_ordering, make_scaling
 from rlsched.core.cycle import CyclePlan, SchedulingCycle, after_admission, best_fit_gang
 from rlsched.core.planning import (
     Admission,
@@ -227,3 +228,156 @@ def test_the_same_call_in_both_modes_without_preemption(settle):
     assert st.free.tolist() == [2, 4]
     assert plan.scaling.deltas == {"r": 1} and plan.scaling.nodes == {"r": 0}
     assert np.array_equal(st.free, [2, 4])  # the scaling step's trial allocations are released
+
+
+# ---------------------------------------------------------------- the event engine's steps
+def _live(key, gpw, node, *, start, priority=0.0, remaining=0.0, workers=1, models=None):
+    """A running job's live view, as the event engine keeps it."""
+    return JobView(id=key, submit_time=0.0, gpus_per_worker=gpw, workers=workers, max_workers=workers,
+                   priority=priority, remaining=remaining, start_time=start, placement=[node] * workers,
+                   gpu_models=models)
+
+
+def _holder(calls):
+    def holder(v):
+        calls.append(v.id)
+        return RunningEntry(key=v.id, spec=spec(v.workers, v.gpus_per_worker), priority=v.priority,
+                            start_time=float(v.start_time), placement=list(v.placement), job=v)
+    return holder
+
+
+def _waiting(v, klass="normal"):
+    return QueueEntry(key=v.id, spec=spec(v.workers, v.gpus_per_worker, klass), submit_time=v.submit_time,
+                      priority=v.priority, queue=v.queue, job=v)
+
+
+def _running_state(topology, views):
+    st = ClusterState(topology, time=100.0)
+    for v in views:
+        st.allocate_job(v, v.placement)
+        st.running[v.id] = v
+    return st
+
+
+def test_head_of_line_and_whether_anyone_may_preempt():
+    st = cluster(1, 8, {})
+    a = JobView(id="a", submit_time=2.0, remaining=50.0)
+    b = JobView(id="b", submit_time=1.0, remaining=500.0)
+    srtf = SchedulingCycle(Admission(make_ordering("srtf")))
+    assert srtf.head([b, a], st) is a and srtf.head([], st) is None
+    assert SchedulingCycle(None).head([a, b], st) is b  # no ordering: first submitted
+    fifo = SchedulingCycle(Admission(make_ordering("fifo")))
+    assert fifo.head([a, b], st) is b
+    assert (fifo.preemption_possible(False), fifo.preemption_possible(True)) == (False, True)
+    assert srtf.preemption_possible(False) is True
+    assert SchedulingCycle(Admission(make_ordering("srtf"), preemption=False)).preemption_possible(True) is False
+    assert SchedulingCycle(None).preemption_possible(True) is False
+
+
+def test_preempt_a_highest_head_on_the_nodes_of_its_gpu_model():
+    """Nodes 0, 1: A100; node 2: H100; 8 GPUs each, all held. ``vip`` (highest, 1 x 8,
+    A100 only) evicts ``a``: ``h`` has the lowest priority but its H100 GPUs do not
+    help, ``b`` started at this instant (no victim). ``a`` resumes first (interrupt)."""
+    topo = Topology.from_dict({"nodes": [dict(name="n0", gpus=8, gpu_model="A100"),
+                                         dict(name="n1", gpus=8, gpu_model="A100"),
+                                         dict(name="n2", gpus=8, gpu_model="H100")]})
+    views = [_live("a", 8, 0, start=10.0), _live("b", 8, 1, start=100.0), _live("h", 8, 2, start=5.0, priority=-5.0)]
+    st = _running_state(topo, views)
+    vip = _waiting(JobView(id="vip", submit_time=50.0, gpus_per_worker=8, gpu_models=frozenset({"A100"})), "highest")
+    calls = []
+    d = cycle().preempt(vip, st.running.values(), st, 100.0, _holder(calls))
+    assert (d.head, d.victims, d.interrupt) == (vip, ["a"], ["a"])
+    assert calls == ["a", "h"]  # every job started before now is a candidate of the class rule
+    assert st.free.tolist() == [0, 0, 0]  # a decision only
+    # a normal head under FIFO never preempts
+    assert cycle().preempt(_waiting(vip.job), st.running.values(), st, 100.0, _holder([])) is None
+
+
+def test_preempt_under_srtf_evicts_only_what_the_ordering_ranks_after_the_head():
+    """``h`` (100 s left) outranks ``long`` (1000 s) but not ``short`` (50 s): ``long``
+    goes, back to its own queue (the ordering's rule, not the class rule)."""
+    views = [_live("long", 8, 0, start=10.0, remaining=1000.0), _live("short", 8, 1, start=10.0, remaining=50.0)]
+    st = _running_state(Topology.uniform(2, gpus_per_node=8, racks=1), views)
+    cyc = SchedulingCycle(Admission(make_ordering("srtf")))
+    h = _waiting(JobView(id="h", submit_time=50.0, gpus_per_worker=8, remaining=100.0))
+    calls = []
+    d = cyc.preempt(h, st.running.values(), st, 100.0, _holder(calls))
+    assert (d.victims, d.interrupt, calls) == (["long"], [], ["long"])  # only the outranked become entries
+    slow = _waiting(JobView(id="slow", submit_time=50.0, gpus_per_worker=8, remaining=2000.0))
+    calls = []
+    assert cyc.preempt(slow, st.running.values(), st, 100.0, _holder(calls)) is None and calls == []
+
+
+def _rounds_setup():
+    """2 nodes x 8 GPUs under SRTF: ``long`` (1000 s left, node 0), ``mid`` (500 s,
+    node 1) run; ``p1`` (100 s) and ``p2`` (200 s), 1 x 8 each, wait."""
+    views = [_live("long", 8, 0, start=10.0, remaining=1000.0), _live("mid", 8, 1, start=10.0, remaining=500.0)]
+    st = _running_state(Topology.uniform(2, gpus_per_node=8, racks=1), views)
+    st.pending = [JobView(id="p1", submit_time=20.0, gpus_per_worker=8, remaining=100.0),
+                  JobView(id="p2", submit_time=30.0, gpus_per_worker=8, remaining=200.0)]
+    return st, SchedulingCycle(Admission(make_ordering("srtf")))
+
+
+def _apply(st, log, ok=True):
+    """The engine's part: suspend the victims (they wait again), start the head on their node."""
+    def apply(d):
+        log.append(("apply", d.head.key, list(d.victims)))
+        for key in d.victims:
+            v = st.running.pop(key)
+            st.release_job(v, v.placement)
+            v.start_time, v.placement = None, []
+            st.pending.append(v)
+        if not ok:
+            return False
+        head = d.head.job
+        nodes = best_fit_gang(head, st)
+        st.allocate_job(head, nodes)
+        head.placement, head.start_time = nodes, st.time
+        st.running[head.id] = head
+        st.pending = [p for p in st.pending if p is not head]
+        return True
+    return apply
+
+
+def test_preemption_rounds_until_nobody_preempts():
+    """Round 1: p1 evicts long (the one SRTF ranks last); round 2: p2 evicts mid (p1
+    started now: no victim); round 3: long, then mid, outrank nobody running before now."""
+    st, cyc = _rounds_setup()
+    log = []
+    done = cyc.preemption_rounds(st, 100.0, entry=_waiting, holder=_holder([]), apply=_apply(st, log),
+                                 admit=lambda: log.append("admit"))
+    assert [(d.head.key, d.victims, d.interrupt) for d in done] == [("p1", ["long"], []), ("p2", ["mid"], [])]
+    assert log == [("apply", "p1", ["long"]), "admit", ("apply", "p2", ["mid"]), "admit"]
+    assert sorted(st.running) == ["p1", "p2"] and [v.id for v in st.pending] == ["long", "mid"]
+
+
+def test_preemption_rounds_are_bounded_and_end_when_the_head_cannot_start(caplog):
+    st, cyc = _rounds_setup()
+    log = []
+    with caplog.at_level("WARNING", logger="rlsched.core.cycle"):
+        done = cyc.preemption_rounds(st, 100.0, entry=_waiting, holder=_holder([]), apply=_apply(st, log),
+                                     admit=lambda: log.append("admit"), rounds=1)
+    assert [d.head.key for d in done] == ["p1"] and log == [("apply", "p1", ["long"]), "admit"]
+    assert "preemption did not settle" in caplog.text
+    st, cyc = _rounds_setup()
+    log = []
+    done = cyc.preemption_rounds(st, 100.0, entry=_waiting, holder=_holder([]), apply=_apply(st, log, ok=False),
+                                 admit=lambda: log.append("admit"))
+    assert [d.victims for d in done] == [["long"]] and log == [("apply", "p1", ["long"])]  # no pass after a failed start
+
+
+def test_scale_is_the_cycles_scaling_step():
+    """The step :meth:`SchedulingCycle.plan` runs after admission, alone: the blocked
+    head's 8 GPUs reserved leave room for one scale-up of the two asked."""
+    def run(blocked):
+        st = cluster(2, 8, {0: 4, 1: 2})
+        a = elastic("a", 2, 2, [0.1, 0.3, 0.6], [0, 0])
+        b = elastic("b", 1, 2, [0.1, 0.2, 0.3], [1])
+        return cycle().scale([a, b], st, blocked), st
+
+    plan, st = run(QueueEntry("head", spec(1, 8), submit_time=1.0, priority=0.0))
+    assert plan.asked == {"a": 1, "b": 1} and plan.deltas == {"a": 1} and plan.nodes == {"a": 0}
+    assert st.free.tolist() == [4, 6]  # trial allocations released
+    assert run(None)[0].deltas == {"a": 1, "b": 1}
+    with pytest.raises(ValueError):
+        cycle(scaling=None).scale([], cluster(1, 8, {}))

@@ -1,7 +1,10 @@
 """The cycle that strings admission, preemption and scaling together lives once, in
-``core/cycle.py`` (``SchedulingCycle``): the operator and the gang allocator call it
-and only translate its plan. Checked on the source: neither may reach core's
-``Admission.plan`` or ``ScalingPlanner.plan`` itself, and both must call the cycle."""
+``core/cycle.py`` (``SchedulingCycle``): the operator, the gang allocator and the
+discrete-event engine call it and only translate its plan. Checked on the source: none
+may reach core's ``Admission.plan`` or ``ScalingPlanner.plan`` itself, nor decide a
+preemption with admission's ``may_preempt``/``may_evict``/``choose_victims``; the operator
+and the gang allocator call ``SchedulingCycle.plan`` once, the engine the cycle's
+preemption rounds and scaling step."""
 
 from __future__ import annotations
 
@@ -14,8 +17,11 @@ ROOT = Path(__file__).resolve().parents[2]
 PLANNERS = {"Admission", "ScalingPlanner"}
 #: where a SchedulingCycle keeps them (``x.cycle.admission.plan(...)`` would go around it)
 CYCLE_PARTS = {"admission", "planner"}
+#: admission's preemption rules: only the cycle (and admission itself) asks them
+PREEMPTION_RULES = {"may_preempt", "may_evict", "choose_victims"}
 #: the callers that must go through the cycle
-CALLERS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "operator").rglob("*.py")) + ["core/gang_allocator.py"]
+CALLERS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "operator").rglob("*.py")) + [
+    "core/gang_allocator.py", "sim/engine.py"]
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -92,19 +98,47 @@ def direct_plans(source: str, filename: str = "<src>") -> list[str]:
     return [hit for _, hit in sorted(bad)]
 
 
-def cycle_calls(source: str) -> int:
-    """How many ``.plan(...)`` calls go to a name bound to a SchedulingCycle."""
+def direct_preemption(source: str, filename: str = "<src>") -> list[str]:
+    """``file:line receiver.rule`` for every use of admission's preemption rules
+    (:data:`PREEMPTION_RULES`, on any receiver: ``self.admission.choose_victims``,
+    ``adm.may_preempt``, ``Admission.may_evict``, ``getattr(x, "choose_victims")``)."""
+    tree = ast.parse(source, filename=filename)
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in PREEMPTION_RULES:
+            bad.append((node.lineno, f"{filename}:{node.lineno} {_dotted(node) or '(...).' + node.attr}"))
+        elif isinstance(node, ast.Constant) and node.value in PREEMPTION_RULES:
+            bad.append((node.lineno, f"{filename}:{node.lineno} {node.value!r}"))
+    return [hit for _, hit in sorted(bad)]
+
+
+def cycle_calls(source: str, method: str = "plan") -> int:
+    """How many ``.<method>(...)`` calls go to a name bound to a SchedulingCycle."""
     tree = ast.parse(source)
     cycles = bound_to(tree, {"SchedulingCycle"})
     return sum(1 for node in ast.walk(tree)
-               if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "plan"
+               if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == method
                and (_dotted(node.func.value) in cycles or _callee(node.func.value) == "SchedulingCycle"))
 
 
 def test_the_callers_never_drive_the_planners_themselves():
-    assert "operator/controller.py" in CALLERS
+    assert "operator/controller.py" in CALLERS and "sim/engine.py" in CALLERS
     bad = [hit for rel in CALLERS for hit in direct_plans((ROOT / rel).read_text(), rel)]
     assert bad == []
+
+
+def test_the_callers_never_choose_victims_themselves():
+    bad = [hit for rel in CALLERS for hit in direct_preemption((ROOT / rel).read_text(), rel)]
+    assert bad == []
+
+
+def test_the_engine_decides_through_the_cycle():
+    """The event engine's preemption rounds and scaling step are the cycle's: one call
+    site each (a hand-given scaling policy gets a cycle of its own, same method)."""
+    src = (ROOT / "sim/engine.py").read_text()
+    assert cycle_calls(src, "preemption_rounds") == 1
+    assert cycle_calls(src, "scale") == 1
+    assert cycle_calls(src, "plan") == 0  # its admission is the incremental walk, not the whole plan
 
 
 def test_the_operator_and_the_gang_allocator_call_the_cycle_once():
@@ -142,3 +176,66 @@ class Controller:
         "<src>:18 ScalingPlanner(...).plan",
     ]
     assert cycle_calls(src) == 1
+
+
+def test_the_checker_catches_an_engine_choosing_victims():
+    """The event engine before it went through the cycle (issue 25): it asked admission
+    for victims itself and drove the planner with the blocked head's reservation."""
+    src = '''
+class Simulator:
+    def __init__(self, ordering, scaling):
+        self.admission = Admission(ordering, backfill=False) if ordering is not None else None
+        self.planner = ScalingPlanner(scaling) if scaling is not None else None
+
+    def _preempt_once(self, entry, running, free, total, st):
+        if not self.admission.may_preempt(entry):
+            return False
+        victims = self.admission.choose_victims(entry, running, free, total, st)
+        return any(self.admission.may_evict(entry, r, st) for r in running)
+
+    def scaling_cycle(self, policy=None):
+        planner = self.planner if policy is None else ScalingPlanner(policy)
+        return planner.plan(self.elastic_jobs(), self.state, reserved_gpus=0)
+
+    def sneaky(self):
+        return getattr(self.admission, "choose_victims")
+
+    def fine(self):
+        self.cycle = SchedulingCycle(self.admission, self.planner)
+        self.cycle.preemption_possible(True)
+        return self.cycle.scale([], self.state)
+'''
+    assert direct_preemption(src) == [
+        "<src>:8 self.admission.may_preempt",
+        "<src>:10 self.admission.choose_victims",
+        "<src>:11 self.admission.may_evict",
+        "<src>:18 'choose_victims'",
+    ]
+    assert direct_plans(src) == ["<src>:15 planner.plan"]
+    assert cycle_calls(src, "scale") == 1 and cycle_calls(src, "preemption_rounds") == 0
+
+
+def test_the_guard_fails_on_the_engine_of_before():
+    """Precise enough for the engine it replaced: the pre-cycle engine's own victim
+    search and planner call (as they stood, verbatim excerpts) are caught."""
+    old = '''
+class Simulator:
+    def __init__(self, ordering, scaling):
+        self.admission = (
+            None if ordering is None
+            else Admission(ordering, backfill=self.config.backfill, preemption=self.config.preemption)
+        )
+        self.planner = ScalingPlanner(scaling) if scaling is not None else None
+
+    def _preempt_once(self) -> bool:
+        entry = self._entry(head)
+        if not self.admission.may_preempt(entry):
+            return False
+        victims = self.admission.choose_victims(entry, running, free, total, st)
+
+    def scaling_cycle(self, policy=None):
+        planner = self.planner if policy is None else ScalingPlanner(policy)
+        plan = planner.plan(running, self.state, reserved_gpus=reserved_gpus(self._blocked_head()), place=self._place_one)
+'''
+    assert direct_preemption(old) == ["<src>:12 self.admission.may_preempt", "<src>:14 self.admission.choose_victims"]
+    assert direct_plans(old) == ["<src>:18 planner.plan"] and cycle_calls(old, "preemption_rounds") == 0
