@@ -587,8 +587,8 @@ class GoodputModel:
         shape = K.shape
         out = self._optimize(K.ravel(), N.ravel())
         if K.size <= 256:  # remember them for the scalar questions that follow (a decision's decode)
-            for i, key in enumerate(zip(K.ravel().tolist(), N.ravel().tolist())):
-                self._memo.setdefault(key, BatchChoice(*(a[i].item() for a in out)))
+            for key, *vals in zip(zip(K.ravel().tolist(), N.ravel().tolist()), *(a.tolist() for a in out)):
+                self._memo.setdefault(key, BatchChoice(*vals))
         return BatchChoice(*(a.reshape(shape) for a in out))
 
     def _optimize(self, K: np.ndarray, N: np.ndarray):

@@ -124,9 +124,8 @@ class GoodputAllocator:
         """``u`` of the job's speedup on ``K = 0 .. width − 1`` GPUs (packed: one node
         while they fit one), the restart factor applied at every count but the current
         one of a running job; ``−inf`` where it cannot train."""
-        good, _ = self.jobs.table(job, width, node_gpus)
+        g, _ = self.jobs.packed(job, width, node_gpus)
         K = np.arange(width)
-        g = np.where(K <= node_gpus, good[:, 0], good[:, 1])
         base = next((x for x in g[1:] if x > 0), 0.0)
         speed = g / base if base > 0 else np.zeros(width)
         held = len(job.allocation)
@@ -206,7 +205,7 @@ class GoodputAllocator:
         out: dict[str, Allocation] = {j.id: Allocation() for j in jobs}
         for job, k in demand:
             placed = where[job.id]
-            n = len(set(placed))
-            choice = self.jobs.model(job).optimize_batch(k, min(n, k))  # memoised: the table asked it
+            n = 1 if len(set(placed)) == 1 else 2  # the model tells one node from several, no more
+            choice = self.jobs.model(job).optimize_batch(k, n)  # memoised: the table asked it
             out[job.id] = Allocation(placed, *split_batch(job, k, int(choice.batch), int(choice.accumulation)))
         return out

@@ -104,6 +104,24 @@ class JobGoodput:
         err = np.abs(np.log(fit.iteration_time(K, N, m, s_) / t))
         return fit if float(err.max()) <= np.log1p(self.refit_tolerance) else None
 
+    def packed(self, job: AllocJob, width: int, node_gpus: int) -> tuple[np.ndarray, GoodputModel]:
+        """``good[K]`` (``K < width``): the best goodput on ``K`` GPUs packed on as few
+        nodes as possible — one node while ``K <= node_gpus``, several beyond (the
+        synchronisation model distinguishes only one node from several); the column of
+        :meth:`table` a packing allocator reads, at half its cost."""
+        gm = self.model(job)
+        kmax = min(job.max_replicas, width - 1)
+        key = ("packed", gm.throughput, gm.efficiency, gm.bounds, kmax, width, node_gpus)
+        good = _cached(self._tables, key)
+        if good is None:
+            good = np.zeros(width)
+            if kmax >= 1:
+                K = np.arange(1, kmax + 1)
+                good[1:kmax + 1] = gm.optimize_batch(K, np.where(K <= node_gpus, 1, np.minimum(K, 2))).goodput
+            good.setflags(write=False)
+            _store(self._tables, key, good, self.cache)
+        return good, gm
+
     def table(self, job: AllocJob, width: int, node_gpus: int) -> tuple[np.ndarray, GoodputModel]:
         """``table[K, d]`` (``K < width``): the best goodput (samples per second at the
         initial batch's efficiency, over the feasible batch sizes) on ``K`` GPUs of one
