@@ -38,6 +38,7 @@ __all__ = [
     "Allocation",
     "Allocator",
     "check_allocations",
+    "checked_call",
     "fixed_batch",
     "packed",
 ]
@@ -173,6 +174,18 @@ class Allocator(Protocol):
     clairvoyant: bool
 
     def allocate(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], now: float) -> Mapping[str, Allocation]: ...
+
+
+def checked_call(name: str, last: float | None, now: float, jobs: Sequence[AllocJob]) -> float:
+    """The checks a stateful allocator makes on every call: calls in time order (a
+    :class:`ValueError`: one instance serves one run) and unique job ids (an
+    :class:`AllocationError`). Returns ``now``, the allocator's new last call."""
+    if last is not None and now < last:
+        raise ValueError(f"{name}: called at {now} after {last}; one instance serves one run in time order")
+    ids = [j.id for j in jobs]
+    if len(set(ids)) != len(ids):
+        raise AllocationError(f"{name}: duplicate job ids")
+    return now
 
 
 def fixed_batch(batch_size: int, replicas: int, limits: AppLimits) -> tuple[int, int]:

@@ -84,7 +84,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..allocation import AllocJob, Allocation, AllocationError, AllocNode
+from ..allocation import AllocJob, Allocation, AllocNode, checked_call
 from ..goodput import GoodputModel, ThroughputPrior
 from ..job_goodput import JobGoodput, split_batch
 
@@ -180,12 +180,7 @@ class PolluxPaperAllocator:
 
     # ------------------------------------------------------------------ decision
     def allocate(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], now: float) -> Mapping[str, Allocation]:
-        if self._now is not None and now < self._now:
-            raise ValueError(f"{self.name}: called at {now} after {self._now}; one instance serves one run in time order")
-        self._now = now
-        ids = [j.id for j in jobs]
-        if len(set(ids)) != len(ids):
-            raise AllocationError(f"{self.name}: duplicate job ids")
+        self._now = checked_call(self.name, self._now, now, jobs)
         if not jobs:
             return {}
         problem = _Problem(self, jobs, nodes)
