@@ -105,12 +105,10 @@ class GoodputAllocator:
     def utility(self, speedup: np.ndarray) -> np.ndarray:
         """``u(s) = (s^p − 1)/p`` (``log s`` at ``p = 0``); ``−inf`` at ``s = 0``."""
         s = np.asarray(speedup, dtype=float)
-        with np.errstate(divide="ignore"):
-            if self.p == 0:
+        if self.p == 0:
+            with np.errstate(divide="ignore"):
                 return np.log(s)
-            if self.p < 0:
-                return np.where(s > 0, (np.power(np.where(s > 0, s, 1.0), self.p) - 1.0) / self.p, -np.inf)
-            return np.where(s > 0, (np.power(s, self.p) - 1.0) / self.p, -np.inf)
+        return np.where(s > 0, (np.power(np.where(s > 0, s, 1.0), self.p) - 1.0) / self.p, -np.inf)
 
     def factor(self, job: AllocJob) -> float:
         """Pollux's re-allocation factor ``max(T − R·δ, 0)/(T + δ)`` (1 without a delay)."""
@@ -169,26 +167,23 @@ class GoodputAllocator:
             i = int(np.argmax(gain))
             return (float(gain[i]), k + 1 + i) if gain[i] > 0 else None
 
-        for r in running:
-            vals[r] = self.values(order[r], width, node_gpus)
+        def push(r: int) -> None:  # the job's best move from its count now, if any
             mv = best_move(r)
             if mv is not None:
                 heapq.heappush(heap, (-mv[0], r, count[order[r].id], mv[1]))
+
+        for r in running:
+            vals[r] = self.values(order[r], width, node_gpus)
+            push(r)
         while heap and free > 0:
             _, r, k_then, k_new = heapq.heappop(heap)
             jid = order[r].id
             if count[jid] != k_then:  # stale: the job's fresh move is on the heap
                 continue
-            if k_new - k_then > free:  # more GPUs than are left: its best move within them
-                mv = best_move(r)
-                if mv is not None:
-                    heapq.heappush(heap, (-mv[0], r, k_then, mv[1]))
-                continue
-            free -= k_new - k_then
-            count[jid] = k_new
-            mv = best_move(r)
-            if mv is not None:
-                heapq.heappush(heap, (-mv[0], r, k_new, mv[1]))
+            if k_new - k_then <= free:
+                free -= k_new - k_then
+                count[jid] = k_new
+            push(r)  # its next move, or its best move within the GPUs left
         return count
 
     def allocate(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], now: float) -> Mapping[str, Allocation]:

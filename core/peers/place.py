@@ -9,11 +9,10 @@ leave free.
 
 from __future__ import annotations
 
-import heapq
 from collections import Counter
 from typing import Sequence
 
-from ..allocation import AllocJob, AllocNode, AllocationError
+from ..allocation import AllocJob, AllocNode, AllocationError, FreeNodes
 
 __all__ = ["keep_or_pack"]
 
@@ -43,47 +42,10 @@ def keep_or_pack(demand: Sequence[tuple[AllocJob, int]], nodes: Sequence[AllocNo
             out[job.id] = tuple(job.allocation)
         else:
             moving.append((count, rank, job))
-    left = _FreeNodes(free)
+    left = FreeNodes(free)
     for count, _, job in sorted(moving, key=lambda m: (-m[0], m[1])):
         where = left.take(count)
         if where is None:  # the counts fit in total, so there is always room
             raise AllocationError(f"job {job.id}: no room for {count} GPUs (free {free})")
         out[job.id] = where
     return out
-
-
-class _FreeNodes:
-    """Free GPUs per node, bucketed by count, for many :func:`packed` choices in a row:
-    :meth:`take` picks exactly what ``packed(count, free)`` picks (most free GPUs
-    first, ties by index) and books it, without sorting every node for every job (a
-    thousand jobs on a thousand nodes)."""
-
-    def __init__(self, free: dict[int, int]) -> None:
-        self.free = dict(free)
-        self.total = sum(self.free.values())
-        self.buckets: dict[int, list[int]] = {}
-        for i, n in sorted(self.free.items()):
-            if n > 0:
-                self.buckets.setdefault(n, []).append(i)  # built in index order: already heaps
-
-    def take(self, count: int) -> tuple[int, ...] | None:
-        if count <= 0:
-            return ()
-        if self.total < count:
-            return None
-        out: list[int] = []
-        for n in sorted(self.buckets, reverse=True):
-            heap = self.buckets[n]
-            while heap and len(out) < count:
-                i = heapq.heappop(heap)
-                if self.free[i] != n:  # stale: the node moved to another bucket
-                    continue
-                out.extend([i] * min(n, count - len(out)))
-            if len(out) == count:
-                break
-        for i, k in Counter(out).items():
-            self.free[i] -= k
-            if self.free[i] > 0:
-                heapq.heappush(self.buckets.setdefault(self.free[i], []), i)
-        self.total -= count
-        return tuple(out)

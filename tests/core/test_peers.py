@@ -348,12 +348,19 @@ def test_random_job_sets_never_over_commit(specs, gpus, name, factor):
 @given(free=st.lists(st.integers(0, 8), min_size=1, max_size=40),
        counts=st.lists(st.integers(1, 12), min_size=1, max_size=30))
 def test_keep_or_pack_places_exactly_as_packed_one_job_after_another(free, counts):
-    """keep_or_pack's bucketed free list picks what allocation.packed picks, job after
+    """keep_or_pack's bucketed free list picks what packing by its definition picks (the
+    nodes with the most free GPUs first, ties by index; allocation.packed), job after
     job (largest first), on any cluster."""
     from collections import Counter
 
-    from rlsched.core.allocation import packed
+    from rlsched.core.allocation import packed as packed_impl
     from rlsched.core.peers.place import keep_or_pack
+
+    def packed(c, left):  # the definition, by a full sort
+        out = []
+        for i, n in sorted(left.items(), key=lambda kv: (-kv[1], kv[0])):
+            out.extend([i] * min(max(n, 0), c - len(out)))
+        return tuple(out)
 
     nodes = [AllocNode(i, g, f"n{i}") for i, g in enumerate(free)]
     jobs, total = [], sum(free)
@@ -366,6 +373,7 @@ def test_keep_or_pack_places_exactly_as_packed_one_job_after_another(free, count
     left = {n.index: n.gpus for n in nodes}
     for k, (j, c) in sorted(enumerate(jobs), key=lambda e: (-e[1][1], e[0])):
         want = packed(c, left)
+        assert packed_impl(c, left) == want
         assert got[j.id] == want
         for i, n in Counter(want).items():
             left[i] -= n
