@@ -19,6 +19,13 @@ import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests draw the same examples on every run unless a developer asks to explore
+# (HYPOTHESIS_PROFILE=explore): CI must not pass or fail by the luck of the draw.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def _poll(fn, timeout: float = 30.0, what: str = "condition", every: float = 0.2):

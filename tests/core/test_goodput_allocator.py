@@ -203,14 +203,18 @@ def test_always_a_valid_allocation_that_uses_the_gpus(gpus, specs, p):
         jobs.append(make_job(f"j{i}", step=linear_step if good else poor_step, max_replicas=mx, min_replicas=mn,
                              age=age, restarts=restarts, submit=float(i), alloc=alloc,
                              limits=ELASTIC if i % 2 else FIXED))
-    out = decide(jobs, nodes, GoodputAllocator(p=p))
-    # with no restart to weigh (nobody holds GPUs yet), a GPU is left idle only when
-    # every job that runs is at its max_replicas or gains nothing from more
+    allocator = GoodputAllocator(p=p)
+    out = decide(jobs, nodes, allocator)
+    # with no restart to weigh (nobody holds GPUs yet), a GPU is left idle only when no
+    # job that runs would gain, by its own fitted goodput, from any of the idle GPUs
     if not any(j.allocation for j in jobs):
-        used = sum(a.replicas for a in out.values())
-        hungry = [j for j in jobs if 0 < out[j.id].replicas < j.max_replicas and j.profile[1].step_time == j.profile[0].step_time
-                  and j.limits is FIXED]
-        assert used == sum(gpus) or not hungry, (counts(out), gpus)
+        idle = sum(gpus) - sum(a.replicas for a in out.values())
+        width = min(max(j.max_replicas for j in jobs), sum(gpus)) + 1
+        for j in jobs:
+            k = out[j.id].replicas
+            if idle and 0 < k < j.max_replicas:
+                v = allocator.values(j, width, max(gpus))
+                assert np.all(v[k + 1:min(k + idle, j.max_replicas, width - 1) + 1] <= v[k]), (counts(out), gpus, j.id)
 
 
 def test_refit_tolerance_keeps_a_fit_that_still_predicts_and_refits_a_surprised_one():
