@@ -368,13 +368,10 @@ def _copy_jobs(jobs: Sequence[AllocJob]) -> list[AllocJob]:
 def _make(policy: str, seed: int):
     """An allocator from ``name[@key=value[,key=value]]`` (the options are numbers,
     passed to the allocator's constructor, e.g. ``goodput@refit_tolerance=0.05``)."""
+    from rlsched.core.live_allocation import parse_allocator_options
     from rlsched.sim.allocators import make_allocator
 
-    name, _, opts = policy.partition("@")
-    kwargs = {}
-    for item in filter(None, opts.split(",")):
-        key, _, value = item.partition("=")
-        kwargs[key.strip()] = None if value.strip().lower() == "none" else float(value)
+    name, kwargs = parse_allocator_options(policy)
     return make_allocator(name, seed=seed, **kwargs)
 
 

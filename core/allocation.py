@@ -54,13 +54,16 @@ class AllocationError(ValueError):
 class ProfileSample:
     """One throughput measurement a job made on a placement it ran on: seconds per
     step (``step_time``, of which ``sync_time`` is gradient synchronisation) with
-    ``num_replicas`` GPUs over ``num_nodes`` nodes at ``atomic_bsz`` samples per GPU."""
+    ``num_replicas`` GPUs over ``num_nodes`` nodes at ``atomic_bsz`` samples per GPU
+    per micro-batch, ``accum_steps + 1`` micro-batches per step."""
 
     num_nodes: int
     num_replicas: int
     atomic_bsz: int
     step_time: float
     sync_time: float
+    #: gradient-accumulation steps of the measured step (``step_time`` spans all of them)
+    accum_steps: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,7 @@
 
 The goodput model (:mod:`rlsched.core.goodput`) of one :class:`~rlsched.core.allocation.AllocJob`:
 a throughput model fitted to the step times in its ``profile`` (one observation
-``(K, N, m, s = 0, step_time)`` per measured placement) and a statistical-efficiency
+``(K, N, m, s, step_time)`` per measured placement) and a statistical-efficiency
 model from its gradient statistics, within its batch bounds; and a goodput *table*
 over replica counts, one column for one node and one for several. Every allocator
 that weighs goodput (``goodput``, ``pollux-paper``) reads jobs through this one object,
@@ -32,7 +32,7 @@ __all__ = ["JobGoodput", "observations_of", "split_batch"]
 
 def observations_of(job: AllocJob) -> tuple[tuple[int, int, float, int, float], ...]:
     """The throughput fit's observations from the step times ``job`` measured."""
-    return tuple(sorted((s.num_replicas, s.num_nodes, float(s.atomic_bsz), 0, float(s.step_time))
+    return tuple(sorted((s.num_replicas, s.num_nodes, float(s.atomic_bsz), int(s.accum_steps), float(s.step_time))
                         for s in job.profile if s.step_time > 0 and s.atomic_bsz > 0))
 
 

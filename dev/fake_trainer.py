@@ -11,6 +11,15 @@ at the gang size, more with more workers — and reports the accuracy and loss t
 :class:`rlsched.sim.convergence.ConvergenceModel` gives for the effective epochs done
 (statistical efficiency falls with each extra worker: diminishing returns).
 
+With ``application`` (a measured Pollux application, :class:`rlsched.sim.measured.Application`)
+each report also carries what ``rlsched.trainer``'s :class:`~rlsched.trainer.ProgressReporter`
+reports of a real job: the step time the measured profile gives for the generation's
+placement (GPUs per node, from the pods' nodes) and per-GPU share of its global batch
+(``RLSCHED_GLOBAL_BATCH_SIZE`` in the chief's environment, else ``spec.batchSize``, else
+the application's initial batch), that batch and worker count, and the gradient
+statistics the application measured at that batch and epoch (per-sample ``tr(Σ)``, as
+``rlsched.trainer.GradientNoiseScale`` reports it) — what the goodput allocator models.
+
 Reports go through :func:`rlsched.trainer.report` with the job's own ServiceAccount
 token (TokenRequest API), so they exercise the per-job RBAC the operator created; with
 ``use_job_token=False`` the trainer's own credentials are used instead.
@@ -31,7 +40,16 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from rlsched.core.contract import GROUP, LABEL_GENERATION, LABEL_INDEX, LABEL_JOB, PLURAL, VERSION, controlling_job
+from rlsched.core.contract import (
+    ENV_BATCH_SIZE,
+    GROUP,
+    LABEL_GENERATION,
+    LABEL_INDEX,
+    LABEL_JOB,
+    PLURAL,
+    VERSION,
+    controlling_job,
+)
 from rlsched.operator.resources import trainer_account_name
 from rlsched.sim.convergence import ConvergenceModel
 from rlsched.trainer import Reporter
@@ -64,9 +82,15 @@ class FakeTrainer:
         noise: float = 0.002,
         use_job_token: bool = True,
         max_backoff_s: float = 10.0,
+        application: Any = None,
     ) -> None:
         from kubernetes import client, config
 
+        #: the measured application whose step times and gradient statistics are reported
+        self.application = application
+        #: (job uid, generation) -> node name of each Running worker, and the chief's global batch
+        self._nodes: dict[tuple[str, int], list[str]] = {}
+        self._batch: dict[tuple[str, int], int] = {}
         self.namespace = namespace
         self.epoch_s = epoch_s
         self.seed, self.tau, self.gamma, self.noise = seed, tau, gamma, noise
@@ -129,10 +153,11 @@ class FakeTrainer:
             run.epoch += 1
             acc = float(m.evaluate([run.epoch], [run.eff_epochs])[0])
             loss = float(m.loss_at(run.eff_epochs))
+            extra = self._throughput(body, uid, gen, workers, run.epoch - 1) if self.application is not None else {}
             try:
                 if run.reporter is None:
                     run.reporter = self._reporter(body)
-                out[body["metadata"]["name"]] = run.reporter.report(epoch=run.epoch, loss=loss, accuracy=acc)
+                out[body["metadata"]["name"]] = run.reporter.report(epoch=run.epoch, loss=loss, accuracy=acc, **extra)
             except ApiException as exc:
                 run.epoch -= 1
                 run.reporter = None
@@ -141,11 +166,32 @@ class FakeTrainer:
             del self.runs[uid]
         return out
 
+    def _throughput(self, body: dict, uid: str, gen: int, workers: int, epoch: int) -> dict:
+        """What a real chief reports of its speed and gradients, from the measured
+        profile (module docstring)."""
+        app = self.application
+        gpw = int(body["spec"].get("gpusPerWorker") or 1)
+        batch = self._batch.get((uid, gen)) or body["spec"].get("batchSize") or app.limits.init_batch_size
+        per_node: dict[str, int] = {}
+        for n in self._nodes.get((uid, gen), []):
+            per_node[n] = per_node.get(n, 0) + gpw
+        placement = tuple(sorted(per_node.values(), reverse=True)) or (workers * gpw,)
+        gpus = sum(placement)
+        share = -(-int(batch) // gpus)
+        micro = -(-share // app.limits.max_local_bsz)
+        atomic = -(-share // micro)
+        seconds, _, _ = app.update_time(placement, atomic, micro - 1)
+        sqr, var = app.grad_stats(batch, epoch)
+        return {"step_time_seconds": float(seconds), "workers": workers, "global_batch_size": int(batch),
+                "generation": gen, "grad_sqr": float(sqr), "grad_var": float(var) * app.limits.init_batch_size}
+
     def playing(self) -> dict[tuple[str, int], int]:
         """``(job uid, generation) -> Running workers`` for each generation whose chief
         (worker 0) is a Running pod: the pods this trainer plays."""
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=LABEL_JOB).items
         running: dict[tuple[str, int], int] = {}
+        nodes: dict[tuple[str, int], list[str]] = {}
+        batches: dict[tuple[str, int], int] = {}
         chiefs: set[tuple[str, int]] = set()
         for p in pods:
             owner = controlling_job(self.admin.sanitize_for_serialization(p))
@@ -157,8 +203,13 @@ class FakeTrainer:
             except ValueError:
                 continue
             running[key] = running.get(key, 0) + 1
+            nodes.setdefault(key, []).append(p.spec.node_name or "")
             if labels.get(LABEL_INDEX) == "0":
                 chiefs.add(key)
+                env = {e.name: e.value for c in p.spec.containers for e in (c.env or [])}
+                if (env.get(ENV_BATCH_SIZE) or "").isdigit():
+                    batches[key] = int(env[ENV_BATCH_SIZE])
+        self._nodes, self._batch = nodes, batches
         return {k: n for k, n in running.items() if k in chiefs}
 
     def safe_tick(self) -> bool:

@@ -58,6 +58,7 @@ __all__ = [
     "TwinConfig",
     "Tolerances",
     "twin_jobs",
+    "allocator_scenario",
     "manifest",
     "operator_policies",
     "simulate",
@@ -87,6 +88,10 @@ class TwinConfig:
     ``restart_cost_sim``: the engine's restart cost, paid live by the trainer on every
     resume and resize.
     ``patience``: the operator's β-stop patience; every job's ``JobSpec.patience``.
+    ``allocator``: an allocation policy deciding instead of ordering + scaling (the
+    operator's ``--allocator``; the engine's ``allocation``), e.g. ``goodput``. Its
+    time constants are in simulated seconds; the live operator gets them divided by
+    ``time_scale`` (:meth:`live_allocator`), as its clock is the wall clock.
     """
 
     jobs: int = 8
@@ -99,6 +104,7 @@ class TwinConfig:
     ordering: str = "fifo"
     scaling: str = "auto"
     placement: str = "das"
+    allocator: str | None = None
     grace_period_s: int = 0
     max_wall_s: float = 600.0
 
@@ -107,6 +113,21 @@ class TwinConfig:
             raise ValueError("time_scale, cycle_s and tick_s must be > 0")
         if self.jobs < 2:
             raise ValueError("the twin check needs at least 2 jobs")
+
+    def sim_allocator(self):
+        """The engine's allocation policy (None: ordering + scaling)."""
+        from rlsched.core.live_allocation import LiveAllocation, make_live_allocator
+
+        return LiveAllocation(make_live_allocator(self.allocator)) if self.allocator else None
+
+    def live_allocator(self) -> str | None:
+        """``--allocator`` of the live operator: the same policy with its time constants
+        (restart delay, the attained-service threshold) in wall seconds."""
+        if not self.allocator:
+            return None
+        a = self.sim_allocator().allocator
+        return (f"{self.allocator.split('@')[0]}@restart_delay={a.restart_delay / self.time_scale:g},"
+                f"threshold={a.threshold / self.time_scale:g},p={a.p:g}")
 
     @property
     def scaling_interval_sim(self) -> float:
@@ -231,6 +252,23 @@ def twin_jobs(n: int = 20, seed: int = 1, *, cluster_gpus: int = 32, epoch_sim: 
         ))
         asked += lo * gpw
     return jobs
+
+
+def allocator_scenario() -> list[JobSpec]:
+    """Three jobs for an allocation policy on the 32-GPU twin cluster: a wide elastic
+    job alone (the policy starts it on every GPU at once), a second whose gang does not
+    fit beside it (shrink-to-admit, several workers at once) and that ends first (the
+    first grows back), a third that takes another shrink. Arrivals fall between the
+    engine's cycles (no race with a decision)."""
+    conv = {"tau": 6.0, "noise": 0.002, "acc_max": 0.9}
+
+    def job(jid: str, t: float, gpw: int, lo: int, hi: int, spe: int, epochs: int) -> JobSpec:
+        return JobSpec(id=jid, submit_time=t, workers=lo, gpus_per_worker=gpw, min_workers=lo, max_workers=hi,
+                       compute_time=0.25, grad_gb=0.05, batch_per_worker=32, samples_per_epoch=spe,
+                       max_epochs=epochs, beta=0.001, patience=5, convergence=conv)
+
+    return [job("al-a", 0.0, 2, 1, 16, 60_000, 12), job("al-b", 121.3, 2, 5, 8, 12_000, 6),
+            job("al-c", 331.7, 4, 2, 2, 6_000, 5)]
 
 
 def separate_arrivals(jobs: Sequence[JobSpec], topology: Topology, cfg: TwinConfig, window: float,
@@ -383,6 +421,9 @@ def make_simulator(jobs: Sequence[JobSpec], topology: Topology, cfg: TwinConfig)
     ordering, placement, scaling = operator_policies(cfg)
     conf = SimConfig(scaling_interval=cfg.scaling_interval_sim, restart_cost=cfg.restart_cost_sim,
                      record_series=False, record_decisions=True)
+    allocation = cfg.sim_allocator()
+    if allocation is not None:  # the policy decides alone; new workers go where the extender puts them
+        return Simulator(jobs, topology, placement=placement, allocation=allocation, seed=cfg.seed, config=conf)
     return Simulator(jobs, topology, ordering=ordering, placement=placement, scaling=scaling,
                      seed=cfg.seed, config=conf)
 
@@ -536,6 +577,17 @@ class ReplayTrainer:
             r.sizes.append((now, len(nodes)))
         r.nodes = nodes
 
+    @staticmethod
+    def speed(r: _Replay, generation: int) -> dict:
+        """What the chief reports of its speed with each evaluation, as the engine
+        records it for an allocation policy (``Simulator._report``): seconds per step
+        (simulated) of its workers at their fixed batch, the worker count and the
+        generation; nothing while it does not run or restarts."""
+        if not r.workers or r.rate <= 0:
+            return {}
+        return {"step_time_seconds": r.workers * r.spec.batch_per_worker / r.rate, "workers": r.workers,
+                "global_batch_size": r.workers * r.spec.gpus_per_worker, "generation": int(generation)}
+
     # ---- the cluster side
     def tick(self) -> None:
         from rlsched.core.contract import GROUP, LABEL_GENERATION, LABEL_JOB, PLURAL, VERSION, controlling_job
@@ -569,15 +621,18 @@ class ReplayTrainer:
                 continue
             nodes = running.get(name, [])
             target = status[name].get("targetWorkers")
+            if phase[name] == "Starting" and isinstance(target, int) and len(nodes) < target:
+                nodes = []  # the gang trains once all its workers run (an allocator starts it above minWorkers)
             if phase[name] == "Running" and r.nodes and isinstance(target, int) and len(nodes) < target:
                 self.pause(r, now)  # its generation is restarting: every worker starts again
             else:
                 self.reconfigure(r, nodes, now)
+            speed = self.speed(r, status[name].get("restartGeneration") or 0)
             for epoch, acc, loss in reports:
                 try:
                     if r.reporter is None:
                         r.reporter = Reporter(name, self.namespace, api=self.api)
-                    r.reporter.report(epoch=epoch, loss=loss, accuracy=acc)
+                    r.reporter.report(epoch=epoch, loss=loss, accuracy=acc, **speed)
                     r.reports.append((self.clock(), epoch, acc))
                 except Exception as exc:  # a lost report is a twin error: recorded, the run goes on
                     self.errors.append(f"{name}: report of epoch {epoch} failed: {exc!r}")
@@ -654,14 +709,17 @@ def live_log(events: Iterable[Mapping], created: Mapping[str, float], runs: Mapp
             out.append({"kind": "admit", "job": job, "t": sim_t(t), "nodes": nodes,
                         "workers": int(m.group(1)) if m else len(nodes), "resume": n > 0})
         elif reason == "Preempted":
-            m = re.search(r"preempted by highest-priority job (\S+?);", msg)
+            m = re.search(r"preempted by (?:highest-priority job )?(\S+?)[;:]", msg)
             by = m.group(1).rsplit("/", 1)[-1] if m else ""
             out.append({"kind": "preempt", "job": job, "t": sim_t(t), "by": by})
         elif reason in ("ScaledUp", "ScaledDown"):
             m = re.search(r"workers (\d+) -> (\d+)", msg)
             g = re.search(r"accuracy gain (\S+?),", msg)
-            epoch = decided_epoch((reports or {}).get(job) or [], t, g.group(1)) if g else None
-            out.append({"kind": "scale", "job": job, "t": sim_t(t), "delta": 1 if reason == "ScaledUp" else -1,
+            at = re.search(r"at epoch (\d+)\)", msg)  # an allocator names the epoch it saw
+            epoch = (int(at.group(1)) if at else
+                     decided_epoch((reports or {}).get(job) or [], t, g.group(1)) if g else None)
+            delta = int(m.group(2)) - int(m.group(1)) if m else (1 if reason == "ScaledUp" else -1)
+            out.append({"kind": "scale", "job": job, "t": sim_t(t), "delta": delta,
                         "workers": int(m.group(2)) if m else None, "epoch": epoch})
         elif reason == "Completed":
             out.append({"kind": "finish", "job": job, "t": sim_t(t)})
@@ -754,7 +812,8 @@ def run_live(jobs: Sequence[JobSpec], env, cfg: TwinConfig, workdir: Path, *,
             sys.executable, "-m", "rlsched.cli", "operator", "run", "--kubeconfig", kc, "--namespace", ns,
             "--cycle", f"{cfg.cycle_s:g}", "--start-timeout", "60", "--grace-period", str(cfg.grace_period_s),
             "--metrics-port", str(mport), "--forecast-interval", "0", "--patience", str(cfg.patience),
-            "--ordering", cfg.ordering, "--scaling", cfg.scaling], workdir / "operator.log")
+            "--ordering", cfg.ordering, "--scaling", cfg.scaling]
+            + (["--allocator", cfg.live_allocator()] if cfg.allocator else []), workdir / "operator.log")
         op.start(workdir, pyenv)
         procs.append(op)
         wait_for(lambda: http_ok(f"http://127.0.0.1:{mport}/metrics"), 60, "operator /metrics", op, every=0.2)
@@ -792,7 +851,14 @@ def run_live(jobs: Sequence[JobSpec], env, cfg: TwinConfig, workdir: Path, *,
         wall = time.time() - t0
         stop.set()
         thread.join(10)
-        decisions, jct, anomalies = live_log(_job_events(core, ns), created,
+        # the operator records a job's end in its status before it posts the event: wait for the events
+        events = _job_events(core, ns)
+        settle = time.monotonic() + 10.0
+        while (time.monotonic() < settle and
+               terminal - {e["job"] for e in events if e["reason"] in ("Completed", "Failed")}):
+            time.sleep(0.2)
+            events = _job_events(core, ns)
+        decisions, jct, anomalies = live_log(events, created,
                                              {k: r.runs for k, r in trainer.jobs.items()}, t0, cfg.time_scale,
                                              {k: r.reports for k, r in trainer.jobs.items()})
         anomalies += trainer.errors
@@ -1031,13 +1097,13 @@ def twin_workload(cfg: TwinConfig, topology: Topology) -> list[JobSpec]:
 
 
 def twin_check(cfg: TwinConfig, env, workdir: Path, *, extender: bool = True, tol: Tolerances = Tolerances(),
-               progress: Callable[[str], None] | None = None) -> dict:
-    """Both runs of ``cfg.jobs`` seeded jobs on ``env`` and their comparison (the
-    report of :func:`compare` plus the configuration, the job set, both logs, the live
-    latencies and the wall time)."""
+               progress: Callable[[str], None] | None = None, jobs: Sequence[JobSpec] | None = None) -> dict:
+    """Both runs of ``cfg.jobs`` seeded jobs (or of ``jobs``, a scenario) on ``env``
+    and their comparison (the report of :func:`compare` plus the configuration, the job
+    set, both logs, the live latencies and the wall time)."""
     say = progress or (lambda m: None)
     _check_topology(env)
-    jobs = twin_workload(cfg, env.topology)
+    jobs = list(jobs) if jobs is not None else twin_workload(cfg, env.topology)
     sim = sim_side(jobs, env.topology, cfg)
     say(f"simulated: {len(sim['decisions'])} decisions")
     live = run_live(jobs, env, cfg, workdir, extender=extender, progress=progress)

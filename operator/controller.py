@@ -140,6 +140,17 @@ from rlsched.core.planning import (
     TrainingSpec,
 )
 from rlsched.core.cycle import SchedulingCycle
+from rlsched.core.live_allocation import (
+    LiveAllocation,
+    LiveJob,
+    LivePlan,
+    LiveTarget,
+    attained_service,
+    batch_bounds,
+    make_live_allocator,
+    observations_from_status,
+    observations_to_status,
+)
 from rlsched.core.das import resolve_placement_model, serving_placement
 from rlsched.core.lifecycle import BACKOFF_CAP_S, FAIL, RESTART, SUCCEED, Verdict, WorkerState, judge
 from rlsched.core.policy import ORDERINGS, SCALINGS
@@ -161,8 +172,9 @@ PHASES = ("Queued", "Starting", "Running", "Succeeded", "Failed")
 #: status fields only the operator writes and then acts on (see "What the operator
 #: trusts" above); its last written value of each is its record
 OWNED_FIELDS = ("phase", "targetWorkers", "queue", "nominated", "queuedTime", "admittedTime", "startTime", "rlpto",
-                "restartGeneration", "startedGeneration", "failures", "restartAfter")
-TIME_FIELDS = ("queuedTime", "admittedTime", "startTime")
+                "restartGeneration", "startedGeneration", "failures", "restartAfter", "batchSize",
+                "attainedGpuSeconds", "attainedSince", "goodput")
+TIME_FIELDS = ("queuedTime", "admittedTime", "startTime", "attainedSince")
 #: clock skew tolerated between the operator, the API server and earlier operators
 SKEW_S = 300.0
 #: ``Status.reason`` the API server gives for each HTTP status (when its body has none)
@@ -258,6 +270,7 @@ def guard_status(
     created: float | None,
     now: float,
     live_workers: int | None = None,
+    start_at_min: bool = True,
 ) -> tuple[dict, dict]:
     """The status the operator acts on, and the fields it must write back.
 
@@ -265,7 +278,9 @@ def guard_status(
     :data:`OWNED_FIELDS` (None when it has none: adopt ``status``). Returns
     ``(trusted, changed)``: ``trusted`` is ``status`` with every owned field as
     recorded, then bounded by the spec (``targetWorkers`` in ``[minWorkers,
-    maxWorkers]``, exactly ``minWorkers`` while ``Starting``; ``nominated`` only on a
+    maxWorkers]``, exactly ``minWorkers`` while ``Starting`` unless not ``start_at_min``
+    (an allocator starts jobs at any size); ``batchSize`` a whole number >= 1 (else
+    the spec's); ``attainedGpuSeconds`` a finite number >= 0; ``nominated`` only on a
     queued ``highest`` job unless recorded; times within ``[creation, now]`` give or
     take :data:`SKEW_S`); adopted without a record, ``Starting``/``Running`` needs a
     worker pod the job controls, running, terminating or exited, or a generation being
@@ -285,9 +300,9 @@ def guard_status(
         st["phase"], st["targetWorkers"] = "Queued", 0
     phase = st.get("phase")
     if spec is not None:
-        if phase == "Starting":
+        if phase == "Starting" and start_at_min:
             st["targetWorkers"] = spec.min_workers
-        elif phase == "Running":
+        elif phase in ("Starting", "Running"):
             st["targetWorkers"] = spec.clamp_workers(st.get("targetWorkers"))
         if st.get("nominated") and record is None and not (phase == "Queued" and spec.priority_class == "highest"):
             st["nominated"] = False
@@ -295,6 +310,14 @@ def guard_status(
         v = st.get(k)
         if k in st and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
             st[k] = 0
+    v = st.get("batchSize")
+    if "batchSize" in st and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        st.pop("batchSize")
+    v = st.get("attainedGpuSeconds")
+    if "attainedGpuSeconds" in st and attained_service(v, None, 0, now) != v:
+        st["attainedGpuSeconds"] = 0.0
+    if "goodput" in st and not isinstance(st["goodput"], Mapping):
+        st.pop("goodput")
     if "restartAfter" in st:
         t = _time(st["restartAfter"])
         if t is None:
@@ -331,6 +354,9 @@ class OperatorConfig:
     #: placing each gang as the extender will (``Admission.plan``'s ``place``)
     placement: str = "das"
     placement_model: str | None = None
+    #: an allocation policy deciding every job's workers and batch at once
+    #: (``goodput``; core/live_allocation.py) instead of admission + scaling; None: off
+    allocator: str | None = None
     #: "auto": the learned RLPTO policy when ``scaling_model`` is set, else "beta"
     scaling: str = "auto"
     scaling_model: str | None = None
@@ -591,6 +617,8 @@ class Controller:
         self.planner = ScalingPlanner(build_scaling(config.scaling, config.scaling_model), patience=config.patience)
         #: core's cycle over the two: what every cycle decides (the simulator's allocator runs it too)
         self.scheduling = SchedulingCycle(self.queues, self.planner)
+        #: the allocation policy, when one decides instead of admission + scaling
+        self.allocation = LiveAllocation(make_live_allocator(config.allocator)) if config.allocator else None
         self.placement = build_placement(config.placement, config.placement_model)
         self._fallback_placement = make_placement("bestfit")
         self.pod_security = PodSecurityGate(self.core, self.read_json, config)
@@ -827,6 +855,12 @@ class Controller:
         for lst in (waiting, running, holders):
             lst.sort(key=lambda e: order[e.key])
 
+        if self.allocation is not None:  # an allocation policy decides everything at once
+            await self._allocate(jobs, waiting, running, snap, now)
+            await self._sweep(by_uid)
+            self._metrics(jobs, AdmissionPlan())
+            return
+
         # decide on the whole picture at once (core's cycle: admission, then scaling on
         # the state after it), then act on the plan
         cplan = self.scheduling.plan(waiting, holders, snap.state, running=running, releasing=snap.releasing,
@@ -859,10 +893,7 @@ class Controller:
                 await self.complete(j, splan.finished[rj.key], now, rj=rj)
                 return
             d = splan.deltas.get(rj.key, 0)
-            patch: dict[str, Any] = {}
-            rl = _stored(rj.state.to_status())
-            if rl != _stored(j.status.get("rlpto")):
-                patch["rlpto"] = merge_diff(j.status.get("rlpto"), rl) if isinstance(j.status.get("rlpto"), Mapping) else rl
+            patch = self._rlpto_patch(j, rj)
             if d:
                 target = j.spec.clamp_workers(rj.workers + d)
                 # a new world size is a new generation: every worker restarts from the
@@ -880,13 +911,156 @@ class Controller:
                 await self.patch_status(j, patch)
 
         await self._each(act, [jobs[r.key] for r in running], now)
+        await self._sweep(by_uid)
+        self._metrics(jobs, plan)
+
+    async def _sweep(self, by_uid: Mapping[str, _Job]) -> None:
         if self.config.sweep_every and self.cycles % self.config.sweep_every == 1:
             try:
                 await self.sweep_rbac(set(by_uid))
             except (ApiException, OSError, asyncio.TimeoutError) as exc:
                 self.metrics.job_errors.labels(kind="transient").inc()
                 log.warning("RBAC sweep failed, retried later: %r", exc)
-        self._metrics(jobs, plan)
+
+    @staticmethod
+    def _rlpto_patch(j: _Job, rj: RunningJob) -> dict[str, Any]:
+        """The status patch that records the job's elastic state (``status.rlpto``), if it changed."""
+        rl = _stored(rj.state.to_status())
+        if rl == _stored(j.status.get("rlpto")):
+            return {}
+        old = j.status.get("rlpto")
+        return {"rlpto": merge_diff(old, rl) if isinstance(old, Mapping) else rl}
+
+    # ------------------------------------------------------------------ allocator mode
+    def _bounds(self, j: _Job):
+        s = j.spec
+        return batch_bounds(s.batch_size, s.max_batch_size, *s.local_batch_size)
+
+    def _service(self, j: _Job, now: float) -> float:
+        """GPU-seconds the job attained (its GPUs held since ``attainedSince``)."""
+        held = self._target(j) * j.spec.gpus_per_worker if j.status.get("phase") in ("Starting", "Running") else 0
+        return attained_service(j.status.get("attainedGpuSeconds"), parse_time(j.status.get("attainedSince")),
+                                held, now)
+
+    async def _observe_goodput(self, j: _Job, placement: Sequence[int]):
+        """Fold the chief's latest report into ``status.goodput`` (a report of the
+        current generation at its size; the nodes its workers run on are known here)
+        and return the record."""
+        from rlsched.core.goodput import BatchBounds
+
+        bounds = self._bounds(j) or BatchBounds(1)
+        obs, last = observations_from_status(j.status.get("goodput"), bounds)
+        prog = j.status.get("progress")
+        if not isinstance(prog, Mapping) or not prog.get("updateTime") or prog.get("updateTime") == last:
+            return obs
+        gen, workers = prog.get("generation"), prog.get("workers")
+        if (gen is not None and gen != j.generation) or workers != len(placement):
+            return obs  # a report of another generation or size: its shape is not known
+        report = dict(prog)
+        if self._bounds(j) is None:  # a fixed local batch: one unit per GPU
+            report["globalBatchSize"] = len(placement) * j.spec.gpus_per_worker
+        try:
+            obs = obs.update(report, len(set(placement)))
+        except ValueError as exc:
+            log.warning("%s: progress report not used for the goodput model: %s", j.key, exc)
+            return obs
+        await self.patch_status(j, {"goodput": observations_to_status(obs, str(prog["updateTime"]))})
+        return obs
+
+    async def _allocate(self, jobs: Mapping[str, _Job], waiting: Sequence[QueueEntry],
+                        running: Sequence[RunningJob], snap, now: float) -> None:
+        """One call into the allocation policy (core/live_allocation.py) and its plan
+        carried out. The policy moves only jobs whose current generation runs whole
+        (every worker bound); the GPUs of the others stay charged where they are."""
+        state = snap.state
+        capacity = {i: int(state.free[i]) for i in range(len(state.free))}
+        live: list[LiveJob] = []
+        done: set[str] = set()
+
+        async def judge(j: _Job) -> None:  # the job's own end (β stop, maxEpochs), as without an allocator
+            rj = next(r for r in running if r.key == j.key)
+            why = self.planner.finished(rj)
+            if why:
+                done.add(j.key)
+                await self.complete(j, why, now, rj=rj)
+            else:
+                patch = self._rlpto_patch(j, rj)
+                if patch:
+                    await self.patch_status(j, patch)
+
+        await self._each(judge, [jobs[r.key] for r in running], now)
+        for r in running:
+            j = jobs[r.key]
+            placement = tuple(snap.placement.get(j.key, ()))
+            if j.key in done:
+                continue  # its GPUs are released: free for the others next cycle
+            if j.status.get("startedGeneration") != j.generation or len(placement) != r.workers:
+                continue
+            obs = await self._observe_goodput(j, placement)
+            for n in placement:
+                capacity[n] += j.spec.gpus_per_worker
+            live.append(self._live_job(j, now, placement, obs))
+        for e in waiting:
+            j = jobs[e.key]
+            bounds = self._bounds(j)
+            obs = observations_from_status(j.status.get("goodput"), bounds)[0] if bounds is not None else None
+            live.append(self._live_job(j, now, (), obs))
+        names = {i: n for n, i in snap.node_index.items()}
+        plan = self.allocation.plan(live, capacity, now, names)
+        if plan.error is not None:
+            self.metrics.cycle_errors.inc()
+            log.error("allocator %s failed; every job keeps its GPUs this cycle: %r", self.allocation.name, plan.error)
+            return
+        await self._each(lambda j: self._stop_reallocated(j, now), [jobs[k] for k in plan.stop], now)
+        await self._each(lambda j: self._resize(j, plan.resize[j.key], now), [jobs[k] for k in plan.resize], now)
+        for k, t in plan.start.items():  # in the policy's order, as admission does (one gang after another)
+            await self._contain(jobs[k], lambda j, t=t: self.admit(j, now, target=t.workers, batch=t.batch_size), now)
+
+    def _live_job(self, j: _Job, now: float, placement: tuple[int, ...], obs) -> LiveJob:
+        s = j.spec
+        created = parse_time(j.body["metadata"].get("creationTimestamp")) or now
+        batch = j.status.get("batchSize") if placement else None
+        return LiveJob(key=j.key, submit_time=created, min_workers=s.min_workers, max_workers=s.max_workers,
+                       gpus_per_worker=s.gpus_per_worker, nodes=placement,
+                       batch_size=batch if batch is not None else s.batch_size, pinned_workers=s.pinned_workers,
+                       bounds=self._bounds(j), observations=obs, attained_service=self._service(j, now),
+                       restarts=j.generation)
+
+    async def _resize(self, j: _Job, t: LiveTarget, now: float) -> None:
+        """A new generation at the allocator's size and batch: recorded first (with the
+        GPU-seconds attained so far), then the old workers are stopped."""
+        old, old_batch = self._target(j), j.status.get("batchSize") or j.spec.batch_size
+        await self.patch_status(j, {
+            "targetWorkers": t.workers, "restartGeneration": j.generation + 1, "batchSize": t.batch_size,
+            "attainedGpuSeconds": self._service(j, now), "attainedSince": format_time(now),
+        })
+        up = t.workers > old
+        self.metrics.scaling_decisions.labels(direction="up" if up else "down").inc()
+        self.metrics.restarts.labels(reason="Rescaled").inc()
+        batch = f", global batch {old_batch} -> {t.batch_size}" if t.batch_size is not None else ""
+        await self.event(j.body, "ScaledUp" if up else "ScaledDown",
+                         f"workers {old} -> {t.workers}{batch} (generation {j.generation}, {self.allocation.name}, "
+                         f"at epoch {progress_of(j.status).epoch})")
+        await self.reconcile_pods(j, t.workers)
+
+    async def _stop_reallocated(self, j: _Job, now: float) -> None:
+        """The allocator gave the job no GPUs (others rank before it): back to the
+        queue, recorded first, then its workers get the grace period to checkpoint."""
+        self.metrics.preemptions.inc()
+        before = j.status.get("preemptions")
+        count = before if isinstance(before, int) and not isinstance(before, bool) and before >= 0 else 0
+        await self.patch_status(j, {
+            "phase": "Queued", "queue": "interrupt", "targetWorkers": 0, "workers": 0, "readyWorkers": 0,
+            "preemptions": count + 1, "restartGeneration": j.generation + 1, "batchSize": None,
+            "attainedGpuSeconds": self._service(j, now), "attainedSince": None,
+            "conditions": set_condition(j.status.get("conditions"), "Running", "False", "Reallocated",
+                                        f"{self.allocation.name} gave its GPUs to jobs ranked before it", now),
+        })
+        for p in j.live_pods():
+            await self.delete_pod(j.ns, p["metadata"]["name"], self.config.grace_period_s)
+        await self.event(j.body, "Preempted", f"preempted by {self.allocation.name}: its GPUs go to jobs ranked "
+                                              f"before it; workers get {self.config.grace_period_s}s to checkpoint",
+                         "Warning")
 
     def _hold_restarting(self, jobs: Sequence[_Job] | Any, listed: Mapping[str, int], state: ClusterState) -> None:
         """A Starting or Running job whose generation is being replaced (the old workers
@@ -983,7 +1157,8 @@ class Controller:
         if (rec is None and j.status.get("phase") == "Running" and isinstance(started, int)
                 and j.generation > started):
             ran += 1
-        trusted, changed = guard_status(j.status, rec, j.spec, created=created, now=now, live_workers=ran)
+        trusted, changed = guard_status(j.status, rec, j.spec, created=created, now=now, live_workers=ran,
+                                        start_at_min=self.allocation is None)
         if rec is None:
             self.record[j.uid] = {k: _stored(trusted.get(k)) for k in OWNED_FIELDS}
         if changed:
@@ -1042,8 +1217,9 @@ class Controller:
                           nominated=bool(st.get("nominated")))
 
     def _target(self, j: _Job) -> int:
-        """The worker count of the job's current generation."""
-        if j.status.get("phase") == "Starting":
+        """The worker count of the job's current generation (an allocator starts a job
+        at the size it chose; admission at ``minWorkers``)."""
+        if j.status.get("phase") == "Starting" and self.allocation is None:
             return j.spec.min_workers
         return j.spec.clamp_workers(j.status.get("targetWorkers"))
 
@@ -1090,7 +1266,7 @@ class Controller:
     async def _starting(self, j: _Job, now: float) -> None:
         if await self._lifecycle(j, now) in (SUCCEED, FAIL):
             return
-        target = j.spec.min_workers
+        target = self._target(j)
         await self.reconcile_pods(j, target)
         gen = j.generation
         live = [p for p in j.live_pods() if pod_generation(p) == gen]
@@ -1193,7 +1369,7 @@ class Controller:
             try:
                 pod = worker_pod(j.body, idx, j.spec.gpus_per_worker,
                                  scheduler_name=self.config.scheduler_name, grace_period_s=self.config.grace_period_s,
-                                 gang_size=target, generation=gen)
+                                 gang_size=target, generation=gen, batch_size=j.status.get("batchSize"))
             except ValueError as exc:  # WorkerGPUError, ShapeError: the template cannot make a worker
                 raise JobRejected("Valid", "InvalidSpec", str(exc)) from exc
             name = pod["metadata"]["name"]
@@ -1253,16 +1429,21 @@ class Controller:
         """The job's headless Service (idempotent)."""
         await self.create_ignoring_conflict(self.core.create_namespaced_service(j.ns, worker_service(j.body)))
 
-    async def admit(self, j: _Job, now: float) -> None:
-        target = j.spec.min_workers
+    async def admit(self, j: _Job, now: float, *, target: int | None = None, batch: int | None = None) -> None:
+        """Start the job's gang: ``minWorkers`` workers, or (an allocator) ``target``
+        workers at global batch ``batch``."""
+        target = j.spec.min_workers if target is None else target
         queued = parse_time(j.status.get("queuedTime")) or parse_time(j.body["metadata"].get("creationTimestamp")) or now
         self.metrics.admission_wait.observe(max(0.0, now - queued))
         resumed = j.status.get("queue") == "interrupt"
-        await self.patch_status(j, {
+        patch: dict[str, Any] = {
             "phase": "Starting", "targetWorkers": target, "admittedTime": format_time(now), "nominated": False,
             "conditions": set_condition(j.status.get("conditions"), "Admitted", "True", "GangFits",
                                         f"{target} x {j.spec.gpus_per_worker} GPUs free", now),
-        })
+        }
+        if self.allocation is not None:
+            patch.update({"batchSize": batch, "attainedSince": format_time(now)})
+        await self.patch_status(j, patch)
         if resumed:  # a preempted job back from the interrupt queue (counted once the status says so)
             self.metrics.resumes.inc()
         await self.event(j.body, "Admitted",

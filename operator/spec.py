@@ -109,6 +109,22 @@ def parse_spec(
     batch = _int(spec, "batchSize", None, problems)
     if batch is not None and batch < 1:
         problems.append(f"spec.batchSize must be >= 1, got {batch}")
+    max_batch = _int(spec, "maxBatchSize", None, problems)
+    if max_batch is not None and batch is None:
+        problems.append("spec.maxBatchSize needs spec.batchSize (the batch the job was tuned for)")
+    elif max_batch is not None and batch is not None and max_batch < batch:
+        problems.append(f"spec.maxBatchSize ({max_batch}) must be >= spec.batchSize ({batch})")
+    local = spec.get("localBatchSize") or {}
+    if not isinstance(local, Mapping):
+        problems.append("spec.localBatchSize must be an object {min, max}")
+        local = {}
+    lmin = _int({"localBatchSize.min": local.get("min")}, "localBatchSize.min", None, problems)
+    lmax = _int({"localBatchSize.max": local.get("max")}, "localBatchSize.max", None, problems)
+    for what, v in (("min", lmin), ("max", lmax)):
+        if v is not None and v < 1:
+            problems.append(f"spec.localBatchSize.{what} must be >= 1, got {v}")
+    if lmin is not None and lmax is not None and lmin > lmax:
+        problems.append(f"spec.localBatchSize.min ({lmin}) must be <= spec.localBatchSize.max ({lmax})")
     port = _int(spec, "masterPort", DEFAULT_MASTER_PORT, problems)
     if port is not None and not (1 <= port <= 65535):
         problems.append(f"spec.masterPort must lie in 1..65535, got {port}")
@@ -161,6 +177,8 @@ def parse_spec(
         success_policy=policy,
         backoff_limit=DEFAULT_BACKOFF_LIMIT if backoff is None else backoff,
         batch_size=batch,
+        max_batch_size=max_batch,
+        local_batch_size=(lmin, lmax),
     )
 
 

@@ -85,6 +85,8 @@ import numpy as np
 from rlsched.core import ClusterState, JobView, Level, Ordering, Placement, PlacementError, Scaling, Topology
 from rlsched.core.cycle import Preemption, SchedulingCycle
 from rlsched.core.estimate import estimate_remaining
+from rlsched.core.goodput import BatchBounds, JobObservations
+from rlsched.core.live_allocation import LiveAllocation, LiveJob, LivePlan
 from rlsched.core.planning import (
     Admission,
     ElasticState,
@@ -230,7 +232,7 @@ class _Job:
     __slots__ = (
         "spec", "view", "conv", "status", "work_total", "work_done", "rate", "seg_start",
         "resume_at", "eff", "fee", "fee_rate", "version", "accs", "acc_first", "ideal",
-        "level0", "rescales", "w0", "first_start", "preemptions", "elastic", "ran",
+        "level0", "rescales", "w0", "first_start", "preemptions", "elastic", "ran", "obs", "reported",
     )
 
     def __init__(self, spec: JobSpec, conv: ConvergenceModel | None) -> None:
@@ -258,6 +260,9 @@ class _Job:
         #: what core's ScalingPlanner remembers of the job (the operator's status.rlpto)
         self.elastic = ElasticState()
         self.ran = 0.0  # seconds it held its workers (what a live operator measures)
+        #: the step times it "reported" (an allocation policy's input: status.goodput live)
+        self.obs = JobObservations(BatchBounds(1))
+        self.reported = 0  # the epoch of its last report
 
 
 class Simulator:
@@ -273,8 +278,13 @@ class Simulator:
         scaling: Scaling | None = None,
         seed: int = 0,
         config: SimConfig | None = None,
+        allocation: LiveAllocation | None = None,
     ) -> None:
-        if (ordering is None) != (placement is None):
+        if allocation is not None:
+            if ordering is not None or scaling is not None or placement is None:
+                raise ValueError("an allocation policy decides alone: give it the placement policy that puts new "
+                                 "workers on nodes (the extender's, live), and no ordering or scaling")
+        elif (ordering is None) != (placement is None):
             raise ValueError("give both an ordering and a placement policy, or neither")
         if scaling is not None and placement is None:
             raise ValueError("a scaling policy needs a placement policy to add workers")
@@ -297,6 +307,9 @@ class Simulator:
         self._highest_pending = 0  # pending ``highest`` jobs (they may preempt)
         self.placement = placement
         self.scaling = scaling
+        #: an allocation policy deciding every job's workers each ``scaling_interval``
+        #: (the operator's ``--allocator``: the same core object, :meth:`allocation_cycle`)
+        self.allocation = allocation
         #: core's elastic planner over ``scaling`` (the operator's ScalingPlanner)
         self.planner = ScalingPlanner(scaling) if scaling is not None else None
         #: core's scheduling cycle over the two: every preemption and scaling decision
@@ -358,7 +371,7 @@ class Simulator:
         self._first_submit = float(min((j.submit_time for j in jobs), default=0.0))
         self._total_gpus = self.state.total_gpus
         self.now = self._first_submit
-        if scaling is not None and self._jobs:
+        if (scaling is not None or allocation is not None) and self._jobs:
             self._push(self._first_submit + self.config.scaling_interval, _SCALE, None)
 
     # ================================================================== public API
@@ -387,8 +400,9 @@ class Simulator:
     def run(self, progress: Callable[[int, int], None] | None = None) -> SimResult:
         """Run to the end with the configured policies; ``progress(done, total)`` is
         called now and then."""
-        if self.ordering is None:
-            raise ValueError("run() needs ordering and placement policies; use start()/advance()")
+        if self.ordering is None and self.allocation is None:
+            raise ValueError("run() needs ordering and placement policies, or an allocation policy; "
+                             "use start()/advance()")
         t0 = _time.perf_counter()
         total = len(self._jobs)
         tick = max(total // 100, 1)
@@ -455,8 +469,8 @@ class Simulator:
             elif kind == _DEMOTE and payload[1] == payload[0].version and payload[0].status == _RUNNING:
                 self._events += 1
                 self._demote(payload[0], t)
-        if scale and self.scaling is not None:
-            if self._dirty:
+        if scale and (self.scaling is not None or self.allocation is not None):
+            if self.ordering is not None and self._dirty:
                 self._schedule()
             self._scale_tick(t)
             if self.state.running or self.state.pending or self._next_arrival < len(jobs):
@@ -1075,8 +1089,82 @@ class Simulator:
         return True
 
     def _scale_tick(self, t: float) -> None:
-        if self.state.running:
+        if self.allocation is not None:
+            self.allocation_cycle()
+        elif self.state.running:
             self.scaling_cycle()
+
+    # ------------------------------------------------------------ allocation policy
+    def _report(self, j: _Job) -> None:
+        """The step time the job's chief reported with its evaluations since the last
+        cycle (a report comes with each completed epoch, as ``rlsched.trainer``'s at an
+        epoch's end; the twin's replay trainer reports the same), folded into what the
+        policy may read: seconds per step of its workers at their fixed batch, on its
+        workers and nodes (the batch in sample-units of one per GPU)."""
+        v = j.view
+        if j.rate <= 0 or j.spec.fixed or v.progress.epoch <= j.reported:
+            return
+        j.reported = v.progress.epoch
+        step = v.workers * j.spec.batch_per_worker / j.rate
+        j.obs = j.obs.record(v.workers, len(set(v.placement)), v.workers * v.gpus_per_worker, step)
+
+    def _live_job(self, j: _Job, nodes: tuple[int, ...]) -> LiveJob:
+        v = j.view
+        return LiveJob(key=v.id, submit_time=v.submit_time, min_workers=v.min_workers, max_workers=v.max_workers,
+                       gpus_per_worker=v.gpus_per_worker, nodes=nodes, observations=j.obs,
+                       attained_service=v.attained_service, restarts=j.rescales + j.preemptions)
+
+    def allocation_cycle(self) -> LivePlan:
+        """One decision of the allocation policy now, as the operator's allocator mode
+        takes it (``core/live_allocation.py``): every running job (synced, its report
+        folded in) and every waiting job to :meth:`LiveAllocation.plan` with each
+        node's GPUs, then the plan applied — jobs given nothing suspended, shrinks,
+        then grows and starts in the plan's order, new workers where the placement
+        policy puts them (a start or grow it cannot place waits for the next cycle).
+        Every change pays ``restart_cost``."""
+        t = self.now
+        st = self.state
+        capacity = {i: int(f) for i, f in enumerate(st.free)}
+        jobs: list[LiveJob] = []
+        for v in list(st.running.values()):
+            j = self._by_id[v.id]
+            self._sync(j, t)
+            self._report(j)
+            for n in v.placement:
+                capacity[n] += v.gpus_per_worker
+            jobs.append(self._live_job(j, tuple(v.placement)))
+        jobs += [self._live_job(self._by_id[v.id], ()) for v in st.pending]
+        if not jobs:
+            return LivePlan()
+        plan = self.allocation.plan(jobs, capacity, t)
+        if plan.error is not None:
+            raise plan.error
+        for jid in plan.stop:
+            self._suspend_for_allocation(self._by_id[jid], t)
+        grows = []
+        for jid, target in plan.resize.items():
+            j = self._by_id[jid]
+            delta = target.workers - j.view.workers
+            if delta < 0:
+                self._rescale(j, delta, None, t)
+            else:
+                grows.append((j, delta))
+        for jid, target in plan.start.items():
+            j = self._by_id[jid]
+            v = j.view
+            nodes = self.placement.place(_grown(v, target.workers - v.workers), st)
+            if nodes:
+                self._start(j, list(nodes), t)
+                st.pending = [p for p in st.pending if p is not v]
+        for j, delta in grows:
+            self._rescale(j, delta, None, t)
+        self._record(t)
+        return plan
+
+    def _suspend_for_allocation(self, j: _Job, t: float) -> None:
+        if self._decisions is not None:
+            self._decisions.append({"kind": "preempt", "job": j.view.id, "by": self.allocation.name, "t": t})
+        self._suspend(j, t, interrupt=True)
 
     # ------------------------------------------------------------ elastic scaling
     def elastic_jobs(self) -> list[RunningJob]:

@@ -39,6 +39,12 @@ class TrainingSpec:
     backoff_limit: int = DEFAULT_BACKOFF_LIMIT
     #: ``spec.batchSize``: the global batch size the job asked for (None: its own choice)
     batch_size: int | None = None
+    #: ``spec.maxBatchSize``: the largest global batch an adaptive policy may choose
+    #: (None: ``batch_size``, a fixed global batch)
+    max_batch_size: int | None = None
+    #: ``spec.localBatchSize``: ``(min, max)`` samples per worker per micro-batch
+    #: (None: any); larger shares run with gradient accumulation
+    local_batch_size: tuple[int | None, int | None] = (None, None)
 
     @property
     def gang_gpus(self) -> int:

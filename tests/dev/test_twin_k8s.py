@@ -31,3 +31,21 @@ def test_twin_check_live_matches_simulated(kube_cluster, launch_extender, tmp_pa
     assert 1 in steps and -1 in steps, "live, jobs must scale up and give workers back"
     assert report["admissions"]["matched"] == report["admissions"]["sim"] == report["admissions"]["live"]
     assert report["ok"], render_markdown(report)
+
+
+def test_twin_check_allocator_mode(kube_cluster, launch_extender, tmp_path):
+    """The operator's ``--allocator goodput`` against the engine run by the same core
+    object: a job started on all 32 GPUs in one decision, shrunk by 8 workers to admit
+    a second, grown back by 8 when that one ends, shrunk again for a third."""
+    from rlsched_dev.twin import allocator_scenario
+
+    cfg = TwinConfig(jobs=3, seed=1, allocator="goodput")
+    with launch_extender(kube_cluster, tmp_path / "extender.log"):
+        report = twin_check(cfg, kube_cluster, tmp_path / "live", extender=False, jobs=allocator_scenario())
+    (tmp_path / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    print(render_markdown(report))  # shown when the test fails
+    live = report["scaling"]["jobs"]["al-a"]["live"]
+    assert any(d <= -2 for d, _ in live) and any(d >= 2 for d, _ in live), live  # several workers at once
+    first = next(d for d in report["live_log"] if d["kind"] == "admit" and d["job"] == "al-a")
+    assert first["workers"] == 16
+    assert report["ok"], render_markdown(report)

@@ -91,6 +91,25 @@ def test_target_workers_is_clamped_to_the_spec_without_a_record():
     assert trusted["targetWorkers"] == 1
 
 
+def test_allocator_fields_are_bounded_without_a_record():
+    """An allocator starts a job at any size within the spec; a chief cannot give
+    itself a batch the allocator did not choose, nor erase its attained service."""
+    trusted, _ = guard_status(status(phase="Starting", targetWorkers=2), None, SPEC, created=CREATED, now=NOW,
+                              start_at_min=False)
+    assert trusted["targetWorkers"] == 2
+    trusted, _ = guard_status(status(phase="Starting", targetWorkers=40), None, SPEC, created=CREATED, now=NOW,
+                              start_at_min=False)
+    assert trusted["targetWorkers"] == 2
+    trusted, changed = guard_status(status(batchSize=0, attainedGpuSeconds=-1e9, goodput="x"), None, SPEC,
+                                    created=CREATED, now=NOW)
+    assert "batchSize" not in trusted and trusted["attainedGpuSeconds"] == 0.0 and "goodput" not in trusted
+    assert set(changed) == {"batchSize", "attainedGpuSeconds", "goodput"}
+    mine = status(batchSize=256, attainedGpuSeconds=10.0, goodput={"shapes": []})
+    trusted, changed = guard_status(status(batchSize=4096, attainedGpuSeconds=0.0, goodput={}), record(mine), SPEC,
+                                    created=CREATED, now=NOW)
+    assert (trusted["batchSize"], trusted["attainedGpuSeconds"], trusted["goodput"]) == (256, 10.0, {"shapes": []})
+
+
 def test_recorded_fields_are_restored_whoever_changed_them():
     mine = status()
     hostile = status(targetWorkers=2, phase="Running", queue="interrupt", nominated=True,

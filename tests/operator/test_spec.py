@@ -28,6 +28,20 @@ def test_lifecycle_fields_parse_with_job_defaults():
     assert (d.batch_size, d.success_policy, d.backoff_limit) == (None, "Chief", 6)
 
 
+def test_batch_bounds_parse_and_are_checked():
+    s = parse_spec(body(batchSize=128, maxBatchSize=4096, localBatchSize={"min": 16, "max": 256}))
+    assert (s.batch_size, s.max_batch_size, s.local_batch_size) == (128, 4096, (16, 256))
+    assert parse_spec(body()).local_batch_size == (None, None) and parse_spec(body()).max_batch_size is None
+    for over, needle in (({"maxBatchSize": 512}, "needs spec.batchSize"),
+                         ({"batchSize": 256, "maxBatchSize": 128}, "must be >= spec.batchSize"),
+                         ({"localBatchSize": {"min": 64, "max": 32}}, "localBatchSize.min (64) must be <="),
+                         ({"localBatchSize": {"max": 0}}, "localBatchSize.max must be >= 1"),
+                         ({"localBatchSize": {"min": 1.5}}, "localBatchSize.min must be an integer"),
+                         ({"localBatchSize": 8}, "must be an object")):
+        with pytest.raises(SpecError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+            parse_spec(body(**over))
+
+
 def test_job_name_must_start_with_a_letter_for_its_service():
     with pytest.raises(SpecError, match="must start with a letter"):
         parse_spec(body(), name="1job")

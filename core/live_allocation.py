@@ -1,0 +1,278 @@
+"""An allocation policy deciding for the live operator: jobs in, one call, actions out.
+
+The interval engine asks an :class:`~rlsched.core.allocation.Allocator` (``goodput``)
+for every job's GPUs and batch each interval; the operator does the same each cycle
+through :class:`LiveAllocation`, AdaptDL's shape: what the operator knows of each
+TrainingJob (:class:`LiveJob`, read from its spec and status, never a profile table),
+the GPU capacity each node has for the jobs the policy may move, one call to the
+allocator's pure ``allocate``, and a :class:`LivePlan` of actions the operator only
+carries out — which queued jobs start with how many workers at which global batch,
+which running jobs resize (a new generation at the new size and batch), which stop
+and go back to the queue (shrink-to-admit taken to zero).
+
+Translation, both ways:
+
+* **Workers and GPUs.** The allocator counts replicas, one per GPU. A job of
+  ``g = gpusPerWorker`` GPUs per worker is ``minWorkers·g .. maxWorkers·g`` replicas
+  (exactly ``workers·g`` when ``spec.workers`` pins it) and holds ``g`` replicas on
+  each of its workers' nodes; a count the allocator gives is rounded down to whole
+  workers, and below ``minWorkers`` it is zero (the job waits).
+* **Batch size.** With ``spec.batchSize`` (``M0``) the job's bounds are ``M0``, up to
+  ``spec.maxBatchSize`` (default ``M0``: a fixed global batch) and the per-worker
+  range ``spec.localBatchSize`` (``min``, ``max``); the allocator's goodput-optimal
+  batch reaches the workers through the worker contract
+  (``RLSCHED_GLOBAL_BATCH_SIZE``) of the next generation. The batch changes only with
+  the worker count: a batch-only change would restart the generation for a gain the
+  allocator never weighed against the restart. Without ``spec.batchSize`` every worker
+  trains at its own fixed local batch (the scheduler sets none): its goodput is its
+  throughput (statistical efficiency 1 at every size, gradient statistics ignored).
+* **What a job reported** (:class:`~rlsched.core.goodput.JobObservations`, kept in
+  ``status.goodput``): the mean step time per shape it ran (workers, nodes, global
+  batch, accumulation steps) and its latest gradient statistics; the trainer's
+  ``gradVar`` is the per-sample ``tr(Σ)``, the allocator's is AdaptDL's ``tr(Σ)/M0``.
+* **Attained service**: GPU-seconds, from ``status.attainedGpuSeconds`` up to
+  ``status.attainedSince`` plus the GPUs held since (:func:`attained_service`).
+
+Jobs the policy may not move this cycle (starting, restarting, or with workers not
+all bound yet) are left out: their GPUs stay charged to their nodes. A policy that
+raises is not allowed to stop scheduling: the plan then keeps every running job as it
+is and starts nothing (``LivePlan.error`` says why; the operator logs it and counts a
+cycle error).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from .allocation import AllocJob, Allocation, Allocator, AllocNode, AppLimits, ProfileSample
+from .goodput import BatchBounds, JobObservations, ShapeRecord
+
+__all__ = ["LiveJob", "LiveTarget", "LivePlan", "LiveAllocation", "LIVE_ALLOCATORS", "make_live_allocator",
+           "parse_allocator_options",
+           "attained_service", "batch_bounds", "observations_from_status", "observations_to_status"]
+
+#: the allocation policies a live operator may run (non-clairvoyant, in core)
+LIVE_ALLOCATORS = ("goodput",)
+
+
+def parse_allocator_options(text: str) -> tuple[str, dict[str, float | None]]:
+    """``name[@key=value[,key=value]]`` -> ``(name, {key: value})``: numeric options of
+    an allocator's constructor (``none`` for None), e.g. ``goodput@restart_delay=10``."""
+    name, _, opts = text.partition("@")
+    kwargs: dict[str, float | None] = {}
+    for item in filter(None, opts.split(",")):
+        key, sep, value = item.partition("=")
+        try:
+            kwargs[key.strip()] = None if value.strip().lower() == "none" else float(value)
+        except ValueError:
+            raise ValueError(f"{text!r}: option {item!r} is not key=number") from None
+        if not sep or not key.strip():
+            raise ValueError(f"{text!r}: option {item!r} is not key=number")
+    return name.strip(), kwargs
+
+
+def make_live_allocator(text: str) -> Allocator:
+    """A fresh allocator for the operator from ``name[@key=value,...]``
+    (:func:`parse_allocator_options`); ValueError naming the choices or the bad option."""
+    name, kwargs = parse_allocator_options(text)
+    if name == "goodput":
+        from .goodput_allocator import GoodputAllocator
+
+        try:
+            return GoodputAllocator(**kwargs)
+        except TypeError as exc:
+            raise ValueError(f"{text!r}: {exc}") from None
+    raise ValueError(f"unknown live allocator {name!r}; choose one of {', '.join(LIVE_ALLOCATORS)}")
+
+
+def attained_service(stored: Any, since: float | None, gpus: int, now: float) -> float:
+    """GPU-seconds attained: ``stored`` (what the status recorded up to ``since``) plus
+    ``gpus`` held from ``since`` to ``now``; a malformed or negative ``stored`` counts 0."""
+    base = float(stored) if isinstance(stored, (int, float)) and not isinstance(stored, bool) else 0.0
+    base = base if math.isfinite(base) and base >= 0 else 0.0
+    if since is None or gpus <= 0:
+        return base
+    return base + gpus * max(0.0, now - since)
+
+
+def batch_bounds(batch_size: int | None, max_batch_size: int | None = None, min_local: int | None = None,
+                 max_local: int | None = None) -> BatchBounds | None:
+    """A job's batch bounds from its spec (None without ``spec.batchSize``)."""
+    if batch_size is None:
+        return None
+    return BatchBounds(int(batch_size), int(max_batch_size) if max_batch_size is not None else None,
+                       int(min_local) if min_local is not None else 1, int(max_local) if max_local is not None else None)
+
+
+def observations_to_status(obs: JobObservations, last_report: str | None) -> dict:
+    """``status.goodput``: the shapes a job ran (``[workers, nodes, batch, accumulation,
+    stepTimeSeconds, reports]`` each), its gradient statistics and the ``updateTime``
+    of the last report folded in."""
+    out: dict[str, Any] = {"shapes": [[r.workers, r.nodes, r.batch, r.accumulation, r.step_time, r.reports]
+                                      for r in obs.shapes]}
+    if obs.grad_sqr is not None and obs.grad_var is not None:
+        out["gradSqr"], out["gradVar"] = obs.grad_sqr, obs.grad_var
+    if last_report:
+        out["lastReport"] = last_report
+    return out
+
+
+def observations_from_status(value: Any, bounds: BatchBounds) -> tuple[JobObservations, str | None]:
+    """The record :func:`observations_to_status` wrote, and the last report folded in.
+    A status is not trusted: a malformed row is left out, anything else malformed
+    gives a fresh record."""
+    if not isinstance(value, Mapping):
+        return JobObservations(bounds), None
+    shapes: dict[tuple, ShapeRecord] = {}
+    for row in value.get("shapes") or []:
+        try:
+            workers, nodes, batch, _accum, step, reports = (int(row[0]), int(row[1]), int(row[2]), row[3],
+                                                            float(row[4]), int(row[5]))
+        except (TypeError, ValueError, IndexError, KeyError):
+            continue
+        if not (1 <= nodes <= workers and batch >= 1 and math.isfinite(step) and step > 0):
+            continue
+        accum = int(bounds.accumulation_steps(batch, workers))  # as JobObservations.record derives it
+        shapes[(workers, nodes, batch, accum)] = ShapeRecord(workers, nodes, batch, accum, step, max(1, reports))
+    sqr, var = value.get("gradSqr"), value.get("gradVar")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (sqr, var)):
+        sqr = var = None
+    rows = tuple(shapes[k] for k in sorted(shapes))
+    fitted = tuple((r.workers, r.nodes, r.local_batch, r.accumulation, r.step_time) for r in rows)
+    obs = JobObservations(bounds, rows, None if sqr is None else float(sqr), None if var is None else float(var),
+                          fitted=fitted)
+    last = value.get("lastReport")
+    return obs, last if isinstance(last, str) else None
+
+
+@dataclass(frozen=True)
+class LiveJob:
+    """A TrainingJob as the live operator knows it. ``nodes``: the node index of each
+    worker of a job the policy may move (empty: it waits); ``batch_size``: its
+    generation's global batch (None: the spec's, or none)."""
+
+    key: str
+    submit_time: float
+    min_workers: int
+    max_workers: int
+    gpus_per_worker: int = 1
+    nodes: tuple[int, ...] = ()
+    batch_size: int | None = None
+    pinned_workers: int | None = None
+    bounds: BatchBounds | None = None
+    observations: JobObservations | None = None
+    attained_service: float = 0.0
+    restarts: int = 0
+
+    @property
+    def workers(self) -> int:
+        return len(self.nodes)
+
+
+@dataclass(frozen=True)
+class LiveTarget:
+    """Workers and global batch (None: the scheduler sets none) of a job's next generation."""
+
+    workers: int
+    batch_size: int | None
+
+
+@dataclass
+class LivePlan:
+    """What the operator does this cycle. ``allocations``: the allocator's answer, for
+    the record (empty after a policy error)."""
+
+    start: dict[str, LiveTarget] = field(default_factory=dict)
+    resize: dict[str, LiveTarget] = field(default_factory=dict)
+    stop: list[str] = field(default_factory=list)
+    allocations: dict[str, Allocation] = field(default_factory=dict)
+    error: Exception | None = None
+
+
+class LiveAllocation:
+    """One allocator deciding the live operator's cycle (module docstring)."""
+
+    def __init__(self, allocator: Allocator) -> None:
+        if getattr(allocator, "clairvoyant", False):
+            raise ValueError(f"{allocator.name} is clairvoyant: it cannot decide for a live scheduler")
+        self.allocator = allocator
+
+    @property
+    def name(self) -> str:
+        return self.allocator.name
+
+    # ------------------------------------------------------------------ translation
+    @staticmethod
+    def alloc_job(job: LiveJob, now: float) -> AllocJob:
+        """``job`` in the allocator's terms (replicas are GPUs)."""
+        g = max(1, job.gpus_per_worker)
+        lo, hi = (job.pinned_workers, job.pinned_workers) if job.pinned_workers else (job.min_workers, job.max_workers)
+        b = job.bounds
+        if b is None:  # a fixed local batch per GPU: goodput is throughput
+            limits = AppLimits(init_batch_size=lo * g, max_batch_size=hi * g, min_local_bsz=1, max_local_bsz=1)
+        else:
+            limits = AppLimits(init_batch_size=b.init_batch, max_batch_size=b.largest,
+                               min_local_bsz=b.min_local_batch,
+                               max_local_bsz=b.max_local_batch if b.max_local_batch is not None else b.largest)
+        profile: tuple[ProfileSample, ...] = ()
+        sqr = var = None
+        obs = job.observations
+        if obs is not None:
+            profile = tuple(ProfileSample(num_nodes=r.nodes, num_replicas=r.workers * g,
+                                          atomic_bsz=max(1, round(r.local_batch / g)),
+                                          step_time=r.step_time, sync_time=0.0, accum_steps=r.accumulation)
+                            for r in obs.shapes)
+            if obs.grad_sqr is not None and obs.grad_var is not None and b is not None:
+                sqr, var = obs.grad_sqr, obs.grad_var / b.init_batch  # per-sample tr(Σ) -> tr(Σ)/M0
+        if b is None:  # no batch the scheduler may change: every sample counts (noise scale ∞)
+            sqr, var = 0.0, 1.0
+        held = tuple(n for n in job.nodes for _ in range(g))
+        return AllocJob(id=job.key, submit_time=job.submit_time, application=job.key,
+                        age=max(0.0, now - job.submit_time), attained_service=job.attained_service,
+                        num_restarts=max(0, job.restarts), allocation=held, target_replicas=lo * g,
+                        target_batch_size=limits.init_batch_size, min_replicas=lo * g, max_replicas=hi * g,
+                        limits=limits, batch_size=job.batch_size or 0, grad_sqr=sqr, grad_var=var, profile=profile)
+
+    def target(self, job: LiveJob, alloc: Allocation) -> LiveTarget:
+        """The allocator's answer for ``job`` in whole workers (0: it waits)."""
+        g = max(1, job.gpus_per_worker)
+        lo = job.pinned_workers or job.min_workers
+        hi = job.pinned_workers or job.max_workers
+        workers = min(alloc.replicas // g, hi)
+        if workers < lo:
+            return LiveTarget(0, None)
+        batch = alloc.batch_size if job.bounds is not None else None
+        if batch is not None and workers * g != alloc.replicas:  # rounded down: keep the per-GPU share
+            batch = max(job.bounds.init_batch, alloc.atomic_bsz * workers * g * ((alloc.accum_steps or 0) + 1))
+        return LiveTarget(workers, int(batch) if batch is not None else None)
+
+    # ------------------------------------------------------------------ decision
+    def plan(self, jobs: Sequence[LiveJob], capacity: Mapping[int, int], now: float,
+             names: Mapping[int, str] | None = None) -> LivePlan:
+        """Decide for ``jobs``: those with ``nodes`` run (and may move), the others wait.
+        ``capacity``: node index -> GPUs the allocator may give (free GPUs plus those the
+        running ``jobs`` hold there)."""
+        names = names or {}
+        nodes = [AllocNode(i, int(c), names.get(i, "")) for i, c in sorted(capacity.items())]
+        held = Counter(n for j in jobs for n in j.nodes for _ in range(max(1, j.gpus_per_worker)))
+        over = {i: (held[i], capacity.get(i, 0)) for i in held if held[i] > capacity.get(i, 0)}
+        if over:
+            raise ValueError(f"running jobs hold more GPUs than the capacity given (node: held, capacity): {over}")
+        try:
+            out = dict(self.allocator.allocate([self.alloc_job(j, now) for j in jobs], nodes, now))
+        except Exception as exc:  # noqa: BLE001 - a broken policy keeps everyone as they are
+            return LivePlan(error=exc)
+        plan = LivePlan(allocations=out)
+        for j in jobs:
+            t = self.target(j, out.get(j.key, Allocation()))
+            if not j.nodes:
+                if t.workers:
+                    plan.start[j.key] = t
+            elif t.workers == 0:
+                plan.stop.append(j.key)
+            elif t.workers != j.workers:
+                plan.resize[j.key] = t
+        return plan

@@ -1,0 +1,168 @@
+"""core/live_allocation.py: the live operator's allocator cycle — translation of what
+the operator knows into the allocator's terms and of its answer into actions, exactly,
+and the safe plan when the policy fails."""
+
+import math
+
+import pytest
+
+from rlsched.core.allocation import Allocation
+from rlsched.core.goodput import BatchBounds, JobObservations
+from rlsched.core.goodput_allocator import GoodputAllocator
+from rlsched.core.live_allocation import (
+    LiveAllocation,
+    LiveJob,
+    LiveTarget,
+    attained_service,
+    batch_bounds,
+    observations_from_status,
+    observations_to_status,
+)
+
+
+class Fixed:
+    """An allocator whose answer the test writes down."""
+
+    name = "fixed"
+    clairvoyant = False
+
+    def __init__(self, answer):
+        self.answer = answer
+        self.seen = None
+
+    def allocate(self, jobs, nodes, now):
+        self.seen = (list(jobs), list(nodes), now)
+        return self.answer
+
+
+class Broken(Fixed):
+    def allocate(self, jobs, nodes, now):
+        raise RuntimeError("policy bug")
+
+
+def test_attained_service_adds_the_gpus_held_since_the_record():
+    assert attained_service(100.0, 10.0, 4, 40.0) == 220.0
+    assert attained_service(None, 10.0, 2, 20.0) == 20.0
+    assert attained_service(-5, 10.0, 2, 20.0) == 20.0  # a negative record is not trusted
+    assert attained_service("x", None, 2, 20.0) == 0.0
+    assert attained_service(7.0, 30.0, 2, 20.0) == 7.0  # a clock behind the record adds nothing
+
+
+def test_observations_round_trip_through_the_status_and_refuse_garbage():
+    b = BatchBounds(128, 1024, 16, 256)
+    obs = JobObservations(b).record(2, 1, 256, 0.2).record(2, 1, 256, 0.3).record(4, 2, 512, 0.25)
+    obs = JobObservations(b, obs.shapes, 2.0, 900.0, fitted=obs.fitted)
+    st = observations_to_status(obs, "2026-01-01T00:00:00Z")
+    back, last = observations_from_status(st, b)
+    assert last == "2026-01-01T00:00:00Z"
+    assert back.shapes == obs.shapes and (back.grad_sqr, back.grad_var) == (2.0, 900.0)
+    assert back.observations() == obs.observations() and back.fitted == back.observations()
+    # the next report folds in where the record left off (the running mean of 3 reports)
+    assert back.record(2, 1, 256, 0.4).shapes[0].step_time == pytest.approx((0.2 + 0.3 + 0.4) / 3)
+    hostile = {"shapes": [[2, 3, 256, 0, 0.2, 1], [2, 1, 0, 0, 0.2, 1], ["a"], [2, 1, 256, 0, math.nan, 1], 7],
+               "gradSqr": "big", "gradVar": 1.0}
+    bad, last = observations_from_status(hostile, b)
+    assert bad.shapes == () and bad.grad_sqr is None and last is None
+    assert observations_from_status(["not", "a", "map"], b)[0] == JobObservations(b)
+
+
+def test_batch_bounds_from_the_spec():
+    assert batch_bounds(None) is None
+    assert batch_bounds(128) == BatchBounds(128)
+    assert batch_bounds(128, 1024, 16, 256) == BatchBounds(128, 1024, 16, 256)
+
+
+def test_a_job_in_the_allocators_terms_replicas_are_gpus():
+    b = BatchBounds(128, 1024, 16, 256)
+    obs = JobObservations(b, (), 2.0, 900.0).record(2, 1, 256, 0.2)
+    j = LiveJob("ns/a", submit_time=100.0, min_workers=1, max_workers=4, gpus_per_worker=2, nodes=(0, 3),
+                batch_size=256, bounds=b, observations=obs, attained_service=50.0, restarts=2)
+    a = LiveAllocation.alloc_job(j, now=160.0)
+    assert (a.id, a.age, a.attained_service, a.num_restarts) == ("ns/a", 60.0, 50.0, 2)
+    assert a.allocation == (0, 0, 3, 3) and (a.min_replicas, a.max_replicas) == (2, 8)
+    assert (a.limits.init_batch_size, a.limits.max_batch_size, a.limits.min_local_bsz, a.limits.max_local_bsz) == \
+        (128, 1024, 16, 256)
+    # the trainer's per-sample tr(Σ) in AdaptDL's units at the initial batch
+    assert (a.grad_sqr, a.grad_var) == (2.0, 900.0 / 128)
+    (p,) = a.profile
+    assert (p.num_nodes, p.num_replicas, p.atomic_bsz, p.step_time, p.accum_steps) == (1, 4, 64, 0.2, 0)
+    pinned = LiveAllocation.alloc_job(LiveJob("ns/p", 0.0, 1, 8, pinned_workers=3), now=0.0)
+    assert (pinned.min_replicas, pinned.max_replicas) == (3, 3)
+    # no batch size: one sample per GPU per step, never accumulated — goodput is throughput
+    free = LiveAllocation.alloc_job(LiveJob("ns/f", 0.0, 2, 6), now=0.0)
+    assert (free.limits.min_local_bsz, free.limits.max_local_bsz) == (1, 1)
+    assert (free.grad_sqr, free.grad_var) == (0.0, 1.0)  # efficiency 1: goodput is throughput
+
+
+def test_the_answer_becomes_starts_resizes_and_stops_in_whole_workers():
+    jobs = [
+        LiveJob("ns/wait", 0.0, 1, 4, bounds=BatchBounds(64, 512)),
+        LiveJob("ns/grow", 1.0, 1, 4, nodes=(0,), batch_size=64, bounds=BatchBounds(64, 512)),
+        LiveJob("ns/stop", 2.0, 1, 4, nodes=(1,)),
+        LiveJob("ns/same", 3.0, 1, 4, nodes=(1,), bounds=BatchBounds(64, 512)),
+        LiveJob("ns/pair", 4.0, 2, 2, gpus_per_worker=2),  # 3 GPUs are one worker: below its gang
+        LiveJob("ns/left", 5.0, 1, 1),
+    ]
+    answer = {
+        "ns/wait": Allocation((2, 2), 64, 1),
+        "ns/grow": Allocation((0, 0, 0), 32, 0),
+        "ns/stop": Allocation(),
+        "ns/same": Allocation((1,), 128, 0),  # a batch-only change: not worth a restart
+        "ns/pair": Allocation((3, 3, 3), None, None),
+    }
+    live = LiveAllocation(Fixed(answer))
+    plan = live.plan(jobs, {0: 4, 1: 4, 2: 4, 3: 4}, now=10.0)
+    assert plan.error is None
+    assert plan.start == {"ns/wait": LiveTarget(2, 256)}
+    assert plan.resize == {"ns/grow": LiveTarget(3, 96)}
+    assert plan.stop == ["ns/stop"]
+    seen_jobs, seen_nodes, now = live.allocator.seen
+    assert [n.gpus for n in seen_nodes] == [4, 4, 4, 4] and now == 10.0
+    assert [j.id for j in seen_jobs] == [j.key for j in jobs]
+
+
+def test_a_policy_that_raises_keeps_everyone_and_starts_nobody():
+    live = LiveAllocation(Broken({}))
+    plan = live.plan([LiveJob("ns/a", 0.0, 1, 2), LiveJob("ns/b", 0.0, 1, 2, nodes=(0,))], {0: 2}, now=0.0)
+    assert isinstance(plan.error, RuntimeError)
+    assert (plan.start, plan.resize, plan.stop) == ({}, {}, [])
+
+
+def test_capacity_must_hold_the_running_jobs():
+    with pytest.raises(ValueError, match="more GPUs than the capacity"):
+        LiveAllocation(Fixed({})).plan([LiveJob("ns/a", 0.0, 1, 2, gpus_per_worker=2, nodes=(0,))], {0: 1}, now=0.0)
+
+
+def test_clairvoyant_allocators_are_refused():
+    class Oracle(Fixed):
+        clairvoyant = True
+
+    with pytest.raises(ValueError, match="clairvoyant"):
+        LiveAllocation(Oracle({}))
+
+
+def test_goodput_live_shrinks_a_running_job_to_start_a_queued_one():
+    """The real goodput allocator through the live translation: one job holds all 4
+    GPUs, a second is queued — the running one shrinks (a resize) and the queued one
+    starts, together using every GPU, each at a batch within its bounds."""
+    b = BatchBounds(128, 2048, 16, 256)
+    run = LiveJob("ns/run", 0.0, 1, 4, nodes=(0, 0, 0, 0), batch_size=512, bounds=b, attained_service=10.0)
+    new = LiveJob("ns/new", 50.0, 1, 4, bounds=b)
+    plan = LiveAllocation(GoodputAllocator()).plan([run, new], {0: 4}, now=1e5)
+    assert set(plan.start) == {"ns/new"} and set(plan.resize) == {"ns/run"} and plan.stop == []
+    assert plan.start["ns/new"].workers + plan.resize["ns/run"].workers == 4
+    for t in (plan.start["ns/new"], plan.resize["ns/run"]):
+        assert 128 <= t.batch_size <= 2048
+
+
+def test_allocator_names_and_options():
+    from rlsched.core.live_allocation import make_live_allocator, parse_allocator_options
+
+    assert parse_allocator_options("goodput@restart_delay=2,refit_tolerance=none") == \
+        ("goodput", {"restart_delay": 2.0, "refit_tolerance": None})
+    a = make_live_allocator("goodput@restart_delay=2")
+    assert isinstance(a, GoodputAllocator) and a.restart_delay == 2.0
+    for bad, match in (("fifo", "unknown live allocator"), ("goodput@p", "not key=number"),
+                       ("goodput@p=x", "not key=number"), ("goodput@nope=1", "nope")):
+        with pytest.raises(ValueError, match=match):
+            make_live_allocator(bad)

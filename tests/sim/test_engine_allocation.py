@@ -1,0 +1,59 @@
+"""The event engine run by an allocation policy (``Simulator(allocation=...)``): the
+same core object the operator's ``--allocator`` mode calls (core/live_allocation.py),
+deciding every job's workers each ``scaling_interval`` from the step times the jobs
+report — several workers at once, shrink-to-admit, restart cost on every change."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlsched.core import Topology, make_ordering, make_placement
+from rlsched.core.goodput_allocator import GoodputAllocator
+from rlsched.core.live_allocation import LiveAllocation
+from rlsched.sim import JobSpec, SimConfig, Simulator
+
+
+def topo():
+    return Topology.uniform(4, gpus_per_node=8, racks=2, blocks=1, prefix="n")
+
+
+def sim(jobs, **cfg):
+    config = SimConfig(scaling_interval=60.0, restart_cost=30.0, record_decisions=True, **cfg)
+    return Simulator(jobs, topo(), placement=make_placement("bestfit"),
+                     allocation=LiveAllocation(GoodputAllocator(restart_delay=30.0)), config=config)
+
+
+def job(jid, t, lo=1, hi=16, **kw):
+    return JobSpec(jid, t, workers=lo, min_workers=lo, max_workers=hi, compute_time=0.2, grad_gb=0.02,
+                   batch_per_worker=32, samples_per_epoch=4_000_000, max_epochs=20, **kw)
+
+
+def test_the_policy_decides_alone_with_a_placement():
+    with pytest.raises(ValueError, match="decides alone"):
+        Simulator([job("a", 0.0)], topo(), ordering=make_ordering("fifo"), placement=make_placement("bestfit"),
+                  allocation=LiveAllocation(GoodputAllocator()))
+    with pytest.raises(ValueError, match="decides alone"):
+        Simulator([job("a", 0.0)], topo(), allocation=LiveAllocation(GoodputAllocator()))
+
+
+def test_a_lone_job_starts_wide_and_every_job_finishes():
+    s = sim([job("a", 0.0), job("b", 3000.0, lo=2)])
+    res = s.run()
+    assert {r.id for r in res.records} == {"a", "b"} and not res.unfinished
+    admits = [d for d in res.decisions if d["kind"] == "admit"]
+    first = next(d for d in admits if d["job"] == "a")
+    assert first["workers"] >= 2 and first["t"] == 60.0  # at the first decision, several workers at once
+    # it learned from its reports: a's record holds the shapes it ran
+    assert s._by_id["a"].obs.shapes and all(r.step_time > 0 for r in s._by_id["a"].obs.shapes)
+
+
+def test_a_running_job_shrinks_to_admit_one_that_does_not_fit_beside_it():
+    # a alone takes what its goodput says; b's gang needs all but one of the 32 GPUs
+    s = sim([job("a", 0.0, hi=32), job("b", 3000.0, lo=31, hi=31)])
+    s.advance_until(2950.0)
+    held = s.job("a").workers
+    assert held >= 2
+    s.advance_until(3100.0)
+    assert s.job("b").start_time is not None and s.job("a").workers == 1
+    steps = [d for d in s.result().decisions if d["job"] == "a" and d["kind"] == "scale"]
+    assert steps and steps[-1]["delta"] == 1 - held  # one decision, many workers
