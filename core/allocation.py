@@ -132,6 +132,9 @@ class AllocJob:
     metrics: tuple[float, ...] = ()
     higher_is_better: bool = True
     oracle: Oracle | None = None
+    #: service class rank (a TrainingJob's ``spec.priority.class``: 2 highest, 1 urgent,
+    #: 0 normal); an allocator serves higher classes first
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,9 @@ restarts, current allocation, the step times and gradient statistics it reported
    (``bench/decision_time.py``), not yet measured on the protocol, hence not the
    default.
 2. **Who runs** (fairness by attained service, Tiresias' discretized 2D-LAS, Gu et al.
-   NSDI'19): jobs in two queues by attained GPU-seconds (below ``threshold`` first),
+   NSDI'19): within a service class (``AllocJob.priority``: a TrainingJob's ``highest``
+   before ``urgent`` before ``normal``; every job of the measured workloads is
+   ``normal``), jobs in two queues by attained GPU-seconds (below ``threshold`` first),
    first come first served within a queue; walking that order each job is given its
    smallest gang (``min_replicas``, at least 1 GPU) while GPUs remain. Every job that
    runs therefore runs before any job gets a second GPU, and a running job is shrunk —
@@ -99,8 +101,9 @@ class GoodputAllocator:
 
     # ------------------------------------------------------------------ the pieces
     def order(self, jobs: Sequence[AllocJob]) -> list[AllocJob]:
-        """Who runs first: two queues by attained service, FCFS within each."""
-        return sorted(jobs, key=lambda j: (j.attained_service >= self.threshold, j.submit_time, j.id))
+        """Who runs first: higher service classes first (``AllocJob.priority``), then two
+        queues by attained service, FCFS within each."""
+        return sorted(jobs, key=lambda j: (-j.priority, j.attained_service >= self.threshold, j.submit_time, j.id))
 
     def utility(self, speedup: np.ndarray) -> np.ndarray:
         """``u(s) = (s^p − 1)/p`` (``log s`` at ``p = 0``); ``−inf`` at ``s = 0``."""

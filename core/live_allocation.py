@@ -49,13 +49,17 @@ from typing import Any, Mapping, Sequence
 
 from .allocation import AllocJob, Allocation, Allocator, AllocNode, AppLimits, ProfileSample
 from .goodput import BatchBounds, JobObservations, ShapeRecord
+from .served import LIVE_ALLOCATOR_NAMES
 
 __all__ = ["LiveJob", "LiveTarget", "LivePlan", "LiveAllocation", "LIVE_ALLOCATORS", "make_live_allocator",
            "parse_allocator_options",
            "attained_service", "batch_bounds", "observations_from_status", "observations_to_status"]
 
+#: ``spec.priority.class`` -> ``AllocJob.priority`` (higher classes are served first)
+CLASS_RANK = {"highest": 2, "urgent": 1, "normal": 0}
+
 #: the allocation policies a live operator may run (non-clairvoyant, in core)
-LIVE_ALLOCATORS = ("goodput",)
+LIVE_ALLOCATORS = LIVE_ALLOCATOR_NAMES
 
 
 def parse_allocator_options(text: str) -> tuple[str, dict[str, float | None]]:
@@ -166,6 +170,8 @@ class LiveJob:
     observations: JobObservations | None = None
     attained_service: float = 0.0
     restarts: int = 0
+    #: ``spec.priority.class``
+    priority_class: str = "normal"
 
     @property
     def workers(self) -> int:
@@ -234,7 +240,8 @@ class LiveAllocation:
                         age=max(0.0, now - job.submit_time), attained_service=job.attained_service,
                         num_restarts=max(0, job.restarts), allocation=held, target_replicas=lo * g,
                         target_batch_size=limits.init_batch_size, min_replicas=lo * g, max_replicas=hi * g,
-                        limits=limits, batch_size=job.batch_size or 0, grad_sqr=sqr, grad_var=var, profile=profile)
+                        limits=limits, batch_size=job.batch_size or 0, grad_sqr=sqr, grad_var=var, profile=profile,
+                        priority=CLASS_RANK.get(job.priority_class, 0))
 
     def target(self, job: LiveJob, alloc: Allocation) -> LiveTarget:
         """The allocator's answer for ``job`` in whole workers (0: it waits)."""

@@ -1,7 +1,8 @@
 """The served combination and the grammar of policy names.
 
-``rlsched`` is the one name of the learned policy we serve: an ordering, a placement and
-a scaling policy. Which ones is recorded here and nowhere else (:data:`SERVED`); the
+``rlsched`` is the one name of the policy we serve: an allocation policy with the
+placement of its new workers (now), or an ordering, a placement and a scaling policy.
+Which is recorded here and nowhere else (:data:`SERVED`); the operator's defaults, the
 simulator's ``--policies``, the interval engine's allocator names and the evaluation
 protocol resolve ``rlsched`` through :func:`parse_policy_name`.
 
@@ -12,6 +13,11 @@ A policy name is one of
 ``<ordering>/<placement>[/<scaling>]``
     registered policies by name (:mod:`rlsched.core.policy`); scaling ``none`` is no
     scaling;
+``<allocator>/<placement>``
+    an allocation policy of :data:`LIVE_ALLOCATOR_NAMES` (options as ``goodput@p=0.5``)
+    deciding every job's workers, new workers placed by ``placement`` (the event
+    engine's ``Simulator(allocation=...)``, the operator's ``--allocator``); on measured
+    workloads the allocator alone (it places its own workers);
 ``<name>``
     a single word: an allocation policy of the interval engine (``tiresias-2q``,
     ``optimus-oracle``, ``pollux``); the simulator checks that it knows it;
@@ -26,10 +32,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ServedPolicy", "SERVED", "SERVED_NAME", "PolicyName", "parse_policy_name", "BACKFILL_SUFFIXES"]
+__all__ = ["ServedPolicy", "SERVED", "SERVED_NAME", "LIVE_ALLOCATOR_NAMES", "PolicyName", "parse_policy_name", "BACKFILL_SUFFIXES"]
 
 #: the CLI name of the served combination
 SERVED_NAME = "rlsched"
+
+#: allocation policies that also decide in the event engine and the operator
+#: (``<allocator>/<placement>``; core/live_allocation.py makes them)
+LIVE_ALLOCATOR_NAMES = ("goodput",)
 
 #: suffix -> backfill
 BACKFILL_SUFFIXES = {"+backfill": True, "+nobackfill": False}
@@ -37,39 +47,47 @@ BACKFILL_SUFFIXES = {"+backfill": True, "+nobackfill": False}
 
 @dataclass(frozen=True)
 class ServedPolicy:
-    """The learned ordering, placement and scaling served under :data:`SERVED_NAME`,
-    and why these (the protocol's verdict, in words)."""
+    """What is served under :data:`SERVED_NAME`, and why (the protocol's verdict, in
+    words): an allocation policy with the placement that puts its new workers on nodes
+    (``allocator`` set), or an ordering, a placement and a scaling policy."""
 
     ordering: str
     placement: str
     scaling: str
     reason: str
+    allocator: str = ""
 
     @property
     def triple(self) -> str:
+        if self.allocator:
+            return f"{self.allocator}/{self.placement}"
         return f"{self.ordering}/{self.placement}/{self.scaling}"
 
 
-#: The served combination. Change it only on the evaluation protocol's test split
+#: The served policy. Change it only on the evaluation protocol's test split
 #: (``rlsched eval protocol``), and say why in ``reason``.
 SERVED = ServedPolicy(
-    ordering="das",
-    placement="das-agent",
-    scaling="rlpto",
+    ordering="",
+    placement="das",
+    scaling="",
+    allocator="goodput",
     reason=(
-        "ordering: DAS (layout 2, non-clairvoyant, attained-service queues) and placement: the trained "
-        "DAS placement agent (das-agent), the committed validation-chosen models; scaling: the learned "
-        "RLPTO policy, because on the protocol's 20 test seeds it has a 6.8% lower sum of JCTs than FS+beta "
-        "(fs with the planner's beta stop) with the 95% interval entirely below zero "
-        "(docs/results/rlpto_protocol.md); without its weights it decides as FS+beta"
+        "rlsched's goodput allocator (core/goodput_allocator.py; live: core/live_allocation.py with the "
+        "extender's DAS placement for new workers), because on the protocol's pollux suite (the 8 published "
+        "workloads, paired bootstrap 95% intervals) its mean JCT is 25.8% [22.5, 29.3] / 28.9% [22.8, 33.8] / "
+        "40.3% [35.8, 43.9] below tiresias-2q at 0.5x / 1.0x / 1.5x load, and 2,851 s at 1.0x against 6,560 s "
+        "for the combination served before it (das / das-agent / rlpto) (docs/results/protocol_goodput_1x.md, "
+        "docs/benchmark.md); the published Pollux's 2,751 s at 1.0x is not reached"
     ),
 )
 
 
 @dataclass(frozen=True)
 class PolicyName:
-    """A parsed policy name. ``allocator`` is set (and ordering/placement empty) for a
-    single-word allocation policy; ``backfill`` is ``None`` for the engine's default."""
+    """A parsed policy name. ``allocator`` is set (and ordering empty) for an allocation
+    policy: a single word (the interval engine's), or ``<allocator>/<placement>`` (the
+    event engine's and the operator's, new workers placed by ``placement``);
+    ``backfill`` is ``None`` for the engine's default."""
 
     text: str  # as written, without the backfill suffix (``rlsched`` stays ``rlsched``)
     ordering: str = ""
@@ -89,7 +107,7 @@ class PolicyName:
     def triple(self) -> str:
         """``ordering/placement[/scaling]`` (or the allocator's name), resolved."""
         if self.allocator:
-            return self.allocator
+            return f"{self.allocator}/{self.placement}" if self.placement else self.allocator
         return f"{self.ordering}/{self.placement}" + (f"/{self.scaling}" if self.scaling else "")
 
     @property
@@ -113,10 +131,12 @@ def parse_policy_name(text: str) -> PolicyName:
         raise ValueError(f"policy {item!r}: empty name")
     if base == SERVED_NAME:
         s = SERVED
-        return PolicyName(base, s.ordering, s.placement, s.scaling, backfill=backfill)
+        return PolicyName(base, s.ordering, s.placement, s.scaling or None, allocator=s.allocator, backfill=backfill)
     parts = base.split("/")
     if len(parts) == 1:
         return PolicyName(base, allocator=base, backfill=backfill)
+    if len(parts) == 2 and parts[0].strip().partition("@")[0] in LIVE_ALLOCATOR_NAMES and parts[1].strip():
+        return PolicyName(base, placement=parts[1].strip(), allocator=parts[0].strip(), backfill=backfill)
     if len(parts) not in (2, 3) or not all(p.strip() for p in parts):
         raise ValueError(f"policy {item!r}: expected ordering/placement[/scaling][+backfill|+nobackfill], "
                          f"{SERVED_NAME!r} or an allocation policy")

@@ -50,6 +50,8 @@ import yaml
 
 from rlsched.core.contract import ANNOTATION_TRACE_JOB, API_VERSION, GROUP, KIND, PLURAL, VERSION, pod_gpus
 
+from rlsched.core.served import SERVED
+
 from .nodes import default_topology
 from .probe import http_ok
 from .proc import ClusterError, Process, free_ports, port_free, started_in, stop_process_group, wait_for
@@ -109,6 +111,18 @@ class DemoOptions:
     extender_model: str | None = None
     chart: Path = DEFAULT_CHART
     prometheus: str | None = None  # the executable; default: prometheus on PATH
+    #: the operator's ``--allocator`` (default: the served policy, core/served.py; ``none``:
+    #: admission + scaling). Its restart delay is the demo's: one epoch (``epoch_s``), as a
+    #: demo job lives about 30 epochs of ``epoch_s`` (a real restart costs ~30 s of a job
+    #: whose epochs take minutes), unless the name gives options (``goodput@...``)
+    allocator: str = SERVED.allocator or "none"
+
+    def live_allocator(self) -> str:
+        """The operator's ``--allocator`` for this demo (see :attr:`allocator`)."""
+        a = self.allocator
+        if a in ("", "none") or "@" in a:
+            return a or "none"
+        return f"{a}@restart_delay={self.epoch_s:g}"
 
     def __post_init__(self) -> None:
         if self.duration_s <= 0 or self.jobs < 1:
@@ -698,7 +712,8 @@ class Demo:
             op = self._spawn("operator", _cli(
                 "operator", "run", "--kubeconfig", kc, "--namespace", ns,
                 "--metrics-port", str(op_port), "--cycle", f"{self.opts.cycle_s:g}",
-                "--start-timeout", "60", "--grace-period", "2", "--forecast-interval", "30"))
+                "--start-timeout", "60", "--grace-period", "2", "--forecast-interval", "30",
+                "--allocator", self.opts.live_allocator()))
             self.operator_url = f"http://127.0.0.1:{op_port}"
             wait_for(lambda: http_ok(f"{self.operator_url}/metrics"), 60, "operator /metrics", op, every=0.3)
             self._spawn("fake-trainer", _cli(
@@ -986,6 +1001,7 @@ def _up(args: argparse.Namespace) -> int:
             data_dir=args.data_dir or os.environ.get("RLSCHED_DATA_DIR") or None, seed=args.seed,
             out=Path(args.out), state_dir=Path(args.state_dir), epoch_s=args.epoch_seconds, keep=args.keep,
             extender_model=args.extender_model, chart=Path(args.chart), prometheus=args.prometheus,
+            allocator=args.allocator,
         )
     except ValueError as exc:
         console.print(f"[red]demo: {exc}[/red]")
@@ -1043,6 +1059,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--chart", default=str(DEFAULT_CHART),
                     help=f"the rlsched Helm chart (alert rules, metrics relay; default {DEFAULT_CHART})")
     up.add_argument("--prometheus", default=None, help="Prometheus executable (default: prometheus on PATH)")
+    up.add_argument("--allocator", default=SERVED.allocator or "none",
+                    help="the operator's allocation policy (default: the served one; none: admission + scaling)")
     up.set_defaults(func=_up)
     dn = sub.add_parser("down", help="stop everything a demo started")
     dn.add_argument("--state-dir", default=".run/demo")

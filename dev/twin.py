@@ -813,7 +813,7 @@ def run_live(jobs: Sequence[JobSpec], env, cfg: TwinConfig, workdir: Path, *,
             "--cycle", f"{cfg.cycle_s:g}", "--start-timeout", "60", "--grace-period", str(cfg.grace_period_s),
             "--metrics-port", str(mport), "--forecast-interval", "0", "--patience", str(cfg.patience),
             "--ordering", cfg.ordering, "--scaling", cfg.scaling]
-            + (["--allocator", cfg.live_allocator()] if cfg.allocator else []), workdir / "operator.log")
+            + ["--allocator", cfg.live_allocator() if cfg.allocator else "none"], workdir / "operator.log")
         op.start(workdir, pyenv)
         procs.append(op)
         wait_for(lambda: http_ok(f"http://127.0.0.1:{mport}/metrics"), 60, "operator /metrics", op, every=0.2)

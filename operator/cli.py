@@ -7,6 +7,7 @@ import sys
 
 from rlsched.core.contract import DEFAULT_SCHEDULER_NAME, LABEL_ALLOW_SECRET_MOUNTS, LABEL_POD_SECURITY_ENFORCE
 from rlsched.core.contract import POD_SECURITY_BASELINE, POD_SECURITY_LEVELS
+from rlsched.core.served import SERVED
 
 __all__ = ["register"]
 
@@ -31,10 +32,11 @@ def register(subparsers) -> None:
     r.add_argument("--placement-model", default=None,
                    help="weights of the DAS placement (default: the committed core/weights/das.safetensors, "
                    "as the extender)")
-    r.add_argument("--allocator", default=None,
+    r.add_argument("--allocator", default=SERVED.allocator or "none",
                    help="an allocation policy deciding every job's workers and global batch at once "
                    "(goodput: rlsched's goodput allocator, core/live_allocation.py; options as "
-                   "goodput@restart_delay=30,p=0.5) instead of admission + --scaling; default: off")
+                   "goodput@restart_delay=30,p=0.5), or none: admission (--ordering) + scaling (--scaling); "
+                   f"default: the served policy ({SERVED.allocator or 'none'}, core/served.py)")
     r.add_argument("--scaling", default="auto",
                    help="core scaling policy (auto: rlpto with --scaling-model, else beta; fs, optimus, none, ...)")
     r.add_argument("--scaling-model", default=None,
@@ -80,7 +82,7 @@ def _run(args: argparse.Namespace) -> int:
         start_timeout_s=args.start_timeout, grace_period_s=args.grace_period,
         scheduler_name=args.scheduler_name, ordering=args.ordering, ordering_model=args.ordering_model,
         placement=args.placement, placement_model=args.placement_model,
-        allocator=args.allocator, scaling=args.scaling, scaling_model=scaling_model, patience=args.patience, mu=args.mu,
+        allocator=None if args.allocator in ("none", "") else args.allocator, scaling=args.scaling, scaling_model=scaling_model, patience=args.patience, mu=args.mu,
         promote_at=args.promote_at, demote_at=args.demote_at, backfill=args.backfill,
         preemption=not args.no_preemption, metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         peering=args.peering, priority=args.priority, forecast_interval_s=args.forecast_interval,

@@ -1024,7 +1024,7 @@ class Controller:
                        gpus_per_worker=s.gpus_per_worker, nodes=placement,
                        batch_size=batch if batch is not None else s.batch_size, pinned_workers=s.pinned_workers,
                        bounds=self._bounds(j), observations=obs, attained_service=self._service(j, now),
-                       restarts=j.generation)
+                       restarts=j.generation, priority_class=s.priority_class)
 
     async def _resize(self, j: _Job, t: LiveTarget, now: float) -> None:
         """A new generation at the allocator's size and batch: recorded first (with the

@@ -100,7 +100,7 @@ def parse_policies(text: str) -> list[PolicyName]:
         if not item:
             continue
         pol = parse_policy_name(item)
-        if pol.allocator and not is_allocator(pol.allocator):
+        if pol.allocator and not is_allocator(pol.allocator.partition("@")[0] if pol.placement else pol.allocator):
             raise ValueError(f"policy {item!r}: expected ordering/placement[/scaling][+backfill|+nobackfill], "
                              f"{SERVED_NAME!r} or an allocation policy ({', '.join(ALLOCATORS)})")
         out.append(pol)
@@ -190,24 +190,31 @@ def _interval_config(args, trace):
     )
 
 
-def run_policy(trace, topology, ordering: str, placement: str, scaling: str | None, seed: int, config, progress=None):
-    """Simulate one policy triple; returns (SimResult, metrics dict)."""
+def run_policy(trace, topology, ordering: str, placement: str, scaling: str | None, seed: int, config, progress=None,
+               *, allocator: str = ""):
+    """Simulate one policy triple, or (``allocator``) an allocation policy whose new
+    workers ``placement`` places; returns (SimResult, metrics dict)."""
     from rlsched.core import make_ordering, make_placement, make_scaling
+    from rlsched.core.live_allocation import LiveAllocation, make_live_allocator
 
     from .engine import Simulator
     from .metrics import compute_metrics
 
     # one independent stream per policy, all from the run seed
     so, sp, ss = np.random.SeedSequence(seed).spawn(3)
-    sim = Simulator(
-        trace.jobs,
-        topology,
-        ordering=make_ordering(ordering, rng=np.random.default_rng(so)),
-        placement=make_placement(placement, rng=np.random.default_rng(sp)),
-        scaling=make_scaling(scaling, rng=np.random.default_rng(ss)) if scaling and scaling != "none" else None,
-        seed=seed,
-        config=config,
-    )
+    if allocator:
+        sim = Simulator(trace.jobs, topology, placement=make_placement(placement, rng=np.random.default_rng(sp)),
+                        allocation=LiveAllocation(make_live_allocator(allocator)), seed=seed, config=config)
+    else:
+        sim = Simulator(
+            trace.jobs,
+            topology,
+            ordering=make_ordering(ordering, rng=np.random.default_rng(so)),
+            placement=make_placement(placement, rng=np.random.default_rng(sp)),
+            scaling=make_scaling(scaling, rng=np.random.default_rng(ss)) if scaling and scaling != "none" else None,
+            seed=seed,
+            config=config,
+        )
     res = sim.run(progress=progress)
     res.skipped = dict(trace.skipped)
     m = compute_metrics(res)
@@ -216,6 +223,7 @@ def run_policy(trace, topology, ordering: str, placement: str, scaling: str | No
         "ordering": ordering,
         "placement": placement,
         "scaling": scaling or "none",
+        "allocator": allocator or None,
         "seed": seed,
         "backfill": config.backfill,
         "preemption": config.preemption,
@@ -300,15 +308,15 @@ def _cmd_run(args) -> int:
                 if args.allocator or not (args.ordering and args.placement):
                     raise ValueError("give --policy, or --ordering and --placement (--allocator is for measured workloads)")
                 pol = parse_policy_name(f"{args.ordering}/{args.placement}" + (f"/{args.scaling}" if args.scaling else ""))
-            elif pol.allocator:
+            elif pol.allocator and not pol.placement:
                 raise ValueError(f"policy {pol.label!r} is an allocation policy of measured workloads; "
-                                 "give ordering/placement[/scaling] or rlsched")
+                                 "give ordering/placement[/scaling], <allocator>/<placement> or rlsched")
             config = policy_config(_config(args), pol)
             with _progress(args.quiet) as prog:
                 task = prog.add_task(pol.label, total=len(trace.jobs))
                 _, m = run_policy(
                     trace, topo, pol.ordering, pol.placement, pol.scaling, args.seed, config,
-                    progress=lambda n, tot: prog.update(task, completed=n),
+                    progress=lambda n, tot: prog.update(task, completed=n), allocator=pol.allocator,
                 )
                 m["config"]["policy"] = pol.label
     except (TraceError, ValueError, OSError, RuntimeError) as exc:
@@ -355,7 +363,7 @@ def _cmd_compare(args) -> int:
         trace, topo = _load(args)
         measured = _is_measured(trace)
         for pol, _ in policies:
-            if not measured and pol.allocator:
+            if not measured and pol.allocator and not pol.placement:
                 raise ValueError(f"policy {pol.label!r}: measured workloads run "
                                  "allocation policies (tiresias-2q, optimus-oracle, pollux, ordering/placement); other "
                                  "traces run ordering/placement[/scaling] or rlsched")
@@ -389,7 +397,7 @@ def _cmd_compare(args) -> int:
                     res, m = run_policy(
                         trace, topo, pol.ordering, pol.placement, pol.scaling, args.seed,
                         replace(policy_config(config, pol), clairvoyant=clair),
-                        progress=lambda n, tot, task=task: prog.update(task, completed=n),
+                        progress=lambda n, tot, task=task: prog.update(task, completed=n), allocator=pol.allocator,
                     )
                     m["config"]["policy"] = name
                 rows.append({"policy": name, "clairvoyant": clair, "metrics": m})

@@ -1112,7 +1112,8 @@ class Simulator:
         v = j.view
         return LiveJob(key=v.id, submit_time=v.submit_time, min_workers=v.min_workers, max_workers=v.max_workers,
                        gpus_per_worker=v.gpus_per_worker, nodes=nodes, observations=j.obs,
-                       attained_service=v.attained_service, restarts=j.rescales + j.preemptions)
+                       attained_service=v.attained_service, restarts=j.rescales + j.preemptions,
+                       priority_class=j.spec.priority_class or "normal")
 
     def allocation_cycle(self) -> LivePlan:
         """One decision of the allocation policy now, as the operator's allocator mode

@@ -174,10 +174,13 @@ def check_pool(names: Sequence[str], suite: Suite, *, role: str = "compared_with
             pol = parse_policy_name(name)
         except ValueError as exc:
             raise ProtocolError(str(exc)) from None
-        if pol.allocator:
+        if pol.allocator and pol.placement and suite.engine != "interval":
+            pass  # an allocation policy of the event engine (<allocator>/<placement>, or rlsched)
+        elif pol.allocator:
             if suite.engine != "interval":
-                raise ProtocolError(f"{role} {name!r}: allocation policies run on the pollux suite only; "
-                                    f"suite {suite.name!r} runs ordering/placement[/scaling] or {SERVED_NAME}")
+                raise ProtocolError(f"{role} {name!r}: single-word allocation policies run on the pollux suite "
+                                    f"only; suite {suite.name!r} runs ordering/placement[/scaling], "
+                                    f"<allocator>/<placement> or {SERVED_NAME}")
             if pol.allocator not in ALLOCATORS:
                 raise ProtocolError(f"unknown {role} policy {name!r}; known allocation policies: {', '.join(ALLOCATORS)}")
             if pol.allocator == "pollux":
@@ -243,7 +246,8 @@ def run_unit(spec: str, seed: int, policies: Sequence[tuple[str, bool]], engine:
         else:
             topo = trace.topology if trace.topology is not None else default_topology(trace.jobs)
             cfg = policy_config(SimConfig(clairvoyant=clair), pol)
-            res, m = run_policy(trace, topo, pol.ordering, pol.placement, pol.scaling, seed, cfg)
+            res, m = run_policy(trace, topo, pol.ordering, pol.placement, pol.scaling, seed, cfg,
+                                allocator=pol.allocator)
         out.append({"policy": name, "clairvoyant": bool(m["clairvoyant"]), "jct_mean": m["jct_mean"],
                     "jobs_completed": m["jobs_completed"], "jobs_unfinished": m["jobs_unfinished"],
                     "wall_s": time.perf_counter() - t0})
@@ -399,7 +403,7 @@ def run_protocol(
         "suites": list(suites), "candidates": list(candidates), "top": top,
         "validation_seeds": seeds("validation", validation_seeds), "test_seeds": seeds("test", test_seeds),
         "served": {"name": SERVED_NAME, "ordering": SERVED.ordering, "placement": SERVED.placement,
-                   "scaling": SERVED.scaling, "reason": SERVED.reason},
+                   "scaling": SERVED.scaling, "allocator": SERVED.allocator, "reason": SERVED.reason},
         "clairvoyant_reference": list(clairvoyant), "pool": {}, "jobs": {}, "recorded": str(recorded) if recorded else None,
         "pool_kind": "custom (--pool)" if pool is not None else (
             f"the issue's pool, scalings narrowed to {', '.join(scalings)}" if scalings is not None else "the issue's pool"),
@@ -533,14 +537,20 @@ def _f(x: Any, pct: bool = False) -> str:
     return f"{100 * x:+.1f}%" if pct else f"{x:,.0f}"
 
 
+def _served_text(served: Mapping) -> str:
+    if served.get("allocator"):
+        return f"{served['allocator']} (new workers placed by {served['placement']})"
+    return f"{served['ordering']} / {served['placement']} / {served['scaling']}"
+
+
 def markdown(result: ProtocolResult | Mapping) -> str:
     d = result.to_dict() if isinstance(result, ProtocolResult) else result
     st = d["settings"]
     val, test = st["validation_seeds"], st["test_seeds"]
     lines = [
         "# Evaluation protocol: candidates against the strongest baselines", "",
-        f"Candidates: {', '.join(st['candidates'])} (`{SERVED_NAME}` = {st['served']['ordering']} / "
-        f"{st['served']['placement']} / {st['served']['scaling']}: {st['served']['reason']}).",
+        f"Candidates: {', '.join(st['candidates'])} (`{SERVED_NAME}` = {_served_text(st['served'])}: "
+        f"{st['served']['reason']}).",
         f"Strongest baselines: per suite and load, the {st['top']} lowest mean JCTs of the pool on "
         f"{len(val)} validation seeds ({val[0]}..{val[-1]}); reported on {len(test)} test seeds "
         f"({test[0]}..{test[-1]}) (the pollux suite's published workloads: workloads 1-8). "

@@ -18,7 +18,8 @@ Every scheduling interval (:meth:`PolluxPaperAllocator.allocate`, the engine's 6
   used, the fit sees total step times as in the live operator), with Pollux's
   prior-driven exploration (§4.1): a synchronisation term the job has not been
   observed on is free until it has (:meth:`PolluxPaperAllocator.prior_for`); and a
-  statistical-efficiency model from its gradient statistics.
+  statistical-efficiency model from its gradient statistics; with the artifact's
+  rules A1-A3 (below).
   **Normalisation**: ``AllocJob.grad_var`` is in AdaptDL's normalisation, the gradient
   variance at the initial batch ``tr(Σ)/M0`` — the engine's progress per update is
   ``(var + sqr) / (var·M0/M + sqr)`` (:meth:`rlsched.sim.measured.Application.gain`),
@@ -32,13 +33,42 @@ Every scheduling interval (:meth:`PolluxPaperAllocator.allocate`, the engine's 6
   optimistic prior is tested one doubling at a time (``exploration=False`` lifts it).
 * **Speedup** (§4.2): ``SPEEDUP_j(A_j) = max_m GOODPUT_j(A_j, m) /
   max_m GOODPUT_j(a_f, m)`` with ``a_f`` the job's *fair share*: exclusive use of
-  ``1/J`` of the cluster, ``ceil(G/J)`` GPUs (``G`` GPUs, ``J`` jobs) within the job's
-  ``max_replicas``, packed on as few nodes as possible. We use the paper's fair-share
-  baseline, not the released code's one-GPU baseline: with ``p = −1`` the baseline sets
-  how much each job's speedup counts in the mean, and the paper's figures were made
-  with the fair-share one. Goodput depends on the placement only through ``K`` and
-  whether the job spans one node or several (the model's ``T_sync``), so each job's
-  speedups are one table over ``K`` × {one node, several}.
+  ``1/J`` of the cluster, ``ceil(G/J)`` GPUs (``G`` GPUs, ``J`` jobs), modelled as in
+  rule A4 below. We use the paper's fair-share baseline, not the released code's
+  one-GPU baseline: with ``p = −1`` the baseline sets how much each job's speedup
+  counts in the mean, and the paper's figures were made with the fair-share one.
+  Goodput depends on the placement only through ``K`` and whether the job spans one
+  node or several (the model's ``T_sync``), so each job's speedups are one table over
+  ``K`` × {one node, several}.
+* **Rules from the artifact** (``artifact_rules=True``, the default; the paper is
+  silent on these details, and the artifact is its authors' reading of it; facts and
+  formulas read from ``petuum/adaptdl`` branch ``osdi21-artifact``, ``simulator/``,
+  no code copied; ``artifact_rules=False`` restores our earlier choices, noted):
+
+  - **A1, unseen cross-node synchronisation** (:func:`node_sync_floor`; artifact
+    ``goodput.py`` ~201-204): while a job has no multi-node observation, after the fit
+    ``α_node ≥ 1.1·α_local`` and ``β_node ≥ 1.1·β_local`` — once it has shown a
+    within-node sync cost, crossing nodes is assumed to cost at least 10% more. (Was:
+    free until observed, whatever the job's within-node cost.)
+  - **A2, one batch size observed** (:func:`one_batch_size_prior`; artifact
+    ``goodput.py`` ~173-180): with step times at a single per-GPU batch ``m``, half of
+    the compute time there is fixed overhead, ``α_grad = T_grad(m)/2``. (Was: a fifth
+    of the compute at the reference batch, :class:`ThroughputPrior`'s default.) With
+    two batch sizes or more the data decide.
+  - **A3, compute and step times fitted separately** (:func:`fit_split`,
+    ``split_fit=True``; artifact ``simulator.py`` ~91-98 and ``goodput.py``'s
+    objective): ``AllocJob.profile`` reports each step's ``sync_time``, so
+    ``T_grad(m)`` is also fitted to the compute time ``step − sync`` while the whole
+    model is fitted to the step times. (Was: total step times only.)
+  - **A4, fair-share baseline** (:func:`fair_share_goodput`; artifact ``pollux.py``
+    ~246-256): ``a_f`` is ``ceil(G/J)`` GPUs modelled on one node, not capped by the
+    job's ``max_replicas`` or the node size, at the best batch (the batch range
+    stretched to ``K·min_local`` where the job's largest batch cannot feed ``K``
+    GPUs). (Was: capped at ``max_replicas``, placed on as few nodes as possible.)
+
+  Not taken: the artifact runs ncf at a fixed batch of 32,768 under Pollux
+  (``simulator.py`` ~190-192), a workload setting of its engine, not a policy rule the
+  paper states; and its search is pymoo's NSGA-II, 100 × 100 (ours below).
 * **Restart penalty** (§4.2 "re-allocation penalty"): a job whose allocation (its
   GPUs per node) changes has its speedup multiplied by
   ``REALLOC_FACTOR_j = max(T_j − R_j·δ, 0) / (T_j + δ)``, ``T_j`` its age,
@@ -83,10 +113,13 @@ from dataclasses import replace
 from typing import Mapping, Sequence
 
 import numpy as np
+from scipy.optimize import least_squares
 
 from ..allocation import AllocJob, Allocation, AllocNode, checked_call
-from ..goodput import GoodputModel, ThroughputPrior
-from ..job_goodput import JobGoodput, split_batch
+from ..goodput import BatchBounds, EfficiencyModel, GoodputModel, ThroughputModel, ThroughputParams, ThroughputPrior
+from ..goodput import _FIT_FTOL, _FIT_GTOL, _FIT_XTOL, _GAMMA_STARTS, _X_LOWER, _X_UPPER  # the shared fit's settings
+from ..goodput import _fit_jacobian, _iteration_time, _params_of, _prior_x
+from ..job_goodput import JobGoodput, _cached, _store, observations_of, split_batch
 
 __all__ = ["PolluxPaperAllocator"]
 
@@ -111,6 +144,8 @@ class PolluxPaperAllocator:
         exploration: bool = True,
         interference_avoidance: bool = True,
         prior: ThroughputPrior | None = None,
+        artifact_rules: bool = True,
+        split_fit: bool = False,
     ) -> None:
         if not (math.isfinite(p) and p != 0):
             raise ValueError(f"p must be finite and non-zero, got {p}")
@@ -124,12 +159,19 @@ class PolluxPaperAllocator:
         self.population, self.generations, self.seed = int(population), int(generations), int(seed)
         self.exploration, self.interference_avoidance = bool(exploration), bool(interference_avoidance)
         self.prior = prior if prior is not None else ThroughputPrior()
+        #: the artifact's readings of what the paper leaves open (rules A1, A2, A4 of the
+        #: module docstring); False: the earlier choices (for comparison and tests)
+        self.artifact_rules = bool(artifact_rules)
+        #: rule A3 (module docstring): fit compute and step times (with artifact_rules)
+        self.split_fit = bool(split_fit)
         self._rng = np.random.default_rng(seed)
         self._now: float | None = None
         #: the last population: job ids (rows), node indices (columns), matrices
         self._pop: tuple[list[str], list[int], np.ndarray] | None = None
         #: each job's goodput model and table from what it reported (cached fits)
-        self._jobs = JobGoodput(self.prior, prior_for=self.prior_for, cache=self.FIT_CACHE)
+        jobs_cls = _PaperJobGoodput if self.artifact_rules else JobGoodput
+        self._jobs = jobs_cls(self.prior, prior_for=self.prior_for, cache=self.FIT_CACHE)
+        self._jobs.split_fit = self.split_fit
 
     def __repr__(self) -> str:
         return (f"PolluxPaperAllocator(p={self.p}, restart_delay={self.restart_delay}, population={self.population}, "
@@ -147,7 +189,8 @@ class PolluxPaperAllocator:
         on is fitted from its data, regularised towards :attr:`prior`'s moderate
         values. (:meth:`ThroughputPrior.optimistic` pins *every* sync term at the fit's
         floor, where the log-coordinate gradient vanishes, so even observed sync costs
-        stay near 0; that is not the paper's rule.)"""
+        stay near 0; that is not the paper's rule.) Rule A1 (module docstring) then
+        floors an unseen cross-node term at 1.1× the fitted within-node one."""
         local = any(k >= 2 and n == 1 for k, n, *_ in observations)
         across = any(n >= 2 for _, n, *_ in observations)
         return replace(self.prior, local_sync=self.prior.local_sync if local else (0.0, 0.0),
@@ -168,6 +211,10 @@ class PolluxPaperAllocator:
         or several (``d = 1``), relative to the fair share (module docstring); 0 where
         the job cannot run (or ``K`` GPUs do not fit one node, for ``d = 0``)."""
         good, gm = self._jobs.table(job, width, node_gpus)
+        if self.artifact_rules:
+            base = fair_share_goodput(gm, max(-(-total_gpus // max(n_jobs, 1)), 1))
+            table = good / base if base > 0 else np.zeros_like(good)
+            return table, gm
         kmax = min(job.max_replicas, width - 1)
         fair = min(max(-(-total_gpus // max(n_jobs, 1)), 1), kmax)
         base = 0.0
@@ -412,3 +459,142 @@ class _Problem:
             choice = gm.optimize_batch(k, min(n, k))
             out[job.id] = Allocation(nodes, *split_batch(job, k, int(choice.batch), int(choice.accumulation)))
         return out
+
+
+# ---------------------------------------------------------------------- artifact rules
+def fair_share_goodput(gm: GoodputModel, replicas: int) -> float:
+    """Rule A4 (module docstring): the goodput of the fair share ``a_f`` — ``replicas``
+    (``ceil(G/J)``) GPUs modelled as one node (no cross-node synchronisation), whatever
+    the job's ``max_replicas`` and the node size, at the best batch; where the job's
+    largest batch cannot feed that many replicas (``replicas·min_local > max_batch``)
+    the batch range is stretched to ``replicas·min_local`` so the baseline exists
+    (the artifact, ``pollux.py`` ~246-256 with ``goodput.py``'s ``optimize``, does the
+    same: one node, ``ceil(1/(dominant share·J))`` replicas, no cap, batches from
+    ``max(M0, K·min_local)``)."""
+    b = gm.bounds
+    need = replicas * b.min_local_batch
+    if need > b.largest:
+        gm = GoodputModel(gm.throughput, gm.efficiency, replace(b, max_batch=int(need)))
+    return float(gm.optimize_batch(int(replicas), 1).goodput)
+
+
+def one_batch_size_prior(prior: ThroughputPrior, observations: tuple, reference_batch: float) -> ThroughputPrior:
+    """Rule A2 (module docstring): with step times measured at one per-GPU batch ``m``
+    only, the fixed part of a micro-batch's compute is half of it, ``α_grad =
+    T_grad(m)/2`` (artifact ``goodput.py`` ~173-180: ``α_c`` fixed at half the mean
+    observed compute time). The prior states ``α_grad`` as the fraction ``f`` of ``C``
+    at ``reference_batch`` ``m_ref``: ``f·C = (1 − f)·C·m/m_ref`` gives
+    ``f = m / (m + m_ref)``; one batch size leaves ``f`` undetermined by the data, so
+    the fit keeps it. Unchanged with no observations or with two batch sizes or more
+    (the data then decide)."""
+    sizes = {float(o[2]) for o in observations}
+    if len(sizes) != 1:
+        return prior
+    m = sizes.pop()
+    return replace(prior, overhead_fraction=m / (m + float(reference_batch)))
+
+
+def node_sync_floor(model: ThroughputModel, observations: tuple) -> ThroughputModel:
+    """Rule A1 (module docstring): a job never observed on several nodes has its
+    cross-node synchronisation terms at least 1.1× its within-node ones,
+    ``α_node ≥ 1.1·α_local`` and ``β_node ≥ 1.1·β_local`` (artifact ``goodput.py``
+    ~201-204: "alpha_n and beta_n are at least alpha_r and beta_r", enforced after the
+    fit while no multi-node observation exists). Once it has been (``N ≥ 2`` in some
+    observation) the fit stands."""
+    if any(int(o[1]) >= 2 for o in observations):
+        return model
+    p = model.params
+    an, bn = max(p.alpha_node, 1.1 * p.alpha_local), max(p.beta_node, 1.1 * p.beta_local)
+    if an == p.alpha_node and bn == p.beta_node:
+        return model
+    return ThroughputModel(replace(p, alpha_node=an, beta_node=bn))
+
+
+def compute_observations(job: AllocJob) -> tuple[tuple[float, float], ...]:
+    """Rule A3's data: ``(m, compute seconds of one micro-batch)`` per measured sample,
+    the compute being the step time less its synchronisation, ``(step − sync)/(s + 1)``
+    (``AllocJob.profile`` reports both; samples with no positive compute are left out)."""
+    out = set()
+    for s in job.profile:
+        c = (s.step_time - s.sync_time) / (int(s.accum_steps) + 1)
+        if s.step_time > 0 and s.atomic_bsz > 0 and c > 0:
+            out.add((float(s.atomic_bsz), float(c)))
+    return tuple(sorted(out))
+
+
+def fit_split(observations: tuple, compute: tuple, prior: ThroughputPrior, reference_batch: float) -> ThroughputModel:
+    """Rule A3 (module docstring): the throughput model fitted to the step times *and*,
+    separately, the compute times — the artifact fits ``T_grad = α_c + β_c·m`` to
+    the measured compute times and the whole model to the step times, the two RMSLEs
+    summed (artifact ``simulator.py`` ~91-98 feeds ``step − sync`` as the compute time;
+    ``goodput.py``'s objective). Here: :meth:`ThroughputModel.fit`'s least squares on
+    ``log T_iter`` and its prior, plus one residual ``(log T_grad(m) − log compute)/noise``
+    per compute observation; so the compute part of a step is measured, not inferred
+    through the synchronisation model. Same bounds, starts and tolerances as the shared
+    fit (imported from :mod:`rlsched.core.goodput`, unchanged)."""
+    obs = np.array([tuple(map(float, o)) for o in observations], dtype=float).reshape(-1, 5)
+    K, N, m, s, t = obs.T
+    cm, ct = np.array(compute, dtype=float).reshape(-1, 2).T
+    ref = float(reference_batch)
+    mean, sd = _prior_x(prior)
+    noise = prior.step_time_noise
+    log_t, log_c = np.log(t), np.log(ct)
+    u = cm / ref
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        p = _params_of(x, ref)
+        pred = _iteration_time(p, K, N, m, s)
+        tg = p[0] + p[1] * cm
+        return np.concatenate([(np.log(pred) - log_t) / noise, (np.log(tg) - log_c) / noise, (x - mean) / sd])
+
+    def jacobian(x: np.ndarray) -> np.ndarray:
+        base = _fit_jacobian(x, ref, K, N, m, s, noise, sd)
+        f = 1.0 / (1.0 + math.exp(-x[1]))
+        g = f + (1 - f) * u                       # T_grad / C
+        rows = np.zeros((cm.size, 7))
+        rows[:, 0] = 1.0 / noise                  # d log T_grad / d log C
+        rows[:, 1] = (1 - u) * f * (1 - f) / g / noise
+        return np.vstack([base[: t.size], rows, base[t.size:]])
+
+    start = mean.copy()
+    unit = _iteration_time(_params_of(np.r_[0.0, mean[1:]], ref), K, N, m, s)
+    start[0] = float(np.mean(log_t - np.log(unit)))  # C matched to the step times
+    best = None
+    for gamma in (mean[6], *(_GAMMA_STARTS if np.any(K >= 2) else ())):
+        x0 = start.copy()
+        x0[6] = gamma
+        span = _X_UPPER - _X_LOWER
+        x0 = np.clip(x0, _X_LOWER + 1e-6 * span, _X_UPPER - 1e-6 * span)
+        res = least_squares(residuals, x0, jac=jacobian, bounds=(_X_LOWER, _X_UPPER), method="trf",
+                            x_scale=1.0, xtol=_FIT_XTOL, ftol=_FIT_FTOL, gtol=_FIT_GTOL, max_nfev=400)
+        if best is None or res.cost < best.cost - 1e-12:
+            best = res
+    return ThroughputModel(ThroughputParams(*_params_of(best.x, ref)))
+
+
+class _PaperJobGoodput(JobGoodput):
+    """:class:`~rlsched.core.job_goodput.JobGoodput` with the artifact's fit rules A1
+    and A2 (module docstring), for ``pollux-paper`` only: the shared class, which the
+    ``goodput`` allocator uses, is unchanged."""
+
+    #: rule A3 on (set by :class:`PolluxPaperAllocator`)
+    split_fit = False
+
+    def model(self, job: AllocJob) -> GoodputModel:
+        bounds = BatchBounds.from_limits(job.limits)
+        obs = observations_of(job)
+        ref = bounds.reference_local_batch
+        prior = one_batch_size_prior(self.prior_for(obs), obs, ref)
+        compute = compute_observations(job) if self.split_fit else ()
+        key = ("paper", obs, compute, prior, ref)
+        fit = _cached(self._fits, key)
+        if fit is None:
+            raw = fit_split(obs, compute, prior, ref) if compute else ThroughputModel.fit(obs, prior, ref)
+            fit = _store(self._fits, key, node_sync_floor(raw, obs), self.cache)
+        var = None if job.grad_var is None else job.grad_var * bounds.init_batch  # tr(Σ)/M0 -> tr(Σ)
+        eff = EfficiencyModel(bounds.init_batch, job.grad_sqr, var)
+        mkey = (fit, eff, bounds)
+        gm = _cached(self._models, mkey)
+        if gm is None:
+            gm = _store(self._models, mkey, GoodputModel(fit, eff, bounds), self.cache)
+        return gm

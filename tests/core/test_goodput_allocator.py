@@ -234,3 +234,11 @@ def test_refit_tolerance_keeps_a_fit_that_still_predicts_and_refits_a_surprised_
     b = GoodputAllocator()
     f0 = b.jobs.model(j).throughput
     assert b.jobs.model(replace(j, profile=j.profile + (good,))).throughput is not f0
+
+
+def test_a_higher_service_class_runs_first():
+    """Two one-GPU jobs on one GPU: the later `highest`-class job (priority 2) runs, the
+    earlier `normal` one stops for it, whatever their attained service."""
+    jobs = [make_job("normal", submit=0.0, alloc=(0,), max_replicas=1),
+            replace(make_job("boss", submit=5.0, attained=1e9, max_replicas=1), priority=2)]
+    assert counts(decide(jobs, nodes_of(1))) == {"normal": 0, "boss": 1}

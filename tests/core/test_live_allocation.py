@@ -166,3 +166,9 @@ def test_allocator_names_and_options():
                        ("goodput@p=x", "not key=number"), ("goodput@nope=1", "nope")):
         with pytest.raises(ValueError, match=match):
             make_live_allocator(bad)
+
+
+def test_service_classes_reach_the_allocator():
+    ranks = [LiveAllocation.alloc_job(LiveJob("ns/a", 0.0, 1, 2, priority_class=c), now=0.0).priority
+             for c in ("highest", "urgent", "normal")]
+    assert ranks == [2, 1, 0]

@@ -384,6 +384,24 @@ def test_operator_pod_security_flags(render):
     assert any("namespaces" in r["resources"] and {"get", "list"} <= set(r["verbs"]) for r in role["rules"])
 
 
+def test_operator_serves_the_served_allocator(render):
+    """The chart's default is core/served.py's policy; `none` turns it off, and every
+    value the schema allows is one the operator's CLI takes."""
+    from rlsched.core.live_allocation import make_live_allocator
+    from rlsched.core.served import SERVED
+
+    def allocator(*sets):
+        dep = next(o for o in render(*sets) if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-operator"))
+        (flag,) = [a for a in _pod_spec(dep)["containers"][0]["args"] if a.startswith("--allocator=")]
+        return flag.split("=", 1)[1]
+
+    assert allocator() == SERVED.allocator == "goodput"
+    assert allocator("operator.allocator=none") == "none"
+    assert allocator("operator.allocator=") == "none"
+    value = allocator("operator.allocator=goodput@restart_delay=10")
+    assert make_live_allocator(value).restart_delay == 10.0
+
+
 def test_helm_test_pod_script_compiles(render):
     (pod,) = render(show_only="templates/tests/test-metrics.yaml")
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"

@@ -232,3 +232,13 @@ def test_plan_jobs_leaves_out_whole_node_workers_by_default():
     assert max(j.manifest["spec"]["gpusPerWorker"] for j in plan) == 4
     wide = demo.plan_jobs(specs, 60, rng(), node_gpus=8, cluster_gpus=64, window_s=30.0, max_worker_gpus=8)
     assert max(j.manifest["spec"]["gpusPerWorker"] for j in wide) == 8
+
+
+def test_the_demo_runs_the_served_allocator_on_its_own_clock():
+    from rlsched.core.served import SERVED
+    from rlsched_dev.demo import DemoOptions
+
+    assert DemoOptions().allocator == SERVED.allocator == "goodput"
+    assert DemoOptions(epoch_s=0.5).live_allocator() == "goodput@restart_delay=0.5"
+    assert DemoOptions(allocator="none").live_allocator() == "none"
+    assert DemoOptions(allocator="goodput@p=0").live_allocator() == "goodput@p=0"

@@ -17,3 +17,15 @@ def test_auto_scaling_is_learned_with_a_model_else_beta(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         pol = build_scaling("auto", str(tmp_path / "missing.safetensors"))
     assert pol.name == "rlpto" and "missing.safetensors" in caplog.text
+
+
+def test_the_operator_cli_serves_the_served_allocator():
+    import argparse
+
+    from rlsched.core.served import SERVED
+    from rlsched.operator.cli import register
+
+    p = argparse.ArgumentParser()
+    register(p.add_subparsers(dest="cmd"))
+    assert p.parse_args(["operator", "run"]).allocator == SERVED.allocator == "goodput"
+    assert p.parse_args(["operator", "run", "--allocator", "none"]).allocator == "none"

@@ -1,5 +1,7 @@
-"""The mission with the operator's DEFAULT policies, against the real control plane
-(issue 13 item 5: the live demo showed 0 scale-downs and 0 preemptions).
+"""The mission with the operator's default admission + scaling policies (``rlsched
+operator run --allocator none``; the served default is now the goodput allocator,
+tests/operator/test_k8s_goodput.py), against the real control plane (issue 13 item 5:
+the live demo showed 0 scale-downs and 0 preemptions).
 
 The other operator tests build ``OperatorConfig()`` whose ``scaling="auto"`` without a
 model is the β rule, and feed the fake trainer little noise (σ = 0.0005) against a
@@ -24,7 +26,7 @@ from rlsched.operator.cli import resolve_scaling_model
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
 
-#: the operator as ``rlsched operator run`` starts it: --scaling auto, no --scaling-model
+#: the operator as ``rlsched operator run --allocator none`` starts it: --scaling auto, no --scaling-model
 DEFAULTS = dict(scaling="auto", scaling_model=resolve_scaling_model("auto", None))
 
 

@@ -26,9 +26,10 @@ from rlsched.sim.traces.spec import parse_options, scale_for_load, window_jobs
 
 
 # --------------------------------------------------------------------------- names
-def test_rlsched_resolves_to_the_served_combination():
+def test_rlsched_resolves_to_the_served_policy():
     pol = parse_policy_name("rlsched")
-    assert (pol.ordering, pol.placement, pol.scaling) == (SERVED.ordering, SERVED.placement, SERVED.scaling)
+    assert (pol.allocator, pol.placement) == (SERVED.allocator, SERVED.placement) == ("goodput", "das")
+    assert not pol.ordering and pol.scaling is None
     assert pol.label == "rlsched" and pol.served and pol.backfill is None
     assert SERVED.reason  # the record says why
     assert parse_policy_name("rlsched+nobackfill").label == "rlsched+nobackfill"
@@ -59,11 +60,18 @@ def test_cli_refuses_an_unknown_single_word():
 def test_interval_engine_backfill_per_policy_and_rlsched():
     assert make_allocator("fifo/firstfit").backfill is True  # the gang allocator's default
     assert make_allocator("fifo/firstfit+nobackfill").backfill is False
-    a = make_allocator("rlsched+backfill")
-    assert a.backfill is True and a.name == "rlsched+backfill"
-    assert a.ordering.name == SERVED.ordering and a.planner is not None
     with pytest.raises(ValueError, match="own queue rules"):
         make_allocator("tiresias-2q+backfill")
+    with pytest.raises(ValueError, match="own queue rules"):
+        make_allocator("rlsched+backfill")  # the served goodput allocator keeps its own order
+    assert make_allocator("rlsched").name == "goodput"
+
+
+def test_allocator_with_a_placement_is_an_event_engine_policy():
+    pol = parse_policy_name("goodput/bestfit")
+    assert (pol.allocator, pol.placement, pol.ordering) == ("goodput", "bestfit", "")
+    assert parse_policy_name("goodput@p=0/das").allocator == "goodput@p=0"
+    assert parse_policy_name("fifo/bestfit").allocator == ""  # an ordering, not an allocator
 
 
 def _blocking_jobfile(tmp_path):
