@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 __all__ = [
     # CRD
@@ -54,6 +54,9 @@ __all__ = [
     "ANNOTATION_REQUIRED_TOPOLOGY",
     "ANNOTATION_GANG_SIZE",
     "ANNOTATION_GPU_MODELS",
+    "gpu_model_rule",
+    "parse_topology_levels",
+    "MAX_MODELS_TEXT",
     "ANNOTATION_OBSERVED_SPEED",
     "ANNOTATION_PRIORITY_REQUESTS",
     "ANNOTATION_EVENT_TIME",
@@ -627,3 +630,86 @@ def label_value(value: Any, where: str = "label") -> str:
     ``-``, ``_`` and ``.`` beginning and ending with an alphanumeric; else
     :class:`ShapeError`."""
     return _name(value, where, _LABEL_VALUE_RE, MAX_LABEL_CHARS, "label value")
+
+
+#: the model constraint is quoted in failure reasons at most this long (annotation and
+#: affinity values are the user's and unbounded)
+MAX_MODELS_TEXT = 200
+
+
+def gpu_model_rule(spec: dict, annotations: dict[str, str], where: str) -> tuple[Callable[[str], bool], str]:
+    """The GPU models a pod (or a worker template's pod ``spec`` and ``annotations``)
+    accepts, from its nodeSelector and required node affinity on
+    :data:`LABEL_GPU_PRODUCT` and the :data:`ANNOTATION_GPU_MODELS` annotation: a
+    predicate on a node's model and the constraint in words ("" and always true without
+    one). The extender filters nodes with it; the operator's admission checks room on
+    the nodes it allows."""
+    checks: list[Callable[[str], bool]] = []
+    words: list[str] = []
+    sel = str_map(spec, "nodeSelector", where)
+    if LABEL_GPU_PRODUCT in sel:
+        want = sel[LABEL_GPU_PRODUCT]
+        checks.append(lambda m, w=want: m == w)
+        words.append(f"nodeSelector {LABEL_GPU_PRODUCT}={want}")
+    ann = annotations.get(ANNOTATION_GPU_MODELS)
+    if ann:
+        allowed = frozenset(x.strip() for x in ann.split(",") if x.strip())
+        checks.append(lambda m, a=allowed: m in a)
+        words.append(f"{ANNOTATION_GPU_MODELS}={','.join(sorted(allowed))}")
+    aff = field(field(spec, "affinity", dict, where, {}), "nodeAffinity", dict, f"{where}.affinity", {})
+    req = field(aff, "requiredDuringSchedulingIgnoredDuringExecution", dict, f"{where}.affinity.nodeAffinity", {})
+    terms = field(req, "nodeSelectorTerms", list, f"{where}.affinity.nodeAffinity.required", [])
+    term_rules = []
+    for ti, term in enumerate(terms):
+        exprs = field(term, "matchExpressions", list, f"{where}.affinity...nodeSelectorTerms[{ti}]", [])
+        rules = []
+        for ei, e in enumerate(exprs):
+            ew = f"{where}.affinity...nodeSelectorTerms[{ti}].matchExpressions[{ei}]"
+            key = field(e, "key", str, ew)
+            op = field(e, "operator", str, ew, "")
+            raw = field(e, "values", list, ew, [])
+            if not all(isinstance(v, str) for v in raw):
+                raise ShapeError(f"{ew}.values: expected an array of strings")
+            if key != LABEL_GPU_PRODUCT:
+                continue
+            values = frozenset(raw)
+            if op == "In":
+                rules.append(lambda m, v=values: m in v)
+            elif op == "NotIn":
+                rules.append(lambda m, v=values: m not in v)
+            elif op == "Exists":
+                rules.append(lambda m: m != "unknown")
+            elif op == "DoesNotExist":
+                rules.append(lambda m: m == "unknown")
+            else:
+                continue  # Gt/Lt make no sense for a product name; kube-scheduler checks them
+            words.append(f"affinity {LABEL_GPU_PRODUCT} {op} {sorted(values)}")
+        term_rules.append(rules)
+    if term_rules:  # terms are ORed, expressions within a term ANDed
+        checks.append(lambda m, t=term_rules: any(all(r(m) for r in rules) for rules in t))
+    if not checks:
+        return (lambda m: True), ""
+    text = "; ".join(words)
+    if len(text) > MAX_MODELS_TEXT:
+        text = text[: MAX_MODELS_TEXT - 3] + "..."
+    return (lambda m: all(c(m) for c in checks)), text
+
+
+def parse_topology_levels(text: str) -> tuple[str, ...]:
+    """The ordered node-label keys of the topology (coarse to fine, the last the
+    hostname level) from a comma list, as the extender's and the operator's
+    ``--topology-levels`` and the chart's ``topology.levels`` give them; ``ValueError``
+    naming a key that no Node label could have, or an empty or repeated list."""
+    levels = tuple(x.strip() for x in str(text).split(",") if x.strip())
+    if not levels:
+        raise ValueError("topology levels: need at least the hostname level (e.g. kubernetes.io/hostname)")
+    if len(set(levels)) != len(levels):
+        raise ValueError(f"topology levels: a label key is repeated in {','.join(levels)}")
+    for key in levels:
+        prefix, _, name = key.rpartition("/")
+        ok = bool(name) and bool(_LABEL_VALUE_RE.fullmatch(name)) and len(name) <= 63
+        if prefix:
+            ok = ok and len(prefix) <= 253 and bool(_DNS_SUBDOMAIN_RE.fullmatch(prefix))
+        if not ok:
+            raise ValueError(f"topology levels: {key!r} is not a Kubernetes label key ([prefix/]name)")
+    return levels

@@ -45,13 +45,14 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from .allocation import AllocJob, Allocation, Allocator, AllocNode, AppLimits, ProfileSample
 from .goodput import BatchBounds, JobObservations, ShapeRecord
+from .planning.admission import WaitReason
 from .served import LIVE_ALLOCATOR_NAMES
 
-__all__ = ["LiveJob", "LiveTarget", "LivePlan", "LiveAllocation", "LIVE_ALLOCATORS", "make_live_allocator",
+__all__ = ["LiveJob", "LiveTarget", "LivePlan", "LiveAllocation", "RankingAllocator", "LIVE_ALLOCATORS", "make_live_allocator",
            "parse_allocator_options",
            "attained_service", "batch_bounds", "observations_from_status", "observations_to_status"]
 
@@ -196,13 +197,24 @@ class LivePlan:
     stop: list[str] = field(default_factory=list)
     allocations: dict[str, Allocation] = field(default_factory=dict)
     error: Exception | None = None
+    #: why each job that waits after this plan waits (``status.waiting``)
+    waiting: dict[str, WaitReason] = field(default_factory=dict)
+
+
+@runtime_checkable
+class RankingAllocator(Allocator, Protocol):
+    """An allocator that can say in which order it serves jobs (why a job waits)."""
+
+    def order(self, jobs: Sequence[AllocJob]) -> list[AllocJob]: ...
 
 
 class LiveAllocation:
     """One allocator deciding the live operator's cycle (module docstring)."""
 
-    def __init__(self, allocator: Allocator) -> None:
-        if getattr(allocator, "clairvoyant", False):
+    def __init__(self, allocator: RankingAllocator) -> None:
+        if not isinstance(allocator, RankingAllocator):
+            raise TypeError(f"{allocator!r} cannot say in which order it serves jobs (no order(jobs))")
+        if allocator.clairvoyant:
             raise ValueError(f"{allocator.name} is clairvoyant: it cannot decide for a live scheduler")
         self.allocator = allocator
 
@@ -282,4 +294,28 @@ class LiveAllocation:
                 plan.stop.append(j.key)
             elif t.workers != j.workers:
                 plan.resize[j.key] = t
+        plan.waiting = self._why(jobs, plan, sum(capacity.values()), now)
         return plan
+
+    def _why(self, jobs: Sequence[LiveJob], plan: LivePlan, total: int, now: float) -> dict[str, WaitReason]:
+        """Why each job left without GPUs waits: its place in the allocator's order among
+        them, and the jobs served before it."""
+        by_key = {j.key: j for j in jobs}
+        order = [a.id for a in self.allocator.order([self.alloc_job(j, now) for j in jobs])]
+        running = {k for k, j in by_key.items() if j.nodes and k not in plan.stop} | set(plan.start)
+        out: dict[str, WaitReason] = {}
+        pos = 0
+        for rank, key in enumerate(order):
+            j = by_key[key]
+            if key in running:
+                continue
+            pos += 1
+            gang = (j.pinned_workers or j.min_workers) * max(1, j.gpus_per_worker)
+            before = sum(1 for k in order[:rank] if k in running)
+            if gang > total:
+                out[key] = WaitReason(pos, "Unfittable", f"its gang needs {gang} GPUs, {total} are the allocator's")
+            else:
+                out[key] = WaitReason(pos, "Ranked", f"the {self.name} allocator gives the GPUs to {before} job(s) "
+                                                     f"ranked before it (service class, attained GPU-seconds, submit "
+                                                     f"time); its gang needs {gang} GPUs")
+        return out

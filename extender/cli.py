@@ -10,7 +10,7 @@ import signal
 
 import numpy as np
 
-from ..core.contract import DEFAULT_TOPOLOGY_LEVELS
+from ..core.contract import DEFAULT_TOPOLOGY_LEVELS, parse_topology_levels
 
 __all__ = ["register", "serve"]
 
@@ -76,7 +76,7 @@ async def _serve(args: argparse.Namespace) -> int:
 
     limits = ServeLimits(header_timeout=args.header_timeout, idle_timeout=args.idle_timeout,
                          max_connections=args.max_connections)
-    levels = tuple(x.strip() for x in args.topology_levels.split(",") if x.strip())
+    levels = parse_topology_levels(args.topology_levels)
     model = resolve_model(args.policy, args.model)
     ext = build_extender(
         args.policy,

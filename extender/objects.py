@@ -23,10 +23,12 @@ from ..core.contract import (
     ANNOTATION_REQUIRED_TOPOLOGY,
     LABEL_GPU_PRODUCT,
     LABEL_JOB,
+    MAX_MODELS_TEXT,
     ShapeError,
     dns_label,
     dns_subdomain,
     field,
+    gpu_model_rule,
     label_value,
     pod_gpus,
     str_map,
@@ -36,9 +38,6 @@ from ..core.topology import Level
 
 __all__ = ["PodInfo", "parse_pod", "MAX_MODELS_TEXT"]
 
-#: the model constraint is quoted in failure reasons at most this long (annotation and
-#: affinity values are the user's and unbounded)
-MAX_MODELS_TEXT = 200
 
 _LEVELS = {"nvlink": Level.NVLINK, "node": Level.NODE, "rack": Level.RACK, "block": Level.BLOCK}
 _DONE = ("Succeeded", "Failed")
@@ -66,59 +65,6 @@ class PodInfo:
         return self.node is not None and self.phase not in _DONE and self.gpus > 0
 
 
-def _model_rule(spec: dict, annotations: dict[str, str], where: str) -> tuple[Callable[[str], bool], str]:
-    """GPU-model constraint from nodeSelector, required node affinity and annotation."""
-    checks: list[Callable[[str], bool]] = []
-    words: list[str] = []
-    sel = str_map(spec, "nodeSelector", where)
-    if LABEL_GPU_PRODUCT in sel:
-        want = sel[LABEL_GPU_PRODUCT]
-        checks.append(lambda m, w=want: m == w)
-        words.append(f"nodeSelector {LABEL_GPU_PRODUCT}={want}")
-    ann = annotations.get(ANNOTATION_GPU_MODELS)
-    if ann:
-        allowed = frozenset(x.strip() for x in ann.split(",") if x.strip())
-        checks.append(lambda m, a=allowed: m in a)
-        words.append(f"{ANNOTATION_GPU_MODELS}={','.join(sorted(allowed))}")
-    aff = field(field(spec, "affinity", dict, where, {}), "nodeAffinity", dict, f"{where}.affinity", {})
-    req = field(aff, "requiredDuringSchedulingIgnoredDuringExecution", dict, f"{where}.affinity.nodeAffinity", {})
-    terms = field(req, "nodeSelectorTerms", list, f"{where}.affinity.nodeAffinity.required", [])
-    term_rules = []
-    for ti, term in enumerate(terms):
-        exprs = field(term, "matchExpressions", list, f"{where}.affinity...nodeSelectorTerms[{ti}]", [])
-        rules = []
-        for ei, e in enumerate(exprs):
-            ew = f"{where}.affinity...nodeSelectorTerms[{ti}].matchExpressions[{ei}]"
-            key = field(e, "key", str, ew)
-            op = field(e, "operator", str, ew, "")
-            raw = field(e, "values", list, ew, [])
-            if not all(isinstance(v, str) for v in raw):
-                raise ShapeError(f"{ew}.values: expected an array of strings")
-            if key != LABEL_GPU_PRODUCT:
-                continue
-            values = frozenset(raw)
-            if op == "In":
-                rules.append(lambda m, v=values: m in v)
-            elif op == "NotIn":
-                rules.append(lambda m, v=values: m not in v)
-            elif op == "Exists":
-                rules.append(lambda m: m != "unknown")
-            elif op == "DoesNotExist":
-                rules.append(lambda m: m == "unknown")
-            else:
-                continue  # Gt/Lt make no sense for a product name; kube-scheduler checks them
-            words.append(f"affinity {LABEL_GPU_PRODUCT} {op} {sorted(values)}")
-        term_rules.append(rules)
-    if term_rules:  # terms are ORed, expressions within a term ANDed
-        checks.append(lambda m, t=term_rules: any(all(r(m) for r in rules) for rules in t))
-    if not checks:
-        return (lambda m: True), ""
-    text = "; ".join(words)
-    if len(text) > MAX_MODELS_TEXT:
-        text = text[: MAX_MODELS_TEXT - 3] + "..."
-    return (lambda m: all(c(m) for c in checks)), text
-
-
 def parse_pod(pod: Any, where: str = "Pod") -> PodInfo:
     """Read a v1.Pod (raises :class:`ShapeError` on wrong types)."""
     if not isinstance(pod, dict):
@@ -132,7 +78,7 @@ def parse_pod(pod: Any, where: str = "Pod") -> PodInfo:
     labels = str_map(meta, "labels", f"{where}.metadata")
     ann = str_map(meta, "annotations", f"{where}.metadata")
     gpus = pod_gpus(pod, where)
-    allows, text = _model_rule(spec, ann, f"{where}.spec")
+    allows, text = gpu_model_rule(spec, ann, f"{where}.spec")
     level = None
     if ANNOTATION_REQUIRED_TOPOLOGY in ann:
         v = ann[ANNOTATION_REQUIRED_TOPOLOGY].strip().lower()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlsched.core.contract import DEFAULT_SCHEDULER_NAME, LABEL_ALLOW_SECRET_MOUNTS, LABEL_POD_SECURITY_ENFORCE
+from rlsched.core.contract import DEFAULT_SCHEDULER_NAME, DEFAULT_TOPOLOGY_LEVELS, LABEL_ALLOW_SECRET_MOUNTS
+from rlsched.core.contract import LABEL_POD_SECURITY_ENFORCE, parse_topology_levels
 from rlsched.core.contract import POD_SECURITY_BASELINE, POD_SECURITY_LEVELS
 from rlsched.core.served import SERVED
 
@@ -37,6 +38,8 @@ def register(subparsers) -> None:
                    "(goodput: rlsched's goodput allocator, core/live_allocation.py; options as "
                    "goodput@restart_delay=30,p=0.5), or none: admission (--ordering) + scaling (--scaling); "
                    f"default: the served policy ({SERVED.allocator or 'none'}, core/served.py)")
+    r.add_argument("--topology-levels", default=",".join(DEFAULT_TOPOLOGY_LEVELS),
+                   help="node-label keys of the topology, coarse to fine (last: hostname), as the extender's")
     r.add_argument("--scaling", default="auto",
                    help="core scaling policy (auto: rlpto with --scaling-model, else beta; fs, optimus, none, ...)")
     r.add_argument("--scaling-model", default=None,
@@ -68,6 +71,12 @@ def register(subparsers) -> None:
 
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
+    w = subparsers.add_parser("why", help="where a TrainingJob stands and why it is not running")
+    w.add_argument("job", help="the TrainingJob's name")
+    w.add_argument("--namespace", "-n", default=None, help="its namespace (default: the kubeconfig context's)")
+    w.add_argument("--kubeconfig", default=None, help="kubeconfig file (default ~/.kube/config or $KUBECONFIG)")
+    w.set_defaults(func=_why)
+
 
 def _run(args: argparse.Namespace) -> int:
     import kopf
@@ -82,7 +91,8 @@ def _run(args: argparse.Namespace) -> int:
         start_timeout_s=args.start_timeout, grace_period_s=args.grace_period,
         scheduler_name=args.scheduler_name, ordering=args.ordering, ordering_model=args.ordering_model,
         placement=args.placement, placement_model=args.placement_model,
-        allocator=None if args.allocator in ("none", "") else args.allocator, scaling=args.scaling, scaling_model=scaling_model, patience=args.patience, mu=args.mu,
+        allocator=None if args.allocator in ("none", "") else args.allocator, scaling=args.scaling,
+        topology_levels=parse_topology_levels(args.topology_levels), scaling_model=scaling_model, patience=args.patience, mu=args.mu,
         promote_at=args.promote_at, demote_at=args.demote_at, backfill=args.backfill,
         preemption=not args.no_preemption, metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         peering=args.peering, priority=args.priority, forecast_interval_s=args.forecast_interval,
@@ -109,3 +119,9 @@ def resolve_scaling_model(scaling: str, model: str | None) -> str | None:
     if model is not None:
         return None if model.lower() == "none" else model
     return str(DEFAULT_WEIGHTS) if scaling in ("auto", "rlpto") else None
+
+
+def _why(args) -> int:
+    from .why import run_why
+
+    return run_why(args.job, args.namespace, args.kubeconfig)

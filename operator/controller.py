@@ -99,6 +99,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import json
 import logging
 import time
@@ -117,6 +118,7 @@ from rlsched.core.contract import (
     ANNOTATION_GANG_SIZE,
     API_VERSION,
     DEFAULT_SCHEDULER_NAME,
+    DEFAULT_TOPOLOGY_LEVELS,
     GROUP,
     KIND,
     LABEL_GENERATION,
@@ -126,7 +128,9 @@ from rlsched.core.contract import (
     PLURAL,
     POD_SECURITY_BASELINE,
     VERSION,
+    ShapeError,
     controlling_job,
+    gpu_model_rule,
 )
 from rlsched.core.planning import (
     Admission,
@@ -138,6 +142,8 @@ from rlsched.core.planning import (
     RunningJob,
     ScalingPlanner,
     TrainingSpec,
+    WaitReason,
+    waiting_reasons,
 )
 from rlsched.core.cycle import SchedulingCycle
 from rlsched.core.live_allocation import (
@@ -354,6 +360,8 @@ class OperatorConfig:
     #: placing each gang as the extender will (``Admission.plan``'s ``place``)
     placement: str = "das"
     placement_model: str | None = None
+    #: node-label keys of the topology, coarse to fine (the extender's ``--topology-levels``)
+    topology_levels: tuple[str, ...] = DEFAULT_TOPOLOGY_LEVELS
     #: an allocation policy deciding every job's workers and batch at once
     #: (``goodput``; core/live_allocation.py) instead of admission + scaling; None: off
     allocator: str | None = None
@@ -481,6 +489,20 @@ def build_ordering(name: str, model: str | None):
     make_ordering("fifo")  # loads the builtin policy modules
     factory = ORDERINGS.get(name.lower())
     return make_ordering(name, **(_model_kwargs(factory, model) if factory else {}))
+
+
+def with_gpu_models(spec: TrainingSpec, body_spec: Mapping, models: Sequence[str]) -> TrainingSpec:
+    """``spec`` with the GPU models (of ``models``, the cluster's) its worker template
+    allows (:func:`~rlsched.core.contract.gpu_model_rule`, the extender's reading), so
+    that admission checks room only where the workers can run; unchanged without a
+    constraint. ``ShapeError`` for a malformed constraint."""
+    tmpl = body_spec.get("template") or {}
+    pod = tmpl.get("spec") if isinstance(tmpl.get("spec"), Mapping) else {}
+    ann = (tmpl.get("metadata") or {}).get("annotations") if isinstance(tmpl.get("metadata"), Mapping) else None
+    allows, text = gpu_model_rule(dict(pod), dict(ann) if isinstance(ann, Mapping) else {}, "spec.template")
+    if not text:
+        return spec
+    return dataclasses.replace(spec, gpu_models=frozenset(m for m in models if allows(m)))
 
 
 def pod_generation(pod: Mapping) -> int:
@@ -760,14 +782,15 @@ class Controller:
                 _preload_content=False)),
         )
         pods = pods_all["items"]
-        snap = build_snapshot(nodes["items"], pods, time=now)
+        snap = build_snapshot(nodes["items"], pods, time=now, levels=self.config.topology_levels)
         self._report_unreadable(snap.problems)
         jobs: dict[str, _Job] = {}
         for b in bodies:
             try:
                 spec, err = parse_spec(b.get("spec"), scheduler_name=self.config.scheduler_name,
                                        name=b["metadata"]["name"]), None
-            except SpecError as exc:
+                spec = with_gpu_models(spec, b["spec"], snap.state.models)
+            except (SpecError, ShapeError) as exc:
                 spec, err = None, str(exc)
             jobs[job_key(b)] = _Job(b, spec, err)
         by_uid = {j.uid: j for j in jobs.values()}
@@ -828,6 +851,14 @@ class Controller:
                 if refusal.final:
                     await self.fail(j, POD_SECURITY_REASON, refusal.message, now)
                 return  # else its namespace is unreadable: not admitted until it can be checked
+            if j.spec.suspend:  # held by its owner (or a queueing system such as Kueue): no pods, not admitted
+                await self._suspended(j, now)
+                return
+            cond = get_condition(j.status.get("conditions"), "Suspended")
+            if cond and cond.get("status") == "True":
+                await self.patch_status(j, {"conditions": set_condition(
+                    j.status.get("conditions"), "Suspended", "False", "Resumed", "spec.suspend is false", now)})
+                await self.event(j.body, "Resumed", "spec.suspend is false: the job waits for admission")
             try:
                 if phase == "Queued":
                     waiting.append(await self._queue_entry(j, now))
@@ -867,6 +898,8 @@ class Controller:
                                      place=self._place)
         plan = cplan.admission
         self.last_plan = plan
+        why = waiting_reasons(plan, waiting, backfill=self.config.backfill, free_gpus=int(snap.state.free.sum()))
+        await self._each(lambda j: self._waiting(j, why.get(j.key)), [jobs[k] for k in why], now)
         await self._each(lambda j: self._schedulable(j, plan.unfittable.get(j.key), now),
                          [jobs[e.key] for e in waiting], now)
         await self._each(lambda j: self.preempt(j, plan.blocked or "", now), [jobs[k] for k in plan.preempt], now)
@@ -1011,6 +1044,8 @@ class Controller:
             self.metrics.cycle_errors.inc()
             log.error("allocator %s failed; every job keeps its GPUs this cycle: %r", self.allocation.name, plan.error)
             return
+        await self._each(lambda j: self._waiting(j, plan.waiting.get(j.key)),
+                         [jobs[k] for k in plan.waiting if k not in plan.stop], now)
         await self._each(lambda j: self._stop_reallocated(j, now), [jobs[k] for k in plan.stop], now)
         await self._each(lambda j: self._resize(j, plan.resize[j.key], now), [jobs[k] for k in plan.resize], now)
         for k, t in plan.start.items():  # in the policy's order, as admission does (one gang after another)
@@ -1438,6 +1473,7 @@ class Controller:
         resumed = j.status.get("queue") == "interrupt"
         patch: dict[str, Any] = {
             "phase": "Starting", "targetWorkers": target, "admittedTime": format_time(now), "nominated": False,
+            "waiting": None,
             "conditions": set_condition(j.status.get("conditions"), "Admitted", "True", "GangFits",
                                         f"{target} x {j.spec.gpus_per_worker} GPUs free", now),
         }
@@ -1450,6 +1486,39 @@ class Controller:
                          f"starting gang of {target} workers x {j.spec.gpus_per_worker} GPUs from queue {j.status.get('queue')}"
                          + (" (resuming after a preemption)" if resumed else ""))
         await self.reconcile_pods(j, target)
+
+    async def _waiting(self, j: _Job, why: WaitReason | None) -> None:
+        """``status.waiting``: the job's place in the service order and why it is not
+        running (what ``rlsched why`` prints), written when it changes."""
+        if why is None:
+            return
+        new = why.to_status()
+        if j.status.get("waiting") != new:
+            await self.patch_status(j, {"waiting": new})
+
+    async def _suspended(self, j: _Job, now: float) -> None:
+        """``spec.suspend``: a job holding workers goes back to the queue (recorded
+        first, then its workers get the grace period to checkpoint, as a preemption);
+        a queued one stays there. Condition ``Suspended=True`` while it lasts; the job is
+        admitted as any other once ``spec.suspend`` is cleared."""
+        old = get_condition(j.status.get("conditions"), "Suspended")
+        patch: dict[str, Any] = {}
+        if j.status.get("phase") in ("Starting", "Running"):
+            patch.update({"phase": "Queued", "targetWorkers": 0, "workers": 0, "readyWorkers": 0,
+                          "restartGeneration": j.generation + 1, "queuedTime": format_time(now)})
+            if self.allocation is not None:
+                patch.update({"attainedGpuSeconds": self._service(j, now), "attainedSince": None, "batchSize": None})
+        if not old or old.get("status") != "True":
+            patch["conditions"] = set_condition(j.status.get("conditions"), "Suspended", "True", "Suspended",
+                                                "spec.suspend is true: no workers, not admitted", now)
+            patch["waiting"] = WaitReason(0, "Suspended", "spec.suspend is true: rlsched does not admit it "
+                                                          "until it is cleared").to_status()
+        if patch:
+            await self.patch_status(j, patch)
+            await self.event(j.body, "Suspended", "spec.suspend is true: workers stopped, the job waits unadmitted"
+                             if "phase" in patch else "spec.suspend is true: the job waits unadmitted")
+        for p in j.live_pods():
+            await self.delete_pod(j.ns, p["metadata"]["name"], self.config.grace_period_s)
 
     async def preempt(self, j: _Job, by: str, now: float) -> None:
         """Back to the interrupt queue: the next generation is recorded first, then the

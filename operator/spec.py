@@ -125,6 +125,10 @@ def parse_spec(
             problems.append(f"spec.localBatchSize.{what} must be >= 1, got {v}")
     if lmin is not None and lmax is not None and lmin > lmax:
         problems.append(f"spec.localBatchSize.min ({lmin}) must be <= spec.localBatchSize.max ({lmax})")
+    suspend = spec.get("suspend", False)
+    if not isinstance(suspend, bool):
+        problems.append(f"spec.suspend must be true or false, got {suspend!r}")
+        suspend = False
     port = _int(spec, "masterPort", DEFAULT_MASTER_PORT, problems)
     if port is not None and not (1 <= port <= 65535):
         problems.append(f"spec.masterPort must lie in 1..65535, got {port}")
@@ -179,6 +183,7 @@ def parse_spec(
         batch_size=batch,
         max_batch_size=max_batch,
         local_batch_size=(lmin, lmax),
+        suspend=suspend,
     )
 
 

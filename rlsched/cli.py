@@ -16,6 +16,7 @@ _COMMANDS = {
     "sim": "rlsched.sim.cli",
     "extender": "rlsched.extender.cli",
     "operator": "rlsched.operator.cli",
+    "why": "rlsched.operator.cli",
     "train": "rlsched.models.cli",
     "eval": "rlsched.models.cli",
     "models": "rlsched.models.cli",

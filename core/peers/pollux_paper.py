@@ -56,7 +56,7 @@ Every scheduling interval (:meth:`PolluxPaperAllocator.allocate`, the engine's 6
     of the compute at the reference batch, :class:`ThroughputPrior`'s default.) With
     two batch sizes or more the data decide.
   - **A3, compute and step times fitted separately** (:func:`fit_split`,
-    ``split_fit=True``; artifact ``simulator.py`` ~91-98 and ``goodput.py``'s
+    ``split_fit=True``, the default; artifact ``simulator.py`` ~91-98 and ``goodput.py``'s
     objective): ``AllocJob.profile`` reports each step's ``sync_time``, so
     ``T_grad(m)`` is also fitted to the compute time ``step − sync`` while the whole
     model is fitted to the step times. (Was: total step times only.)
@@ -145,7 +145,7 @@ class PolluxPaperAllocator:
         interference_avoidance: bool = True,
         prior: ThroughputPrior | None = None,
         artifact_rules: bool = True,
-        split_fit: bool = False,
+        split_fit: bool = True,
     ) -> None:
         if not (math.isfinite(p) and p != 0):
             raise ValueError(f"p must be finite and non-zero, got {p}")
@@ -162,7 +162,7 @@ class PolluxPaperAllocator:
         #: the artifact's readings of what the paper leaves open (rules A1, A2, A4 of the
         #: module docstring); False: the earlier choices (for comparison and tests)
         self.artifact_rules = bool(artifact_rules)
-        #: rule A3 (module docstring): fit compute and step times (with artifact_rules)
+        #: rule A3 (module docstring): fit compute and step times too (only with artifact_rules)
         self.split_fit = bool(split_fit)
         self._rng = np.random.default_rng(seed)
         self._now: float | None = None

@@ -24,10 +24,12 @@ from .admission import (
     DynamicPriority,
     QueueEntry,
     RunningEntry,
+    WaitReason,
     admit_in_order,
     gang_fits,
     take_gang,
     unfittable_reason,
+    waiting_reasons,
 )
 from .elastic import (
     CONVERGENCE_WINDOW,
@@ -52,6 +54,8 @@ __all__ = [
     "DynamicPriority",
     "QueueEntry",
     "RunningEntry",
+    "WaitReason",
+    "waiting_reasons",
     "admit_in_order",
     "gang_fits",
     "take_gang",

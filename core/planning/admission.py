@@ -44,7 +44,7 @@ from .spec import TrainingSpec
 
 __all__ = [
     "DynamicPriority", "QueueEntry", "RunningEntry", "AdmissionPlan", "Admission", "HIGHEST_BONUS",
-    "CLASS_RANK", "admit_in_order", "gang_fits", "take_gang", "unfittable_reason",
+    "CLASS_RANK", "WaitReason", "waiting_reasons", "admit_in_order", "gang_fits", "take_gang", "unfittable_reason",
 ]
 
 #: added to a ``highest`` job's priority so that it ranks before every urgent job
@@ -145,6 +145,52 @@ class AdmissionPlan:
     #: waiting jobs whose gang cannot fit the whole cluster (key -> why, with the
     #: numbers); they are skipped, never blocking the queue nor preempting
     unfittable: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WaitReason:
+    """Why a job waits, as its status says it (``status.waiting``) and ``rlsched why``
+    prints it: its place in the service order (1: next), a reason code and the numbers."""
+
+    position: int
+    reason: str
+    message: str
+
+    def to_status(self) -> dict:
+        return {"position": self.position, "reason": self.reason, "message": self.message}
+
+
+def waiting_reasons(plan: AdmissionPlan, waiting: Sequence[QueueEntry], *, backfill: bool,
+                    free_gpus: int) -> dict[str, WaitReason]:
+    """Why each job of ``waiting`` still waits after ``plan`` (the admitted ones are
+    left out), from the plan's own decisions: ``Unfittable`` (its gang cannot fit the
+    cluster), ``Preempting`` (the head of line, waiting for the GPUs of the jobs it
+    preempted), ``NoRoom`` (its gang does not fit the free GPUs now: the head of line, or
+    any job with backfill), ``BehindHead`` (without backfill, behind a head of line
+    that does not fit). Positions count the jobs still waiting, in service order."""
+    by_key = {e.key: e for e in waiting}
+    admitted = set(plan.admit)
+    out: dict[str, WaitReason] = {}
+    pos = 0
+    for key in plan.order:
+        e = by_key.get(key)
+        if e is None or key in admitted:
+            continue
+        gang = f"{e.spec.min_workers} x {e.spec.gpus_per_worker} GPUs"
+        if key in plan.unfittable:  # no place in the queue until nodes make it fit
+            out[key] = WaitReason(0, "Unfittable", f"its gang of {gang} cannot fit this cluster: {plan.unfittable[key]}")
+            continue
+        pos += 1
+        if key == plan.blocked and plan.preempt:
+            out[key] = WaitReason(pos, "Preempting", f"head of the queue; waiting for the GPUs of {len(plan.preempt)} "
+                                                     f"preempted job(s) to be released for its gang of {gang}")
+        elif key == plan.blocked or backfill or plan.blocked is None:
+            out[key] = WaitReason(pos, "NoRoom", f"its gang of {gang} does not fit the {free_gpus} free GPUs "
+                                                 f"(placed as the extender will place it)")
+        else:
+            out[key] = WaitReason(pos, "BehindHead", f"behind {plan.blocked}, the head of the queue, whose gang does "
+                                                     f"not fit yet (no backfill)")
+    return out
 
 
 def admit_in_order(
@@ -274,7 +320,17 @@ class Admission:
         plan.order = [e.key for e in order]
         fitting = []
         for e in order:
-            why = unfittable_reason(state.total, e.spec.gpus_per_worker, e.spec.min_workers)
+            models = e.spec.gpu_models
+            if models is None:
+                why = unfittable_reason(state.total, e.spec.gpus_per_worker, e.spec.min_workers)
+            else:  # only the nodes of a model its workers may run on
+                ok = state.candidates_total(0, models)
+                total = np.zeros_like(state.total)
+                total[ok] = state.total[ok]
+                why = ("no node of the cluster has a GPU model its worker template allows" if not ok.size else
+                       unfittable_reason(total, e.spec.gpus_per_worker, e.spec.min_workers))
+                if why is not None and ok.size:
+                    why += f" (on nodes of GPU model {', '.join(sorted(models))})"
             if why is None:
                 fitting.append(e)
             else:

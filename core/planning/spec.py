@@ -45,6 +45,11 @@ class TrainingSpec:
     #: ``spec.localBatchSize``: ``(min, max)`` samples per worker per micro-batch
     #: (None: any); larger shares run with gradient accumulation
     local_batch_size: tuple[int | None, int | None] = (None, None)
+    #: the GPU models its workers may run on (the template's constraint on the
+    #: cluster's models, as the extender reads it); None: any
+    gpu_models: frozenset[str] | None = None
+    #: ``spec.suspend``: the job holds no workers and is not admitted (Kueue's field)
+    suspend: bool = False
 
     @property
     def gang_gpus(self) -> int:
@@ -78,5 +83,6 @@ class TrainingSpec:
             priority=priority,
             est_runtime=self.estimated_runtime,
             beta=self.beta,
+            gpu_models=self.gpu_models,
             **state,
         )

@@ -34,6 +34,9 @@ class Fixed:
         self.seen = (list(jobs), list(nodes), now)
         return self.answer
 
+    def order(self, jobs):
+        return sorted(jobs, key=lambda j: (j.submit_time, j.id))
+
 
 class Broken(Fixed):
     def allocate(self, jobs, nodes, now):
@@ -116,6 +119,10 @@ def test_the_answer_becomes_starts_resizes_and_stops_in_whole_workers():
     assert plan.start == {"ns/wait": LiveTarget(2, 256)}
     assert plan.resize == {"ns/grow": LiveTarget(3, 96)}
     assert plan.stop == ["ns/stop"]
+    # who waits, and why: ns/stop (given nothing), ns/pair (3 GPUs are no gang of 2 x 2), ns/left
+    assert {k: (w.position, w.reason) for k, w in plan.waiting.items()} == \
+        {"ns/stop": (1, "Ranked"), "ns/pair": (2, "Ranked"), "ns/left": (3, "Ranked")}
+    assert "2 job(s) ranked before it" in plan.waiting["ns/stop"].message  # wait (starts) and grow run before it
     seen_jobs, seen_nodes, now = live.allocator.seen
     assert [n.gpus for n in seen_nodes] == [4, 4, 4, 4] and now == 10.0
     assert [j.id for j in seen_jobs] == [j.key for j in jobs]
@@ -139,6 +146,15 @@ def test_clairvoyant_allocators_are_refused():
 
     with pytest.raises(ValueError, match="clairvoyant"):
         LiveAllocation(Oracle({}))
+
+    class Unordered:
+        name, clairvoyant = "x", False
+
+        def allocate(self, jobs, nodes, now):
+            return {}
+
+    with pytest.raises(TypeError, match="order"):
+        LiveAllocation(Unordered())
 
 
 def test_goodput_live_shrinks_a_running_job_to_start_a_queued_one():

@@ -402,6 +402,25 @@ def test_operator_serves_the_served_allocator(render):
     assert make_live_allocator(value).restart_delay == 10.0
 
 
+def test_topology_levels_reach_the_extender_and_the_operator_alike(render):
+    from rlsched.core.contract import DEFAULT_TOPOLOGY_LEVELS, parse_topology_levels
+
+    def flags(*sets):
+        out = {}
+        for o in render(*sets):
+            if o["kind"] == "Deployment":
+                for c in _pod_spec(o)["containers"]:
+                    for a in c.get("args") or []:
+                        if a.startswith("--topology-levels="):
+                            out[c["name"]] = parse_topology_levels(a.split("=", 1)[1])
+        return out
+
+    default = flags()
+    assert set(default) == {"extender", "operator"} and set(default.values()) == {DEFAULT_TOPOLOGY_LEVELS}
+    custom = flags("topology.levels={fabric.topograph.run/tier-1,kubernetes.io/hostname}")
+    assert set(custom.values()) == {("fabric.topograph.run/tier-1", "kubernetes.io/hostname")}
+
+
 def test_helm_test_pod_script_compiles(render):
     (pod,) = render(show_only="templates/tests/test-metrics.yaml")
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"

@@ -191,3 +191,30 @@ def test_running_without_a_live_worker_is_not_adopted():
     assert set(changed) == {"phase", "targetWorkers"}
     trusted, changed = guard_status(st, None, SPEC, created=CREATED, now=NOW, live_workers=1)
     assert (trusted["phase"], trusted["targetWorkers"], changed) == ("Running", 2, {})
+
+
+def test_admission_checks_room_only_on_the_gpu_models_the_template_allows():
+    """Issue 25 item 1: the operator's admission read no GPU model, so a gang that
+    asks for a model the cluster lacks was admitted and timed out; now its room is
+    checked on the nodes the template allows (the extender's reading of the template)."""
+    import dataclasses
+
+    from rlsched.core import ClusterState, Topology, make_ordering, make_placement
+    from rlsched.core.planning import Admission, QueueEntry
+    from rlsched.operator.controller import with_gpu_models
+
+    tmpl = {"template": {"spec": {"containers": [{"name": "t"}], "nodeSelector": {"nvidia.com/gpu.product": "H100"}}}}
+    spec = with_gpu_models(SPEC, tmpl, ["A100", "H100"])
+    assert spec.gpu_models == frozenset({"H100"})
+    assert with_gpu_models(SPEC, {"template": {"spec": {}}}, ["A100"]) is SPEC  # no constraint: unchanged
+    aff = {"template": {"metadata": {"annotations": {"rlsched.dev/gpu-models": "A100,V100"}}, "spec": {}}}
+    assert with_gpu_models(SPEC, aff, ["A100", "H100"]).gpu_models == frozenset({"A100"})
+
+    state = ClusterState(Topology.uniform(2, gpus_per_node=8, racks=1, blocks=1, gpu_model="A100"))
+    adm = Admission(make_ordering("fifo"))
+    place = make_placement("bestfit")
+    for models, admitted in ((frozenset({"H100"}), False), (frozenset({"A100"}), True), (None, True)):
+        s = dataclasses.replace(SPEC, gpu_models=models)
+        plan = adm.plan([QueueEntry(key="ns/j", spec=s, submit_time=0.0, priority=0.0, queue="normal")], [], state,
+                        place=place.place)
+        assert (plan.admit == ["ns/j"]) == admitted and (("ns/j" in plan.unfittable) != admitted)

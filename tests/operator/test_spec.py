@@ -32,12 +32,14 @@ def test_batch_bounds_parse_and_are_checked():
     s = parse_spec(body(batchSize=128, maxBatchSize=4096, localBatchSize={"min": 16, "max": 256}))
     assert (s.batch_size, s.max_batch_size, s.local_batch_size) == (128, 4096, (16, 256))
     assert parse_spec(body()).local_batch_size == (None, None) and parse_spec(body()).max_batch_size is None
+    assert parse_spec(body(suspend=True)).suspend is True and parse_spec(body()).suspend is False
     for over, needle in (({"maxBatchSize": 512}, "needs spec.batchSize"),
                          ({"batchSize": 256, "maxBatchSize": 128}, "must be >= spec.batchSize"),
                          ({"localBatchSize": {"min": 64, "max": 32}}, "localBatchSize.min (64) must be <="),
                          ({"localBatchSize": {"max": 0}}, "localBatchSize.max must be >= 1"),
                          ({"localBatchSize": {"min": 1.5}}, "localBatchSize.min must be an integer"),
-                         ({"localBatchSize": 8}, "must be an object")):
+                         ({"localBatchSize": 8}, "must be an object"),
+                         ({"suspend": "yes"}, "spec.suspend must be true or false")):
         with pytest.raises(SpecError, match=needle.replace("(", r"\(").replace(")", r"\)")):
             parse_spec(body(**over))
 

@@ -45,7 +45,7 @@ def test_unseen_cross_node_sync_is_at_least_1_1x_the_observed_local_sync():
 
 def test_observed_cross_node_sync_is_fitted_not_floored():
     j = job("a", samples((1, 1, 128), (2, 1, 64), (4, 1, 32), (8, 2, 32)))
-    new = PolluxPaperAllocator().model(j).throughput.params
+    new = PolluxPaperAllocator(split_fit=False).model(j).throughput.params  # A3 off: the same fit
     old = PolluxPaperAllocator(artifact_rules=False).model(j).throughput.params
     assert new.alpha_node == pytest.approx(old.alpha_node, rel=1e-9)
     assert new.beta_node == pytest.approx(old.beta_node, rel=1e-9)
