@@ -38,6 +38,8 @@ def register(subparsers) -> None:
                    "(goodput: rlsched's goodput allocator, core/live_allocation.py; options as "
                    "goodput@restart_delay=30,p=0.5), or none: admission (--ordering) + scaling (--scaling); "
                    f"default: the served policy ({SERVED.allocator or 'none'}, core/served.py)")
+    r.add_argument("--min-run-time", type=float, default=0.0,
+                   help="seconds a job runs before it may be preempted (default 0: none)")
     r.add_argument("--topology-levels", default=",".join(DEFAULT_TOPOLOGY_LEVELS),
                    help="node-label keys of the topology, coarse to fine (last: hostname), as the extender's")
     r.add_argument("--scaling", default="auto",
@@ -92,7 +94,7 @@ def _run(args: argparse.Namespace) -> int:
         scheduler_name=args.scheduler_name, ordering=args.ordering, ordering_model=args.ordering_model,
         placement=args.placement, placement_model=args.placement_model,
         allocator=None if args.allocator in ("none", "") else args.allocator, scaling=args.scaling,
-        topology_levels=parse_topology_levels(args.topology_levels), scaling_model=scaling_model, patience=args.patience, mu=args.mu,
+        topology_levels=parse_topology_levels(args.topology_levels), min_run_s=args.min_run_time, scaling_model=scaling_model, patience=args.patience, mu=args.mu,
         promote_at=args.promote_at, demote_at=args.demote_at, backfill=args.backfill,
         preemption=not args.no_preemption, metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         peering=args.peering, priority=args.priority, forecast_interval_s=args.forecast_interval,

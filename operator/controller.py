@@ -374,6 +374,8 @@ class OperatorConfig:
     demote_at: float = -1.0
     backfill: bool = False
     preemption: bool = True
+    #: seconds a job runs before it may be preempted (0: none)
+    min_run_s: float = 0.0
     metrics_port: int | None = 9090
     peering: str | None = None
     priority: int = 0
@@ -635,6 +637,7 @@ class Controller:
             backfill=config.backfill,
             preemption=config.preemption,
             start_timeout_s=config.start_timeout_s,
+            min_run_s=config.min_run_s,
         )
         self.planner = ScalingPlanner(build_scaling(config.scaling, config.scaling_model), patience=config.patience)
         #: core's cycle over the two: what every cycle decides (the simulator's allocator runs it too)

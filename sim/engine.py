@@ -107,7 +107,7 @@ __all__ = ["SimConfig", "Simulator", "SimResult", "JobRecord"]
 
 log = logging.getLogger("rlsched.sim")
 
-_FINISH, _ARRIVAL, _SCALE, _DEMOTE = 0, 1, 2, 3
+_FINISH, _ARRIVAL, _SCALE, _DEMOTE, _WAKE = 0, 1, 2, 3, 4
 _PENDING, _RUNNING, _DONE, _DROPPED, _FUTURE = 0, 1, 2, 3, 4
 #: orderings that rank by a per-job key, so ranking a subset is consistent (DRF is
 #: not: its progressive filling depends on the other jobs in the list)
@@ -168,6 +168,8 @@ class SimConfig:
     preemption: bool = True
     clairvoyant: bool = False
     record_decisions: bool = False
+    #: seconds a job runs before it may be preempted (the operator's ``--min-run-time``)
+    min_run_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.scaling_interval <= 0 or self.restart_cost < 0:
@@ -299,7 +301,8 @@ class Simulator:
         #: the operator's admission rules (head-of-line blocking, or backfill)
         self.admission = (
             None if ordering is None
-            else Admission(ordering, backfill=self.config.backfill, preemption=self.config.preemption)
+            else Admission(ordering, backfill=self.config.backfill, preemption=self.config.preemption,
+                           min_run_s=self.config.min_run_s)
         )
         #: the ordering preempts by itself (SRTF, Tiresias), so every pass looks for victims
         self._policy_preempts = self.admission is not None and self.config.preemption and self.admission.preemptive_ordering
@@ -368,6 +371,7 @@ class Simulator:
         self._series_queue: list[int] = []
         self._wall = 0.0
         self._decisions: list[dict] | None = [] if self.config.record_decisions else None
+        self._wake_at: float | None = None  # the pending _WAKE event's time
         self._first_submit = float(min((j.submit_time for j in jobs), default=0.0))
         self._total_gpus = self.state.total_gpus
         self.now = self._first_submit
@@ -469,6 +473,10 @@ class Simulator:
             elif kind == _DEMOTE and payload[1] == payload[0].version and payload[0].status == _RUNNING:
                 self._events += 1
                 self._demote(payload[0], t)
+            elif kind == _WAKE:  # a running job's minimum run time ended: it may be preempted now
+                self._events += 1
+                self._wake_at = None
+                self._dirty = True
         if scale and (self.scaling is not None or self.allocation is not None):
             if self.ordering is not None and self._dirty:
                 self._schedule()
@@ -710,6 +718,20 @@ class Simulator:
                 self._sync(self._by_id[v.id], self.now)
         self.cycle.preemption_rounds(st, self.now, entry=self._entry, holder=self._running_entry,
                                      apply=self._apply_preemption, admit=self._schedule_pass)
+        self._wake_for_protected()
+
+    def _wake_for_protected(self) -> None:
+        """With a minimum run time, a preemption it refused may be due when the first
+        protected job's protection ends: look again then (the operator looks every
+        cycle)."""
+        min_run = self.admission.min_run_s
+        if min_run <= 0 or not self.state.pending:
+            return
+        ends = [float(v.start_time) + min_run for v in self.state.running.values()
+                if v.start_time is not None and self.now - float(v.start_time) < min_run]
+        if ends and (self._wake_at is None or min(ends) < self._wake_at):
+            self._wake_at = min(ends)
+            self._push(self._wake_at, _WAKE, None)
 
     def _gang_spec(self, v: JobView) -> TrainingSpec:
         """The job as core's admission sees it: its gang is the workers it has (or

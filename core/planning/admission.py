@@ -263,18 +263,24 @@ class Admission:
     ``backfill`` lets smaller jobs behind a blocked head start (off by default: strict
     priority order); ``preemption`` lets ``highest`` jobs evict lower-class ones, and
     the head of the queue evict jobs a preemptive ordering ranks after it;
-    ``start_timeout_s`` is how long an admitted gang may take to run.
+    ``start_timeout_s`` is how long an admitted gang may take to run;
+    ``min_run_s`` how long a job runs before it may be preempted (Kueue's and KAI's
+    protection of a job that just started; 0: none), measured on ``state.time``.
     """
 
     def __init__(
-        self, ordering: Ordering, *, backfill: bool = False, preemption: bool = True, start_timeout_s: float = 120.0
+        self, ordering: Ordering, *, backfill: bool = False, preemption: bool = True, start_timeout_s: float = 120.0,
+        min_run_s: float = 0.0,
     ) -> None:
         if start_timeout_s <= 0:
             raise ValueError(f"start_timeout_s must be > 0, got {start_timeout_s}")
+        if not (min_run_s >= 0 and min_run_s != float("inf")):
+            raise ValueError(f"min_run_s must be a finite number >= 0, got {min_run_s}")
         self.ordering = ordering
         self.backfill = backfill
         self.preemption = preemption
         self.start_timeout_s = start_timeout_s
+        self.min_run_s = float(min_run_s)
 
     def start_timed_out(self, admitted_at: float, now: float) -> bool:
         """An admitted gang whose workers are not all running ``start_timeout_s`` after
@@ -396,7 +402,13 @@ class Admission:
             return bool(self.ordering.preempts(job.view(), victim.job, state))
         return False
 
+    def protected(self, victim: RunningEntry, now: float) -> bool:
+        """Whether ``victim`` has run less than ``min_run_s`` by ``now``: not evictable yet."""
+        return self.min_run_s > 0 and now - victim.start_time < self.min_run_s
+
     def _evictable(self, job: QueueEntry, victim: RunningEntry, state: ClusterState | None, outranked: set | None) -> bool:
+        if state is not None and self.protected(victim, state.time):
+            return False
         if outranked is None or job.spec.priority_class == "highest":
             return self.may_evict(job, victim, state)
         return victim.key in outranked and CLASS_RANK[victim.spec.priority_class] >= CLASS_RANK[job.spec.priority_class]

@@ -402,6 +402,15 @@ def test_operator_serves_the_served_allocator(render):
     assert make_live_allocator(value).restart_delay == 10.0
 
 
+def test_operator_min_run_time_flag(render):
+    def flag(*sets):
+        dep = next(o for o in render(*sets) if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-operator"))
+        (f,) = [a for a in _pod_spec(dep)["containers"][0]["args"] if a.startswith("--min-run-time=")]
+        return float(f.split("=", 1)[1])
+
+    assert flag() == 0.0 and flag("operator.minRunSeconds=300") == 300.0
+
+
 def test_topology_levels_reach_the_extender_and_the_operator_alike(render):
     from rlsched.core.contract import DEFAULT_TOPOLOGY_LEVELS, parse_topology_levels
 
