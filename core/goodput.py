@@ -335,20 +335,28 @@ class ThroughputModel:
         def jacobian(x: np.ndarray) -> np.ndarray:
             return _fit_jacobian(x, reference_batch, K, N, m, s, noise, sd)
 
-        start = mean.copy()
-        unit = _iteration_time(_params_of(np.r_[0.0, mean[1:]], reference_batch), K, N, m, s)
-        start[0] = float(np.mean(log_t - np.log(unit)))  # C matched to the data
-        best = None
-        for gamma in (mean[6], *(_GAMMA_STARTS if np.any(K >= 2) else ())):
-            x0 = start.copy()
-            x0[6] = gamma
-            span = _X_UPPER - _X_LOWER
-            x0 = np.clip(x0, _X_LOWER + 1e-6 * span, _X_UPPER - 1e-6 * span)
-            res = least_squares(residuals, x0, jac=jacobian, bounds=(_X_LOWER, _X_UPPER), method="trf",
-                                x_scale=1.0, xtol=_FIT_XTOL, ftol=_FIT_FTOL, gtol=_FIT_GTOL, max_nfev=400)
-            if best is None or res.cost < best.cost - 1e-12:
-                best = res
+        best = _multistart_fit(residuals, jacobian, mean, reference_batch, K, N, m, s, log_t)
         return cls(ThroughputParams(*_params_of(best.x, reference_batch)))
+
+
+def _multistart_fit(residuals, jacobian, mean: np.ndarray, reference_batch: float, K, N, m, s, log_t):
+    """Bounded least squares from the prior's ``mean`` with ``C`` matched to the step
+    times ``log_t``, restarted from each of :data:`_GAMMA_STARTS` for the overlap
+    exponent when some observation has several replicas; the lowest cost wins."""
+    start = mean.copy()
+    unit = _iteration_time(_params_of(np.r_[0.0, mean[1:]], reference_batch), K, N, m, s)
+    start[0] = float(np.mean(log_t - np.log(unit)))  # C matched to the data
+    best = None
+    for gamma in (mean[6], *(_GAMMA_STARTS if np.any(K >= 2) else ())):
+        x0 = start.copy()
+        x0[6] = gamma
+        span = _X_UPPER - _X_LOWER
+        x0 = np.clip(x0, _X_LOWER + 1e-6 * span, _X_UPPER - 1e-6 * span)
+        res = least_squares(residuals, x0, jac=jacobian, bounds=(_X_LOWER, _X_UPPER), method="trf",
+                            x_scale=1.0, xtol=_FIT_XTOL, ftol=_FIT_FTOL, gtol=_FIT_GTOL, max_nfev=400)
+        if best is None or res.cost < best.cost - 1e-12:
+            best = res
+    return best
 
 
 def _check_placement(K, N):

@@ -113,12 +113,10 @@ from dataclasses import replace
 from typing import Mapping, Sequence
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from ..allocation import AllocJob, Allocation, AllocNode, checked_call
 from ..goodput import BatchBounds, EfficiencyModel, GoodputModel, ThroughputModel, ThroughputParams, ThroughputPrior
-from ..goodput import _FIT_FTOL, _FIT_GTOL, _FIT_XTOL, _GAMMA_STARTS, _X_LOWER, _X_UPPER  # the shared fit's settings
-from ..goodput import _fit_jacobian, _iteration_time, _params_of, _prior_x
+from ..goodput import _fit_jacobian, _iteration_time, _multistart_fit, _params_of, _prior_x  # the shared fit
 from ..job_goodput import JobGoodput, _cached, _store, observations_of, split_batch
 
 __all__ = ["PolluxPaperAllocator"]
@@ -556,19 +554,7 @@ def fit_split(observations: tuple, compute: tuple, prior: ThroughputPrior, refer
         rows[:, 1] = (1 - u) * f * (1 - f) / g / noise
         return np.vstack([base[: t.size], rows, base[t.size:]])
 
-    start = mean.copy()
-    unit = _iteration_time(_params_of(np.r_[0.0, mean[1:]], ref), K, N, m, s)
-    start[0] = float(np.mean(log_t - np.log(unit)))  # C matched to the step times
-    best = None
-    for gamma in (mean[6], *(_GAMMA_STARTS if np.any(K >= 2) else ())):
-        x0 = start.copy()
-        x0[6] = gamma
-        span = _X_UPPER - _X_LOWER
-        x0 = np.clip(x0, _X_LOWER + 1e-6 * span, _X_UPPER - 1e-6 * span)
-        res = least_squares(residuals, x0, jac=jacobian, bounds=(_X_LOWER, _X_UPPER), method="trf",
-                            x_scale=1.0, xtol=_FIT_XTOL, ftol=_FIT_FTOL, gtol=_FIT_GTOL, max_nfev=400)
-        if best is None or res.cost < best.cost - 1e-12:
-            best = res
+    best = _multistart_fit(residuals, jacobian, mean, ref, K, N, m, s, log_t)
     return ThroughputModel(ThroughputParams(*_params_of(best.x, ref)))
 
 
