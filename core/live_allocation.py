@@ -52,9 +52,13 @@ from .goodput import BatchBounds, JobObservations, ShapeRecord
 from .planning.admission import WaitReason
 from .served import LIVE_ALLOCATOR_NAMES
 
-__all__ = ["LiveJob", "LiveTarget", "LivePlan", "LiveAllocation", "RankingAllocator", "LIVE_ALLOCATORS", "make_live_allocator",
+__all__ = ["LiveJob", "LiveTarget", "LivePlan", "LiveAllocation", "RankingAllocator", "UNIT_BATCH", "LIVE_ALLOCATORS", "make_live_allocator",
            "parse_allocator_options",
            "attained_service", "batch_bounds", "observations_from_status", "observations_to_status"]
+
+#: the batch bounds of a job without ``spec.batchSize``: a step time is recorded at one
+#: sample-unit per GPU (the worker's own fixed batch)
+UNIT_BATCH = BatchBounds(1)
 
 #: ``spec.priority.class`` -> ``AllocJob.priority`` (higher classes are served first)
 CLASS_RANK = {"highest": 2, "urgent": 1, "normal": 0}
@@ -178,6 +182,14 @@ class LiveJob:
     def workers(self) -> int:
         return len(self.nodes)
 
+    @property
+    def worker_range(self) -> tuple[int, int]:
+        """The worker counts it may run at: ``spec.workers`` when pinned, else
+        ``[minWorkers, maxWorkers]``."""
+        if self.pinned_workers:
+            return self.pinned_workers, self.pinned_workers
+        return self.min_workers, self.max_workers
+
 
 @dataclass(frozen=True)
 class LiveTarget:
@@ -227,7 +239,7 @@ class LiveAllocation:
     def alloc_job(job: LiveJob, now: float) -> AllocJob:
         """``job`` in the allocator's terms (replicas are GPUs)."""
         g = max(1, job.gpus_per_worker)
-        lo, hi = (job.pinned_workers, job.pinned_workers) if job.pinned_workers else (job.min_workers, job.max_workers)
+        lo, hi = job.worker_range
         b = job.bounds
         if b is None:  # a fixed local batch per GPU: goodput is throughput
             limits = AppLimits(init_batch_size=lo * g, max_batch_size=hi * g, min_local_bsz=1, max_local_bsz=1)
@@ -258,8 +270,7 @@ class LiveAllocation:
     def target(self, job: LiveJob, alloc: Allocation) -> LiveTarget:
         """The allocator's answer for ``job`` in whole workers (0: it waits)."""
         g = max(1, job.gpus_per_worker)
-        lo = job.pinned_workers or job.min_workers
-        hi = job.pinned_workers or job.max_workers
+        lo, hi = job.worker_range
         workers = min(alloc.replicas // g, hi)
         if workers < lo:
             return LiveTarget(0, None)
@@ -280,8 +291,9 @@ class LiveAllocation:
         over = {i: (held[i], capacity.get(i, 0)) for i in held if held[i] > capacity.get(i, 0)}
         if over:
             raise ValueError(f"running jobs hold more GPUs than the capacity given (node: held, capacity): {over}")
+        asked = [self.alloc_job(j, now) for j in jobs]
         try:
-            out = dict(self.allocator.allocate([self.alloc_job(j, now) for j in jobs], nodes, now))
+            out = dict(self.allocator.allocate(asked, nodes, now))
         except Exception as exc:  # noqa: BLE001 - a broken policy keeps everyone as they are
             return LivePlan(error=exc)
         plan = LivePlan(allocations=out)
@@ -294,24 +306,25 @@ class LiveAllocation:
                 plan.stop.append(j.key)
             elif t.workers != j.workers:
                 plan.resize[j.key] = t
-        plan.waiting = self._why(jobs, plan, sum(capacity.values()), now)
+        plan.waiting = self._why(jobs, asked, plan, sum(capacity.values()))
         return plan
 
-    def _why(self, jobs: Sequence[LiveJob], plan: LivePlan, total: int, now: float) -> dict[str, WaitReason]:
+    def _why(self, jobs: Sequence[LiveJob], asked: Sequence[AllocJob], plan: LivePlan,
+             total: int) -> dict[str, WaitReason]:
         """Why each job left without GPUs waits: its place in the allocator's order among
         them, and the jobs served before it."""
         by_key = {j.key: j for j in jobs}
-        order = [a.id for a in self.allocator.order([self.alloc_job(j, now) for j in jobs])]
         running = {k for k, j in by_key.items() if j.nodes and k not in plan.stop} | set(plan.start)
         out: dict[str, WaitReason] = {}
-        pos = 0
-        for rank, key in enumerate(order):
-            j = by_key[key]
+        pos = before = 0
+        for a in self.allocator.order(asked):
+            key = a.id
             if key in running:
+                before += 1
                 continue
+            j = by_key[key]
             pos += 1
-            gang = (j.pinned_workers or j.min_workers) * max(1, j.gpus_per_worker)
-            before = sum(1 for k in order[:rank] if k in running)
+            gang = j.worker_range[0] * max(1, j.gpus_per_worker)
             if gang > total:
                 out[key] = WaitReason(pos, "Unfittable", f"its gang needs {gang} GPUs, {total} are the allocator's")
             else:

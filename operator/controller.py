@@ -147,6 +147,7 @@ from rlsched.core.planning import (
 )
 from rlsched.core.cycle import SchedulingCycle
 from rlsched.core.live_allocation import (
+    UNIT_BATCH,
     LiveAllocation,
     LiveJob,
     LivePlan,
@@ -982,10 +983,8 @@ class Controller:
         """Fold the chief's latest report into ``status.goodput`` (a report of the
         current generation at its size; the nodes its workers run on are known here)
         and return the record."""
-        from rlsched.core.goodput import BatchBounds
-
-        bounds = self._bounds(j) or BatchBounds(1)
-        obs, last = observations_from_status(j.status.get("goodput"), bounds)
+        bounds = self._bounds(j)
+        obs, last = observations_from_status(j.status.get("goodput"), bounds or UNIT_BATCH)
         prog = j.status.get("progress")
         if not isinstance(prog, Mapping) or not prog.get("updateTime") or prog.get("updateTime") == last:
             return obs
@@ -993,7 +992,7 @@ class Controller:
         if (gen is not None and gen != j.generation) or workers != len(placement):
             return obs  # a report of another generation or size: its shape is not known
         report = dict(prog)
-        if self._bounds(j) is None:  # a fixed local batch: one unit per GPU
+        if bounds is None:  # a fixed local batch: one unit per GPU
             report["globalBatchSize"] = len(placement) * j.spec.gpus_per_worker
         try:
             obs = obs.update(report, len(set(placement)))
@@ -1012,9 +1011,10 @@ class Controller:
         capacity = {i: int(state.free[i]) for i in range(len(state.free))}
         live: list[LiveJob] = []
         done: set[str] = set()
+        by_key = {r.key: r for r in running}
 
         async def judge(j: _Job) -> None:  # the job's own end (β stop, maxEpochs), as without an allocator
-            rj = next(r for r in running if r.key == j.key)
+            rj = by_key[j.key]
             why = self.planner.finished(rj)
             if why:
                 done.add(j.key)

@@ -85,8 +85,8 @@ import numpy as np
 from rlsched.core import ClusterState, JobView, Level, Ordering, Placement, PlacementError, Scaling, Topology
 from rlsched.core.cycle import Preemption, SchedulingCycle
 from rlsched.core.estimate import estimate_remaining
-from rlsched.core.goodput import BatchBounds, JobObservations
-from rlsched.core.live_allocation import LiveAllocation, LiveJob, LivePlan
+from rlsched.core.goodput import JobObservations
+from rlsched.core.live_allocation import UNIT_BATCH, LiveAllocation, LiveJob, LivePlan
 from rlsched.core.planning import (
     Admission,
     ElasticState,
@@ -263,7 +263,7 @@ class _Job:
         self.elastic = ElasticState()
         self.ran = 0.0  # seconds it held its workers (what a live operator measures)
         #: the step times it "reported" (an allocation policy's input: status.goodput live)
-        self.obs = JobObservations(BatchBounds(1))
+        self.obs = JobObservations(UNIT_BATCH)
         self.reported = 0  # the epoch of its last report
 
 
