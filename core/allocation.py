@@ -135,6 +135,10 @@ class AllocJob:
     #: service class rank (a TrainingJob's ``spec.priority.class``: 2 highest, 1 urgent,
     #: 0 normal); an allocator serves higher classes first
     priority: int = 0
+    #: the team queue the job is charged to (:mod:`rlsched.core.queues`; None: none)
+    queue: str | None = None
+    #: it may not lose any of the GPUs it holds this decision (its minimum run time)
+    protected: bool = False
 
 
 @dataclass(frozen=True, slots=True)

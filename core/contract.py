@@ -133,6 +133,10 @@ __all__ = [
     "dns_subdomain",
     "dns_label",
     "label_value",
+    "QUEUE_PLURAL",
+    "QUEUE_KIND",
+    "QUEUE_CRD_NAME",
+    "VERB_PRIORITIZE",
 ]
 
 # --------------------------------------------------------------------------- the CRD
@@ -144,6 +148,14 @@ SINGULAR = "trainingjob"
 KIND = "TrainingJob"
 SHORT_NAME = "tj"
 CRD_NAME = f"{PLURAL}.{GROUP}"
+#: the cluster-scoped TrainingQueue: one team's GPU quota, fair-share weight, classes
+QUEUE_PLURAL = "trainingqueues"
+QUEUE_KIND = "TrainingQueue"
+QUEUE_CRD_NAME = f"{QUEUE_PLURAL}.{GROUP}"
+#: the RBAC verb on a TrainingQueue (by name) a user needs to create or raise a job of
+#: its queue above ``normal``/``urgent`` (class ``highest``, the priority annotation);
+#: the chart's priority-guard admission policy asks the API server's authorizer for it
+VERB_PRIORITIZE = "prioritize"
 
 # --------------------------------------------------------------------------- pods
 #: ``schedulerName`` of worker pods: kube-scheduler's profile that calls the extender

@@ -74,6 +74,7 @@ from .goodput import ThroughputPrior
 from .job_goodput import JobGoodput, split_batch
 from .peers.place import keep_or_pack
 from .peers.tiresias import POLLUX_THRESHOLD
+from .queues import NO_QUEUE, QueueBook
 
 __all__ = ["GoodputAllocator"]
 
@@ -136,21 +137,22 @@ class GoodputAllocator:
         return self.utility(speed)
 
     # ------------------------------------------------------------------ decision
-    def counts(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode]) -> dict[str, int]:
+    def counts(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode],
+               queues: QueueBook | None = None) -> dict[str, int]:
         """Each job's GPU count (steps 2–4 of the module docstring); 0: it waits."""
         total = sum(n.gpus for n in nodes)
         node_gpus = max((n.gpus for n in nodes), default=0)
         order = self.order(jobs)
         width = min(max((j.max_replicas for j in jobs), default=0), total) + 1
-        free = total
-        count: dict[str, int] = {}
-        running: list[int] = []
-        for r, j in enumerate(order):  # who runs: smallest gangs in the fairness order
-            need = max(j.min_replicas, 1)
-            if need <= min(free, j.max_replicas):
-                count[j.id] = need
-                free -= need
-                running.append(r)
+        book = queues or QueueBook()
+        # who runs: protected jobs keep what they hold, then smallest gangs in the
+        # fairness order, under the teams' quotas when there are queues (core/queues.py)
+        count, used = book.who_runs(
+            order, total=total, queue=lambda j: j.queue, key=lambda j: j.id,
+            gang=lambda j: max(j.min_replicas, 1) if max(j.min_replicas, 1) <= j.max_replicas else 0,
+            kept={j.id: len(j.allocation) for j in jobs if j.protected and j.allocation})
+        free = total - sum(count.values())
+        running = [r for r, j in enumerate(order) if count.get(j.id, 0) > 0]
         if free == 0 or not running:
             return count
         vals = [None] * len(order)
@@ -159,7 +161,7 @@ class GoodputAllocator:
         def best_move(r: int) -> tuple[float, int] | None:
             j = order[r]
             k = count[j.id]
-            hi = min(j.max_replicas, k + free, width - 1)
+            hi = int(min(j.max_replicas, k + free, width - 1, k + book.headroom(used, j.queue)))
             if hi <= k:
                 return None
             v = vals[r]
@@ -183,15 +185,18 @@ class GoodputAllocator:
             jid = order[r].id
             if count[jid] != k_then:  # stale: the job's fresh move is on the heap
                 continue
-            if k_new - k_then <= free:
+            q = order[r].queue or NO_QUEUE
+            if k_new - k_then <= min(free, book.headroom(used, q)):
                 free -= k_new - k_then
+                used[q] = used.get(q, 0) + k_new - k_then
                 count[jid] = k_new
             push(r)  # its next move, or its best move within the GPUs left
         return count
 
-    def allocate(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], now: float) -> Mapping[str, Allocation]:
+    def allocate(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], now: float,
+                 queues: QueueBook | None = None) -> Mapping[str, Allocation]:
         self._now = checked_call(self.name, self._now, now, jobs)
-        count = self.counts(jobs, nodes)
+        count = self.counts(jobs, nodes, queues)
         by_id = {j.id: j for j in jobs}
         demand = [(by_id[jid], k) for jid, k in count.items() if k > 0]
         where = keep_or_pack(demand, nodes)

@@ -50,6 +50,7 @@ from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 from .allocation import AllocJob, Allocation, Allocator, AllocNode, AppLimits, ProfileSample
 from .goodput import BatchBounds, JobObservations, ShapeRecord
 from .planning.admission import WaitReason
+from .queues import QueueBook
 from .served import LIVE_ALLOCATOR_NAMES
 
 __all__ = ["LiveJob", "LiveTarget", "LivePlan", "LiveAllocation", "RankingAllocator", "UNIT_BATCH", "LIVE_ALLOCATORS", "make_live_allocator",
@@ -177,6 +178,10 @@ class LiveJob:
     restarts: int = 0
     #: ``spec.priority.class``
     priority_class: str = "normal"
+    #: the team queue it is charged to (None: none)
+    queue: str | None = None
+    #: when it last started from the queue (its minimum run time counts from there)
+    running_since: float | None = None
 
     @property
     def workers(self) -> int:
@@ -211,6 +216,9 @@ class LivePlan:
     error: Exception | None = None
     #: why each job that waits after this plan waits (``status.waiting``)
     waiting: dict[str, WaitReason] = field(default_factory=dict)
+    #: per team queue after this plan: ``gpusInUse``, ``borrowedGpus``, ``pendingJobs``,
+    #: ``runningJobs`` (the queues' status and metrics; empty without queues)
+    queues: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -218,6 +226,9 @@ class RankingAllocator(Allocator, Protocol):
     """An allocator that can say in which order it serves jobs (why a job waits)."""
 
     def order(self, jobs: Sequence[AllocJob]) -> list[AllocJob]: ...
+
+    def allocate(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], now: float,
+                 queues: QueueBook | None = None) -> Mapping[str, Allocation]: ...
 
 
 class LiveAllocation:
@@ -236,8 +247,9 @@ class LiveAllocation:
 
     # ------------------------------------------------------------------ translation
     @staticmethod
-    def alloc_job(job: LiveJob, now: float) -> AllocJob:
-        """``job`` in the allocator's terms (replicas are GPUs)."""
+    def alloc_job(job: LiveJob, now: float, protected: bool = False) -> AllocJob:
+        """``job`` in the allocator's terms (replicas are GPUs); ``protected``: it keeps
+        the GPUs it holds (its minimum run time)."""
         g = max(1, job.gpus_per_worker)
         lo, hi = job.worker_range
         b = job.bounds
@@ -265,7 +277,8 @@ class LiveAllocation:
                         num_restarts=max(0, job.restarts), allocation=held, target_replicas=lo * g,
                         target_batch_size=limits.init_batch_size, min_replicas=lo * g, max_replicas=hi * g,
                         limits=limits, batch_size=job.batch_size or 0, grad_sqr=sqr, grad_var=var, profile=profile,
-                        priority=CLASS_RANK.get(job.priority_class, 0))
+                        priority=CLASS_RANK.get(job.priority_class, 0), queue=job.queue,
+                        protected=protected and bool(job.nodes))
 
     def target(self, job: LiveJob, alloc: Allocation) -> LiveTarget:
         """The allocator's answer for ``job`` in whole workers (0: it waits)."""
@@ -280,25 +293,51 @@ class LiveAllocation:
         return LiveTarget(workers, int(batch) if batch is not None else None)
 
     # ------------------------------------------------------------------ decision
+    @staticmethod
+    def protected(job: LiveJob, book: QueueBook, now: float) -> bool:
+        """Whether a running job is still inside its minimum run time (its queue's, else
+        the scheduler's): it keeps what it holds."""
+        return bool(job.nodes) and job.running_since is not None and now - job.running_since < book.min_run(job.queue)
+
+    @staticmethod
+    def barred(job: LiveJob, book: QueueBook) -> WaitReason | None:
+        """Why a waiting job may not run at all under its queue: a queue that does not
+        exist, or a service class its queue does not allow. Running jobs are never barred
+        (a queue edited or deleted under them does not evict them)."""
+        if job.nodes or not book.active or not job.queue:
+            return None
+        q = book.get(job.queue)
+        if q is None:
+            return WaitReason(0, "NoSuchQueue", f"its queue {job.queue!r} does not exist (kubectl get trainingqueues)")
+        if not q.allows(job.priority_class):
+            return WaitReason(0, "PriorityNotAllowed", f"queue {q.name!r} allows the classes "
+                                                        f"{', '.join(sorted(q.priority_classes))}, not {job.priority_class!r}")
+        return None
+
     def plan(self, jobs: Sequence[LiveJob], capacity: Mapping[int, int], now: float,
-             names: Mapping[int, str] | None = None) -> LivePlan:
+             names: Mapping[int, str] | None = None, queues: QueueBook | None = None) -> LivePlan:
         """Decide for ``jobs``: those with ``nodes`` run (and may move), the others wait.
         ``capacity``: node index -> GPUs the allocator may give (free GPUs plus those the
-        running ``jobs`` hold there)."""
+        running ``jobs`` hold there). ``queues``: the teams' queues and the minimum run
+        time (:mod:`rlsched.core.queues`; None: neither)."""
         names = names or {}
+        book = queues or QueueBook()
         nodes = [AllocNode(i, int(c), names.get(i, "")) for i, c in sorted(capacity.items())]
         held = Counter(n for j in jobs for n in j.nodes for _ in range(max(1, j.gpus_per_worker)))
         over = {i: (held[i], capacity.get(i, 0)) for i in held if held[i] > capacity.get(i, 0)}
         if over:
             raise ValueError(f"running jobs hold more GPUs than the capacity given (node: held, capacity): {over}")
-        asked = [self.alloc_job(j, now) for j in jobs]
+        barred = {j.key: w for j in jobs if (w := self.barred(j, book)) is not None}
+        free_jobs = [j for j in jobs if j.key not in barred]
+        asked = [self.alloc_job(j, now, self.protected(j, book, now)) for j in free_jobs]
         try:
-            out = dict(self.allocator.allocate(asked, nodes, now))
+            out = dict(self.allocator.allocate(asked, nodes, now, queues=book))
         except Exception as exc:  # noqa: BLE001 - a broken policy keeps everyone as they are
             return LivePlan(error=exc)
         plan = LivePlan(allocations=out)
-        for j in jobs:
-            t = self.target(j, out.get(j.key, Allocation()))
+        targets = {j.key: self.target(j, out.get(j.key, Allocation())) for j in free_jobs}
+        for j in free_jobs:
+            t = targets[j.key]
             if not j.nodes:
                 if t.workers:
                     plan.start[j.key] = t
@@ -306,15 +345,29 @@ class LiveAllocation:
                 plan.stop.append(j.key)
             elif t.workers != j.workers:
                 plan.resize[j.key] = t
-        plan.waiting = self._why(jobs, asked, plan, sum(capacity.values()))
+        use: Counter[str] = Counter()
+        for j in free_jobs:
+            use[j.queue or ""] += targets[j.key].workers * max(1, j.gpus_per_worker)
+        plan.waiting = self._why(free_jobs, asked, plan, sum(capacity.values()), book, use)
+        plan.waiting.update(barred)
+        if book.active:
+            plan.queues = book.usage(use.items())
+            for q in plan.queues.values():
+                q.update(pendingJobs=0, runningJobs=0)
+            for j in jobs:
+                row = plan.queues.setdefault(j.queue or "", {"gpusInUse": 0, "borrowedGpus": 0, "pendingJobs": 0,
+                                                             "runningJobs": 0})
+                row["runningJobs" if targets.get(j.key, LiveTarget(0, None)).workers else "pendingJobs"] += 1
         return plan
 
     def _why(self, jobs: Sequence[LiveJob], asked: Sequence[AllocJob], plan: LivePlan,
-             total: int) -> dict[str, WaitReason]:
+             total: int, book: QueueBook, use: Mapping[str, int]) -> dict[str, WaitReason]:
         """Why each job left without GPUs waits: its place in the allocator's order among
-        them, and the jobs served before it."""
+        them, and the jobs served before it; under queues, its queue's cap, or the
+        minimum run time of the jobs holding its queue's guarantee."""
         by_key = {j.key: j for j in jobs}
         running = {k for k, j in by_key.items() if j.nodes and k not in plan.stop} | set(plan.start)
+        kept = [a for a in asked if a.protected]
         out: dict[str, WaitReason] = {}
         pos = before = 0
         for a in self.allocator.order(asked):
@@ -325,10 +378,21 @@ class LiveAllocation:
             j = by_key[key]
             pos += 1
             gang = j.worker_range[0] * max(1, j.gpus_per_worker)
+            q = book.spec_of(j.queue) if book.active else None
             if gang > total:
                 out[key] = WaitReason(pos, "Unfittable", f"its gang needs {gang} GPUs, {total} are the allocator's")
+            elif q is not None and use.get(q.name, 0) + gang > q.cap:
+                out[key] = WaitReason(pos, "Quota", f"queue {q.name!r} uses {use.get(q.name, 0)} of its "
+                                                    f"{q.nominal_gpus} nominal + {q.borrowing_limit} borrowable GPUs; "
+                                                    f"its gang needs {gang}")
+            elif q is not None and use.get(q.name, 0) + gang <= q.nominal_gpus and kept:
+                out[key] = WaitReason(pos, "MinRunTime", f"queue {q.name!r}'s guarantee ({q.nominal_gpus} GPUs, "
+                                                         f"{use.get(q.name, 0)} in use) covers its gang of {gang}; "
+                                                         f"{len(kept)} job(s) holding GPUs are inside their minimum "
+                                                         f"run time and keep them until it ends")
             else:
+                share = " under the queues' fair share" if q is not None else ""
                 out[key] = WaitReason(pos, "Ranked", f"the {self.name} allocator gives the GPUs to {before} job(s) "
                                                      f"ranked before it (service class, attained GPU-seconds, submit "
-                                                     f"time); its gang needs {gang} GPUs")
+                                                     f"time){share}; its gang needs {gang} GPUs")
         return out

@@ -105,9 +105,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _crd(args: argparse.Namespace) -> int:
-    from .main import crd_path, peering_crd_path
+    from .main import crd_path, peering_crd_path, queue_crd_path
 
     sys.stdout.write(crd_path().read_text())
+    sys.stdout.write("---\n" + queue_crd_path().read_text())
     if args.peering:
         sys.stdout.write("---\n" + peering_crd_path().read_text())
     return 0

@@ -14,12 +14,18 @@ import kopf
 from .controller import OperatorConfig
 from .handlers import OperatorRuntime, build_registry
 
-__all__ = ["operator", "run", "crd_path", "peering_crd_path", "policy_path", "install_crd", "install_trainer_policy"]
+__all__ = ["operator", "run", "crd_path", "queue_crd_path", "peering_crd_path", "policy_path",
+           "priority_policy_path", "install_crd", "install_trainer_policy"]
 
 
 def crd_path() -> Path:
     """The TrainingJob CRD manifest shipped with the package."""
     return Path(str(resources.files("rlsched.operator").joinpath("crd/trainingjob.yaml")))
+
+
+def queue_crd_path() -> Path:
+    """The TrainingQueue CRD manifest shipped with the package (teams' quotas)."""
+    return Path(str(resources.files("rlsched.operator").joinpath("crd/trainingqueue.yaml")))
 
 
 def peering_crd_path() -> Path:
@@ -38,6 +44,22 @@ def policy_path() -> Path:
     path = Path(__file__).resolve().parents[1] / rel
     if not path.is_file():
         raise FileNotFoundError(f"{rel} (the trainer-status admission policy) is not next to this package; "
+                                "install the Helm chart, or apply that file from an rlsched source tree")
+    return path
+
+
+def priority_policy_path() -> Path:
+    """The priority-guard ValidatingAdmissionPolicy and its binding (one YAML file, two
+    documents): only a user with the RBAC verb ``prioritize`` on a job's TrainingQueue
+    may give the job class ``highest`` or set the ``rlsched.dev/priority-requests``
+    annotation. Like :func:`policy_path`, its one source is the Helm chart
+    (``deploy/helm/rlsched/files/policies/priority-guard.yaml``); found in the source
+    tree the package runs from, else :class:`FileNotFoundError`. Install it with
+    :func:`install_trainer_policy` (``install_trainer_policy(api, priority_policy_path())``)."""
+    rel = Path("deploy", "helm", "rlsched", "files", "policies", "priority-guard.yaml")
+    path = Path(__file__).resolve().parents[1] / rel
+    if not path.is_file():
+        raise FileNotFoundError(f"{rel} (the priority-guard admission policy) is not next to this package; "
                                 "install the Helm chart, or apply that file from an rlsched source tree")
     return path
 
@@ -70,10 +92,11 @@ def install_crd(api_client, path: str | Path | None = None, timeout_s: float = 3
 
 
 def install_trainer_policy(api_client, path: str | Path | None = None, timeout_s: float = 30.0) -> list[str]:
-    """Create or replace the objects of :func:`policy_path` (or ``path``) with a
-    ``kubernetes.client.ApiClient`` and wait until the API server has type-checked the
-    policy; returns ``kind/name`` of each. For tests and the dev demo; clusters get it
-    from the Helm chart."""
+    """Create or replace the objects of :func:`policy_path` (or ``path``, e.g.
+    :func:`priority_policy_path`: any file of ValidatingAdmissionPolicies and their
+    bindings) with a ``kubernetes.client.ApiClient`` and wait until the API server has
+    type-checked each policy; returns ``kind/name`` of each. For tests and the dev demo;
+    clusters get them from the Helm chart."""
     import yaml
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException

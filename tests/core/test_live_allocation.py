@@ -30,7 +30,7 @@ class Fixed:
         self.answer = answer
         self.seen = None
 
-    def allocate(self, jobs, nodes, now):
+    def allocate(self, jobs, nodes, now, queues=None):
         self.seen = (list(jobs), list(nodes), now)
         return self.answer
 
@@ -39,7 +39,7 @@ class Fixed:
 
 
 class Broken(Fixed):
-    def allocate(self, jobs, nodes, now):
+    def allocate(self, jobs, nodes, now, queues=None):
         raise RuntimeError("policy bug")
 
 
@@ -150,7 +150,7 @@ def test_clairvoyant_allocators_are_refused():
     class Unordered:
         name, clairvoyant = "x", False
 
-        def allocate(self, jobs, nodes, now):
+        def allocate(self, jobs, nodes, now, queues=None):
             return {}
 
     with pytest.raises(TypeError, match="order"):

@@ -63,13 +63,14 @@ def kapi(kube_cluster):
 
 @pytest.fixture(scope="module")
 def crd(kapi):
-    """Install the TrainingJob CRD (idempotent) and wait until it is Established; and the
+    """Install the TrainingJob and TrainingQueue CRDs (idempotent) and wait until it is Established; and the
     trainer-status admission policy the chart installs beside it."""
     import yaml
 
-    from rlsched.operator.main import crd_path, install_crd, install_trainer_policy
+    from rlsched.operator.main import crd_path, install_crd, install_trainer_policy, queue_crd_path
 
     install_crd(kapi.client)
+    install_crd(kapi.client, queue_crd_path())
     install_trainer_policy(kapi.client)
     time.sleep(1.0)  # discovery catches up
     return yaml.safe_load(crd_path().read_text())

@@ -1,0 +1,261 @@
+"""Teams' queues: GPU quotas with borrowing, weighted fair share, allowed service classes
+and a minimum run time — the rules a platform team sets per team (a TrainingQueue).
+
+A queue (:class:`QueueSpec`) has
+
+* ``nominal_gpus``: GPUs its jobs may always use — its guarantee. When another queue
+  borrowed them, the owner's jobs take them back by preemption (shrink or stop the
+  borrowers), once the borrowers have run their minimum run time;
+* ``borrowing_limit``: GPUs beyond the nominal its jobs may use while nobody else's
+  guarantee needs them (None: any idle GPU);
+* ``weight``: its share of the GPUs beyond the guarantees: the queue that uses the
+  fewest GPUs per unit of weight is served next (weighted max-min fairness over GPUs,
+  which is DRF with the GPU as the one resource — Ghodsi et al., NSDI'11 — as Kueue's
+  and Volcano's weighted fair sharing do), so two queues of weights 2 and 1 that both
+  have work share the contended GPUs 2:1;
+* ``priority_classes``: the service classes its jobs may use (``highest``, the class
+  that preempts, only where the platform team allows it);
+* ``min_run_s``: how long a job of the queue runs before anyone may shrink or preempt
+  it (None: the scheduler's default, ``QueueBook.min_run_s``);
+* ``namespaces``: where a job that names no queue is charged to this one.
+
+:meth:`QueueBook.who_runs` is the one rule that decides which jobs run under the
+quotas, in two passes over the jobs in the policy's own order (its fairness order
+within a team) after the protected jobs keep what they hold:
+
+1. **Guarantees**: each job whose gang fits its queue's unused nominal GPUs (and the
+   free GPUs) starts — borrowers are not served yet, so an owner's job takes its GPUs
+   back from them;
+2. **Fair share** of what is left: repeatedly, among the queues with a job whose gang
+   fits the free GPUs and the queue's cap (nominal + borrowing limit), the one using
+   the fewest GPUs per unit of weight starts its next job (ties: the job the policy
+   ranks first). A job that does not fit now never fits later in the pass (free GPUs
+   only fall, use only rises), so it is passed over and the pass ends.
+
+Jobs that name no queue, when queues exist, are in the implicit queue ``""``: no
+guarantee, no cap, weight 1. Without any queue the policy decides alone, as before
+(:meth:`QueueBook.active` is False).
+
+Pure: no Kubernetes objects; the operator parses TrainingQueues
+(:meth:`QueueSpec.from_manifest`), the simulator builds them from a trace's tenants.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
+
+__all__ = ["QueueSpec", "QueueBook", "QueueError", "NO_QUEUE", "DEFAULT_CLASSES"]
+
+#: the implicit queue of jobs that name none (when queues exist)
+NO_QUEUE = ""
+#: the service classes a queue allows unless it says otherwise (``highest`` preempts:
+#: a platform team grants it explicitly)
+DEFAULT_CLASSES = frozenset({"normal", "urgent"})
+_CLASSES = frozenset({"normal", "urgent", "highest"})
+
+J = TypeVar("J")
+
+
+class QueueError(ValueError):
+    """A TrainingQueue that cannot be read (its name and the field at fault)."""
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    """One team's queue (module docstring)."""
+
+    name: str
+    nominal_gpus: int = 0
+    borrowing_limit: int | None = None
+    weight: float = 1.0
+    priority_classes: frozenset[str] = DEFAULT_CLASSES
+    min_run_s: float | None = None
+    namespaces: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.nominal_gpus < 0:
+            raise QueueError(f"queue {self.name!r}: nominalGpus must be >= 0, got {self.nominal_gpus}")
+        if self.borrowing_limit is not None and self.borrowing_limit < 0:
+            raise QueueError(f"queue {self.name!r}: borrowingLimitGpus must be >= 0, got {self.borrowing_limit}")
+        if not (math.isfinite(self.weight) and self.weight > 0):
+            raise QueueError(f"queue {self.name!r}: weight must be > 0, got {self.weight}")
+        bad = set(self.priority_classes) - _CLASSES
+        if bad:
+            raise QueueError(f"queue {self.name!r}: unknown priority classes {sorted(bad)}")
+        if self.min_run_s is not None and not (math.isfinite(self.min_run_s) and self.min_run_s >= 0):
+            raise QueueError(f"queue {self.name!r}: minRunSeconds must be >= 0, got {self.min_run_s}")
+
+    @property
+    def cap(self) -> float:
+        """The most GPUs its jobs may hold: nominal plus the borrowing limit."""
+        return math.inf if self.borrowing_limit is None else self.nominal_gpus + self.borrowing_limit
+
+    def allows(self, priority_class: str) -> bool:
+        return priority_class in self.priority_classes
+
+    @classmethod
+    def from_manifest(cls, body: Mapping[str, Any]) -> "QueueSpec":
+        """A TrainingQueue object (``metadata.name`` and ``spec``, as the API server
+        returns it, defaults applied or not); :class:`QueueError` naming what is wrong."""
+        name = (body.get("metadata") or {}).get("name")
+        if not isinstance(name, str) or not name:
+            raise QueueError("a TrainingQueue without metadata.name")
+        spec = body.get("spec") or {}
+        if not isinstance(spec, Mapping):
+            raise QueueError(f"queue {name!r}: spec must be an object")
+
+        def whole(key: str, default: int | None) -> int | None:
+            v = spec.get(key, default)
+            if v is None:
+                return None
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise QueueError(f"queue {name!r}: {key} must be a whole number, got {v!r}")
+            return v
+
+        def number(key: str, default: float | None) -> float | None:
+            v = spec.get(key, default)
+            if v is None:
+                return None
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise QueueError(f"queue {name!r}: {key} must be a number, got {v!r}")
+            return float(v)
+
+        classes = spec.get("priorityClasses", sorted(DEFAULT_CLASSES))
+        spaces = spec.get("namespaces") or []
+        if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+            raise QueueError(f"queue {name!r}: priorityClasses must be a list of class names")
+        if not isinstance(spaces, list) or not all(isinstance(n, str) for n in spaces):
+            raise QueueError(f"queue {name!r}: namespaces must be a list of names")
+        return cls(name, whole("nominalGpus", 0) or 0, whole("borrowingLimitGpus", None),
+                   number("weight", 1.0), frozenset(classes), number("minRunSeconds", None), tuple(spaces))
+
+
+@dataclass
+class QueueBook:
+    """The queues of one decision and the scheduler's default minimum run time."""
+
+    queues: Sequence[QueueSpec] = ()
+    min_run_s: float = 0.0
+    _by_name: dict[str, QueueSpec] = field(init=False, repr=False)
+    _default_of: dict[str, str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._by_name = {}
+        self._default_of = {}
+        for q in sorted(self.queues, key=lambda q: q.name):
+            if q.name in self._by_name:
+                raise QueueError(f"two queues named {q.name!r}")
+            self._by_name[q.name] = q
+            for ns in q.namespaces:  # the first by name wins, documented
+                self._default_of.setdefault(ns, q.name)
+        if not (math.isfinite(self.min_run_s) and self.min_run_s >= 0):
+            raise QueueError(f"min_run_s must be >= 0, got {self.min_run_s}")
+
+    @property
+    def active(self) -> bool:
+        """Whether any queue exists (else the policy decides alone)."""
+        return bool(self._by_name)
+
+    def get(self, name: str | None) -> QueueSpec | None:
+        return self._by_name.get(name or NO_QUEUE)
+
+    def resolve(self, namespace: str | None, named: str | None) -> str | None:
+        """The queue a job is charged to: the one it names, else its namespace's default
+        (the queue listing the namespace; the first by name if several do), else none
+        (:data:`NO_QUEUE`). A named queue is returned even when it does not exist (the
+        job then waits: :meth:`exists`)."""
+        if named:
+            return named
+        return self._default_of.get(namespace or "", NO_QUEUE) if self.active else NO_QUEUE
+
+    def exists(self, name: str | None) -> bool:
+        return not name or name in self._by_name
+
+    def spec_of(self, name: str | None) -> QueueSpec:
+        """The queue's spec; the implicit queue (no guarantee, no cap, weight 1, every
+        class) for :data:`NO_QUEUE` or a queue that does not exist."""
+        return self._by_name.get(name or NO_QUEUE) or QueueSpec(NO_QUEUE, priority_classes=_CLASSES)
+
+    def min_run(self, name: str | None) -> float:
+        q = self.get(name)
+        return q.min_run_s if q is not None and q.min_run_s is not None else self.min_run_s
+
+    # ------------------------------------------------------------------ the rule
+    def who_runs(self, order: Sequence[J], *, total: int, queue: Callable[[J], str | None],
+                 gang: Callable[[J], int], key: Callable[[J], str], kept: Mapping[str, int] | None = None,
+                 fits: Callable[[J, int], bool] | None = None) -> tuple[dict[str, int], dict[str, int]]:
+        """Which jobs of ``order`` (the policy's ranking) run, under the quotas: their
+        gang counts by ``key`` and each queue's GPUs in use. ``kept``: jobs that keep
+        the GPUs they hold (minimum run time), charged first. ``fits(job, free)``: an
+        extra room test (default: ``gang(job) <= free``)."""
+        kept = kept or {}
+        count: dict[str, int] = {}
+        used: dict[str, int] = defaultdict(int)
+        free = total
+        for j in order:
+            k = kept.get(key(j), 0)
+            if k > 0:
+                count[key(j)] = k
+                used[queue(j) or NO_QUEUE] += k
+                free -= k
+        room = fits or (lambda j, f: gang(j) <= f)
+        rest = [j for j in order if key(j) not in count]
+        # 1. guarantees: a job within its queue's unused nominal GPUs
+        later: list[J] = []
+        for j in rest:
+            q, n = queue(j) or NO_QUEUE, gang(j)
+            nominal = self.spec_of(q).nominal_gpus
+            if n > 0 and used[q] + n <= nominal and room(j, free):
+                count[key(j)] = n
+                used[q] += n
+                free -= n
+            else:
+                later.append(j)
+        # 2. fair share of the rest: the queue with the fewest GPUs per unit of weight
+        by_queue: dict[str, list[J]] = defaultdict(list)
+        for j in later:
+            by_queue[queue(j) or NO_QUEUE].append(j)
+        rank = {key(j): r for r, j in enumerate(order)}
+        pos = {q: 0 for q in by_queue}
+        while True:
+            best: tuple[float, int, str] | None = None
+            for q, jobs in by_queue.items():
+                spec = self.spec_of(q)
+                i = pos[q]
+                while i < len(jobs) and not (gang(jobs[i]) > 0 and used[q] + gang(jobs[i]) <= spec.cap
+                                             and room(jobs[i], free)):
+                    i += 1  # never fits in this pass: free only falls, use only rises
+                pos[q] = i
+                if i < len(jobs):
+                    cand = (used[q] / spec.weight, rank[key(jobs[i])], q)
+                    best = cand if best is None or cand < best else best
+            if best is None:
+                break
+            q = best[2]
+            j = by_queue[q][pos[q]]
+            pos[q] += 1
+            n = gang(j)
+            count[key(j)] = n
+            used[q] += n
+            free -= n
+        return count, dict(used)
+
+    def headroom(self, used: Mapping[str, int], name: str | None) -> float:
+        """GPUs the queue may still take (its cap less what it uses)."""
+        q = name or NO_QUEUE
+        return self.spec_of(q).cap - used.get(q, 0)
+
+    def usage(self, held: Iterable[tuple[str | None, int]]) -> dict[str, dict[str, int]]:
+        """Per queue: GPUs in use and borrowed (beyond nominal), from ``(queue, gpus)``
+        of each running job — what the queue's status and metrics show."""
+        use: dict[str, int] = defaultdict(int)
+        for q, g in held:
+            use[q or NO_QUEUE] += g
+        out = {}
+        for name in set(self._by_name) | set(use):
+            u = use.get(name, 0)
+            out[name] = {"gpusInUse": u, "borrowedGpus": max(0, u - self.spec_of(name).nominal_gpus)}
+        return out
