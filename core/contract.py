@@ -136,7 +136,7 @@ __all__ = [
     "QUEUE_PLURAL",
     "QUEUE_KIND",
     "QUEUE_CRD_NAME",
-    "VERB_PRIORITIZE",
+    "VERB_RAISE_PRIORITY",
 ]
 
 # --------------------------------------------------------------------------- the CRD
@@ -155,7 +155,7 @@ QUEUE_CRD_NAME = f"{QUEUE_PLURAL}.{GROUP}"
 #: the RBAC verb on a TrainingQueue (by name) a user needs to create or raise a job of
 #: its queue above ``normal``/``urgent`` (class ``highest``, the priority annotation);
 #: the chart's priority-guard admission policy asks the API server's authorizer for it
-VERB_PRIORITIZE = "prioritize"
+VERB_RAISE_PRIORITY = "raise-priority"
 
 # --------------------------------------------------------------------------- pods
 #: ``schedulerName`` of worker pods: kube-scheduler's profile that calls the extender

@@ -304,7 +304,7 @@ class LiveAllocation:
         """Why a waiting job may not run at all under its queue: a queue that does not
         exist, or a service class its queue does not allow. Running jobs are never barred
         (a queue edited or deleted under them does not evict them)."""
-        if job.nodes or not book.active or not job.queue:
+        if job.nodes or not job.queue:
             return None
         q = book.get(job.queue)
         if q is None:

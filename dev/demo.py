@@ -48,7 +48,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import yaml
 
-from rlsched.core.contract import ANNOTATION_TRACE_JOB, API_VERSION, GROUP, KIND, PLURAL, VERSION, pod_gpus
+from rlsched.core.contract import (ANNOTATION_TRACE_JOB, API_VERSION, GROUP, KIND, PLURAL, QUEUE_KIND, QUEUE_PLURAL,
+                                     VERSION, pod_gpus)
 
 from rlsched.core.served import SERVED
 
@@ -777,6 +778,22 @@ class Demo:
                 return False
 
         wait_for(listable, 30, "TrainingJobs to be served", every=0.3)
+        self._apply_team_queue(custom)
+
+    def _apply_team_queue(self, custom) -> None:
+        """The demo namespace's team queue (a TrainingQueue named after it, guaranteed
+        every GPU of the demo cluster): its jobs are charged to it, its status and the
+        per-queue metrics show the team's use."""
+        from kubernetes.client.exceptions import ApiException
+
+        total = self.topology.total_gpus if self.topology is not None else 0
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": QUEUE_KIND, "metadata": {"name": self.opts.namespace},
+                "spec": {"nominalGpus": int(total), "namespaces": [self.opts.namespace]}}
+        try:
+            custom.create_cluster_custom_object(GROUP, VERSION, QUEUE_PLURAL, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
 
     def _start_prometheus(self, prometheus: str, helm: Path, chart: Path, targets: Mapping[str, str]) -> None:
         pdir = self.state_dir / "prometheus"
@@ -814,6 +831,7 @@ class Demo:
                 custom.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body["metadata"]["name"],
                                                       {"metadata": {"finalizers": None}})
             client.CoreV1Api(api).delete_namespace(ns)
+            custom.delete_cluster_custom_object(GROUP, VERSION, QUEUE_PLURAL, ns)  # its team queue
         except ApiException as exc:
             if exc.status != 404:
                 self.console.print(f"[yellow]demo cleanup in {ns}: {exc.status} {exc.reason}[/yellow]")

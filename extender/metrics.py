@@ -45,6 +45,8 @@ class ExtenderMetrics:
             ["reason"],
             registry=r,
         )
+        for reason in ("model_load", "policy_error"):
+            self.fallbacks.labels(reason=reason)  # both series exist from the start (0)
         self.errors = Counter(
             "rlsched_extender_errors",
             "Requests answered with an HTTP error, by verb and status code.",

@@ -115,6 +115,7 @@ from rlsched.core import ClusterState, JobView, Progress, make_ordering, make_pl
 from rlsched.core.contract import ANNOTATION_EVENT_TIME as EVENT_TIME_ANNOTATION
 from rlsched.core.contract import ANNOTATION_PRIORITY_REQUESTS as REQUESTS_ANNOTATION
 from rlsched.core.contract import (
+    QUEUE_PLURAL,
     ANNOTATION_GANG_SIZE,
     API_VERSION,
     DEFAULT_SCHEDULER_NAME,
@@ -146,6 +147,7 @@ from rlsched.core.planning import (
     waiting_reasons,
 )
 from rlsched.core.cycle import SchedulingCycle
+from rlsched.core.queues import QueueBook, QueueError, QueueSpec
 from rlsched.core.live_allocation import (
     UNIT_BATCH,
     LiveAllocation,
@@ -180,7 +182,7 @@ PHASES = ("Queued", "Starting", "Running", "Succeeded", "Failed")
 #: trusts" above); its last written value of each is its record
 OWNED_FIELDS = ("phase", "targetWorkers", "queue", "nominated", "queuedTime", "admittedTime", "startTime", "rlpto",
                 "restartGeneration", "startedGeneration", "failures", "restartAfter", "batchSize",
-                "attainedGpuSeconds", "attainedSince", "goodput")
+                "attainedGpuSeconds", "attainedSince", "goodput", "queueName")
 TIME_FIELDS = ("queuedTime", "admittedTime", "startTime", "attainedSince")
 #: clock skew tolerated between the operator, the API server and earlier operators
 SKEW_S = 300.0
@@ -645,6 +647,9 @@ class Controller:
         self.scheduling = SchedulingCycle(self.queues, self.planner)
         #: the allocation policy, when one decides instead of admission + scaling
         self.allocation = LiveAllocation(make_live_allocator(config.allocator)) if config.allocator else None
+        self._no_queue_crd = False
+        self._queues_unenforced = False
+        self._queue_series: set[str] = set()
         self.placement = build_placement(config.placement, config.placement_model)
         self._fallback_placement = make_placement("bestfit")
         self.pod_security = PodSecurityGate(self.core, self.read_json, config)
@@ -676,6 +681,34 @@ class Controller:
         else:
             call = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, _preload_content=False)
         return (await self.read_json(call))["items"]
+
+    async def list_queues(self) -> list[dict]:
+        """The TrainingQueues (cluster-scoped); none when their CRD is not installed."""
+        try:
+            return (await self.read_json(self.custom.list_cluster_custom_object(
+                GROUP, VERSION, QUEUE_PLURAL, _preload_content=False)))["items"]
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            if not self._no_queue_crd:
+                log.info("no TrainingQueue CRD on this cluster: jobs are scheduled without team queues")
+                self._no_queue_crd = True
+            return []
+
+    def queue_book(self, bodies: Sequence[Mapping]) -> QueueBook:
+        """The teams' queues of this cycle (a queue that cannot be read is left out and
+        logged: its jobs wait as NoSuchQueue) with the operator's minimum run time."""
+        specs = []
+        for b in bodies:
+            try:
+                specs.append(QueueSpec.from_manifest(b))
+            except QueueError as exc:
+                log.warning("TrainingQueue ignored: %s", exc)
+        if specs and self.allocation is None and not self._queues_unenforced:
+            log.warning("TrainingQueues exist but the operator runs without an allocator (--allocator none): "
+                        "their quotas and weights are not enforced, only their use is reported")
+            self._queues_unenforced = True
+        return QueueBook(specs, min_run_s=self.config.min_run_s)
 
     async def patch_status(self, job: _Job | Mapping, patch: dict, *, forget_on_error: bool = True) -> None:
         """Merge-patch the job's status and keep the record of the owned fields written.
@@ -774,7 +807,7 @@ class Controller:
         now = self.clock()
         self.cycles += 1
         self.metrics.cycles.inc()
-        bodies, pods_all, nodes, ended = await asyncio.gather(
+        bodies, pods_all, nodes, ended, queue_bodies = await asyncio.gather(
             self.list_jobs(),
             self.read_json(self.core.list_pod_for_all_namespaces(
                 field_selector="status.phase!=Succeeded,status.phase!=Failed", _preload_content=False)),
@@ -784,7 +817,9 @@ class Controller:
                 label_selector=f"{LABEL_MANAGED_BY}={MANAGED_BY_OPERATOR}",
                 field_selector="status.phase!=Pending,status.phase!=Running,status.phase!=Unknown",
                 _preload_content=False)),
+            self.list_queues(),
         )
+        book = self.queue_book(queue_bodies)
         pods = pods_all["items"]
         snap = build_snapshot(nodes["items"], pods, time=now, levels=self.config.topology_levels)
         self._report_unreadable(snap.problems)
@@ -891,9 +926,10 @@ class Controller:
             lst.sort(key=lambda e: order[e.key])
 
         if self.allocation is not None:  # an allocation policy decides everything at once
-            await self._allocate(jobs, waiting, running, snap, now)
+            await self._allocate(jobs, waiting, running, snap, now, book)
             await self._sweep(by_uid)
-            self._metrics(jobs, AdmissionPlan())
+            self._metrics(jobs, AdmissionPlan(), now)
+            await self._queue_status(book, queue_bodies, jobs, now)
             return
 
         # decide on the whole picture at once (core's cycle: admission, then scaling on
@@ -949,7 +985,8 @@ class Controller:
 
         await self._each(act, [jobs[r.key] for r in running], now)
         await self._sweep(by_uid)
-        self._metrics(jobs, plan)
+        self._metrics(jobs, plan, now)
+        await self._queue_status(book, queue_bodies, jobs, now)
 
     async def _sweep(self, by_uid: Mapping[str, _Job]) -> None:
         if self.config.sweep_every and self.cycles % self.config.sweep_every == 1:
@@ -1003,7 +1040,7 @@ class Controller:
         return obs
 
     async def _allocate(self, jobs: Mapping[str, _Job], waiting: Sequence[QueueEntry],
-                        running: Sequence[RunningJob], snap, now: float) -> None:
+                        running: Sequence[RunningJob], snap, now: float, book: QueueBook | None = None) -> None:
         """One call into the allocation policy (core/live_allocation.py) and its plan
         carried out. The policy moves only jobs whose current generation runs whole
         (every worker bound); the GPUs of the others stay charged where they are."""
@@ -1035,18 +1072,21 @@ class Controller:
             obs = await self._observe_goodput(j, placement)
             for n in placement:
                 capacity[n] += j.spec.gpus_per_worker
-            live.append(self._live_job(j, now, placement, obs))
+            live.append(self._live_job(j, now, placement, obs, book))
         for e in waiting:
             j = jobs[e.key]
             bounds = self._bounds(j)
             obs = observations_from_status(j.status.get("goodput"), bounds)[0] if bounds is not None else None
-            live.append(self._live_job(j, now, (), obs))
+            live.append(self._live_job(j, now, (), obs, book))
         names = {i: n for n, i in snap.node_index.items()}
-        plan = self.allocation.plan(live, capacity, now, names)
+        plan = self.allocation.plan(live, capacity, now, names, queues=book)
         if plan.error is not None:
             self.metrics.cycle_errors.inc()
             log.error("allocator %s failed; every job keeps its GPUs this cycle: %r", self.allocation.name, plan.error)
             return
+        named = [lj for lj in live if (lj.queue or None) != jobs[lj.key].status.get("queueName")]
+        await self._each(lambda j: self.patch_status(j, {"queueName": self._queue_of(j, book)}),
+                         [jobs[lj.key] for lj in named], now)
         await self._each(lambda j: self._waiting(j, plan.waiting.get(j.key)),
                          [jobs[k] for k in plan.waiting if k not in plan.stop], now)
         await self._each(lambda j: self._stop_reallocated(j, now), [jobs[k] for k in plan.stop], now)
@@ -1054,7 +1094,12 @@ class Controller:
         for k, t in plan.start.items():  # in the policy's order, as admission does (one gang after another)
             await self._contain(jobs[k], lambda j, t=t: self.admit(j, now, target=t.workers, batch=t.batch_size), now)
 
-    def _live_job(self, j: _Job, now: float, placement: tuple[int, ...], obs) -> LiveJob:
+    @staticmethod
+    def _queue_of(j: _Job, book: QueueBook | None) -> str | None:
+        """The team queue the job is charged to (None: none)."""
+        return (book.resolve(j.ns, j.spec.queue_name) if book is not None else j.spec.queue_name) or None
+
+    def _live_job(self, j: _Job, now: float, placement: tuple[int, ...], obs, book: QueueBook | None = None) -> LiveJob:
         s = j.spec
         created = parse_time(j.body["metadata"].get("creationTimestamp")) or now
         batch = j.status.get("batchSize") if placement else None
@@ -1062,7 +1107,57 @@ class Controller:
                        gpus_per_worker=s.gpus_per_worker, nodes=placement,
                        batch_size=batch if batch is not None else s.batch_size, pinned_workers=s.pinned_workers,
                        bounds=self._bounds(j), observations=obs, attained_service=self._service(j, now),
-                       restarts=j.generation, priority_class=s.priority_class)
+                       restarts=j.generation, priority_class=s.priority_class, queue=self._queue_of(j, book),
+                       running_since=parse_time(j.status.get("admittedTime")) if placement else None)
+
+    async def _queue_status(self, book: QueueBook, bodies: Sequence[Mapping], jobs: Mapping[str, _Job],
+                            now: float) -> None:
+        """Each TrainingQueue's status (GPUs in use, borrowed, pending and running jobs,
+        as this cycle read them), written when it changes, and the per-queue metrics
+        (bounded: one series per queue object). In both modes: without the allocator the
+        quotas are not enforced (docs/queues.md), the use is still reported."""
+        m = self.metrics
+        held: list[tuple[str | None, int]] = []
+        pending: dict[str, int] = {}
+        running: dict[str, int] = {}
+        oldest: dict[str, float] = {}
+        for j in jobs.values():
+            if j.spec is None:
+                continue
+            q = self._queue_of(j, book) or ""
+            phase = j.status.get("phase")
+            if phase in ("Starting", "Running"):
+                held.append((q, self._target(j) * j.spec.gpus_per_worker))
+                running[q] = running.get(q, 0) + 1
+            elif phase in (None, "Queued") and not j.spec.suspend:
+                pending[q] = pending.get(q, 0) + 1
+                since = parse_time(j.body["metadata"].get("creationTimestamp"))
+                oldest[q] = max(oldest.get(q, 0.0), now - since) if since is not None else oldest.get(q, 0.0)
+        usage = book.usage(held)
+        seen = set()
+        for b in bodies:
+            name = b["metadata"]["name"]
+            seen.add(name)
+            use = usage.get(name) or {"gpusInUse": 0, "borrowedGpus": 0}
+            row = {**use, "pendingJobs": pending.get(name, 0), "runningJobs": running.get(name, 0)}
+            nominal = (b.get("spec") or {}).get("nominalGpus", 0)
+            m.queue_gpus.labels(queue=name).set(row["gpusInUse"])
+            m.queue_borrowed.labels(queue=name).set(row["borrowedGpus"])
+            m.queue_pending.labels(queue=name).set(row["pendingJobs"])
+            m.queue_nominal.labels(queue=name).set(nominal if isinstance(nominal, int) else 0)
+            m.queue_oldest_pending.labels(queue=name).set(oldest.get(name, 0.0))
+            if {k: (b.get("status") or {}).get(k) for k in row} != row:
+                try:
+                    await self.custom.patch_cluster_custom_object_status(
+                        GROUP, VERSION, QUEUE_PLURAL, name, {"status": {**row, "observedTime": format_time(now)}},
+                        _content_type=MERGE)
+                except (ApiException, OSError, asyncio.TimeoutError) as exc:
+                    m.job_errors.labels(kind="transient").inc()
+                    log.warning("could not write the status of TrainingQueue %s: %r", name, exc)
+        for name in self._queue_series - seen:  # a deleted queue: its series go
+            for g in (m.queue_gpus, m.queue_borrowed, m.queue_pending, m.queue_nominal, m.queue_oldest_pending):
+                g.remove(name)
+        self._queue_series = seen
 
     async def _resize(self, j: _Job, t: LiveTarget, now: float) -> None:
         """A new generation at the allocator's size and batch: recorded first (with the
@@ -1607,8 +1702,9 @@ class Controller:
                     if exc.status != 404:
                         raise
 
-    def _metrics(self, jobs: Mapping[str, _Job], plan: AdmissionPlan) -> None:
+    def _metrics(self, jobs: Mapping[str, _Job], plan: AdmissionPlan, now: float) -> None:
         m = self.metrics
+        oldest = 0.0
         phases: dict[str, int] = {p: 0 for p in ("Queued", "Starting", "Running", "Succeeded", "Failed")}
         queues = {"interrupt": 0, "urgent": 0, "normal": 0}
         workers = 0
@@ -1619,6 +1715,9 @@ class Controller:
                 phases[ph] += 1
             if ph == "Queued" and j.key not in admitted and j.status.get("queue") in queues:
                 queues[j.status["queue"]] += 1
+            if ph == "Queued" and j.key not in admitted and j.spec is not None and not j.spec.suspend:
+                since = parse_time(j.status.get("queuedTime")) or parse_time(j.body["metadata"].get("creationTimestamp"))
+                oldest = max(oldest, now - since) if since is not None else oldest
             workers += len(j.live_pods())
         for p, n in phases.items():
             m.jobs.labels(phase=p).set(n)
@@ -1626,6 +1725,7 @@ class Controller:
             m.queue_length.labels(queue=q).set(n)
         m.workers.set(workers)
         m.unfittable.set(len(plan.unfittable))
+        m.oldest_pending.set(oldest)
 
 
 def _short(v: Any) -> str:

@@ -50,7 +50,7 @@ def policy_path() -> Path:
 
 def priority_policy_path() -> Path:
     """The priority-guard ValidatingAdmissionPolicy and its binding (one YAML file, two
-    documents): only a user with the RBAC verb ``prioritize`` on a job's TrainingQueue
+    documents): only a user with the RBAC verb ``raise-priority`` on a job's TrainingQueue
     may give the job class ``highest`` or set the ``rlsched.dev/priority-requests``
     annotation. Like :func:`policy_path`, its one source is the Helm chart
     (``deploy/helm/rlsched/files/policies/priority-guard.yaml``); found in the source

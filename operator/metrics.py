@@ -82,6 +82,23 @@ class OperatorMetrics:
             buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 24 * 3600),
             registry=r,
         )
+        self.oldest_pending = Gauge(
+            "rlsched_operator_oldest_pending_seconds",
+            "Age of the oldest TrainingJob waiting for GPUs (0 when none waits); a stuck queue grows it",
+            registry=r,
+        )
+        # per team queue (TrainingQueue): one series per queue object, removed with it
+        self.queue_gpus = Gauge("rlsched_queue_gpus_in_use", "GPUs held by the jobs of a TrainingQueue", ["queue"],
+                                registry=r)
+        self.queue_borrowed = Gauge("rlsched_queue_borrowed_gpus",
+                                    "GPUs a TrainingQueue's jobs hold beyond its nominal quota", ["queue"], registry=r)
+        self.queue_nominal = Gauge("rlsched_queue_nominal_gpus", "A TrainingQueue's guaranteed GPUs (nominalGpus)",
+                                   ["queue"], registry=r)
+        self.queue_pending = Gauge("rlsched_queue_pending_jobs", "TrainingJobs of a TrainingQueue waiting for GPUs",
+                                   ["queue"], registry=r)
+        self.queue_oldest_pending = Gauge("rlsched_queue_oldest_pending_seconds",
+                                          "Age of a TrainingQueue's oldest waiting job (0 when none waits)", ["queue"],
+                                          registry=r)
         self.recommended_nodes = Gauge(
             "rlsched_operator_recommended_nodes", "Node count the LSP forecast recommends (advice only)", registry=r
         )

@@ -129,6 +129,10 @@ def parse_spec(
     if not isinstance(suspend, bool):
         problems.append(f"spec.suspend must be true or false, got {suspend!r}")
         suspend = False
+    queue_name = spec.get("queueName")
+    if queue_name is not None and (not isinstance(queue_name, str) or not queue_name):
+        problems.append(f"spec.queueName must be a TrainingQueue's name, got {queue_name!r}")
+        queue_name = None
     port = _int(spec, "masterPort", DEFAULT_MASTER_PORT, problems)
     if port is not None and not (1 <= port <= 65535):
         problems.append(f"spec.masterPort must lie in 1..65535, got {port}")
@@ -184,6 +188,7 @@ def parse_spec(
         max_batch_size=max_batch,
         local_batch_size=(lmin, lmax),
         suspend=suspend,
+        queue_name=queue_name,
     )
 
 

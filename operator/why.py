@@ -1,7 +1,7 @@
 """``rlsched why JOB``: where a TrainingJob stands and why it is not running.
 
 It reads what the operator wrote — ``status.waiting`` (place in the service order,
-reason, the cycle's numbers), the phase, queue and conditions — and the job's latest
+reason, the cycle's numbers), the phase, service and team queues and conditions — and the job's latest
 Events, and prints them; it decides nothing itself."""
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ def explain(body: Mapping[str, Any], events: Sequence[Mapping[str, Any]] = ()) -
     gang = f"{spec.get('minWorkers')}..{spec.get('maxWorkers')} workers x {spec.get('gpusPerWorker', 1)} GPUs"
     lines.append(f"  asks      {gang}, class {((spec.get('priority') or {}).get('class')) or 'normal'}"
                  + (", suspended" if spec.get("suspend") else ""))
+    team = st.get("queueName") or spec.get("queueName")
+    if team:
+        lines.append(f"  team      queue {team} (kubectl get trainingqueue {team})")
     w = st.get("waiting")
     if phase in ("Starting", "Running"):
         lines.append(f"  running   {st.get('workers', 0)} of {st.get('targetWorkers', '?')} workers"

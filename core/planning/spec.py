@@ -50,6 +50,8 @@ class TrainingSpec:
     gpu_models: frozenset[str] | None = None
     #: ``spec.suspend``: the job holds no workers and is not admitted (Kueue's field)
     suspend: bool = False
+    #: ``spec.queueName``: the team queue it names (None: its namespace's default)
+    queue_name: str | None = None
 
     @property
     def gang_gpus(self) -> int:

@@ -291,7 +291,8 @@ def test_extender_probes_ask_the_extender_not_the_relay(render, tmp_path):
 def test_crds_rendered_with_keep_policy_and_switchable(render):
     crds = [o for o in render() if o["kind"] == "CustomResourceDefinition"]
     names = {c["metadata"]["name"] for c in crds}
-    assert names == {"trainingjobs.rlsched.dev", "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"}
+    assert names == {"trainingjobs.rlsched.dev", "trainingqueues.rlsched.dev", "kopfpeerings.kopf.dev",
+                     "clusterkopfpeerings.kopf.dev"}
     for c in crds:
         assert c["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     assert not [o for o in render("crds.install=false") if o["kind"] == "CustomResourceDefinition"]
@@ -323,14 +324,56 @@ def test_trainer_policy_rendered_from_the_one_file(render):
     for field in re.findall(r"variables\.progress\.(\w+)", checked):
         assert field in status["progress"]["properties"], field
 
-    objs = render(release="team-a")
+    objs = [o for o in render(release="team-a") if o["metadata"]["name"].endswith("-trainer-status")]
     vap = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"]
     vapb = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"]
     assert [o["metadata"]["name"] for o in vap + vapb] == ["team-a-rlsched-trainer-status"] * 2
     assert vap[0]["spec"] == policy["spec"]
     assert vapb[0]["spec"] == {**binding["spec"], "policyName": "team-a-rlsched-trainer-status"}
     assert vap[0]["metadata"]["labels"]["app.kubernetes.io/instance"] == "team-a"
-    assert not [o for o in render("trainerPolicy.enabled=false") if o["kind"].startswith("ValidatingAdmissionPolicy")]
+    assert not [o for o in render("trainerPolicy.enabled=false") if o["kind"].startswith("ValidatingAdmissionPolicy")
+                and o["metadata"]["name"].endswith("-trainer-status")]
+
+
+def test_priority_policy_rendered_from_the_one_file(render):
+    """The chart renders files/policies/priority-guard.yaml (what the tests apply as is),
+    named after the release, switchable on its own; it guards creates and updates of
+    trainingjobs (not their status) with the contract's verb, queue resource and
+    annotation, and the field it reads exists in the CRD."""
+    from rlsched.core import contract
+
+    src = [d for d in yaml.safe_load_all((CHART / "files/policies/priority-guard.yaml").read_text()) if d]
+    assert [(d["kind"], d["metadata"]["name"]) for d in src] == [
+        ("ValidatingAdmissionPolicy", "rlsched-priority-guard"),
+        ("ValidatingAdmissionPolicyBinding", "rlsched-priority-guard")]
+    policy, binding = src
+    assert binding["spec"] == {"policyName": "rlsched-priority-guard", "validationActions": ["Deny"]}
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["resources"], sorted(rule["operations"])) == \
+        ([contract.GROUP], [contract.PLURAL], ["CREATE", "UPDATE"])
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    (check,) = policy["spec"]["validations"]
+    assert check["reason"] == "Forbidden"
+    cel = " ".join(v["expression"] for v in policy["spec"]["variables"])
+    assert f"authorizer.group('{contract.GROUP}').resource('{contract.QUEUE_PLURAL}')" in cel
+    assert f".check('{contract.VERB_RAISE_PRIORITY}').allowed()" in cel
+    assert f"'{contract.ANNOTATION_PRIORITY_REQUESTS}'" in cel
+    crd = yaml.safe_load((CHART / "files/crds/trainingjob.yaml").read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert "queueName" in spec and "highest" in spec["priority"]["properties"]["class"]["enum"]
+
+    objs = render(release="team-a")
+    vap = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"
+           and o["metadata"]["name"].endswith("-priority-guard")]
+    vapb = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"
+            and o["metadata"]["name"].endswith("-priority-guard")]
+    assert [o["metadata"]["name"] for o in vap + vapb] == ["team-a-rlsched-priority-guard"] * 2
+    assert vap[0]["spec"] == policy["spec"]
+    assert vapb[0]["spec"] == {**binding["spec"], "policyName": "team-a-rlsched-priority-guard"}
+    assert vap[0]["metadata"]["labels"]["app.kubernetes.io/instance"] == "team-a"
+    off = [o["metadata"]["name"] for o in render("priorityPolicy.enabled=false")
+           if o["kind"].startswith("ValidatingAdmissionPolicy")]
+    assert off == ["rlsched-trainer-status"] * 2  # the trainer policy stays
 
 
 def test_helm_assumes_the_kubernetes_version_of_its_client_go(tools, tmp_path):
@@ -495,7 +538,8 @@ def release(kube_cluster, tools):
     ns = f"chart-t-{uuid.uuid4().hex[:6]}"  # no "rlsched" in it: objects are <release>-rlsched-*
     _kubectl(tools, kc, "create", "namespace", ns)
     exists, owner = _crd_owner(kc, tools)
-    crds = ("trainingjobs.rlsched.dev", "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev")
+    crds = ("trainingjobs.rlsched.dev", "trainingqueues.rlsched.dev", "kopfpeerings.kopf.dev",
+            "clusterkopfpeerings.kopf.dev")
     if exists and owner is None:
         # applied with kubectl by another suite: let this release adopt them (docs/deploy.md)
         _kubectl(tools, kc, "annotate", "--overwrite", "crd", *crds, f"meta.helm.sh/release-name={ns}",
@@ -556,6 +600,8 @@ def test_rbac_allows_what_is_needed_and_denies_the_rest(release, tools):
         (op, "list", "pods", "--all-namespaces"),
         (op, "get", f"namespaces/{rns}"),
         (op, "list", "namespaces"),
+        (op, "list", "trainingqueues.rlsched.dev"),
+        (op, "patch", "trainingqueues.rlsched.dev", "--subresource=status"),
         (op, "update", "configmaps/rlsched-forecast", *ns),
         (sch, "create", "pods", "--subresource=binding", "-n", "default"),
         (sch, "list", "nodes"),
@@ -569,6 +615,8 @@ def test_rbac_allows_what_is_needed_and_denies_the_rest(release, tools):
         (op, "patch", "trainingjobs.rlsched.dev", "--subresource=status", "-n", "default"),
         (op, "create", "rolebindings.rbac.authorization.k8s.io", "-n", "default"),
         (op, "patch", "clusterkopfpeerings.kopf.dev"),
+        (op, "patch", "trainingqueues.rlsched.dev"),
+        (op, "create", "trainingqueues.rlsched.dev"),
         (op, "get", "secrets", *ns),
         (op, "delete", "nodes"),
         (op, "create", "clusterroles.rbac.authorization.k8s.io"),
@@ -712,6 +760,7 @@ def test_wheel_carries_what_the_images_serve(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("rlsched-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "rlsched/operator/crd/trainingjob.yaml" in names
+    assert "rlsched/operator/crd/trainingqueue.yaml" in names
     assert "rlsched/operator/__main__.py" in names and "rlsched/extender/cli.py" in names
     for weights in sorted((ROOT / "core" / "weights").glob("*")):
         assert f"rlsched/core/weights/{weights.name}" in names, f"{weights.name} missing from the wheel"
