@@ -40,12 +40,7 @@ def policy_path() -> Path:
     (``deploy/helm/rlsched/files/policies/trainer-status.yaml``); the package does not
     ship it, so this finds it in the source tree the package runs from, else raises
     :class:`FileNotFoundError` saying where it lives."""
-    rel = Path("deploy", "helm", "rlsched", "files", "policies", "trainer-status.yaml")
-    path = Path(__file__).resolve().parents[1] / rel
-    if not path.is_file():
-        raise FileNotFoundError(f"{rel} (the trainer-status admission policy) is not next to this package; "
-                                "install the Helm chart, or apply that file from an rlsched source tree")
-    return path
+    return _chart_policy("trainer-status")
 
 
 def priority_policy_path() -> Path:
@@ -56,10 +51,16 @@ def priority_policy_path() -> Path:
     (``deploy/helm/rlsched/files/policies/priority-guard.yaml``); found in the source
     tree the package runs from, else :class:`FileNotFoundError`. Install it with
     :func:`install_trainer_policy` (``install_trainer_policy(api, priority_policy_path())``)."""
-    rel = Path("deploy", "helm", "rlsched", "files", "policies", "priority-guard.yaml")
+    return _chart_policy("priority-guard")
+
+
+def _chart_policy(name: str) -> Path:
+    """``deploy/helm/rlsched/files/policies/<name>.yaml`` of the source tree this
+    package runs from; FileNotFoundError saying where it lives."""
+    rel = Path("deploy", "helm", "rlsched", "files", "policies", f"{name}.yaml")
     path = Path(__file__).resolve().parents[1] / rel
     if not path.is_file():
-        raise FileNotFoundError(f"{rel} (the priority-guard admission policy) is not next to this package; "
+        raise FileNotFoundError(f"{rel} (the {name} admission policy) is not next to this package; "
                                 "install the Helm chart, or apply that file from an rlsched source tree")
     return path
 

@@ -64,6 +64,15 @@ STUCK = {
     ],
 }
 
+#: the alert as it fires while DAS's model is not served
+SERVING_FALLBACK = [{
+    "exp_labels": {"severity": "warning", "policy": "das"},
+    "exp_annotations": {
+        "summary": "The extender serves a fallback instead of its das model.",
+        "description": "The model file is missing or corrupt; placement continues with the policy's default "
+                       "parameters or the heuristic. Fires for as long as the fallback is served (the model "
+                       "info says so), not only when it began."}}]
+
 FALLBACK = {
     "interval": "1m",
     # the extender serves DAS's default parameters for an hour (corrupt model file),
@@ -77,20 +86,8 @@ FALLBACK = {
          "values": "1x90"},
     ],
     "alert_rule_test": [
-        {"eval_time": "5m", "alertname": "RlschedPolicyFallback", "exp_alerts": [{
-            "exp_labels": {"severity": "warning", "policy": "das"},
-            "exp_annotations": {
-                "summary": "The extender serves a fallback instead of its das model.",
-                "description": "The model file is missing or corrupt; placement continues with the policy's default "
-                               "parameters or the heuristic. Fires for as long as the fallback is served (the model "
-                               "info says so), not only when it began."}}]},
-        {"eval_time": "55m", "alertname": "RlschedPolicyFallback", "exp_alerts": [{
-            "exp_labels": {"severity": "warning", "policy": "das"},
-            "exp_annotations": {
-                "summary": "The extender serves a fallback instead of its das model.",
-                "description": "The model file is missing or corrupt; placement continues with the policy's default "
-                               "parameters or the heuristic. Fires for as long as the fallback is served (the model "
-                               "info says so), not only when it began."}}]},
+        {"eval_time": "5m", "alertname": "RlschedPolicyFallback", "exp_alerts": SERVING_FALLBACK},
+        {"eval_time": "55m", "alertname": "RlschedPolicyFallback", "exp_alerts": SERVING_FALLBACK},
         {"eval_time": "70m", "alertname": "RlschedPolicyFallback", "exp_alerts": []},  # its model again
         # the fallback counter that rose once at start is no policy error
         {"eval_time": "55m", "alertname": "RlschedPolicyErrors", "exp_alerts": []},
