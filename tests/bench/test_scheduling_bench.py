@@ -61,6 +61,7 @@ def test_summary_pairs_ratios_per_repeat():
 
 
 @pytest.mark.k8s
+@pytest.mark.runner_side("starts its own LocalCluster and its extender, and reads their processes' CPU time")
 def test_tiny_run_binds_every_pod_and_writes_the_must_show_keys(tmp_path):
     out = tmp_path / "scheduling.json"
     rc = scheduling.main(["--nodes", "12", "--gpus-per-node", "4", "--pods", "30", "--repeats", "2",

@@ -34,6 +34,9 @@ from rlsched_dev.demo import prometheus_config, shipped_rules
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "rlsched"
 RATE_INTERVAL = "2m"  # what Grafana's $__rate_interval stands for in these queries
+# the tests of the `stack` fixture are skipped against a kind cluster (tests/conftest.py)
+LIVE_DEMO = ("the live demo spawns the extender, the operator and Prometheus on the test machine "
+             "and points the local rlsched profile at that extender")
 # a trailing comparison with a literal: the alert's threshold
 THRESHOLD = re.compile(r"^(?P<lhs>.*?)\s*(?:>=|<=|==|!=|>|<)\s*-?[0-9.]+(?:e[-+]?[0-9]+)?\s*$", re.S | re.I)
 
@@ -216,6 +219,7 @@ def test_promtool_accepts_the_shipped_rules(tmp_path):
 
 
 @pytest.mark.k8s
+@pytest.mark.runner_side(LIVE_DEMO)
 def test_metrics_relay_passes_only_read_endpoints(stack):
     relay = stack["relay"]
     assert b"rlsched_extender_request_duration_seconds" in _get(f"{relay}/metrics")
@@ -228,6 +232,7 @@ def test_metrics_relay_passes_only_read_endpoints(stack):
 
 
 @pytest.mark.k8s
+@pytest.mark.runner_side(LIVE_DEMO)
 def test_demo_run_submitted_admitted_and_wrote_its_outputs(stack):
     s, opts = stack["summary"], stack["opts"]
     assert s["submitted"] == s["planned"] >= 1
@@ -238,11 +243,13 @@ def test_demo_run_submitted_admitted_and_wrote_its_outputs(stack):
 
 
 @pytest.mark.k8s
+@pytest.mark.runner_side(LIVE_DEMO)
 def test_harness_sees_missing_metrics(stack):
     assert _query(stack["prometheus"], "rlsched_extender_no_such_metric_total") == []
 
 
 @pytest.mark.k8s
+@pytest.mark.runner_side(LIVE_DEMO)
 @pytest.mark.parametrize("title,expr", _dashboard_queries(), ids=[t for t, _ in _dashboard_queries()])
 def test_dashboard_query_returns_data(stack, title, expr):
     q = expr.replace("$__rate_interval", RATE_INTERVAL).replace("$queue", ".*")  # the queue variable's All
@@ -253,6 +260,7 @@ def test_dashboard_query_returns_data(stack, title, expr):
 
 
 @pytest.mark.k8s
+@pytest.mark.runner_side(LIVE_DEMO)
 def test_every_rule_returns_data(stack):
     """Recording rules: the expression; alerts: the signal left of the threshold."""
     prom = stack["prometheus"]
@@ -275,6 +283,7 @@ def test_every_rule_returns_data(stack):
 
 
 @pytest.mark.k8s
+@pytest.mark.runner_side(LIVE_DEMO)
 def test_prometheus_evaluates_every_shipped_rule(stack):
     prom = stack["prometheus"]
     want = {r.get("alert") or r.get("record") for g in stack["rules"]["groups"] for r in g["rules"]}

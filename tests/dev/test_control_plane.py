@@ -126,6 +126,8 @@ class _Extender(BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.runner_side("serves a stand-in extender on the local port the rlsched profile calls; "
+                         "the chart's profile calls the sidecar in its own pod")
 def test_rlsched_profile_calls_the_extender(core_api, kube_cluster, namespace, make_pod, wait_until):
     if kube_cluster.extender_port is None:
         pytest.skip("extender URL is not local (cluster given by RLSCHED_KUBECONFIG)")

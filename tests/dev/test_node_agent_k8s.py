@@ -346,6 +346,7 @@ def test_pod_kubeconfig_carries_the_service_account_rbac(agent, core_api, namesp
 
 
 @k8s
+@pytest.mark.runner_side("restarts the kube-apiserver of its own LocalCluster")
 def test_the_agent_survives_an_api_server_restart(tmp_path, wait_until):
     """Its own small control plane (the session's must keep its API server): a process
     that ends while kube-apiserver is down is reported once it is back, and the pod

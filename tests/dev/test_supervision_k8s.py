@@ -19,7 +19,8 @@ import time
 import pytest
 from kubernetes import client
 
-pytestmark = pytest.mark.k8s
+pytestmark = [pytest.mark.k8s, pytest.mark.runner_side(
+    "kills and restarts the local control plane's kube-scheduler and kwok processes (LocalCluster supervision)")]
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,8 @@ from rlsched_dev.cluster import LocalCluster
 from rlsched_dev.proc import ClusterError
 from rlsched_dev.tools import REQUIRED_TOOLS, find_tools
 
-pytestmark = pytest.mark.k8s
+pytestmark = [pytest.mark.k8s, pytest.mark.runner_side(
+    "starts and stops local control planes (rlsched cluster up/down, LocalCluster processes and ports)")]
 
 
 def _listening(port: int) -> bool:

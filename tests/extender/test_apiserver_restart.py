@@ -18,7 +18,8 @@ import uuid
 
 import pytest
 
-pytestmark = pytest.mark.k8s
+pytestmark = [pytest.mark.k8s, pytest.mark.runner_side(
+    "restarts the kube-apiserver of its own LocalCluster, under a runner-side extender watching it")]
 
 GPUS = 8
 PROBE = "probe"  # name of the never-created pod the test asks /filter about

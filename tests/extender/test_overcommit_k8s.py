@@ -57,6 +57,7 @@ def test_overcommit_counts_bound_gpus_beyond_allocatable():
         4, {"a": (11, 8), "b": (9, 8)})
 
 
+@pytest.mark.runner_side("kills and stops a runner-side extender on the local port the rlsched profile calls")
 @pytest.mark.parametrize(("mode", "rounds", "fault_after"), [("healthy", 2, 0), ("killed", 2, 3), ("stopped", 1, 12)])
 def test_no_gpu_overcommitted_when_the_extender_is(mode, rounds, fault_after, kube_cluster, fault_ns, tmp_path):
     """20 single-GPU pods at once on 16 free GPUs: exactly 16 bind, none beyond a

@@ -21,7 +21,8 @@ import pytest
 from rlsched.core.contract import (ANNOTATION_DURATION, API_VERSION, GROUP, KIND, LABEL_GENERATION, LABEL_JOB,
                                    PLURAL, VERSION)
 
-pytestmark = [pytest.mark.k8s, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.k8s, pytest.mark.timeout(400), pytest.mark.runner_side(
+    "restarts the kube-apiserver of its own LocalCluster")]
 
 
 @pytest.fixture(scope="module")

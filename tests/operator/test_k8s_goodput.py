@@ -13,6 +13,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 TRACES = Path(os.environ.get("RLSCHED_DATA_DIR") or REPO.parent / "shared" / "data") / "pollux-osdi21" / "traces"
 
+pytestmark = [pytest.mark.k8s,
+              pytest.mark.skipif(not TRACES.is_dir(), reason=f"measured profiles not found at {TRACES} (../shared/data)")]
+
 
 def _batch_env(pod) -> int | None:
     env = {e.name: e.value for c in pod.spec.containers for e in (c.env or [])}
