@@ -137,6 +137,9 @@ __all__ = [
     "QUEUE_KIND",
     "QUEUE_CRD_NAME",
     "VERB_RAISE_PRIORITY",
+    "KUEUE_LABEL_QUEUE_NAME",
+    "KUEUE_GROUP",
+    "KUEUE_VERSION",
 ]
 
 # --------------------------------------------------------------------------- the CRD
@@ -156,6 +159,13 @@ QUEUE_CRD_NAME = f"{QUEUE_PLURAL}.{GROUP}"
 #: its queue above ``normal``/``urgent`` (class ``highest``, the priority annotation);
 #: the chart's priority-guard admission policy asks the API server's authorizer for it
 VERB_RAISE_PRIORITY = "raise-priority"
+
+# --------------------------------------------------------------------------- Kueue
+#: a TrainingJob with this label is admitted by Kueue (its LocalQueue), placed and
+#: scaled by rlsched within what Kueue admitted (operator/kueue.py)
+KUEUE_LABEL_QUEUE_NAME = "kueue.x-k8s.io/queue-name"
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSION = "v1beta2"
 
 # --------------------------------------------------------------------------- pods
 #: ``schedulerName`` of worker pods: kube-scheduler's profile that calls the extender

@@ -115,6 +115,8 @@ from rlsched.core import ClusterState, JobView, Progress, make_ordering, make_pl
 from rlsched.core.contract import ANNOTATION_EVENT_TIME as EVENT_TIME_ANNOTATION
 from rlsched.core.contract import ANNOTATION_PRIORITY_REQUESTS as REQUESTS_ANNOTATION
 from rlsched.core.contract import (
+    KUEUE_GROUP,
+    KUEUE_VERSION,
     QUEUE_PLURAL,
     ANNOTATION_GANG_SIZE,
     API_VERSION,
@@ -164,6 +166,11 @@ from rlsched.core.das import resolve_placement_model, serving_placement
 from rlsched.core.lifecycle import BACKOFF_CAP_S, FAIL, RESTART, SUCCEED, Verdict, WorkerState, judge
 from rlsched.core.policy import ORDERINGS, SCALINGS
 
+from .kueue import admission_of as kueue_admission_of
+from .kueue import finished_condition as kueue_finished_condition
+from .kueue import queue_name as kueue_queue_name
+from .kueue import WORKLOAD_PLURAL as KUEUE_WORKLOAD_PLURAL
+from .kueue import workload_for
 from .metrics import OperatorMetrics
 from .podsecurity import POD_SECURITY_REASON, PodSecurityGate
 from .resources import trainer_rbac, worker_pod, worker_service
@@ -567,6 +574,11 @@ class _Job:
     pods: list[dict] = field(default_factory=list)
     #: its worker pods that terminated (Succeeded/Failed) and still exist
     finished: list[dict] = field(default_factory=list)
+    #: why it is held without workers although spec.suspend is false (Kueue has not
+    #: admitted it), or None
+    hold: WaitReason | None = None
+    #: its Kueue Workload (a job labelled with Kueue's queue name), as read this cycle
+    workload: dict | None = None
 
     @property
     def key(self) -> str:
@@ -833,6 +845,8 @@ class Controller:
                 spec, err = None, str(exc)
             jobs[job_key(b)] = _Job(b, spec, err)
         by_uid = {j.uid: j for j in jobs.values()}
+        if any(kueue_queue_name(j.body) for j in jobs.values()):
+            await self._kueue_gate(jobs, by_uid)
         for uid in set(self.record) - set(by_uid):
             del self.record[uid]
         for uid in set(self._errors) - set(by_uid):
@@ -890,14 +904,17 @@ class Controller:
                 if refusal.final:
                     await self.fail(j, POD_SECURITY_REASON, refusal.message, now)
                 return  # else its namespace is unreadable: not admitted until it can be checked
-            if j.spec.suspend:  # held by its owner (or a queueing system such as Kueue): no pods, not admitted
-                await self._suspended(j, now)
+            if j.spec.suspend or j.hold is not None:  # held by its owner or by Kueue: no pods, not admitted
+                if j.hold is not None and j.hold.reason == "KueueWorkload":
+                    await self._create_workload(j)
+                await self._suspended(j, now, j.hold)
                 return
             cond = get_condition(j.status.get("conditions"), "Suspended")
             if cond and cond.get("status") == "True":
+                why = "Kueue admitted its Workload" if j.workload is not None else "spec.suspend is false"
                 await self.patch_status(j, {"conditions": set_condition(
-                    j.status.get("conditions"), "Suspended", "False", "Resumed", "spec.suspend is false", now)})
-                await self.event(j.body, "Resumed", "spec.suspend is false: the job waits for admission")
+                    j.status.get("conditions"), "Suspended", "False", "Resumed", why, now)})
+                await self.event(j.body, "Resumed", f"{why}: the job waits for admission")
             try:
                 if phase == "Queued":
                     waiting.append(await self._queue_entry(j, now))
@@ -1594,11 +1611,14 @@ class Controller:
         if j.status.get("waiting") != new:
             await self.patch_status(j, {"waiting": new})
 
-    async def _suspended(self, j: _Job, now: float) -> None:
-        """``spec.suspend``: a job holding workers goes back to the queue (recorded
-        first, then its workers get the grace period to checkpoint, as a preemption);
-        a queued one stays there. Condition ``Suspended=True`` while it lasts; the job is
-        admitted as any other once ``spec.suspend`` is cleared."""
+    async def _suspended(self, j: _Job, now: float, hold: WaitReason | None = None) -> None:
+        """``spec.suspend`` (or ``hold``: Kueue has not admitted the job): a job holding
+        workers goes back to the queue (recorded first, then its workers get the grace
+        period to checkpoint, as a preemption); a queued one stays there. Condition
+        ``Suspended=True`` while it lasts; the job is admitted as any other once
+        ``spec.suspend`` is cleared (Kueue admits it)."""
+        if hold is not None and not j.spec.suspend:
+            return await self._held(j, now, hold)
         old = get_condition(j.status.get("conditions"), "Suspended")
         patch: dict[str, Any] = {}
         if j.status.get("phase") in ("Starting", "Running"):
@@ -1617,6 +1637,93 @@ class Controller:
                              if "phase" in patch else "spec.suspend is true: the job waits unadmitted")
         for p in j.live_pods():
             await self.delete_pod(j.ns, p["metadata"]["name"], self.config.grace_period_s)
+
+    async def _held(self, j: _Job, now: float, hold: WaitReason) -> None:
+        """Held by Kueue (``hold``): as :meth:`_suspended`, with Kueue's reason, and the
+        waiting message refreshed as Kueue's changes."""
+        old = get_condition(j.status.get("conditions"), "Suspended")
+        patch: dict[str, Any] = {}
+        if j.status.get("phase") in ("Starting", "Running"):
+            patch.update({"phase": "Queued", "targetWorkers": 0, "workers": 0, "readyWorkers": 0,
+                          "restartGeneration": j.generation + 1, "queuedTime": format_time(now)})
+            if self.allocation is not None:
+                patch.update({"attainedGpuSeconds": self._service(j, now), "attainedSince": None, "batchSize": None})
+        if not old or old.get("status") != "True" or old.get("reason") != hold.reason:
+            patch["conditions"] = set_condition(j.status.get("conditions"), "Suspended", "True", hold.reason,
+                                                hold.message, now)
+        if j.status.get("waiting") != hold.to_status():
+            patch["waiting"] = hold.to_status()
+        if patch:
+            await self.patch_status(j, patch)
+            if "phase" in patch or "conditions" in patch:
+                await self.event(j.body, "Suspended", f"{hold.message}: workers stopped" if "phase" in patch
+                                 else hold.message)
+        for p in j.live_pods():
+            await self.delete_pod(j.ns, p["metadata"]["name"], self.config.grace_period_s)
+
+    # ------------------------------------------------------------------ Kueue
+    async def _kueue_gate(self, jobs: Mapping[str, _Job], by_uid: Mapping[str, _Job]) -> None:
+        """Kueue's decision on each labelled job (operator/kueue.py): held until its
+        Workload is admitted, then run within the admitted count; a finished job's
+        Workload is marked Finished (Kueue releases its quota)."""
+        try:
+            if self.config.namespace:
+                call = self.custom.list_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, self.config.namespace,
+                                                                 KUEUE_WORKLOAD_PLURAL, _preload_content=False)
+            else:
+                call = self.custom.list_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, KUEUE_WORKLOAD_PLURAL,
+                                                              _preload_content=False)
+            workloads = (await self.read_json(call))["items"]
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            for j in jobs.values():
+                if kueue_queue_name(j.body):
+                    j.hold = WaitReason(0, "KueueMissing", f"labelled for Kueue's LocalQueue "
+                                                           f"{kueue_queue_name(j.body)}, but Kueue's Workload API is "
+                                                           f"not served on this cluster")
+            return
+        for wl in workloads:
+            for ref in (wl.get("metadata") or {}).get("ownerReferences") or []:
+                j = by_uid.get(ref.get("uid"))
+                if ref.get("controller") and j is not None and j.ns == wl["metadata"].get("namespace"):
+                    j.workload = wl
+        for j in jobs.values():
+            if not kueue_queue_name(j.body) or j.spec is None:
+                continue
+            phase = j.status.get("phase")
+            if phase in ("Succeeded", "Failed"):
+                await self._finish_workload(j, phase == "Succeeded")
+                continue
+            adm = kueue_admission_of(j.workload)
+            if not adm.admitted:
+                j.hold = WaitReason(0, adm.reason, adm.message)
+            else:  # rlsched places and scales within what Kueue admitted
+                top = max(j.spec.min_workers, min(j.spec.max_workers, adm.workers))
+                j.spec = dataclasses.replace(j.spec, max_workers=top)
+
+    async def _create_workload(self, j: _Job) -> None:
+        body = workload_for(j.body, j.spec)
+        try:
+            await self.custom.create_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, j.ns, KUEUE_WORKLOAD_PLURAL,
+                                                              body)
+            await self.event(j.body, "WorkloadCreated", f"Kueue Workload {body['metadata']['name']} in LocalQueue "
+                                                        f"{body['spec']['queueName']}: the job waits for its admission")
+        except ApiException as exc:
+            if exc.status != 409:  # 409: made by an earlier cycle, not listed yet
+                raise
+
+    async def _finish_workload(self, j: _Job, succeeded: bool) -> None:
+        wl = j.workload
+        if wl is None or any(c.get("type") == "Finished" and c.get("status") == "True"
+                             for c in (wl.get("status") or {}).get("conditions") or []):
+            return
+        conds = [c for c in (wl.get("status") or {}).get("conditions") or [] if c.get("type") != "Finished"]
+        cond = kueue_finished_condition(succeeded, j.status.get("message") or j.status.get("reason") or "",
+                                        format_time(self.clock()))
+        await self.custom.patch_namespaced_custom_object_status(
+            KUEUE_GROUP, KUEUE_VERSION, j.ns, KUEUE_WORKLOAD_PLURAL, wl["metadata"]["name"],
+            {"status": {"conditions": conds + [cond]}}, _content_type=MERGE)
 
     async def preempt(self, j: _Job, by: str, now: float) -> None:
         """Back to the interrupt queue: the next generation is recorded first, then the

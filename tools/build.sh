@@ -8,7 +8,8 @@
 # Each subfolder of tools/ is a wrapper Go module (go.mod + go.sum) that requires one
 # upstream module; the versions in those go.mod files are the versions built.
 #
-# The build is split into parts, one per wrapper module (kubernetes, etcd, kwok, helm).
+# The build is split into parts, one per wrapper module (kubernetes, etcd, kwok, helm,
+# kueue).
 # A part's key hashes what decides its binaries: the Go version and build environment,
 # the wrapper's files, and the source of the bash functions that build it (gobuild and
 # build_<part> below, printed by `declare -f`). Parts live in <cache>/parts/ and are
@@ -37,7 +38,8 @@ K8S_VERSION="$(modver kubernetes k8s.io/kubernetes)"
 ETCD_VERSION="$(modver etcd go.etcd.io/etcd/server/v3)"
 KWOK_VERSION="$(modver kwok sigs.k8s.io/kwok)"
 HELM_VERSION="$(modver helm helm.sh/helm/v3)"
-for v in K8S_VERSION ETCD_VERSION KWOK_VERSION HELM_VERSION; do
+KUEUE_VERSION="$(modver kueue sigs.k8s.io/kueue)"
+for v in K8S_VERSION ETCD_VERSION KWOK_VERSION HELM_VERSION KUEUE_VERSION; do
   [[ -n "${!v}" ]] || { echo "build.sh: cannot read $v from tools/*/go.mod" >&2; exit 1; }
 done
 GOVERSION_="$("$GO" env GOVERSION)"
@@ -102,20 +104,32 @@ build_helm() {
   gobuild helm "$1" helm helm.sh/helm/v3/cmd/helm "$ld"
 }
 
+# kueue: Kueue's controller manager (Kueue interop tests: rlsched_dev.kueue) and, as
+# kueue-crds/, the CRDs of the same module version (config/components/crd/bases)
+build_kueue() {
+  local dir
+  gobuild kueue "$1" kueue sigs.k8s.io/kueue/cmd/kueue "-X 'sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION'"
+  dir="$(cd "$here/kueue" && "$GO" list -m -f '{{.Dir}}' sigs.k8s.io/kueue)"
+  rm -rf "$1/bin.partial/kueue-crds"
+  cp -r "$dir/config/components/crd/bases" "$1/bin.partial/kueue-crds"
+  chmod -R u+w "$1/bin.partial/kueue-crds"
+}
+
 part_bins() {
   case "$1" in
     kubernetes) echo kube-apiserver kube-controller-manager kube-scheduler kubectl ;;
     etcd) echo etcd ;;
     kwok) echo kwok kwokctl ;;
     helm) echo helm ;;
+    kueue) echo kueue kueue-crds ;;
   esac
 }
 part_version() {
-  case "$1" in kubernetes) echo "$K8S_VERSION" ;; etcd) echo "$ETCD_VERSION" ;; kwok) echo "$KWOK_VERSION" ;; helm) echo "$HELM_VERSION" ;; esac
+  case "$1" in kubernetes) echo "$K8S_VERSION" ;; etcd) echo "$ETCD_VERSION" ;; kwok) echo "$KWOK_VERSION" ;; helm) echo "$HELM_VERSION" ;; kueue) echo "$KUEUE_VERSION" ;; esac
 }
 # version variables a recipe reads besides its own wrapper's go.mod
 part_inputs() { case "$1" in kwok) echo K8S_VERSION ;; esac; }
-parts=(kubernetes etcd kwok helm)
+parts=(kubernetes etcd kwok helm kueue)
 
 # part_dir PART: <cache>/parts/<part>-<version>-<hash of its recipe and inputs>
 part_dir() {
@@ -132,7 +146,7 @@ part_dir() {
 cache_key() {
   local p digest
   digest="$(for p in "${parts[@]}"; do basename "$(part_dir "$p")"; done | sha256sum | cut -c1-10)"
-  echo "k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_${GOVERSION_}_${digest}"
+  echo "k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_kueue-${KUEUE_VERSION}_${GOVERSION_}_${digest}"
 }
 
 key="$(cache_key)"
@@ -191,6 +205,7 @@ for p in "${parts[@]}"; do
   build_part "$p"
   dir="$(part_dir "$p")"
   for b in $(part_bins "$p"); do
+    if [[ -d "$dir/bin/$b" ]]; then cp -rp "$dir/bin/$b" "$stage/$b"; continue; fi
     ln -f "$dir/bin/$b" "$stage/$b" 2>/dev/null || cp -p "$dir/bin/$b" "$stage/$b"
   done
 done
