@@ -1,6 +1,7 @@
 # Control-plane tools built from Go modules (tools/build.sh; docs/control-plane.md).
 #   make tools         build etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
-#                      kubectl, kwok, kwokctl and helm into a versioned cache (or reuse it)
+#                      kubectl, kwok, kwokctl, helm and Kueue (kueue + its CRDs) into a
+#                      versioned cache (or reuse it)
 #   make cluster-up    local control plane + kwok GPU nodes; kubeconfig in $(CLUSTER_DIR)/
 #   make cluster-down  stop it
 # RLSCHED_TOOLS_BIN (exported) is the bin directory; rlsched_dev.tools.find_tools reads it.
