@@ -73,6 +73,7 @@ bench: venv $(TEST_DEPS)
 	$(PY) bench/faults.py --rounds 20 --out bench/results/faults.json
 	$(PY) bench/twin.py --jobs 20 --out bench/results/twin.json
 	$(PY) bench/trainer_import.py --runs 20 --out bench/results/trainer_import.json
+	$(PY) bench/tenancy.py --seeds 5 --out bench/results/tenancy.json
 	$(PY) bench/summary.py --results bench/results --out bench/results/summary.json
 
 # The fidelity table (docs/benchmark.md): our Tiresias and Optimus+Oracle and the released

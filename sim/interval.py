@@ -22,6 +22,26 @@ and the allocator sees only that (non-clairvoyant), unless it declares itself
 (:class:`~rlsched.core.allocation.Oracle`) and the result is marked a clairvoyant
 reference.
 
+**Teams' queues** (``queues=``, a :class:`~rlsched.core.queues.QueueBook`; default
+None): each job is charged to the queue named by its tenant
+(:attr:`~.measured.MeasuredJobSpec.tenant`; a job without a tenant to the implicit
+queue ``""``), every decision passes the book to the allocator
+(``allocate(..., queues=book)``), which decides who runs under the quotas (guarantees,
+then weighted fair share), and a running job inside its queue's minimum run time
+(:meth:`~rlsched.core.queues.QueueBook.min_run`, counted from when it last got GPUs
+after holding none) keeps what it holds (``AllocJob.protected``), as the live
+scheduler does. Construction refuses an allocator whose ``allocate`` takes no
+``queues`` (it would ignore them), a tenant with no queue of its name and a queue that
+does not allow the jobs' service class (``normal``): live, those jobs would wait for
+ever. Without queues nothing of this runs: the allocator is called as
+``allocate(jobs, nodes, now)`` and the results are those of before.
+
+Each decision's use per queue — GPUs held, jobs, jobs left waiting — is kept in
+:attr:`IntervalSimulator.queue_log` (:class:`QueueSample`), with queues and also
+without them when the jobs carry tenants (then per tenant, the same keys), so a run
+without queues is measured the same way (``bench/tenancy.py``); the log only reads
+the decision, never changes it.
+
 The state is all on the instance and the run is a pure function of its inputs (the
 allocator's own randomness is the allocator's business). Results are a
 :class:`~.engine.SimResult`, so :mod:`.metrics` and the CLI's tables apply unchanged.
@@ -29,6 +49,7 @@ allocator's own randomness is the allocator's business). Results are a
 
 from __future__ import annotations
 
+import inspect
 import math
 import time as _time
 from dataclasses import dataclass
@@ -47,11 +68,12 @@ from rlsched.core.allocation import (
     check_allocations,
     fixed_batch,
 )
+from rlsched.core.queues import NO_QUEUE, QueueBook
 
 from .engine import JobRecord, SimResult
 from .measured import MAX_REPLICAS, Application, MeasuredJobSpec, placement_of
 
-__all__ = ["IntervalConfig", "IntervalSimulator"]
+__all__ = ["IntervalConfig", "IntervalSimulator", "QueueSample"]
 
 
 @dataclass(frozen=True)
@@ -71,10 +93,30 @@ class IntervalConfig:
             raise ValueError("need interval > 0 and restart_cost >= 0")
 
 
+@dataclass(frozen=True)
+class QueueSample:
+    """One decision, as applied: its time, and per queue — the jobs' tenant, ``""`` for
+    jobs without one; only those with a job submitted and unfinished — the GPUs its
+    jobs hold, its jobs, those of them left without GPUs, and the GPUs its jobs asked
+    for (each job's ``num_replicas``, at most the cluster's GPUs)."""
+
+    t: float
+    held: dict[str, int]
+    active: dict[str, int]
+    waiting: dict[str, int]
+    asked: dict[str, int]
+
+    @property
+    def contended(self) -> bool:
+        """Some submitted job got no GPU in this decision."""
+        return any(self.waiting.values())
+
+
 class _Job:
     __slots__ = (
         "spec", "app", "progress", "epoch", "attained", "restarts", "nodes", "placement", "atomic", "accum",
         "delay", "end", "start", "profile", "grad", "preemptions", "w0", "ideal", "metrics", "queued",
+        "since",
     )
 
     def __init__(self, spec: MeasuredJobSpec, app: Application) -> None:
@@ -98,6 +140,7 @@ class _Job:
         self.ideal = 0.0
         self.metrics: list[float] = []
         self.queued = 0.0  # seconds with no GPUs since submission
+        self.since: float | None = None  # when it last got GPUs after holding none
 
     @property
     def batch(self) -> int:
@@ -140,9 +183,12 @@ class IntervalSimulator:
         nodes: int = 16,
         gpus_per_node: int = 4,
         config: IntervalConfig | None = None,
+        queues: QueueBook | None = None,
     ) -> None:
         if not isinstance(allocator, Allocator):
             raise TypeError(f"{type(allocator).__name__} is not an Allocator (name, clairvoyant, allocate)")
+        if queues is not None:
+            _check_queues(allocator, queues, jobs)
         if nodes < 1 or gpus_per_node < 1:
             raise ValueError("need nodes >= 1 and gpus_per_node >= 1")
         ids = set()
@@ -153,6 +199,11 @@ class IntervalSimulator:
                 raise ValueError(f"job {j.id}: no measured profile for application {j.application!r}")
             ids.add(j.id)
         self.allocator = allocator
+        self.queues = queues
+        #: each decision's use per queue or tenant (:class:`QueueSample`): with ``queues``,
+        #: or jobs that carry a tenant; else empty
+        self.queue_log: list[QueueSample] = []
+        self._log_queues = queues is not None or any(j.tenant for j in jobs)
         self.config = config or IntervalConfig()
         self.nodes = [AllocNode(i, gpus_per_node, f"node-{i}") for i in range(nodes)]
         self.gpus_per_node = gpus_per_node
@@ -250,6 +301,9 @@ class IntervalSimulator:
             grad_sqr=j.grad[0] if j.grad else None, grad_var=j.grad[1] if j.grad else None,
             profile=tuple(j.profile.values()), metrics=tuple(j.metrics), higher_is_better=j.app.higher_is_better,
         )
+        if self.queues is not None:
+            v.queue = spec.tenant
+            v.protected = bool(j.nodes) and j.since is not None and self.now - j.since < self.queues.min_run(spec.tenant)
         if self.clairvoyant:
             v.oracle = Oracle(
                 remaining_progress=max(j.app.target_progress - j.progress, 0.0),
@@ -286,12 +340,27 @@ class IntervalSimulator:
 
     def _decide(self) -> None:
         views = [self._view(j) for j in self._active]
-        result = self.allocator.allocate(views, self.nodes, self.now)
+        if self.queues is None:
+            result = self.allocator.allocate(views, self.nodes, self.now)
+        else:
+            result = self.allocator.allocate(views, self.nodes, self.now, queues=self.queues)
         check_allocations(views, self.nodes, result)
         self._decisions += 1
         for j in self._active:
             a = result.get(j.spec.id, Allocation())
             self._apply(j, a)
+        if self._log_queues:
+            held: dict[str, int] = {}
+            active: dict[str, int] = {}
+            waiting: dict[str, int] = {}
+            asked: dict[str, int] = {}
+            for j in self._active:
+                q = j.spec.tenant or NO_QUEUE
+                held[q] = held.get(q, 0) + len(j.nodes)
+                active[q] = active.get(q, 0) + 1
+                waiting[q] = waiting.get(q, 0) + (not j.nodes)
+                asked[q] = asked.get(q, 0) + min(j.spec.num_replicas, self.total_gpus)
+            self.queue_log.append(QueueSample(self.now, held, active, waiting, asked))
 
     def _apply(self, j: _Job, a: Allocation) -> None:
         nodes = tuple(a.nodes)
@@ -299,7 +368,10 @@ class IntervalSimulator:
             if j.nodes:
                 j.preemptions += 1
             j.nodes, j.placement, j.atomic, j.accum, j.delay = (), (), 0, 0, 0.0
+            j.since = None
             return
+        if not j.nodes:
+            j.since = self.now
         if a.atomic_bsz is None:
             atomic, accum = fixed_batch(j.spec.batch_size, len(nodes), j.app.limits)
         else:
@@ -368,3 +440,21 @@ class IntervalSimulator:
         used.append(sum(len(j.nodes) for j in self._active))
         queue.append(sum(1 for j in self._active if not j.nodes))
 
+
+def _check_queues(allocator: Allocator, queues: QueueBook, jobs: Sequence[MeasuredJobSpec]) -> None:
+    """Refuse queues the run could not honour (the module docstring)."""
+    if not isinstance(queues, QueueBook):
+        raise TypeError(f"queues must be a QueueBook, got {type(queues).__name__}")
+    try:
+        params = inspect.signature(allocator.allocate).parameters
+    except (TypeError, ValueError):  # no signature to read: do not guess
+        params = {}
+    if "queues" not in params and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        raise TypeError(f"allocator {getattr(allocator, 'name', type(allocator).__name__)!r} takes no queues "
+                        "(its allocate has no 'queues' parameter): it would ignore them; run it without queues")
+    missing = sorted({j.tenant for j in jobs if j.tenant and queues.get(j.tenant) is None})
+    if missing:
+        raise ValueError(f"no queue for the tenants {missing}: give every tenant a queue (or run without queues)")
+    barred = sorted({j.tenant or NO_QUEUE for j in jobs if not queues.spec_of(j.tenant).allows("normal")})
+    if barred:
+        raise ValueError(f"queues {barred} do not allow the class 'normal' of the measured jobs: they would never run")

@@ -78,13 +78,19 @@ class ProfileError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class MeasuredJobSpec:
-    """A job of a measured workload: its application and the user's request."""
+    """A job of a measured workload: its application and the user's request.
+
+    ``tenant``: the team that submitted it, where the trace knows (``pollux-gen``: the
+    Philly virtual cluster of the sampled Philly job; None for the published workloads,
+    which carry no tenant). The interval engine charges the job to the queue of that
+    name when it is given queues (:class:`~rlsched.sim.interval.IntervalSimulator`)."""
 
     id: str
     submit_time: float
     application: str
     num_replicas: int
     batch_size: int
+    tenant: str | None = None
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -93,6 +99,8 @@ class MeasuredJobSpec:
             raise ValueError(f"job {self.id}: submit_time must be finite and >= 0")
         if self.num_replicas < 1 or self.batch_size < 1:
             raise ValueError(f"job {self.id}: need num_replicas >= 1 and batch_size >= 1")
+        if self.tenant is not None and (not isinstance(self.tenant, str) or not self.tenant):
+            raise ValueError(f"job {self.id}: tenant must be a non-empty string or None, got {self.tenant!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -102,8 +110,9 @@ class MeasuredJobSpec:
         unknown = set(d) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValueError(f"unknown job keys {sorted(unknown)}")
+        tenant = d.get("tenant")  # absent in dicts written before jobs carried a tenant
         return cls(str(d["id"]), float(d["submit_time"]), str(d["application"]), int(d["num_replicas"]),
-                   int(d["batch_size"]))
+                   int(d["batch_size"]), None if tenant is None else str(tenant))
 
 
 def placement_of(nodes: tuple[int, ...] | list[int]) -> tuple[int, ...]:

@@ -56,6 +56,11 @@ jobs, the measured profiles of the applications they use, and the paper's settin
     * **Model** by GPU-time bucket (:data:`GPU_HOUR_EDGES`, :data:`BUCKET_APPS`).
     * **Request** (``num_replicas``, ``batch_size``) uniform over the pairs the
       published jobs of that model use (:data:`APP_CONFIGS`).
+    * **Tenant**: the sampled Philly job's virtual cluster (its ``cluster`` column,
+      the team that submitted it; 15 in the list), as ``MeasuredJobSpec.tenant``.
+      Read from the same rows, it draws no random number: the jobs are otherwise those
+      generated before jobs carried a tenant. (The published ``pollux:`` workloads
+      name no Philly job, so their jobs have no tenant.)
 
     ``seed`` defaults to the ``seed`` given to :func:`~.spec.load_trace`; the
     numbers come from one :class:`numpy.random.Generator` of it, no global RNG.
@@ -83,6 +88,7 @@ __all__ = [
     "DATA_SUBDIR",
     "WORKLOAD_COLUMNS",
     "PHILLY_COLUMNS",
+    "PHILLY_CLUSTER",
     "MeasuredTrace",
     "load",
     "generate",
@@ -101,6 +107,8 @@ GEN_FORM = "pollux-gen:seed=N[,jobs=160,hours=8,load=1.0,start=2]"
 DATA_SUBDIR = "pollux-osdi21"
 WORKLOAD_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
 PHILLY_COLUMNS = ("timestamp", "duration", "gpu_time")
+#: the Philly column naming the job's virtual cluster (the tenant: Jeon et al., ATC'19)
+PHILLY_CLUSTER = "cluster"
 
 # ------------------------------------------------------------------ generator constants
 # Measured once, offline, on the published workloads (all 24 files; the distinct jobs
@@ -155,7 +163,10 @@ class MeasuredTrace:
     """Measured jobs, the profiles of their applications, and the cluster and engine
     setting they are meant for (the paper's: 16 nodes × 4 GPUs, 60 s scheduling
     interval, 30 s restart per re-allocation); ``skipped`` counts dropped rows by
-    reason, ``notes`` says what was assumed."""
+    reason, ``notes`` says what was assumed. ``philly_gpu_hours`` (``pollux-gen`` only;
+    empty for the published workloads): job id -> GPU-hours of the Philly job it was
+    sampled from (``gpu_time`` of the list), what the trace knows of the request's size
+    beside its model — not the engine's work (that follows the model)."""
 
     name: str
     jobs: list[MeasuredJobSpec]
@@ -166,6 +177,7 @@ class MeasuredTrace:
     restart_cost: float = 30.0
     notes: list[str] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)
+    philly_gpu_hours: dict[str, float] = field(default_factory=dict)
 
     def skip(self, reason: str) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
@@ -336,15 +348,20 @@ def _gen_options(arg: str, seed: int) -> tuple[int, dict[str, float]]:
     return given_seed, opts
 
 
-def philly_pool(path: Path, start: int = WINDOW_START, hours: float = 8.0) -> tuple[np.ndarray, np.ndarray]:
+def philly_pool(path: Path, start: int = WINDOW_START, hours: float = 8.0, *,
+                clusters: bool = False) -> tuple[np.ndarray, ...]:
     """(offset into the window in s, GPU-hours) of the Philly jobs of ``path`` that the
     generator samples: ``duration >= MIN_DURATION``, ``gpu_time <`` :data:`MAX_GPU_HOURS`,
     submitted at a time of day in ``[start, start + hours)`` h of any day; file order.
-    A malformed row raises :class:`TraceError` naming file and line."""
+    With ``clusters`` a third array, each job's ``cluster`` column (:data:`PHILLY_CLUSTER`:
+    Philly's *virtual cluster*, the team that submitted it), which the file must then
+    have, non-empty on every row. A malformed row raises :class:`TraceError` naming file
+    and line."""
     offs: list[int] = []
     gpu_h: list[float] = []
+    vcs: list[str] = []
     span = hours * 3600.0
-    with _reader(path, PHILLY_COLUMNS) as reader:
+    with _reader(path, PHILLY_COLUMNS + ((PHILLY_CLUSTER,) if clusters else ())) as reader:
         for row in reader:
             try:
                 ts = row.get("timestamp") or ""
@@ -358,6 +375,9 @@ def philly_pool(path: Path, start: int = WINDOW_START, hours: float = 8.0) -> tu
                 gt = parse_float(row.get("gpu_time"), "gpu_time")
                 if dur < 0 or gt < 0:
                     raise ValueError(f"negative duration or gpu_time: {dur:g}, {gt:g}")
+                vc = (row.get(PHILLY_CLUSTER) or "").strip() if clusters else ""
+                if clusters and not vc:
+                    raise ValueError(f"empty {PHILLY_CLUSTER}")
             except ValueError as exc:
                 raise TraceError(f"{path}:{reader.line_num}: {exc}") from exc
             if dur < MIN_DURATION or gt >= MAX_GPU_HOURS * 3600:
@@ -366,6 +386,10 @@ def philly_pool(path: Path, start: int = WINDOW_START, hours: float = 8.0) -> tu
             if off < span:
                 offs.append(off)
                 gpu_h.append(gt / 3600.0)
+                if clusters:
+                    vcs.append(vc)
+    if clusters:
+        return np.array(offs, dtype=np.int64), np.array(gpu_h, dtype=float), np.array(vcs, dtype=object)
     return np.array(offs, dtype=np.int64), np.array(gpu_h, dtype=float)
 
 
@@ -376,7 +400,7 @@ def generate(arg: str, data_dir: Path | None, seed: int = 0) -> MeasuredTrace:
     jobs, hours, load_x, start = int(o["jobs"]), o["hours"], o["load"], int(o["start"])
     root = need_dir(data_dir, DATA_SUBDIR)
     traces = _profiles(root)
-    offs, gpu_h = philly_pool(traces / "philly.csv", start, hours)
+    offs, gpu_h, vcs = philly_pool(traces / "philly.csv", start, hours, clusters=True)
     n = int(round(jobs * load_x))
     if n < 1:
         raise TraceError(f"pollux-gen: jobs={jobs} x load={load_x:g} rounds to no job")
@@ -399,13 +423,15 @@ def generate(arg: str, data_dir: Path | None, seed: int = 0) -> MeasuredTrace:
                 break
         cfg = APP_CONFIGS[app]
         reps, bsz = cfg[min(int(u[k, 1] * len(cfg)), len(cfg) - 1)]
-        rows.append((int(offs[pick[k]]), k, app, reps, bsz))
-    rows.sort()
+        rows.append((int(offs[pick[k]]), k, app, reps, bsz, str(vcs[pick[k]]), float(gpu_h[pick[k]])))
+    rows.sort()  # (time, k) is unique: the tenant never breaks a tie
     name = f"pollux-gen:seed={seed},jobs={jobs},hours={hours:g},load={load_x:g},start={start}"
     trace = MeasuredTrace(
         name,
-        [MeasuredJobSpec(f"{app}-{i}", float(t), app, reps, bsz) for i, (t, _, app, reps, bsz) in enumerate(rows)],
+        [MeasuredJobSpec(f"{app}-{i}", float(t), app, reps, bsz, vc)
+         for i, (t, _, app, reps, bsz, vc, _h) in enumerate(rows)],
         {},
+        philly_gpu_hours={f"{r[2]}-{i}": r[6] for i, r in enumerate(rows)},
     )
     used = tuple(sorted({j.application for j in trace.jobs}))
     missing = [a for a in used if not (traces / a / "placements.csv").is_file()]
@@ -414,7 +440,8 @@ def generate(arg: str, data_dir: Path | None, seed: int = 0) -> MeasuredTrace:
     trace.apps = load_applications(traces, used)
     trace.notes.append(
         f"{n} jobs sampled from the {len(offs)} Philly jobs submitted {start:02d}:00 + {hours:g} h of any day "
-        f"(duration >= {MIN_DURATION:g} s, < {MAX_GPU_HOURS:g} GPU-hours); model by GPU-time bucket"
+        f"(duration >= {MIN_DURATION:g} s, < {MAX_GPU_HOURS:g} GPU-hours); model by GPU-time bucket; "
+        f"tenant: the Philly job's virtual cluster ({len(set(j.tenant for j in trace.jobs))} tenants)"
     )
     _setting_note(trace)
     return trace
