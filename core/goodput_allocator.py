@@ -22,7 +22,10 @@ restarts, current allocation, the step times and gradient statistics it reported
    before ``urgent`` before ``normal``; every job of the measured workloads is
    ``normal``), jobs in two queues by attained GPU-seconds (below ``threshold`` first),
    first come first served within a queue; walking that order each job is given its
-   smallest gang (``min_replicas``, at least 1 GPU) while GPUs remain. Every job that
+   smallest gang (``min_replicas``, at least 1 GPU) while GPUs remain (under teams'
+   queues: :meth:`QueueBook.who_runs <rlsched.core.queues.QueueBook.who_runs>`,
+   guarantees then weighted fair share; jobs inside their minimum run time,
+   ``AllocJob.protected``, keep what they hold first). Every job that
    runs therefore runs before any job gets a second GPU, and a running job is shrunk —
    or, when the cluster cannot hold one GPU per job, stopped — to let a job the order
    ranks before it start (*shrink-to-admit*).
@@ -35,7 +38,12 @@ restarts, current allocation, the step times and gradient statistics it reported
    its synchronisation cost grows (across nodes) and where a larger batch loses
    statistical efficiency (a small gradient noise scale), and its GPUs go elsewhere.
    The learning curve is not read: there is no convergence-aware give-back (RLPTO's
-   idea) here; a GPU is worth the progress per second it adds.
+   idea) here; a GPU is worth the progress per second it adds. Under teams' queues
+   (:mod:`~rlsched.core.queues`) the moves are made a queue at a time: a queue below its
+   guarantee grows first (up to its nominal GPUs), then the queue holding the fewest GPUs
+   per unit of weight, always by its own jobs' best move and never past its cap; so the
+   split of the GPUs between teams follows guarantees and weights, the use of a team's
+   GPUs follows goodput. Without queues every job is in one queue: the best move of all.
    ``p = 0.5`` by default: chosen on validation seeds only (``bench/goodput_select.py``:
    pollux-gen seeds 10,000–10,003 at 1.0x and 1.5x load, mean JCT 2,256.5 s against
    2,256.6 s for ``p = 0``, 2,271 s for ``p = −1`` and 2,316 s for ``p = 1``;
@@ -156,12 +164,15 @@ class GoodputAllocator:
         if free == 0 or not running:
             return count
         vals = [None] * len(order)
-        heap: list[tuple[float, int, int, int]] = []
+        # who grows: one heap of best moves per queue (one queue without queues); the
+        # queue served next is the book's (below its guarantee first, then the fewest
+        # GPUs per unit of weight), its best move by goodput
+        heaps: dict[str, list[tuple[float, int, int, int]]] = {}
 
         def best_move(r: int) -> tuple[float, int] | None:
             j = order[r]
             k = count[j.id]
-            hi = int(min(j.max_replicas, k + free, width - 1, k + book.headroom(used, j.queue)))
+            hi = int(min(j.max_replicas, k + free, width - 1, k + book.room(used, j.queue)))
             if hi <= k:
                 return None
             v = vals[r]
@@ -175,18 +186,25 @@ class GoodputAllocator:
         def push(r: int) -> None:  # the job's best move from its count now, if any
             mv = best_move(r)
             if mv is not None:
-                heapq.heappush(heap, (-mv[0], r, count[order[r].id], mv[1]))
+                heapq.heappush(heaps.setdefault(order[r].queue or NO_QUEUE, []),
+                               (-mv[0], r, count[order[r].id], mv[1]))
+
+        def next_queue() -> str | None:
+            best = None
+            for q, h in heaps.items():
+                while h and count[order[h[0][1]].id] != h[0][2]:  # stale: a fresher move is on it
+                    heapq.heappop(h)
+                if h and book.room(used, q) > 0 and (best is None or book.grow_key(used, q) < best[0]):
+                    best = (book.grow_key(used, q), q)
+            return None if best is None else best[1]
 
         for r in running:
             vals[r] = self.values(order[r], width, node_gpus)
             push(r)
-        while heap and free > 0:
-            _, r, k_then, k_new = heapq.heappop(heap)
+        while free > 0 and (q := next_queue()) is not None:
+            _, r, k_then, k_new = heapq.heappop(heaps[q])
             jid = order[r].id
-            if count[jid] != k_then:  # stale: the job's fresh move is on the heap
-                continue
-            q = order[r].queue or NO_QUEUE
-            if k_new - k_then <= min(free, book.headroom(used, q)):
+            if k_new - k_then <= min(free, book.room(used, q)):
                 free -= k_new - k_then
                 used[q] = used.get(q, 0) + k_new - k_then
                 count[jid] = k_new

@@ -243,6 +243,22 @@ class QueueBook:
             free -= n
         return count, dict(used)
 
+    def room(self, used: Mapping[str, int], name: str | None) -> float:
+        """GPUs the queue's next growth move may take: up to its nominal while it holds
+        less (a guarantee is reached before it is exceeded), else up to its cap."""
+        q = name or NO_QUEUE
+        spec, u = self.spec_of(q), used.get(q, 0)
+        return spec.nominal_gpus - u if u < spec.nominal_gpus else spec.cap - u
+
+    def grow_key(self, used: Mapping[str, int], name: str | None) -> tuple:
+        """Which queue grows next: those below their guarantee first (the least filled
+        first), then the one holding the fewest GPUs per unit of weight (ties by name)."""
+        q = name or NO_QUEUE
+        spec, u = self.spec_of(q), used.get(q, 0)
+        if u < spec.nominal_gpus:
+            return (0, u / spec.nominal_gpus, q)
+        return (1, u / spec.weight, q)
+
     def headroom(self, used: Mapping[str, int], name: str | None) -> float:
         """GPUs the queue may still take (its cap less what it uses)."""
         q = name or NO_QUEUE

@@ -145,3 +145,25 @@ def test_namespaces_default_to_their_queue_and_manifests_parse():
             QueueSpec.from_manifest(bad)
     with pytest.raises(QueueError, match="two queues"):
         QueueBook([QueueSpec("a"), QueueSpec("a")])
+
+
+def test_growth_reaches_a_guarantee_before_anyone_borrows():
+    # one node of 8 GPUs; a is guaranteed 6, b nothing; one elastic job each (1..8 GPUs)
+    book = QueueBook([QueueSpec("a", 6), QueueSpec("b")])
+    jobs = [LiveJob("a/0", 0.0, 1, 8, queue="a"), LiveJob("b/0", 1.0, 1, 8, queue="b")]
+    plan = decide(jobs, [8], 10.0, book)
+    assert (plan.start["a/0"].workers, plan.start["b/0"].workers) == (6, 2)
+    assert plan.queues["a"]["gpusInUse"] == 6 and plan.queues["b"]["borrowedGpus"] == 2
+
+
+def test_weights_split_the_growth_too():
+    # no guarantees, weights 3 : 1, one elastic job each on 8 GPUs: each queue grows in
+    # turn by GPUs per unit of weight (x 1/3 < y 1/1 -> x; ...; ties by name), 6 : 2
+    book = QueueBook([QueueSpec("x", weight=3.0), QueueSpec("y", weight=1.0)])
+    jobs = [LiveJob("x/0", 0.0, 1, 8, queue="x"), LiveJob("y/0", 1.0, 1, 8, queue="y")]
+    plan = decide(jobs, [8], 10.0, book)
+    assert (plan.start["x/0"].workers, plan.start["y/0"].workers) == (6, 2)
+    # equal weights: 4 : 4
+    even = QueueBook([QueueSpec("x"), QueueSpec("y")])
+    plan = decide(jobs, [8], 10.0, even)
+    assert (plan.start["x/0"].workers, plan.start["y/0"].workers) == (4, 4)
