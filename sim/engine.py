@@ -87,6 +87,7 @@ from rlsched.core.cycle import Preemption, SchedulingCycle
 from rlsched.core.estimate import estimate_remaining
 from rlsched.core.goodput import JobObservations
 from rlsched.core.live_allocation import UNIT_BATCH, LiveAllocation, LiveJob, LivePlan
+from rlsched.core.queues import QueueBook
 from rlsched.core.planning import (
     Admission,
     ElasticState,
@@ -281,7 +282,10 @@ class Simulator:
         seed: int = 0,
         config: SimConfig | None = None,
         allocation: LiveAllocation | None = None,
+        queues: QueueBook | None = None,
     ) -> None:
+        if queues is not None and allocation is None:
+            raise ValueError("teams' queues are decided by an allocation policy: give allocation= too")
         if allocation is not None:
             if ordering is not None or scaling is not None or placement is None:
                 raise ValueError("an allocation policy decides alone: give it the placement policy that puts new "
@@ -313,6 +317,9 @@ class Simulator:
         #: an allocation policy deciding every job's workers each ``scaling_interval``
         #: (the operator's ``--allocator``: the same core object, :meth:`allocation_cycle`)
         self.allocation = allocation
+        #: the teams' queues the allocation decides under (each job charged to its
+        #: ``tenant``), with the minimum run time (``SimConfig.min_run_s`` when not given)
+        self.queues = queues if queues is not None else QueueBook(min_run_s=self.config.min_run_s)
         #: core's elastic planner over ``scaling`` (the operator's ScalingPlanner)
         self.planner = ScalingPlanner(scaling) if scaling is not None else None
         #: core's scheduling cycle over the two: every preemption and scaling decision
@@ -1135,7 +1142,8 @@ class Simulator:
         return LiveJob(key=v.id, submit_time=v.submit_time, min_workers=v.min_workers, max_workers=v.max_workers,
                        gpus_per_worker=v.gpus_per_worker, nodes=nodes, observations=j.obs,
                        attained_service=v.attained_service, restarts=j.rescales + j.preemptions,
-                       priority_class=j.spec.priority_class or "normal")
+                       priority_class=j.spec.priority_class or "normal", queue=j.spec.tenant,
+                       running_since=float(v.start_time) if nodes and v.start_time is not None else None)
 
     def allocation_cycle(self) -> LivePlan:
         """One decision of the allocation policy now, as the operator's allocator mode
@@ -1159,7 +1167,7 @@ class Simulator:
         jobs += [self._live_job(self._by_id[v.id], ()) for v in st.pending]
         if not jobs:
             return LivePlan()
-        plan = self.allocation.plan(jobs, capacity, t)
+        plan = self.allocation.plan(jobs, capacity, t, queues=self.queues)
         if plan.error is not None:
             raise plan.error
         for jid in plan.stop:

@@ -82,6 +82,8 @@ class JobSpec:
     estimated_runtime: float | None = None
     #: a simulated user: the estimate is this factor × the true ideal run time
     estimate_factor: float | None = None
+    #: the team that submitted it (its TrainingQueue when the engine runs teams' queues)
+    tenant: str | None = None
 
     def __post_init__(self) -> None:
         if not self.id:

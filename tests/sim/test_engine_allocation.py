@@ -57,3 +57,24 @@ def test_a_running_job_shrinks_to_admit_one_that_does_not_fit_beside_it():
     assert s.job("b").start_time is not None and s.job("a").workers == 1
     steps = [d for d in s.result().decisions if d["job"] == "a" and d["kind"] == "scale"]
     assert steps and steps[-1]["delta"] == 1 - held  # one decision, many workers
+
+
+def test_teams_queues_decide_in_the_event_engine_too():
+    """Two teams guaranteed 16 GPUs each of the 32: team x's elastic job alone first
+    borrows beyond its 16, then team y's job takes y's guarantee back at the next
+    decision after it arrives (no minimum run time) — the same QueueBook the operator
+    passes."""
+    from rlsched.core.queues import QueueBook, QueueSpec
+
+    book = QueueBook([QueueSpec("x", 16), QueueSpec("y", 16)])
+    jobs = [job("a", 0.0, hi=32, tenant="x"), job("b", 3000.0, lo=16, hi=16, tenant="y")]
+    s = Simulator(jobs, topo(), placement=make_placement("bestfit"), queues=book,
+                  allocation=LiveAllocation(GoodputAllocator(restart_delay=30.0)),
+                  config=SimConfig(scaling_interval=60.0, restart_cost=30.0))
+    s.advance_until(2950.0)
+    assert s.job("a").workers > 16  # borrowing y's idle GPUs
+    s.advance_until(3100.0)
+    assert s.job("b").start_time is not None and s.job("b").workers == 16
+    assert s.job("a").workers <= 16  # back within x's guarantee
+    with pytest.raises(ValueError, match="allocation policy"):
+        Simulator(jobs, topo(), ordering=make_ordering("fifo"), placement=make_placement("bestfit"), queues=book)
