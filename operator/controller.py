@@ -149,12 +149,10 @@ from rlsched.core.planning import (
     waiting_reasons,
 )
 from rlsched.core.cycle import SchedulingCycle
-from rlsched.core.queues import QueueBook, QueueError, QueueSpec
 from rlsched.core.live_allocation import (
     UNIT_BATCH,
     LiveAllocation,
     LiveJob,
-    LivePlan,
     LiveTarget,
     attained_service,
     batch_bounds,
@@ -165,6 +163,7 @@ from rlsched.core.live_allocation import (
 from rlsched.core.das import resolve_placement_model, serving_placement
 from rlsched.core.lifecycle import BACKOFF_CAP_S, FAIL, RESTART, SUCCEED, Verdict, WorkerState, judge
 from rlsched.core.policy import ORDERINGS, SCALINGS
+from rlsched.core.queues import QueueBook, QueueError, QueueSpec
 
 from .kueue import admission_of as kueue_admission_of
 from .kueue import finished_condition as kueue_finished_condition
@@ -191,6 +190,8 @@ OWNED_FIELDS = ("phase", "targetWorkers", "queue", "nominated", "queuedTime", "a
                 "restartGeneration", "startedGeneration", "failures", "restartAfter", "batchSize",
                 "attainedGpuSeconds", "attainedSince", "goodput", "queueName")
 TIME_FIELDS = ("queuedTime", "admittedTime", "startTime", "attainedSince")
+#: why a job with ``spec.suspend`` waits
+SUSPENDED = WaitReason(0, "Suspended", "spec.suspend is true: rlsched does not admit it until it is cleared")
 #: clock skew tolerated between the operator, the API server and earlier operators
 SKEW_S = 300.0
 #: ``Status.reason`` the API server gives for each HTTP status (when its body has none)
@@ -1615,32 +1616,11 @@ class Controller:
         """``spec.suspend`` (or ``hold``: Kueue has not admitted the job): a job holding
         workers goes back to the queue (recorded first, then its workers get the grace
         period to checkpoint, as a preemption); a queued one stays there. Condition
-        ``Suspended=True`` while it lasts; the job is admitted as any other once
+        ``Suspended=True`` (reason: the hold's) while it lasts and ``status.waiting``
+        saying why, refreshed as the reason changes; the job is admitted as any other once
         ``spec.suspend`` is cleared (Kueue admits it)."""
-        if hold is not None and not j.spec.suspend:
-            return await self._held(j, now, hold)
-        old = get_condition(j.status.get("conditions"), "Suspended")
-        patch: dict[str, Any] = {}
-        if j.status.get("phase") in ("Starting", "Running"):
-            patch.update({"phase": "Queued", "targetWorkers": 0, "workers": 0, "readyWorkers": 0,
-                          "restartGeneration": j.generation + 1, "queuedTime": format_time(now)})
-            if self.allocation is not None:
-                patch.update({"attainedGpuSeconds": self._service(j, now), "attainedSince": None, "batchSize": None})
-        if not old or old.get("status") != "True":
-            patch["conditions"] = set_condition(j.status.get("conditions"), "Suspended", "True", "Suspended",
-                                                "spec.suspend is true: no workers, not admitted", now)
-            patch["waiting"] = WaitReason(0, "Suspended", "spec.suspend is true: rlsched does not admit it "
-                                                          "until it is cleared").to_status()
-        if patch:
-            await self.patch_status(j, patch)
-            await self.event(j.body, "Suspended", "spec.suspend is true: workers stopped, the job waits unadmitted"
-                             if "phase" in patch else "spec.suspend is true: the job waits unadmitted")
-        for p in j.live_pods():
-            await self.delete_pod(j.ns, p["metadata"]["name"], self.config.grace_period_s)
-
-    async def _held(self, j: _Job, now: float, hold: WaitReason) -> None:
-        """Held by Kueue (``hold``): as :meth:`_suspended`, with Kueue's reason, and the
-        waiting message refreshed as Kueue's changes."""
+        if j.spec.suspend or hold is None:
+            hold = SUSPENDED
         old = get_condition(j.status.get("conditions"), "Suspended")
         patch: dict[str, Any] = {}
         if j.status.get("phase") in ("Starting", "Running"):
@@ -1656,7 +1636,7 @@ class Controller:
         if patch:
             await self.patch_status(j, patch)
             if "phase" in patch or "conditions" in patch:
-                await self.event(j.body, "Suspended", f"{hold.message}: workers stopped" if "phase" in patch
+                await self.event(j.body, "Suspended", f"{hold.message}; workers stopped" if "phase" in patch
                                  else hold.message)
         for p in j.live_pods():
             await self.delete_pod(j.ns, p["metadata"]["name"], self.config.grace_period_s)

@@ -89,8 +89,11 @@ def test_kueue_admits_and_rlsched_places_within_the_admission(kube_cluster, exte
                 "spec": {"minWorkers": mn, "maxWorkers": mx, "gpusPerWorker": 8,
                          "template": {"metadata": meta,
                                       "spec": {"containers": [{"name": "train", "image": "registry.example/t:1"}]}}}})
-            # Kueue admits in creation order; wait for each Workload before the next job
+            # one at a time: Kueue orders Workloads by creation time (one-second
+            # resolution), so each is admitted (or found pending) before the next exists
             wait_until(lambda name=name: _workload(kapi, ns, name) is not None, 30, f"{name}'s Workload")
+            if name != "later":
+                wait_until(lambda name=name: _admitted(_workload(kapi, ns, name)), 60, f"Kueue admits {name}")
         wait_until(lambda: _admitted(_workload(kapi, ns, "whole")), 60, "Kueue admits whole")
         wait_until(lambda: kapi.phase(ns, "whole") == "Running", 60, "rlsched runs whole")
         assert len(kapi.pods(ns, "whole")) == 2

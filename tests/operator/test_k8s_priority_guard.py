@@ -214,20 +214,23 @@ def test_without_raise_priority_only_normal_and_urgent_jobs(kapi, ns, alice):
     kapi.custom.patch_namespaced_custom_object_status(G, V, ns, P, "plain", {"status": {"message": "x"}})
 
 
+def _allowed(api, ns, body) -> bool:
+    """Whether the API server would let ``api`` create ``body`` now (a server-side dry
+    run; RBAC grants reach the authorizer after a moment)."""
+    try:
+        _create(api, ns, body, dry_run="All")
+    except ApiException as exc:
+        if exc.status == 403:
+            return False
+        raise
+    return True
+
+
 def test_raise_priority_on_one_queue_allows_that_queue_only(kapi, ns, alice, grant, wait_until):
     # (4) alice gets verb raise-priority on the TrainingQueue team-a (which need not exist)
     grant("team-a")
-
-    def allowed():
-        try:
-            _create(alice, ns, _body("boss", "highest", "team-a"), dry_run="All")
-        except ApiException as exc:
-            if exc.status == 403:
-                return False
-            raise
-        return True
-
-    wait_until(allowed, 30, "RBAC to let alice raise-priority team-a")
+    wait_until(lambda: _allowed(alice, ns, _body("boss", "highest", "team-a")), 30,
+               "RBAC to let alice raise-priority team-a")
     _create(alice, ns, _body("boss", "highest", "team-a"))
     assert kapi.get(ns, "boss")["spec"]["priority"]["class"] == "highest"
     _create(alice, ns, _body("eager", queue="team-a", requests="5"))
@@ -257,17 +260,8 @@ def test_raise_priority_on_one_queue_allows_that_queue_only(kapi, ns, alice, gra
 
 def test_raise_priority_on_all_queues_covers_jobs_without_a_queue(kapi, ns, alice, grant, wait_until):
     grant()
-
-    def allowed():
-        try:
-            _create(alice, ns, _body("boss", "highest"), dry_run="All")
-        except ApiException as exc:
-            if exc.status == 403:
-                return False
-            raise
-        return True
-
-    wait_until(allowed, 30, "RBAC to let alice raise-priority every queue")
+    wait_until(lambda: _allowed(alice, ns, _body("boss", "highest")), 30,
+               "RBAC to let alice raise-priority every queue")
     _create(alice, ns, _body("boss", "highest"))
     _create(alice, ns, _body("boss-b", "highest", "team-b", requests="4"))
     assert _exists(kapi, ns, "boss") and _exists(kapi, ns, "boss-b")
