@@ -1162,6 +1162,7 @@ class Controller:
             m.queue_gpus.labels(queue=name).set(row["gpusInUse"])
             m.queue_borrowed.labels(queue=name).set(row["borrowedGpus"])
             m.queue_pending.labels(queue=name).set(row["pendingJobs"])
+            m.queue_running.labels(queue=name).set(row["runningJobs"])
             m.queue_nominal.labels(queue=name).set(nominal if isinstance(nominal, int) else 0)
             m.queue_oldest_pending.labels(queue=name).set(oldest.get(name, 0.0))
             if {k: (b.get("status") or {}).get(k) for k in row} != row:
@@ -1173,7 +1174,8 @@ class Controller:
                     m.job_errors.labels(kind="transient").inc()
                     log.warning("could not write the status of TrainingQueue %s: %r", name, exc)
         for name in self._queue_series - seen:  # a deleted queue: its series go
-            for g in (m.queue_gpus, m.queue_borrowed, m.queue_pending, m.queue_nominal, m.queue_oldest_pending):
+            for g in (m.queue_gpus, m.queue_borrowed, m.queue_pending, m.queue_running, m.queue_nominal,
+                      m.queue_oldest_pending):
                 g.remove(name)
         self._queue_series = seen
 

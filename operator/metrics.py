@@ -96,6 +96,8 @@ class OperatorMetrics:
                                    ["queue"], registry=r)
         self.queue_pending = Gauge("rlsched_queue_pending_jobs", "TrainingJobs of a TrainingQueue waiting for GPUs",
                                    ["queue"], registry=r)
+        self.queue_running = Gauge("rlsched_queue_running_jobs", "TrainingJobs of a TrainingQueue holding GPUs",
+                                   ["queue"], registry=r)
         self.queue_oldest_pending = Gauge("rlsched_queue_oldest_pending_seconds",
                                           "Age of a TrainingQueue's oldest waiting job (0 when none waits)", ["queue"],
                                           registry=r)

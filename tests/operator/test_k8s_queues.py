@@ -59,7 +59,8 @@ def test_borrow_reclaim_quota_and_gang_reasons(kube_cluster, extender, kapi, ns,
                                               wait_until):
     q = queues(a={"nominalGpus": 16, "namespaces": [ns]}, b={"nominalGpus": 16, "borrowingLimitGpus": 0})
     waiting = lambda n: kapi.status(ns, n).get("waiting") or {}  # noqa: E731
-    with run_operator(ns, allocator="goodput", min_run_s=MIN_RUN_S):
+    with run_operator(ns, allocator="goodput", min_run_s=MIN_RUN_S) as rt:
+        gauge = lambda metric, queue: rt.metrics.registry.get_sample_value(metric, {"queue": queue})  # noqa: E731
         # team a alone: its two 16-GPU jobs run, the second on 16 GPUs borrowed from b
         tj(ns, "a1", 2, gpus=8)  # no queueName: its namespace's queue, a
         time.sleep(1.1)  # FIFO by creation time (one-second resolution)
@@ -68,6 +69,10 @@ def test_borrow_reclaim_quota_and_gang_reasons(kube_cluster, extender, kapi, ns,
         assert kapi.status(ns, "a1")["queueName"] == q["a"]
         wait_until(lambda: _queue_status(kapi, q["a"]).get("gpusInUse") == 32, 30, "queue a's status")
         assert _queue_status(kapi, q["a"])["borrowedGpus"] == 16
+        # the per-queue gauges say the same
+        assert (gauge("rlsched_queue_gpus_in_use", q["a"]), gauge("rlsched_queue_borrowed_gpus", q["a"]),
+                gauge("rlsched_queue_running_jobs", q["a"]), gauge("rlsched_queue_nominal_gpus", q["b"])) == \
+            (32.0, 16.0, 2.0, 16.0)
         admitted = {n: datetime.fromisoformat(kapi.status(ns, n)["admittedTime"].replace("Z", "+00:00")).timestamp()
                     for n in ("a1", "a2")}
 
@@ -97,6 +102,8 @@ def test_borrow_reclaim_quota_and_gang_reasons(kube_cluster, extender, kapi, ns,
         assert "uses 16 of its 16 nominal + 0 borrowable GPUs" in waiting("b2")["message"]
         assert waiting("huge")["reason"] == "Unfittable" and "40 GPUs" in waiting("huge")["message"]
         assert waiting("vip")["reason"] == "PriorityNotAllowed"
+        wait_until(lambda: gauge("rlsched_queue_pending_jobs", q["b"]) == 1.0, 15, "b's pending gauge")
+        assert gauge("rlsched_queue_oldest_pending_seconds", q["a"]) > 0  # huge and vip wait in a
         text = _why(kube_cluster, ns, "b2")
         assert "Quota" in text and f"queue {q['b']}" in text, text
         text = _why(kube_cluster, ns, "huge")
