@@ -6,13 +6,17 @@ Each ``pollux-gen`` workload carries its jobs' tenants — the Philly virtual cl
 the evaluation protocol's *test* seeds (:func:`rlsched.sim.protocol.seeds`: 20,000 ..;
 reported here, never used to choose anything), at 1.0x load on the Pollux benchmark's
 cluster (16 x 4 GPUs, 60 s interval, 30 s restart), the interval engine runs the served
-allocator (``goodput``, :data:`rlsched.core.served.SERVED`) in three settings:
+allocator (``goodput``, :data:`rlsched.core.served.SERVED`) in four settings:
 
 ``none``
     no queues: today's served default (fairness between jobs, not tenants);
 ``fair``
     one queue per tenant, weight 1, no guarantee, no cap: pure weighted fair share
     between tenants (:meth:`rlsched.core.queues.QueueBook.who_runs`);
+``fair-service``
+    the same queues, fair share by weighted attained service instead of GPUs held now
+    (``QueueBook(fair_share="service")``: the team whose unfinished jobs attained the
+    fewest GPU-seconds goes first);
 ``nominal``
     one queue per tenant guaranteed ``nominal_gpus`` = its share of the workload's
     requested GPU-time times the 64 GPUs, unlimited borrowing, weight 1. The requested
@@ -52,7 +56,7 @@ Overall: the mean JCT per setting over seeds, and ``fair`` and ``nominal`` again
 
     python bench/tenancy.py --seeds 5 --out docs/results/tenancy.json --plot docs/results/tenancy.png
 
-Default: 5 seeds x 3 settings = 15 runs of 160 jobs on ``--procs`` (2) processes: 12
+Default: 5 seeds x 4 settings = 20 runs of 160 jobs on ``--procs`` (2) processes: 12
 minutes on a 2-core machine shared with other work; ``--seeds N`` for more (at most
 1,000), ``--load`` for another load (2.0: about twice as long), ``--nodes`` for a
 smaller cluster (the smoke test's).
@@ -72,7 +76,7 @@ from pathlib import Path
 
 import numpy as np
 
-SETTINGS = ("none", "fair", "nominal")
+SETTINGS = ("none", "fair", "fair-service", "nominal")
 OTHER = "other"
 
 
@@ -110,6 +114,8 @@ def queue_book(setting: str, trace, total: int):
         return None
     if setting == "fair":
         return QueueBook([QueueSpec(t, weight=1.0) for t in tenants])
+    if setting == "fair-service":
+        return QueueBook([QueueSpec(t, weight=1.0) for t in tenants], fair_share="service")
     if setting == "nominal":
         nom = nominal_gpus(tenant_gpu_hours(trace), total)
         return QueueBook([QueueSpec(t, nominal_gpus=nom[t], borrowing_limit=None, weight=1.0) for t in tenants])

@@ -153,12 +153,16 @@ class GoodputAllocator:
         order = self.order(jobs)
         width = min(max((j.max_replicas for j in jobs), default=0), total) + 1
         book = queues or QueueBook()
+        service: dict[str, float] = {}
+        if book.fair_share == "service":
+            for j in jobs:
+                service[j.queue or NO_QUEUE] = service.get(j.queue or NO_QUEUE, 0.0) + j.attained_service
         # who runs: protected jobs keep what they hold, then smallest gangs in the
         # fairness order, under the teams' quotas when there are queues (core/queues.py)
         count, used = book.who_runs(
             order, total=total, queue=lambda j: j.queue, key=lambda j: j.id,
             gang=lambda j: max(j.min_replicas, 1) if max(j.min_replicas, 1) <= j.max_replicas else 0,
-            kept={j.id: len(j.allocation) for j in jobs if j.protected and j.allocation})
+            kept={j.id: len(j.allocation) for j in jobs if j.protected and j.allocation}, service=service)
         free = total - sum(count.values())
         running = [r for r, j in enumerate(order) if count.get(j.id, 0) > 0]
         if free == 0 or not running:
@@ -194,8 +198,8 @@ class GoodputAllocator:
             for q, h in heaps.items():
                 while h and count[order[h[0][1]].id] != h[0][2]:  # stale: a fresher move is on it
                     heapq.heappop(h)
-                if h and book.room(used, q) > 0 and (best is None or book.grow_key(used, q) < best[0]):
-                    best = (book.grow_key(used, q), q)
+                if h and book.room(used, q) > 0 and (best is None or book.grow_key(used, q, service) < best[0]):
+                    best = (book.grow_key(used, q, service), q)
             return None if best is None else best[1]
 
         for r in running:

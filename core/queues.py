@@ -28,7 +28,8 @@ within a team) after the protected jobs keep what they hold:
    back from them;
 2. **Fair share** of what is left: repeatedly, among the queues with a job whose gang
    fits the free GPUs and the queue's cap (nominal + borrowing limit), the one using
-   the fewest GPUs per unit of weight starts its next job (ties: the job the policy
+   the fewest GPUs per unit of weight (``fair_share="service"``: the least attained
+   GPU-seconds per unit of weight) starts its next job (ties: the job the policy
    ranks first). A job that does not fit now never fits later in the pass (free GPUs
    only fall, use only rises), so it is passed over and the pass ends.
 
@@ -139,6 +140,12 @@ class QueueBook:
 
     queues: Sequence[QueueSpec] = ()
     min_run_s: float = 0.0
+    #: what fair share equalises per unit of weight: ``gpus``, the GPUs a queue holds
+    #: now (weighted DRF over GPUs, the default), or ``service``, the GPU-seconds its
+    #: unfinished jobs attained plus what it holds for ``horizon_s`` more (weighted
+    #: attained service, Tiresias' least-attained-service between teams)
+    fair_share: str = "gpus"
+    horizon_s: float = 60.0
     _by_name: dict[str, QueueSpec] = field(init=False, repr=False)
     _default_of: dict[str, str] = field(init=False, repr=False)
 
@@ -153,6 +160,10 @@ class QueueBook:
                 self._default_of.setdefault(ns, q.name)
         if not (math.isfinite(self.min_run_s) and self.min_run_s >= 0):
             raise QueueError(f"min_run_s must be >= 0, got {self.min_run_s}")
+        if self.fair_share not in ("gpus", "service"):
+            raise QueueError(f"fair_share must be 'gpus' or 'service', got {self.fair_share!r}")
+        if not (math.isfinite(self.horizon_s) and self.horizon_s > 0):
+            raise QueueError(f"horizon_s must be > 0, got {self.horizon_s}")
 
     @property
     def active(self) -> bool:
@@ -186,11 +197,13 @@ class QueueBook:
     # ------------------------------------------------------------------ the rule
     def who_runs(self, order: Sequence[J], *, total: int, queue: Callable[[J], str | None],
                  gang: Callable[[J], int], key: Callable[[J], str], kept: Mapping[str, int] | None = None,
-                 fits: Callable[[J, int], bool] | None = None) -> tuple[dict[str, int], dict[str, int]]:
+                 fits: Callable[[J, int], bool] | None = None,
+                 service: Mapping[str, float] | None = None) -> tuple[dict[str, int], dict[str, int]]:
         """Which jobs of ``order`` (the policy's ranking) run, under the quotas: their
         gang counts by ``key`` and each queue's GPUs in use. ``kept``: jobs that keep
         the GPUs they hold (minimum run time), charged first. ``fits(job, free)``: an
-        extra room test (default: ``gang(job) <= free``)."""
+        extra room test (default: ``gang(job) <= free``). ``service``: GPU-seconds each
+        queue's jobs attained (read when ``fair_share`` is ``service``)."""
         kept = kept or {}
         count: dict[str, int] = {}
         used: dict[str, int] = defaultdict(int)
@@ -230,7 +243,7 @@ class QueueBook:
                     i += 1  # never fits in this pass: free only falls, use only rises
                 pos[q] = i
                 if i < len(jobs):
-                    cand = (used[q] / spec.weight, rank[key(jobs[i])], q)
+                    cand = (self.share(used, q, service), rank[key(jobs[i])], q)
                     best = cand if best is None or cand < best else best
             if best is None:
                 break
@@ -250,14 +263,25 @@ class QueueBook:
         spec, u = self.spec_of(q), used.get(q, 0)
         return spec.nominal_gpus - u if u < spec.nominal_gpus else spec.cap - u
 
-    def grow_key(self, used: Mapping[str, int], name: str | None) -> tuple:
+    def share(self, used: Mapping[str, int], name: str | None, service: Mapping[str, float] | None = None) -> float:
+        """What fair share equalises, per unit of the queue's weight: GPUs held, or
+        (``fair_share="service"``) attained GPU-seconds plus the GPUs held over the
+        horizon."""
+        q = name or NO_QUEUE
+        spec, u = self.spec_of(q), used.get(q, 0)
+        if self.fair_share == "service":
+            return ((service or {}).get(q, 0.0) + u * self.horizon_s) / spec.weight
+        return u / spec.weight
+
+    def grow_key(self, used: Mapping[str, int], name: str | None,
+                 service: Mapping[str, float] | None = None) -> tuple:
         """Which queue grows next: those below their guarantee first (the least filled
-        first), then the one holding the fewest GPUs per unit of weight (ties by name)."""
+        first), then the one with the smallest :meth:`share` (ties by name)."""
         q = name or NO_QUEUE
         spec, u = self.spec_of(q), used.get(q, 0)
         if u < spec.nominal_gpus:
             return (0, u / spec.nominal_gpus, q)
-        return (1, u / spec.weight, q)
+        return (1, self.share(used, q, service), q)
 
     def headroom(self, used: Mapping[str, int], name: str | None) -> float:
         """GPUs the queue may still take (its cap less what it uses)."""

@@ -167,3 +167,17 @@ def test_weights_split_the_growth_too():
     even = QueueBook([QueueSpec("x"), QueueSpec("y")])
     plan = decide(jobs, [8], 10.0, even)
     assert (plan.start["x/0"].workers, plan.start["y/0"].workers) == (4, 4)
+
+
+def test_fair_share_by_attained_service_serves_the_queue_that_got_least():
+    # 4 GPUs, two queues of equal weight, 1-GPU rigid jobs. By GPUs held the two share
+    # 2 : 2; by attained service queue x's jobs already had 10,000 GPU-seconds and y's
+    # none, so y goes first until its service (60 s per GPU held) passes x's: all 4 to y
+    x = [rigid(f"x/{i}", float(i), 1, "x", served=10_000.0 / 3) for i in range(3)]
+    y = [rigid(f"y/{i}", 10.0 + i, 1, "y") for i in range(4)]
+    by_gpus = decide(x + y, [4], 20.0, QueueBook([QueueSpec("x"), QueueSpec("y")]))
+    assert sorted(by_gpus.start) == ["x/0", "x/1", "y/0", "y/1"]
+    by_service = decide(x + y, [4], 20.0, QueueBook([QueueSpec("x"), QueueSpec("y")], fair_share="service"))
+    assert sorted(by_service.start) == ["y/0", "y/1", "y/2", "y/3"]
+    with pytest.raises(QueueError, match="fair_share"):
+        QueueBook(fair_share="dominant")
