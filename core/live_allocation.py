@@ -351,13 +351,8 @@ class LiveAllocation:
         plan.waiting = self._why(free_jobs, asked, plan, sum(capacity.values()), book, use)
         plan.waiting.update(barred)
         if book.active:
-            plan.queues = book.usage(use.items())
-            for q in plan.queues.values():
-                q.update(pendingJobs=0, runningJobs=0)
-            for j in jobs:
-                row = plan.queues.setdefault(j.queue or "", {"gpusInUse": 0, "borrowedGpus": 0, "pendingJobs": 0,
-                                                             "runningJobs": 0})
-                row["runningJobs" if targets.get(j.key, LiveTarget(0, None)).workers else "pendingJobs"] += 1
+            plan.queues = book.usage((j.queue, targets[j.key].workers * max(1, j.gpus_per_worker)
+                                      if j.key in targets else 0) for j in jobs)
         return plan
 
     def _why(self, jobs: Sequence[LiveJob], asked: Sequence[AllocJob], plan: LivePlan,

@@ -288,14 +288,20 @@ class QueueBook:
         q = name or NO_QUEUE
         return self.spec_of(q).cap - used.get(q, 0)
 
-    def usage(self, held: Iterable[tuple[str | None, int]]) -> dict[str, dict[str, int]]:
-        """Per queue: GPUs in use and borrowed (beyond nominal), from ``(queue, gpus)``
-        of each running job — what the queue's status and metrics show."""
+    def usage(self, jobs: Iterable[tuple[str | None, int]]) -> dict[str, dict[str, int]]:
+        """Per queue — every queue object and any queue a job is charged to — GPUs in use,
+        borrowed (beyond nominal), jobs running and jobs pending, from ``(queue, GPUs
+        held)`` of each job (0: it waits): what the queue's status and metrics show."""
         use: dict[str, int] = defaultdict(int)
-        for q, g in held:
-            use[q or NO_QUEUE] += g
+        running: dict[str, int] = defaultdict(int)
+        pending: dict[str, int] = defaultdict(int)
+        for q, g in jobs:
+            q = q or NO_QUEUE
+            use[q] += g
+            (running if g > 0 else pending)[q] += 1
         out = {}
         for name in set(self._by_name) | set(use):
             u = use.get(name, 0)
-            out[name] = {"gpusInUse": u, "borrowedGpus": max(0, u - self.spec_of(name).nominal_gpus)}
+            out[name] = {"gpusInUse": u, "borrowedGpus": max(0, u - self.spec_of(name).nominal_gpus),
+                         "pendingJobs": pending.get(name, 0), "runningJobs": running.get(name, 0)}
         return out

@@ -106,7 +106,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -580,6 +580,8 @@ class _Job:
     hold: WaitReason | None = None
     #: its Kueue Workload (a job labelled with Kueue's queue name), as read this cycle
     workload: dict | None = None
+    #: the team queue (TrainingQueue) it is charged to this cycle, or None
+    team: str | None = None
 
     @property
     def key(self) -> str:
@@ -846,6 +848,9 @@ class Controller:
                 spec, err = None, str(exc)
             jobs[job_key(b)] = _Job(b, spec, err)
         by_uid = {j.uid: j for j in jobs.values()}
+        for j in jobs.values():
+            if j.spec is not None:
+                j.team = book.resolve(j.ns, j.spec.queue_name) or None
         if any(kueue_queue_name(j.body) for j in jobs.values()):
             await self._kueue_gate(jobs, by_uid)
         for uid in set(self.record) - set(by_uid):
@@ -946,7 +951,7 @@ class Controller:
         if self.allocation is not None:  # an allocation policy decides everything at once
             await self._allocate(jobs, waiting, running, snap, now, book)
             await self._sweep(by_uid)
-            self._metrics(jobs, AdmissionPlan(), now)
+            self._metrics(jobs, AdmissionPlan())
             await self._queue_status(book, queue_bodies, jobs, now)
             return
 
@@ -1003,8 +1008,8 @@ class Controller:
 
         await self._each(act, [jobs[r.key] for r in running], now)
         await self._sweep(by_uid)
-        self._metrics(jobs, plan, now)
-        await self._queue_status(book, queue_bodies, jobs, now)
+        self._metrics(jobs, plan)
+        await self._queue_status(book, queue_bodies, jobs, now, plan.admit)
 
     async def _sweep(self, by_uid: Mapping[str, _Job]) -> None:
         if self.config.sweep_every and self.cycles % self.config.sweep_every == 1:
@@ -1090,21 +1095,20 @@ class Controller:
             obs = await self._observe_goodput(j, placement)
             for n in placement:
                 capacity[n] += j.spec.gpus_per_worker
-            live.append(self._live_job(j, now, placement, obs, book))
+            live.append(self._live_job(j, now, placement, obs))
         for e in waiting:
             j = jobs[e.key]
             bounds = self._bounds(j)
             obs = observations_from_status(j.status.get("goodput"), bounds)[0] if bounds is not None else None
-            live.append(self._live_job(j, now, (), obs, book))
+            live.append(self._live_job(j, now, (), obs))
         names = {i: n for n, i in snap.node_index.items()}
         plan = self.allocation.plan(live, capacity, now, names, queues=book)
         if plan.error is not None:
             self.metrics.cycle_errors.inc()
             log.error("allocator %s failed; every job keeps its GPUs this cycle: %r", self.allocation.name, plan.error)
             return
-        named = [lj for lj in live if (lj.queue or None) != jobs[lj.key].status.get("queueName")]
-        await self._each(lambda j: self.patch_status(j, {"queueName": self._queue_of(j, book)}),
-                         [jobs[lj.key] for lj in named], now)
+        await self._each(lambda j: self.patch_status(j, {"queueName": j.team}),
+                         [j for j in (jobs[lj.key] for lj in live) if j.team != j.status.get("queueName")], now)
         await self._each(lambda j: self._waiting(j, plan.waiting.get(j.key)),
                          [jobs[k] for k in plan.waiting if k not in plan.stop], now)
         await self._each(lambda j: self._stop_reallocated(j, now), [jobs[k] for k in plan.stop], now)
@@ -1112,12 +1116,7 @@ class Controller:
         for k, t in plan.start.items():  # in the policy's order, as admission does (one gang after another)
             await self._contain(jobs[k], lambda j, t=t: self.admit(j, now, target=t.workers, batch=t.batch_size), now)
 
-    @staticmethod
-    def _queue_of(j: _Job, book: QueueBook | None) -> str | None:
-        """The team queue the job is charged to (None: none)."""
-        return (book.resolve(j.ns, j.spec.queue_name) if book is not None else j.spec.queue_name) or None
-
-    def _live_job(self, j: _Job, now: float, placement: tuple[int, ...], obs, book: QueueBook | None = None) -> LiveJob:
+    def _live_job(self, j: _Job, now: float, placement: tuple[int, ...], obs) -> LiveJob:
         s = j.spec
         created = parse_time(j.body["metadata"].get("creationTimestamp")) or now
         batch = j.status.get("batchSize") if placement else None
@@ -1125,39 +1124,37 @@ class Controller:
                        gpus_per_worker=s.gpus_per_worker, nodes=placement,
                        batch_size=batch if batch is not None else s.batch_size, pinned_workers=s.pinned_workers,
                        bounds=self._bounds(j), observations=obs, attained_service=self._service(j, now),
-                       restarts=j.generation, priority_class=s.priority_class, queue=self._queue_of(j, book),
+                       restarts=j.generation, priority_class=s.priority_class, queue=j.team,
                        running_since=parse_time(j.status.get("admittedTime")) if placement else None)
 
     async def _queue_status(self, book: QueueBook, bodies: Sequence[Mapping], jobs: Mapping[str, _Job],
-                            now: float) -> None:
-        """Each TrainingQueue's status (GPUs in use, borrowed, pending and running jobs,
-        as this cycle read them), written when it changes, and the per-queue metrics
+                            now: float, admitted: Collection[str] = ()) -> None:
+        """The waiting metrics of the cycle and each TrainingQueue's status (GPUs in
+        use, borrowed, pending and running jobs, as this cycle read them, ``admitted``
+        counted as started), written when it changes, with the per-queue metrics
         (bounded: one series per queue object). In both modes: without the allocator the
         quotas are not enforced (docs/queues.md), the use is still reported."""
         m = self.metrics
         held: list[tuple[str | None, int]] = []
-        pending: dict[str, int] = {}
-        running: dict[str, int] = {}
         oldest: dict[str, float] = {}
         for j in jobs.values():
-            if j.spec is None:
-                continue
-            q = self._queue_of(j, book) or ""
             phase = j.status.get("phase")
-            if phase in ("Starting", "Running"):
-                held.append((q, self._target(j) * j.spec.gpus_per_worker))
-                running[q] = running.get(q, 0) + 1
-            elif phase in (None, "Queued") and not j.spec.suspend:
-                pending[q] = pending.get(q, 0) + 1
-                since = parse_time(j.body["metadata"].get("creationTimestamp"))
-                oldest[q] = max(oldest.get(q, 0.0), now - since) if since is not None else oldest.get(q, 0.0)
+            if j.spec is None or j.spec.suspend or phase not in ACTIVE:
+                continue
+            if phase != "Queued" or j.key in admitted:
+                held.append((j.team, self._target(j) * j.spec.gpus_per_worker))
+                continue
+            held.append((j.team, 0))
+            since = parse_time(j.status.get("queuedTime")) or parse_time(j.body["metadata"].get("creationTimestamp"))
+            if since is not None:
+                oldest[j.team or ""] = max(oldest.get(j.team or "", 0.0), now - since)
+        m.oldest_pending.set(max(oldest.values(), default=0.0))
         usage = book.usage(held)
         seen = set()
         for b in bodies:
             name = b["metadata"]["name"]
             seen.add(name)
-            use = usage.get(name) or {"gpusInUse": 0, "borrowedGpus": 0}
-            row = {**use, "pendingJobs": pending.get(name, 0), "runningJobs": running.get(name, 0)}
+            row = usage.get(name) or {"gpusInUse": 0, "borrowedGpus": 0, "pendingJobs": 0, "runningJobs": 0}
             nominal = (b.get("spec") or {}).get("nominalGpus", 0)
             m.queue_gpus.labels(queue=name).set(row["gpusInUse"])
             m.queue_borrowed.labels(queue=name).set(row["borrowedGpus"])
@@ -1791,9 +1788,8 @@ class Controller:
                     if exc.status != 404:
                         raise
 
-    def _metrics(self, jobs: Mapping[str, _Job], plan: AdmissionPlan, now: float) -> None:
+    def _metrics(self, jobs: Mapping[str, _Job], plan: AdmissionPlan) -> None:
         m = self.metrics
-        oldest = 0.0
         phases: dict[str, int] = {p: 0 for p in ("Queued", "Starting", "Running", "Succeeded", "Failed")}
         queues = {"interrupt": 0, "urgent": 0, "normal": 0}
         workers = 0
@@ -1804,9 +1800,6 @@ class Controller:
                 phases[ph] += 1
             if ph == "Queued" and j.key not in admitted and j.status.get("queue") in queues:
                 queues[j.status["queue"]] += 1
-            if ph == "Queued" and j.key not in admitted and j.spec is not None and not j.spec.suspend:
-                since = parse_time(j.status.get("queuedTime")) or parse_time(j.body["metadata"].get("creationTimestamp"))
-                oldest = max(oldest, now - since) if since is not None else oldest
             workers += len(j.live_pods())
         for p, n in phases.items():
             m.jobs.labels(phase=p).set(n)
@@ -1814,7 +1807,6 @@ class Controller:
             m.queue_length.labels(queue=q).set(n)
         m.workers.set(workers)
         m.unfittable.set(len(plan.unfittable))
-        m.oldest_pending.set(oldest)
 
 
 def _short(v: Any) -> str:
