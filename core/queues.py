@@ -197,12 +197,10 @@ class QueueBook:
     # ------------------------------------------------------------------ the rule
     def who_runs(self, order: Sequence[J], *, total: int, queue: Callable[[J], str | None],
                  gang: Callable[[J], int], key: Callable[[J], str], kept: Mapping[str, int] | None = None,
-                 fits: Callable[[J, int], bool] | None = None,
                  service: Mapping[str, float] | None = None) -> tuple[dict[str, int], dict[str, int]]:
         """Which jobs of ``order`` (the policy's ranking) run, under the quotas: their
         gang counts by ``key`` and each queue's GPUs in use. ``kept``: jobs that keep
-        the GPUs they hold (minimum run time), charged first. ``fits(job, free)``: an
-        extra room test (default: ``gang(job) <= free``). ``service``: GPU-seconds each
+        the GPUs they hold (minimum run time), charged first. ``service``: GPU-seconds each
         queue's jobs attained (read when ``fair_share`` is ``service``)."""
         kept = kept or {}
         count: dict[str, int] = {}
@@ -214,14 +212,13 @@ class QueueBook:
                 count[key(j)] = k
                 used[queue(j) or NO_QUEUE] += k
                 free -= k
-        room = fits or (lambda j, f: gang(j) <= f)
         rest = [j for j in order if key(j) not in count]
         # 1. guarantees: a job within its queue's unused nominal GPUs
         later: list[J] = []
         for j in rest:
             q, n = queue(j) or NO_QUEUE, gang(j)
             nominal = self.spec_of(q).nominal_gpus
-            if n > 0 and used[q] + n <= nominal and room(j, free):
+            if 0 < n <= free and used[q] + n <= nominal:
                 count[key(j)] = n
                 used[q] += n
                 free -= n
@@ -238,8 +235,7 @@ class QueueBook:
             for q, jobs in by_queue.items():
                 spec = self.spec_of(q)
                 i = pos[q]
-                while i < len(jobs) and not (gang(jobs[i]) > 0 and used[q] + gang(jobs[i]) <= spec.cap
-                                             and room(jobs[i], free)):
+                while i < len(jobs) and not (0 < gang(jobs[i]) <= free and used[q] + gang(jobs[i]) <= spec.cap):
                     i += 1  # never fits in this pass: free only falls, use only rises
                 pos[q] = i
                 if i < len(jobs):
@@ -282,11 +278,6 @@ class QueueBook:
         if u < spec.nominal_gpus:
             return (0, u / spec.nominal_gpus, q)
         return (1, self.share(used, q, service), q)
-
-    def headroom(self, used: Mapping[str, int], name: str | None) -> float:
-        """GPUs the queue may still take (its cap less what it uses)."""
-        q = name or NO_QUEUE
-        return self.spec_of(q).cap - used.get(q, 0)
 
     def usage(self, jobs: Iterable[tuple[str | None, int]]) -> dict[str, dict[str, int]]:
         """Per queue — every queue object and any queue a job is charged to — GPUs in use,
