@@ -21,7 +21,8 @@ def kapi(kube_cluster):
     ``kapi.status`` (``{}`` once it is gone), ``kapi.phase``, ``kapi.condition(ns, name,
     type)``, ``kapi.events(ns, name, reason=None)`` in the order they were posted, and
     ``kapi.pods(ns, job=None, terminating=False)``: the worker pods of one job (or of
-    every job), those being deleted left out unless ``terminating``."""
+    every job), those being deleted left out unless ``terminating``; and
+    ``kapi.token_client(ns, account)``: a client holding a ServiceAccount's real token."""
     from types import SimpleNamespace
 
     from kubernetes import client
@@ -49,6 +50,17 @@ def kapi(kube_cluster):
         evs = [e for e in evs if reason is None or e.reason == reason]
         return sorted(evs, key=lambda e: float((e.metadata.annotations or {}).get(ANNOTATION_EVENT_TIME, "0")))
 
+    def token_client(ns, account):
+        """An API client holding a real token of the ServiceAccount ``account`` of
+        ``ns`` (TokenRequest, 10 minutes), as a user or a pod would hold it."""
+        tok = core.create_namespaced_service_account_token(
+            account, ns, {"spec": {"audiences": [], "expirationSeconds": 600}}).status.token
+        conf = client.Configuration()
+        adm = api.configuration
+        conf.host, conf.ssl_ca_cert, conf.verify_ssl = adm.host, adm.ssl_ca_cert, adm.verify_ssl
+        conf.api_key = {"authorization": f"Bearer {tok}"}
+        return client.ApiClient(conf)
+
     def pods(ns, job=None, terminating=False):
         sel = f"{LABEL_JOB}={job}" if job else LABEL_JOB
         items = core.list_namespaced_pod(ns, label_selector=sel).items
@@ -57,7 +69,7 @@ def kapi(kube_cluster):
     yield SimpleNamespace(client=api, core=core, custom=custom,
                           ext=client.ApiextensionsV1Api(api), rbac=client.RbacAuthorizationV1Api(api),
                           get=get, status=status, phase=lambda ns, name: status(ns, name).get("phase"),
-                          condition=condition, events=events, pods=pods)
+                          condition=condition, events=events, pods=pods, token_client=token_client)
     api.close()
 
 

@@ -76,13 +76,7 @@ def alice(kapi, ns, guard, wait_until):
         "metadata": {"name": "alice-trainingjob-editor"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "trainingjob-editor"},
         "subjects": [{"kind": "ServiceAccount", "name": USER, "namespace": ns}]})
-    tok = kapi.core.create_namespaced_service_account_token(
-        USER, ns, {"spec": {"audiences": [], "expirationSeconds": 600}}).status.token
-    conf = client.Configuration()
-    adm = kapi.client.configuration
-    conf.host, conf.ssl_ca_cert, conf.verify_ssl = adm.host, adm.ssl_ca_cert, adm.verify_ssl
-    conf.api_key = {"authorization": f"Bearer {tok}"}
-    api = client.ApiClient(conf)
+    api = kapi.token_client(ns, USER)  # alice's real token
     custom = client.CustomObjectsApi(api)
 
     def in_force():

@@ -37,13 +37,7 @@ ATTACKS = {
 
 def _trainer_client(kapi, ns, job) -> client.ApiClient:
     """An API client holding a token of the job's ServiceAccount (what its pods get)."""
-    tok = kapi.core.create_namespaced_service_account_token(
-        trainer_account_name(job), ns, {"spec": {"audiences": [], "expirationSeconds": 600}}).status.token
-    conf = client.Configuration()
-    adm = kapi.client.configuration
-    conf.host, conf.ssl_ca_cert, conf.verify_ssl = adm.host, adm.ssl_ca_cert, adm.verify_ssl
-    conf.api_key = {"authorization": f"Bearer {tok}"}
-    return client.ApiClient(conf)
+    return kapi.token_client(ns, trainer_account_name(job))
 
 
 def _patch(api: client.ApiClient, ns, job, status: dict, dry_run: str | None = None):
