@@ -30,6 +30,7 @@ from pathlib import Path
 
 import yaml
 
+from .probe import http_ok
 from .proc import ClusterError, Process, free_ports, wait_for
 
 __all__ = ["KueueManager", "find_kueue", "EXTERNAL_FRAMEWORK"]
@@ -57,7 +58,6 @@ class KueueManager:
         self.exe, self.crds = find_kueue(Path(bin_dir))
         self.kubeconfig, self.workdir = kubeconfig, Path(workdir)
         self.proc: Process | None = None
-        self.health_url: str | None = None
 
     def install_crds(self, api_client) -> list[str]:
         """Create (or keep) Kueue's CRDs and wait until each is Established."""
@@ -88,14 +88,17 @@ class KueueManager:
         }
 
     def start(self, api_client, timeout_s: float = 90.0) -> None:
-        import urllib.request
-
+        unshare = shutil.which("unshare")
+        if unshare is None or os.geteuid() != 0:
+            raise ClusterError("Kueue's manager needs its metrics certificate at "
+                               f"{METRICS_CERTS}; the dev runner mounts it in a private mount namespace, "
+                               "which needs root and util-linux's unshare")
         self.install_crds(api_client)
         webhook, health, metrics = free_ports(3)
-        cfg = self.workdir / "kueue-config.yaml"
         self.workdir.mkdir(parents=True, exist_ok=True)
-        cfg.write_text(yaml.safe_dump(self.config(webhook, health, metrics, self._certs()), sort_keys=False))
-        certs = self.workdir / "certs"
+        certs = self._certs()
+        cfg = self.workdir / "kueue-config.yaml"
+        cfg.write_text(yaml.safe_dump(self.config(webhook, health, metrics, certs), sort_keys=False))
         ovl = self.workdir / "overlay"
         ovl.mkdir(exist_ok=True)
         script = (
@@ -104,33 +107,15 @@ class KueueManager:
             f"mount -t overlay overlay -o lowerdir=/etc,upperdir={ovl}/upper,workdir={ovl}/work /etc; "
             f"mkdir -p {METRICS_CERTS}; cp {certs}/tls.crt {certs}/tls.key {METRICS_CERTS}/; "
             f'exec "$0" "$@"')
-        unshare = shutil.which("unshare")
-        if unshare is None or os.geteuid() != 0:
-            raise ClusterError("Kueue's manager needs its metrics certificate at "
-                               f"{METRICS_CERTS}; the dev runner mounts it in a private mount namespace, "
-                               "which needs root and util-linux's unshare")
         self.proc = Process("kueue", [unshare, "--mount", "--propagation", "private", "sh", "-c", script,
                                       str(self.exe), f"--config={cfg}", f"--kubeconfig={self.kubeconfig}",
                                       "--feature-gates=VisibilityOnDemand=false", "--zap-log-level=2"],
                             self.workdir / "kueue.log")
         self.proc.start(cwd=self.workdir)
-        self.health_url = f"http://127.0.0.1:{health}/readyz"
-
-        def ready() -> bool:
-            try:
-                with urllib.request.urlopen(self.health_url, timeout=1) as r:
-                    return r.status == 200
-            except OSError:
-                return False
-
-        wait_for(ready, timeout_s, "Kueue's manager /readyz", self.proc, every=0.3)
+        ready = f"http://127.0.0.1:{health}/readyz"
+        wait_for(lambda: http_ok(ready), timeout_s, "Kueue's manager /readyz", self.proc, every=0.3)
 
     def stop(self) -> None:
         if self.proc is not None:
             self.proc.stop()
             self.proc = None
-
-    def log_tail(self, lines: int = 60) -> str:
-        from .proc import tail
-
-        return tail(self.workdir / "kueue.log", lines)
