@@ -5,8 +5,8 @@ for Goodput-Optimized Deep Learning", OSDI 2021, §3), written from the paper's
 formulas. It is non-clairvoyant: its only inputs are what a live scheduler knows of a
 job — the step times the job reported on the placements it ran, its batch sizes, the
 gradient statistics its trainer measured (:class:`JobObservations` keeps them) and the
-batch bounds of its spec. No measured profile table, no true run time. Pure numpy +
-scipy (``tests/unit/test_import_contracts.py``).
+batch bounds of its spec. No measured profile table, no true run time. Pure numpy
+(``tests/unit/test_import_contracts.py``).
 
 Notation: ``K`` data-parallel replicas (the trainer's ``WORLD_SIZE``, one GPU each when
 ``gpusPerWorker`` is 1) on ``N`` nodes, per-GPU (micro-)batch ``m``, ``s``
@@ -26,7 +26,7 @@ System throughput (§3.2), :class:`ThroughputModel`::
 (γ = 1: no overlap, T_grad + T_sync; γ → ∞: perfect overlap, max(T_grad, T_sync).)
 The seven parameters (:class:`ThroughputParams`) are fitted by bounded least squares
 on the logarithm of the step times, as the paper fits them (RMSLE, L-BFGS-B; here
-``scipy.optimize.least_squares``), with a prior (:class:`ThroughputPrior`) that both
+Levenberg–Marquardt, every job of a decision in one batch: :func:`fit_many`), with a prior (:class:`ThroughputPrior`) that both
 fills in what the data cannot tell and regularises towards documented defaults.
 
 Statistical efficiency (§3.1), :class:`EfficiencyModel`, from the gradient noise scale
@@ -70,10 +70,11 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, NamedTuple
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
-from scipy.optimize import least_squares
+
+from . import batch_lsq
 
 __all__ = [
     "ThroughputParams",
@@ -83,16 +84,18 @@ __all__ = [
     "BatchBounds",
     "BatchChoice",
     "GoodputModel",
+    "FitProblem",
+    "fit_many",
+    "optimize_many",
     "ShapeRecord",
     "JobObservations",
     "PROGRESS_FIELDS",
 ]
 
-#: the throughput fit's stopping tolerances (``scipy.optimize.least_squares``): looser
-#: than scipy's defaults would stop early on flat priors, tighter buys nothing — against
-#: 1e-10/1e-12/1e-10 they changed predicted step times by at most 0.016% (median 3e-7)
-#: on 40 jobs' observations from the interval engine, at 2.6x less time per fit
-_FIT_XTOL, _FIT_FTOL, _FIT_GTOL = 1e-6, 1e-6, 1e-8
+#: the throughput fit's stopping tolerances (:func:`rlsched.core.batch_lsq.minimize`):
+#: tight, since every fit of a decision runs in one batch (a further iteration costs the
+#: batch one array pass, not a Python call per job)
+_FIT_XTOL, _FIT_FTOL, _FIT_GTOL, _FIT_MAX_ITER = 1e-10, 1e-12, 1e-10, 200
 
 #: γ is kept in [1, 10]: 10 is already max(T_grad, T_sync) within 7% (2^(1/10)).
 GAMMA_RANGE = (1.0, 10.0)
@@ -213,18 +216,34 @@ def _prior_x(prior: ThroughputPrior) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(mean, _X_LOWER, _X_UPPER), sd
 
 
-def _fit_jacobian(x: np.ndarray, m_ref: float, K, N, m, s, noise: float, sd: np.ndarray) -> np.ndarray:
-    """d residuals / d x of :meth:`ThroughputModel.fit`, analytically (the chain rule
-    through T_iter = s·T_grad + O, O = B·(1 + r^γ)^(1/γ), B = max(T_grad, T_sync),
-    r = min/max)."""
-    c, f = math.exp(x[0]), 1.0 / (1.0 + math.exp(-x[1]))
-    al, bl, an, bn, g = math.exp(x[2]), math.exp(x[3]), math.exp(x[4]), math.exp(x[5]), float(x[6])
-    u = m / m_ref
+class FitProblem(NamedTuple):
+    """One throughput fit (:func:`fit_many`): ``(K, N, m, s, step_seconds)``
+    ``observations`` (one per placement shape), the ``prior`` and the per-GPU
+    ``reference_batch`` its ``C`` refers to, and optionally ``compute``: ``(m,
+    compute_seconds)`` rows, measured ``T_grad(m)`` fitted beside the step times (one more
+    residual each, same noise; ``pollux-paper``'s rule A3)."""
+
+    observations: tuple
+    prior: "ThroughputPrior"
+    reference_batch: float
+    compute: tuple = ()
+
+
+def _fit_residuals(x: np.ndarray, d: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Residuals of :func:`fit_many`'s objective and their Jacobian d r / d x,
+    analytically (the chain rule through T_iter = s·T_grad + O, O = B·(1 + r^γ)^(1/γ),
+    B = max(T_grad, T_sync), r = min/max), for a batch of problems: ``x`` is ``b × 7``
+    and every array of ``d`` has the batch's rows (observations padded with weight 0)."""
+    c = np.exp(x[:, 0])[:, None]
+    f = (1.0 / (1.0 + np.exp(-x[:, 1])))[:, None]
+    al, bl, an, bn = (np.exp(x[:, i])[:, None] for i in (2, 3, 4, 5))
+    g = x[:, 6][:, None]
+    K, N, s, u = d["K"], d["N"], d["s"], d["u"]
     tg = c * (f + (1 - f) * u)
     multi, local = K >= 2, N <= 1
     ts = np.where(multi, c * np.where(local, al + bl * (K - 2), an + bn * (K - 2)), 0.0)
     big, small = np.maximum(tg, ts), np.minimum(tg, ts)
-    r = np.divide(small, big, out=np.zeros(np.shape(big)), where=big > 0)
+    r = small / big
     rg = r ** g
     o = big * (1.0 + rg) ** (1.0 / g)
     t = s * tg + o
@@ -232,18 +251,26 @@ def _fit_jacobian(x: np.ndarray, m_ref: float, K, N, m, s, noise: float, sd: np.
     d_ts = np.where(multi, (ts / o) ** (g - 1.0), 0.0)     # dT/dT_sync
     log_r = np.log(np.where(r > 0, r, 1.0))
     d_g = o * (-np.log1p(rg) / g ** 2 + rg * log_r / (g * (1.0 + rg)))
-    jac = np.empty((t.size + 7, 7))
-    scale = 1.0 / (noise * t)
-    jac[: t.size, 0] = scale * (d_tg * tg + d_ts * ts)     # C scales every time
-    jac[: t.size, 1] = scale * d_tg * c * (1 - u) * f * (1 - f)
+    comp = d["compute"]
+    scale = d["w"] / d["noise"][:, None]
+    pred = np.where(comp, tg, t)
+    rows = t.shape[1]
+    res = np.empty((x.shape[0], rows + 7))
+    res[:, :rows] = scale * (np.log(pred) - d["log_t"])
+    res[:, rows:] = (x - d["mean"]) / d["sd"]
+    jac = np.zeros((x.shape[0], rows + 7, 7))
+    st = np.where(comp, 0.0, scale / t)                    # d log T / dT, weighted
     on_local, on_node = multi & local, multi & ~local
-    jac[: t.size, 2] = scale * d_ts * np.where(on_local, c * al, 0.0)
-    jac[: t.size, 3] = scale * d_ts * np.where(on_local, c * bl * (K - 2), 0.0)
-    jac[: t.size, 4] = scale * d_ts * np.where(on_node, c * an, 0.0)
-    jac[: t.size, 5] = scale * d_ts * np.where(on_node, c * bn * (K - 2), 0.0)
-    jac[: t.size, 6] = scale * d_g
-    jac[t.size:] = np.diag(1.0 / sd)
-    return jac
+    dtg_x1 = c * (1 - u) * f * (1 - f)
+    jac[:, :rows, 0] = np.where(comp, scale, st * (d_tg * tg + d_ts * ts))  # C scales every time
+    jac[:, :rows, 1] = np.where(comp, scale * dtg_x1 / tg, st * d_tg * dtg_x1)
+    jac[:, :rows, 2] = st * d_ts * np.where(on_local, c * al, 0.0)
+    jac[:, :rows, 3] = st * d_ts * np.where(on_local, c * bl * (K - 2), 0.0)
+    jac[:, :rows, 4] = st * d_ts * np.where(on_node, c * an, 0.0)
+    jac[:, :rows, 5] = st * d_ts * np.where(on_node, c * bn * (K - 2), 0.0)
+    jac[:, :rows, 6] = st * d_g
+    jac[:, rows:, :] = np.eye(7) / d["sd"][:, None, :]
+    return res, jac
 
 
 def _params_of(x: np.ndarray, m_ref: float) -> tuple:
@@ -303,60 +330,107 @@ class ThroughputModel:
         """Fit to ``(K, N, m, s, step_seconds)`` observations (one per placement shape:
         average repeated reports first, :class:`JobObservations` does).
 
-        Bounded least squares (``scipy.optimize.least_squares``, trust-region
-        reflective, analytic Jacobian) on ``log T_iter`` plus the prior's regulariser
-        (:class:`ThroughputPrior`). Started from the prior's mean with ``C`` matched
-        to the data and, once some observation has ``K >= 2`` (before, γ does not
-        enter), also from that point with γ = 1 and γ = 4; the lowest cost wins (the
-        objective is not convex in γ). Deterministic. ``reference_batch``: the
+        :func:`fit_many` with this one problem (its docstring says how). ``reference_batch``: the
         per-GPU batch the prior's ``C`` refers to (default: the geometric mean of the
         observed ``m``; :meth:`JobObservations.model` passes the job's initial batch,
         :attr:`BatchBounds.reference_local_batch`)."""
-        prior = prior or ThroughputPrior()
-        obs = np.array([tuple(map(float, o)) for o in observations], dtype=float).reshape(-1, 5)
+        return fit_many([FitProblem(tuple(observations), prior or ThroughputPrior(), reference_batch)])[0]
+
+
+def _problem_arrays(problem: FitProblem) -> tuple[np.ndarray, np.ndarray, float]:
+    """A problem's observations and compute rows as arrays, checked, and its reference
+    batch (default: the geometric mean of the observed ``m``)."""
+    obs = np.array([tuple(map(float, o)) for o in problem.observations], dtype=float).reshape(-1, 5)
+    comp = np.array([tuple(map(float, c)) for c in problem.compute], dtype=float).reshape(-1, 2)
+    K, N, m, s, t = obs.T
+    if obs.size:
+        _check_placement(K, N)
+        if not (np.all(np.isfinite(obs)) and np.all(m > 0) and np.all(s >= 0) and np.all(t > 0)):
+            raise ValueError("observations need finite m > 0, s >= 0 and step time > 0")
+    if comp.size and not (np.all(np.isfinite(comp)) and np.all(comp > 0)):
+        raise ValueError("compute observations need finite m > 0 and seconds > 0")
+    ref = problem.reference_batch
+    if ref is None:
+        ref = float(np.exp(np.mean(np.log(m)))) if obs.size else 1.0
+    if not ref > 0:
+        raise ValueError(f"reference_batch must be > 0, got {ref}")
+    return obs, comp, float(ref)
+
+
+def fit_many(problems: Iterable[FitProblem]) -> list["ThroughputModel"]:
+    """Fit every problem's throughput model (:meth:`ThroughputModel.fit`), all at once.
+
+    Bounded least squares (:func:`rlsched.core.batch_lsq.minimize`, Levenberg–Marquardt
+    with active bounds, analytic Jacobian, one batch for every problem and start) on
+    ``log T_iter`` plus the prior's regulariser (:class:`ThroughputPrior`). Each problem
+    is started from its prior's mean with ``C`` matched to its data and, once some
+    observation has ``K >= 2`` (before, γ does not enter), also from that point with γ =
+    1 and γ = 4; the lowest cost wins (the objective is not convex in γ; ties: the
+    first start). A problem without observations is its prior's model. Deterministic;
+    a problem fitted in a batch agrees with the same problem fitted alone to rounding
+    (:mod:`rlsched.core.batch_lsq`)."""
+    problems = list(problems)
+    out: list[ThroughputModel | None] = [None] * len(problems)
+    starts, owner, rows = [], [], []
+    span = _X_UPPER - _X_LOWER
+    for i, pb in enumerate(problems):
+        obs, comp, ref = _problem_arrays(pb)
+        mean, sd = _prior_x(pb.prior)
+        if not obs.size and not comp.size:
+            out[i] = ThroughputModel(ThroughputParams(*_params_of(mean, ref)))
+            continue
         K, N, m, s, t = obs.T
+        start = mean.copy()
         if obs.size:
-            _check_placement(K, N)
-            if not (np.all(np.isfinite(obs)) and np.all(m > 0) and np.all(s >= 0) and np.all(t > 0)):
-                raise ValueError("observations need finite m > 0, s >= 0 and step time > 0")
-        if reference_batch is None:
-            reference_batch = float(np.exp(np.mean(np.log(m)))) if obs.size else 1.0
-        if not reference_batch > 0:
-            raise ValueError(f"reference_batch must be > 0, got {reference_batch}")
-        mean, sd = _prior_x(prior)
-        if not obs.size:
-            return cls(ThroughputParams(*_params_of(mean, reference_batch)))
-        log_t, noise = np.log(t), prior.step_time_noise
+            unit = _iteration_time(_params_of(np.r_[0.0, mean[1:]], ref), K, N, m, s)
+            start[0] = float(np.mean(np.log(t) - np.log(unit)))  # C matched to the data
+        n = obs.shape[0] + comp.shape[0]
+        data = np.ones((n, 7))  # K, N, m, s, log t, compute?, weight
+        data[:, 4] = 0.0
+        data[:, 6] = 1.0
+        data[:obs.shape[0], :4] = obs[:, :4]
+        data[:obs.shape[0], 4] = np.log(t)
+        data[:obs.shape[0], 5] = 0.0
+        if comp.size:
+            data[obs.shape[0]:, 0:2] = 1.0
+            data[obs.shape[0]:, 2] = comp[:, 0]
+            data[obs.shape[0]:, 3] = 0.0
+            data[obs.shape[0]:, 4] = np.log(comp[:, 1])
+            data[obs.shape[0]:, 5] = 1.0
+        for gamma in (mean[6], *(_GAMMA_STARTS if np.any(K >= 2) else ())):
+            x0 = start.copy()
+            x0[6] = gamma
+            starts.append(np.clip(x0, _X_LOWER + 1e-6 * span, _X_UPPER - 1e-6 * span))
+            owner.append(i)
+            rows.append((data, mean, sd, ref, pb.prior.step_time_noise))
+    if not starts:
+        return out  # type: ignore[return-value]
+    width = max(r[0].shape[0] for r in rows)
+    B = len(starts)
+    pad = np.zeros((B, width, 7))
+    pad[:, :, 0:3] = 1.0  # padding: K = N = m = 1, weight 0
+    for b, (data, *_rest) in enumerate(rows):
+        pad[b, :data.shape[0]] = data
+    ref = np.array([r[3] for r in rows])
+    d_all = {
+        "K": pad[:, :, 0], "N": pad[:, :, 1], "m": pad[:, :, 2], "s": pad[:, :, 3], "log_t": pad[:, :, 4],
+        "compute": pad[:, :, 5] > 0.5, "w": pad[:, :, 6], "u": pad[:, :, 2] / ref[:, None],
+        "mean": np.array([r[1] for r in rows]), "sd": np.array([r[2] for r in rows]),
+        "noise": np.array([r[4] for r in rows]),
+    }
 
-        def residuals(x: np.ndarray) -> np.ndarray:
-            pred = _iteration_time(_params_of(x, reference_batch), K, N, m, s)
-            return np.concatenate([(np.log(pred) - log_t) / noise, (x - mean) / sd])
+    def fun(x: np.ndarray, sel: np.ndarray):
+        return _fit_residuals(x, {k: v[sel] for k, v in d_all.items()})
 
-        def jacobian(x: np.ndarray) -> np.ndarray:
-            return _fit_jacobian(x, reference_batch, K, N, m, s, noise, sd)
-
-        best = _multistart_fit(residuals, jacobian, mean, reference_batch, K, N, m, s, log_t)
-        return cls(ThroughputParams(*_params_of(best.x, reference_batch)))
-
-
-def _multistart_fit(residuals, jacobian, mean: np.ndarray, reference_batch: float, K, N, m, s, log_t):
-    """Bounded least squares from the prior's ``mean`` with ``C`` matched to the step
-    times ``log_t``, restarted from each of :data:`_GAMMA_STARTS` for the overlap
-    exponent when some observation has several replicas; the lowest cost wins."""
-    start = mean.copy()
-    unit = _iteration_time(_params_of(np.r_[0.0, mean[1:]], reference_batch), K, N, m, s)
-    start[0] = float(np.mean(log_t - np.log(unit)))  # C matched to the data
-    best = None
-    for gamma in (mean[6], *(_GAMMA_STARTS if np.any(K >= 2) else ())):
-        x0 = start.copy()
-        x0[6] = gamma
-        span = _X_UPPER - _X_LOWER
-        x0 = np.clip(x0, _X_LOWER + 1e-6 * span, _X_UPPER - 1e-6 * span)
-        res = least_squares(residuals, x0, jac=jacobian, bounds=(_X_LOWER, _X_UPPER), method="trf",
-                            x_scale=1.0, xtol=_FIT_XTOL, ftol=_FIT_FTOL, gtol=_FIT_GTOL, max_nfev=400)
-        if best is None or res.cost < best.cost - 1e-12:
-            best = res
-    return best
+    x, cost = batch_lsq.minimize(fun, np.array(starts), _X_LOWER, _X_UPPER,
+                                 ftol=_FIT_FTOL, xtol=_FIT_XTOL, gtol=_FIT_GTOL, max_iter=_FIT_MAX_ITER)
+    best: dict[int, int] = {}
+    for b, i in enumerate(owner):
+        if i not in best or cost[b] < cost[best[i]] - 1e-12:
+            best[i] = b
+    for i, b in best.items():
+        out[i] = ThroughputModel(ThroughputParams(*_params_of(x[b], rows[b][3])))
+    return out  # type: ignore[return-value]
 
 
 def _check_placement(K, N):
@@ -534,30 +608,6 @@ class GoodputModel:
     def __repr__(self) -> str:
         return f"GoodputModel({self.throughput!r}, {self.efficiency!r}, {self.bounds!r})"
 
-    def _segment_goodput(self, K: np.ndarray, N: np.ndarray, s: np.ndarray):
-        """``M -> goodput`` for rows of ``M`` over ranges of fixed ``(K, N, s)``: the
-        constant parts precomputed (this runs in the optimizer's inner loop)."""
-        ag, bg, *_, g = self.throughput._p
-        ts = np.asarray(self.throughput.sync_time(K, N), dtype=float)
-        per_micro = bg / (K * (s + 1.0))
-        sf = s.astype(float)
-        phi, m0 = self.efficiency.noise_scale, float(self.efficiency.init_batch)
-
-        def f(M: np.ndarray) -> np.ndarray:
-            M = M.astype(float)
-            tg = ag + per_micro * M
-            big, small = np.maximum(tg, ts), np.minimum(tg, ts)
-            t = sf * tg + big * (1.0 + (small / big) ** g) ** (1.0 / g)
-            if phi is None:
-                eff = np.minimum(1.0, m0 / M)
-            elif math.isinf(phi):
-                eff = 1.0
-            else:
-                eff = (phi + m0) / (phi + M)
-            return M / t * eff
-
-        return f
-
     def _goodput_at(self, K, N, M, s):
         """Goodput with the accumulation steps given (vectorised, no bounds check)."""
         m = M / (K * (s + 1.0))
@@ -600,50 +650,7 @@ class GoodputModel:
         return BatchChoice(*(a.reshape(shape) for a in out))
 
     def _optimize(self, K: np.ndarray, N: np.ndarray):
-        _check_placement(K, N)
-        b = self.bounds
-        n = K.size
-        lo, hi = b.batch_range(K)
-        ok = lo <= hi
-        if b.max_local_batch is None:
-            s_lo = s_hi = np.zeros(n, dtype=np.int64)
-        else:
-            s_lo = np.asarray(b.accumulation_steps(np.where(ok, lo, 1), K)).reshape(n)
-            s_hi = np.asarray(b.accumulation_steps(np.where(ok, hi, 1), K)).reshape(n)
-        count = np.where(ok, s_hi - s_lo + 1, 0)
-        pair = np.repeat(np.arange(n), count)
-        first = np.cumsum(count) - count
-        s = s_lo[pair] + (np.arange(pair.size) - first[pair])
-        Kp, Np = K[pair], N[pair]
-        a, z = lo[pair].copy(), hi[pair].copy()
-        if b.max_local_batch is not None:
-            cap = Kp * b.max_local_batch
-            a, z = np.maximum(a, cap * s + 1), np.minimum(z, cap * (s + 1))
-        f = self._segment_goodput(Kp, Np, s)
-        while True:  # integer ternary search on every range at once
-            live = z - a > 2
-            if not live.any():
-                break
-            third = (z - a) // 3
-            m1, m2 = a + third, z - third
-            g1, g2 = f(np.stack([m1, m2]))
-            right = g1 < g2
-            a = np.where(live & right, m1 + 1, a)
-            z = np.where(live & ~right, m2 - 1, z)
-        cands = np.stack([a, np.minimum(a + 1, z), np.minimum(a + 2, z)])
-        vals = f(cands)
-        pick = np.argmax(vals, axis=0)
-        seg_M = cands[pick, np.arange(pair.size)]
-        seg_g = vals[pick, np.arange(pair.size)]
-        batch = np.zeros(n, dtype=np.int64)
-        good, local, accum = np.zeros(n), np.zeros(n), np.zeros(n, dtype=np.int64)
-        if pair.size:
-            order = np.lexsort((seg_M, -seg_g, pair))
-            lead = order[np.r_[True, pair[order][1:] != pair[order][:-1]]]
-            who = pair[lead]
-            batch[who], good[who], accum[who] = seg_M[lead], seg_g[lead], s[lead]
-            local[who] = seg_M[lead] / (K[who] * (s[lead] + 1.0))
-        return batch, local, accum, good
+        return _optimize_many([self], np.zeros(K.size, dtype=np.int64), K, N)
 
     def speedup(self, K, N):
         """SPEEDUP(K, N): best goodput at ``(K, N)`` over the best on one GPU (what
@@ -653,6 +660,115 @@ class GoodputModel:
         if not base > 0:
             raise ValueError("speedup is relative to one GPU, where this job's batch bounds allow no batch")
         return _scalar_or(np.asarray(self.optimize_batch(K, N).goodput) / base)
+
+
+def optimize_many(models: Sequence[GoodputModel], K: Sequence, N: Sequence) -> list[BatchChoice]:
+    """:meth:`GoodputModel.optimize_batch` for many models at once: ``K[i]``, ``N[i]``
+    (arrays) are model ``i``'s placements; one vectorised search over every model's
+    ranges (a decision asks this of every job). Each answer is the one the model's own
+    :meth:`~GoodputModel.optimize_batch` gives, and is remembered there as it would be."""
+    models = list(models)
+    Ks = [np.asarray(k, dtype=np.int64).ravel() for k in K]
+    Ns = [np.asarray(n, dtype=np.int64).ravel() for n in N]
+    if not (len(models) == len(Ks) == len(Ns)):
+        raise ValueError("one K and one N array per model")
+    owner = np.repeat(np.arange(len(models)), [k.size for k in Ks])
+    flatK = np.concatenate(Ks) if Ks else np.zeros(0, dtype=np.int64)
+    flatN = np.concatenate(Ns) if Ns else np.zeros(0, dtype=np.int64)
+    flatK, flatN = np.broadcast_arrays(flatK, flatN)
+    out = _optimize_many(models, owner, flatK, flatN)
+    answers, start = [], 0
+    for gm, k, n in zip(models, Ks, Ns):
+        part = [a[start:start + k.size] for a in out]
+        start += k.size
+        if k.size <= 256:  # as optimize_batch remembers them
+            for key, *vals in zip(zip(k.tolist(), n.tolist()), *(a.tolist() for a in part)):
+                gm._memo.setdefault(key, BatchChoice(*vals))
+        answers.append(BatchChoice(*part))
+    return answers
+
+
+def _optimize_many(models: Sequence[GoodputModel], owner: np.ndarray, K: np.ndarray, N: np.ndarray):
+    """The search of :meth:`GoodputModel.optimize_batch` over rows ``(K[i], N[i])`` of
+    model ``models[owner[i]]``: every row's ranges of equal accumulation steps, an
+    integer ternary search on all of them at once, the best range per row."""
+    _check_placement(K, N)
+    n = K.size
+    batch = np.zeros(n, dtype=np.int64)
+    good, local, accum = np.zeros(n), np.zeros(n), np.zeros(n, dtype=np.int64)
+    if n == 0:
+        return batch, local, accum, good
+    # per model: bounds, throughput parameters, efficiency (phi: nan unknown, inf all noise)
+    b = [gm.bounds for gm in models]
+    init = np.array([x.init_batch for x in b], dtype=np.int64)[owner]
+    largest = np.array([x.largest for x in b], dtype=np.int64)[owner]
+    min_local = np.array([x.min_local_batch for x in b], dtype=np.int64)[owner]
+    has_max = np.array([x.max_local_batch is not None for x in b])[owner]
+    max_local = np.array([x.max_local_batch or 1 for x in b], dtype=np.int64)[owner]
+    no_accum = np.array([not x.accumulation for x in b])[owner]
+    params = np.array([gm.throughput._p for gm in models], dtype=float)[owner]
+    phis = [gm.efficiency.noise_scale for gm in models]
+    phi = np.array([np.nan if v is None else v for v in phis], dtype=float)[owner]
+    m0 = np.array([float(gm.efficiency.init_batch) for gm in models])[owner]
+    # BatchBounds.batch_range and accumulation_steps, row by row
+    lo = np.maximum(init, K * min_local)
+    hi = np.where(has_max & no_accum, np.minimum(largest, K * max_local), largest)
+    ok = lo <= hi
+
+    def steps(M):
+        share = -(-M // K)
+        return np.where(has_max, np.maximum(-(-share // max_local) - 1, 0), 0)
+
+    s_lo, s_hi = steps(np.where(ok, lo, 1)), steps(np.where(ok, hi, 1))
+    count = np.where(ok, s_hi - s_lo + 1, 0)
+    pair = np.repeat(np.arange(n), count)
+    first = np.cumsum(count) - count
+    s = s_lo[pair] + (np.arange(pair.size) - first[pair])
+    Kp, Np = K[pair], N[pair]
+    a, z = lo[pair].copy(), hi[pair].copy()
+    cap = Kp * max_local[pair]
+    limited = has_max[pair]
+    a = np.where(limited, np.maximum(a, cap * s + 1), a)
+    z = np.where(limited, np.minimum(z, cap * (s + 1)), z)
+    # goodput on each range: the parts fixed by (K, N, s) computed once
+    ag, bg, al, bl, an, bn, g = params[pair].T
+    ts = np.where(Kp <= 1, 0.0, np.where(Np <= 1, al + bl * (Kp - 2), an + bn * (Kp - 2)))
+    per_micro = bg / (Kp * (s + 1.0))
+    sf = s.astype(float)
+    ph, m0p = phi[pair], m0[pair]
+    unknown, noise = np.isnan(ph), np.isinf(ph)
+    ph_safe = np.where(unknown | noise, 0.0, ph)
+
+    def f(M: np.ndarray) -> np.ndarray:
+        M = M.astype(float)
+        tg = ag + per_micro * M
+        big, small = np.maximum(tg, ts), np.minimum(tg, ts)
+        t = sf * tg + big * (1.0 + (small / big) ** g) ** (1.0 / g)
+        eff = np.where(unknown, np.minimum(1.0, m0p / M), np.where(noise, 1.0, (ph_safe + m0p) / (ph_safe + M)))
+        return M / t * eff
+
+    while True:  # integer ternary search on every range at once
+        live = z - a > 2
+        if not live.any():
+            break
+        third = (z - a) // 3
+        m1, m2 = a + third, z - third
+        g1, g2 = f(np.stack([m1, m2]))
+        right = g1 < g2
+        a = np.where(live & right, m1 + 1, a)
+        z = np.where(live & ~right, m2 - 1, z)
+    cands = np.stack([a, np.minimum(a + 1, z), np.minimum(a + 2, z)])
+    vals = f(cands)
+    pick = np.argmax(vals, axis=0)
+    seg_M = cands[pick, np.arange(pair.size)]
+    seg_g = vals[pick, np.arange(pair.size)]
+    if pair.size:
+        order = np.lexsort((seg_M, -seg_g, pair))
+        lead = order[np.r_[True, pair[order][1:] != pair[order][:-1]]]
+        who = pair[lead]
+        batch[who], good[who], accum[who] = seg_M[lead], seg_g[lead], s[lead]
+        local[who] = seg_M[lead] / (K[who] * (s[lead] + 1.0))
+    return batch, local, accum, good
 
 
 # ------------------------------------------------------------------------ observations

@@ -78,7 +78,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .allocation import AllocJob, Allocation, AllocNode, checked_call
-from .goodput import ThroughputPrior
+from .goodput import ThroughputPrior, optimize_many
 from .job_goodput import JobGoodput, split_batch
 from .peers.place import keep_or_pack
 from .peers.tiresias import POLLUX_THRESHOLD
@@ -167,6 +167,7 @@ class GoodputAllocator:
         running = [r for r, j in enumerate(order) if count.get(j.id, 0) > 0]
         if free == 0 or not running:
             return count
+        self.jobs.prepare_packed([order[r] for r in running], width, node_gpus)  # one search for all
         vals = [None] * len(order)
         # who grows: one heap of best moves per queue (one queue without queues); the
         # queue served next is the book's (below its guarantee first, then the fewest
@@ -218,14 +219,18 @@ class GoodputAllocator:
     def allocate(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], now: float,
                  queues: QueueBook | None = None) -> Mapping[str, Allocation]:
         self._now = checked_call(self.name, self._now, now, jobs)
+        self.jobs.prepare(jobs)  # every job's throughput fit, in one batch
         count = self.counts(jobs, nodes, queues)
         by_id = {j.id: j for j in jobs}
         demand = [(by_id[jid], k) for jid, k in count.items() if k > 0]
         where = keep_or_pack(demand, nodes)
         out: dict[str, Allocation] = {j.id: Allocation() for j in jobs}
-        for job, k in demand:
-            placed = where[job.id]
-            n = 1 if len(set(placed)) == 1 else 2  # the model tells one node from several, no more
-            choice = self.jobs.model(job).optimize_batch(k, n)  # memoised: the table asked it
-            out[job.id] = Allocation(placed, *split_batch(job, k, int(choice.batch), int(choice.accumulation)))
+        # each job's batch on its placement, one search for all (the model tells one
+        # node from several, no more)
+        spans = [1 if len(set(where[job.id])) == 1 else 2 for job, _ in demand]
+        choices = optimize_many([self.jobs.model(job) for job, _ in demand], [[k] for _, k in demand],
+                                [[n] for n in spans])
+        for (job, k), choice in zip(demand, choices):
+            batch, accum = int(choice.batch[0]), int(choice.accumulation[0])
+            out[job.id] = Allocation(where[job.id], *split_batch(job, k, batch, accum))
         return out

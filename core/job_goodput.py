@@ -20,12 +20,13 @@ statistics or observations do.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
 from .allocation import AllocJob
-from .goodput import BatchBounds, EfficiencyModel, GoodputModel, ThroughputModel, ThroughputPrior
+from .goodput import (BatchBounds, EfficiencyModel, FitProblem, GoodputModel, ThroughputModel, ThroughputPrior,
+                      fit_many, optimize_many)
 
 __all__ = ["JobGoodput", "observations_of", "split_batch"]
 
@@ -56,7 +57,7 @@ class JobGoodput:
         #: JobObservations' 5% rule, applied to the model's predictions)
         self.refit_tolerance = refit_tolerance
         #: job id -> its last fit and the observations it explained (for refit_tolerance)
-        self._job_fit: OrderedDict[str, tuple[tuple, ThroughputPrior, float, ThroughputModel]] = OrderedDict()
+        self._job_fit: OrderedDict[str, tuple[FitProblem, ThroughputModel]] = OrderedDict()
         self._fits: OrderedDict[tuple, ThroughputModel] = OrderedDict()
         self._models: OrderedDict[tuple, GoodputModel] = OrderedDict()
         self._tables: OrderedDict[tuple, np.ndarray] = OrderedDict()
@@ -64,19 +65,40 @@ class JobGoodput:
     def prior_for(self, observations: tuple) -> ThroughputPrior:
         return self.prior if self._prior_for is None else self._prior_for(observations)
 
+    def _fit_request(self, job: AllocJob, bounds: BatchBounds) -> tuple[tuple, FitProblem]:
+        """The cache key of the job's throughput fit and the fit to run."""
+        obs = observations_of(job)
+        prior = self.prior_for(obs)
+        return (obs, prior, bounds.reference_local_batch), FitProblem(obs, prior, bounds.reference_local_batch)
+
+    def _fitted(self, problems: list[FitProblem]) -> list[ThroughputModel]:
+        """The models of ``problems``, fitted in one batch (:func:`fit_many`)."""
+        return fit_many(problems)
+
+    def prepare(self, jobs: Iterable[AllocJob]) -> None:
+        """Fit, in one batch, the throughput model of every job whose fit is not cached
+        (a decision calls this once before it asks :meth:`model`; each fit is the one
+        :meth:`model` would make alone, to rounding)."""
+        pending: dict[tuple, FitProblem] = {}
+        for job in jobs:
+            key, problem = self._fit_request(job, BatchBounds.from_limits(job.limits))
+            if key in self._fits or key in pending or self._still_good(job.id, problem) is not None:
+                continue
+            pending[key] = problem
+        for key, fit in zip(pending, self._fitted(list(pending.values()))):
+            _store(self._fits, key, fit, self.cache)
+
     def model(self, job: AllocJob) -> GoodputModel:
         """The job's goodput model from what it reported."""
         bounds = BatchBounds.from_limits(job.limits)
-        obs = observations_of(job)
-        prior = self.prior_for(obs)
-        key = (obs, prior, bounds.reference_local_batch)
+        key, problem = self._fit_request(job, bounds)
         fit = _cached(self._fits, key)
         if fit is None:
-            fit = self._still_good(job.id, obs, prior, bounds.reference_local_batch)
+            fit = self._still_good(job.id, problem)
         if fit is None:
-            fit = _store(self._fits, key, ThroughputModel.fit(obs, prior, bounds.reference_local_batch), self.cache)
+            fit = _store(self._fits, key, self._fitted([problem])[0], self.cache)
         if self.refit_tolerance is not None:
-            _store(self._job_fit, job.id, (obs, prior, bounds.reference_local_batch, fit), self.cache)
+            _store(self._job_fit, job.id, (problem, fit), self.cache)
         var = None if job.grad_var is None else job.grad_var * bounds.init_batch  # tr(Σ)/M0 -> tr(Σ)
         eff = EfficiencyModel(bounds.init_batch, job.grad_sqr, var)
         mkey = (fit, eff, bounds)
@@ -85,16 +107,17 @@ class JobGoodput:
             gm = _store(self._models, mkey, GoodputModel(fit, eff, bounds), self.cache)
         return gm
 
-    def _still_good(self, job_id: str, obs: tuple, prior: ThroughputPrior, ref: float) -> ThroughputModel | None:
-        """The job's last fit, if ``refit_tolerance`` is set, the prior and reference
-        batch are unchanged, the observations it was fitted to are all still there, and
+    def _still_good(self, job_id: str, problem: FitProblem) -> ThroughputModel | None:
+        """The job's last fit, if ``refit_tolerance`` is set, the problem is the same but
+        for new observations, the observations it was fitted to are all still there, and
         it predicts each new one within the tolerance."""
+        obs = problem.observations
         if self.refit_tolerance is None or not obs:
             return None
         last = _cached(self._job_fit, job_id)
-        if last is None or last[1] != prior or last[2] != ref:
+        if last is None or last[0]._replace(observations=obs) != problem:
             return None
-        fit, seen = last[3], set(last[0])
+        fit, seen = last[1], set(last[0].observations)
         if not seen <= set(obs):
             return None
         new = [o for o in obs if o not in seen]
@@ -104,22 +127,38 @@ class JobGoodput:
         err = np.abs(np.log(fit.iteration_time(K, N, m, s_) / t))
         return fit if float(err.max()) <= np.log1p(self.refit_tolerance) else None
 
+    def _packed_request(self, job: AllocJob, width: int, node_gpus: int):
+        """The cache key of the job's packed column, its model, and the placements
+        ``(K, N)`` the column asks about (``K = 1 .. kmax``)."""
+        gm = self.model(job)
+        kmax = min(job.max_replicas, width - 1)
+        key = ("packed", gm.throughput, gm.efficiency, gm.bounds, kmax, width, node_gpus)
+        K = np.arange(1, max(kmax, 0) + 1)
+        return key, gm, K, np.where(K <= node_gpus, 1, np.minimum(K, 2))
+
+    def prepare_packed(self, jobs: Iterable[AllocJob], width: int, node_gpus: int) -> None:
+        """Compute, in one search (:func:`optimize_many`), the :meth:`packed` column of
+        every job not cached (the same numbers :meth:`packed` computes alone)."""
+        pending: dict[tuple, tuple] = {}
+        for job in jobs:
+            key, gm, K, N = self._packed_request(job, width, node_gpus)
+            if key not in self._tables and key not in pending:
+                pending[key] = (gm, K, N)
+        todo = list(pending.values())
+        for key, (gm, K, _), choice in zip(pending, todo, optimize_many([t[0] for t in todo], [t[1] for t in todo],
+                                                                          [t[2] for t in todo])):
+            _store(self._tables, key, _column(width, K, choice.goodput), self.cache)
+
     def packed(self, job: AllocJob, width: int, node_gpus: int) -> tuple[np.ndarray, GoodputModel]:
         """``good[K]`` (``K < width``): the best goodput on ``K`` GPUs packed on as few
         nodes as possible — one node while ``K <= node_gpus``, several beyond (the
         synchronisation model distinguishes only one node from several); the column of
         :meth:`table` a packing allocator reads, at half its cost."""
-        gm = self.model(job)
-        kmax = min(job.max_replicas, width - 1)
-        key = ("packed", gm.throughput, gm.efficiency, gm.bounds, kmax, width, node_gpus)
+        key, gm, K, N = self._packed_request(job, width, node_gpus)
         good = _cached(self._tables, key)
         if good is None:
-            good = np.zeros(width)
-            if kmax >= 1:
-                K = np.arange(1, kmax + 1)
-                good[1:kmax + 1] = gm.optimize_batch(K, np.where(K <= node_gpus, 1, np.minimum(K, 2))).goodput
-            good.setflags(write=False)
-            _store(self._tables, key, good, self.cache)
+            good = _store(self._tables, key, _column(width, K, gm.optimize_batch(K, N).goodput if K.size else K),
+                          self.cache)
         return good, gm
 
     def table(self, job: AllocJob, width: int, node_gpus: int) -> tuple[np.ndarray, GoodputModel]:
@@ -144,6 +183,14 @@ class JobGoodput:
             good.setflags(write=False)
             _store(self._tables, key, good, self.cache)
         return good, gm
+
+
+def _column(width: int, K: np.ndarray, goodput) -> np.ndarray:
+    """A read-only column of ``width`` goodputs: ``goodput`` at ``K``, 0 elsewhere."""
+    good = np.zeros(width)
+    good[K] = goodput
+    good.setflags(write=False)
+    return good
 
 
 def _cached(cache: OrderedDict, key: tuple):

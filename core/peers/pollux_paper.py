@@ -115,9 +115,9 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..allocation import AllocJob, Allocation, AllocNode, checked_call
-from ..goodput import BatchBounds, EfficiencyModel, GoodputModel, ThroughputModel, ThroughputParams, ThroughputPrior
-from ..goodput import _fit_jacobian, _iteration_time, _multistart_fit, _params_of, _prior_x  # the shared fit
-from ..job_goodput import JobGoodput, _cached, _store, observations_of, split_batch
+from ..goodput import BatchBounds, GoodputModel, ThroughputModel, ThroughputPrior
+from ..goodput import FitProblem, fit_many  # the shared fit
+from ..job_goodput import JobGoodput, observations_of, split_batch
 
 __all__ = ["PolluxPaperAllocator"]
 
@@ -228,6 +228,7 @@ class PolluxPaperAllocator:
         self._now = checked_call(self.name, self._now, now, jobs)
         if not jobs:
             return {}
+        self._jobs.prepare(jobs)  # every job's throughput fit, in one batch
         problem = _Problem(self, jobs, nodes)
         best = problem.search(self._initial(problem), self._rng)
         self._pop = (problem.ids, problem.node_ids, problem.last_population)
@@ -520,42 +521,17 @@ def compute_observations(job: AllocJob) -> tuple[tuple[float, float], ...]:
     return tuple(sorted(out))
 
 
-def fit_split(observations: tuple, compute: tuple, prior: ThroughputPrior, reference_batch: float) -> ThroughputModel:
+def fit_split(observations: tuple, compute: tuple, prior: ThroughputPrior, reference_batch: float) -> FitProblem:
     """Rule A3 (module docstring): the throughput model fitted to the step times *and*,
     separately, the compute times — the artifact fits ``T_grad = α_c + β_c·m`` to
     the measured compute times and the whole model to the step times, the two RMSLEs
     summed (artifact ``simulator.py`` ~91-98 feeds ``step − sync`` as the compute time;
-    ``goodput.py``'s objective). Here: :meth:`ThroughputModel.fit`'s least squares on
-    ``log T_iter`` and its prior, plus one residual ``(log T_grad(m) − log compute)/noise``
-    per compute observation; so the compute part of a step is measured, not inferred
-    through the synchronisation model. Same bounds, starts and tolerances as the shared
-    fit (imported from :mod:`rlsched.core.goodput`, unchanged)."""
-    obs = np.array([tuple(map(float, o)) for o in observations], dtype=float).reshape(-1, 5)
-    K, N, m, s, t = obs.T
-    cm, ct = np.array(compute, dtype=float).reshape(-1, 2).T
-    ref = float(reference_batch)
-    mean, sd = _prior_x(prior)
-    noise = prior.step_time_noise
-    log_t, log_c = np.log(t), np.log(ct)
-    u = cm / ref
-
-    def residuals(x: np.ndarray) -> np.ndarray:
-        p = _params_of(x, ref)
-        pred = _iteration_time(p, K, N, m, s)
-        tg = p[0] + p[1] * cm
-        return np.concatenate([(np.log(pred) - log_t) / noise, (np.log(tg) - log_c) / noise, (x - mean) / sd])
-
-    def jacobian(x: np.ndarray) -> np.ndarray:
-        base = _fit_jacobian(x, ref, K, N, m, s, noise, sd)
-        f = 1.0 / (1.0 + math.exp(-x[1]))
-        g = f + (1 - f) * u                       # T_grad / C
-        rows = np.zeros((cm.size, 7))
-        rows[:, 0] = 1.0 / noise                  # d log T_grad / d log C
-        rows[:, 1] = (1 - u) * f * (1 - f) / g / noise
-        return np.vstack([base[: t.size], rows, base[t.size:]])
-
-    best = _multistart_fit(residuals, jacobian, mean, ref, K, N, m, s, log_t)
-    return ThroughputModel(ThroughputParams(*_params_of(best.x, ref)))
+    ``goodput.py``'s objective). Here: the shared fit's least squares on ``log T_iter``
+    and its prior, plus one residual ``(log T_grad(m) − log compute)/noise`` per compute
+    observation (:class:`~rlsched.core.goodput.FitProblem`'s ``compute`` rows); so the
+    compute part of a step is measured, not inferred through the synchronisation model.
+    Same bounds, starts and tolerances as the shared fit."""
+    return FitProblem(tuple(observations), prior, float(reference_batch), tuple(compute))
 
 
 class _PaperJobGoodput(JobGoodput):
@@ -566,21 +542,12 @@ class _PaperJobGoodput(JobGoodput):
     #: rule A3 on (set by :class:`PolluxPaperAllocator`)
     split_fit = False
 
-    def model(self, job: AllocJob) -> GoodputModel:
-        bounds = BatchBounds.from_limits(job.limits)
+    def _fit_request(self, job: AllocJob, bounds: BatchBounds) -> tuple[tuple, FitProblem]:
         obs = observations_of(job)
         ref = bounds.reference_local_batch
         prior = one_batch_size_prior(self.prior_for(obs), obs, ref)
         compute = compute_observations(job) if self.split_fit else ()
-        key = ("paper", obs, compute, prior, ref)
-        fit = _cached(self._fits, key)
-        if fit is None:
-            raw = fit_split(obs, compute, prior, ref) if compute else ThroughputModel.fit(obs, prior, ref)
-            fit = _store(self._fits, key, node_sync_floor(raw, obs), self.cache)
-        var = None if job.grad_var is None else job.grad_var * bounds.init_batch  # tr(Σ)/M0 -> tr(Σ)
-        eff = EfficiencyModel(bounds.init_batch, job.grad_sqr, var)
-        mkey = (fit, eff, bounds)
-        gm = _cached(self._models, mkey)
-        if gm is None:
-            gm = _store(self._models, mkey, GoodputModel(fit, eff, bounds), self.cache)
-        return gm
+        return ("paper", obs, compute, prior, ref), fit_split(obs, compute, prior, ref)
+
+    def _fitted(self, problems: list[FitProblem]) -> list[ThroughputModel]:
+        return [node_sync_floor(raw, pb.observations) for raw, pb in zip(fit_many(problems), problems)]
