@@ -26,7 +26,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from dataclasses import dataclass
-from typing import Mapping, Protocol, Sequence, runtime_checkable
+from typing import Collection, Mapping, Protocol, Sequence, runtime_checkable
 
 __all__ = [
     "AllocationError",
@@ -139,15 +139,23 @@ class AllocJob:
     queue: str | None = None
     #: it may not lose any of the GPUs it holds this decision (its minimum run time)
     protected: bool = False
+    #: the GPU models its replicas may run on (a TrainingJob's worker-template
+    #: constraint, :func:`rlsched.core.contract.gpu_model_rule`); None: any
+    gpu_models: frozenset[str] | None = None
+
+    def runs_on(self, node: "AllocNode") -> bool:
+        """Whether its replicas may run on ``node`` (its GPU model is allowed)."""
+        return self.gpu_models is None or node.gpu_model in self.gpu_models
 
 
 @dataclass(frozen=True, slots=True)
 class AllocNode:
-    """A node: its index in the cluster and its GPUs."""
+    """A node: its index in the cluster, its GPUs and their model."""
 
     index: int
     gpus: int
     name: str = ""
+    gpu_model: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,9 +245,13 @@ class FreeNodes:
             if n > 0:
                 self.buckets.setdefault(n, []).append(i)  # built in index order: already heaps
 
-    def take(self, count: int) -> tuple[int, ...] | None:
+    def take(self, count: int, allowed: Collection[int] | None = None) -> tuple[int, ...] | None:
+        """``count`` GPUs on as few nodes as possible (None: not that many free); with
+        ``allowed``, only on those nodes (a job's GPU model; a plain pass over them)."""
         if count <= 0:
             return ()
+        if allowed is not None:
+            return self._take_among(count, allowed)
         if self.total < count:
             return None
         out: list[int] = []
@@ -259,16 +271,38 @@ class FreeNodes:
         self.total -= count
         return tuple(out)
 
+    def most(self, allowed: Collection[int] | None = None) -> int:
+        """Free GPUs in all (or on the ``allowed`` nodes)."""
+        return self.total if allowed is None else sum(self.free.get(i, 0) for i in allowed)
+
+    def _take_among(self, count: int, allowed: Collection[int]) -> tuple[int, ...] | None:
+        order = sorted((i for i in allowed if self.free.get(i, 0) > 0), key=lambda i: (-self.free[i], i))
+        if sum(self.free[i] for i in order) < count:
+            return None
+        out: list[int] = []
+        for i in order:
+            k = min(self.free[i], count - len(out))
+            out.extend([i] * k)
+            self.free[i] -= k
+            if self.free[i] > 0:  # the old bucket's entry goes stale (take skips it)
+                heapq.heappush(self.buckets.setdefault(self.free[i], []), i)
+            if len(out) == count:
+                break
+        self.total -= count
+        return tuple(out)
+
 
 def check_allocations(
     jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], result: Mapping[str, Allocation]
 ) -> None:
     """Raise :class:`AllocationError` unless ``result`` is a valid allocation of
-    ``jobs`` on ``nodes``: known jobs and nodes, no node over its GPUs, each job's
-    replicas within ``[min_replicas, max_replicas]`` (or none), a positive per-GPU
-    batch within the application's limits and a total batch within its maximum."""
+    ``jobs`` on ``nodes``: known jobs and nodes, no node over its GPUs, no replica on a
+    GPU model its job does not allow, each job's replicas within ``[min_replicas,
+    max_replicas]`` (or none), a positive per-GPU batch within the application's limits
+    and a total batch within its maximum."""
     by_id = {j.id: j for j in jobs}
     gpus = {n.index: n.gpus for n in nodes}
+    node_of = {n.index: n for n in nodes}
     used: Counter[int] = Counter()
     for jid, a in result.items():
         j = by_id.get(jid)
@@ -283,6 +317,9 @@ def check_allocations(
         for i in a.nodes:
             if i not in gpus:
                 raise AllocationError(f"job {jid}: unknown node {i!r}")
+            if not j.runs_on(node_of[i]):
+                raise AllocationError(f"job {jid}: node {i} has GPU model {node_of[i].gpu_model!r}, the job allows "
+                                      f"{', '.join(sorted(j.gpu_models or ()))}")
         used.update(a.nodes)
         if a.atomic_bsz is not None:
             lim = j.limits

@@ -58,7 +58,12 @@ restarts, current allocation, the step times and gradient statistics it reported
    shrunk job has.
 5. **Where** (:func:`~rlsched.core.peers.place.keep_or_pack`): a job whose count is
    unchanged keeps its nodes exactly; the others are packed on as few nodes as possible,
-   largest first.
+   largest first. A job limited to some GPU models (``AllocJob.gpu_models``: its worker
+   template's constraint) is counted only against the nodes of those models
+   (:class:`ModelRoom` in step 3, :func:`within_models` for its ceiling) and placed only
+   there; a gang they could not hold after all (two limited gangs on the same nodes) is
+   capped at what they held and the counts are decided again, at most
+   :data:`_MODEL_ROUNDS` times. Without such jobs none of this runs.
 6. **Batch size**: each job trains at the goodput-optimal global batch for its new
    allocation (:meth:`~rlsched.core.goodput.GoodputModel.optimize_batch`), as per-GPU
    batch and accumulation steps.
@@ -71,6 +76,7 @@ for ``G`` GPUs and ``J`` jobs, each re-evaluating one job's table (benchmark:
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from typing import Mapping, Sequence
@@ -167,6 +173,7 @@ class GoodputAllocator:
         running = [r for r, j in enumerate(order) if count.get(j.id, 0) > 0]
         if free == 0 or not running:
             return count
+        models = ModelRoom(jobs, nodes, count)
         self.jobs.prepare_packed([order[r] for r in running], width, node_gpus)  # one search for all
         vals = [None] * len(order)
         # who grows: one heap of best moves per queue (one queue without queues); the
@@ -177,7 +184,7 @@ class GoodputAllocator:
         def best_move(r: int) -> tuple[float, int] | None:
             j = order[r]
             k = count[j.id]
-            hi = int(min(j.max_replicas, k + free, width - 1, k + book.room(used, j.queue)))
+            hi = int(min(j.max_replicas, k + free, width - 1, k + book.room(used, j.queue), k + models.room(j)))
             if hi <= k:
                 return None
             v = vals[r]
@@ -209,9 +216,10 @@ class GoodputAllocator:
         while free > 0 and (q := next_queue()) is not None:
             _, r, k_then, k_new = heapq.heappop(heaps[q])
             jid = order[r].id
-            if k_new - k_then <= min(free, book.room(used, q)):
+            if k_new - k_then <= min(free, book.room(used, q), models.room(order[r])):
                 free -= k_new - k_then
                 used[q] = used.get(q, 0) + k_new - k_then
+                models.charge(order[r], k_new - k_then)
                 count[jid] = k_new
             push(r)  # its next move, or its best move within the GPUs left
         return count
@@ -220,17 +228,75 @@ class GoodputAllocator:
                  queues: QueueBook | None = None) -> Mapping[str, Allocation]:
         self._now = checked_call(self.name, self._now, now, jobs)
         self.jobs.prepare(jobs)  # every job's throughput fit, in one batch
-        count = self.counts(jobs, nodes, queues)
-        by_id = {j.id: j for j in jobs}
-        demand = [(by_id[jid], k) for jid, k in count.items() if k > 0]
-        where = keep_or_pack(demand, nodes)
+        views = within_models(jobs, nodes)
+        for _ in range(_MODEL_ROUNDS):
+            count = self.counts(views, nodes, queues)
+            by_id = {v.id: v for v in views}
+            demand = [(by_id[jid], k) for jid, k in count.items() if k > 0]  # in the order of who runs
+            where = keep_or_pack(demand, nodes, partial=True)
+            short = {v.id: len(where[v.id]) for v, k in demand if len(where[v.id]) < k}
+            if not short:
+                break
+            # a job limited to some GPU models whose nodes could not hold its count: at
+            # most what they held, and the GPUs decided again
+            views = [dataclasses.replace(v, max_replicas=short[v.id]) if v.id in short else v for v in views]
         out: dict[str, Allocation] = {j.id: Allocation() for j in jobs}
+        placed = [(v, where[v.id]) for v, _ in demand if len(where[v.id]) >= max(v.min_replicas, 1)]
         # each job's batch on its placement, one search for all (the model tells one
         # node from several, no more)
-        spans = [1 if len(set(where[job.id])) == 1 else 2 for job, _ in demand]
-        choices = optimize_many([self.jobs.model(job) for job, _ in demand], [[k] for _, k in demand],
-                                [[n] for n in spans])
-        for (job, k), choice in zip(demand, choices):
+        choices = optimize_many([self.jobs.model(v) for v, _ in placed], [[len(p)] for _, p in placed],
+                                [[1 if len(set(p)) == 1 else 2] for _, p in placed])
+        for (v, p), choice in zip(placed, choices):
             batch, accum = int(choice.batch[0]), int(choice.accumulation[0])
-            out[job.id] = Allocation(where[job.id], *split_batch(job, k, batch, accum))
+            out[v.id] = Allocation(p, *split_batch(v, len(p), batch, accum))
         return out
+
+
+class ModelRoom:
+    """GPUs left for growth on the nodes of each set of GPU models jobs are limited to
+    (``AllocJob.gpu_models``): a job so limited may grow only while every such set of
+    nodes that contains its own still has GPUs left after the counts of the jobs limited
+    to it (Hall's condition on the sets that occur). Jobs that may run anywhere are
+    bound by the cluster's free GPUs alone."""
+
+    def __init__(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], count: Mapping[str, int]) -> None:
+        self.allowed = {j.id: frozenset(n.index for n in nodes if j.runs_on(n))
+                        for j in jobs if j.gpu_models is not None}
+        gpus = {n.index: n.gpus for n in nodes}
+        self.left = {a: sum(gpus[i] for i in a) for a in set(self.allowed.values())}
+        for jid, a in self.allowed.items():
+            self.charge_set(a, count.get(jid, 0))
+
+    def _sets(self, a: frozenset[int]):
+        return [g for g in self.left if a <= g]
+
+    def charge_set(self, a: frozenset[int], gpus: int) -> None:
+        for g in self._sets(a):
+            self.left[g] -= gpus
+
+    def room(self, job: AllocJob) -> float:
+        a = self.allowed.get(job.id)
+        return math.inf if a is None else min(self.left[g] for g in self._sets(a))
+
+    def charge(self, job: AllocJob, gpus: int) -> None:
+        a = self.allowed.get(job.id)
+        if a is not None:
+            self.charge_set(a, gpus)
+
+
+#: decisions at most, when jobs limited to some GPU models do not fit their nodes
+_MODEL_ROUNDS = 3
+
+
+def within_models(jobs: Sequence[AllocJob], nodes: Sequence[AllocNode]) -> list[AllocJob]:
+    """``jobs`` as the allocator weighs them: a job limited to some GPU models
+    (``AllocJob.gpu_models``) may grow at most to the GPUs of the nodes of those models
+    (none: it cannot run); the others unchanged (the same objects)."""
+    out = []
+    for j in jobs:
+        if j.gpu_models is None:
+            out.append(j)
+            continue
+        room = sum(n.gpus for n in nodes if j.runs_on(n))
+        out.append(dataclasses.replace(j, max_replicas=min(j.max_replicas, room)) if room < j.max_replicas else j)
+    return out

@@ -182,6 +182,8 @@ class LiveJob:
     queue: str | None = None
     #: when it last started from the queue (its minimum run time counts from there)
     running_since: float | None = None
+    #: the GPU models its workers may run on (``TrainingSpec.gpu_models``); None: any
+    gpu_models: frozenset[str] | None = None
 
     @property
     def workers(self) -> int:
@@ -278,7 +280,7 @@ class LiveAllocation:
                         target_batch_size=limits.init_batch_size, min_replicas=lo * g, max_replicas=hi * g,
                         limits=limits, batch_size=job.batch_size or 0, grad_sqr=sqr, grad_var=var, profile=profile,
                         priority=CLASS_RANK.get(job.priority_class, 0), queue=job.queue,
-                        protected=protected and bool(job.nodes))
+                        protected=protected and bool(job.nodes), gpu_models=job.gpu_models)
 
     def target(self, job: LiveJob, alloc: Allocation) -> LiveTarget:
         """The allocator's answer for ``job`` in whole workers (0: it waits)."""
@@ -315,14 +317,17 @@ class LiveAllocation:
         return None
 
     def plan(self, jobs: Sequence[LiveJob], capacity: Mapping[int, int], now: float,
-             names: Mapping[int, str] | None = None, queues: QueueBook | None = None) -> LivePlan:
+             names: Mapping[int, str] | None = None, queues: QueueBook | None = None,
+             models: Mapping[int, str] | None = None) -> LivePlan:
         """Decide for ``jobs``: those with ``nodes`` run (and may move), the others wait.
         ``capacity``: node index -> GPUs the allocator may give (free GPUs plus those the
         running ``jobs`` hold there). ``queues``: the teams' queues and the minimum run
-        time (:mod:`rlsched.core.queues`; None: neither)."""
-        names = names or {}
+        time (:mod:`rlsched.core.queues`; None: neither). ``models``: node index -> its
+        GPU model (a job limited to some models, ``LiveJob.gpu_models``, gets GPUs only
+        on nodes of those models)."""
+        names, models = names or {}, models or {}
         book = queues or QueueBook()
-        nodes = [AllocNode(i, int(c), names.get(i, "")) for i, c in sorted(capacity.items())]
+        nodes = [AllocNode(i, int(c), names.get(i, ""), models.get(i, "")) for i, c in sorted(capacity.items())]
         held = Counter(n for j in jobs for n in j.nodes for _ in range(max(1, j.gpus_per_worker)))
         over = {i: (held[i], capacity.get(i, 0)) for i in held if held[i] > capacity.get(i, 0)}
         if over:
@@ -348,7 +353,7 @@ class LiveAllocation:
         use: Counter[str] = Counter()
         for j in free_jobs:
             use[j.queue or ""] += targets[j.key].workers * max(1, j.gpus_per_worker)
-        plan.waiting = self._why(free_jobs, asked, plan, sum(capacity.values()), book, use)
+        plan.waiting = self._why(free_jobs, asked, plan, nodes, book, use)
         plan.waiting.update(barred)
         if book.active:
             plan.queues = book.usage((j.queue, targets[j.key].workers * max(1, j.gpus_per_worker)
@@ -356,7 +361,7 @@ class LiveAllocation:
         return plan
 
     def _why(self, jobs: Sequence[LiveJob], asked: Sequence[AllocJob], plan: LivePlan,
-             total: int, book: QueueBook, use: Mapping[str, int]) -> dict[str, WaitReason]:
+             nodes: Sequence[AllocNode], book: QueueBook, use: Mapping[str, int]) -> dict[str, WaitReason]:
         """Why each job left without GPUs waits: its place in the allocator's order among
         them, and the jobs served before it; under queues, its queue's cap, or the
         minimum run time of the jobs holding its queue's guarantee."""
@@ -364,6 +369,7 @@ class LiveAllocation:
         running = {k for k, j in by_key.items() if j.nodes and k not in plan.stop} | set(plan.start)
         kept = [a for a in asked if a.protected]
         out: dict[str, WaitReason] = {}
+        room: dict[frozenset[str] | None, int] = {}
         pos = before = 0
         for a in self.allocator.order(asked):
             key = a.id
@@ -374,8 +380,13 @@ class LiveAllocation:
             pos += 1
             gang = j.worker_range[0] * max(1, j.gpus_per_worker)
             q = book.spec_of(j.queue) if book.active else None
+            if a.gpu_models not in room:  # the GPUs of the nodes it may run on, once per set of models
+                room[a.gpu_models] = sum(n.gpus for n in nodes if a.runs_on(n))
+            total = room[a.gpu_models]
             if gang > total:
-                out[key] = WaitReason(pos, "Unfittable", f"its gang needs {gang} GPUs, {total} are the allocator's")
+                on = ("" if j.gpu_models is None else f" on nodes of GPU model {', '.join(sorted(j.gpu_models))}"
+                      if j.gpu_models else " on nodes of a GPU model its workers allow (the cluster has none)")
+                out[key] = WaitReason(pos, "Unfittable", f"its gang needs {gang} GPUs, {total} are the allocator's{on}")
             elif q is not None and use.get(q.name, 0) + gang > q.cap:
                 out[key] = WaitReason(pos, "Quota", f"queue {q.name!r} uses {use.get(q.name, 0)} of its "
                                                     f"{q.nominal_gpus} nominal + {q.borrowing_limit} borrowable GPUs; "

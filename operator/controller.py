@@ -1102,7 +1102,8 @@ class Controller:
             obs = observations_from_status(j.status.get("goodput"), bounds)[0] if bounds is not None else None
             live.append(self._live_job(j, now, (), obs))
         names = {i: n for n, i in snap.node_index.items()}
-        plan = self.allocation.plan(live, capacity, now, names, queues=book)
+        models = {i: node.gpu_model for i, node in enumerate(state.topology.nodes)}
+        plan = self.allocation.plan(live, capacity, now, names, queues=book, models=models)
         if plan.error is not None:
             self.metrics.cycle_errors.inc()
             log.error("allocator %s failed; every job keeps its GPUs this cycle: %r", self.allocation.name, plan.error)
@@ -1125,7 +1126,8 @@ class Controller:
                        batch_size=batch if batch is not None else s.batch_size, pinned_workers=s.pinned_workers,
                        bounds=self._bounds(j), observations=obs, attained_service=self._service(j, now),
                        restarts=j.generation, priority_class=s.priority_class, queue=j.team,
-                       running_since=parse_time(j.status.get("admittedTime")) if placement else None)
+                       running_since=parse_time(j.status.get("admittedTime")) if placement else None,
+                       gpu_models=s.gpu_models)
 
     async def _queue_status(self, book: QueueBook, bodies: Sequence[Mapping], jobs: Mapping[str, _Job],
                             now: float, admitted: Collection[str] = ()) -> None:

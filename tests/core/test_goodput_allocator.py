@@ -242,3 +242,55 @@ def test_a_higher_service_class_runs_first():
     jobs = [make_job("normal", submit=0.0, alloc=(0,), max_replicas=1),
             replace(make_job("boss", submit=5.0, attained=1e9, max_replicas=1), priority=2)]
     assert counts(decide(jobs, nodes_of(1))) == {"normal": 0, "boss": 1}
+
+
+# ------------------------------------------------------------------ GPU models
+def mixed_nodes():
+    """Two nodes of 4 A100s, two of 4 V100s."""
+    return [AllocNode(0, 4, "a0", "A100"), AllocNode(1, 4, "a1", "A100"),
+            AllocNode(2, 4, "v0", "V100"), AllocNode(3, 4, "v1", "V100")]
+
+
+def test_a_job_limited_to_a_gpu_model_gets_gpus_only_on_nodes_of_that_model():
+    """A perfectly scaling job that allows only A100s, alone on 8 A100 + 8 V100 GPUs:
+    all 8 A100 GPUs and none of the V100s (before, it was counted the whole 16)."""
+    nodes = mixed_nodes()
+    job = replace(make_job("a100-only"), gpu_models=frozenset({"A100"}))
+    out = decide([job], nodes)
+    assert sorted(out["a100-only"].nodes) == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_the_gpus_a_limited_job_cannot_use_go_to_the_others():
+    """Two A100-only jobs and one that runs anywhere: the limited ones share the 8
+    A100 GPUs, the other gets the V100s; every replica on a model its job allows."""
+    nodes = mixed_nodes()
+    a = replace(make_job("a", submit=0.0), gpu_models=frozenset({"A100"}))
+    b = replace(make_job("b", submit=1.0), gpu_models=frozenset({"A100"}))
+    c = make_job("c", submit=2.0)
+    out = decide([a, b, c], nodes)
+    assert out["a"].replicas + out["b"].replicas == 8 and out["a"].replicas >= 1 and out["b"].replicas >= 1
+    assert set(out["a"].nodes) | set(out["b"].nodes) <= {0, 1}
+    assert sorted(out["c"].nodes) == [2, 2, 2, 2, 3, 3, 3, 3]
+
+
+def test_a_job_of_a_model_the_cluster_lacks_gets_nothing_and_the_rest_is_unchanged():
+    nodes = mixed_nodes()
+    lost = replace(make_job("h100", submit=0.0), gpu_models=frozenset())
+    other = make_job("any", submit=1.0)
+    with_lost = decide([lost, other], nodes)
+    assert with_lost["h100"].replicas == 0
+    assert with_lost["any"] == decide([other], nodes)["any"]
+
+
+def test_without_model_limits_the_decision_is_the_same_as_on_unlabelled_nodes():
+    jobs = [make_job("x", submit=0.0, step=poor_step), make_job("y", submit=1.0), make_job("z", submit=2.0,
+                                                                                           limits=ELASTIC)]
+    assert decide(jobs, mixed_nodes()) == decide(jobs, nodes_of(4, 4, 4, 4))
+
+
+def test_check_allocations_refuses_a_replica_on_a_model_its_job_does_not_allow():
+    from rlsched.core.allocation import Allocation, AllocationError
+
+    job = replace(make_job("a"), gpu_models=frozenset({"A100"}))
+    with pytest.raises(AllocationError, match="GPU model 'V100'"):
+        check_allocations([job], mixed_nodes(), {"a": Allocation((2,))})

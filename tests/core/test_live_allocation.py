@@ -188,3 +188,21 @@ def test_service_classes_reach_the_allocator():
     ranks = [LiveAllocation.alloc_job(LiveJob("ns/a", 0.0, 1, 2, priority_class=c), now=0.0).priority
              for c in ("highest", "urgent", "normal")]
     assert ranks == [2, 1, 0]
+
+
+def test_gpu_models_reach_the_allocator_and_an_unplaceable_gang_waits_unfittable():
+    """Nodes 0-1 are A100, 2-3 V100 (4 GPUs each). A 1-16 worker job that allows only
+    A100s starts on at most the 8 A100 GPUs; a job whose template allows a model the
+    cluster lacks waits ``Unfittable``, its message naming the GPU model rule."""
+    live = LiveAllocation(GoodputAllocator())
+    a100 = LiveJob("ns/a100", 0.0, 1, 16, gpu_models=frozenset({"A100"}))
+    lost = LiveJob("ns/lost", 1.0, 1, 2, gpu_models=frozenset())
+    models = {0: "A100", 1: "A100", 2: "V100", 3: "V100"}
+    plan = live.plan([a100, lost], {i: 4 for i in range(4)}, 100.0, models=models)
+    assert set(plan.allocations["ns/a100"].nodes) <= {0, 1} and 1 <= plan.start["ns/a100"].workers <= 8
+    assert "ns/lost" not in plan.start
+    w = plan.waiting["ns/lost"]
+    assert w.reason == "Unfittable" and "GPU model" in w.message and "0 are the allocator's" in w.message
+    # without the models (every node unlabelled) the same jobs are not told apart
+    blind = LiveAllocation(GoodputAllocator()).plan([LiveJob("ns/a100", 0.0, 1, 16)], {i: 4 for i in range(4)}, 100.0)
+    assert blind.start["ns/a100"].workers == 16 and max(blind.allocations["ns/a100"].nodes) >= 2
