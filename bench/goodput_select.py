@@ -44,11 +44,21 @@ def _one(setting: dict, seed: int, load: float, data_dir: str | None) -> dict:
     trace = load_trace(f"pollux-gen:seed={seed},load={load:g}", data_dir=data_dir)
     cfg = IntervalConfig(interval=trace.interval, restart_cost=trace.restart_cost)
     t0 = time.perf_counter()
-    sim = IntervalSimulator(trace.jobs, trace.apps, GoodputAllocator(**setting), nodes=trace.nodes,
+    sim = IntervalSimulator(trace.jobs, trace.apps, GoodputAllocator(**_arguments(setting)), nodes=trace.nodes,
                             gpus_per_node=trace.gpus_per_node, config=cfg)
     m = compute_metrics(sim.run())
     return {"setting": setting, "seed": seed, "load": load, "jct_mean": m["jct_mean"],
             "gpu_util_mean": m["gpu_util_mean"], "restarts": m["rescales_total"], "wall_s": time.perf_counter() - t0}
+
+
+def _arguments(setting: dict) -> dict:
+    """The allocator's keyword arguments of a setting (``prior``: ThroughputPrior fields)."""
+    from rlsched.core.goodput import ThroughputPrior
+
+    out = dict(setting)
+    if "prior" in out:
+        out["prior"] = ThroughputPrior(**{k: tuple(v) if isinstance(v, list) else v for k, v in out["prior"].items()})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,12 +70,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=5, help="validation seeds (the first N of the split)")
     ap.add_argument("--loads", default="1.0")
     ap.add_argument("--p", default=",".join(f"{p:g}" for p in GRID["p"]), help="comma list of utility exponents")
+    ap.add_argument("--settings", default=None,
+                    help="JSON list of settings (GoodputAllocator keyword arguments; 'prior': ThroughputPrior "
+                         "fields) to compare instead of --p, e.g. '[{\"p\": 0.5, \"threshold\": 3600}]'")
     ap.add_argument("--data-dir", default=None, help="default: $RLSCHED_DATA_DIR")
     ap.add_argument("--procs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", default="bench/results/goodput_select.json")
     args = ap.parse_args(argv)
     loads = [float(x) for x in args.loads.split(",")]
-    settings = [{"p": float(p)} for p in args.p.split(",")]
+    settings = json.loads(args.settings) if args.settings else [{"p": float(p)} for p in args.p.split(",")]
+    if not isinstance(settings, list) or not all(isinstance(x, dict) for x in settings) or not settings:
+        ap.error("--settings must be a non-empty JSON list of objects")
     tasks = list(itertools.product(range(len(settings)), seeds("validation", args.seeds), loads))
     runs, t0 = [], time.perf_counter()
     with Progress() as bar, ProcessPoolExecutor(max(args.procs, 1)) as ex:
@@ -80,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         table.append({"setting": st, "jct_mean": float(np.mean([r["jct_mean"] for r in rs])), "runs": len(rs)})
     table.sort(key=lambda r: r["jct_mean"])
     for r in table:
-        print(f"{json.dumps(r['setting']):>16}  mean JCT {r['jct_mean']:8,.0f} s over {r['runs']} runs")
+        print(f"{json.dumps(r['setting']):>40}  mean JCT {r['jct_mean']:8,.0f} s over {r['runs']} runs")
     print(f"chosen on validation: {json.dumps(table[0]['setting'])}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
