@@ -46,8 +46,8 @@ restarts, current allocation, the step times and gradient statistics it reported
    GPUs follows goodput. Without queues every job is in one queue: the best move of all.
    ``p = 0.5`` by default: chosen on validation seeds only (``bench/goodput_select.py``:
    pollux-gen seeds 10,000–10,003 at 1.0x and 1.5x load, mean JCT 2,256.5 s against
-   2,256.6 s for ``p = 0``, 2,271 s for ``p = −1`` and 2,316 s for ``p = 1``;
-   docs/results/goodput_select.json).
+   2,256.6 s for ``p = 0``, 2,271 s for ``p = −1`` and 2,316 s for ``p = 1``, with the
+   earlier fit and a 30 s restart delay), and kept when the restart delay was chosen.
 4. **Restart cost in every change**: a running job whose GPU count changes restarts
    (the engine charges ``restart_delay``; live, a generation swap). Its speedup at any
    count other than its current one is multiplied by Pollux's re-allocation factor
@@ -55,7 +55,13 @@ restarts, current allocation, the step times and gradient statistics it reported
    delay, OSDI'21 §4.2): a change must gain more than the restart costs over a horizon
    as long as the job has lived, and a job that restarted often pays more. Keeping the
    current count carries no penalty, so growing back to it is the most valuable move a
-   shrunk job has.
+   shrunk job has. ``δ = 60`` s by default, twice the benchmark's 30 s restart: a
+   restart also costs the progress of a job's first interval at its new size and a new
+   fit of its model, which the factor does not see. Chosen on validation seeds only
+   (``bench/goodput_select.py --seeds 4 --loads 1.0,1.5``, docs/results/goodput_select.json):
+   mean JCT 2,207 s against 2,263 s at δ = 30, paired −2.6% [−3.5%, −1.6%] over the 8
+   seed-load runs; ``p = 0`` with δ = 60 or 90 and δ = 120, 240 did no better; a
+   4-hour queue threshold (1.0x only) −1.2%, not taken.
 5. **Where** (:func:`~rlsched.core.peers.place.keep_or_pack`): a job whose count is
    unchanged keeps its nodes exactly; the others are packed on as few nodes as possible,
    largest first. A job limited to some GPU models (``AllocJob.gpu_models``: its worker
@@ -99,7 +105,7 @@ class GoodputAllocator:
     name = "goodput"
     clairvoyant = False
 
-    def __init__(self, *, p: float = 0.5, restart_delay: float = 30.0, threshold: float = POLLUX_THRESHOLD,
+    def __init__(self, *, p: float = 0.5, restart_delay: float = 60.0, threshold: float = POLLUX_THRESHOLD,
                  prior: ThroughputPrior | None = None, refit_tolerance: float | None = None) -> None:
         if not math.isfinite(p):
             raise ValueError(f"p must be finite, got {p}")

@@ -36,7 +36,7 @@ def register(subparsers) -> None:
     r.add_argument("--allocator", default=SERVED.allocator or "none",
                    help="an allocation policy deciding every job's workers and global batch at once "
                    "(goodput: rlsched's goodput allocator, core/live_allocation.py; options as "
-                   "goodput@restart_delay=30,p=0.5), or none: admission (--ordering) + scaling (--scaling); "
+                   "goodput@restart_delay=60,p=0.5), or none: admission (--ordering) + scaling (--scaling); "
                    f"default: the served policy ({SERVED.allocator or 'none'}, core/served.py)")
     r.add_argument("--min-run-time", type=float, default=0.0,
                    help="seconds a job runs before it may be preempted (default 0: none)")

@@ -109,7 +109,7 @@ def test_a_running_job_shrinks_to_let_a_waiting_one_start():
 @pytest.mark.parametrize("age, grows", [(10.0, False), (1e5, True)])
 def test_a_change_must_pay_for_its_restart(age, grows):
     """A running job on 2 of 4 GPUs that would scale perfectly to 4: a young job (10 s
-    old, factor 10/40) would train slower over its horizon after a 30 s restart and
+    old, factor 10/70) would train slower over its horizon after a 60 s restart and
     stays on its 2 GPUs; an old one grows."""
     jobs = [make_job("a", alloc=(0, 0), age=age, max_replicas=4)]
     out = decide(jobs, nodes_of(4))
@@ -119,9 +119,11 @@ def test_a_change_must_pay_for_its_restart(age, grows):
 
 
 def test_a_job_that_restarted_often_pays_more_for_a_change():
-    """The factor max(T − R·δ, 0)/(T + δ): with 50 restarts in 1,000 s, nothing pays."""
+    """The factor max(T − R·δ, 0)/(T + δ) (δ = 60 s by default): with 50 restarts in
+    1,000 s, nothing pays."""
     a = GoodputAllocator()
-    assert a.factor(make_job("x", age=1000.0, restarts=0)) == pytest.approx(1000 / 1030)
+    assert a.factor(make_job("x", age=1000.0, restarts=0)) == pytest.approx(1000 / 1060)
+    assert GoodputAllocator(restart_delay=30.0).factor(make_job("x", age=1000.0, restarts=2)) == pytest.approx(940 / 1030)
     assert a.factor(make_job("x", age=1000.0, restarts=50)) == 0.0
     jobs = [make_job("a", alloc=(0,), age=1000.0, restarts=50, max_replicas=4)]
     assert decide(jobs, nodes_of(4))["a"].nodes == (0,)
