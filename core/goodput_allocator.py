@@ -47,7 +47,8 @@ restarts, current allocation, the step times and gradient statistics it reported
    ``p = 0.5`` by default: chosen on validation seeds only (``bench/goodput_select.py``:
    pollux-gen seeds 10,000–10,003 at 1.0x and 1.5x load, mean JCT 2,256.5 s against
    2,256.6 s for ``p = 0``, 2,271 s for ``p = −1`` and 2,316 s for ``p = 1``, with the
-   earlier fit and a 30 s restart delay), and kept when the restart delay was chosen.
+   earlier fit and a 30 s restart delay; docs/results/goodput_select_p.json), and kept
+   when the restart delay was chosen.
 4. **Restart cost in every change**: a running job whose GPU count changes restarts
    (the engine charges ``restart_delay``; live, a generation swap). Its speedup at any
    count other than its current one is multiplied by Pollux's re-allocation factor
