@@ -74,8 +74,8 @@ SERVED = ServedPolicy(
     reason=(
         "rlsched's goodput allocator (core/goodput_allocator.py; live: core/live_allocation.py with the "
         "extender's DAS placement for new workers), because on the protocol's pollux suite (the 8 published "
-        "workloads, paired bootstrap 95% intervals) its mean JCT is 25.8% [22.5, 29.3] / 28.9% [22.8, 33.8] / "
-        "40.3% [35.8, 43.9] below tiresias-2q at 0.5x / 1.0x / 1.5x load, and 2,851 s at 1.0x against 6,560 s "
+        "workloads, paired bootstrap 95% intervals) its mean JCT is 26.6% [22.6, 30.4] / 28.6% [22.5, 33.5] / "
+        "40.4% [35.9, 44.3] below tiresias-2q at 0.5x / 1.0x / 1.5x load, and 2,865 s at 1.0x against 6,560 s "
         "for the combination served before it (das / das-agent / rlpto) (docs/results/protocol_goodput_1x.md, "
         "docs/benchmark.md); the published Pollux's 2,751 s at 1.0x is not reached"
     ),
