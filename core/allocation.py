@@ -147,6 +147,10 @@ class AllocJob:
         """Whether its replicas may run on ``node`` (its GPU model is allowed)."""
         return self.gpu_models is None or node.gpu_model in self.gpu_models
 
+    def allowed_nodes(self, nodes: Sequence["AllocNode"]) -> frozenset[int] | None:
+        """Indices of the ``nodes`` its replicas may run on; None when it may run on any."""
+        return None if self.gpu_models is None else frozenset(n.index for n in nodes if self.runs_on(n))
+
 
 @dataclass(frozen=True, slots=True)
 class AllocNode:

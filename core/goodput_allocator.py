@@ -267,8 +267,7 @@ class ModelRoom:
     bound by the cluster's free GPUs alone."""
 
     def __init__(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], count: Mapping[str, int]) -> None:
-        self.allowed = {j.id: frozenset(n.index for n in nodes if j.runs_on(n))
-                        for j in jobs if j.gpu_models is not None}
+        self.allowed = {j.id: ok for j in jobs if (ok := j.allowed_nodes(nodes)) is not None}
         gpus = {n.index: n.gpus for n in nodes}
         self.left = {a: sum(gpus[i] for i in a) for a in set(self.allowed.values())}
         for jid, a in self.allowed.items():

@@ -37,8 +37,7 @@ def keep_or_pack(demand: Sequence[tuple[AllocJob, int]], nodes: Sequence[AllocNo
     asked = sum(count for _, count in demand)
     if asked > total:
         raise AllocationError(f"{asked} GPUs asked of a cluster of {total}")
-    allowed = {job.id: frozenset(n.index for n in nodes if job.runs_on(n))
-               for job, _ in demand if job.gpu_models is not None}
+    allowed = {job.id: ok for job, _ in demand if (ok := job.allowed_nodes(nodes)) is not None}
     out: dict[str, tuple[int, ...]] = {}
     moving: list[tuple[bool, int, int, AllocJob]] = []
     for rank, (job, count) in enumerate(demand):
