@@ -102,4 +102,6 @@ def test_default_policies_highest_job_preempts_and_its_victim_resumes_first(exte
             # GPUs free up (first finishes by hand): now the waiter starts
             kapi.custom.delete_namespaced_custom_object(G, V, ns, P, "first")
             wait_until(lambda: kapi.phase(ns, "waiter") in ("Starting", "Running"), 90, "waiter admitted")
+            # the event is posted after the status patch: wait for it, not only for the phase
+            wait_until(lambda: kapi.events(ns, "waiter", "Admitted"), 20, "waiter Admitted event")
             assert _t(kapi.events(ns, "waiter", "Admitted")[0]) > _t(resumed)
