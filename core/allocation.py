@@ -142,6 +142,10 @@ class AllocJob:
     #: the GPU models its replicas may run on (a TrainingJob's worker-template
     #: constraint, :func:`rlsched.core.contract.gpu_model_rule`); None: any
     gpu_models: frozenset[str] | None = None
+    #: what each replica (GPU) needs besides: millicores of CPU and MiB of memory (a
+    #: worker's request over its GPUs, rounded up; 0: nothing counted)
+    cpu_milli: int = 0
+    memory_mib: int = 0
 
     def runs_on(self, node: "AllocNode") -> bool:
         """Whether its replicas may run on ``node`` (its GPU model is allowed)."""
@@ -151,15 +155,41 @@ class AllocJob:
         """Indices of the ``nodes`` its replicas may run on; None when it may run on any."""
         return None if self.gpu_models is None else frozenset(n.index for n in nodes if self.runs_on(n))
 
+    @property
+    def needs_offers(self) -> bool:
+        """Whether its replicas ask for CPU or memory (placed where that is left)."""
+        return self.cpu_milli > 0 or self.memory_mib > 0
+
+    def fits(self, node: "AllocNode", gpus: int, cpu: int | None, memory: int | None) -> int:
+        """How many of its replicas a node of GPU model ``node.gpu_model`` can hold with
+        ``gpus`` GPUs, ``cpu`` millicores and ``memory`` MiB left (None: not counted)."""
+        if not self.runs_on(node):
+            return 0
+        n = max(gpus, 0)
+        if self.cpu_milli > 0 and cpu is not None:
+            n = min(n, max(cpu, 0) // self.cpu_milli)
+        if self.memory_mib > 0 and memory is not None:
+            n = min(n, max(memory, 0) // self.memory_mib)
+        return n
+
+    def room_on(self, node: "AllocNode") -> int:
+        """Its replicas ``node`` could hold were the node its alone (GPUs, GPU model, CPU
+        and memory)."""
+        return self.fits(node, node.gpus, node.cpu_milli, node.memory_mib)
+
 
 @dataclass(frozen=True, slots=True)
 class AllocNode:
-    """A node: its index in the cluster, its GPUs and their model."""
+    """A node: its index in the cluster, its GPUs and their model, and the CPU
+    (millicores) and memory (MiB) it has for the jobs being allocated (None: not
+    counted, as on the measured workloads)."""
 
     index: int
     gpus: int
     name: str = ""
     gpu_model: str = ""
+    cpu_milli: int | None = None
+    memory_mib: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,19 +310,26 @@ class FreeNodes:
         return self.total if allowed is None else sum(self.free.get(i, 0) for i in allowed)
 
     def _take_among(self, count: int, allowed: Collection[int]) -> tuple[int, ...] | None:
-        order = sorted((i for i in allowed if self.free.get(i, 0) > 0), key=lambda i: (-self.free[i], i))
-        if sum(self.free[i] for i in order) < count:
+        if sum(self.free.get(i, 0) for i in allowed) < count:
             return None
+        return self.take_upto(count, {i: self.free.get(i, 0) for i in allowed})
+
+    def take_upto(self, count: int, caps: Mapping[int, int]) -> tuple[int, ...]:
+        """Up to ``count`` GPUs, at most ``caps[i]`` on node ``i`` and only on the nodes
+        ``caps`` names (what a job's CPU and memory leave room for), the nodes that can
+        take the most first (ties by index); fewer when that is all they hold."""
+        room = {i: min(self.free.get(i, 0), c) for i, c in caps.items()}
+        order = sorted((i for i, c in room.items() if c > 0), key=lambda i: (-room[i], i))
         out: list[int] = []
         for i in order:
-            k = min(self.free[i], count - len(out))
+            if len(out) == count:
+                break
+            k = min(room[i], count - len(out))
             out.extend([i] * k)
             self.free[i] -= k
             if self.free[i] > 0:  # the old bucket's entry goes stale (take skips it)
                 heapq.heappush(self.buckets.setdefault(self.free[i], []), i)
-            if len(out) == count:
-                break
-        self.total -= count
+        self.total -= len(out)
         return tuple(out)
 
 
@@ -300,7 +337,8 @@ def check_allocations(
     jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], result: Mapping[str, Allocation]
 ) -> None:
     """Raise :class:`AllocationError` unless ``result`` is a valid allocation of
-    ``jobs`` on ``nodes``: known jobs and nodes, no node over its GPUs, no replica on a
+    ``jobs`` on ``nodes``: known jobs and nodes, no node over its GPUs (nor its CPU or
+    memory, where they are counted), no replica on a
     GPU model its job does not allow, each job's replicas within ``[min_replicas,
     max_replicas]`` (or none), a positive per-GPU batch within the application's limits
     and a total batch within its maximum."""
@@ -336,4 +374,15 @@ def check_allocations(
     for i, n in used.items():
         if n > gpus[i]:
             raise AllocationError(f"node {i}: {n} GPUs allocated, it has {gpus[i]}")
+    for res, per, of in (("CPU (millicores)", "cpu_milli", "cpu_milli"), ("memory (MiB)", "memory_mib", "memory_mib")):
+        asked: Counter[int] = Counter()
+        for jid, a in result.items():
+            need = getattr(by_id[jid], per)
+            if need:
+                for i in a.nodes:
+                    asked[i] += need
+        for i, n in asked.items():
+            have = getattr(node_of[i], of)
+            if have is not None and n > have:
+                raise AllocationError(f"node {i}: {n} {res} allocated, it has {have}")
 

@@ -25,6 +25,7 @@ Pure: no Kubernetes client, no I/O.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from decimal import Decimal
@@ -55,6 +56,9 @@ __all__ = [
     "ANNOTATION_GANG_SIZE",
     "ANNOTATION_GPU_MODELS",
     "gpu_model_rule",
+    "PodRequests",
+    "pod_requests",
+    "container_requests",
     "parse_topology_levels",
     "MAX_MODELS_TEXT",
     "ANNOTATION_OBSERVED_SPEED",
@@ -550,13 +554,85 @@ def pod_gpus(pod: Any, where: str = "Pod") -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class PodRequests:
+    """What a pod (or one worker of a TrainingJob) asks the scheduler for: GPUs,
+    millicores of CPU and MiB of memory (rounded up, as kube-scheduler's fit counts a
+    request: ``250m`` is 250, ``1Gi`` is 1024, ``1G`` is 954)."""
+
+    gpus: int = 0
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+
+def _quantity_units(value: Any, unit: Fraction, where: str, *, up: bool) -> int:
+    """A non-negative quantity in whole ``unit`` s, rounded up (a request) or down (what a
+    node offers)."""
+    q = parse_quantity(value, where)
+    if q < 0:
+        raise ShapeError(f"{where}: {value!r:.40} is negative")
+    n = q / unit
+    return int(math.ceil(n)) if up else int(math.floor(n))
+
+
+_MILLI = Fraction(1, 1000)
+_MIB = Fraction(1 << 20)
+
+
+def container_requests(container: Any, where: str = "container") -> PodRequests:
+    """GPUs (:func:`container_gpus`), CPU and memory of one container: each resource's
+    ``requests``, else its ``limits`` (the API server defaults a missing request to
+    the limit), else 0."""
+    res = field(container, "resources", dict, where, {})
+    req = field(res, "requests", dict, f"{where}.resources", {})
+    lim = field(res, "limits", dict, f"{where}.resources", {})
+    out = [container_gpus(container, where)]
+    for name, unit in (("cpu", _MILLI), ("memory", _MIB)):
+        part, q = ("requests", req) if name in req else ("limits", lim)
+        out.append(_quantity_units(q[name], unit, f"{where}.resources.{part}[{name!r}]", up=True) if name in q else 0)
+    return PodRequests(*out)
+
+
+def pod_requests(pod: Any, where: str = "Pod") -> PodRequests:
+    """A pod's (or a pod template's ``{"spec": ...}``) effective request per resource,
+    kube-scheduler's rule: ``max(sum(containers) + sum(sidecars), max(initContainers))``
+    plus ``spec.overhead`` (RuntimeClass) — init containers run one at a time before
+    the containers; a sidecar (an init container with ``restartPolicy: Always``) runs
+    beside them (counted with the containers, a slight over-count while later init
+    containers run)."""
+    spec = field(pod, "spec", dict, where, {})
+    containers = field(spec, "containers", list, f"{where}.spec", [])
+    inits = field(spec, "initContainers", list, f"{where}.spec", [])
+    total = [0, 0, 0]
+    peak = [0, 0, 0]
+    for part, items in (("containers", containers), ("initContainers", inits)):
+        for i, c in enumerate(items):
+            r = container_requests(c, f"{where}.spec.{part}[{i}]")
+            sidecar = part == "initContainers" and isinstance(c, Mapping) and c.get("restartPolicy") == "Always"
+            acc = total if part == "containers" or sidecar else None
+            for k, v in enumerate((r.gpus, r.cpu_milli, r.memory_mib)):
+                if acc is not None:
+                    acc[k] += v
+                else:
+                    peak[k] = max(peak[k], v)
+    over = field(spec, "overhead", dict, f"{where}.spec", {})
+    extra = [0,
+             _quantity_units(over["cpu"], _MILLI, f"{where}.spec.overhead['cpu']", up=True) if "cpu" in over else 0,
+             _quantity_units(over["memory"], _MIB, f"{where}.spec.overhead['memory']", up=True) if "memory" in over else 0]
+    return PodRequests(*(max(t, p) + e for t, p, e in zip(total, peak, extra)))
+
+
+@dataclass(frozen=True, slots=True)
 class NodeShape:
     """What scheduling reads of a node: its name, labels (topology levels, GPU Feature
-    Discovery) and GPUs."""
+    Discovery), GPUs, and the CPU (millicores) and memory (MiB) it offers pods
+    (``status.allocatable``, else ``status.capacity``; 0 when it reports none, as
+    kube-scheduler counts it)."""
 
     name: str
     labels: dict[str, str]
     gpus: int
+    cpu_milli: int = 0
+    memory_mib: int = 0
 
 
 def node_gpus(node: Any, where: str = "Node") -> int:
@@ -572,13 +648,23 @@ def node_gpus(node: Any, where: str = "Node") -> int:
 
 
 def node_shape(node: Any, where: str = "Node") -> NodeShape:
-    """Name, labels and GPUs (:func:`node_gpus`) of a v1.Node."""
+    """Name, labels, GPUs (:func:`node_gpus`), CPU and memory of a v1.Node."""
     meta = field(node, "metadata", dict, where, {})
     name = field(meta, "name", str, f"{where}.metadata", "")
     if not name:
         raise ShapeError(f"{where}.metadata.name: expected a non-empty string")
     labels = str_map(meta, "labels", f"{where}.metadata")
-    return NodeShape(name=name, labels=labels, gpus=node_gpus(node, where))
+    status = field(node, "status", dict, where, {})
+    offers = []
+    for res, unit in (("cpu", _MILLI), ("memory", _MIB)):
+        value = 0
+        for part in ("allocatable", "capacity"):
+            q = field(status, part, dict, f"{where}.status", {})
+            if res in q:
+                value = _quantity_units(q[res], unit, f"{where}.status.{part}[{res!r}]", up=False)
+                break
+        offers.append(value)
+    return NodeShape(name=name, labels=labels, gpus=node_gpus(node, where), cpu_milli=offers[0], memory_mib=offers[1])
 
 
 # --------------------------------------------------------------------------- owners

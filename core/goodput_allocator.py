@@ -67,10 +67,13 @@ restarts, current allocation, the step times and gradient statistics it reported
    unchanged keeps its nodes exactly; the others are packed on as few nodes as possible,
    largest first. A job limited to some GPU models (``AllocJob.gpu_models``: its worker
    template's constraint) is counted only against the nodes of those models
-   (:class:`ModelRoom` in step 3, :func:`within_models` for its ceiling) and placed only
-   there; a gang they could not hold after all (two limited gangs on the same nodes) is
-   capped at what they held and the counts are decided again, at most
-   :data:`_MODEL_ROUNDS` times. Without such jobs none of this runs.
+   (:class:`ModelRoom` in step 3, :func:`within_room` for its ceiling) and placed only
+   there; a job whose workers ask for CPU or memory (live: the worker template's
+   requests, on nodes whose allocatable CPU and memory are counted) is capped by the
+   replicas the nodes could hold of it alone (:func:`within_room`) and placed only where
+   that much is left. A gang the nodes could not hold after all (two limited gangs on
+   the same nodes) is capped at what they held and the counts are decided again, at
+   most :data:`_ROOM_ROUNDS` times. Without such jobs none of this runs.
 6. **Batch size**: each job trains at the goodput-optimal global batch for its new
    allocation (:meth:`~rlsched.core.goodput.GoodputModel.optimize_batch`), as per-GPU
    batch and accumulation steps.
@@ -235,8 +238,8 @@ class GoodputAllocator:
                  queues: QueueBook | None = None) -> Mapping[str, Allocation]:
         self._now = checked_call(self.name, self._now, now, jobs)
         self.jobs.prepare(jobs)  # every job's throughput fit, in one batch
-        views = within_models(jobs, nodes)
-        for _ in range(_MODEL_ROUNDS):
+        views = within_room(jobs, nodes)
+        for _ in range(_ROOM_ROUNDS):
             count = self.counts(views, nodes, queues)
             by_id = {v.id: v for v in views}
             demand = [(by_id[jid], k) for jid, k in count.items() if k > 0]  # in the order of who runs
@@ -244,8 +247,8 @@ class GoodputAllocator:
             short = {v.id: len(where[v.id]) for v, k in demand if len(where[v.id]) < k}
             if not short:
                 break
-            # a job limited to some GPU models whose nodes could not hold its count: at
-            # most what they held, and the GPUs decided again
+            # a job limited to some GPU models, or by CPU and memory, whose nodes could not
+            # hold its count: at most what they held, and the GPUs decided again
             views = [dataclasses.replace(v, max_replicas=short[v.id]) if v.id in short else v for v in views]
         out: dict[str, Allocation] = {j.id: Allocation() for j in jobs}
         placed = [(v, where[v.id]) for v, _ in demand if len(where[v.id]) >= max(v.min_replicas, 1)]
@@ -290,19 +293,21 @@ class ModelRoom:
             self.charge_set(a, gpus)
 
 
-#: decisions at most, when jobs limited to some GPU models do not fit their nodes
-_MODEL_ROUNDS = 3
+#: decisions at most, when jobs limited to some GPU models, or by CPU and memory, do not
+#: fit their nodes
+_ROOM_ROUNDS = 3
 
 
-def within_models(jobs: Sequence[AllocJob], nodes: Sequence[AllocNode]) -> list[AllocJob]:
+def within_room(jobs: Sequence[AllocJob], nodes: Sequence[AllocNode]) -> list[AllocJob]:
     """``jobs`` as the allocator weighs them: a job limited to some GPU models
-    (``AllocJob.gpu_models``) may grow at most to the GPUs of the nodes of those models
-    (none: it cannot run); the others unchanged (the same objects)."""
+    (``AllocJob.gpu_models``) or whose replicas ask for CPU or memory may grow at most to
+    the replicas the nodes could hold of it alone (:meth:`AllocJob.room_on`; none: it
+    cannot run); the others unchanged (the same objects)."""
     out = []
     for j in jobs:
-        if j.gpu_models is None:
+        if j.gpu_models is None and not j.needs_offers:
             out.append(j)
             continue
-        room = sum(n.gpus for n in nodes if j.runs_on(n))
+        room = sum(j.room_on(n) for n in nodes)
         out.append(dataclasses.replace(j, max_replicas=min(j.max_replicas, room)) if room < j.max_replicas else j)
     return out

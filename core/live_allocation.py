@@ -184,6 +184,9 @@ class LiveJob:
     running_since: float | None = None
     #: the GPU models its workers may run on (``TrainingSpec.gpu_models``); None: any
     gpu_models: frozenset[str] | None = None
+    #: what one worker asks for besides GPUs (``TrainingSpec.cpu_milli``/``memory_mib``)
+    cpu_milli: int = 0
+    memory_mib: int = 0
 
     @property
     def workers(self) -> int:
@@ -280,7 +283,8 @@ class LiveAllocation:
                         target_batch_size=limits.init_batch_size, min_replicas=lo * g, max_replicas=hi * g,
                         limits=limits, batch_size=job.batch_size or 0, grad_sqr=sqr, grad_var=var, profile=profile,
                         priority=CLASS_RANK.get(job.priority_class, 0), queue=job.queue,
-                        protected=protected and bool(job.nodes), gpu_models=job.gpu_models)
+                        protected=protected and bool(job.nodes), gpu_models=job.gpu_models,
+                        cpu_milli=-(-max(job.cpu_milli, 0) // g), memory_mib=-(-max(job.memory_mib, 0) // g))
 
     def target(self, job: LiveJob, alloc: Allocation) -> LiveTarget:
         """The allocator's answer for ``job`` in whole workers (0: it waits)."""
@@ -318,16 +322,21 @@ class LiveAllocation:
 
     def plan(self, jobs: Sequence[LiveJob], capacity: Mapping[int, int], now: float,
              names: Mapping[int, str] | None = None, queues: QueueBook | None = None,
-             models: Mapping[int, str] | None = None) -> LivePlan:
+             models: Mapping[int, str] | None = None,
+             offers: Mapping[int, tuple[int, int]] | None = None) -> LivePlan:
         """Decide for ``jobs``: those with ``nodes`` run (and may move), the others wait.
         ``capacity``: node index -> GPUs the allocator may give (free GPUs plus those the
         running ``jobs`` hold there). ``queues``: the teams' queues and the minimum run
         time (:mod:`rlsched.core.queues`; None: neither). ``models``: node index -> its
         GPU model (a job limited to some models, ``LiveJob.gpu_models``, gets GPUs only
-        on nodes of those models)."""
-        names, models = names or {}, models or {}
+        on nodes of those models). ``offers``: node index -> ``(millicores, MiB)`` the
+        allocator may give, as ``capacity`` counts GPUs (None: CPU and memory not
+        counted); a job's workers (``LiveJob.cpu_milli``/``memory_mib``) get GPUs only
+        where their CPU and memory fit."""
+        names, models, offers = names or {}, models or {}, offers or {}
         book = queues or QueueBook()
-        nodes = [AllocNode(i, int(c), names.get(i, ""), models.get(i, "")) for i, c in sorted(capacity.items())]
+        nodes = [AllocNode(i, int(c), names.get(i, ""), models.get(i, ""),
+                           *(offers[i] if i in offers else (None, None))) for i, c in sorted(capacity.items())]
         held = Counter(n for j in jobs for n in j.nodes for _ in range(max(1, j.gpus_per_worker)))
         over = {i: (held[i], capacity.get(i, 0)) for i in held if held[i] > capacity.get(i, 0)}
         if over:
@@ -369,7 +378,7 @@ class LiveAllocation:
         running = {k for k, j in by_key.items() if j.nodes and k not in plan.stop} | set(plan.start)
         kept = [a for a in asked if a.protected]
         out: dict[str, WaitReason] = {}
-        room: dict[frozenset[str] | None, int] = {}
+        room: dict[tuple[frozenset[str] | None, int, int], int] = {}
         pos = before = 0
         for a in self.allocator.order(asked):
             key = a.id
@@ -380,12 +389,15 @@ class LiveAllocation:
             pos += 1
             gang = j.worker_range[0] * max(1, j.gpus_per_worker)
             q = book.spec_of(j.queue) if book.active else None
-            if a.gpu_models not in room:  # the GPUs of the nodes it may run on, once per set of models
-                room[a.gpu_models] = sum(n.gpus for n in nodes if a.runs_on(n))
-            total = room[a.gpu_models]
+            shape = (a.gpu_models, a.cpu_milli, a.memory_mib)
+            if shape not in room:  # the GPUs of the nodes that could hold it, once per shape
+                room[shape] = sum(a.room_on(n) for n in nodes)
+            total = room[shape]
             if gang > total:
                 on = ("" if j.gpu_models is None else f" on nodes of GPU model {', '.join(sorted(j.gpu_models))}"
                       if j.gpu_models else " on nodes of a GPU model its workers allow (the cluster has none)")
+                if a.needs_offers:
+                    on += f" with room for its workers' {j.cpu_milli}m CPU and {j.memory_mib}Mi memory each"
                 out[key] = WaitReason(pos, "Unfittable", f"its gang needs {gang} GPUs, {total} are the allocator's{on}")
             elif q is not None and use.get(q.name, 0) + gang > q.cap:
                 out[key] = WaitReason(pos, "Quota", f"queue {q.name!r} uses {use.get(q.name, 0)} of its "

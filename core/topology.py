@@ -209,11 +209,13 @@ class Topology:
     @classmethod
     def from_labels(
         cls,
-        nodes: Iterable[tuple[str, Mapping[str, str], int]],
+        nodes: Iterable[tuple[str, Mapping[str, str], int] | tuple[str, Mapping[str, str], int, int, int]],
         levels: tuple[str, ...] = DEFAULT_TOPOLOGY_LEVELS,
         bandwidth: Bandwidth | None = None,
     ) -> "Topology":
-        """Rebuild a topology from ``(name, labels, gpu_capacity)`` of Kubernetes nodes.
+        """Rebuild a topology from ``(name, labels, gpu_capacity)`` of Kubernetes nodes,
+        or ``(name, labels, gpu_capacity, cpu_milli, memory_mib)`` where what the nodes
+        offer pods in CPU and memory counts (:class:`NodeSpec`'s defaults otherwise).
 
         ``levels`` are node-label keys coarse to fine, Kueue-style; the last is the
         hostname level. Missing labels put a node in a rack/block of its own so an
@@ -224,7 +226,7 @@ class Topology:
         block_key = levels[-3] if len(levels) >= 3 else None
         rack_key = levels[-2] if len(levels) >= 2 else None
         specs = []
-        for name, labels, gpus in nodes:
+        for name, labels, gpus, *offers in nodes:
             rack = labels.get(rack_key, "") if rack_key else ""
             block = labels.get(block_key, "") if block_key else ""
             rack = rack or f"~{name}"
@@ -242,6 +244,7 @@ class Topology:
                     block=block,
                     nvlink_domain_size=max(0, dom),
                     clique=labels.get(LABEL_GPU_CLIQUE, ""),
+                    **(dict(cpu_milli=int(offers[0]), memory_mib=int(offers[1])) if offers else {}),
                 )
             )
         return cls(specs, bandwidth or Bandwidth())

@@ -1069,6 +1069,8 @@ class Controller:
         (every worker bound); the GPUs of the others stay charged where they are."""
         state = snap.state
         capacity = {i: int(state.free[i]) for i in range(len(state.free))}
+        cpu = {i: int(state.cpu_free[i]) for i in range(len(state.free))}
+        mem = {i: int(state.mem_free[i]) for i in range(len(state.free))}
         live: list[LiveJob] = []
         done: set[str] = set()
         by_key = {r.key: r for r in running}
@@ -1095,6 +1097,8 @@ class Controller:
             obs = await self._observe_goodput(j, placement)
             for n in placement:
                 capacity[n] += j.spec.gpus_per_worker
+                cpu[n] += j.spec.cpu_milli
+                mem[n] += j.spec.memory_mib
             live.append(self._live_job(j, now, placement, obs))
         for e in waiting:
             j = jobs[e.key]
@@ -1103,7 +1107,8 @@ class Controller:
             live.append(self._live_job(j, now, (), obs))
         names = {i: n for n, i in snap.node_index.items()}
         models = {i: node.gpu_model for i, node in enumerate(state.topology.nodes)}
-        plan = self.allocation.plan(live, capacity, now, names, queues=book, models=models)
+        offers = {i: (cpu[i], mem[i]) for i in capacity}
+        plan = self.allocation.plan(live, capacity, now, names, queues=book, models=models, offers=offers)
         if plan.error is not None:
             self.metrics.cycle_errors.inc()
             log.error("allocator %s failed; every job keeps its GPUs this cycle: %r", self.allocation.name, plan.error)
@@ -1127,7 +1132,7 @@ class Controller:
                        bounds=self._bounds(j), observations=obs, attained_service=self._service(j, now),
                        restarts=j.generation, priority_class=s.priority_class, queue=j.team,
                        running_since=parse_time(j.status.get("admittedTime")) if placement else None,
-                       gpu_models=s.gpu_models)
+                       gpu_models=s.gpu_models, cpu_milli=s.cpu_milli, memory_mib=s.memory_mib)
 
     async def _queue_status(self, book: QueueBook, bodies: Sequence[Mapping], jobs: Mapping[str, _Job],
                             now: float, admitted: Collection[str] = ()) -> None:

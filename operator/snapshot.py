@@ -1,8 +1,10 @@
 """Kubernetes objects (plain dicts, as the API returns them) → a core ClusterState.
 
 Free GPUs per node are the node's GPUs (:func:`rlsched.core.contract.node_gpus`:
-allocatable ``nvidia.com/gpu``) minus the requests (:func:`rlsched.core.contract.pod_gpus`)
-of its non-terminated pods (phase not Succeeded/Failed). Pods the operator created that
+allocatable ``nvidia.com/gpu``) minus the requests (:func:`rlsched.core.contract.pod_requests`)
+of its non-terminated pods (phase not Succeeded/Failed); its free CPU and memory the
+same way (allocatable ``cpu`` and ``memory``), so admission counts what kube-scheduler's
+resource fit will. Pods the operator created that
 are not bound yet also hold GPUs — they are committed to a gang — and are charged to
 the freest nodes so that the next admission does not count them twice. Pods being
 deleted are reported separately (``releasing``): they still hold their GPUs but will
@@ -28,7 +30,7 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from rlsched.core import ClusterState, Topology
-from rlsched.core.contract import DEFAULT_TOPOLOGY_LEVELS, ShapeError, controlling_job, node_shape, pod_gpus
+from rlsched.core.contract import DEFAULT_TOPOLOGY_LEVELS, PodRequests, ShapeError, controlling_job, node_shape, pod_requests
 
 __all__ = ["Snapshot", "build_snapshot", "charge_freest"]
 
@@ -91,10 +93,10 @@ def build_snapshot(
             problems[f"Node/{name}"] = f"{exc}; node left out"
             continue
         if shape.gpus > 0:
-            specs.append((shape.name, shape.labels, shape.gpus))
+            specs.append((shape.name, shape.labels, shape.gpus, shape.cpu_milli, shape.memory_mib))
     topo = Topology.from_labels(specs, levels=levels)
     state = ClusterState(topo, time=time)
-    index = {name: i for i, (name, _, _) in enumerate(specs)}
+    index = {name: i for i, (name, *_) in enumerate(specs)}
     releasing = np.zeros(len(specs), dtype=np.int64)
     placement: dict[str, list[int]] = {}
     unbound = 0
@@ -104,8 +106,10 @@ def build_snapshot(
         md = p.get("metadata") or {}
         node = (p.get("spec") or {}).get("nodeName")
         try:
-            g = pod_gpus(p)
+            req = pod_requests(p)
+            g = req.gpus
         except ShapeError as exc:
+            req = PodRequests()
             where = f"Pod/{md.get('namespace', '')}/{md.get('name', '')}"
             if not node:
                 problems[where] = f"{exc}; unbound, not counted"
@@ -120,8 +124,8 @@ def build_snapshot(
         if i is None:
             continue
         take = int(state.free[i]) if g is None else min(g, int(state.free[i]))
-        if take:
-            state.allocate(i, take)
+        if take or req.cpu_milli or req.memory_mib:  # CPU and memory as asked, even past what is left
+            state.allocate(i, take, req.cpu_milli, req.memory_mib)
         if md.get("deletionTimestamp") is not None:
             releasing[i] += take
             continue

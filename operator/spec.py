@@ -35,7 +35,9 @@ from rlsched.core.contract import (
     ShapeError,
     container_gpus,
     dns_label,
+    PodRequests,
     pod_gpus,
+    pod_requests,
 )
 from rlsched.core.planning import PRIORITY_CLASSES, TrainingSpec
 
@@ -155,7 +157,7 @@ def parse_spec(
         klass = "normal"
     value = _num(prio.get("value", 0.0), "spec.priority.value", 0.0, problems)
 
-    _check_template(spec.get("template"), gpw or 1, scheduler_name, problems)
+    worker = _check_template(spec.get("template"), gpw or 1, scheduler_name, problems)
     if name is not None:
         try:
             dns_label(name, "the job name")
@@ -189,6 +191,8 @@ def parse_spec(
         local_batch_size=(lmin, lmax),
         suspend=suspend,
         queue_name=queue_name,
+        cpu_milli=worker.cpu_milli if worker is not None else 0,
+        memory_mib=worker.memory_mib if worker is not None else 0,
     )
 
 
@@ -220,15 +224,17 @@ def _check_checkpoint(ckpt: Any, template: Any, problems: list[str]) -> None:
                         f"rename it (the operator mounts spec.checkpoint.volume under that name)")
 
 
-def _check_template(template: Any, gpw: int, scheduler_name: str, problems: list[str]) -> None:
+def _check_template(template: Any, gpw: int, scheduler_name: str, problems: list[str]) -> PodRequests | None:
+    """Check the worker template; what one worker pod built from it asks for (GPUs, CPU,
+    memory: :func:`~rlsched.core.contract.pod_requests`), None when it is invalid."""
     if not isinstance(template, Mapping) or not isinstance(template.get("spec"), Mapping):
         problems.append("spec.template.spec is required (a pod spec)")
-        return
+        return None
     pod = template["spec"]
     containers = pod.get("containers")
     if not isinstance(containers, list) or not containers:
         problems.append("spec.template.spec.containers must list at least one container")
-        return
+        return None
     sched = pod.get("schedulerName")
     if sched not in (None, "", scheduler_name):
         problems.append(
@@ -245,18 +251,18 @@ def _check_template(template: Any, gpw: int, scheduler_name: str, problems: list
         problems.append("spec.template.spec.nodeName must be unset: the scheduler places workers")
     if not all(isinstance(c, Mapping) for c in containers):
         problems.append("spec.template.spec.containers entries must be objects")
-        return
+        return None
     try:
         total = pod_gpus(template, "spec.template")
     except ShapeError as exc:
         problems.append(str(exc))
-        return
+        return None
     if total and total != gpw:
         problems.append(
             f"the pod template asks for {total} {RESOURCE_GPU} but spec.gpusPerWorker is {gpw}; "
             f"set the GPUs in gpusPerWorker only"
         )
-        return
+        return None
     before = len(problems)
     for i, c in enumerate(containers[1:], 1):
         n = container_gpus(c, f"spec.template.spec.containers[{i}]")
@@ -274,6 +280,11 @@ def _check_template(template: Any, gpw: int, scheduler_name: str, problems: list
                 f"spec.gpusPerWorker ({gpw}): each worker would hold {n}"
             )
     built = set_worker_gpus(copy.deepcopy(dict(pod)), gpw)
-    effective = pod_gpus({"spec": built}, "spec.template")
-    if effective != gpw and len(problems) == before:
-        problems.append(f"a worker pod would ask for {effective} {RESOURCE_GPU}, spec.gpusPerWorker is {gpw}")
+    try:
+        worker = pod_requests({"spec": built}, "spec.template")
+    except ShapeError as exc:
+        problems.append(str(exc))
+        return None
+    if worker.gpus != gpw and len(problems) == before:
+        problems.append(f"a worker pod would ask for {worker.gpus} {RESOURCE_GPU}, spec.gpusPerWorker is {gpw}")
+    return worker if len(problems) == before else None

@@ -5,7 +5,8 @@ whenever a job's node list changes, so a job whose count is unchanged keeps its 
 exactly; every other job is placed on as few nodes as possible
 (:func:`rlsched.core.allocation.packed`), largest first, on the GPUs the kept jobs
 leave free. A job that allows only some GPU models (``AllocJob.gpu_models``) keeps or
-gets only nodes of those models, and is placed before the jobs that may go anywhere.
+gets only nodes of those models, a job whose replicas ask for CPU or memory only nodes
+with that much left, and both are placed before the jobs that may go anywhere.
 """
 
 from __future__ import annotations
@@ -28,35 +29,56 @@ def keep_or_pack(demand: Sequence[tuple[AllocJob, int]], nodes: Sequence[AllocNo
     so a current allocation that over-commits a node, which a correct engine never
     reports, loses to the jobs before it and is re-placed). The others are packed
     largest first (ties: ``demand`` order) on the GPUs left: first the jobs limited to
-    some GPU models, on the nodes of those models, then the rest. Raises
-    :class:`AllocationError` when the counts exceed the cluster's GPUs, or when a
-    limited job's nodes cannot hold its count — unless ``partial``, when it gets what
-    they hold (fewer replicas, possibly none: the caller decides what to make of it)."""
+    some GPU models or whose replicas ask for CPU or memory (on nodes that count them:
+    ``AllocNode.cpu_milli``/``memory_mib``), on the nodes with room for them, then the
+    rest. Raises :class:`AllocationError` when the counts exceed the cluster's GPUs, or
+    when a limited job's nodes cannot hold its count — unless ``partial``, when it gets
+    what they hold (fewer replicas, possibly none: the caller decides what to make of it)."""
     free = {n.index: n.gpus for n in nodes}
     total = sum(free.values())
     asked = sum(count for _, count in demand)
     if asked > total:
         raise AllocationError(f"{asked} GPUs asked of a cluster of {total}")
+    node_of = {n.index: n for n in nodes}
+    cpu = {n.index: n.cpu_milli for n in nodes}
+    mem = {n.index: n.memory_mib for n in nodes}
     allowed = {job.id: ok for job, _ in demand if (ok := job.allowed_nodes(nodes)) is not None}
+    # jobs whose replicas ask for CPU or memory on nodes that count them: placed node by node
+    offers = any(c is not None for c in cpu.values()) or any(m is not None for m in mem.values())
+    limited = {job.id for job, _ in demand if job.id in allowed or (offers and job.needs_offers)}
+
+    def book(job: AllocJob, i: int, n: int) -> None:
+        if cpu[i] is not None:
+            cpu[i] -= n * job.cpu_milli
+        if mem[i] is not None:
+            mem[i] -= n * job.memory_mib
+
     out: dict[str, tuple[int, ...]] = {}
     moving: list[tuple[bool, int, int, AllocJob]] = []
     for rank, (job, count) in enumerate(demand):
         held = Counter(job.allocation)
-        ok = allowed.get(job.id)
-        if len(job.allocation) == count and all(i in free and free[i] >= n and (ok is None or i in ok)
+        if len(job.allocation) == count and all(i in free and job.fits(node_of[i], free[i], cpu[i], mem[i]) >= n
                                                 for i, n in held.items()):
             for i, n in held.items():
                 free[i] -= n
+                book(job, i, n)
             out[job.id] = tuple(job.allocation)
         else:
-            moving.append((job.id not in allowed, -count, rank, job))
+            moving.append((job.id not in limited, -count, rank, job))
     left = FreeNodes(free)
     for _, neg, _, job in sorted(moving, key=lambda m: m[:3]):
-        count, ok = -neg, allowed.get(job.id)
-        where = left.take(count, ok)
-        if where is None and partial and ok is not None:
-            where = left.take(left.most(ok), ok)
-        if where is None:  # without model limits the counts fit in total, so there is always room
-            raise AllocationError(f"job {job.id}: no room for {count} GPUs (free {left.free})")
+        count = -neg
+        if job.id in limited:
+            ok = allowed.get(job.id, free.keys())
+            where = left.take_upto(count, {i: job.fits(node_of[i], left.free[i], cpu[i], mem[i]) for i in ok})
+            if len(where) < count and not partial:
+                raise AllocationError(f"job {job.id}: the nodes it may run on hold {len(where)} of its {count} "
+                                      f"GPUs (GPU model, CPU and memory)")
+            for i, n in Counter(where).items():
+                book(job, i, n)
+        else:
+            where = left.take(count)
+            if where is None:  # without limits the counts fit in total, so there is always room
+                raise AllocationError(f"job {job.id}: no room for {count} GPUs (free {left.free})")
         out[job.id] = where
     return out

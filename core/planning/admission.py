@@ -326,17 +326,25 @@ class Admission:
         plan.order = [e.key for e in order]
         fitting = []
         for e in order:
-            models = e.spec.gpu_models
-            if models is None:
-                why = unfittable_reason(state.total, e.spec.gpus_per_worker, e.spec.min_workers)
-            else:  # only the nodes of a model its workers may run on
+            models, g = e.spec.gpu_models, max(1, e.spec.gpus_per_worker)
+            total = state.total.astype(np.int64)
+            cpu, mem = e.spec.cpu_milli, e.spec.memory_mib
+            if cpu > 0:  # a node hosts no more workers than its CPU and memory hold
+                total = np.minimum(total, state.cpu_total // cpu * g)
+            if mem > 0:
+                total = np.minimum(total, state.mem_total // mem * g)
+            ok = None
+            if models is not None:  # only the nodes of a model its workers may run on
                 ok = state.candidates_total(0, models)
-                total = np.zeros_like(state.total)
-                total[ok] = state.total[ok]
-                why = ("no node of the cluster has a GPU model its worker template allows" if not ok.size else
-                       unfittable_reason(total, e.spec.gpus_per_worker, e.spec.min_workers))
-                if why is not None and ok.size:
-                    why += f" (on nodes of GPU model {', '.join(sorted(models))})"
+                only = np.zeros_like(total)
+                only[ok] = total[ok]
+                total = only
+            why = ("no node of the cluster has a GPU model its worker template allows" if ok is not None and not ok.size
+                   else unfittable_reason(total, e.spec.gpus_per_worker, e.spec.min_workers))
+            if why is not None and ok is not None and ok.size:
+                why += f" (on nodes of GPU model {', '.join(sorted(models))})"
+            if why is not None and (cpu > 0 or mem > 0):
+                why += f" (counting the {cpu}m CPU and {mem}Mi memory each worker asks for)"
             if why is None:
                 fitting.append(e)
             else:

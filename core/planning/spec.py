@@ -52,6 +52,10 @@ class TrainingSpec:
     suspend: bool = False
     #: ``spec.queueName``: the team queue it names (None: its namespace's default)
     queue_name: str | None = None
+    #: what one worker pod asks for besides GPUs (the worker template's effective
+    #: request, :func:`~rlsched.core.contract.pod_requests`): millicores and MiB
+    cpu_milli: int = 0
+    memory_mib: int = 0
 
     @property
     def gang_gpus(self) -> int:
@@ -86,5 +90,7 @@ class TrainingSpec:
             est_runtime=self.estimated_runtime,
             beta=self.beta,
             gpu_models=self.gpu_models,
+            cpu_milli=self.cpu_milli,
+            memory_mib=self.memory_mib,
             **state,
         )

@@ -182,3 +182,17 @@ def test_worker_pod_effective_gpus_equal_gpus_per_worker():
         "containers": [{"name": "a", "resources": {"limits": None}}, {"name": "side"}],
         "initContainers": [{"name": "i", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}}}
     assert pod_gpus(worker_pod(job, 0, 2)) == 2
+
+
+def test_pods_cpu_and_memory_are_charged_to_their_nodes():
+    a = node("a", 8)
+    a["status"]["allocatable"].update(cpu="16", memory="64Gi")
+    p = pod("p", 2, "a", job="j")
+    p["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "4", "memory": "10Gi"}
+    other = pod("daemon", 0, "a")
+    other["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "13"}}  # no GPU, still holds CPU
+    snap = build_snapshot([a], [p, other])
+    st = snap.state
+    assert (st.cpu_total[0], st.mem_total[0]) == (16000, 65536)
+    assert (st.cpu_free[0], st.mem_free[0]) == (16000 - 4000 - 13000, 65536 - 10240)  # over-committed: below 0
+    assert st.free[0] == 6

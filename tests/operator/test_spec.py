@@ -136,3 +136,17 @@ def test_worker_pod_names_must_be_dns_labels():
         parse_spec(body(), name="x" * 64)
     # without a name (a spec alone) nothing is said about names
     assert parse_spec(body()).max_workers == 4
+
+
+def test_worker_cpu_and_memory_are_the_templates_effective_request():
+    tmpl = {"spec": {"containers": [{"name": "t", "image": "x", "resources": {"requests": {"cpu": "3", "memory": "8Gi"}}},
+                                    {"name": "log", "image": "y", "resources": {"limits": {"cpu": "500m"}}}],
+                     "initContainers": [{"name": "fetch", "image": "z", "resources": {"requests": {"cpu": "6"}}}]}}
+    s = parse_spec(body(template=tmpl))
+    assert (s.cpu_milli, s.memory_mib) == (6000, 8192)  # the init container's 6 cores outweigh 3.5
+    v = s.view("ns/j", submit_time=0.0, workers=2, priority=0.0)
+    assert (v.cpu_milli, v.memory_mib) == (6000, 8192)  # what admission and placement count
+    assert (parse_spec(body()).cpu_milli, parse_spec(body()).memory_mib) == (0, 0)
+    bad = {"spec": {"containers": [{"name": "t", "image": "x", "resources": {"requests": {"memory": "a lot"}}}]}}
+    with pytest.raises(SpecError, match="memory"):
+        parse_spec(body(template=bad))
