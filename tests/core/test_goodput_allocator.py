@@ -296,3 +296,16 @@ def test_check_allocations_refuses_a_replica_on_a_model_its_job_does_not_allow()
     job = replace(make_job("a"), gpu_models=frozenset({"A100"}))
     with pytest.raises(AllocationError, match="GPU model 'V100'"):
         check_allocations([job], mixed_nodes(), {"a": Allocation((2,))})
+
+
+def test_explore_caps_growth_at_a_multiple_of_the_most_gpus_measured():
+    alone = make_job("a")  # measured up to 8 GPUs (SHAPES)
+    fresh = replace(make_job("f"), profile=measured(linear_step, (1, 1, 64)))
+    held = replace(fresh, id="h", allocation=(0,) * 4)  # holds 4, measured on 1: keeps its 4
+    x = GoodputAllocator(explore=2.0)
+    assert [j.max_replicas for j in x.explored([alone, fresh, held])] == [16, 2, 4]
+    assert GoodputAllocator().explored([fresh])[0] is fresh  # off by default
+    out = decide([fresh], nodes_of(8, 8), x)
+    assert out["f"].replicas == 2  # perfect scaling would take all 16 without the cap
+    with pytest.raises(ValueError, match="explore"):
+        GoodputAllocator(explore=-1.0)
