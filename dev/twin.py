@@ -25,7 +25,9 @@ job was submitted. The simulator's ``scaling_interval`` is the operator's cycle 
 simulated seconds, so both sides look at new evaluations at the same rate.
 
 :func:`compare` holds the two logs against each other (admissions and their order,
-preemption victims, each job's sequence of worker changes, per-job JCT) under the
+preemption victims, each job's sequence of worker changes, the global batch of each run
+of a job with an adaptive batch — live, what its pods' worker contract carried —,
+per-job JCT) under the
 tolerances of :class:`Tolerances` (see its docstring for why they are what they
 are) and :func:`render_markdown` writes the report. ``python -m rlsched_dev.twin``
 runs the whole check on a fresh local control plane (``bench/twin.py`` is the
@@ -59,6 +61,8 @@ __all__ = [
     "Tolerances",
     "twin_jobs",
     "allocator_scenario",
+    "batch_scenario",
+    "batch_sequences",
     "manifest",
     "operator_policies",
     "simulate",
@@ -173,12 +177,22 @@ class Tolerances:
     * JCT: ``|live - sim| <= L * (jct_base + jct_per_decision * d) + jct_rel * sim``
       where ``d`` counts the decisions on the job's path: its own admissions, resizes
       and preemptions and the completions it waited for in the queue (each hand-off
-      adds up to one ``L``); ``jct_rel`` covers the trainer's sampling of the clock.
+      adds up to one ``L``); ``jct_rel`` covers the trainer's sampling of the clock;
+    * global batch sizes (jobs with an adaptive batch): each job's sequence of global
+      batches, one per run (admission or resize; live, what its pods' worker contract
+      carried). Two batches match when they differ by at most ``batch_rel``
+      (relative); a job may have as many unmatched entries as its scaling check
+      forgave it (a resize one run took and the other did not adds or drops a batch),
+      none when its steps matched. The batch is the allocator's pure function of what
+      the job reported — the same step times and gradient statistics on both sides —
+      and of the new allocation, so it must be the same number: ``batch_rel`` is 0 by
+      default.
     """
 
     order_latencies: float = 2.0
     scale_edits: int = 1
     scale_epoch_slack: int = 1
+    batch_rel: float = 0.0
     jct_base: float = 3.0
     jct_per_decision: float = 1.5
     jct_rel: float = 0.03
@@ -269,6 +283,34 @@ def allocator_scenario() -> list[JobSpec]:
 
     return [job("al-a", 0.0, 2, 1, 16, 60_000, 12), job("al-b", 121.3, 2, 5, 8, 12_000, 6),
             job("al-c", 331.7, 4, 2, 2, 6_000, 5)]
+
+
+def batch_scenario() -> list[JobSpec]:
+    """Two jobs for an allocation policy that sets global batch sizes: ``bs-a`` (1–16
+    workers × 2 GPUs) asks for global batch 64 (``batchSize``) and lets the scheduler
+    go up to 2,048 (``maxBatchSize``); its trainer reports step times at the batch it
+    runs and a gradient noise scale of 1,000 samples (:meth:`JobSpec.grad_stats`,
+    statistical efficiency ``(φ + 64)/(φ + M)``). ``bs-b`` (15 × 2 GPUs, a fixed
+    per-worker batch) needs 30 of the 32 GPUs.
+
+    What the goodput allocator does with them (the same in the engine and live): it
+    starts ``bs-a`` alone at batch 64 — no gradient statistics yet, so a larger batch
+    buys nothing on faith — on one node; ``bs-b`` arrives mid-epoch after ``bs-a``'s
+    first reports and ``bs-a`` shrinks to one worker to admit it, now at the
+    goodput-optimal batch for 2 GPUs with the noise scale it reported (larger than
+    64); it reports an epoch at that batch, and when ``bs-b`` ends it grows back to 4
+    workers at the batch its model, fitted now to the step times at both batches,
+    finds best there (another one again). Two resizes, each changing the global batch,
+    the second decided from a step time reported at a batch the allocator chose."""
+    conv = {"tau": 6.0, "noise": 0.002, "acc_max": 0.9}
+    common = dict(compute_time=0.25, grad_gb=0.05, batch_per_worker=32, beta=0.001, patience=5, convergence=conv)
+    return [
+        JobSpec(id="bs-a", submit_time=0.0, workers=1, gpus_per_worker=2, min_workers=1, max_workers=16,
+                samples_per_epoch=30_000, max_epochs=10, batch_size=64, max_batch_size=2048,
+                grad_noise_scale=1000.0, **common),
+        JobSpec(id="bs-b", submit_time=151.3, workers=15, gpus_per_worker=2, min_workers=15, max_workers=15,
+                samples_per_epoch=60_000, max_epochs=6, **common),
+    ]
 
 
 def separate_arrivals(jobs: Sequence[JobSpec], topology: Topology, cfg: TwinConfig, window: float,
@@ -377,7 +419,7 @@ def manifest(spec: JobSpec, namespace: str) -> dict:
     """The TrainingJob of a twin job (what the live run submits)."""
     from rlsched.core.contract import API_VERSION, KIND
 
-    return {
+    body = {
         "apiVersion": API_VERSION, "kind": KIND,
         "metadata": {"name": spec.id, "namespace": namespace, "labels": {"app.kubernetes.io/part-of": "rlsched-twin"}},
         "spec": {
@@ -387,6 +429,11 @@ def manifest(spec: JobSpec, namespace: str) -> dict:
             "template": {"spec": {"containers": [{"name": "trainer", "image": TRAINER_IMAGE}]}},
         },
     }
+    if spec.batch_size is not None:  # an adaptive global batch: the scheduler chooses within these
+        body["spec"]["batchSize"] = spec.batch_size
+        if spec.max_batch_size is not None:
+            body["spec"]["maxBatchSize"] = spec.max_batch_size
+    return body
 
 
 # --------------------------------------------------------------------------- simulated
@@ -466,6 +513,12 @@ class _Replay:
     sizes: list[tuple[float, int]] = field(default_factory=list)
     #: (wall time, epoch, accuracy) of every report written
     reports: list[tuple[float, int, float]] = field(default_factory=list)
+    #: the global batch of the running generation, from its pods' worker contract
+    #: (``RLSCHED_GLOBAL_BATCH_SIZE``; None: the pods carry none)
+    batch: int | None = None
+    #: (wall time, workers, global batch) of every generation it ran: a gang start, or
+    #: a new worker count or batch
+    generations: list[tuple[float, int, int | None]] = field(default_factory=list)
 
 
 class ReplayTrainer:
@@ -481,7 +534,13 @@ class ReplayTrainer:
     (:class:`rlsched.trainer.Reporter`) with the accuracy of the job's own seeded
     :class:`~rlsched.sim.convergence.ConvergenceModel` at the effective epochs reached
     at that boundary, and the loss of the same model: the numbers the engine reports.
-    Progress stops at ``maxEpochs``; the operator decides completion (β stop)."""
+    Progress stops at ``maxEpochs``; the operator decides completion (β stop).
+
+    A job with an adaptive batch (``JobSpec.batch_size``) trains at the global batch
+    its pods' worker contract carries (``RLSCHED_GLOBAL_BATCH_SIZE``, what the operator
+    wrote into that generation): the engine's throughput at that batch and its
+    statistical efficiency ``JobSpec.batch_efficiency``; each report also carries its
+    gradient statistics (``JobSpec.grad_stats``), as ``rlsched.trainer`` reports them."""
 
     def __init__(self, api_client, namespace: str, jobs: Sequence[JobSpec], models: Mapping[str, Any],
                  topology: Topology, *, time_scale: float, restart_cost_sim: float, tick_s: float = 0.1,
@@ -511,7 +570,10 @@ class ReplayTrainer:
             if active > 0:
                 spe = spec.samples_per_epoch
                 cap = spec.max_epochs * spe
-                w_eff = conv.efficiency(r.workers) if conv is not None else 1.0
+                if spec.batch_size is not None:  # an adaptive batch: the efficiency of the batch it runs at
+                    w_eff = spec.batch_efficiency(r.batch)
+                else:
+                    w_eff = conv.efficiency(r.workers) if conv is not None else 1.0
                 delta = min(r.rate * active * self.time_scale, cap - r.work_done)
                 before, eff_before = r.work_done, r.eff
                 r.work_done += delta
@@ -537,25 +599,29 @@ class ReplayTrainer:
             r.paused_at = now
             r.rate = 0.0
 
-    def reconfigure(self, r: _Replay, nodes: Sequence[int], now: float) -> None:
-        """The job now runs ``nodes`` (one per running worker; empty: not running):
-        start, resume (restart cost), resize (restart cost) or stop. After a
-        :meth:`pause` the new generation resumes ``restart_cost`` after the old one
-        stopped (the engine charges a restart once, however long the pods take)."""
+    def reconfigure(self, r: _Replay, nodes: Sequence[int], now: float, batch: int | None = None) -> None:
+        """The job now runs ``nodes`` (one per running worker; empty: not running) at
+        global batch ``batch`` (its pods' worker contract; None: none): start, resume
+        (restart cost), resize (restart cost) or stop. After a :meth:`pause` the new
+        generation resumes ``restart_cost`` after the old one stopped (the engine
+        charges a restart once, however long the pods take)."""
         nodes = tuple(sorted(nodes)) if len(nodes) >= r.spec.min_workers else ()
+        batch = batch if nodes else None
         paused, r.paused_at = r.paused_at, None
         if paused is not None and nodes:
             if len(nodes) != len(r.nodes):
                 r.sizes.append((now, len(nodes)))
+            if len(nodes) != len(r.nodes) or batch != r.batch:
+                r.generations.append((now, len(nodes), batch))
             counts: dict[int, int] = {}
             for i in nodes:
                 counts[i] = counts.get(i, 0) + r.spec.gpus_per_worker
-            r.workers = len(nodes)
-            r.rate = throughput(r.spec, r.workers, self.topology.span_level(counts), self.topology.bandwidth)
+            r.workers, r.batch = len(nodes), batch
+            r.rate = throughput(r.spec, r.workers, self.topology.span_level(counts), self.topology.bandwidth, batch)
             r.resume_at = max(now, paused + self.restart_wall) if r.started else now
             r.nodes = nodes
             return
-        if nodes == r.nodes:
+        if nodes == r.nodes and batch == r.batch:
             return
         names = [self.topology.nodes[i].name for i in nodes]
         if not nodes:
@@ -565,32 +631,46 @@ class ReplayTrainer:
                 r.runs.append((now, sorted(names)))
                 r.resume_at = now + self.restart_wall if r.started else now
                 r.started = True
-            elif len(nodes) != len(r.nodes):
+                r.generations.append((now, len(nodes), batch))
+            elif len(nodes) != len(r.nodes) or batch != r.batch:  # a new generation
                 r.resume_at = now + self.restart_wall
+                r.generations.append((now, len(nodes), batch))
             counts: dict[int, int] = {}
             for i in nodes:
                 counts[i] = counts.get(i, 0) + r.spec.gpus_per_worker
             level = self.topology.span_level(counts)
             r.workers = len(nodes)
-            r.rate = throughput(r.spec, r.workers, level, self.topology.bandwidth)
+            r.rate = throughput(r.spec, r.workers, level, self.topology.bandwidth, batch)
         if len(nodes) != len(r.nodes):
             r.sizes.append((now, len(nodes)))
-        r.nodes = nodes
+        r.nodes, r.batch = nodes, batch
 
     @staticmethod
     def speed(r: _Replay, generation: int) -> dict:
         """What the chief reports of its speed with each evaluation, as the engine
         records it for an allocation policy (``Simulator._report``): seconds per step
         (simulated) of its workers at their fixed batch, the worker count and the
-        generation; nothing while it does not run or restarts."""
+        generation; with an adaptive batch the step time at the global batch its pods
+        carry, that batch and its gradient statistics (``JobSpec.grad_stats``);
+        nothing while it does not run or restarts."""
         if not r.workers or r.rate <= 0:
             return {}
+        spec = r.spec
+        if spec.batch_size is not None:
+            batch = spec.global_batch(r.workers, r.batch)
+            out = {"step_time_seconds": batch / r.rate, "workers": r.workers, "global_batch_size": batch,
+                   "generation": int(generation)}
+            stats = spec.grad_stats()
+            if stats is not None:
+                out["grad_sqr"], out["grad_var"] = stats
+            return out
         return {"step_time_seconds": r.workers * r.spec.batch_per_worker / r.rate, "workers": r.workers,
                 "global_batch_size": r.workers * r.spec.gpus_per_worker, "generation": int(generation)}
 
     # ---- the cluster side
     def tick(self) -> None:
-        from rlsched.core.contract import GROUP, LABEL_GENERATION, LABEL_JOB, PLURAL, VERSION, controlling_job
+        from rlsched.core.contract import (ENV_BATCH_SIZE, GROUP, LABEL_GENERATION, LABEL_JOB, PLURAL, VERSION,
+                                           controlling_job)
         from rlsched.trainer import Reporter
 
         now = self.clock()
@@ -600,6 +680,7 @@ class ReplayTrainer:
         status = {b["metadata"]["name"]: (b.get("status") or {}) for b in bodies}
         phase = {name: st.get("phase") for name, st in status.items()}
         running: dict[str, list[int]] = {}
+        batches: dict[str, set[int | None]] = {}  # the global batch each running worker's contract carries
         for p in pods:
             owner = controlling_job(p)
             st, md = p.get("status") or {}, p["metadata"]
@@ -612,6 +693,7 @@ class ReplayTrainer:
             i = self.topology.index.get(node)
             if i is not None:
                 running.setdefault(owner.name, []).append(i)
+                batches.setdefault(owner.name, set()).add(_pod_batch(p, ENV_BATCH_SIZE))
         for name, r in self.jobs.items():
             if name not in phase:
                 continue
@@ -623,10 +705,14 @@ class ReplayTrainer:
             target = status[name].get("targetWorkers")
             if phase[name] == "Starting" and isinstance(target, int) and len(nodes) < target:
                 nodes = []  # the gang trains once all its workers run (an allocator starts it above minWorkers)
+            seen = batches.get(name) or {None}
+            if len(seen) > 1:  # the workers of one generation disagree: a broken worker contract
+                self._error(f"{name}: workers of one generation carry different global batches {sorted(seen, key=str)}")
+            batch = max(seen, key=lambda b: -1 if b is None else b)
             if phase[name] == "Running" and r.nodes and isinstance(target, int) and len(nodes) < target:
                 self.pause(r, now)  # its generation is restarting: every worker starts again
             else:
-                self.reconfigure(r, nodes, now)
+                self.reconfigure(r, nodes, now, batch)
             speed = self.speed(r, status[name].get("restartGeneration") or 0)
             for epoch, acc, loss in reports:
                 try:
@@ -638,6 +724,11 @@ class ReplayTrainer:
                     self.errors.append(f"{name}: report of epoch {epoch} failed: {exc!r}")
                     log.warning("replay trainer: %s", self.errors[-1])
 
+    def _error(self, msg: str) -> None:
+        if msg not in self.errors:
+            self.errors.append(msg)
+            log.warning("replay trainer: %s", msg)
+
     def run_until(self, stop: threading.Event) -> None:
         while not stop.is_set():
             t0 = time.monotonic()
@@ -647,6 +738,20 @@ class ReplayTrainer:
                 self.errors.append(f"tick failed: {exc!r}")
                 log.warning("replay trainer: tick failed: %r", exc)
             stop.wait(max(0.0, self.tick_s - (time.monotonic() - t0)))
+
+
+def _pod_batch(pod: Mapping, name: str) -> int | None:
+    """The global batch a worker pod's contract carries (env ``name`` of its first
+    container that has it); None without one. A value that is not a whole number is
+    returned as -1 (it cannot match any batch)."""
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        for e in c.get("env") or []:
+            if e.get("name") == name:
+                try:
+                    return int(e.get("value"))
+                except (TypeError, ValueError):
+                    return -1
+    return None
 
 
 @dataclass
@@ -662,6 +767,9 @@ class LiveRun:
     #: wall seconds from an operator decision (Admitted/ScaledUp/ScaledDown event) to
     #: the trainer seeing the change in the running pods: binding, kwok, the tick
     latency: dict[str, list[float]] = field(default_factory=dict)
+    #: per job, the global batch of each generation the trainer ran (from its pods'
+    #: worker contract), in order; only jobs whose pods carried one
+    batches: dict[str, list[int]] = field(default_factory=dict)
 
 
 def decided_epoch(reports: Sequence[tuple[float, int, float]], t: float, gain: str) -> int | None:
@@ -719,8 +827,12 @@ def live_log(events: Iterable[Mapping], created: Mapping[str, float], runs: Mapp
             epoch = (int(at.group(1)) if at else
                      decided_epoch((reports or {}).get(job) or [], t, g.group(1)) if g else None)
             delta = int(m.group(2)) - int(m.group(1)) if m else (1 if reason == "ScaledUp" else -1)
-            out.append({"kind": "scale", "job": job, "t": sim_t(t), "delta": delta,
-                        "workers": int(m.group(2)) if m else None, "epoch": epoch})
+            d = {"kind": "scale", "job": job, "t": sim_t(t), "delta": delta,
+                 "workers": int(m.group(2)) if m else None, "epoch": epoch}
+            b = re.search(r"global batch \S+ -> (\d+)", msg)  # an allocator's new batch (adaptive-batch jobs)
+            if b:
+                d["batch"] = int(b.group(1))
+            out.append(d)
         elif reason == "Completed":
             out.append({"kind": "finish", "job": job, "t": sim_t(t)})
             if job in created:
@@ -864,7 +976,9 @@ def run_live(jobs: Sequence[JobSpec], env, cfg: TwinConfig, workdir: Path, *,
         anomalies += trainer.errors
         unfinished = sorted(names - set(jct))
         say(f"live: done in {wall:.0f} s wall, {len(unfinished)} unfinished")
-        return LiveRun(decisions, jct, unfinished, anomalies, wall, t0, _latencies(decisions, trainer, t0, cfg.time_scale))
+        batches = {k: [b for _, _, b in r.generations if b is not None] for k, r in trainer.jobs.items()}
+        return LiveRun(decisions, jct, unfinished, anomalies, wall, t0, _latencies(decisions, trainer, t0, cfg.time_scale),
+                       {k: v for k, v in batches.items() if v})
     finally:
         stop.set()
         if thread is not None:
@@ -895,13 +1009,34 @@ def _same_step(x: tuple, y: tuple, slack: int) -> bool:
 def _edits(a: Sequence, b: Sequence, slack: int = 0) -> int:
     """Levenshtein distance of two short sequences of (delta, epoch) steps, two steps
     being equal when :func:`_same_step` with ``slack`` says so."""
+    return _edits_by(a, b, lambda x, y: _same_step(x, y, slack))
+
+
+def _edits_by(a: Sequence, b: Sequence, same: Callable[[Any, Any], bool]) -> int:
+    """Levenshtein distance of two short sequences, two entries being equal when
+    ``same`` says so."""
     prev = list(range(len(b) + 1))
     for i, x in enumerate(a, 1):
         cur = [i]
         for j, y in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (not _same_step(x, y, slack))))
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (not same(x, y))))
         prev = cur
     return prev[-1]
+
+
+def _same_batch(x: int, y: int, rel: float) -> bool:
+    return abs(x - y) <= rel * max(abs(x), abs(y))
+
+
+def batch_sequences(decisions: Sequence[Mapping]) -> dict[str, list[int]]:
+    """Per job, the global batch of each of its runs in a decision log: the ``batch``
+    of its admissions and resizes in time order (jobs whose log names none are left
+    out: they have no adaptive batch)."""
+    out: dict[str, list[int]] = {}
+    for d in sorted(decisions, key=lambda d: d["t"]):
+        if d["kind"] in ("admit", "scale") and d.get("batch") is not None:
+            out.setdefault(d["job"], []).append(int(d["batch"]))
+    return out
 
 
 def _admissions(decisions: Sequence[Mapping]) -> dict[tuple[str, int], dict]:
@@ -935,9 +1070,11 @@ def compare(sim: Mapping, live: Mapping, *, latency: float, tol: Tolerances = To
 
     ``sim`` and ``live``: ``{"decisions": [...], "jct": {job: s}, "unfinished": [...],
     "submit": {job: s}}`` (``live`` may add ``"anomalies"``), all times in simulated
-    seconds; ``latency``: one live decision latency in simulated seconds
-    (:attr:`TwinConfig.latency_sim`). Returns the report: per check its verdict and
-    the evidence, and ``ok``."""
+    seconds; either may add ``"batches"`` (``{job: [global batch of each run]}``, live:
+    what the pods carried), else they are read from its decisions
+    (:func:`batch_sequences`); ``latency``: one live decision latency in simulated
+    seconds (:attr:`TwinConfig.latency_sim`). Returns the report: per check its
+    verdict and the evidence, and ``ok``."""
     sd, ld = list(sim["decisions"]), list(live["decisions"])
     submit = dict(sim.get("submit") or {})
     report: dict[str, Any] = {"latency_sim": latency, "tolerances": asdict(tol)}
@@ -1002,6 +1139,25 @@ def compare(sim: Mapping, live: Mapping, *, latency: float, tol: Tolerances = To
                          "same_directions_jobs": report_same_direction,
                          "beyond_tolerance": bad, "ok": not bad}
 
+    # global batch sizes: each adaptive-batch job's batch per run
+    sb = dict(sim["batches"]) if "batches" in sim else batch_sequences(sd)
+    lb = dict(live["batches"]) if "batches" in live else batch_sequences(ld)
+    per_batch, bad_batch = {}, []
+    for j in sorted(set(sb) | set(lb)):
+        s_seq, l_seq = list(sb.get(j) or []), list(lb.get(j) or [])
+        e = _edits_by(s_seq, l_seq, lambda x, y: _same_batch(x, y, tol.batch_rel))
+        allowed = min(per_job.get(j, {}).get("edits", 0), tol.scale_edits)  # what its steps were forgiven
+        per_batch[j] = {"sim": s_seq, "live": l_seq, "edits": e, "allowed": allowed}
+        if e > allowed:
+            bad_batch.append(j)
+
+    def changed(seqs: Mapping[str, Sequence[int]]) -> list[str]:
+        return sorted(j for j, v in seqs.items() if len(set(v)) > 1)
+
+    report["batch"] = {"jobs": per_batch, "changed_sim": changed(sb), "changed_live": changed(lb),
+                       "identical_jobs": sum(1 for v in per_batch.values() if v["sim"] == v["live"]),
+                       "beyond_tolerance": bad_batch, "ok": not bad_batch}
+
     # JCT
     rows = {}
     bad_jct = []
@@ -1034,7 +1190,7 @@ def compare(sim: Mapping, live: Mapping, *, latency: float, tol: Tolerances = To
     report["unfinished"] = unfinished
     report["anomalies"] = anomalies
     report["ok"] = bool(report["admissions"]["ok"] and report["preemptions"]["ok"] and report["scaling"]["ok"]
-                        and report["jct"]["ok"] and not unfinished and not anomalies)
+                        and report["batch"]["ok"] and report["jct"]["ok"] and not unfinished and not anomalies)
     return report
 
 
@@ -1055,6 +1211,7 @@ def render_markdown(report: Mapping, *, title: str = "Twin check") -> str:
              f"| scaling steps (up/down) | {s['sim_steps']} ({_ud(s.get('sim_up_down'))}) | {s['live_steps']} "
              f"({_ud(s.get('live_up_down'))}; identical sequences: {s['identical_jobs']}/{len(s['jobs'])} jobs) "
              f"| {v(s['ok'])} |",
+             *_batch_row(report.get("batch"), v),
              f"| JCT | | mean abs diff {_f(j['mean_abs_diff_sim'])} s ({_f(j['mean_abs_rel'], 100)}%), max "
              f"{_f(j['max_abs_diff_sim'])} s | {v(j['ok'])} |", ""]
     if report["unfinished"]:
@@ -1066,7 +1223,27 @@ def render_markdown(report: Mapping, *, title: str = "Twin check") -> str:
         sc = s["jobs"].get(name, {"sim": [], "live": []})
         lines.append(f"| {name} | {_f(row.get('sim'))} | {_f(row.get('live'))} | {_f(row.get('diff'))} | "
                      f"{_f(row.get('tolerance'))}{'' if row['ok'] else ' **!**'} | {_seq(sc['sim'])} | {_seq(sc['live'])} |")
+    b = report.get("batch") or {}
+    if b.get("jobs"):
+        lines += ["", "| job | global batch per run, sim | live (pods' worker contract) | edits |", "|---|---|---|---|"]
+        for name, row in b["jobs"].items():
+            mark = " **!**" if name in b["beyond_tolerance"] else ""
+            lines.append(f"| {name} | {_bseq(row['sim'])} | {_bseq(row['live'])} | {row['edits']} "
+                         f"(allowed {row.get('allowed', 0)}){mark} |")
     return "\n".join(lines) + "\n"
+
+
+def _batch_row(b: Mapping | None, v: Callable[[bool], str]) -> list[str]:
+    """The summary row of the batch check (none when no job has an adaptive batch)."""
+    if not b or not b.get("jobs"):
+        return []
+    return [f"| global batch per run (jobs changing it) | {', '.join(b['changed_sim']) or '-'} | "
+            f"{', '.join(b['changed_live']) or '-'} (identical sequences: {b['identical_jobs']}/{len(b['jobs'])} jobs) "
+            f"| {v(b['ok'])} |"]
+
+
+def _bseq(seq: Sequence[int]) -> str:
+    return " -> ".join(str(x) for x in seq) or "-"
 
 
 def _f(x, scale: float = 1.0) -> str:
@@ -1107,7 +1284,8 @@ def twin_check(cfg: TwinConfig, env, workdir: Path, *, extender: bool = True, to
     sim = sim_side(jobs, env.topology, cfg)
     say(f"simulated: {len(sim['decisions'])} decisions")
     live = run_live(jobs, env, cfg, workdir, extender=extender, progress=progress)
-    lv = {"decisions": live.decisions, "jct": live.jct, "unfinished": live.unfinished, "anomalies": live.anomalies}
+    lv = {"decisions": live.decisions, "jct": live.jct, "unfinished": live.unfinished, "anomalies": live.anomalies,
+          "batches": live.batches}
     report = compare(sim, lv, latency=cfg.latency_sim, tol=tol)
     lat = {k: {"n": len(v), "mean_s": float(np.mean(v)) if v else None, "max_s": float(np.max(v)) if v else None,
                "p95_s": float(np.percentile(v, 95)) if v else None} for k, v in live.latency.items()}

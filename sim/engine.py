@@ -85,8 +85,8 @@ import numpy as np
 from rlsched.core import ClusterState, JobView, Level, Ordering, Placement, PlacementError, Scaling, Topology
 from rlsched.core.cycle import Preemption, SchedulingCycle
 from rlsched.core.estimate import estimate_remaining
-from rlsched.core.goodput import JobObservations
-from rlsched.core.live_allocation import UNIT_BATCH, LiveAllocation, LiveJob, LivePlan
+from rlsched.core.goodput import BatchBounds, JobObservations
+from rlsched.core.live_allocation import UNIT_BATCH, LiveAllocation, LiveJob, LivePlan, batch_bounds
 from rlsched.core.queues import QueueBook
 from rlsched.core.planning import (
     Admission,
@@ -115,6 +115,12 @@ _PENDING, _RUNNING, _DONE, _DROPPED, _FUTURE = 0, 1, 2, 3, 4
 _KEY_ORDERINGS = frozenset({"fifo", "sjf", "srtf", "tetris", "tiresias"})
 #: ... whose relative order of two pending jobs never changes while they wait
 _STATIC_ORDERINGS = frozenset({"fifo", "sjf", "srtf", "tiresias"})
+
+
+def _bounds(spec: JobSpec) -> BatchBounds | None:
+    """A job's batch bounds as the operator reads them from its TrainingJob
+    (``batch_bounds`` of ``spec.batchSize``/``maxBatchSize``); None: no adaptive batch."""
+    return batch_bounds(spec.batch_size, spec.max_batch_size) if spec.batch_size is not None else None
 
 
 def _grown(v: JobView, delta: int) -> JobView:
@@ -225,7 +231,9 @@ class SimResult:
     #: the policies saw true run times (SimConfig.clairvoyant): a reference run
     clairvoyant: bool = False
     #: the decision log (``SimConfig.record_decisions``), in the order decided:
-    #: ``{"kind": "admit"|"preempt"|"scale"|"finish", "job", "t", ...}``
+    #: ``{"kind": "admit"|"preempt"|"scale"|"finish", "job", "t", ...}``; the admissions
+    #: and resizes of a job with an adaptive batch (``JobSpec.batch_size``) also say the
+    #: global ``batch`` it trains at from then on
     decisions: list[dict] = field(default_factory=list)
 
 
@@ -235,7 +243,7 @@ class _Job:
     __slots__ = (
         "spec", "view", "conv", "status", "work_total", "work_done", "rate", "seg_start",
         "resume_at", "eff", "fee", "fee_rate", "version", "accs", "acc_first", "ideal",
-        "level0", "rescales", "w0", "first_start", "preemptions", "elastic", "ran", "obs", "reported",
+        "level0", "rescales", "w0", "first_start", "preemptions", "elastic", "ran", "obs", "reported", "batch",
     )
 
     def __init__(self, spec: JobSpec, conv: ConvergenceModel | None) -> None:
@@ -264,8 +272,11 @@ class _Job:
         self.elastic = ElasticState()
         self.ran = 0.0  # seconds it held its workers (what a live operator measures)
         #: the step times it "reported" (an allocation policy's input: status.goodput live)
-        self.obs = JobObservations(UNIT_BATCH)
+        self.obs = JobObservations(_bounds(spec) or UNIT_BATCH)
         self.reported = 0  # the epoch of its last report
+        #: the global batch a scheduler set for its current run (an adaptive batch while
+        #: it runs under an allocation policy; None: ``spec.batch_size``, or none)
+        self.batch: int | None = None
 
 
 class Simulator:
@@ -606,11 +617,28 @@ class Simulator:
         conv = j.conv
         spe = spec.samples_per_epoch
         epochs = np.arange(1, spec.max_epochs + 1)
-        accs = conv.evaluate(epochs, epochs * conv.efficiency(w))
+        accs = conv.evaluate(epochs, epochs * self._efficiency(j, w))
         e_stop = stop_epoch(accs, 1, (), 0, spec.beta, spec.patience, spec.max_epochs)
         j.accs, j.acc_first = accs, 1
         j.work_total = float(e_stop * spe)
-        j.ideal = j.work_total / (w * spec.batch_per_worker / best)
+        j.ideal = j.work_total / self._ideal_throughput(spec, w, best)
+
+    def _efficiency(self, j: _Job, workers: int | None = None) -> float:
+        """Statistical efficiency of one sample of ``j`` now: at its global batch with an
+        adaptive batch (:meth:`JobSpec.batch_efficiency`), else the convergence model's
+        at ``workers`` (default its current workers)."""
+        if j.spec.batch_size is not None:
+            return j.spec.batch_efficiency(j.batch)
+        return j.conv.efficiency(j.view.workers if workers is None else workers)
+
+    @staticmethod
+    def _ideal_throughput(spec: JobSpec, workers: int, best: float) -> float:
+        """Samples per second at ``workers`` at the best step time ``best`` (at
+        ``batch_size`` with an adaptive batch)."""
+        if spec.batch_size is None:
+            return workers * spec.batch_per_worker / best
+        m = spec.batch_size
+        return m / (spec.compute_time * m / (workers * spec.batch_per_worker) + best - spec.compute_time)
 
     def _best_step(self, spec: JobSpec, workers: int) -> float:
         """Step time at the fastest level any placement of ``workers`` can reach."""
@@ -626,9 +654,9 @@ class Simulator:
         formulas as :meth:`ConvergenceModel.evaluate` and :func:`stop_epoch`, with
         ``noise[noise_off[k] + e - 1]`` the standard-normal noise of training job k
         after epoch e."""
-        train = [j for j in self._jobs if j.conv is not None]
+        train = [j for j in self._jobs if j.conv is not None and j.spec.batch_size is None]
         for j in self._jobs:
-            if j.conv is None:
+            if j.conv is None or j.spec.batch_size is not None:  # an adaptive batch: its own efficiency
                 self._prepare(j)
         for lo in range(0, len(train), chunk):
             part = train[lo : lo + chunk]
@@ -784,6 +812,7 @@ class Simulator:
         del st.running[v.id]
         v.placement = []
         v.start_time = None
+        j.batch = None  # the batch of its next run is the scheduler's choice then
         if v.workers != j.w0:
             # it resumes with the gang it started with (the operator restarts a preempted
             # job at minWorkers), its accuracy curve from there at that worker count
@@ -945,7 +974,8 @@ class Simulator:
         j.seg_start = t
         if self._decisions is not None:
             self._decisions.append({"kind": "admit", "job": v.id, "t": t, "nodes": list(nodes),
-                                    "workers": len(nodes), "resume": j.first_start is not None})
+                                    "workers": len(nodes), "resume": j.first_start is not None,
+                                    **self._batch_record(j)})
         if j.spec.priority_class == "highest":
             self._highest_pending -= 1
         if j.first_start is None:
@@ -956,10 +986,15 @@ class Simulator:
             j.resume_at = t + self.config.restart_cost
             v.queue = j.spec.queue
             self._set_rate(j)
-        if v.workers != j.w0 and not j.spec.fixed:
-            self._retarget(j)
+        if (v.workers != j.w0 or j.spec.batch_size is not None) and not j.spec.fixed:
+            self._retarget(j)  # (an adaptive batch: at the batch it was given)
         self._schedule_finish(j, t)
         self._schedule_demote(j, t)
+
+    def _batch_record(self, j: _Job) -> dict:
+        """``{"batch": global batch}`` for the decision log of a job with an adaptive
+        batch (nothing for the others: their log is unchanged)."""
+        return {} if j.spec.batch_size is None else {"batch": j.spec.global_batch(j.view.workers, j.batch)}
 
     def _level(self, v: JobView) -> Level:
         p = v.placement
@@ -973,7 +1008,7 @@ class Simulator:
         """Rate, fee rate and throughput at the job's placement; returns its level."""
         v, spec = j.view, j.spec
         lvl = self._level(v)
-        thr = throughput(spec, v.workers, lvl, self._bw)
+        thr = throughput(spec, v.workers, lvl, self._bw, j.batch)
         if spec.fixed:
             ideal_thr = spec.workers * spec.batch_per_worker / self._best_step(spec, spec.workers)
             j.rate = thr / ideal_thr
@@ -1000,7 +1035,7 @@ class Simulator:
             j.work_total = j.work_done
             return
         epochs = np.arange(k + 1, spec.max_epochs + 1)
-        eff = j.eff + (epochs * spe - j.work_done) / spe * conv.efficiency(v.workers)
+        eff = j.eff + (epochs * spe - j.work_done) / spe * self._efficiency(j)
         accs = conv.evaluate(epochs, eff)
         e_stop = stop_epoch(accs, k + 1, hist, streak, spec.beta, spec.patience, spec.max_epochs)
         j.accs, j.acc_first = accs, k + 1
@@ -1016,7 +1051,7 @@ class Simulator:
                 delta = min(j.rate * active, j.work_total - j.work_done)
                 j.work_done += delta
                 if j.conv is not None:
-                    j.eff += delta / spec.samples_per_epoch * j.conv.efficiency(v.workers)
+                    j.eff += delta / spec.samples_per_epoch * self._efficiency(j)
             j.fee += j.fee_rate * dt
             v.attained_service += v.gpus * dt
             j.ran += dt
@@ -1037,7 +1072,7 @@ class Simulator:
                 p.epoch = k_new
                 p.accuracy = p.history[-1]
                 conv = j.conv
-                eff_k = j.eff - (j.work_done - k_new * spe) / spe * conv.efficiency(v.workers)
+                eff_k = j.eff - (j.work_done - k_new * spe) / spe * self._efficiency(j)
                 p.loss = conv.loss_min + (conv.loss0 - conv.loss_min) * math.exp(-eff_k / conv.tau)
                 p.max_loss = conv.loss0
         if not self.config.clairvoyant:  # from the estimate, time run and reported epochs only
@@ -1080,7 +1115,10 @@ class Simulator:
             )
         )
 
-    def _rescale(self, j: _Job, delta: int, nodes: Sequence[int] | None, t: float) -> bool:
+    def _rescale(self, j: _Job, delta: int, nodes: Sequence[int] | None, t: float, batch: int | None = None) -> bool:
+        """Resize a running job by ``delta`` workers (added on ``nodes``, or where the
+        placement policy puts them); ``batch``: the global batch of its next run (an
+        adaptive batch set by an allocation policy; None: unchanged)."""
         v = j.view
         new = v.workers + delta
         if not (v.min_workers <= new <= v.max_workers):
@@ -1106,9 +1144,11 @@ class Simulator:
             self._full_pass_needed = True
         v.workers = new
         j.rescales += 1
+        if batch and j.spec.batch_size is not None:
+            j.batch = int(batch)
         if self._decisions is not None:
             self._decisions.append({"kind": "scale", "job": v.id, "t": t, "delta": delta, "workers": new,
-                                    "epoch": v.progress.epoch})
+                                    "epoch": v.progress.epoch, **self._batch_record(j)})
         j.resume_at = t + self.config.restart_cost
         self._set_rate(j)
         if not j.spec.fixed:
@@ -1134,16 +1174,29 @@ class Simulator:
         if j.rate <= 0 or j.spec.fixed or v.progress.epoch <= j.reported:
             return
         j.reported = v.progress.epoch
-        step = v.workers * j.spec.batch_per_worker / j.rate
+        spec = j.spec
+        if spec.batch_size is not None:  # what its trainer reports, folded as the operator folds it
+            batch = spec.global_batch(v.workers, j.batch)
+            report = {"workers": v.workers, "globalBatchSize": batch, "stepTimeSeconds": batch / j.rate}
+            stats = spec.grad_stats()
+            if stats is not None:
+                report["gradSqr"], report["gradVar"] = stats
+            j.obs = j.obs.update(report, len(set(v.placement)))
+            return
+        step = v.workers * spec.batch_per_worker / j.rate
         j.obs = j.obs.record(v.workers, len(set(v.placement)), v.workers * v.gpus_per_worker, step)
 
     def _live_job(self, j: _Job, nodes: tuple[int, ...]) -> LiveJob:
         v = j.view
+        spec = j.spec
+        batch = (j.batch if nodes and j.batch is not None else spec.batch_size) if spec.batch_size is not None else None
         return LiveJob(key=v.id, submit_time=v.submit_time, min_workers=v.min_workers, max_workers=v.max_workers,
                        gpus_per_worker=v.gpus_per_worker, nodes=nodes, observations=j.obs,
+                       batch_size=batch, bounds=_bounds(spec),
                        attained_service=v.attained_service, restarts=j.rescales + j.preemptions,
                        priority_class=j.spec.priority_class or "normal", queue=j.spec.tenant,
-                       running_since=float(v.start_time) if nodes and v.start_time is not None else None)
+                       running_since=float(v.start_time) if nodes and v.start_time is not None else None,
+                       gpu_models=v.gpu_models, cpu_milli=v.cpu_milli, memory_mib=v.memory_mib)
 
     def allocation_cycle(self) -> LivePlan:
         """One decision of the allocation policy now, as the operator's allocator mode
@@ -1156,6 +1209,8 @@ class Simulator:
         t = self.now
         st = self.state
         capacity = {i: int(f) for i, f in enumerate(st.free)}
+        cpu = {i: int(c) for i, c in enumerate(st.cpu_free)}
+        mem = {i: int(m) for i, m in enumerate(st.mem_free)}
         jobs: list[LiveJob] = []
         for v in list(st.running.values()):
             j = self._by_id[v.id]
@@ -1163,11 +1218,15 @@ class Simulator:
             self._report(j)
             for n in v.placement:
                 capacity[n] += v.gpus_per_worker
+                cpu[n] += v.cpu_milli
+                mem[n] += v.memory_mib
             jobs.append(self._live_job(j, tuple(v.placement)))
         jobs += [self._live_job(self._by_id[v.id], ()) for v in st.pending]
         if not jobs:
             return LivePlan()
-        plan = self.allocation.plan(jobs, capacity, t, queues=self.queues)
+        models = {i: node.gpu_model for i, node in enumerate(st.topology.nodes)}
+        plan = self.allocation.plan(jobs, capacity, t, queues=self.queues, models=models,
+                                    offers={i: (cpu[i], mem[i]) for i in capacity})
         if plan.error is not None:
             raise plan.error
         for jid in plan.stop:
@@ -1177,18 +1236,20 @@ class Simulator:
             j = self._by_id[jid]
             delta = target.workers - j.view.workers
             if delta < 0:
-                self._rescale(j, delta, None, t)
+                self._rescale(j, delta, None, t, target.batch_size)
             else:
-                grows.append((j, delta))
+                grows.append((j, delta, target.batch_size))
         for jid, target in plan.start.items():
             j = self._by_id[jid]
             v = j.view
             nodes = self.placement.place(_grown(v, target.workers - v.workers), st)
             if nodes:
+                if j.spec.batch_size is not None:
+                    j.batch = target.batch_size or None
                 self._start(j, list(nodes), t)
                 st.pending = [p for p in st.pending if p is not v]
-        for j, delta in grows:
-            self._rescale(j, delta, None, t)
+        for j, delta, batch in grows:
+            self._rescale(j, delta, None, t, batch)
         self._record(t)
         return plan
 
@@ -1286,7 +1347,7 @@ class Simulator:
     def ideal_throughput(self, job_id: str, workers: int) -> float:
         """Samples per second of the job at ``workers`` workers on the fastest placement."""
         spec = self._by_id[job_id].spec
-        return workers * spec.batch_per_worker / self._best_step(spec, workers)
+        return self._ideal_throughput(spec, workers, self._best_step(spec, workers))
 
     def _record(self, t: float) -> None:
         if not self.config.record_series:

@@ -42,7 +42,7 @@ from rlsched.core.planning import HIGHEST_BONUS
 
 from .convergence import ConvergenceModel
 
-__all__ = ["JobSpec", "comm_time", "ring_throughput", "step_time", "throughput", "ideal_level", "best_step_time", "topology_limits"]
+__all__ = ["JobSpec", "comm_time", "ring_throughput", "step_time", "throughput", "batch_throughput", "ideal_level", "best_step_time", "topology_limits"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +68,16 @@ class JobSpec:
     compute_time: float = 0.2
     grad_gb: float = 0.1
     batch_per_worker: int = 32
+    # an adaptive global batch (a TrainingJob's ``spec.batchSize``/``maxBatchSize``);
+    # None: every worker trains at ``batch_per_worker`` and no scheduler sets a batch
+    #: ``M0``, the global batch the job was tuned for (``spec.batchSize``)
+    batch_size: int | None = None
+    #: the largest global batch a scheduler may choose (``spec.maxBatchSize``; None: ``batch_size``)
+    max_batch_size: int | None = None
+    #: the gradient noise scale ``φ = tr(Σ)/|G|²`` in samples its trainer measures (with a
+    #: ``batch_size``): statistical efficiency ``(φ + M0)/(φ + M)`` at global batch ``M``
+    #: (Pollux's, instead of the convergence model's per-worker one); None: never measured
+    grad_noise_scale: float | None = None
     # fixed-duration mode
     duration: float | None = None
     # training mode
@@ -110,6 +120,7 @@ class JobSpec:
             raise ValueError(f"job {self.id}: need compute_time > 0, grad_gb >= 0, batch_per_worker >= 1")
         if self.duration is not None and self.duration <= 0:
             raise ValueError(f"job {self.id}: duration must be > 0")
+        self._check_batch()
         if self.max_epochs < 1 or self.patience < 1 or self.samples_per_epoch < 1:
             raise ValueError(f"job {self.id}: need max_epochs, patience, samples_per_epoch >= 1")
         if self.estimated_runtime == 0 and not isinstance(self.estimated_runtime, bool):
@@ -121,9 +132,56 @@ class JobSpec:
         if self.estimated_runtime is not None and self.estimate_factor is not None:
             raise ValueError(f"job {self.id}: give estimated_runtime or estimate_factor, not both")
 
+    def _check_batch(self) -> None:
+        b, mb, phi = self.batch_size, self.max_batch_size, self.grad_noise_scale
+        for name, x in (("batch_size", b), ("max_batch_size", mb)):
+            if x is not None and (isinstance(x, bool) or not isinstance(x, int) or x < 1):
+                raise ValueError(f"job {self.id}: {name} must be a whole number >= 1, got {x!r}")
+        if b is None and (mb is not None or phi is not None):
+            raise ValueError(f"job {self.id}: max_batch_size and grad_noise_scale need batch_size")
+        if mb is not None and mb < b:
+            raise ValueError(f"job {self.id}: max_batch_size {mb} < batch_size {b}")
+        if phi is not None and not (isinstance(phi, (int, float)) and not isinstance(phi, bool) and 0 < phi < float("inf")):
+            raise ValueError(f"job {self.id}: grad_noise_scale must be a positive finite number, got {phi!r}")
+        if b is not None and self.duration is not None:
+            raise ValueError(f"job {self.id}: a fixed-duration job has no batch size")
+
     @property
     def gpus(self) -> int:
         return self.workers * self.gpus_per_worker
+
+    @property
+    def adaptive_batch(self) -> bool:
+        """Whether a scheduler sets its global batch (it gives ``batch_size``)."""
+        return self.batch_size is not None
+
+    def global_batch(self, workers: int, batch: int | None = None) -> int:
+        """The global batch it trains at on ``workers`` workers: ``batch`` (what the
+        scheduler set) or ``batch_size`` with an adaptive batch, else every worker's
+        ``batch_per_worker``."""
+        if self.batch_size is None:
+            return workers * self.batch_per_worker
+        return int(batch) if batch is not None else self.batch_size
+
+    def batch_efficiency(self, batch: int | None = None) -> float:
+        """Statistical efficiency of one sample at global batch ``batch`` (default
+        ``batch_size``) relative to ``batch_size``: ``(φ + M0)/(φ + M)`` (Pollux §3.1,
+        ``rlsched.core.goodput.EfficiencyModel`` with the statistics it reports, see
+        :meth:`grad_stats`); 1 without a noise scale. Only for an adaptive batch."""
+        if self.batch_size is None:
+            raise ValueError(f"job {self.id}: no adaptive batch (batch_size is None)")
+        m0 = float(self.batch_size)
+        m = m0 if batch is None else float(batch)
+        phi = self.grad_noise_scale
+        return 1.0 if phi is None else (phi + m0) / (phi + m)
+
+    def grad_stats(self) -> tuple[float, float] | None:
+        """``(gradSqr, gradVar)`` its trainer reports (``rlsched.trainer``: ``|G|²`` and
+        the per-sample ``tr(Σ)``), ``|G|²`` normalised to 1: their ratio is
+        ``grad_noise_scale``. None when it measures none."""
+        if self.grad_noise_scale is None:
+            return None
+        return 1.0, float(self.grad_noise_scale)
 
     @property
     def fixed(self) -> bool:
@@ -210,11 +268,28 @@ def step_time(spec: JobSpec, workers: int, level: Level, bandwidth: Bandwidth) -
     return spec.compute_time + comm_time(spec.grad_gb, workers * spec.gpus_per_worker, bandwidth.at(level))
 
 
-def throughput(spec: JobSpec, workers: int, level: Level, bandwidth: Bandwidth) -> float:
-    """Samples per second at ``workers`` workers spanning ``level``."""
+def throughput(spec: JobSpec, workers: int, level: Level, bandwidth: Bandwidth, batch: int | None = None) -> float:
+    """Samples per second at ``workers`` workers spanning ``level``; with an adaptive
+    batch (``spec.batch_size``) at global batch ``batch`` (default ``batch_size``):
+    each worker computes its share ``batch / workers`` at ``compute_time`` per
+    ``batch_per_worker`` samples, then one all-reduce (:func:`batch_throughput`)."""
+    if spec.batch_size is not None:
+        return batch_throughput(spec, workers, level, bandwidth, spec.global_batch(workers, batch))
     return ring_throughput(
         workers, spec.batch_per_worker, spec.compute_time, spec.grad_gb, workers * spec.gpus_per_worker, bandwidth.at(level)
     )
+
+
+def batch_throughput(spec: JobSpec, workers: int, level: Level, bandwidth: Bandwidth, batch: int) -> float:
+    """Samples per second of ``workers`` workers training at global batch ``batch``:
+    ``batch / (compute_time * batch / (workers * batch_per_worker) + comm_time)`` (the
+    compute of a worker is linear in its share of the batch, as at
+    ``batch_per_worker``; gradient accumulation changes nothing here). At ``batch =
+    workers * batch_per_worker`` this is :func:`ring_throughput`."""
+    if batch < 1:
+        raise ValueError(f"job {spec.id}: global batch {batch} < 1")
+    compute = spec.compute_time * batch / (workers * spec.batch_per_worker)
+    return batch / (compute + comm_time(spec.grad_gb, workers * spec.gpus_per_worker, bandwidth.at(level)))
 
 
 def topology_limits(topology: Topology) -> tuple[int, int]:

@@ -321,3 +321,167 @@ def test_replay_trainer_charges_a_generation_restart_once_from_when_the_old_work
     tr.pause(r, 10.0)
     tr.reconfigure(r, [0, 0], 20.0)  # a restart slower than the restart cost: none extra
     assert r.resume_at == pytest.approx(20.0) and len(r.runs) == 1
+
+
+# ------------------------------------------------------------------ adaptive global batch
+#: the batch scenario's configuration (tests/dev/test_twin_k8s.py::test_twin_check_batch_size_change)
+BATCH_CFG = TwinConfig(jobs=2, seed=1, allocator="goodput")
+
+
+@pytest.fixture(scope="module")
+def batch_sim():
+    from rlsched_dev.twin import batch_scenario
+
+    return sim_side(batch_scenario(), TOPO, BATCH_CFG)
+
+
+def test_batch_scenario_changes_the_global_batch_at_its_resizes(batch_sim):
+    """Simulated: the goodput allocator starts bs-a at its batchSize (no gradient
+    statistics yet: a larger batch buys nothing on faith), then every resize — the
+    shrink to admit bs-b, the grow back when it ends — changes its global batch, within
+    [batchSize, maxBatchSize]; the grow-back is decided on a step time bs-a reported at
+    the batch the shrink gave it."""
+    from rlsched_dev.twin import batch_scenario, batch_sequences, make_simulator
+
+    spec = {s.id: s for s in batch_scenario()}
+    a = spec["bs-a"]
+    log_ = batch_sim["decisions"]
+    runs = [d for d in sorted(log_, key=lambda d: d["t"]) if d["job"] == "bs-a" and d["kind"] in ("admit", "scale")]
+    assert [d["kind"] for d in runs] == ["admit", "scale", "scale"]
+    assert runs[1]["delta"] < -1 and runs[2]["delta"] > 1  # shrink-to-admit, grow back: several workers at once
+    batches = [d["batch"] for d in runs]
+    assert batches[0] == a.batch_size
+    assert all(x != y for x, y in zip(batches, batches[1:]))  # each resize changed the global batch
+    assert all(a.batch_size <= b <= a.max_batch_size for b in batches)
+    assert batches[1] > a.batch_size  # the noise scale it reported makes a larger batch worth it
+    assert batch_sequences(log_) == {"bs-a": batches}  # bs-b has no adaptive batch: nothing logged for it
+    assert not batch_sim["unfinished"]
+    # what the allocator had read of bs-a when it grew it back: a step time at the
+    # batch the shrink set (reported with an epoch at one worker), besides the first
+    sim = make_simulator(batch_scenario(), TOPO, BATCH_CFG)
+    sim.advance_until(runs[2]["t"] - 1e-6)
+    shapes = {(r.workers, r.batch) for r in sim._by_id["bs-a"].obs.shapes}
+    assert shapes == {(runs[0]["workers"], batches[0]), (runs[1]["workers"], batches[1])}
+
+
+def test_the_engine_runs_an_adaptive_batch_job_at_its_batch_and_reports_what_its_trainer_reports():
+    """The engine's side of the batch: the rate is the job model's throughput at the
+    batch the allocator set, the efficiency of a sample Pollux's at that batch with the
+    job's noise scale, and the record the allocator reads holds the step time at that
+    batch and the gradient statistics — the numbers the replay trainer reports live."""
+    from rlsched.sim.job import batch_throughput
+    from rlsched_dev.twin import batch_scenario, make_simulator
+
+    a = batch_scenario()[0]
+    sim = make_simulator([a], TOPO, BATCH_CFG)
+    sim.advance_until(400.0)
+    j = sim._by_id["bs-a"]
+    v = sim.job("bs-a")
+    batch = a.global_batch(v.workers, j.batch)
+    level = TOPO.span_level({i: v.placement.count(i) * a.gpus_per_worker for i in set(v.placement)})
+    assert j.rate == pytest.approx(batch_throughput(a, v.workers, level, TOPO.bandwidth, batch))
+    assert sim._efficiency(j) == pytest.approx((a.grad_noise_scale + a.batch_size) / (a.grad_noise_scale + batch))
+    assert (j.obs.grad_sqr, j.obs.grad_var) == a.grad_stats()
+    (shape,) = j.obs.shapes
+    assert (shape.workers, shape.batch) == (v.workers, batch) and shape.step_time == pytest.approx(batch / j.rate)
+    # at batch_per_worker per worker the adaptive model is the fixed-batch one
+    per_worker = v.workers * a.batch_per_worker
+    assert batch_throughput(a, v.workers, level, TOPO.bandwidth, per_worker) == pytest.approx(
+        throughput(a.with_(batch_size=None, max_batch_size=None, grad_noise_scale=None), v.workers, level, TOPO.bandwidth))
+
+
+def test_comparison_flags_a_run_at_another_batch(batch_sim):
+    """The same decisions live, but one generation's pods carry another global batch:
+    the batch check fails (no scaling edit to forgive it); the identical log passes."""
+    from rlsched_dev.twin import batch_sequences
+
+    rep = compare(batch_sim, copy.deepcopy(batch_sim), latency=BATCH_CFG.latency_sim)
+    assert rep["ok"] and rep["batch"]["ok"] and rep["batch"]["changed_live"] == ["bs-a"], render_markdown(rep)
+
+    live = copy.deepcopy(batch_sim)
+    seq = batch_sequences(live["decisions"])["bs-a"]
+    live["batches"] = {"bs-a": seq[:-1] + [seq[-1] * 2]}  # the grow-back generation at twice the batch
+    rep = compare(batch_sim, live, latency=BATCH_CFG.latency_sim)
+    assert not rep["ok"] and not rep["batch"]["ok"] and rep["batch"]["beyond_tolerance"] == ["bs-a"]
+    assert rep["scaling"]["ok"] and rep["admissions"]["ok"] and rep["jct"]["ok"]  # only the batch differs
+    assert "**FAIL**" in render_markdown(rep)
+
+    live["batches"] = {"bs-a": [seq[0]] * len(seq)}  # the batch never changed live
+    rep = compare(batch_sim, live, latency=BATCH_CFG.latency_sim)
+    assert not rep["batch"]["ok"] and rep["batch"]["changed_live"] == []
+    # a relative tolerance forgives a batch that close, not farther
+    live["batches"] = {"bs-a": seq[:-1] + [seq[-1] + 1]}
+    assert not compare(batch_sim, live, latency=BATCH_CFG.latency_sim)["batch"]["ok"]
+    assert compare(batch_sim, live, latency=BATCH_CFG.latency_sim,
+                   tol=Tolerances(batch_rel=1.0 / seq[-1]))["batch"]["ok"]
+
+
+def test_a_batch_edit_is_forgiven_only_with_the_scaling_edit_that_caused_it(batch_sim):
+    """A resize one run took and the other did not (one scaling edit, forgiven) adds a
+    batch entry: forgiven with it; without the extra step the same batch entry is not."""
+    from rlsched_dev.twin import batch_sequences
+
+    live = copy.deepcopy(batch_sim)
+    t = max(d["t"] for d in live["decisions"] if d["job"] == "bs-a" and d["kind"] == "scale")
+    seq = batch_sequences(live["decisions"])["bs-a"]
+    live["decisions"].append({"kind": "scale", "job": "bs-a", "t": t + 1.0, "delta": 1, "workers": 5,
+                              "epoch": 9, "batch": seq[-1] + 100})
+    rep = compare(batch_sim, live, latency=BATCH_CFG.latency_sim)
+    assert rep["scaling"]["ok"] and rep["scaling"]["jobs"]["bs-a"]["edits"] == 1
+    assert rep["batch"]["ok"] and rep["batch"]["jobs"]["bs-a"]["edits"] == 1
+    live = copy.deepcopy(batch_sim)
+    live["batches"] = {"bs-a": seq + [seq[-1] + 100]}
+    assert not compare(batch_sim, live, latency=BATCH_CFG.latency_sim)["batch"]["ok"]
+
+
+def test_replay_trainer_runs_an_adaptive_batch_at_its_pods_batch():
+    """Live side, without a cluster: the trainer runs a generation at the global batch
+    its pods carry — the engine's throughput at that batch, the efficiency of the batch
+    — and reports the step time at it, the batch and the gradient statistics; a new
+    batch is a new generation (restart cost)."""
+    from rlsched.core.contract import ENV_BATCH_SIZE
+    from rlsched.sim.job import batch_throughput
+    from rlsched_dev.twin import _pod_batch, _Replay, batch_scenario
+
+    a = batch_scenario()[0]
+    tr = ReplayTrainer.__new__(ReplayTrainer)
+    tr.topology, tr.time_scale, tr.restart_wall = TOPO, 10.0, 3.0
+    r = _Replay(a, _Conv())
+    tr.reconfigure(r, [0, 0, 0, 0], 0.0, 64)
+    assert r.rate == pytest.approx(batch_throughput(a, 4, Level.NVLINK, TOPO.bandwidth, 64))
+    rep = tr.speed(r, 0)
+    assert rep["global_batch_size"] == 64 and rep["step_time_seconds"] == pytest.approx(64 / r.rate)
+    assert (rep["grad_sqr"], rep["grad_var"]) == a.grad_stats() and rep["workers"] == 4
+    t1 = a.samples_per_epoch / r.rate / 10.0
+    out = tr.advance(r, t1)
+    assert [e for e, _, _ in out] == [1] and out[0][1] == pytest.approx(a.batch_efficiency(64) / 100)
+    tr.reconfigure(r, [0, 0, 0, 0], t1, 408)  # same workers, another batch: a new generation
+    assert r.resume_at == pytest.approx(t1 + 3.0) and r.batch == 408
+    assert [(w, b) for _, w, b in r.generations] == [(4, 64), (4, 408)]
+    assert tr.speed(r, 1)["global_batch_size"] == 408
+    before = r.eff
+    tr.advance(r, t1 + 3.0 + 1.0)
+    assert r.eff - before == pytest.approx(r.rate * 10.0 / a.samples_per_epoch * a.batch_efficiency(408))
+    assert a.batch_efficiency(408) < a.batch_efficiency(64) == 1.0
+    pod = {"spec": {"containers": [{"name": "trainer", "env": [{"name": "X", "value": "1"},
+                                                               {"name": ENV_BATCH_SIZE, "value": "190"}]}]}}
+    assert _pod_batch(pod, ENV_BATCH_SIZE) == 190 and _pod_batch({"spec": {"containers": [{}]}}, ENV_BATCH_SIZE) is None
+
+
+def test_the_twin_manifest_carries_the_batch_bounds_the_operator_parses():
+    from rlsched.operator.spec import parse_spec
+    from rlsched_dev.twin import batch_scenario, manifest
+
+    a, b = batch_scenario()
+    ts = parse_spec(manifest(a, "ns")["spec"], name=a.id)
+    assert (ts.batch_size, ts.max_batch_size) == (a.batch_size, a.max_batch_size)
+    assert "batchSize" not in manifest(b, "ns")["spec"] and parse_spec(manifest(b, "ns")["spec"]).batch_size is None
+
+
+def test_live_log_reads_the_new_batch_of_an_allocator_resize():
+    events = [{"job": "a", "reason": "Admitted", "message": "starting gang of 4 workers x 2 GPUs from queue normal",
+               "time": 1000.0},
+              {"job": "a", "reason": "ScaledDown", "time": 1010.0,
+               "message": "workers 4 -> 1, global batch 64 -> 190 (generation 0, goodput, at epoch 2)"}]
+    dec, _, _ = live_log(events, {"a": 999.0}, {}, 1000.0, 10.0)
+    assert dec[1]["batch"] == 190 and dec[1]["delta"] == -3 and dec[1]["epoch"] == 2 and "batch" not in dec[0]

@@ -7,7 +7,9 @@ victims, scaling decisions and JCTs must agree within the tolerances of
 
 Seed 9 of seven jobs has what the check is about: scale-ups, give-backs of converging
 jobs, early β stops and one ``highest`` job that preempts (asserted on the simulated
-side in tests/dev/test_twin.py)."""
+side in tests/dev/test_twin.py). The allocator-mode checks run the operator's
+``--allocator goodput``: ``allocator_scenario`` (multi-worker resizes, shrink-to-admit)
+and ``batch_scenario`` (resizes that change a job's global batch size)."""
 
 from __future__ import annotations
 
@@ -48,4 +50,28 @@ def test_twin_check_allocator_mode(kube_cluster, launch_extender, tmp_path):
     assert any(d <= -2 for d, _ in live) and any(d >= 2 for d, _ in live), live  # several workers at once
     first = next(d for d in report["live_log"] if d["kind"] == "admit" and d["job"] == "al-a")
     assert first["workers"] == 16
+    assert report["ok"], render_markdown(report)
+
+
+def test_twin_check_batch_size_change(kube_cluster, launch_extender, tmp_path):
+    """A resize that changes a job's global batch (issue 25): the operator's goodput
+    allocator against the engine run by the same core object, on a job with
+    ``batchSize`` 64 and ``maxBatchSize`` 2048 whose trainer reports step times at its
+    batch and a gradient noise scale (``batch_scenario``). Live, the batch is what the
+    new generation's pods carry in the worker contract (``RLSCHED_GLOBAL_BATCH_SIZE``),
+    read by the replay trainer, which trains and reports at it."""
+    from rlsched_dev.twin import batch_scenario
+
+    cfg = TwinConfig(jobs=2, seed=1, allocator="goodput")
+    with launch_extender(kube_cluster, tmp_path / "extender.log"):
+        report = twin_check(cfg, kube_cluster, tmp_path / "live", extender=False, jobs=batch_scenario())
+    (tmp_path / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    print(render_markdown(report))  # shown when the test fails
+    row = report["batch"]["jobs"]["bs-a"]
+    assert len(set(row["live"])) > 1 and report["batch"]["changed_live"] == ["bs-a"], row  # changed live
+    assert row["live"] == row["sim"], row
+    # the operator's resize events name the batches the pods then carried
+    named = [d["batch"] for d in sorted(report["live_log"], key=lambda d: d["t"])
+             if d["job"] == "bs-a" and d["kind"] == "scale"]
+    assert named == row["live"][1:], (named, row)
     assert report["ok"], render_markdown(report)

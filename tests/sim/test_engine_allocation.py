@@ -78,3 +78,15 @@ def test_teams_queues_decide_in_the_event_engine_too():
     assert s.job("a").workers <= 16  # back within x's guarantee
     with pytest.raises(ValueError, match="allocation policy"):
         Simulator(jobs, topo(), ordering=make_ordering("fifo"), placement=make_placement("bestfit"), queues=book)
+
+
+def test_the_engine_gives_the_allocator_each_nodes_cpu_and_memory():
+    """As the operator does (issue 25 item 1): a job whose workers ask for 40 of a
+    node's 96 cores is planned at most two workers per node (the GPUs alone would
+    allow 32); one asking for as much memory as a node has, one per node."""
+    s = sim([job("cpu", 0.0, hi=32, cpu_milli=40_000), job("mem", 0.0, hi=32, memory_mib=786_432)])
+    s.advance_until(1.0)
+    plan = s.allocation_cycle()
+    assert 2 <= plan.start["cpu"].workers <= 8 and 1 <= plan.start["mem"].workers <= 4
+    s.advance_until(600.0)  # and the engine's placement carries the plans out
+    assert 2 <= s.job("cpu").workers <= 8 and 1 <= s.job("mem").workers <= 4
