@@ -146,6 +146,9 @@ class AllocJob:
     #: worker's request over its GPUs, rounded up; 0: nothing counted)
     cpu_milli: int = 0
     memory_mib: int = 0
+    #: replicas that must share a node (a worker's GPUs, ``gpusPerWorker``): a node
+    #: holds a multiple of it of the job's replicas
+    replica_group: int = 1
 
     def runs_on(self, node: "AllocNode") -> bool:
         """Whether its replicas may run on ``node`` (its GPU model is allowed)."""
@@ -160,6 +163,12 @@ class AllocJob:
         """Whether its replicas ask for CPU or memory (placed where that is left)."""
         return self.cpu_milli > 0 or self.memory_mib > 0
 
+    @property
+    def node_by_node(self) -> bool:
+        """Whether its replicas are placed node by node (not by the GPU count alone):
+        they ask for CPU or memory, or come in groups of several GPUs."""
+        return self.needs_offers or self.replica_group > 1
+
     def fits(self, node: "AllocNode", gpus: int, cpu: int | None, memory: int | None) -> int:
         """How many of its replicas a node of GPU model ``node.gpu_model`` can hold with
         ``gpus`` GPUs, ``cpu`` millicores and ``memory`` MiB left (None: not counted)."""
@@ -170,7 +179,7 @@ class AllocJob:
             n = min(n, max(cpu, 0) // self.cpu_milli)
         if self.memory_mib > 0 and memory is not None:
             n = min(n, max(memory, 0) // self.memory_mib)
-        return n
+        return n - n % max(self.replica_group, 1)
 
     def room_on(self, node: "AllocNode") -> int:
         """Its replicas ``node`` could hold were the node its alone (GPUs, GPU model, CPU
@@ -363,6 +372,11 @@ def check_allocations(
                 raise AllocationError(f"job {jid}: node {i} has GPU model {node_of[i].gpu_model!r}, the job allows "
                                       f"{', '.join(sorted(j.gpu_models or ()))}")
         used.update(a.nodes)
+        if j.replica_group > 1:
+            odd = {i: k for i, k in Counter(a.nodes).items() if k % j.replica_group}
+            if odd:
+                raise AllocationError(f"job {jid}: replicas per node {odd} are not whole workers of "
+                                      f"{j.replica_group} GPUs")
         if a.atomic_bsz is not None:
             lim = j.limits
             if a.atomic_bsz < 1 or (a.accum_steps or 0) < 0:

@@ -162,6 +162,8 @@ class GoodputAllocator:
         if held:
             f = self.factor(job)
             speed = np.where(K == held, speed, speed * f)
+        if job.replica_group > 1:  # whole workers only
+            speed = np.where(K % job.replica_group == 0, speed, 0.0)
         return self.utility(speed)
 
     def explored(self, jobs: Sequence[AllocJob]) -> list[AllocJob]:
@@ -322,12 +324,13 @@ _ROOM_ROUNDS = 3
 
 def within_room(jobs: Sequence[AllocJob], nodes: Sequence[AllocNode]) -> list[AllocJob]:
     """``jobs`` as the allocator weighs them: a job limited to some GPU models
-    (``AllocJob.gpu_models``) or whose replicas ask for CPU or memory may grow at most to
-    the replicas the nodes could hold of it alone (:meth:`AllocJob.room_on`; none: it
+    (``AllocJob.gpu_models``), whose replicas ask for CPU or memory or come in groups
+    of several GPUs (whole workers per node) may grow at most to the replicas the nodes
+    could hold of it alone (:meth:`AllocJob.room_on`; none: it
     cannot run); the others unchanged (the same objects)."""
     out = []
     for j in jobs:
-        if j.gpu_models is None and not j.needs_offers:
+        if j.gpu_models is None and not j.node_by_node:
             out.append(j)
             continue
         room = sum(j.room_on(n) for n in nodes)

@@ -284,7 +284,8 @@ class LiveAllocation:
                         limits=limits, batch_size=job.batch_size or 0, grad_sqr=sqr, grad_var=var, profile=profile,
                         priority=CLASS_RANK.get(job.priority_class, 0), queue=job.queue,
                         protected=protected and bool(job.nodes), gpu_models=job.gpu_models,
-                        cpu_milli=-(-max(job.cpu_milli, 0) // g), memory_mib=-(-max(job.memory_mib, 0) // g))
+                        cpu_milli=-(-max(job.cpu_milli, 0) // g), memory_mib=-(-max(job.memory_mib, 0) // g),
+                        replica_group=g)
 
     def target(self, job: LiveJob, alloc: Allocation) -> LiveTarget:
         """The allocator's answer for ``job`` in whole workers (0: it waits)."""

@@ -177,6 +177,11 @@ class SimConfig:
     record_decisions: bool = False
     #: seconds a job runs before it may be preempted (the operator's ``--min-run-time``)
     min_run_s: float = 0.0
+    #: an allocation policy also decides at each event time at which a job arrived,
+    #: finished or gave GPUs back, besides every ``scaling_interval`` — as the
+    #: operator's cycle (every 5 s) sees such a change within seconds; off, freed GPUs
+    #: and new jobs wait for the next interval
+    allocate_on_events: bool = False
 
     def __post_init__(self) -> None:
         if self.scaling_interval <= 0 or self.restart_cost < 0:
@@ -390,6 +395,7 @@ class Simulator:
         self._wall = 0.0
         self._decisions: list[dict] | None = [] if self.config.record_decisions else None
         self._wake_at: float | None = None  # the pending _WAKE event's time
+        self._allocated_at: float | None = None  # when the allocation policy last decided
         self._first_submit = float(min((j.submit_time for j in jobs), default=0.0))
         self._total_gpus = self.state.total_gpus
         self.now = self._first_submit
@@ -447,6 +453,10 @@ class Simulator:
             return False
         if self.ordering is not None and self._dirty:
             self._schedule()
+        elif self.allocation is not None and self._dirty and self.config.allocate_on_events:
+            if self._allocated_at != self.now:
+                self.allocation_cycle()
+            self._dirty = False
         self._record(self.now)
         return True
 
@@ -1207,6 +1217,7 @@ class Simulator:
         policy puts them (a start or grow it cannot place waits for the next cycle).
         Every change pays ``restart_cost``."""
         t = self.now
+        self._allocated_at = t
         st = self.state
         capacity = {i: int(f) for i, f in enumerate(st.free)}
         cpu = {i: int(c) for i, c in enumerate(st.cpu_free)}

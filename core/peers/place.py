@@ -6,7 +6,8 @@ exactly; every other job is placed on as few nodes as possible
 (:func:`rlsched.core.allocation.packed`), largest first, on the GPUs the kept jobs
 leave free. A job that allows only some GPU models (``AllocJob.gpu_models``) keeps or
 gets only nodes of those models, a job whose replicas ask for CPU or memory only nodes
-with that much left, and both are placed before the jobs that may go anywhere.
+with that much left, a job whose workers hold several GPUs (``AllocJob.replica_group``)
+whole workers per node, and these are placed before the jobs that may go anywhere.
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ def keep_or_pack(demand: Sequence[tuple[AllocJob, int]], nodes: Sequence[AllocNo
     cpu = {n.index: n.cpu_milli for n in nodes}
     mem = {n.index: n.memory_mib for n in nodes}
     allowed = {job.id: ok for job, _ in demand if (ok := job.allowed_nodes(nodes)) is not None}
-    # jobs whose replicas ask for CPU or memory on nodes that count them: placed node by node
+    # jobs whose replicas ask for CPU or memory on nodes that count them, or come in
+    # groups of several GPUs (a worker's): placed node by node
     offers = any(c is not None for c in cpu.values()) or any(m is not None for m in mem.values())
-    limited = {job.id for job, _ in demand if job.id in allowed or (offers and job.needs_offers)}
+    limited = {job.id for job, _ in demand
+               if job.id in allowed or job.replica_group > 1 or (offers and job.needs_offers)}
 
     def book(job: AllocJob, i: int, n: int) -> None:
         if cpu[i] is not None:
@@ -70,7 +73,8 @@ def keep_or_pack(demand: Sequence[tuple[AllocJob, int]], nodes: Sequence[AllocNo
         count = -neg
         if job.id in limited:
             ok = allowed.get(job.id, free.keys())
-            where = left.take_upto(count, {i: job.fits(node_of[i], left.free[i], cpu[i], mem[i]) for i in ok})
+            whole = count - count % max(job.replica_group, 1)  # whole workers: each on one node
+            where = left.take_upto(whole, {i: job.fits(node_of[i], left.free[i], cpu[i], mem[i]) for i in ok})
             if len(where) < count and not partial:
                 raise AllocationError(f"job {job.id}: the nodes it may run on hold {len(where)} of its {count} "
                                       f"GPUs (GPU model, CPU and memory)")

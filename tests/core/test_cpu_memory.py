@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from rlsched.core import ClusterState, Topology, make_ordering
+from dataclasses import replace
+
 from rlsched.core.allocation import AllocJob, AllocNode, AllocationError, AppLimits, Allocation, check_allocations
 from rlsched.core.contract import ShapeError, node_shape, pod_requests
 from rlsched.core.goodput_allocator import GoodputAllocator, within_room
@@ -140,3 +142,28 @@ def test_live_plan_counts_worker_cpu_and_says_why_a_job_cannot_run():
     assert "9000m CPU" in plan.waiting["ns/huge"].message
     plain = alloc.plan([wide], {0: 4, 1: 4}, 10.0)  # CPU not counted: every GPU
     assert plain.start["ns/wide"].workers == 4
+
+
+# --------------------------------------------------------------------------- whole workers
+def test_a_worker_of_several_gpus_is_placed_whole_on_one_node():
+    """A job of 4-GPU workers on nodes with 3 + 3 + 4 GPUs free: one worker fits (the
+    4-GPU node), not two, although 10 GPUs are free — the allocator must not count
+    GPUs a worker cannot use (live, its pods would wait at kube-scheduler)."""
+    nodes = [AllocNode(0, 3), AllocNode(1, 3), AllocNode(2, 4)]
+    quad = replace(_job("quad", lo=4, hi=8), replica_group=4)
+    assert [quad.room_on(n) for n in nodes] == [0, 0, 4]
+    assert keep_or_pack([(quad, 4)], nodes)["quad"] == (2, 2, 2, 2)
+    with pytest.raises(AllocationError, match="hold 4 of its 8"):
+        keep_or_pack([(quad, 8)], nodes)
+    with pytest.raises(AllocationError, match="whole workers"):
+        check_allocations([quad], nodes, {"quad": Allocation((0, 0, 1, 1))})
+    out = GoodputAllocator().allocate([quad, _job("one", hi=8)], nodes, 0.0)
+    check_allocations([quad, _job("one", hi=8)], nodes, out)
+    assert out["quad"].nodes == (2, 2, 2, 2) and out["one"].replicas == 6
+
+
+def test_live_plan_starts_whole_workers_only():
+    alloc = LiveAllocation(GoodputAllocator())
+    quad = LiveJob(key="ns/quad", submit_time=0.0, min_workers=1, max_workers=4, gpus_per_worker=4)
+    plan = alloc.plan([quad], {0: 3, 1: 3, 2: 6}, 10.0)
+    assert plan.start["ns/quad"].workers == 1  # the 6-GPU node holds one 4-GPU worker; 3 + 3 hold none
