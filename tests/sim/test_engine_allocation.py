@@ -90,3 +90,13 @@ def test_the_engine_gives_the_allocator_each_nodes_cpu_and_memory():
     assert 2 <= plan.start["cpu"].workers <= 8 and 1 <= plan.start["mem"].workers <= 4
     s.advance_until(600.0)  # and the engine's placement carries the plans out
     assert 2 <= s.job("cpu").workers <= 8 and 1 <= s.job("mem").workers <= 4
+
+
+def test_with_allocate_on_events_a_job_starts_when_it_arrives():
+    """The operator decides every 5 s; with ``allocate_on_events`` the engine decides at
+    each arrival and finish too, not only every ``scaling_interval`` (60 s here)."""
+    jobs = [job("a", 0.0, lo=16, hi=16), job("b", 10.0, lo=1, hi=1)]
+    eager = {r.id: r.start for r in sim(list(jobs), allocate_on_events=True).run().records}
+    late = {r.id: r.start for r in sim(list(jobs)).run().records}
+    assert (eager["a"], eager["b"]) == (0.0, 10.0)
+    assert (late["a"], late["b"]) == (60.0, 60.0)
