@@ -223,7 +223,8 @@ class GoodputAllocator:
                 return None
             v = vals[r]
             ahead = v[k + 1:hi + 1]
-            gain = (ahead - v[k]) / np.arange(1, hi - k + 1)
+            with np.errstate(invalid="ignore"):  # -inf - -inf where it cannot train: replaced below
+                gain = (ahead - v[k]) / np.arange(1, hi - k + 1)
             if not np.isfinite(v[k]):  # cannot train at k: any count it can train at
                 gain = np.where(np.isfinite(ahead), np.inf, -np.inf)
             i = int(np.argmax(gain))
