@@ -379,7 +379,7 @@ class LiveAllocation:
         running = {k for k, j in by_key.items() if j.nodes and k not in plan.stop} | set(plan.start)
         kept = [a for a in asked if a.protected]
         out: dict[str, WaitReason] = {}
-        room: dict[tuple[frozenset[str] | None, int, int], int] = {}
+        room: dict[tuple[frozenset[str] | None, int, int, int], int] = {}
         pos = before = 0
         for a in self.allocator.order(asked):
             key = a.id
@@ -390,7 +390,7 @@ class LiveAllocation:
             pos += 1
             gang = j.worker_range[0] * max(1, j.gpus_per_worker)
             q = book.spec_of(j.queue) if book.active else None
-            shape = (a.gpu_models, a.cpu_milli, a.memory_mib)
+            shape = (a.gpu_models, a.cpu_milli, a.memory_mib, a.replica_group)
             if shape not in room:  # the GPUs of the nodes that could hold it, once per shape
                 room[shape] = sum(a.room_on(n) for n in nodes)
             total = room[shape]

@@ -167,3 +167,17 @@ def test_live_plan_starts_whole_workers_only():
     quad = LiveJob(key="ns/quad", submit_time=0.0, min_workers=1, max_workers=4, gpus_per_worker=4)
     plan = alloc.plan([quad], {0: 3, 1: 3, 2: 6}, 10.0)
     assert plan.start["ns/quad"].workers == 1  # the 6-GPU node holds one 4-GPU worker; 3 + 3 hold none
+
+
+def test_why_a_job_waits_counts_its_own_worker_size():
+    """Two waiting jobs of the same GPU model, CPU and memory but 1- and 4-GPU workers on
+    nodes of 3 GPUs each: the 1-GPU job is ranked behind, the 4-GPU one can never fit
+    (the room the reason counts is per worker size, not shared between them)."""
+    alloc = LiveAllocation(GoodputAllocator())
+    big = LiveJob(key="ns/big", submit_time=0.0, min_workers=2, max_workers=2, gpus_per_worker=3)
+    one = LiveJob(key="ns/one", submit_time=1.0, min_workers=1, max_workers=1, gpus_per_worker=1)
+    quad = LiveJob(key="ns/quad", submit_time=2.0, min_workers=1, max_workers=1, gpus_per_worker=4)
+    plan = alloc.plan([big, one, quad], {0: 3, 1: 3}, 10.0)
+    assert plan.start["ns/big"].workers == 2
+    assert plan.waiting["ns/one"].reason == "Ranked"
+    assert plan.waiting["ns/quad"].reason == "Unfittable"
