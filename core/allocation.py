@@ -26,7 +26,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from dataclasses import dataclass
-from typing import Collection, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 __all__ = [
     "AllocationError",
@@ -288,13 +288,10 @@ class FreeNodes:
             if n > 0:
                 self.buckets.setdefault(n, []).append(i)  # built in index order: already heaps
 
-    def take(self, count: int, allowed: Collection[int] | None = None) -> tuple[int, ...] | None:
-        """``count`` GPUs on as few nodes as possible (None: not that many free); with
-        ``allowed``, only on those nodes (a job's GPU model; a plain pass over them)."""
+    def take(self, count: int) -> tuple[int, ...] | None:
+        """``count`` GPUs on as few nodes as possible (None: not that many free)."""
         if count <= 0:
             return ()
-        if allowed is not None:
-            return self._take_among(count, allowed)
         if self.total < count:
             return None
         out: list[int] = []
@@ -313,15 +310,6 @@ class FreeNodes:
                 heapq.heappush(self.buckets.setdefault(self.free[i], []), i)
         self.total -= count
         return tuple(out)
-
-    def most(self, allowed: Collection[int] | None = None) -> int:
-        """Free GPUs in all (or on the ``allowed`` nodes)."""
-        return self.total if allowed is None else sum(self.free.get(i, 0) for i in allowed)
-
-    def _take_among(self, count: int, allowed: Collection[int]) -> tuple[int, ...] | None:
-        if sum(self.free.get(i, 0) for i in allowed) < count:
-            return None
-        return self.take_upto(count, {i: self.free.get(i, 0) for i in allowed})
 
     def take_upto(self, count: int, caps: Mapping[int, int]) -> tuple[int, ...]:
         """Up to ``count`` GPUs, at most ``caps[i]`` on node ``i`` and only on the nodes
@@ -388,15 +376,13 @@ def check_allocations(
     for i, n in used.items():
         if n > gpus[i]:
             raise AllocationError(f"node {i}: {n} GPUs allocated, it has {gpus[i]}")
-    for res, per, of in (("CPU (millicores)", "cpu_milli", "cpu_milli"), ("memory (MiB)", "memory_mib", "memory_mib")):
+    for res, attr in (("CPU (millicores)", "cpu_milli"), ("memory (MiB)", "memory_mib")):
         asked: Counter[int] = Counter()
         for jid, a in result.items():
-            need = getattr(by_id[jid], per)
-            if need:
-                for i in a.nodes:
-                    asked[i] += need
+            for i in a.nodes:
+                asked[i] += getattr(by_id[jid], attr)
         for i, n in asked.items():
-            have = getattr(node_of[i], of)
+            have = getattr(node_of[i], attr)
             if have is not None and n > have:
                 raise AllocationError(f"node {i}: {n} {res} allocated, it has {have}")
 

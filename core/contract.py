@@ -576,6 +576,8 @@ def _quantity_units(value: Any, unit: Fraction, where: str, *, up: bool) -> int:
 
 _MILLI = Fraction(1, 1000)
 _MIB = Fraction(1 << 20)
+#: the resources besides GPUs that scheduling counts, in the units it counts them
+_OFFERED = (("cpu", _MILLI), ("memory", _MIB))
 
 
 def container_requests(container: Any, where: str = "container") -> PodRequests:
@@ -586,7 +588,7 @@ def container_requests(container: Any, where: str = "container") -> PodRequests:
     req = field(res, "requests", dict, f"{where}.resources", {})
     lim = field(res, "limits", dict, f"{where}.resources", {})
     out = [container_gpus(container, where)]
-    for name, unit in (("cpu", _MILLI), ("memory", _MIB)):
+    for name, unit in _OFFERED:
         part, q = ("requests", req) if name in req else ("limits", lim)
         out.append(_quantity_units(q[name], unit, f"{where}.resources.{part}[{name!r}]", up=True) if name in q else 0)
     return PodRequests(*out)
@@ -615,9 +617,8 @@ def pod_requests(pod: Any, where: str = "Pod") -> PodRequests:
                 else:
                     peak[k] = max(peak[k], v)
     over = field(spec, "overhead", dict, f"{where}.spec", {})
-    extra = [0,
-             _quantity_units(over["cpu"], _MILLI, f"{where}.spec.overhead['cpu']", up=True) if "cpu" in over else 0,
-             _quantity_units(over["memory"], _MIB, f"{where}.spec.overhead['memory']", up=True) if "memory" in over else 0]
+    extra = [0] + [_quantity_units(over[name], unit, f"{where}.spec.overhead[{name!r}]", up=True) if name in over else 0
+                   for name, unit in _OFFERED]
     return PodRequests(*(max(t, p) + e for t, p, e in zip(total, peak, extra)))
 
 
@@ -656,7 +657,7 @@ def node_shape(node: Any, where: str = "Node") -> NodeShape:
     labels = str_map(meta, "labels", f"{where}.metadata")
     status = field(node, "status", dict, where, {})
     offers = []
-    for res, unit in (("cpu", _MILLI), ("memory", _MIB)):
+    for res, unit in _OFFERED:
         value = 0
         for part in ("allocatable", "capacity"):
             q = field(status, part, dict, f"{where}.status", {})

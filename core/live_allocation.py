@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 from .allocation import AllocJob, Allocation, Allocator, AllocNode, AppLimits, ProfileSample
 from .goodput import BatchBounds, JobObservations, ShapeRecord
@@ -55,7 +55,7 @@ from .served import LIVE_ALLOCATOR_NAMES
 
 __all__ = ["LiveJob", "LiveTarget", "LivePlan", "LiveAllocation", "RankingAllocator", "UNIT_BATCH", "LIVE_ALLOCATORS", "make_live_allocator",
            "parse_allocator_options",
-           "attained_service", "batch_bounds", "observations_from_status", "observations_to_status"]
+           "attained_service", "batch_bounds", "movable_room", "observations_from_status", "observations_to_status"]
 
 #: the batch bounds of a job without ``spec.batchSize``: a step time is recorded at one
 #: sample-unit per GPU (the worker's own fixed batch)
@@ -66,6 +66,25 @@ CLASS_RANK = {"highest": 2, "urgent": 1, "normal": 0}
 
 #: the allocation policies a live operator may run (non-clairvoyant, in core)
 LIVE_ALLOCATORS = LIVE_ALLOCATOR_NAMES
+
+
+def movable_room(state: Any, held: Iterable[tuple[Sequence[int], int, int, int]]
+                 ) -> tuple[dict[int, int], dict[int, tuple[int, int]]]:
+    """What an allocation policy may give on each node: the free GPUs, CPU and memory
+    of ``state`` (a :class:`~rlsched.core.cluster.ClusterState`) plus what the jobs it
+    may move hold there — ``held``: per such job, the node of each of its workers and
+    a worker's GPUs, millicores and MiB. ``(capacity, offers)`` for
+    :meth:`LiveAllocation.plan` (the operator's and the event engine's reading)."""
+    n = len(state.free)
+    gpus = [int(x) for x in state.free]
+    cpu = [int(x) for x in state.cpu_free]
+    mem = [int(x) for x in state.mem_free]
+    for nodes, g, c, m in held:
+        for i in nodes:
+            gpus[i] += g
+            cpu[i] += c
+            mem[i] += m
+    return {i: gpus[i] for i in range(n)}, {i: (cpu[i], mem[i]) for i in range(n)}
 
 
 def parse_allocator_options(text: str) -> tuple[str, dict[str, float | None]]:

@@ -1068,9 +1068,7 @@ class Controller:
         carried out. The policy moves only jobs whose current generation runs whole
         (every worker bound); the GPUs of the others stay charged where they are."""
         state = snap.state
-        capacity = {i: int(state.free[i]) for i in range(len(state.free))}
-        cpu = {i: int(state.cpu_free[i]) for i in range(len(state.free))}
-        mem = {i: int(state.mem_free[i]) for i in range(len(state.free))}
+        held: list[tuple[tuple[int, ...], int, int, int]] = []  # what the jobs the policy may move hold
         live: list[LiveJob] = []
         done: set[str] = set()
         by_key = {r.key: r for r in running}
@@ -1095,10 +1093,7 @@ class Controller:
             if j.status.get("startedGeneration") != j.generation or len(placement) != r.workers:
                 continue
             obs = await self._observe_goodput(j, placement)
-            for n in placement:
-                capacity[n] += j.spec.gpus_per_worker
-                cpu[n] += j.spec.cpu_milli
-                mem[n] += j.spec.memory_mib
+            held.append((placement, j.spec.gpus_per_worker, j.spec.cpu_milli, j.spec.memory_mib))
             live.append(self._live_job(j, now, placement, obs))
         for e in waiting:
             j = jobs[e.key]
@@ -1107,7 +1102,7 @@ class Controller:
             live.append(self._live_job(j, now, (), obs))
         names = {i: n for n, i in snap.node_index.items()}
         models = {i: node.gpu_model for i, node in enumerate(state.topology.nodes)}
-        offers = {i: (cpu[i], mem[i]) for i in capacity}
+        capacity, offers = movable_room(state, held)
         plan = self.allocation.plan(live, capacity, now, names, queues=book, models=models, offers=offers)
         if plan.error is not None:
             self.metrics.cycle_errors.inc()

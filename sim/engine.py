@@ -86,7 +86,7 @@ from rlsched.core import ClusterState, JobView, Level, Ordering, Placement, Plac
 from rlsched.core.cycle import Preemption, SchedulingCycle
 from rlsched.core.estimate import estimate_remaining
 from rlsched.core.goodput import BatchBounds, JobObservations
-from rlsched.core.live_allocation import UNIT_BATCH, LiveAllocation, LiveJob, LivePlan, batch_bounds
+from rlsched.core.live_allocation import UNIT_BATCH, LiveAllocation, LiveJob, LivePlan, batch_bounds, movable_room
 from rlsched.core.queues import QueueBook
 from rlsched.core.planning import (
     Admission,
@@ -102,7 +102,7 @@ from rlsched.core.planning import (
 )
 
 from .convergence import ConvergenceModel, stop_epoch
-from .job import JobSpec, comm_time, ideal_level, throughput, topology_limits
+from .job import JobSpec, batch_rate, comm_time, ideal_level, throughput, topology_limits
 
 __all__ = ["SimConfig", "Simulator", "SimResult", "JobRecord"]
 
@@ -647,8 +647,7 @@ class Simulator:
         ``batch_size`` with an adaptive batch)."""
         if spec.batch_size is None:
             return workers * spec.batch_per_worker / best
-        m = spec.batch_size
-        return m / (spec.compute_time * m / (workers * spec.batch_per_worker) + best - spec.compute_time)
+        return batch_rate(spec, workers, spec.batch_size, best - spec.compute_time)
 
     def _best_step(self, spec: JobSpec, workers: int) -> float:
         """Step time at the fastest level any placement of ``workers`` can reach."""
@@ -1199,7 +1198,9 @@ class Simulator:
     def _live_job(self, j: _Job, nodes: tuple[int, ...]) -> LiveJob:
         v = j.view
         spec = j.spec
-        batch = (j.batch if nodes and j.batch is not None else spec.batch_size) if spec.batch_size is not None else None
+        batch = None  # the scheduler sets none
+        if spec.batch_size is not None:  # its current run's, else the one it asked for
+            batch = j.batch if nodes and j.batch is not None else spec.batch_size
         return LiveJob(key=v.id, submit_time=v.submit_time, min_workers=v.min_workers, max_workers=v.max_workers,
                        gpus_per_worker=v.gpus_per_worker, nodes=nodes, observations=j.obs,
                        batch_size=batch, bounds=_bounds(spec),
@@ -1219,25 +1220,19 @@ class Simulator:
         t = self.now
         self._allocated_at = t
         st = self.state
-        capacity = {i: int(f) for i, f in enumerate(st.free)}
-        cpu = {i: int(c) for i, c in enumerate(st.cpu_free)}
-        mem = {i: int(m) for i, m in enumerate(st.mem_free)}
         jobs: list[LiveJob] = []
         for v in list(st.running.values()):
             j = self._by_id[v.id]
             self._sync(j, t)
             self._report(j)
-            for n in v.placement:
-                capacity[n] += v.gpus_per_worker
-                cpu[n] += v.cpu_milli
-                mem[n] += v.memory_mib
             jobs.append(self._live_job(j, tuple(v.placement)))
+        capacity, offers = movable_room(st, ((v.placement, v.gpus_per_worker, v.cpu_milli, v.memory_mib)
+                                             for v in st.running.values()))
         jobs += [self._live_job(self._by_id[v.id], ()) for v in st.pending]
         if not jobs:
             return LivePlan()
         models = {i: node.gpu_model for i, node in enumerate(st.topology.nodes)}
-        plan = self.allocation.plan(jobs, capacity, t, queues=self.queues, models=models,
-                                    offers={i: (cpu[i], mem[i]) for i in capacity})
+        plan = self.allocation.plan(jobs, capacity, t, queues=self.queues, models=models, offers=offers)
         if plan.error is not None:
             raise plan.error
         for jid in plan.stop:

@@ -42,7 +42,7 @@ from rlsched.core.planning import HIGHEST_BONUS
 
 from .convergence import ConvergenceModel
 
-__all__ = ["JobSpec", "comm_time", "ring_throughput", "step_time", "throughput", "batch_throughput", "ideal_level", "best_step_time", "topology_limits"]
+__all__ = ["JobSpec", "comm_time", "ring_throughput", "step_time", "throughput", "batch_throughput", "batch_rate", "ideal_level", "best_step_time", "topology_limits"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,8 +288,13 @@ def batch_throughput(spec: JobSpec, workers: int, level: Level, bandwidth: Bandw
     workers * batch_per_worker`` this is :func:`ring_throughput`."""
     if batch < 1:
         raise ValueError(f"job {spec.id}: global batch {batch} < 1")
-    compute = spec.compute_time * batch / (workers * spec.batch_per_worker)
-    return batch / (compute + comm_time(spec.grad_gb, workers * spec.gpus_per_worker, bandwidth.at(level)))
+    return batch_rate(spec, workers, batch, comm_time(spec.grad_gb, workers * spec.gpus_per_worker, bandwidth.at(level)))
+
+
+def batch_rate(spec: JobSpec, workers: int, batch: int, comm: float) -> float:
+    """Samples per second of ``workers`` workers at global batch ``batch`` whose
+    all-reduce takes ``comm`` seconds a step (:func:`batch_throughput`'s formula)."""
+    return batch / (spec.compute_time * batch / (workers * spec.batch_per_worker) + comm)
 
 
 def topology_limits(topology: Topology) -> tuple[int, int]:

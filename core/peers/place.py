@@ -44,11 +44,9 @@ def keep_or_pack(demand: Sequence[tuple[AllocJob, int]], nodes: Sequence[AllocNo
     cpu = {n.index: n.cpu_milli for n in nodes}
     mem = {n.index: n.memory_mib for n in nodes}
     allowed = {job.id: ok for job, _ in demand if (ok := job.allowed_nodes(nodes)) is not None}
-    # jobs whose replicas ask for CPU or memory on nodes that count them, or come in
-    # groups of several GPUs (a worker's): placed node by node
-    offers = any(c is not None for c in cpu.values()) or any(m is not None for m in mem.values())
-    limited = {job.id for job, _ in demand
-               if job.id in allowed or job.replica_group > 1 or (offers and job.needs_offers)}
+    # jobs limited to some GPU models, asking for CPU or memory, or whose workers hold
+    # several GPUs: placed node by node
+    limited = {job.id for job, _ in demand if job.id in allowed or job.node_by_node}
 
     def book(job: AllocJob, i: int, n: int) -> None:
         if cpu[i] is not None:

@@ -181,3 +181,14 @@ def test_why_a_job_waits_counts_its_own_worker_size():
     assert plan.start["ns/big"].workers == 2
     assert plan.waiting["ns/one"].reason == "Ranked"
     assert plan.waiting["ns/quad"].reason == "Unfittable"
+
+
+def test_movable_room_is_the_free_room_plus_what_movable_jobs_hold():
+    from rlsched.core.live_allocation import movable_room
+
+    state = ClusterState(Topology.from_labels([(f"n{i}", {}, 8, 16_000, 65_536) for i in range(2)]))
+    state.allocate(0, 4, 6_000, 10_000)  # a job that may move: 2 workers of 2 GPUs on node 0
+    state.allocate(1, 8, 1_000, 1_000)  # one that may not (not in ``held``)
+    capacity, offers = movable_room(state, [((0, 0), 2, 3_000, 5_000)])
+    assert capacity == {0: 8, 1: 0}
+    assert offers == {0: (16_000, 65_536), 1: (15_000, 64_536)}
