@@ -157,6 +157,7 @@ from rlsched.core.live_allocation import (
     attained_service,
     batch_bounds,
     make_live_allocator,
+    movable_room,
     observations_from_status,
     observations_to_status,
 )
