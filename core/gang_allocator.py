@@ -34,6 +34,7 @@ from typing import Mapping, Sequence
 from .allocation import Allocation, AllocJob, AllocNode
 from .cluster import ClusterState, JobView, Progress
 from .cycle import SchedulingCycle
+from .job_goodput import job_observations
 from .planning import (
     Admission,
     ElasticState,
@@ -175,10 +176,12 @@ class GangAllocator:
                 v.throughput = last.atomic_bsz / max(last.step_time, 1e-9)
             es = self._elastic.setdefault(j.id, ElasticState())
             es.observe(prog, v.workers, j.age, self.beta, 0)
-            spec = TrainingSpec(min_workers=1, max_workers=v.max_workers, beta=self.beta, max_epochs=1 << 30)
+            spec = TrainingSpec(min_workers=1, max_workers=v.max_workers, beta=self.beta, max_epochs=1 << 30,
+                                batch_size=j.batch_size or None)
             running.append(RunningJob(key=j.id, spec=spec, workers=v.workers, progress=prog, state=es,
                                       submit_time=j.submit_time, start_time=now, placement=list(v.placement),
-                                      patience=1 << 30, job=v))  # completion is the target, never a β stop
+                                      patience=1 << 30, job=v,  # completion is the target, never a β stop
+                                      observations=job_observations(j)))
         return running
 
     def _place_one(self, rj: RunningJob, state: ClusterState) -> int | None:

@@ -904,6 +904,50 @@ class JobObservations:
         throughput = _fit(self.fitted, self.prior, b.reference_local_batch)
         return _goodput_model(throughput, EfficiencyModel(b.init_batch, self.grad_sqr, self.grad_var), b)
 
+    def marginal(self, workers: int, gpus_per_worker: int, node_gpus: int, *, batch: int | None = None,
+                 local_batch: float | None = None) -> tuple[float, float]:
+        """What one more worker is worth to the job, from what it reported alone:
+        ``(speedup, stat_efficiency)``, throughput at ``workers + 1`` over throughput
+        now and the efficiency of a sample there over now (RLPTO's measured ``s`` and
+        ``x``, :attr:`rlsched.core.cluster.JobView.speedup`); 0 where unknown.
+
+        Both placements are the tightest, ``ceil(GPUs / node_gpus)`` nodes. The
+        throughput is the model fitted to the step times it reported (unknown before it
+        reported one: the prior is not a measurement). Two kinds of job:
+
+        * ``batch`` given: it trains that global batch (``spec.batchSize``) at every
+          size, so a worker changes only the step time (micro-batch ``batch / K``,
+          accumulation as the trainer splits it) and the efficiency ratio is 1;
+        * ``batch`` None: a fixed per-worker batch, recorded in units of one per GPU
+          (how the operator and the engine fold such a job's reports); the global batch
+          grows with the workers, and the efficiency ratio comes from the reported
+          gradient noise scale (in samples) with ``local_batch`` samples per GPU
+          (unknown without both)."""
+        if workers < 1 or gpus_per_worker < 1 or node_gpus < 1:
+            raise ValueError(f"need workers, gpus_per_worker and node_gpus >= 1, got {workers}, "
+                             f"{gpus_per_worker}, {node_gpus}")
+        g = gpus_per_worker
+        shapes = [(k, -(-k * g // node_gpus)) for k in (workers, workers + 1)]
+        speedup = 0.0
+        if self.fitted:
+            tm = self.model().throughput
+            if batch is not None:
+                steps = [(k, n, int(self.bounds.accumulation_steps(batch, k))) for k, n in shapes]
+                now, more = (tm.iteration_time(k, n, batch / (k * (s + 1)), s) for k, n, s in steps)
+                speedup = float(now / more)
+            else:
+                now, more = (tm.throughput(k, n, float(g)) for k, n in shapes)
+                speedup = float(more / now) if now > 0 else 0.0
+        if batch is not None:
+            return speedup, 1.0
+        phi = EfficiencyModel(1.0, self.grad_sqr, self.grad_var).noise_scale
+        if phi is None or local_batch is None or not local_batch > 0:
+            return speedup, 0.0
+        if math.isinf(phi):
+            return speedup, 1.0
+        samples = [k * g * float(local_batch) for k, _ in shapes]
+        return speedup, float((phi + samples[0]) / (phi + samples[1]))
+
 
 def _replace(obs: JobObservations, **changes: Any) -> JobObservations:
     fields = {"bounds": obs.bounds, "shapes": obs.shapes, "grad_sqr": obs.grad_sqr,

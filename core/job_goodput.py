@@ -25,16 +25,29 @@ from typing import Callable, Iterable
 import numpy as np
 
 from .allocation import AllocJob
-from .goodput import (BatchBounds, EfficiencyModel, FitProblem, GoodputModel, ThroughputModel, ThroughputPrior,
-                      fit_many, optimize_many)
+from .goodput import (BatchBounds, EfficiencyModel, FitProblem, GoodputModel, JobObservations, ThroughputModel,
+                      ThroughputPrior, fit_many, optimize_many)
 
-__all__ = ["JobGoodput", "observations_of", "split_batch"]
+__all__ = ["JobGoodput", "observations_of", "job_observations", "split_batch"]
 
 
 def observations_of(job: AllocJob) -> tuple[tuple[int, int, float, int, float], ...]:
     """The throughput fit's observations from the step times ``job`` measured."""
     return tuple(sorted((s.num_replicas, s.num_nodes, float(s.atomic_bsz), int(s.accum_steps), float(s.step_time))
                         for s in job.profile if s.step_time > 0 and s.atomic_bsz > 0))
+
+
+def job_observations(job: AllocJob) -> JobObservations | None:
+    """What ``job`` reported, as the live record a scaling policy reads
+    (:meth:`JobObservations.marginal`): its step times per shape and its gradient
+    statistics (``grad_var`` per sample, module docstring); None before it reported a
+    step time."""
+    obs = observations_of(job)
+    if not obs:
+        return None
+    bounds = BatchBounds.from_limits(job.limits)
+    var = None if job.grad_var is None else job.grad_var * bounds.init_batch
+    return JobObservations(bounds, grad_sqr=job.grad_sqr, grad_var=var, fitted=obs)
 
 
 class JobGoodput:

@@ -31,9 +31,11 @@ q      GPUs the waiting jobs ask for                             min(q / total, 
 :func:`rlsched.core.ordering.remaining_time`, the non-clairvoyant estimate of
 :mod:`rlsched.core.estimate` (never a job's true run time, except in a simulator run
 labelled clairvoyant). ``s`` and ``x`` come from :class:`~rlsched.core.cluster.JobView`'s
-``speedup`` and ``stat_efficiency``: the scaling environment fills them from the
-engine's throughput and efficiency models (what a profiler and a gradient-noise-scale
-monitor measure, as Pollux does); where nobody measured them they are 0 and encode as
+``speedup`` and ``stat_efficiency``, which core's
+:meth:`~rlsched.core.planning.RunningJob.measured_view` fills from what the job
+reported (a throughput model fitted to its step times, its gradient noise scale:
+:meth:`~rlsched.core.goodput.JobObservations.marginal`), in the operator, the engine
+and RLPTO's environment alike; before a job reported them they are 0 and encode as
 "unknown" (``s = 0``, ``x = 1``).
 
 :class:`RLPTOScaling` loads ``weights/rlpto.safetensors`` (+ ``.json``) beside this

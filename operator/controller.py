@@ -1481,8 +1481,23 @@ class Controller:
         start = parse_time(j.status.get("startTime")) or now
         state.observe(prog, target, now - start, j.spec.beta, j.spec.data_size)
         submit = parse_time(j.body["metadata"].get("creationTimestamp")) or now
+        obs = await self._observe_goodput(j, placement) if placement else None
         return RunningJob(key=j.key, spec=j.spec, workers=target, progress=prog, state=state,
-                          submit_time=submit, start_time=start, placement=placement)
+                          submit_time=submit, start_time=start, placement=placement,
+                          observations=obs if obs is not None and obs.shapes else None,
+                          local_batch=self._local_batch(j))
+
+    @staticmethod
+    def _local_batch(j: _Job) -> float | None:
+        """Samples per GPU of a job's fixed per-worker batch, from its chief's last
+        report (``globalBatchSize`` over its GPUs); None when it reported none."""
+        prog = j.status.get("progress")
+        if not isinstance(prog, Mapping):
+            return None
+        batch, workers = prog.get("globalBatchSize"), prog.get("workers")
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in (batch, workers)):
+            return None
+        return float(batch) / (float(workers) * j.spec.gpus_per_worker)
 
     # ------------------------------------------------------------------ actions
     async def reconcile_pods(self, j: _Job, target: int) -> bool:

@@ -123,6 +123,17 @@ def _bounds(spec: JobSpec) -> BatchBounds | None:
     return batch_bounds(spec.batch_size, spec.max_batch_size) if spec.batch_size is not None else None
 
 
+def _grad_report(gamma: float, batch_per_worker: int) -> dict[str, float]:
+    """The gradient statistics a trainer of a job on ``ConvergenceModel``'s curve
+    reports (``gradSqr``, per-sample ``gradVar``): the curve's efficiency at ``w``
+    workers of ``b`` samples each, ``1 / (1 + γ(w − 1))``, is Pollux's
+    ``(φ + b)/(φ + w·b)`` with the noise scale ``φ = b(1 − γ)/γ`` samples (all noise,
+    ``φ = ∞``, at ``γ = 0``)."""
+    if gamma <= 0:
+        return {"gradSqr": 0.0, "gradVar": 1.0}
+    return {"gradSqr": 1.0, "gradVar": batch_per_worker * (1.0 - gamma) / gamma}
+
+
 def _grown(v: JobView, delta: int) -> JobView:
     """``v`` as the placement sees it while adding ``delta`` workers: the job at its new
     size with its current placement, as every worker of a gang is placed (``workers``
@@ -1194,6 +1205,8 @@ class Simulator:
             return
         step = v.workers * spec.batch_per_worker / j.rate
         j.obs = j.obs.record(v.workers, len(set(v.placement)), v.workers * v.gpus_per_worker, step)
+        if j.conv is not None:  # its trainer's gradient statistics: the noise scale of its curve
+            j.obs = j.obs.update(_grad_report(j.conv.gamma, spec.batch_per_worker), 0)
 
     def _live_job(self, j: _Job, nodes: tuple[int, ...]) -> LiveJob:
         v = j.view
@@ -1279,12 +1292,14 @@ class Simulator:
             tspec = TrainingSpec(
                 min_workers=v.min_workers, max_workers=v.max_workers, gpus_per_worker=v.gpus_per_worker,
                 priority_class=spec.priority_class, priority_value=spec.priority, beta=spec.beta,
-                max_epochs=spec.max_epochs, data_size=spec.samples_per_epoch,
+                max_epochs=spec.max_epochs, data_size=spec.samples_per_epoch, batch_size=spec.batch_size,
             )
+            self._report(j)
             out.append(RunningJob(
                 key=v.id, spec=tspec, workers=v.workers, progress=v.progress, state=j.elastic,
                 submit_time=v.submit_time, start_time=float(v.start_time), placement=list(v.placement),
-                patience=spec.patience, job=v,
+                patience=spec.patience, job=v, observations=j.obs if j.obs.shapes else None,
+                local_batch=spec.batch_per_worker / v.gpus_per_worker,
             ))
         return out
 

@@ -38,11 +38,15 @@ observation space, RLPTO's eleven features of
 the paper's seven, the job's measured marginal speed-up and statistical efficiency,
 its rank in remaining work estimated from progress, and the queued GPU demand), all
 non-clairvoyant unless the config is marked ``clairvoyant`` (oracle references only).
-Before each cycle's decisions and after it, the environment fills each running view's
-``speedup`` and ``stat_efficiency`` from the engine's throughput and efficiency models
-(:meth:`ScalingEnv._measure`: what a profiler and a gradient-noise-scale monitor
-measure; system properties of the job, not its future),
-and one action space ``Discrete(3)``, indices of ``(−1, 0, +1)`` workers: one policy,
+The measured marginal speed-up ``s`` and statistical efficiency ``x`` come from what
+each job reported and nothing else: the engine folds the step time its trainer reports
+at each epoch and its gradient noise scale into the job's
+:class:`~rlsched.core.goodput.JobObservations`, as the operator folds ``status.progress``,
+and core's :meth:`~rlsched.core.planning.RunningJob.measured_view` turns them into
+``JobView.speedup``/``stat_efficiency`` (a throughput model fitted to the reported step
+times, the efficiency from the noise scale; 0, "unknown", before the first report);
+the planner fills them the same way for the policy it asks, in the operator too.
+All agents share one action space ``Discrete(3)``, indices of ``(−1, 0, +1)`` workers: one policy,
 shared by every agent, maps each agent's observation to its action (parameter sharing).
 
 An action counts only in a cycle where ``infos[job]["decides"]`` is true: the job has
@@ -358,7 +362,6 @@ class ScalingEnv(ParallelEnv):
         self.last_plan = ScalingPlan()
         self.last_cluster_reward = 0.0
         self._until_someone_runs()
-        self._measure()
         self.agents = [v.id for v in self.sim.running]
         deciding = self._deciding()
         return self._observations(self.agents), {a: self._info(a, deciding) for a in self.agents}
@@ -417,13 +420,11 @@ class ScalingEnv(ParallelEnv):
         prev = list(self.agents)
         if not prev:
             return {}, {}, {}, {}, {}
-        self._measure()
         sys0 = self.system_seconds()
         self.last_plan = sim.scaling_cycle(policy)
         before = {a: self._meter(a) for a in prev}
         sim.advance_until(sim.now + cfg.interval)
         self._until_someone_runs()
-        self._measure()
         self.last_cluster_reward = -(self.system_seconds() - sys0) / 3600.0
         rewards = {}
         if cfg.reward == "cluster":
@@ -469,23 +470,18 @@ class ScalingEnv(ParallelEnv):
         live = sum(max(now - v.submit_time, 0.0) for v in (*sim.running, *sim.pending))
         return float(done + live)
 
-    def _measure(self) -> None:
-        """Fill each running job's measured marginal speed-up and statistical efficiency
-        (``JobView.speedup``, ``stat_efficiency``): what a profiler measures of the
-        throughput at one more worker (the engine's throughput model at the best
-        placement) and what a gradient-noise-scale monitor measures of the efficiency
-        of a sample (the job's convergence model), as Pollux measures both. They are
-        system properties of the job, not its future: no run time or convergence point."""
-        sim = self.sim
-        for v in sim.running:
-            w = max(v.workers, 1)
-            now = sim.ideal_throughput(v.id, w)
-            v.speedup = sim.ideal_throughput(v.id, w + 1) / now if now > 0 else 0.0
-            conv, _ = sim.training_curve(v.id)
-            v.stat_efficiency = conv.efficiency(w + 1) / conv.efficiency(w) if conv is not None else 0.0
-
     def _deciding(self) -> set[str]:
-        return {rj.key for rj in self.sim.elastic_jobs() if self._probe.decides(rj)}
+        """The agents the next cycle decides on; on the way, each running job's view gets
+        what one more worker is worth to it from its own reports
+        (:meth:`~rlsched.core.planning.RunningJob.measured_view`, as the planner fills it
+        for the policy), so observations carry what the operator's policy would see."""
+        st = self.sim.state
+        out = set()
+        for rj in self.sim.elastic_jobs():
+            rj.measured_view(st)
+            if self._probe.decides(rj):
+                out.add(rj.key)
+        return out
 
     def _info(self, agent: str, deciding: set[str]) -> dict:
         v = self.sim.job(agent)

@@ -54,6 +54,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from ..cluster import ClusterState, JobView, Progress
+from ..goodput import JobObservations
 from ..policy import Scaling
 from .spec import TrainingSpec
 
@@ -217,6 +218,12 @@ class RunningJob:
     #: the job's live view, when the caller has one (the simulator's: throughput, attained
     #: service, GPU models); the policy then decides on it instead of one built from the spec
     job: JobView | None = None
+    #: the step times and gradient statistics it reported (``status.goodput`` live; the
+    #: engine's fold of the same reports); None: nothing measured
+    observations: JobObservations | None = None
+    #: samples per GPU of its fixed per-worker batch, as it reported them (a job without
+    #: ``spec.batchSize``); None: unknown
+    local_batch: float | None = None
 
     def view(self) -> JobView:
         if self.job is not None:
@@ -224,6 +231,19 @@ class RunningJob:
         return self.spec.view(self.key, submit_time=self.submit_time, workers=self.workers,
                               priority=self.spec.priority_value, ran=self.state.trained_s, start_time=self.start_time,
                               placement=list(self.placement), progress=self.progress)
+
+    def measured_view(self, state: ClusterState) -> JobView:
+        """:meth:`view` with what one more worker is worth to the job filled in from its
+        own reports (``speedup``, ``stat_efficiency``:
+        :meth:`~rlsched.core.goodput.JobObservations.marginal` at the tightest placement
+        on ``state``'s nodes); left as they are without observations. What every policy
+        the planner asks reads, in the operator, the engine and RLPTO's environment."""
+        v = self.view()
+        if self.observations is not None and state.max_gpus > 0:
+            v.speedup, v.stat_efficiency = self.observations.marginal(
+                max(self.workers, 1), self.spec.gpus_per_worker, state.max_gpus,
+                batch=self.spec.batch_size, local_batch=self.local_batch)
+        return v
 
 
 @dataclass(slots=True)
@@ -299,7 +319,7 @@ class ScalingPlanner:
         asked: dict[str, int] = {}
         auto = [j for j in live if self.decides(j)]
         if auto:
-            steps = dict(scaling_steps(self.policy.decide([j.view() for j in auto], state)))
+            steps = dict(scaling_steps(self.policy.decide([j.measured_view(state) for j in auto], state)))
             for j in auto:
                 asked[j.key] = -1 if self.converging(j) else steps.get(j.key, 0)
                 j.state.decided_epoch = j.progress.epoch

@@ -518,3 +518,43 @@ def test_fit_to_measured_cifar10_predicts_held_out_placements():
     assert len(test) == 1139
     assert np.median(rel) <= 0.15
     assert rmsle <= 0.25
+
+
+# ------------------------------------------------------------------ one more worker, from reports
+def test_marginal_of_a_fixed_global_batch_is_the_fitted_step_time_ratio():
+    """spec.batchSize kept at every size: one more worker shortens the step (micro-batch
+    M/K) and leaves the efficiency alone; the fit to noiseless reports is the truth."""
+    obs = JobObservations(BatchBounds(128), prior=FLAT, fitted=tuple(_observations(TRUTH_A)))
+    tm = ThroughputModel(TRUTH_A)
+    s, x = obs.marginal(3, 1, 4, batch=128)
+    assert s == pytest.approx(tm.iteration_time(3, 1, 128 / 3) / tm.iteration_time(4, 1, 32), rel=1e-3)
+    assert x == 1.0
+    # 4 replicas of one GPU fill a node: the fifth crosses to a second one
+    s, _ = obs.marginal(4, 1, 4, batch=128)
+    assert s == pytest.approx(tm.iteration_time(4, 1, 32) / tm.iteration_time(5, 2, 128 / 5), rel=1e-3)
+
+
+def test_marginal_of_a_fixed_local_batch_grows_the_batch():
+    """A fixed per-worker batch (records in units of one per GPU): throughput at one
+    more worker of the same micro-batch; the efficiency from the reported noise scale
+    φ (samples): (φ + K·g·b)/(φ + (K+1)·g·b)."""
+    tm = ThroughputModel(TRUTH_A)
+    units = tuple((K, N, 2.0, 0, tm.iteration_time(K, N, 2.0)) for K, N in SHAPES)
+    obs = JobObservations(BatchBounds(1), prior=FLAT, fitted=units, grad_sqr=1.0, grad_var=1000.0)
+    s, x = obs.marginal(2, 2, 4, local_batch=32)  # 4 GPUs on 1 node -> 6 GPUs on 2
+    assert s == pytest.approx(tm.throughput(3, 2, 2.0) / tm.throughput(2, 1, 2.0), rel=1e-3)
+    assert x == pytest.approx((1000 + 2 * 2 * 32) / (1000 + 3 * 2 * 32))
+
+
+def test_marginal_is_unknown_until_reported():
+    bare = JobObservations(BatchBounds(1))
+    assert bare.marginal(2, 1, 4, local_batch=32) == (0.0, 0.0)  # no step time, no statistics
+    assert bare.marginal(2, 1, 4, batch=64) == (0.0, 1.0)  # a kept batch: efficiency unchanged
+    stepped = bare.record(2, 1, 2, 0.5)
+    s, x = stepped.marginal(2, 1, 4)
+    assert s > 0 and x == 0.0  # no noise scale, or no batch to weigh it with
+    assert stepped.marginal(2, 1, 4, local_batch=32)[1] == 0.0
+    noisy = JobObservations(BatchBounds(1), grad_sqr=0.0, grad_var=5.0)  # all noise: every sample counts
+    assert noisy.marginal(1, 1, 4, local_batch=32) == (0.0, 1.0)
+    with pytest.raises(ValueError):
+        bare.marginal(0, 1, 4)

@@ -15,7 +15,9 @@ trainer's default noise model. Jobs are sized in whole nodes (``gpusPerWorker: 8
 
 from __future__ import annotations
 
+import os
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +25,9 @@ from rlsched.core.contract import GROUP as G
 from rlsched.core.contract import PLURAL as P
 from rlsched.core.contract import VERSION as V
 from rlsched.operator.cli import resolve_scaling_model
+
+REPO = Path(__file__).resolve().parents[2]
+TRACES = Path(os.environ.get("RLSCHED_DATA_DIR") or REPO.parent / "shared" / "data") / "pollux-osdi21" / "traces"
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
 
@@ -105,3 +110,34 @@ def test_default_policies_highest_job_preempts_and_its_victim_resumes_first(exte
             # the event is posted after the status patch: wait for it, not only for the phase
             wait_until(lambda: kapi.events(ns, "waiter", "Admitted"), 20, "waiter Admitted event")
             assert _t(kapi.events(ns, "waiter", "Admitted")[0]) > _t(resumed)
+
+
+def test_default_scaling_policy_reads_what_the_job_reported(extender, fake_trainer, kapi, ns, tj, run_operator,
+                                                            wait_until):
+    """The scaling mode folds each report into ``status.goodput`` as the allocator mode
+    does, and the learned policy's measured speed-up ``s`` is the model fitted to those
+    step times (core's ``RunningJob.measured_view``): 0 (unknown) before the first
+    report, > 1 once the job has reported on its placement."""
+    from rlsched.sim.measured import load_applications
+
+    if not TRACES.is_dir():
+        pytest.skip(f"measured profiles not found at {TRACES} (../shared/data)")
+    app = load_applications(TRACES, ("cifar10",))["cifar10"]
+    with fake_trainer(ns, application=app) as th:
+        with run_operator(ns, **DEFAULTS) as rt:
+            wait_until(lambda: rt.controller is not None, 30, "the operator started")
+            policy = rt.controller.planner.policy
+            seen: list[tuple[str, float, float]] = []
+            decide = policy.decide
+
+            def spy(running, state):  # what the served policy is shown, recorded
+                seen.extend((v.id, v.speedup, v.stat_efficiency) for v in running)
+                return decide(running, state)
+
+            policy.decide = spy
+            tj(ns, "meas", 1, 2, gpus=8, beta=0.001, maxEpochs=400)
+            th.start()
+            wait_until(lambda: any(s > 1 for _, s, _ in seen), 120, "the policy shown a measured speed-up")
+            shapes = kapi.status(ns, "meas")["goodput"]["shapes"]
+            assert shapes and all(row[4] > 0 for row in shapes), shapes
+            assert all(0 <= x <= 1 for _, _, x in seen)
