@@ -46,8 +46,12 @@ def job_observations(job: AllocJob) -> JobObservations | None:
     if not obs:
         return None
     bounds = BatchBounds.from_limits(job.limits)
-    var = None if job.grad_var is None else job.grad_var * bounds.init_batch
-    return JobObservations(bounds, grad_sqr=job.grad_sqr, grad_var=var, fitted=obs)
+    return JobObservations(bounds, grad_sqr=job.grad_sqr, grad_var=_per_sample_var(job, bounds), fitted=obs)
+
+
+def _per_sample_var(job: AllocJob, bounds: BatchBounds) -> float | None:
+    """``job.grad_var`` as the efficiency model reads it: ``tr(Σ)/M0 -> tr(Σ)``."""
+    return None if job.grad_var is None else job.grad_var * bounds.init_batch
 
 
 class JobGoodput:
@@ -112,8 +116,7 @@ class JobGoodput:
             fit = _store(self._fits, key, self._fitted([problem])[0], self.cache)
         if self.refit_tolerance is not None:
             _store(self._job_fit, job.id, (problem, fit), self.cache)
-        var = None if job.grad_var is None else job.grad_var * bounds.init_batch  # tr(Σ)/M0 -> tr(Σ)
-        eff = EfficiencyModel(bounds.init_batch, job.grad_sqr, var)
+        eff = EfficiencyModel(bounds.init_batch, job.grad_sqr, _per_sample_var(job, bounds))
         mkey = (fit, eff, bounds)
         gm = _cached(self._models, mkey)
         if gm is None:  # kept, so its memo of best batches outlives the call

@@ -123,15 +123,14 @@ def _bounds(spec: JobSpec) -> BatchBounds | None:
     return batch_bounds(spec.batch_size, spec.max_batch_size) if spec.batch_size is not None else None
 
 
-def _grad_report(gamma: float, batch_per_worker: int) -> dict[str, float]:
-    """The gradient statistics a trainer of a job on ``ConvergenceModel``'s curve
-    reports (``gradSqr``, per-sample ``gradVar``): the curve's efficiency at ``w``
-    workers of ``b`` samples each, ``1 / (1 + γ(w − 1))``, is Pollux's
-    ``(φ + b)/(φ + w·b)`` with the noise scale ``φ = b(1 − γ)/γ`` samples (all noise,
-    ``φ = ∞``, at ``γ = 0``)."""
+def _curve_grad_stats(gamma: float, batch_per_worker: int) -> tuple[float, float]:
+    """``(gradSqr, gradVar)`` (per-sample) a trainer of a job on ``ConvergenceModel``'s
+    curve reports: the curve's efficiency at ``w`` workers of ``b`` samples each,
+    ``1 / (1 + γ(w − 1))``, is Pollux's ``(φ + b)/(φ + w·b)`` with the noise scale
+    ``φ = b(1 − γ)/γ`` samples (all noise, ``φ = ∞``, at ``γ = 0``)."""
     if gamma <= 0:
-        return {"gradSqr": 0.0, "gradVar": 1.0}
-    return {"gradSqr": 1.0, "gradVar": batch_per_worker * (1.0 - gamma) / gamma}
+        return 0.0, 1.0
+    return 1.0, batch_per_worker * (1.0 - gamma) / gamma
 
 
 def _grown(v: JobView, delta: int) -> JobView:
@@ -1188,25 +1187,25 @@ class Simulator:
         """The step time the job's chief reported with its evaluations since the last
         cycle (a report comes with each completed epoch, as ``rlsched.trainer``'s at an
         epoch's end; the twin's replay trainer reports the same), folded into what the
-        policy may read: seconds per step of its workers at their fixed batch, on its
-        workers and nodes (the batch in sample-units of one per GPU)."""
+        policy may read as the operator folds ``status.progress``: seconds per step on its
+        workers and nodes at its global batch (a fixed per-worker batch in sample-units
+        of one per GPU), and its gradient statistics."""
         v = j.view
         if j.rate <= 0 or j.spec.fixed or v.progress.epoch <= j.reported:
             return
         j.reported = v.progress.epoch
         spec = j.spec
-        if spec.batch_size is not None:  # what its trainer reports, folded as the operator folds it
+        if spec.batch_size is not None:
             batch = spec.global_batch(v.workers, j.batch)
-            report = {"workers": v.workers, "globalBatchSize": batch, "stepTimeSeconds": batch / j.rate}
-            stats = spec.grad_stats()
-            if stats is not None:
-                report["gradSqr"], report["gradVar"] = stats
-            j.obs = j.obs.update(report, len(set(v.placement)))
-            return
-        step = v.workers * spec.batch_per_worker / j.rate
-        j.obs = j.obs.record(v.workers, len(set(v.placement)), v.workers * v.gpus_per_worker, step)
-        if j.conv is not None:  # its trainer's gradient statistics: the noise scale of its curve
-            j.obs = j.obs.update(_grad_report(j.conv.gamma, spec.batch_per_worker), 0)
+            step, stats = batch / j.rate, spec.grad_stats()
+        else:  # a fixed batch per worker
+            batch = v.workers * v.gpus_per_worker
+            step = v.workers * spec.batch_per_worker / j.rate
+            stats = _curve_grad_stats(j.conv.gamma, spec.batch_per_worker) if j.conv is not None else None
+        report = {"workers": v.workers, "globalBatchSize": batch, "stepTimeSeconds": step}
+        if stats is not None:
+            report["gradSqr"], report["gradVar"] = stats
+        j.obs = j.obs.update(report, len(set(v.placement)))
 
     def _live_job(self, j: _Job, nodes: tuple[int, ...]) -> LiveJob:
         v = j.view
