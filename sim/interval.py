@@ -9,7 +9,10 @@ between two decisions wait for the next one. Applying a decision:
 * a job whose node list changed (started, resumed, migrated, grown or shrunk) pays
   ``restart_cost`` seconds (30 s) without progress while holding its new GPUs;
 * a job left out releases its GPUs and keeps its progress (a checkpoint);
-* a job whose allocation did not change keeps running with no cost.
+* a job whose allocation did not change keeps running with no cost;
+* the batch is the allocator's (``Allocation.atomic_bsz``), or the job's own
+  (:func:`~rlsched.core.allocation.fixed_batch`) when it gives none and always for an
+  application of :data:`~.measured.FIXED_BATCH` (ncf, as the paper's setting runs it).
 
 Between decisions each running job advances epoch by epoch: its progress rate is
 ``gain / update_time`` (:meth:`.measured.Application.gain`,
@@ -63,6 +66,7 @@ from rlsched.core.allocation import (
     AllocJob,
     AllocNode,
     Allocator,
+    AppLimits,
     Oracle,
     ProfileSample,
     check_allocations,
@@ -71,7 +75,7 @@ from rlsched.core.allocation import (
 from rlsched.core.queues import NO_QUEUE, QueueBook
 
 from .engine import JobRecord, SimResult
-from .measured import MAX_REPLICAS, Application, MeasuredJobSpec, placement_of
+from .measured import FIXED_BATCH, MAX_REPLICAS, Application, MeasuredJobSpec, placement_of
 
 __all__ = ["IntervalConfig", "IntervalSimulator", "QueueSample"]
 
@@ -290,13 +294,25 @@ class IntervalSimulator:
         cap = min(j.spec.batch_size // lim.min_local_bsz, self.total_gpus, MAX_REPLICAS.get(j.app.name, self.total_gpus))
         return max(cap, min(j.spec.num_replicas, self.total_gpus), 1)
 
+    @staticmethod
+    def _limits(j: _Job) -> AppLimits:
+        """The batch limits the allocator sees: the application's, or for an application
+        of :data:`~.measured.FIXED_BATCH` the job's own batch as both the initial and the
+        largest (the bounds of a fixed global batch, as a live job without
+        ``spec.maxBatchSize`` shows them)."""
+        lim = j.app.limits
+        if j.app.name not in FIXED_BATCH:
+            return lim
+        return AppLimits(init_batch_size=j.spec.batch_size, max_batch_size=j.spec.batch_size,
+                         min_local_bsz=lim.min_local_bsz, max_local_bsz=lim.max_local_bsz)
+
     def _view(self, j: _Job) -> AllocJob:
         spec = j.spec
         v = AllocJob(
             id=spec.id, submit_time=spec.submit_time, application=spec.application, age=self.now - spec.submit_time,
             attained_service=j.attained, num_restarts=max(j.restarts, 0), allocation=j.nodes,
             target_replicas=min(spec.num_replicas, self.total_gpus), target_batch_size=spec.batch_size,
-            min_replicas=1, max_replicas=self._max_replicas(j), limits=j.app.limits, batch_size=j.batch,
+            min_replicas=1, max_replicas=self._max_replicas(j), limits=self._limits(j), batch_size=j.batch,
             atomic_bsz=j.atomic, accum_steps=j.accum, epoch=j.epoch, progress=j.progress,
             grad_sqr=j.grad[0] if j.grad else None, grad_var=j.grad[1] if j.grad else None,
             profile=tuple(j.profile.values()), metrics=tuple(j.metrics), higher_is_better=j.app.higher_is_better,
@@ -372,7 +388,7 @@ class IntervalSimulator:
             return
         if not j.nodes:
             j.since = self.now
-        if a.atomic_bsz is None:
+        if a.atomic_bsz is None or j.app.name in FIXED_BATCH:
             atomic, accum = fixed_batch(j.spec.batch_size, len(nodes), j.app.limits)
         else:
             atomic, accum = int(a.atomic_bsz), int(a.accum_steps or 0)

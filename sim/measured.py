@@ -59,6 +59,7 @@ __all__ = [
     "APPLICATIONS",
     "MAX_LOCAL_BSZ",
     "MAX_REPLICAS",
+    "FIXED_BATCH",
     "placement_of",
 ]
 
@@ -70,6 +71,11 @@ MAX_LOCAL_BSZ = {"yolov3": 8}
 #: applications that do not scale past one GPU in the paper's setting: ncf runs on
 #: one GPU under every elastic policy (Pollux artifact, simulator.py)
 MAX_REPLICAS = {"ncf": 1}
+#: applications whose global batch stays the job's own (``MeasuredJobSpec.batch_size``)
+#: under every policy in the paper's setting, adaptive ones included: ncf trains at its
+#: 32,768 (Pollux artifact, ``simulator.py``, ``Cluster.__init__``); found by replaying
+#: our engine's decisions in the artifact's simulator side by side (docs/benchmark.md)
+FIXED_BATCH = frozenset({"ncf"})
 
 
 class ProfileError(ValueError):

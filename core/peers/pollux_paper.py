@@ -66,9 +66,10 @@ Every scheduling interval (:meth:`PolluxPaperAllocator.allocate`, the engine's 6
     stretched to ``K·min_local`` where the job's largest batch cannot feed ``K``
     GPUs). (Was: capped at ``max_replicas``, placed on as few nodes as possible.)
 
-  Not taken: the artifact runs ncf at a fixed batch of 32,768 under Pollux
-  (``simulator.py`` ~190-192), a workload setting of its engine, not a policy rule the
-  paper states; and its search is pymoo's NSGA-II, 100 × 100 (ours below).
+  Not a policy rule: the artifact runs ncf at a fixed batch of 32,768 under Pollux
+  (``simulator.py`` ~190-192), a workload setting of its engine, which our interval
+  engine applies to every policy (``rlsched.sim.measured.FIXED_BATCH``); and its
+  search is pymoo's NSGA-II, 100 × 100 (ours below).
 * **Restart penalty** (§4.2 "re-allocation penalty"): a job whose allocation (its
   GPUs per node) changes has its speedup multiplied by
   ``REALLOC_FACTOR_j = max(T_j − R_j·δ, 0) / (T_j + δ)``, ``T_j`` its age,

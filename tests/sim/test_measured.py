@@ -178,6 +178,22 @@ def test_restart_cost_only_when_the_allocation_changes(apps):
     assert b.progress == pytest.approx(60 / step, rel=1e-9)  # two restarts of 30 s
 
 
+def test_ncf_trains_at_its_own_batch_whatever_an_adaptive_policy_asks(apps):
+    """The paper's setting (the artifact's simulator) keeps ncf at its 32,768 under
+    every policy: an allocator's batch for it is not applied, and its view shows the
+    bounds of a fixed batch; another application takes the allocator's batch."""
+    jobs = [MeasuredJobSpec("n", 0.0, "ncf", 1, 32768), MeasuredJobSpec("c", 0.0, "cifar10", 1, 128)]
+    sim = IntervalSimulator(jobs, apps, Pin([{"n": (0,), "c": (1,)}], atomic=(256, 0)), nodes=2, gpus_per_node=4)
+    sim.step()
+    n, c = sorted(sim.views(), key=lambda v: v.id)[::-1]
+    assert (n.id, c.id) == ("n", "c")
+    assert (n.atomic_bsz, n.accum_steps) == fixed_batch(32768, 1, apps["ncf"].limits)
+    assert n.batch_size == 32768 != 256
+    assert (n.limits.init_batch_size, n.limits.max_batch_size) == (32768, 32768)
+    assert (c.atomic_bsz, c.accum_steps, c.batch_size) == (256, 0, 256)
+    assert c.limits == apps["cifar10"].limits
+
+
 def test_a_job_left_out_keeps_its_progress(apps):
     job = MeasuredJobSpec("j", 0.0, "cifar10", 1, 128)
     sim = IntervalSimulator([job], apps, Pin([{"j": (0,)}, {}, {}]), nodes=1, gpus_per_node=4)

@@ -99,8 +99,9 @@ def ncf():
 
 def _two_teams(n: int = 16) -> list[MeasuredJobSpec]:
     """Team b submits ``n`` ncf jobs at 0 s, team a ``n`` at 30 s (seen at the 60 s
-    decision). ncf trains on one GPU only (MAX_REPLICAS): every job is a rigid 1-GPU
-    job of 147 s (30 s restart + 117 s of training)."""
+    decision). ncf trains on one GPU only (MAX_REPLICAS) at its own batch of 32,768
+    (FIXED_BATCH): every job is a rigid 1-GPU job of 76 s (30 s restart + 46 s of
+    training)."""
     return ([MeasuredJobSpec(f"b{i:02d}", 0.0, "ncf", 1, 32768, "b") for i in range(n)]
             + [MeasuredJobSpec(f"a{i:02d}", 30.0, "ncf", 1, 32768, "a") for i in range(n)])
 
@@ -140,12 +141,13 @@ def test_weights_three_to_one_take_the_gpus_from_the_team_that_came_first(ncf):
 
 def test_a_minimum_run_time_keeps_the_running_jobs(ncf):
     """The same with a 600 s minimum run time: at 60 s b's 8 jobs have run 60 s, so they
-    keep their GPUs and a waits; they finish at 147 s, and at 180 s the 8 free GPUs are
+    keep their GPUs and a waits; they finish at 76 s, and at 120 s the 8 free GPUs are
     shared 6:2."""
     book = QueueBook([QueueSpec("a", weight=3.0), QueueSpec("b", weight=1.0)], min_run_s=600.0)
     sim, res = _run(ncf, book)
-    held = [(q.t, q.held) for q in sim.queue_log[:4]]
-    assert held == [(0.0, {"b": 8}), (60.0, {"b": 8, "a": 0}), (120.0, {"b": 8, "a": 0}), (180.0, {"b": 2, "a": 6})]
+    held = [(q.t, q.held) for q in sim.queue_log[:3]]
+    assert held == [(0.0, {"b": 8}), (60.0, {"b": 8, "a": 0}), (120.0, {"b": 2, "a": 6})]
+    assert sorted(r.end for r in res.records)[:8] == pytest.approx([75.935] * 8, abs=1e-3)
     assert sum(r.preemptions for r in res.records) == 0
 
 
