@@ -4,10 +4,8 @@ artifact's format replayed in our engine (the artifact itself is not needed here
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,18 +15,12 @@ DATA = Path(os.environ.get("RLSCHED_DATA_DIR") or REPO.parent / "shared" / "data
 needs_data = pytest.mark.skipif(not (DATA / "pollux-osdi21").is_dir(), reason=f"no Pollux data under {DATA}")
 
 
-def _bench_module(name: str):
-    spec = importlib.util.spec_from_file_location(f"rlsched_bench_{name}", REPO / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture(scope="module")
+def ar(bench_module):
+    return bench_module("artifact_replay")
 
 
-ar = _bench_module("artifact_replay")
-
-
-def test_compare_by_hand():
+def test_compare_by_hand(ar):
     jobs = {
         "a-0": {"application": "a", "submit": 0.0, "ours": 100.0, "theirs": 200.0},
         "a-1": {"application": "a", "submit": 50.0, "ours": 350.0, "theirs": 150.0},
@@ -44,7 +36,7 @@ def test_compare_by_hand():
 
 
 @needs_data
-def test_an_artifact_log_is_replayed_as_it_decided(tmp_path):
+def test_an_artifact_log_is_replayed_as_it_decided(ar, tmp_path):
     """Two decisions in the artifact's log format give ncf-6 (submitted at 1,585 s) one
     GPU on node 3 from 1,620 s: our engine restarts it once (30 s) and trains it at its
     fixed batch of 32,768 (46 s: the ncf test of tests/sim/test_measured.py), so it ends at
