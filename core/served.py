@@ -74,8 +74,8 @@ SERVED = ServedPolicy(
     reason=(
         "rlsched's goodput allocator (core/goodput_allocator.py; live: core/live_allocation.py with the "
         "extender's DAS placement for new workers), because on the protocol's pollux suite (the 8 published "
-        "workloads, paired bootstrap 95% intervals) its mean JCT is 26.6% [22.6, 30.4] / 28.6% [22.5, 33.5] / "
-        "40.4% [35.9, 44.3] below tiresias-2q at 0.5x / 1.0x / 1.5x load, and 2,865 s at 1.0x against 6,560 s "
+        "workloads, paired bootstrap 95% intervals) its mean JCT is 27.6% [24.2, 31.4] / 29.7% [23.4, 34.9] / "
+        "41.0% [36.6, 44.8] below tiresias-2q at 0.5x / 1.0x / 1.5x load, and 2,822 s at 1.0x against 6,560 s "
         "for the combination served before it (das / das-agent / rlpto) (docs/results/protocol_goodput_1x.md, "
         "docs/benchmark.md); the published Pollux's 2,751 s at 1.0x is not reached. On the event-engine "
         "suites it is below the strongest heuristics on synthetic at loads 0.5 and 1 and above them at 1.5 "
