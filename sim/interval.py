@@ -62,7 +62,6 @@ import numpy as np
 
 from rlsched.core.allocation import (
     Allocation,
-    AllocationError,
     AllocJob,
     AllocNode,
     Allocator,
@@ -120,7 +119,7 @@ class _Job:
     __slots__ = (
         "spec", "app", "progress", "epoch", "attained", "restarts", "nodes", "placement", "atomic", "accum",
         "delay", "end", "start", "profile", "grad", "preemptions", "w0", "ideal", "metrics", "queued",
-        "since",
+        "since", "fixed_batch", "limits",
     )
 
     def __init__(self, spec: MeasuredJobSpec, app: Application) -> None:
@@ -145,6 +144,14 @@ class _Job:
         self.metrics: list[float] = []
         self.queued = 0.0  # seconds with no GPUs since submission
         self.since: float | None = None  # when it last got GPUs after holding none
+        #: its batch stays its own whatever the allocator asks (:data:`~.measured.FIXED_BATCH`)
+        self.fixed_batch = app.name in FIXED_BATCH
+        #: the batch limits the allocator sees: the application's, or with a fixed batch
+        #: the job's own batch as both the initial and the largest (the bounds of a fixed
+        #: global batch, as a live job without ``spec.maxBatchSize`` shows them)
+        self.limits = app.limits if not self.fixed_batch else AppLimits(
+            init_batch_size=spec.batch_size, max_batch_size=spec.batch_size,
+            min_local_bsz=app.limits.min_local_bsz, max_local_bsz=app.limits.max_local_bsz)
 
     @property
     def batch(self) -> int:
@@ -294,25 +301,13 @@ class IntervalSimulator:
         cap = min(j.spec.batch_size // lim.min_local_bsz, self.total_gpus, MAX_REPLICAS.get(j.app.name, self.total_gpus))
         return max(cap, min(j.spec.num_replicas, self.total_gpus), 1)
 
-    @staticmethod
-    def _limits(j: _Job) -> AppLimits:
-        """The batch limits the allocator sees: the application's, or for an application
-        of :data:`~.measured.FIXED_BATCH` the job's own batch as both the initial and the
-        largest (the bounds of a fixed global batch, as a live job without
-        ``spec.maxBatchSize`` shows them)."""
-        lim = j.app.limits
-        if j.app.name not in FIXED_BATCH:
-            return lim
-        return AppLimits(init_batch_size=j.spec.batch_size, max_batch_size=j.spec.batch_size,
-                         min_local_bsz=lim.min_local_bsz, max_local_bsz=lim.max_local_bsz)
-
     def _view(self, j: _Job) -> AllocJob:
         spec = j.spec
         v = AllocJob(
             id=spec.id, submit_time=spec.submit_time, application=spec.application, age=self.now - spec.submit_time,
             attained_service=j.attained, num_restarts=max(j.restarts, 0), allocation=j.nodes,
             target_replicas=min(spec.num_replicas, self.total_gpus), target_batch_size=spec.batch_size,
-            min_replicas=1, max_replicas=self._max_replicas(j), limits=self._limits(j), batch_size=j.batch,
+            min_replicas=1, max_replicas=self._max_replicas(j), limits=j.limits, batch_size=j.batch,
             atomic_bsz=j.atomic, accum_steps=j.accum, epoch=j.epoch, progress=j.progress,
             grad_sqr=j.grad[0] if j.grad else None, grad_var=j.grad[1] if j.grad else None,
             profile=tuple(j.profile.values()), metrics=tuple(j.metrics), higher_is_better=j.app.higher_is_better,
@@ -388,7 +383,7 @@ class IntervalSimulator:
             return
         if not j.nodes:
             j.since = self.now
-        if a.atomic_bsz is None or j.app.name in FIXED_BATCH:
+        if a.atomic_bsz is None or j.fixed_batch:
             atomic, accum = fixed_batch(j.spec.batch_size, len(nodes), j.app.limits)
         else:
             atomic, accum = int(a.atomic_bsz), int(a.accum_steps or 0)
