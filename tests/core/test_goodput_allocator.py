@@ -309,3 +309,24 @@ def test_explore_caps_growth_at_a_multiple_of_the_most_gpus_measured():
     assert out["f"].replicas == 2  # perfect scaling would take all 16 without the cap
     with pytest.raises(ValueError, match="explore"):
         GoodputAllocator(explore=-1.0)
+
+
+def test_service_weight_grows_the_less_served_of_two_like_jobs_first():
+    """Two identical perfectly scaling jobs (a large gradient noise scale: little
+    efficiency lost to a larger batch) on one 8-GPU node, one with much more attained
+    service: without the weight they split evenly (equal gains, p = 0); with
+    ``service_exponent`` (1, the default) the less served one takes more (weights 1
+    and 1/4: 6 and 2), and the weight falls with service continuously, 1 at none."""
+    big = GoodputAllocator().threshold
+    jobs = [make_job("served", attained=3 * big, max_replicas=8, grad=(1.0, 1000.0)),
+            make_job("fresh", attained=0.0, submit=1.0, max_replicas=8, grad=(1.0, 1000.0))]
+    off = GoodputAllocator(p=0.0, service_exponent=0.0)
+    assert counts(decide(jobs, nodes_of(8), off)) == {"served": 4, "fresh": 4}
+    assert counts(decide(jobs, nodes_of(8), GoodputAllocator(p=0.0))) == {"served": 2, "fresh": 6}
+    w = GoodputAllocator(service_exponent=1.0)
+    assert w.weight(jobs[1]) == 1.0 and w.weight(jobs[0]) == pytest.approx(0.25)
+    assert GoodputAllocator(service_exponent=1.0, service_scale=big / 3).weight(jobs[0]) == pytest.approx(0.1)
+    assert off.weight(jobs[0]) == 1.0
+    for bad in ({"service_exponent": -1.0}, {"service_scale": 0.0}):
+        with pytest.raises(ValueError, match="service_"):
+            GoodputAllocator(**bad)
