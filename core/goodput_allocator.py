@@ -137,7 +137,7 @@ class GoodputAllocator:
 
     def __repr__(self) -> str:
         return (f"GoodputAllocator(p={self.p}, restart_delay={self.restart_delay}, threshold={self.threshold}, "
-                f"service_exponent={self.service_exponent})")
+                f"service_exponent={self.service_exponent}, service_scale={self.service_scale})")
 
     # ------------------------------------------------------------------ the pieces
     def order(self, jobs: Sequence[AllocJob]) -> list[AllocJob]:
@@ -180,10 +180,10 @@ class GoodputAllocator:
     def weight(self, job: AllocJob) -> float:
         """How much a job's utility counts in who grows: ``(1 + A/θ)^−a`` of its attained
         service ``A`` (GPU-seconds; ``θ`` = ``service_scale``, the queue threshold unless
-        given; ``a`` = ``service_exponent``), so that of two jobs gaining alike the one that has had
-        less service grows first — least attained service (Tiresias' idea, Gu et al.
-        NSDI'19) carried into growth, as a continuous weight so that crossing the
-        threshold moves no GPUs by itself; 1 for every job at ``a = 0``. ``a = 1`` by
+        given; ``a`` = ``service_exponent``), so that of two jobs gaining alike the one
+        that has had less service grows first — least attained service (Tiresias' idea,
+        Gu et al. NSDI'19) carried into growth, as a continuous weight so that crossing
+        the threshold moves no GPUs by itself; 1 for every job at ``a = 0``. ``a = 1`` by
         default (half the weight at 16 GPU-hours), chosen on validation seeds only
         (``bench/goodput_select.py --seeds 12 --loads 1.0,1.5 --settings
         '[{},{"service_exponent":1},{"service_exponent":0.5}]'``,
