@@ -470,6 +470,17 @@ class Simulator:
         self._record(self.now)
         return True
 
+    def decide(self) -> None:
+        """Let the policies decide now, without moving the clock: one pass of core's
+        cycle (admission, then preemption rounds) over the waiting jobs — what
+        :meth:`step` runs after an event time's events. The scheduling environments call
+        it with the agents' pick as the ordering and placement
+        (:class:`rlsched.sim.envs.AgentTurn`)."""
+        if self.ordering is None:
+            raise ValueError("decide() needs ordering and placement policies")
+        self._schedule()
+        self._record(self.now)
+
     def advance(self) -> bool:
         """Process every event of the next event time (no policy decisions).
         Returns False when there is no event left or max_time is reached."""

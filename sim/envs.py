@@ -27,6 +27,17 @@ picks a job, then placement places it; the agent whose turn it is not has
 ``Box`` action has no mask). :meth:`DualAgentSchedulingEnv.state` is the
 fixed-size global state for a centralized critic.
 
+Every start goes through core's scheduling cycle, as in the operator: the agents'
+decision is core's ordering and placement for one pass (:class:`AgentTurn`: the chosen
+job first, on the chosen nodes), and the engine admits it with core's
+:class:`~rlsched.core.planning.Admission` and runs the cycle's preemption rounds
+(:meth:`Simulator.decide <rlsched.sim.engine.Simulator.decide>`); between decision
+points the engine runs the same cycle at every event time with no pick. The agents
+choose among every class but ``highest``: a ``highest``-class job is the cycle's, as
+live, started where ``EnvConfig.cycle_placement`` puts it as soon as it fits and
+preempting lower classes when it does not (the traces the agents train on have no
+service classes, so there the agents decide every start).
+
 All randomness comes from the seed given to ``reset``: it seeds the workload draw
 (:data:`Workload`) and the simulator.
 """
@@ -41,8 +52,9 @@ import numpy as np
 from gymnasium import spaces
 from pettingzoo import ParallelEnv
 
-from rlsched.core import JobView, Topology, make_placement
+from rlsched.core import ClusterState, JobView, Topology, make_placement
 from rlsched.core.das import PLACEMENT_FEATURES
+from rlsched.core.placement import worker_slots
 from rlsched.core.estimate import estimate_remaining
 from rlsched.core.das_agent import (
     CLUSTER_FEATURES,
@@ -130,6 +142,8 @@ class EnvConfig:
     ``image_dt``: horizon of the cluster image (node x future time busy share).
     ``placements``: the heuristics :class:`SchedulingEnv` offers. ``max_nodes``: node
     rows in observations (clusters up to this size; default = the first workload's).
+    ``cycle_placement``: the core placement of the jobs the cycle starts without the
+    agents (``highest``-class jobs, see the module docstring).
     """
 
     window: int = 16
@@ -139,6 +153,7 @@ class EnvConfig:
     image_steps: int = 16
     image_dt: float = 900.0
     placements: tuple[str, ...] = ("firstfit", "bestfit", "loadbalance", "topology")
+    cycle_placement: str = "topology"
     sim: SimConfig = field(default_factory=lambda: SimConfig(record_series=False))
 
     def __post_init__(self) -> None:
@@ -150,6 +165,64 @@ class EnvConfig:
             raise ValueError("need time_scale > 0, image_dt > 0, fee_weight >= 0")
         if not self.placements:
             raise ValueError("need at least one placement heuristic")
+
+
+class AgentTurn:
+    """The agents' decision as core's :class:`~rlsched.core.policy.Ordering` and
+    :class:`~rlsched.core.policy.Placement`, for the engine's cycle to admit.
+
+    :meth:`rank`: the picked job first, then the waiting ``highest``-class jobs
+    (oldest first), then the rest in the queue's order. :meth:`place`: the picked job
+    on the agents' nodes (None when they cannot hold its workers now); a ``highest``
+    job where ``cycle`` puts it; nobody else, so head-of-line admission starts the pick
+    and stops at the first job the agents did not choose.
+    Translation only: the pick is the agents', the class rule the cycle's.
+    """
+
+    name = "agent-turn"
+    fallback_reason = None
+    respects_worker_slots = False
+    model_version = ""
+
+    def __init__(self, klass, cycle) -> None:
+        self._klass = klass  # job id -> its service class
+        self._cycle = cycle  # the core placement of the cycle's own starts
+        self.pick: tuple[str, list[int]] | None = None  # (job id, nodes) of this decision
+
+    def _highest(self, v: JobView) -> bool:
+        return self._klass(v.id) == "highest"
+
+    def rank(self, pending, state: ClusterState) -> list[JobView]:
+        picked = self.pick[0] if self.pick is not None else None
+        first = [v for v in pending if v.id == picked]
+        highest = sorted((v for v in pending if v.id != picked and self._highest(v)),
+                         key=lambda v: (v.submit_time, v.id))
+        # nobody else starts in this pass, so the rest keep the queue's order
+        rest = [v for v in pending if v.id != picked and not self._highest(v)]
+        return first + highest + rest
+
+    def place(self, job: JobView, state: ClusterState, workers: int | None = None) -> list[int] | None:
+        if self.pick is not None and job.id == self.pick[0]:
+            nodes = self.pick[1]
+            per_node = np.bincount(np.asarray(nodes, dtype=np.int64), minlength=len(state.free))
+            if len(per_node) != len(state.free) or (per_node > worker_slots(job, state)).any():
+                return None  # the agents' nodes cannot hold its workers now: it waits
+            return list(nodes)
+        if self._highest(job):
+            return self._cycle.place(job, state, workers)
+        return None
+
+    def score(self, job: JobView, candidates, state: ClusterState) -> np.ndarray:
+        return self._cycle.score(job, candidates, state)
+
+    def score_terms(self, job: JobView, candidates, state: ClusterState):
+        return self.score(job, candidates, state), None
+
+    def observe(self, node: str, performance: float) -> None:
+        return None
+
+    def parameters(self) -> dict | None:
+        return None
 
 
 class SchedulingCore:
@@ -172,9 +245,15 @@ class SchedulingCore:
         self.rng = np.random.default_rng(seed)
         jobs, topology = self.workload(self.rng)
         self.topology = topology
-        self.sim = Simulator(jobs, topology, seed=int(self.rng.integers(0, 2**31 - 1)), config=self.config.sim)
-        self._price = np.array([n.price_per_gpu_hour for n in topology.nodes]) / 3600.0
+        sim_seed = int(self.rng.integers(0, 2**31 - 1))
         self._placements = {name: make_placement(name, rng=self.rng) for name in self.config.placements}
+        cycle = self._placements.get(self.config.cycle_placement) or make_placement(self.config.cycle_placement,
+                                                                                   rng=self.rng)
+        by_id = {j.id: j for j in jobs}
+        self.turn = AgentTurn(lambda job_id: by_id[job_id].priority_class, cycle)
+        self.sim = Simulator(jobs, topology, ordering=self.turn, placement=self.turn, seed=sim_seed,
+                             config=self.config.sim)
+        self._price = np.array([n.price_per_gpu_hour for n in topology.nodes]) / 3600.0
         self.returns = 0.0
         self.decisions = 0
         self._advance()
@@ -203,23 +282,39 @@ class SchedulingCore:
         return len(st.pending) + len(st.running), fee_rate
 
     def _advance(self) -> float:
-        """Advance to the next decision point (or the end); the reward accrued."""
+        """Advance to the next decision point (or the end), the engine's cycle deciding
+        at each event time with no pick; the reward accrued."""
         cfg = self.config
         r = 0.0
         sim = self.sim
         while not self.mask().any():
             n, fee_rate = self._cost_rate()
             t0 = sim.now
-            if not sim.advance():
+            if not sim.step():
                 break
             dt = sim.now - t0
             r -= n * dt / cfg.time_scale + cfg.fee_weight * fee_rate * dt
         return r
 
     def start(self, slot: int, nodes: Sequence[int]) -> float:
-        """Start the job in ``slot`` on ``nodes``; advance; return the reward."""
+        """The agents' decision: the job in ``slot`` on ``nodes``, admitted by the engine's
+        cycle (:class:`AgentTurn`); advance; return the reward. ValueError when the
+        cycle could not start it there (a job that does not fit now, nodes that cannot
+        hold its workers, a worker count outside its bounds)."""
         job = self.window_jobs()[slot]
-        self.sim.start(job.id, list(nodes))
+        nodes = list(nodes)
+        if not (job.min_workers <= len(nodes) <= job.max_workers):
+            raise ValueError(f"job {job.id}: {len(nodes)} workers outside [{job.min_workers}, {job.max_workers}]")
+        asked = job.workers
+        job.workers = len(nodes)  # the gang the agents chose, within its bounds
+        self.turn.pick = (job.id, nodes)
+        try:
+            self.sim.decide()
+        finally:
+            self.turn.pick = None
+        if job.start_time is None:
+            job.workers = asked
+            raise ValueError(f"job {job.id} could not start on nodes {nodes} now")
         self.decisions += 1
         r = self._advance()
         self.returns += r
@@ -233,7 +328,7 @@ class SchedulingCore:
         n, fee_rate = self._cost_rate()
         t0 = sim.now
         r = 0.0
-        if sim.advance():
+        if sim.step():
             dt = sim.now - t0
             r -= n * dt / cfg.time_scale + cfg.fee_weight * fee_rate * dt
         r += self._advance()

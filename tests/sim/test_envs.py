@@ -128,3 +128,68 @@ def test_place_by_scores_fills_racks_then_nodes_in_score_order():
     per = 4 // job.gpus_per_worker
     expect = ([1] * per + [0] * per + [2] * per + [3] * per)[: job.workers]
     assert nodes == expect
+
+
+def _first_fit_agent(core: SchedulingCore) -> None:
+    """Start the oldest window job that fits, first fit, until the episode ends."""
+    while not core.done:
+        slot = int(np.flatnonzero(core.mask())[0])
+        core.start(slot, core.place_by_policy(core.window_jobs()[slot], "firstfit"))
+
+
+def test_env_decisions_go_through_the_engines_cycle_and_match_its_own_run():
+    """The env only translates: an agent starting the oldest job that fits, first fit,
+    gives exactly the episode of the engine's own FIFO + backfill run (the window holds
+    every waiting job here), as every start is core's admission over the agent's pick."""
+    from rlsched.core import make_ordering, make_placement
+    from rlsched.sim import SimConfig, Simulator
+
+    for seed in (0, 3):
+        core = SchedulingCore(small_workload, EnvConfig(window=16))
+        core.reset(seed)
+        assert core.sim.ordering is core.turn and core.sim.placement is core.turn
+        _first_fit_agent(core)
+        jobs, topo = small_workload(np.random.default_rng(seed))
+        ref = Simulator(jobs, topo, ordering=make_ordering("fifo"), placement=make_placement("firstfit"),
+                        seed=0, config=SimConfig(backfill=True, record_series=False)).run()
+        got = {r.id: (r.start, r.end, r.level, r.fee) for r in core.sim.result().records}
+        want = {r.id: (r.start, r.end, r.level, r.fee) for r in ref.records}
+        assert got == want and len(got) == 12
+
+
+def test_highest_job_preempts_in_the_env_as_live():
+    """One node of 8 GPUs. A (normal, 100 s) is the agent's pick at t=0. B (highest,
+    20 s) arrives at t=10 and does not fit: the cycle, with no agent decision, evicts A
+    to the interrupt queue and starts B (10-30). At t=30 A is the agent's only choice
+    again: it resumes with the 30 s restart and its 90 s left, ending at 150."""
+    jobs = [JobSpec(id="A", submit_time=0, gpus_per_worker=8, duration=100),
+            JobSpec(id="B", submit_time=10, gpus_per_worker=8, duration=20, priority_class="highest")]
+    core = SchedulingCore(lambda _rng: (jobs, Topology.uniform(1, 8)), EnvConfig(window=4))
+    core.reset(0)
+    assert [j.id for j in core.window_jobs()] == ["A"]
+    core.start(0, [0])
+    assert core.sim.now == 30.0 and [j.id for j in core.window_jobs()] == ["A"]  # B ran 10-30 meanwhile
+    assert core.sim.job("A").queue == "interrupt"
+    core.start(0, [0])
+    assert core.done and core.decisions == 2
+    r = {x.id: x for x in core.sim.result().records}
+    assert (r["A"].start, r["A"].end, r["A"].preemptions) == (0.0, 150.0, 1)
+    assert (r["B"].start, r["B"].end, r["B"].preemptions) == (10.0, 30.0, 0)
+
+
+def test_start_refuses_a_pick_the_cycle_cannot_start_and_keeps_the_job():
+    """Two nodes of 4 GPUs, a gang of 2 workers x 4 GPUs (1 to 2 workers): both workers
+    on node 0 cannot start, a third worker is outside its bounds; the job keeps waiting
+    as it was, and the same job then starts on nodes 0 and 1."""
+    jobs = [JobSpec(id="A", submit_time=0, workers=2, min_workers=1, max_workers=2, gpus_per_worker=4, duration=50)]
+    core = SchedulingCore(lambda _rng: (jobs, Topology.uniform(2, 4)), EnvConfig(window=4))
+    core.reset(0)
+    job = core.window_jobs()[0]
+    with pytest.raises(ValueError, match="workers outside"):
+        core.start(0, [0, 1, 1])
+    with pytest.raises(ValueError, match="could not start"):
+        core.start(0, [0, 0])
+    assert job.start_time is None and job.workers == 2 and job in core.sim.pending
+    assert core.sim.state.free.tolist() == [4, 4] and core.decisions == 0
+    core.start(0, [1, 0])
+    assert core.done and core.sim.result().records[0].end == 50.0

@@ -21,7 +21,9 @@ CYCLE_PARTS = {"admission", "planner"}
 PREEMPTION_RULES = {"may_preempt", "may_evict", "choose_victims"}
 #: the callers that must go through the cycle
 CALLERS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "operator").rglob("*.py")) + [
-    "core/gang_allocator.py", "sim/engine.py"]
+    "core/gang_allocator.py", "sim/engine.py", "sim/envs.py", "sim/scaling_env.py"]
+#: the training environments: they drive the event engine, whose cycle decides
+TRAINING_ENVS = ("sim/envs.py", "sim/scaling_env.py")
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -139,6 +141,30 @@ def test_the_engine_decides_through_the_cycle():
     assert cycle_calls(src, "preemption_rounds") == 1
     assert cycle_calls(src, "scale") == 1
     assert cycle_calls(src, "plan") == 0  # its admission is the incremental walk, not the whole plan
+
+
+def engine_bypasses(source: str, filename: str = "<src>") -> list[str]:
+    """``file:line`` of every call of the engine's hand-driven ``start``/``advance``
+    (``self.sim.start(...)``, ``sim.advance()``): a start or an event time there would
+    skip core's admission and preemption."""
+    tree = ast.parse(source, filename=filename)
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("start", "advance") and (_dotted(node.func.value) or "").endswith("sim"):
+            bad.append(f"{filename}:{node.lineno} {_dotted(node.func)}")
+    return bad
+
+
+def test_the_training_environments_start_jobs_only_through_the_cycle():
+    """The DAS environment's agents are the cycle's ordering and placement for one pass
+    (``Simulator.decide``); neither environment starts a job or moves the clock around
+    the engine's cycle."""
+    assert [hit for rel in TRAINING_ENVS for hit in engine_bypasses((ROOT / rel).read_text(), rel)] == []
+    src = (ROOT / "sim/envs.py").read_text()
+    assert ".sim.decide()" in src and "ordering=self.turn, placement=self.turn" in src
+    assert engine_bypasses("self.sim.start(job.id, nodes)\nsim.advance()\n") == ["<src>:1 self.sim.start",
+                                                                                "<src>:2 sim.advance"]
 
 
 def test_the_operator_and_the_gang_allocator_call_the_cycle_once():
