@@ -56,6 +56,13 @@ def _arguments(setting: dict) -> dict:
     from rlsched.core.goodput import ThroughputPrior
 
     out = dict(setting)
+    if "growth_model" in out:  # a learned growth weight (rlsched train growth) from its file
+        from rlsched.core.growth_weight import LearnedGrowthWeight
+
+        weight = LearnedGrowthWeight(path=out.pop("growth_model"))
+        if weight.fallback_reason:
+            raise SystemExit(f"growth model: {weight.fallback_reason}")
+        out["growth"] = weight
     if "prior" in out:
         out["prior"] = ThroughputPrior(**{k: tuple(v) if isinstance(v, list) else v for k, v in out["prior"].items()})
     return out
@@ -72,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--p", default=",".join(f"{p:g}" for p in GRID["p"]), help="comma list of utility exponents")
     ap.add_argument("--settings", default=None,
                     help="JSON list of settings (GoodputAllocator keyword arguments; 'prior': ThroughputPrior "
-                         "fields) to compare instead of --p, e.g. '[{\"p\": 0.5, \"threshold\": 3600}]'")
+                         "fields; 'growth_model': a learned growth weight's .safetensors) to compare instead of --p, e.g. '[{\"p\": 0.5, \"threshold\": 3600}]'")
     ap.add_argument("--data-dir", default=None, help="default: $RLSCHED_DATA_DIR")
     ap.add_argument("--procs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", default="bench/results/goodput_select.json")

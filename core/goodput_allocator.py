@@ -91,7 +91,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-from typing import Mapping, Sequence
+from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -102,7 +102,14 @@ from .peers.place import keep_or_pack
 from .peers.tiresias import POLLUX_THRESHOLD
 from .queues import NO_QUEUE, QueueBook
 
-__all__ = ["GoodputAllocator"]
+__all__ = ["GoodputAllocator", "GrowthWeight"]
+
+
+class GrowthWeight(Protocol):
+    """How much a job's utility counts in who grows (a learned one:
+    :class:`rlsched.core.growth_weight.LearnedGrowthWeight`)."""
+
+    def weight(self, job: AllocJob) -> float: ...
 
 
 class GoodputAllocator:
@@ -114,7 +121,7 @@ class GoodputAllocator:
     def __init__(self, *, p: float = 0.5, restart_delay: float = 60.0, threshold: float = POLLUX_THRESHOLD,
                  prior: ThroughputPrior | None = None, refit_tolerance: float | None = None,
                  explore: float = 0.0, service_exponent: float = 1.0,
-                 service_scale: float | None = None) -> None:
+                 service_scale: float | None = None, growth: "GrowthWeight | None" = None) -> None:
         if not math.isfinite(p):
             raise ValueError(f"p must be finite, got {p}")
         if not (math.isfinite(restart_delay) and restart_delay >= 0):
@@ -132,12 +139,15 @@ class GoodputAllocator:
         if not (math.isfinite(scale) and scale > 0):
             raise ValueError(f"service_scale must be > 0 GPU-seconds, got {service_scale}")
         self.service_scale = scale
+        #: a learned weight in place of the service weight (:mod:`rlsched.core.growth_weight`)
+        self.growth = growth
         self.jobs = JobGoodput(prior, refit_tolerance=refit_tolerance)
         self._now: float | None = None
 
     def __repr__(self) -> str:
         return (f"GoodputAllocator(p={self.p}, restart_delay={self.restart_delay}, threshold={self.threshold}, "
-                f"service_exponent={self.service_exponent}, service_scale={self.service_scale})")
+                f"service_exponent={self.service_exponent}, service_scale={self.service_scale}, "
+                f"growth={self.growth!r})")
 
     # ------------------------------------------------------------------ the pieces
     def order(self, jobs: Sequence[AllocJob]) -> list[AllocJob]:
@@ -190,7 +200,11 @@ class GoodputAllocator:
         docs/results/goodput_select_service.json): mean JCT 2,762 s against 2,768 s at
         ``a = 0.5`` and 2,822 s without, paired −2.9% [−4.7%, −1.3%] over the 24
         seed-load runs; ``a = 2`` and scales of 1, 4 and 64 GPU-hours did no better on
-        the first 4 seeds (docs/results/goodput_select_service_scale.json)."""
+        the first 4 seeds (docs/results/goodput_select_service_scale.json). With
+        ``growth`` (a learned weight, :mod:`rlsched.core.growth_weight`), its weight
+        instead."""
+        if self.growth is not None:
+            return self.growth.weight(job)
         if not self.service_exponent:
             return 1.0
         return (1.0 + max(job.attained_service, 0.0) / self.service_scale) ** -self.service_exponent

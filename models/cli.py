@@ -29,6 +29,7 @@ ALGORITHMS = {
     "hierrl": "rlsched.models.hierrl",
     "dqn": "rlsched.models.dqn",
     "lsp": "rlsched.models.lsp",
+    "growth": "rlsched.models.growth",
 }
 
 

@@ -13,6 +13,10 @@
     rlsched's goodput allocator (:mod:`rlsched.core.goodput_allocator`): fairness by
     attained service decides who runs, goodput per GPU who grows, the batch size with
     the allocation, the restart cost weighed in every change.
+``goodput-learned``
+    the goodput allocator with the learned growth weight
+    (:mod:`rlsched.core.growth_weight`, ``rlsched train growth``) in place of the
+    service weight.
 ``rlsched``
     the served learned combination (:data:`rlsched.core.served.SERVED`) as below.
 ``<ordering>/<placement>[/<scaling>][+backfill|+nobackfill]``
@@ -56,6 +60,14 @@ def _goodput(**opts) -> Allocator:
     return GoodputAllocator(**opts)
 
 
+def _goodput_learned(**opts) -> Allocator:
+    from rlsched.core.goodput_allocator import GoodputAllocator
+    from rlsched.core.growth_weight import LearnedGrowthWeight
+
+    path = opts.pop("growth_model", None)
+    return GoodputAllocator(growth=LearnedGrowthWeight(path=path), **opts)
+
+
 def _pollux(**opts) -> Allocator:
     from .peers.pollux import PolluxAllocator
 
@@ -72,6 +84,9 @@ ALLOCATORS: dict[str, Callable[..., Allocator]] = {
     "pollux-paper": _pollux_paper,
     # rlsched's own goodput allocator (core/goodput_allocator.py)
     "goodput": _goodput,
+    # the same with the learned growth weight (core/growth_weight.py; the promoted
+    # core/weights/growth.safetensors, the service weight when it cannot be read)
+    "goodput-learned": _goodput_learned,
 }
 
 

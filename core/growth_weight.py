@@ -1,0 +1,121 @@
+"""A learned growth weight for the goodput allocator: RLPTO's idea as a falling marginal goodput.
+
+The goodput allocator (:mod:`rlsched.core.goodput_allocator`) gives the GPUs left, a
+move at a time, to the job whose weighted utility gains most per GPU; the weight of a
+job (:meth:`GoodputAllocator.weight <rlsched.core.goodput_allocator.GoodputAllocator.weight>`)
+is by default its attained service's ``(1 + A/θ)^−1``. :class:`LearnedGrowthWeight`
+replaces that weight by ``exp(w · φ(job))``, a log-linear function of what the job
+reported (:data:`GROWTH_FEATURES`, :func:`growth_features`), learned on training seeds
+(``rlsched train growth``, :mod:`rlsched.models.growth`). Among its features is the
+job's learning curve: how fast its validation metric still moves, against how fast it
+moved so far. RLPTO (give GPUs back as a job converges) can then enter as a weight that
+falls with convergence, so that a converging job's marginal goodput counts for less and
+its GPUs go to others, never as a stop that takes workers away.
+
+``w = (−1, 0, 0, 0, 0)`` is the served default exactly (the service term alone, with
+exponent 1), so training starts from it.
+
+Non-clairvoyant: every feature comes from the job's
+:class:`~rlsched.core.allocation.AllocJob` fields that a live operator counts or the job
+reports (attained service, age, restarts, epochs, the metric after each epoch), never
+``AllocJob.oracle``.
+
+Pure numpy. A model that cannot be read leaves the weight at the served default, and
+``fallback_reason`` says why.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from .allocation import AllocJob
+from .nn import PolicyFileError, load_policy_file
+from .peers.tiresias import POLLUX_THRESHOLD
+
+__all__ = ["GROWTH_FEATURES", "DEFAULT_COEF", "growth_features", "LearnedGrowthWeight", "DEFAULT_WEIGHTS"]
+
+#: the features, in order (see :func:`growth_features`)
+GROWTH_FEATURES = ("service", "age", "restarts", "epochs", "curve")
+#: the served default's coefficients: ``(1 + A/θ)^−1`` of attained service
+DEFAULT_COEF = np.array([-1.0, 0.0, 0.0, 0.0, 0.0])
+#: where the promoted model lives (``rlsched models promote <run>``)
+DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "growth.safetensors"
+#: epochs over which the recent pace of the learning curve is measured
+CURVE_WINDOW = 3
+#: bound on ``w · φ``: a weight between e^−8 and e^8
+_LOGIT_BOUND = 8.0
+
+
+def curve_pace(metrics, higher_is_better: bool, window: int = CURVE_WINDOW) -> float:
+    """How fast the job's metric still moves: its mean change per epoch over the last
+    ``window`` epochs, in the direction of better, over its mean change per epoch since
+    the first epoch, clipped to [−2, 2]. About 1 while the curve keeps its pace, near 0
+    where it has flattened, below 0 where it got worse. 1 (no evidence of convergence)
+    before three epochs are reported, or when the metric has not moved at all."""
+    m = np.asarray(metrics, dtype=float)
+    m = m[np.isfinite(m)]
+    if m.size < 3:
+        return 1.0
+    sign = 1.0 if higher_is_better else -1.0
+    k = min(window, m.size - 1)
+    recent = sign * (m[-1] - m[-1 - k]) / k
+    overall = abs(m[-1] - m[0]) / (m.size - 1)
+    if overall <= 1e-12:
+        return 1.0
+    return float(np.clip(recent / overall, -2.0, 2.0))
+
+
+def growth_features(job: AllocJob, service_scale: float = POLLUX_THRESHOLD) -> np.ndarray:
+    """``φ(job)``: log(1 + attained GPU-seconds / ``service_scale``), log(1 + age in
+    hours), log(1 + restarts), log(1 + epochs completed), and the pace of its learning
+    curve (:func:`curve_pace`). What a live operator knows; nothing else is read."""
+    return np.array([
+        math.log1p(max(job.attained_service, 0.0) / service_scale),
+        math.log1p(max(job.age, 0.0) / 3600.0),
+        math.log1p(max(job.num_restarts, 0)),
+        math.log1p(max(job.epoch, 0)),
+        curve_pace(job.metrics, job.higher_is_better),
+    ])
+
+
+class LearnedGrowthWeight:
+    """``exp(w · φ(job))`` (module docstring), from ``coef`` or an exported model file.
+
+    ``coef`` given: those coefficients (training evaluates candidates so). Else the model
+    at ``path`` (default :data:`DEFAULT_WEIGHTS`); one that cannot be read falls back to
+    :data:`DEFAULT_COEF`, the served default's weight, with ``fallback_reason`` set."""
+
+    def __init__(self, coef=None, *, path: str | Path | None = None,
+                 service_scale: float = POLLUX_THRESHOLD) -> None:
+        if not (math.isfinite(service_scale) and service_scale > 0):
+            raise ValueError(f"service_scale must be > 0 GPU-seconds, got {service_scale}")
+        self.service_scale = float(service_scale)
+        self.path = None if coef is not None else Path(path) if path is not None else DEFAULT_WEIGHTS
+        self.fallback_reason: str | None = None
+        self.metadata: dict = {}
+        if coef is None:
+            try:
+                weights, meta = load_policy_file(self.path, policy="growth")
+                coef = weights.get("coef")
+                if coef is None:
+                    raise PolicyFileError(f"{self.path}: no tensor 'coef'")
+                self.metadata = meta
+            except PolicyFileError as exc:
+                self.fallback_reason = f"{exc}; growing by attained service alone (the served default)"
+                coef = DEFAULT_COEF
+        coef = np.asarray(coef, dtype=float).reshape(-1)
+        if coef.shape != (len(GROWTH_FEATURES),) or not np.isfinite(coef).all():
+            raise ValueError(f"growth coefficients must be {len(GROWTH_FEATURES)} finite numbers "
+                             f"({', '.join(GROWTH_FEATURES)}), got {coef.tolist()}")
+        self.coef = coef
+
+    def __repr__(self) -> str:
+        return (f"LearnedGrowthWeight(coef={np.round(self.coef, 4).tolist()}, path={self.path}, "
+                f"fallback={self.fallback_reason is not None})")
+
+    def weight(self, job: AllocJob) -> float:
+        z = float(self.coef @ growth_features(job, self.service_scale))
+        return math.exp(min(max(z, -_LOGIT_BOUND), _LOGIT_BOUND))

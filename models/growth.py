@@ -1,0 +1,178 @@
+"""Growth: the goodput allocator's growth weight, learned by evolution strategies.
+
+The goodput allocator gives the GPUs left to the job whose weighted utility gains most per
+GPU. ``rlsched train growth`` learns the weight ``exp(w · φ(job))`` of
+:mod:`rlsched.core.growth_weight` from what each job reports: its attained service, age,
+restarts, epochs and the pace of its learning curve. It learns on the Pollux benchmark's
+cluster (the interval engine, 16 × 4 GPUs, 60 s interval, 30 s restart), on workloads
+generated from the Philly list (``pollux-gen``) with *train* seeds only. Validation and
+test seeds are refused, and the published workloads are never read.
+
+The method is evolution strategies (Salimans et al., "Evolution Strategies as a Scalable
+Alternative to Reinforcement Learning", 2017). Every generation draws one train seed and
+a load uniformly from ``--loads``. On that one workload (common random numbers) it runs
+the allocator with ``w`` and with ``w ± σ·ε_i`` for ``--pairs`` antithetic pairs. The
+objective is the workload's mean JCT relative to ``w``'s. The update is
+``w ← w + lr · Adam(ĝ)``, where ``ĝ = Σ_i (F(w + σε_i) − F(w − σε_i)) ε_i / (2 σ P)`` and
+``F = −JCT/JCT(w)``. The objective is the episode's own figure, so there is no reward
+shaping. It starts from the served default, ``w = (−1, 0, 0, 0, 0)``: the service
+weight ``(1 + A/θ)^−1`` exactly.
+
+The run writes:
+
+- ``model.safetensors``: the mean of the second half of the generations' ``w``;
+- ``last.safetensors``: the final ``w``;
+- ``train.csv`` and ``learning_curve.png``.
+
+Which of them is served, if any, is chosen on validation seeds against the served default
+(``python bench/goodput_select.py --settings '[{}, {"growth_model": "out/train/RUN/model.safetensors"}]'``),
+never here.
+
+    rlsched train growth --generations 16 --pairs 8 --procs 2 --data-dir ../shared/data
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from .runs import add_run_arguments, new_run
+
+__all__ = ["add_arguments", "train", "evaluate", "es_gradient", "Adam", "run_workload"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--generations", type=int, default=16)
+    parser.add_argument("--pairs", type=int, default=8, help="antithetic pairs per generation")
+    parser.add_argument("--sigma", type=float, default=0.25, help="perturbation scale of w")
+    parser.add_argument("--lr", type=float, default=0.1, help="Adam step size")
+    parser.add_argument("--loads", default="0.5,1.5", help="LO,HI: each generation's load, drawn uniformly")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--procs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--data-dir", default=None, help="default: $RLSCHED_DATA_DIR")
+    add_run_arguments(parser)
+
+
+def run_workload(coef, seed: int, load: float, data_dir: str | None) -> float:
+    """Mean JCT (s) of the goodput allocator weighted by ``coef`` on the pollux-gen
+    workload of train ``seed`` at ``load``."""
+    from rlsched.core.goodput_allocator import GoodputAllocator
+    from rlsched.core.growth_weight import LearnedGrowthWeight
+    from rlsched.sim.interval import IntervalConfig, IntervalSimulator
+    from rlsched.sim.metrics import compute_metrics
+    from rlsched.sim.protocol import split_of
+    from rlsched.sim.traces import load_trace
+
+    if split_of(seed) != "train":
+        raise ValueError(f"seed {seed} is not a train seed: the growth weight learns on train seeds only")
+    trace = load_trace(f"pollux-gen:seed={seed},load={load:.3f}", data_dir=data_dir)
+    cfg = IntervalConfig(interval=trace.interval, restart_cost=trace.restart_cost)
+    alloc = GoodputAllocator(growth=LearnedGrowthWeight(np.asarray(coef, dtype=float)))
+    sim = IntervalSimulator(trace.jobs, trace.apps, alloc, nodes=trace.nodes, gpus_per_node=trace.gpus_per_node,
+                            config=cfg)
+    return float(compute_metrics(sim.run())["jct_mean"])
+
+
+def es_gradient(eps: np.ndarray, plus: np.ndarray, minus: np.ndarray, base: float, sigma: float) -> np.ndarray:
+    """The antithetic ES estimate of the gradient of ``F = −JCT/base`` at ``w``:
+    ``Σ_i (F(w + σε_i) − F(w − σε_i)) ε_i / (2 σ P)`` for ``P`` pairs."""
+    eps = np.asarray(eps, dtype=float)
+    diff = -(np.asarray(plus, dtype=float) - np.asarray(minus, dtype=float)) / base
+    return (diff[:, None] * eps).sum(axis=0) / (2.0 * sigma * len(eps))
+
+
+class Adam:
+    """Adam ascent on a numpy vector (Kingma & Ba, 2015)."""
+
+    def __init__(self, lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8) -> None:
+        self.lr, self.b1, self.b2, self.eps = lr, beta1, beta2, eps
+        self.m = self.v = None
+        self.t = 0
+
+    def step(self, grad: np.ndarray) -> np.ndarray:
+        """The step to add to the parameters (ascent along ``grad``)."""
+        if self.m is None:
+            self.m, self.v = np.zeros_like(grad), np.zeros_like(grad)
+        self.t += 1
+        self.m = self.b1 * self.m + (1 - self.b1) * grad
+        self.v = self.b2 * self.v + (1 - self.b2) * grad * grad
+        mh = self.m / (1 - self.b1 ** self.t)
+        vh = self.v / (1 - self.b2 ** self.t)
+        return self.lr * mh / (np.sqrt(vh) + self.eps)
+
+
+def _export(path: Path, coef: np.ndarray, args, note: str, history: list[dict]) -> None:
+    from rlsched.core.growth_weight import CURVE_WINDOW, GROWTH_FEATURES
+
+    from .base import jsonable_options
+    from .export import export_policy
+
+    export_policy(
+        path, {"coef": np.asarray(coef, dtype=np.float32)}, policy="growth", version="1",
+        observation={"features": list(GROWTH_FEATURES), "curve_window": CURVE_WINDOW},
+        architecture={"form": "exp(coef . features)"},
+        training={"method": "antithetic evolution strategies + Adam", "which": note, **jsonable_options(args),
+                  "generations_run": len(history),
+                  "final_relative_jct": history[-1]["pop_relative_jct"] if history else None},
+        trained_on={"trace": "pollux-gen", "split": "train", "loads": args.loads,
+                    "seeds": [h["seed"] for h in history]},
+    )
+
+
+def train(args) -> int:
+    from tqdm import tqdm
+
+    from rlsched.core.growth_weight import DEFAULT_COEF, GROWTH_FEATURES
+    from rlsched.sim.protocol import SPLITS
+
+    from .base import CSVLog, plot_curve
+
+    lo, hi = (float(x) for x in args.loads.split(","))
+    if not (0 < lo <= hi) or args.generations < 1 or args.pairs < 1 or args.sigma <= 0 or args.lr <= 0:
+        raise SystemExit("need 0 < LO <= HI, generations >= 1, pairs >= 1, sigma > 0, lr > 0")
+    run = new_run(args, "growth")
+    rng = np.random.default_rng(args.seed)
+    lo_seed, hi_seed = SPLITS["train"]
+    w = DEFAULT_COEF.astype(float).copy()
+    opt = Adam(args.lr)
+    log = CSVLog(run.log)
+    history: list[dict] = []
+    t0 = time.time()
+    with ProcessPoolExecutor(max(args.procs, 1)) as ex:
+        for g in tqdm(range(1, args.generations + 1), desc="growth ES", unit="generation", dynamic_ncols=True):
+            seed = int(rng.integers(lo_seed, hi_seed))
+            load = float(rng.uniform(lo, hi))
+            eps = rng.standard_normal((args.pairs, len(w)))
+            cands = [w] + [w + args.sigma * e for e in eps] + [w - args.sigma * e for e in eps]
+            jct = list(ex.map(run_workload, cands, [seed] * len(cands), [load] * len(cands),
+                              [args.data_dir] * len(cands)))
+            base, plus, minus = jct[0], np.array(jct[1:1 + args.pairs]), np.array(jct[1 + args.pairs:])
+            grad = es_gradient(eps, plus, minus, base, args.sigma)
+            w = w + opt.step(grad)
+            row = {"generation": g, "seed": seed, "load": round(load, 3), "base_jct": base,
+                   "pop_relative_jct": float(np.mean(np.r_[plus, minus]) / base),
+                   "best_relative_jct": float(np.min(np.r_[plus, minus]) / base),
+                   "grad_norm": float(np.linalg.norm(grad)), "wall_s": time.time() - t0,
+                   **{f"w_{n}": float(x) for n, x in zip(GROWTH_FEATURES, w)}}
+            log.write(row)
+            history.append(row)
+    coefs = np.array([[h[f"w_{n}"] for n in GROWTH_FEATURES] for h in history])
+    avg = coefs[len(coefs) // 2:].mean(axis=0)
+    _export(run.model, avg, args, "mean of the second half of the generations", history)
+    _export(run.dir / "last.safetensors", w, args, "the last generation", history)
+    plot_curve(history, run.curve, "generation", ["pop_relative_jct", "best_relative_jct"] +
+               [f"w_{n}" for n in GROWTH_FEATURES[:2]] + ["w_curve"], "growth weight: ES on train seeds")
+    print(f"growth: {run.dir}: w (mean of the second half) = {np.round(avg, 3).tolist()}, "
+          f"last = {np.round(w, 3).tolist()}; choose on validation with bench/goodput_select.py")
+    return 0
+
+
+def evaluate(args) -> int:
+    raise SystemExit("rlsched eval growth: the growth weight is evaluated on validation seeds with "
+                     "bench/goodput_select.py --settings '[{}, {\"growth_model\": \"out/train/RUN/model.safetensors\"}]' "
+                     "and on the protocol's test split with rlsched eval protocol --policies goodput-learned")
