@@ -6,8 +6,11 @@ proportional fairness, -1: Pollux's harmonic leaning) — and the restart delay 
 weighs. This runs each setting of the grid on workloads generated from the Philly list
 (``pollux-gen``) with *validation* seeds (:func:`rlsched.sim.protocol.seeds`: 10,000 ..;
 test seeds are refused) on the Pollux benchmark's cluster (16 x 4 GPUs, 60 s interval,
-30 s restart), and picks the setting with the lowest mean JCT over seeds and loads. The
-published workloads and the test seeds are never read here.
+30 s restart). The first setting is the incumbent (the served one: ``{}``); a setting
+replaces it only when its mean JCT, paired with the incumbent's over every seed and
+load, is lower with the whole percentile-bootstrap 95% interval below zero
+(:func:`choose`); of those, the lowest mean. The published workloads and the test
+seeds are never read here.
 
     python bench/goodput_select.py --seeds 5 --loads 1.0 --out bench/results/goodput_select.json
 
@@ -68,6 +71,34 @@ def _arguments(setting: dict) -> dict:
     return out
 
 
+def choose(settings: list[dict], runs: list[dict]) -> tuple[dict, list[dict]]:
+    """The setting chosen and the table: each setting's mean JCT and, for every one but
+    the first (the incumbent), its paired difference against the incumbent over the same
+    seeds and loads (:func:`rlsched.sim.protocol.paired_bootstrap`). A setting is chosen
+    over the incumbent only when its whole interval lies below zero; of those, the one
+    with the lowest mean; else the incumbent."""
+    from rlsched.sim.protocol import paired_bootstrap
+
+    def jcts(st):
+        by = {(r["seed"], r["load"]): r["jct_mean"] for r in runs if r["setting"] == st}
+        return by
+
+    inc = jcts(settings[0])
+    keys = sorted(inc)
+    table = []
+    for st in settings:
+        mine = jcts(st)
+        row = {"setting": st, "jct_mean": float(np.mean(list(mine.values()))), "runs": len(mine)}
+        if st is not settings[0]:
+            d = paired_bootstrap([mine[k] for k in keys], [inc[k] for k in keys])
+            row.update(rel=d.rel, rel_lo=d.rel_lo, rel_hi=d.rel_hi,
+                       lower=int(sum(mine[k] < inc[k] for k in keys)), below=bool(d.diff_hi < 0))
+        table.append(row)
+    table.sort(key=lambda r: r["jct_mean"])
+    better = [r for r in table if r.get("below")]
+    return (better[0]["setting"] if better else settings[0]), table
+
+
 def main(argv: list[str] | None = None) -> int:
     from rich.progress import Progress
 
@@ -96,21 +127,20 @@ def main(argv: list[str] | None = None) -> int:
         for f in as_completed(futs):
             runs.append(f.result())
             bar.advance(task)
-    table = []
-    for st in settings:
-        rs = [r for r in runs if r["setting"] == st]
-        table.append({"setting": st, "jct_mean": float(np.mean([r["jct_mean"] for r in rs])), "runs": len(rs)})
-    table.sort(key=lambda r: r["jct_mean"])
+    chosen, table = choose(settings, runs)
     for r in table:
-        print(f"{json.dumps(r['setting']):>40}  mean JCT {r['jct_mean']:8,.0f} s over {r['runs']} runs")
-    print(f"chosen on validation: {json.dumps(table[0]['setting'])}")
+        vs = (f"  vs the incumbent {r['rel']:+.1%} [{r['rel_lo']:+.1%}, {r['rel_hi']:+.1%}], lower on "
+              f"{r['lower']}/{r['runs']}" if "rel" in r else "  (incumbent)")
+        print(f"{json.dumps(r['setting']):>40}  mean JCT {r['jct_mean']:8,.0f} s over {r['runs']} runs{vs}")
+    print(f"chosen on validation: {json.dumps(chosen)}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "benchmark": "goodput allocator settings on validation pollux-gen seeds",
         "command": "python bench/goodput_select.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "seeds": seeds("validation", args.seeds), "loads": loads, "table": table, "chosen": table[0]["setting"],
+        "rule": "the incumbent (first setting) unless a setting's paired 95% interval against it is below zero",
+        "seeds": seeds("validation", args.seeds), "loads": loads, "table": table, "chosen": chosen,
         "runs": sorted(runs, key=lambda r: (json.dumps(r["setting"]), r["load"], r["seed"])),
         "wall_s": time.perf_counter() - t0,
     }, indent=1))

@@ -50,7 +50,9 @@ restarts, current allocation, the step times and gradient statistics it reported
    pollux-gen seeds 10,000–10,003 at 1.0x and 1.5x load, mean JCT 2,256.5 s against
    2,256.6 s for ``p = 0``, 2,271 s for ``p = −1`` and 2,316 s for ``p = 1``, with the
    earlier fit and a 30 s restart delay; docs/results/goodput_select_p.json), and kept
-   when the restart delay was chosen.
+   when the restart delay was chosen and again with the service weight (12 seeds x
+   1.0x, 1.5x: ``p = 1`` paired −0.7% [−1.6%, +0.2%], an interval holding zero;
+   ``p = 0`` +1.4% [+0.7%, +2.0%]; docs/results/goodput_select_margin.json).
 4. **Restart cost in every change**: a running job whose GPU count changes restarts
    (the engine charges ``restart_delay``; live, a generation swap). Its speedup at any
    count other than its current one is multiplied by Pollux's re-allocation factor
