@@ -206,6 +206,10 @@ class LiveJob:
     #: what one worker asks for besides GPUs (``TrainingSpec.cpu_milli``/``memory_mib``)
     cpu_milli: int = 0
     memory_mib: int = 0
+    #: epochs completed and the metric after each (``status.progress``: ``epoch`` and
+    #: ``history``, the accuracy the trainer library reports; higher is better)
+    epoch: int = 0
+    metrics: tuple[float, ...] = ()
 
     @property
     def workers(self) -> int:
@@ -301,6 +305,7 @@ class LiveAllocation:
                         num_restarts=max(0, job.restarts), allocation=held, target_replicas=lo * g,
                         target_batch_size=limits.init_batch_size, min_replicas=lo * g, max_replicas=hi * g,
                         limits=limits, batch_size=job.batch_size or 0, grad_sqr=sqr, grad_var=var, profile=profile,
+                        epoch=job.epoch, metrics=job.metrics, higher_is_better=True,
                         priority=CLASS_RANK.get(job.priority_class, 0), queue=job.queue,
                         protected=protected and bool(job.nodes), gpu_models=job.gpu_models,
                         cpu_milli=-(-max(job.cpu_milli, 0) // g), memory_mib=-(-max(job.memory_mib, 0) // g),

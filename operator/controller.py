@@ -1122,13 +1122,15 @@ class Controller:
         s = j.spec
         created = parse_time(j.body["metadata"].get("creationTimestamp")) or now
         batch = j.status.get("batchSize") if placement else None
+        prog = progress_of(j.status)
         return LiveJob(key=j.key, submit_time=created, min_workers=s.min_workers, max_workers=s.max_workers,
                        gpus_per_worker=s.gpus_per_worker, nodes=placement,
                        batch_size=batch if batch is not None else s.batch_size, pinned_workers=s.pinned_workers,
                        bounds=self._bounds(j), observations=obs, attained_service=self._service(j, now),
                        restarts=j.generation, priority_class=s.priority_class, queue=j.team,
                        running_since=parse_time(j.status.get("admittedTime")) if placement else None,
-                       gpu_models=s.gpu_models, cpu_milli=s.cpu_milli, memory_mib=s.memory_mib)
+                       gpu_models=s.gpu_models, cpu_milli=s.cpu_milli, memory_mib=s.memory_mib,
+                       epoch=max(prog.epoch, 0), metrics=tuple(prog.history))
 
     async def _queue_status(self, book: QueueBook, bodies: Sequence[Mapping], jobs: Mapping[str, _Job],
                             now: float, admitted: Collection[str] = ()) -> None:

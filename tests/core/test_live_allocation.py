@@ -206,3 +206,16 @@ def test_gpu_models_reach_the_allocator_and_an_unplaceable_gang_waits_unfittable
     # without the models (every node unlabelled) the same jobs are not told apart
     blind = LiveAllocation(GoodputAllocator()).plan([LiveJob("ns/a100", 0.0, 1, 16)], {i: 4 for i in range(4)}, 100.0)
     assert blind.start["ns/a100"].workers == 16 and max(blind.allocations["ns/a100"].nodes) >= 2
+
+
+def test_the_learning_curve_reaches_the_allocator_as_in_the_interval_engine():
+    """``status.progress``' epoch and history (the accuracy after each epoch) are the
+    AllocJob's ``epoch`` and ``metrics``, so a growth weight reading the curve
+    (core/growth_weight.py) sees live what it saw in training."""
+    from rlsched.core.growth_weight import curve_pace
+
+    a = LiveAllocation.alloc_job(LiveJob("ns/a", 0.0, 1, 2, epoch=5, metrics=(0.2, 0.5, 0.6, 0.6, 0.62)), now=10.0)
+    assert (a.epoch, a.metrics, a.higher_is_better) == (5, (0.2, 0.5, 0.6, 0.6, 0.62), True)
+    assert curve_pace(a.metrics, a.higher_is_better) == pytest.approx((0.12 / 3) / (0.42 / 4))
+    fresh = LiveAllocation.alloc_job(LiveJob("ns/b", 0.0, 1, 2), now=0.0)
+    assert (fresh.epoch, fresh.metrics) == (0, ())
