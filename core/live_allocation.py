@@ -42,6 +42,7 @@ cycle error).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -52,6 +53,8 @@ from .goodput import BatchBounds, JobObservations, ShapeRecord
 from .planning.admission import WaitReason
 from .queues import QueueBook
 from .served import LIVE_ALLOCATOR_NAMES
+
+log = logging.getLogger(__name__)
 
 __all__ = ["LiveJob", "LiveTarget", "LivePlan", "LiveAllocation", "RankingAllocator", "UNIT_BATCH", "LIVE_ALLOCATORS", "make_live_allocator",
            "parse_allocator_options",
@@ -107,9 +110,16 @@ def make_live_allocator(text: str) -> Allocator:
     """A fresh allocator for the operator from ``name[@key=value,...]``
     (:func:`parse_allocator_options`); ValueError naming the choices or the bad option."""
     name, kwargs = parse_allocator_options(text)
-    if name == "goodput":
+    if name in ("goodput", "goodput-learned"):
         from .goodput_allocator import GoodputAllocator
 
+        if name == "goodput-learned":  # the promoted growth weight (the service weight if unreadable)
+            from .growth_weight import LearnedGrowthWeight
+
+            weight = LearnedGrowthWeight()
+            if weight.fallback_reason:
+                log.warning("allocator %s: %s", name, weight.fallback_reason)
+            kwargs["growth"] = weight
         try:
             return GoodputAllocator(**kwargs)
         except TypeError as exc:

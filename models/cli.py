@@ -59,12 +59,14 @@ def register(subparsers) -> None:
     p.add_argument("--name", default=None, help="file stem in core/weights/ (default: the model's policy name, e.g. das, rlpto, lsp_gru)")
     p.add_argument("--runs-dir", type=Path, default=RUNS_DIR, help="parent of the run directories")
     p.add_argument("--weights-dir", type=Path, default=None, help="where served models live (default: core/weights/ of rlsched.core)")
+    p.add_argument("--checkpoint", default=None,
+                   help="another .safetensors file of the run chosen on validation (default: model.safetensors)")
     p.set_defaults(func=_promote)
 
 
 def _promote(args) -> int:
     try:
-        dst = promote(args.run, args.name, args.runs_dir, args.weights_dir)
+        dst = promote(args.run, args.name, args.runs_dir, args.weights_dir, checkpoint=args.checkpoint)
     except RunError as exc:
         raise SystemExit(f"rlsched models promote: {exc}") from None
     print(f"promoted run {args.run!r}: {dst} (+ {dst.with_suffix('.json').name})")

@@ -148,14 +148,22 @@ def eval_target(args, algo: str, served: Path | None = None) -> tuple[Path, Path
     return model, results, record
 
 
-def promote(run: str, name: str | None = None, runs_dir: Path = RUNS_DIR, weights_dir: Path | None = None) -> Path:
+def promote(run: str, name: str | None = None, runs_dir: Path = RUNS_DIR, weights_dir: Path | None = None,
+            checkpoint: str | None = None) -> Path:
     """Copy the model of ``run`` into ``weights_dir`` (default ``core/weights/``) as
-    ``<name>.safetensors`` + ``.json`` with a ``promotion`` record; the new weights path."""
+    ``<name>.safetensors`` + ``.json`` with a ``promotion`` record; the new weights path.
+    ``checkpoint``: another ``.safetensors`` file of the run (e.g. ``last.safetensors``)
+    chosen on validation instead of ``model.safetensors``."""
     from rlsched.core.nn import PolicyFileError, load_policy_file
 
     src = open_run(run, runs_dir)
+    model = src.model
+    if checkpoint is not None:
+        model = src.dir / _check_name(checkpoint, "checkpoint")
+        if model.suffix != ".safetensors" or not model.is_file():
+            raise RunError(f"run {run!r} has no checkpoint {checkpoint!r} (a .safetensors file in {src.dir})")
     try:
-        _, meta = load_policy_file(src.model)
+        _, meta = load_policy_file(model)
     except PolicyFileError as exc:
         raise RunError(f"run {run!r}: {exc}") from None
     name = _check_name(name or meta["policy"], "model name")
@@ -172,7 +180,7 @@ def promote(run: str, name: str | None = None, runs_dir: Path = RUNS_DIR, weight
     training = meta.get("training", {})
     meta["promotion"] = {
         "run": run,
-        "source": str(src.model),
+        "source": str(model),
         "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "validation": {k: v for k, v in training.items() if k.startswith("best_")},
         "evaluation": sorted(meta.get("evaluation", {})),
@@ -180,7 +188,7 @@ def promote(run: str, name: str | None = None, runs_dir: Path = RUNS_DIR, weight
     weights_dir.mkdir(parents=True, exist_ok=True)
     # each file is written beside its target, then renamed over it
     tmp = dst.with_name(f".{dst.name}.promote")
-    shutil.copyfile(src.model, tmp)
+    shutil.copyfile(model, tmp)
     os.replace(tmp, dst)
     tmp = dst_meta.with_name(f".{dst_meta.name}.promote")
     tmp.write_text(json.dumps(meta, indent=2) + "\n")

@@ -1230,7 +1230,8 @@ class Simulator:
                        attained_service=v.attained_service, restarts=j.rescales + j.preemptions,
                        priority_class=j.spec.priority_class or "normal", queue=j.spec.tenant,
                        running_since=float(v.start_time) if nodes and v.start_time is not None else None,
-                       gpu_models=v.gpu_models, cpu_milli=v.cpu_milli, memory_mib=v.memory_mib)
+                       gpu_models=v.gpu_models, cpu_milli=v.cpu_milli, memory_mib=v.memory_mib,
+                       epoch=v.progress.epoch, metrics=tuple(v.progress.history))
 
     def allocation_cycle(self) -> LivePlan:
         """One decision of the allocation policy now, as the operator's allocator mode

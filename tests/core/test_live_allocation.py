@@ -178,6 +178,10 @@ def test_allocator_names_and_options():
         ("goodput", {"restart_delay": 2.0, "refit_tolerance": None})
     a = make_live_allocator("goodput@restart_delay=2")
     assert isinstance(a, GoodputAllocator) and a.restart_delay == 2.0
+    learned = make_live_allocator("goodput-learned@p=0.5")  # the promoted growth weight, read
+    assert isinstance(learned, GoodputAllocator) and learned.growth is not None
+    assert learned.growth.fallback_reason is None and learned.growth.metadata["policy"] == "growth"
+    assert a.growth is None
     for bad, match in (("fifo", "unknown live allocator"), ("goodput@p", "not key=number"),
                        ("goodput@p=x", "not key=number"), ("goodput@nope=1", "nope")):
         with pytest.raises(ValueError, match=match):

@@ -62,6 +62,22 @@ def test_promote_copies_the_checked_model_and_records_where_it_came_from(tmp_pat
     assert load_policy_file(served / "other.safetensors", policy="toy")[1]["promotion"]["run"] == "r1"
 
 
+def test_promote_a_checkpoint_chosen_on_validation(tmp_path):
+    """``--checkpoint last.safetensors``: that file of the run is served, not model.safetensors."""
+    runs, served = tmp_path / "train", tmp_path / "weights"
+    model, _ = fake_run(runs)
+    last = model.with_name("last.safetensors")
+    export_policy(last, {"w": torch.ones(2)}, policy="toy", version="1", observation={}, architecture={},
+                  training={}, trained_on={})
+    assert promote_cli("r1", "--runs-dir", str(runs), "--weights-dir", str(served), "--checkpoint", "last.safetensors") == 0
+    weights, meta = load_policy_file(served / "toy.safetensors", policy="toy")
+    assert list(weights) == ["w"] and meta["promotion"]["source"] == str(last)
+    with pytest.raises(RunError, match="no checkpoint 'best.safetensors'"):
+        promote("r1", None, runs, served, checkpoint="best.safetensors")
+    with pytest.raises(RunError, match="no checkpoint 'train.csv'"):
+        promote("r1", None, runs, served, checkpoint="train.csv")
+
+
 def test_promote_refuses_missing_runs_and_files_with_one_error(tmp_path, capsys):
     runs, served = tmp_path / "train", tmp_path / "weights"
     with pytest.raises(RunError, match="no training run 'nope'"):
