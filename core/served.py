@@ -70,19 +70,21 @@ SERVED = ServedPolicy(
     ordering="",
     placement="das",
     scaling="",
-    allocator="goodput",
+    allocator="goodput-learned",
     reason=(
-        "rlsched's goodput allocator (core/goodput_allocator.py; live: core/live_allocation.py with the "
-        "extender's DAS placement for new workers), because on the protocol's pollux suite (the 8 published "
-        "workloads, paired bootstrap 95% intervals) its mean JCT is 29.3% [27.6, 31.5] / 31.6% [24.8, 37.0] / "
-        "41.5% [36.8, 45.3] below tiresias-2q at 0.5x / 1.0x / 1.5x load, and 2,743 s at 1.0x against 6,560 s "
-        "for the combination served before it (das / das-agent / rlpto) (docs/results/protocol_goodput_1x.md, "
-        "docs/benchmark.md); at the published Pollux's 2,751 s at 1.0x in the mean (the interval holds it "
-        "both ways). Its settings (p, restart weight, service weight) were chosen on validation seeds only. "
-        "On the event-engine "
-        "suites it is below the strongest heuristics on synthetic at loads 0.5 and 1 and above them at 1.5 "
-        "and 2 and on Alibaba at every load (docs/results/protocol_synthetic_goodput.md, "
-        "protocol_alibaba_goodput.md)"
+        "rlsched's goodput allocator with the learned growth weight (core/goodput_allocator.py, "
+        "core/growth_weight.py, core/weights/growth.safetensors; live: core/live_allocation.py with the "
+        "extender's DAS placement for new workers). The weight was trained by evolution strategies on train "
+        "seeds and chosen on validation seeds over the attained-service weight served before it (-4.9% "
+        "[-6.8, -2.8] mean JCT, docs/results/goodput_select_growth.json). On the protocol's pollux suite (the "
+        "8 published workloads, paired bootstrap 95% intervals) its mean JCT is 30.4% [27.2, 32.9] / 34.4% "
+        "[28.9, 38.5] / 43.6% [39.5, 46.9] below tiresias-2q at 0.5x / 1.0x / 1.5x load, 2,632 s at 1.0x "
+        "against the published Pollux's 2,751 s, and below the goodput allocator without it by 1.5% [-1.7, "
+        "4.1] / 4.0% [1.0, 6.8] / 3.5% [0.6, 5.9] (docs/results/protocol_growth_1x.md, "
+        "protocol_growth_05_15x.md, docs/benchmark.md). On the event-engine suites it has not been measured: "
+        "there the goodput allocator before it was below the strongest heuristics on synthetic at loads 0.5 "
+        "and 1 and above them at 1.5 and 2 and on Alibaba at every load (docs/results/"
+        "protocol_synthetic_goodput.md, protocol_alibaba_goodput.md)"
     ),
 )
 

@@ -438,7 +438,7 @@ def test_operator_serves_the_served_allocator(render):
         (flag,) = [a for a in _pod_spec(dep)["containers"][0]["args"] if a.startswith("--allocator=")]
         return flag.split("=", 1)[1]
 
-    assert allocator() == SERVED.allocator == "goodput"
+    assert allocator() == SERVED.allocator == "goodput-learned"
     assert allocator("operator.allocator=none") == "none"
     assert allocator("operator.allocator=") == "none"
     value = allocator("operator.allocator=goodput@restart_delay=10")
