@@ -26,6 +26,7 @@ Pure numpy. A model that cannot be read leaves the weight at the served default,
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
@@ -35,7 +36,10 @@ from .allocation import AllocJob
 from .nn import PolicyFileError, load_policy_file
 from .peers.tiresias import POLLUX_THRESHOLD
 
-__all__ = ["GROWTH_FEATURES", "DEFAULT_COEF", "growth_features", "LearnedGrowthWeight", "DEFAULT_WEIGHTS"]
+__all__ = ["GROWTH_FEATURES", "DEFAULT_COEF", "growth_features", "LearnedGrowthWeight", "DEFAULT_WEIGHTS",
+           "learned_goodput"]
+
+log = logging.getLogger(__name__)
 
 #: the features, in order (see :func:`growth_features`)
 GROWTH_FEATURES = ("service", "age", "restarts", "epochs", "curve")
@@ -119,3 +123,15 @@ class LearnedGrowthWeight:
     def weight(self, job: AllocJob) -> float:
         z = float(self.coef @ growth_features(job, self.service_scale))
         return math.exp(min(max(z, -_LOGIT_BOUND), _LOGIT_BOUND))
+
+
+def learned_goodput(path: str | Path | None = None, **options):
+    """The ``goodput-learned`` allocator: :class:`~rlsched.core.goodput_allocator.GoodputAllocator`
+    with ``options``, weighted by the model at ``path`` (default: the promoted one); a
+    model that cannot be read leaves the service weight, and the log says why."""
+    from .goodput_allocator import GoodputAllocator
+
+    weight = LearnedGrowthWeight(path=path)
+    if weight.fallback_reason:
+        log.warning("allocator goodput-learned: %s", weight.fallback_reason)
+    return GoodputAllocator(growth=weight, **options)

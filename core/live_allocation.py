@@ -42,7 +42,6 @@ cycle error).
 
 from __future__ import annotations
 
-import logging
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -53,8 +52,6 @@ from .goodput import BatchBounds, JobObservations, ShapeRecord
 from .planning.admission import WaitReason
 from .queues import QueueBook
 from .served import LIVE_ALLOCATOR_NAMES
-
-log = logging.getLogger(__name__)
 
 __all__ = ["LiveJob", "LiveTarget", "LivePlan", "LiveAllocation", "RankingAllocator", "UNIT_BATCH", "LIVE_ALLOCATORS", "make_live_allocator",
            "parse_allocator_options",
@@ -112,16 +109,10 @@ def make_live_allocator(text: str) -> Allocator:
     name, kwargs = parse_allocator_options(text)
     if name in ("goodput", "goodput-learned"):
         from .goodput_allocator import GoodputAllocator
+        from .growth_weight import learned_goodput
 
-        if name == "goodput-learned":  # the promoted growth weight (the service weight if unreadable)
-            from .growth_weight import LearnedGrowthWeight
-
-            weight = LearnedGrowthWeight()
-            if weight.fallback_reason:
-                log.warning("allocator %s: %s", name, weight.fallback_reason)
-            kwargs["growth"] = weight
         try:
-            return GoodputAllocator(**kwargs)
+            return GoodputAllocator(**kwargs) if name == "goodput" else learned_goodput(**kwargs)
         except TypeError as exc:
             raise ValueError(f"{text!r}: {exc}") from None
     raise ValueError(f"unknown live allocator {name!r}; choose one of {', '.join(LIVE_ALLOCATORS)}")

@@ -60,12 +60,10 @@ def _goodput(**opts) -> Allocator:
     return GoodputAllocator(**opts)
 
 
-def _goodput_learned(**opts) -> Allocator:
-    from rlsched.core.goodput_allocator import GoodputAllocator
-    from rlsched.core.growth_weight import LearnedGrowthWeight
+def _goodput_learned(growth_model=None, **opts) -> Allocator:
+    from rlsched.core.growth_weight import learned_goodput
 
-    path = opts.pop("growth_model", None)
-    return GoodputAllocator(growth=LearnedGrowthWeight(path=path), **opts)
+    return learned_goodput(growth_model, **opts)
 
 
 def _pollux(**opts) -> Allocator:

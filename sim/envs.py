@@ -53,6 +53,7 @@ from gymnasium import spaces
 from pettingzoo import ParallelEnv
 
 from rlsched.core import ClusterState, JobView, Topology, make_placement
+from rlsched.core.policy import Placement
 from rlsched.core.das import PLACEMENT_FEATURES
 from rlsched.core.placement import worker_slots
 from rlsched.core.estimate import estimate_remaining
@@ -167,7 +168,7 @@ class EnvConfig:
             raise ValueError("need at least one placement heuristic")
 
 
-class AgentTurn:
+class AgentTurn(Placement):
     """The agents' decision as core's :class:`~rlsched.core.policy.Ordering` and
     :class:`~rlsched.core.policy.Placement`, for the engine's cycle to admit.
 
@@ -180,9 +181,6 @@ class AgentTurn:
     """
 
     name = "agent-turn"
-    fallback_reason = None
-    respects_worker_slots = False
-    model_version = ""
 
     def __init__(self, klass, cycle) -> None:
         self._klass = klass  # job id -> its service class
@@ -194,12 +192,10 @@ class AgentTurn:
 
     def rank(self, pending, state: ClusterState) -> list[JobView]:
         picked = self.pick[0] if self.pick is not None else None
-        first = [v for v in pending if v.id == picked]
-        highest = sorted((v for v in pending if v.id != picked and self._highest(v)),
-                         key=lambda v: (v.submit_time, v.id))
-        # nobody else starts in this pass, so the rest keep the queue's order
-        rest = [v for v in pending if v.id != picked and not self._highest(v)]
-        return first + highest + rest
+        first, highest, rest = [], [], []  # nobody else starts in this pass: the rest keep the queue's order
+        for v in pending:
+            (first if v.id == picked else highest if self._highest(v) else rest).append(v)
+        return first + sorted(highest, key=lambda v: (v.submit_time, v.id)) + rest
 
     def place(self, job: JobView, state: ClusterState, workers: int | None = None) -> list[int] | None:
         if self.pick is not None and job.id == self.pick[0]:
@@ -214,15 +210,6 @@ class AgentTurn:
 
     def score(self, job: JobView, candidates, state: ClusterState) -> np.ndarray:
         return self._cycle.score(job, candidates, state)
-
-    def score_terms(self, job: JobView, candidates, state: ClusterState):
-        return self.score(job, candidates, state), None
-
-    def observe(self, node: str, performance: float) -> None:
-        return None
-
-    def parameters(self) -> dict | None:
-        return None
 
 
 class SchedulingCore:
