@@ -10,28 +10,60 @@ per-workload table — the elastic-never-worse-than-rigid check reads it.
 
     python bench/paired_published.py --protocol out/protocol/protocol_goodput_1x.json \\
         --peers out/peers_pp_1x.json --candidate goodput --out docs/results/goodput_vs_peers.json
+
+Two protocol runs of different candidates on the same seeds pair the same way: a
+``--protocol PATH@OLD=NEW`` reads that file's rows of ``OLD`` as ``NEW`` (an earlier
+run's ``rlsched`` under the name it served then), and ``--cell`` picks the cells (the
+published workloads by default; ``""`` for a suite with one cell per load, such as
+synthetic)::
+
+    python bench/paired_published.py --cell "" --candidate rlsched \\
+        --protocol docs/results/protocol_synthetic_learned_lo.json \\
+        --protocol docs/results/protocol_synthetic_goodput.json@rlsched=goodput \\
+        --out docs/results/synthetic_learned_vs_goodput.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 from rlsched.sim.protocol import paired_bootstrap
 
 
-def candidate_rows(protocol: dict, candidate: str) -> dict[float, dict[str, float]]:
-    """load -> {"workload-N": mean JCT} of every policy row on the published workloads."""
+def candidate_rows(protocol: dict, candidate: str, cell: str = "published",
+                   rename: dict[str, str] | None = None) -> dict[float, dict[str, dict[str, float]]]:
+    """load -> policy -> {unit: mean JCT} of every policy row in the cells named ``cell``,
+    each policy under its name in ``rename`` if it has one."""
+    names = rename or {}
     out: dict[float, dict[str, dict[str, float]]] = {}
-    for cell in protocol["cells"]:
-        if cell["cell"] != "published":
+    for c in protocol["cells"]:
+        if c["cell"] != cell:
             continue
-        for row in cell["rows"]:
-            out.setdefault(float(cell["load"]), {})[row["policy"]] = dict(row["per_unit"])
-    if not any(candidate in rows for rows in out.values()):
-        raise SystemExit(f"no published rows of {candidate!r} in the protocol output")
+        for row in c["rows"]:
+            out.setdefault(float(c["load"]), {})[names.get(row["policy"], row["policy"])] = dict(row["per_unit"])
+    if not out:
+        raise SystemExit(f"no cell {cell!r} in the protocol output")
     return out
+
+
+def protocol_arg(text: str) -> tuple[Path, dict[str, str]]:
+    """``PATH`` or ``PATH@OLD=NEW``: the file, and the rename of its rows."""
+    path, sep, rename = text.rpartition("@")
+    if not sep or "=" not in rename:
+        return Path(text), {}
+    old, _, new = rename.partition("=")
+    if not old or not new:
+        raise SystemExit(f"--protocol {text!r}: the rename must be OLD=NEW")
+    return Path(path), {old: new}
+
+
+def _unit_key(unit: str) -> tuple[str, int]:
+    """Units in their number's order: workload-2 before workload-10, seed=20000 before 20001."""
+    m = re.search(r"(\d+)$", unit)
+    return (unit[:m.start()], int(m.group(1))) if m else (unit, -1)
 
 
 def peer_rows(peers: dict) -> dict[float, dict[str, dict[str, float]]]:
@@ -46,15 +78,20 @@ def peer_rows(peers: dict) -> dict[float, dict[str, dict[str, float]]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--protocol", action="append", required=True, help="rlsched eval protocol JSON (repeatable)")
-    ap.add_argument("--peers", action="append", required=True, help="bench/peers.py JSON (repeatable)")
+    ap.add_argument("--peers", action="append", default=[], help="bench/peers.py JSON (repeatable)")
+    ap.add_argument("--cell", default="published", help='the protocol cells paired ("" for one cell per load)')
     ap.add_argument("--candidate", required=True)
     ap.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     rows: dict[float, dict[str, dict[str, float]]] = {}
     for p in args.protocol:
-        for load, pols in candidate_rows(json.loads(Path(p).read_text()), args.candidate).items():
-            rows.setdefault(load, {}).update(pols)
+        path, rename = protocol_arg(p)
+        for load, pols in candidate_rows(json.loads(path.read_text()), args.candidate, args.cell, rename).items():
+            for pol, per in pols.items():
+                rows.setdefault(load, {}).setdefault(pol, {}).update(per)
+    if not any(args.candidate in pols for pols in rows.values()):
+        raise SystemExit(f"no rows of {args.candidate!r} in cell {args.cell!r} of the protocol outputs")
     for p in args.peers:
         for load, pols in peer_rows(json.loads(Path(p).read_text())).items():
             for pol, per in pols.items():
@@ -67,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         for pol, per in sorted(rows[load].items()):
             if pol == args.candidate:
                 continue
-            units = sorted(set(cand) & set(per), key=lambda u: int(u.split("-")[-1]))
+            units = sorted(set(cand) & set(per), key=_unit_key)
             if len(units) < 2:
                 continue
             d = paired_bootstrap([cand[u] for u in units], [per[u] for u in units], seed=args.seed)

@@ -11,7 +11,11 @@ restart), against the paper's published mean JCTs (the data README).
 
 Writes the JSON (every run's mean JCT and wall time, the per-load means, the published
 figure and our ratio to it) and a plot beside it (``.png``). Runs in parallel
-processes (``--procs``, default the machine's cores).
+processes (``--procs``, default the machine's cores). Runs measured apart (some
+workloads on another machine) become one report with ``--merge``: it reads their
+outputs, runs nothing, and keeps each source's machine::
+
+    python bench/peers.py --merge out/w1.json,out/w2.json --out docs/results/x.json
 """
 
 from __future__ import annotations
@@ -146,7 +150,10 @@ def main(argv=None) -> int:
                     help="also run held-out workloads generated from Philly: comma list of pollux-gen seeds")
     ap.add_argument("--data-dir", default=None, help="default: $RLSCHED_DATA_DIR")
     ap.add_argument("--procs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--merge", default="", help="comma list of outputs of this script to merge into --out; runs nothing")
     args = ap.parse_args(argv)
+    if args.merge:
+        return merge([Path(x) for x in args.merge.split(",") if x], Path(args.out))
     from rich.progress import Progress
 
     policies = [p for p in args.policies.split(",") if p]
@@ -204,6 +211,39 @@ def main(argv=None) -> int:
         print(f"{s['policy']:16s} {s['load']:.1f}x  held-out pollux-gen seeds {s['seeds']}: {s['jct_mean']:8,.0f} s"
               + ("  (clairvoyant)" if s["clairvoyant"] else ""))
     print(f"wall {report['wall_s']:.0f} s on {args.procs} processes -> {out}, {out.with_suffix('.png')}")
+    return 0
+
+
+def merge(sources: list[Path], out: Path) -> int:
+    """One report of the runs in ``sources`` (outputs of this script); a policy, load
+    and workload measured twice is an error, not a silent choice."""
+    runs, seen, machines, skipped = [], set(), [], {}
+    for src in sources:
+        rep = json.loads(src.read_text())
+        for r in rep["runs"]:
+            key = (r["policy"], r["load"], r["workload"], r.get("generated", False))
+            if key in seen:
+                print(f"bench/peers.py: error: {key} is in more than one of the merged files", file=sys.stderr)
+                return 2
+            seen.add(key)
+            runs.append(r)
+        machines.append({"source": str(src), "procs": rep.get("procs"), "wall_s": rep.get("wall_s"),
+                         "machine": rep.get("machine"), "runs": len(rep["runs"])})
+        skipped.update(rep.get("skipped", {}))
+    runs.sort(key=lambda r: (r.get("generated", False), r["policy"], r["load"], r["workload"]))
+    summary = summarise(runs)
+    report = {
+        "benchmark": "Pollux OSDI'21 workloads, 16 nodes x 4 GPUs, 60 s interval, 30 s restart",
+        "published_source": "Qiao et al., Pollux, OSDI 2021 (data README)",
+        "tolerance": TOLERANCE, "summary": summary, "held_out": summarise_generated(runs), "runs": runs,
+        "skipped": skipped, "merged_from": machines,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    plot(summary, runs, out.with_suffix(".png"))
+    for s in summary:
+        print(f"{s['policy']:16s} {s['load']:.1f}x  ours {s['jct_mean']:8,.0f} s over workloads {s['workloads']}")
+    print(f"merged {len(runs)} runs from {len(sources)} files -> {out}")
     return 0
 
 

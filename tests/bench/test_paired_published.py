@@ -68,3 +68,30 @@ def test_the_plot_averages_over_the_eight_workloads_only(tmp_path):
     assert means["goodput"] == {"1.0": 4.5} and means["tiresias-2q"] == {"1.0": 10.0}
     assert "pollux" not in means  # 3 of 8 workloads: no point
     assert means["pollux (published)"]["1.0"] == 2751.0
+
+
+def test_two_protocol_runs_pair_on_their_seeds_with_a_rename(tmp_path):
+    """An earlier run's candidate, read under another name, pairs seed by seed with
+    today's on a suite of one cell per load (seed=N units, ordered by number)."""
+    from rlsched.sim.protocol import paired_bootstrap
+
+    def proto(path: Path, per: dict[str, float]) -> Path:
+        path.write_text(json.dumps({"cells": [{"cell": "", "load": 2.0, "rows": [
+            {"policy": "rlsched", "per_unit": per}]}]}))
+        return path
+
+    new = {"seed=20010": 90.0, "seed=20002": 110.0, "seed=20001": 100.0}
+    old = {"seed=20001": 95.0, "seed=20002": 120.0, "seed=20010": 80.0, "seed=20011": 1.0}
+    a, b = proto(tmp_path / "a.json", new), proto(tmp_path / "b.json", old)
+    _run("paired_published.py", "--cell", "", "--candidate", "rlsched", "--protocol", str(a),
+         "--protocol", f"{b}@rlsched=goodput", "--out", str(tmp_path / "out.json"))
+    (pair,) = json.loads((tmp_path / "out.json").read_text())["pairs"]
+    assert pair["peer"] == "goodput" and pair["units"] == ["seed=20001", "seed=20002", "seed=20010"]
+    assert pair["candidate_jct"] == [100.0, 110.0, 90.0] and pair["peer_jct"] == [95.0, 120.0, 80.0]
+    assert pair["diff"] == pytest.approx(paired_bootstrap([100.0, 110.0, 90.0], [95.0, 120.0, 80.0]).diff)
+    assert pair["at_or_below_on_every_unit"] is False
+    # the published cells are the default: this output has none
+    bad = subprocess.run([sys.executable, str(REPO / "bench" / "paired_published.py"), "--candidate", "rlsched",
+                          "--protocol", str(a), "--out", str(tmp_path / "x.json")], capture_output=True, text=True,
+                         cwd=REPO, timeout=120)
+    assert bad.returncode != 0 and "no cell 'published'" in bad.stderr

@@ -42,3 +42,21 @@ def test_bench_writes_the_table_and_the_plot(tmp_path):
     assert abs(row["workload6"]["ratio"] - 1) <= 0.15
     assert report["held_out"][0]["seeds"] == [7]
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_merge_makes_one_report_of_runs_measured_apart_and_refuses_a_run_twice(tmp_path, capsys):
+    def out(name, workloads, machine):
+        runs = [{"policy": "tiresias-2q", "load": 1.0, "workload": w, "jct_mean": 4000.0 + w, "clairvoyant": False,
+                 "wall_s": 1.0, "generated": False} for w in workloads]
+        (tmp_path / name).write_text(json.dumps({"runs": runs, "procs": 1, "wall_s": 2.0, "machine": machine}))
+        return str(tmp_path / name)
+
+    a, b = out("a.json", range(1, 6), {"cpus": 2}), out("b.json", range(6, 9), {"cpus": 16})
+    merged = tmp_path / "m.json"
+    assert peers.main(["--merge", f"{a},{b}", "--out", str(merged)]) == 0
+    rep = json.loads(merged.read_text())
+    (row,) = rep["summary"]
+    assert row["workloads"] == list(range(1, 9)) and row["ratio"] == pytest.approx(4004.5 / 4038.0)
+    assert [m["machine"]["cpus"] for m in rep["merged_from"]] == [2, 16] and merged.with_suffix(".png").is_file()
+    assert peers.main(["--merge", f"{a},{a}", "--out", str(tmp_path / "x.json")]) == 2
+    assert "more than one" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
