@@ -72,13 +72,14 @@ def curve_pace(metrics, higher_is_better: bool, window: int = CURVE_WINDOW) -> f
     return float(np.clip(recent / overall, -2.0, 2.0))
 
 
-def growth_features(job: AllocJob, service_scale: float = POLLUX_THRESHOLD) -> np.ndarray:
+def growth_features(job: AllocJob, service_scale: float = POLLUX_THRESHOLD, hour: float = 3600.0) -> np.ndarray:
     """``φ(job)``: log(1 + attained GPU-seconds / ``service_scale``), log(1 + age in
-    hours), log(1 + restarts), log(1 + epochs completed), and the pace of its learning
-    curve (:func:`curve_pace`). What a live operator knows; nothing else is read."""
+    hours of ``hour`` seconds), log(1 + restarts), log(1 + epochs completed), and the pace
+    of its learning curve (:func:`curve_pace`). What a live operator knows; nothing else
+    is read."""
     return np.array([
         math.log1p(max(job.attained_service, 0.0) / service_scale),
-        math.log1p(max(job.age, 0.0) / 3600.0),
+        math.log1p(max(job.age, 0.0) / hour),
         math.log1p(max(job.num_restarts, 0)),
         math.log1p(max(job.epoch, 0)),
         curve_pace(job.metrics, job.higher_is_better),
@@ -90,13 +91,19 @@ class LearnedGrowthWeight:
 
     ``coef`` given: those coefficients (training evaluates candidates so). Else the model
     at ``path`` (default :data:`DEFAULT_WEIGHTS`); one that cannot be read falls back to
-    :data:`DEFAULT_COEF`, the served default's weight, with ``fallback_reason`` set."""
+    :data:`DEFAULT_COEF`, the served default's weight, with ``fallback_reason`` set.
+
+    ``service_scale`` (GPU-seconds) and ``hour`` (seconds) are the units of the service
+    and age features: a clock that runs ``k`` times faster than the one the model was
+    trained on (the twin check's compressed time) divides both by ``k``."""
 
     def __init__(self, coef=None, *, path: str | Path | None = None,
-                 service_scale: float = POLLUX_THRESHOLD) -> None:
+                 service_scale: float = POLLUX_THRESHOLD, hour: float = 3600.0) -> None:
         if not (math.isfinite(service_scale) and service_scale > 0):
             raise ValueError(f"service_scale must be > 0 GPU-seconds, got {service_scale}")
-        self.service_scale = float(service_scale)
+        if not (math.isfinite(hour) and hour > 0):
+            raise ValueError(f"hour must be > 0 seconds, got {hour}")
+        self.service_scale, self.hour = float(service_scale), float(hour)
         self.path = None if coef is not None else Path(path) if path is not None else DEFAULT_WEIGHTS
         self.fallback_reason: str | None = None
         self.metadata: dict = {}
@@ -121,17 +128,21 @@ class LearnedGrowthWeight:
                 f"fallback={self.fallback_reason is not None})")
 
     def weight(self, job: AllocJob) -> float:
-        z = float(self.coef @ growth_features(job, self.service_scale))
+        z = float(self.coef @ growth_features(job, self.service_scale, self.hour))
         return math.exp(min(max(z, -_LOGIT_BOUND), _LOGIT_BOUND))
 
 
-def learned_goodput(path: str | Path | None = None, **options):
+def learned_goodput(path: str | Path | None = None, *, hour: float = 3600.0, **options):
     """The ``goodput-learned`` allocator: :class:`~rlsched.core.goodput_allocator.GoodputAllocator`
     with ``options``, weighted by the model at ``path`` (default: the promoted one); a
-    model that cannot be read leaves the service weight, and the log says why."""
+    model that cannot be read leaves the service weight, and the log says why. The
+    weight's service feature is in the allocator's ``service_scale`` (its ``threshold``
+    unless given), its age feature in hours of ``hour`` seconds, so that a compressed
+    clock scales them with the allocator's other time constants."""
     from .goodput_allocator import GoodputAllocator
 
-    weight = LearnedGrowthWeight(path=path)
-    if weight.fallback_reason:
-        log.warning("allocator goodput-learned: %s", weight.fallback_reason)
-    return GoodputAllocator(growth=weight, **options)
+    alloc = GoodputAllocator(**options)
+    alloc.growth = LearnedGrowthWeight(path=path, service_scale=alloc.service_scale, hour=hour)
+    if alloc.growth.fallback_reason:
+        log.warning("allocator goodput-learned: %s", alloc.growth.fallback_reason)
+    return alloc

@@ -126,12 +126,17 @@ class TwinConfig:
 
     def live_allocator(self) -> str | None:
         """``--allocator`` of the live operator: the same policy with its time constants
-        (restart delay, the attained-service threshold) in wall seconds."""
+        (restart delay, the attained-service threshold, a learned weight's units of
+        service and age) in wall seconds."""
         if not self.allocator:
             return None
         a = self.sim_allocator().allocator
-        return (f"{self.allocator.split('@')[0]}@restart_delay={a.restart_delay / self.time_scale:g},"
-                f"threshold={a.threshold / self.time_scale:g},p={a.p:g}")
+        out = (f"{self.allocator.split('@')[0]}@restart_delay={a.restart_delay / self.time_scale:g},"
+               f"threshold={a.threshold / self.time_scale:g},service_scale={a.service_scale / self.time_scale:g},"
+               f"p={a.p:g}")
+        if a.growth is not None:  # a learned weight's unit of age (core/growth_weight.py)
+            out += f",hour={a.growth.hour / self.time_scale:g}"
+        return out
 
     @property
     def scaling_interval_sim(self) -> float:

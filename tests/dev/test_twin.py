@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from rlsched.core import Level, Topology
+from rlsched.core.served import SERVED
 from rlsched.sim.job import throughput
 from rlsched_dev.twin import (
     ReplayTrainer,
@@ -325,7 +326,7 @@ def test_replay_trainer_charges_a_generation_restart_once_from_when_the_old_work
 
 # ------------------------------------------------------------------ adaptive global batch
 #: the batch scenario's configuration (tests/dev/test_twin_k8s.py::test_twin_check_batch_size_change)
-BATCH_CFG = TwinConfig(jobs=2, seed=1, allocator="goodput")
+BATCH_CFG = TwinConfig(jobs=2, seed=1, allocator=SERVED.allocator)  # the served default (core/served.py)
 
 
 @pytest.fixture(scope="module")
@@ -485,3 +486,32 @@ def test_live_log_reads_the_new_batch_of_an_allocator_resize():
                "message": "workers 4 -> 1, global batch 64 -> 190 (generation 0, goodput, at epoch 2)"}]
     dec, _, _ = live_log(events, {"a": 999.0}, {}, 1000.0, 10.0)
     assert dec[1]["batch"] == 190 and dec[1]["delta"] == -3 and dec[1]["epoch"] == 2 and "batch" not in dec[0]
+
+
+def test_live_allocator_of_the_learned_weight_keeps_its_weights_on_the_compressed_clock():
+    """The served goodput-learned allocator live, on a clock ``time_scale`` times faster:
+    its time constants, the learned weight's service and age units among them, are the
+    simulated ones over ``time_scale``, so a job ``k`` times younger and less served live
+    gets the weight its simulated twin gets."""
+    from rlsched.core.allocation import AllocJob
+    from rlsched.core.live_allocation import make_live_allocator
+
+    cfg = TwinConfig(jobs=2, seed=1, allocator="goodput-learned")
+    sim = cfg.sim_allocator().allocator
+    live = make_live_allocator(cfg.live_allocator())
+    k = cfg.time_scale
+    assert live.growth is not None and sim.growth is not None
+    assert live.restart_delay == pytest.approx(sim.restart_delay / k)
+    assert live.service_scale == pytest.approx(sim.service_scale / k) and live.growth.hour == pytest.approx(3600 / k)
+    assert (live.growth.coef == sim.growth.coef).all() and sim.growth.fallback_reason is None
+
+    def job(service: float, age: float) -> AllocJob:
+        return AllocJob(id="j", submit_time=0.0, application="app", age=age, attained_service=service,
+                        num_restarts=2, allocation=(), target_replicas=1, target_batch_size=64, min_replicas=1,
+                        max_replicas=8, limits=None, epoch=5, metrics=(0.1, 0.3, 0.4, 0.45, 0.47),
+                        higher_is_better=True)
+
+    for service, age in ((0.0, 0.0), (3 * 3600.0, 1800.0), (40 * 3600.0, 7 * 3600.0)):
+        want = sim.weight(job(service, age))
+        assert live.weight(job(service / k, age / k)) == pytest.approx(want)
+        assert want != pytest.approx(sim.weight(job(service, 4 * age + 3600.0)))  # age counts

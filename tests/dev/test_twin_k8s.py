@@ -8,8 +8,10 @@ victims, scaling decisions and JCTs must agree within the tolerances of
 Seed 9 of seven jobs has what the check is about: scale-ups, give-backs of converging
 jobs, early β stops and one ``highest`` job that preempts (asserted on the simulated
 side in tests/dev/test_twin.py). The allocator-mode checks run the operator's
-``--allocator goodput``: ``allocator_scenario`` (multi-worker resizes, shrink-to-admit)
-and ``batch_scenario`` (resizes that change a job's global batch size)."""
+``--allocator`` with the served default (core/served.py: goodput-learned, the goodput
+allocator with the learned growth weight): ``allocator_scenario`` (multi-worker
+resizes, shrink-to-admit) and ``batch_scenario`` (resizes that change a job's global
+batch size)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import json
 
 import pytest
 
+from rlsched.core.served import SERVED
 from rlsched_dev.twin import TwinConfig, render_markdown, twin_check
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(420)]
@@ -36,12 +39,12 @@ def test_twin_check_live_matches_simulated(kube_cluster, launch_extender, tmp_pa
 
 
 def test_twin_check_allocator_mode(kube_cluster, launch_extender, tmp_path):
-    """The operator's ``--allocator goodput`` against the engine run by the same core
+    """The operator's served allocator against the engine run by the same core
     object: a job started on all 32 GPUs in one decision, shrunk by 8 workers to admit
     a second, grown back by 8 when that one ends, shrunk again for a third."""
     from rlsched_dev.twin import allocator_scenario
 
-    cfg = TwinConfig(jobs=3, seed=1, allocator="goodput")
+    cfg = TwinConfig(jobs=3, seed=1, allocator=SERVED.allocator)
     with launch_extender(kube_cluster, tmp_path / "extender.log"):
         report = twin_check(cfg, kube_cluster, tmp_path / "live", extender=False, jobs=allocator_scenario())
     (tmp_path / "report.json").write_text(json.dumps(report, indent=2, default=str))
@@ -55,14 +58,14 @@ def test_twin_check_allocator_mode(kube_cluster, launch_extender, tmp_path):
 
 def test_twin_check_batch_size_change(kube_cluster, launch_extender, tmp_path):
     """A resize that changes a job's global batch (issue 25): the operator's goodput
-    allocator against the engine run by the same core object, on a job with
+    allocator (the served default) against the engine run by the same core object, on a job with
     ``batchSize`` 64 and ``maxBatchSize`` 2048 whose trainer reports step times at its
     batch and a gradient noise scale (``batch_scenario``). Live, the batch is what the
     new generation's pods carry in the worker contract (``RLSCHED_GLOBAL_BATCH_SIZE``),
     read by the replay trainer, which trains and reports at it."""
     from rlsched_dev.twin import batch_scenario
 
-    cfg = TwinConfig(jobs=2, seed=1, allocator="goodput")
+    cfg = TwinConfig(jobs=2, seed=1, allocator=SERVED.allocator)
     with launch_extender(kube_cluster, tmp_path / "extender.log"):
         report = twin_check(cfg, kube_cluster, tmp_path / "live", extender=False, jobs=batch_scenario())
     (tmp_path / "report.json").write_text(json.dumps(report, indent=2, default=str))
