@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from paired_published import candidate_rows, peer_rows  # noqa: E402
+from paired_published import gather  # noqa: E402
 from peers import PUBLISHED  # noqa: E402
 
 
@@ -40,15 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default="goodput,pollux-paper,tiresias-2q,pollux")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    rows: dict[float, dict[str, dict[str, float]]] = {}
-    for p in args.protocol:
-        for load, pols in candidate_rows(json.loads(Path(p).read_text()), args.candidate).items():
-            for pol, per in pols.items():
-                rows.setdefault(load, {}).setdefault(pol, {}).update(per)
-    for p in args.peers:
-        for load, pols in peer_rows(json.loads(Path(p).read_text())).items():
-            for pol, per in pols.items():
-                rows.setdefault(load, {}).setdefault(pol, {}).update(per)
+    rows = gather(args.protocol, args.peers)
+    if args.protocol and not any(args.candidate in pols for pols in rows.values()):
+        raise SystemExit(f"no published rows of {args.candidate!r} in the protocol outputs")
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     table = {}
     for pol in args.policies.split(","):

@@ -33,7 +33,7 @@ from pathlib import Path
 from rlsched.sim.protocol import paired_bootstrap
 
 
-def candidate_rows(protocol: dict, candidate: str, cell: str = "published",
+def candidate_rows(protocol: dict, cell: str = "published",
                    rename: dict[str, str] | None = None) -> dict[float, dict[str, dict[str, float]]]:
     """load -> policy -> {unit: mean JCT} of every policy row in the cells named ``cell``,
     each policy under its name in ``rename`` if it has one."""
@@ -75,6 +75,33 @@ def peer_rows(peers: dict) -> dict[float, dict[str, dict[str, float]]]:
     return out
 
 
+def gather(protocols: list[str], peers: list[str], cell: str = "published") -> dict[float, dict[str, dict[str, float]]]:
+    """load -> policy -> {unit: mean JCT} over all the outputs. A unit two outputs give
+    different figures for is an error naming both, never a silent choice of the last."""
+    rows: dict[float, dict[str, dict[str, float]]] = {}
+    origin: dict[tuple[float, str, str], str] = {}
+
+    def put(src: str, load: float, pol: str, per: dict[str, float]) -> None:
+        have = rows.setdefault(load, {}).setdefault(pol, {})
+        for unit, v in per.items():
+            if unit in have and have[unit] != v:
+                raise SystemExit(f"{pol} at {load:g}x, {unit}: {have[unit]:,.1f} s in {origin[load, pol, unit]} "
+                                 f"but {v:,.1f} s in {src}; pass only one of them")
+            have[unit] = v
+            origin[load, pol, unit] = src
+
+    for p in protocols:
+        path, rename = protocol_arg(p)
+        for load, pols in candidate_rows(json.loads(path.read_text()), cell, rename).items():
+            for pol, per in pols.items():
+                put(p, load, pol, per)
+    for p in peers:
+        for load, pols in peer_rows(json.loads(Path(p).read_text())).items():
+            for pol, per in pols.items():
+                put(p, load, pol, per)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--protocol", action="append", required=True, help="rlsched eval protocol JSON (repeatable)")
@@ -84,18 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    rows: dict[float, dict[str, dict[str, float]]] = {}
-    for p in args.protocol:
-        path, rename = protocol_arg(p)
-        for load, pols in candidate_rows(json.loads(path.read_text()), args.candidate, args.cell, rename).items():
-            for pol, per in pols.items():
-                rows.setdefault(load, {}).setdefault(pol, {}).update(per)
+    rows = gather(args.protocol, args.peers, args.cell)
     if not any(args.candidate in pols for pols in rows.values()):
         raise SystemExit(f"no rows of {args.candidate!r} in cell {args.cell!r} of the protocol outputs")
-    for p in args.peers:
-        for load, pols in peer_rows(json.loads(Path(p).read_text())).items():
-            for pol, per in pols.items():
-                rows.setdefault(load, {}).setdefault(pol, {}).update(per)
     result = []
     for load in sorted(rows):
         cand = rows[load].get(args.candidate)
