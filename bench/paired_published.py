@@ -12,8 +12,8 @@ per-workload table — the elastic-never-worse-than-rigid check reads it.
         --peers out/peers_pp_1x.json --candidate goodput --out docs/results/goodput_vs_peers.json
 
 Two protocol runs of different candidates on the same seeds pair the same way: a
-``--protocol PATH@OLD=NEW`` reads that file's rows of ``OLD`` as ``NEW`` (an earlier
-run's ``rlsched`` under the name it served then), and ``--cell`` picks the cells (the
+``--protocol PATH@OLD=NEW`` reads that file's rows of ``OLD`` alone, as ``NEW`` (an
+earlier run's ``rlsched`` under the name it served then), and ``--cell`` picks the cells (the
 published workloads by default; ``""`` for a suite with one cell per load, such as
 synthetic)::
 
@@ -35,15 +35,17 @@ from rlsched.sim.protocol import paired_bootstrap
 
 def candidate_rows(protocol: dict, cell: str = "published",
                    rename: dict[str, str] | None = None) -> dict[float, dict[str, dict[str, float]]]:
-    """load -> policy -> {unit: mean JCT} of every policy row in the cells named ``cell``,
-    each policy under its name in ``rename`` if it has one."""
-    names = rename or {}
+    """load -> policy -> {unit: mean JCT} of every policy row in the cells named ``cell``;
+    with ``rename``, only the rows of the policies it names, under their new names."""
     out: dict[float, dict[str, dict[str, float]]] = {}
     for c in protocol["cells"]:
         if c["cell"] != cell:
             continue
         for row in c["rows"]:
-            out.setdefault(float(c["load"]), {})[names.get(row["policy"], row["policy"])] = dict(row["per_unit"])
+            if rename and row["policy"] not in rename:
+                continue
+            name = rename[row["policy"]] if rename else row["policy"]
+            out.setdefault(float(c["load"]), {})[name] = dict(row["per_unit"])
     if not out:
         raise SystemExit(f"no cell {cell!r} in the protocol output")
     return out

@@ -75,17 +75,20 @@ def test_two_protocol_runs_pair_on_their_seeds_with_a_rename(tmp_path):
     today's on a suite of one cell per load (seed=N units, ordered by number)."""
     from rlsched.sim.protocol import paired_bootstrap
 
-    def proto(path: Path, per: dict[str, float]) -> Path:
+    def proto(path: Path, per: dict[str, float], drf: float) -> Path:
         path.write_text(json.dumps({"cells": [{"cell": "", "load": 2.0, "rows": [
-            {"policy": "rlsched", "per_unit": per}]}]}))
+            {"policy": "rlsched", "per_unit": per}, {"policy": "drf", "per_unit": dict.fromkeys(per, drf)}]}]}))
         return path
 
     new = {"seed=20010": 90.0, "seed=20002": 110.0, "seed=20001": 100.0}
     old = {"seed=20001": 95.0, "seed=20002": 120.0, "seed=20010": 80.0, "seed=20011": 1.0}
-    a, b = proto(tmp_path / "a.json", new), proto(tmp_path / "b.json", old)
+    # the baseline's rows differ between the files: only the renamed rows of b are read
+    a, b = proto(tmp_path / "a.json", new, 100.0), proto(tmp_path / "b.json", old, 999.0)
     _run("paired_published.py", "--cell", "", "--candidate", "rlsched", "--protocol", str(a),
          "--protocol", f"{b}@rlsched=goodput", "--out", str(tmp_path / "out.json"))
-    (pair,) = json.loads((tmp_path / "out.json").read_text())["pairs"]
+    pairs = {p["peer"]: p for p in json.loads((tmp_path / "out.json").read_text())["pairs"]}
+    assert set(pairs) == {"goodput", "drf"} and pairs["drf"]["peer_jct"] == [100.0] * 3
+    pair = pairs["goodput"]
     assert pair["peer"] == "goodput" and pair["units"] == ["seed=20001", "seed=20002", "seed=20010"]
     assert pair["candidate_jct"] == [100.0, 110.0, 90.0] and pair["peer_jct"] == [95.0, 120.0, 80.0]
     assert pair["diff"] == pytest.approx(paired_bootstrap([100.0, 110.0, 90.0], [95.0, 120.0, 80.0]).diff)
@@ -95,3 +98,19 @@ def test_two_protocol_runs_pair_on_their_seeds_with_a_rename(tmp_path):
                           "--protocol", str(a), "--out", str(tmp_path / "x.json")], capture_output=True, text=True,
                          cwd=REPO, timeout=120)
     assert bad.returncode != 0 and "no cell 'published'" in bad.stderr
+
+
+def test_a_unit_two_outputs_disagree_on_is_an_error_naming_both(tmp_path):
+    """Two peer outputs with another figure for the same workload (a rerun beside a stale
+    record): refused, never the last one read silently; the same figure twice is fine."""
+    proto = _protocol(tmp_path / "p.json", 0.5, {"goodput": [100.0] * 8})
+    new = _peers(tmp_path / "new.json", 0.5, "pollux-paper", [120.0] * 8)
+    same = _peers(tmp_path / "same.json", 0.5, "pollux-paper", [120.0] * 8)
+    old = _peers(tmp_path / "old.json", 0.5, "pollux-paper", [120.0] * 7 + [130.0])
+    _run("paired_published.py", "--protocol", str(proto), "--peers", str(new), "--peers", str(same),
+         "--candidate", "goodput", "--out", str(tmp_path / "ok.json"))
+    bad = subprocess.run([sys.executable, str(REPO / "bench" / "paired_published.py"), "--protocol", str(proto),
+                          "--peers", str(new), "--peers", str(old), "--candidate", "goodput",
+                          "--out", str(tmp_path / "x.json")], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert bad.returncode != 0 and "workload-8" in bad.stderr and "new.json" in bad.stderr and "old.json" in bad.stderr
+    assert not (tmp_path / "x.json").exists()
