@@ -18,7 +18,7 @@ published workloads by default; ``""`` for a suite with one cell per load, such 
 synthetic)::
 
     python bench/paired_published.py --cell "" --candidate rlsched \\
-        --protocol docs/results/protocol_synthetic_learned_lo.json \\
+        --protocol docs/results/protocol_synthetic_learned.json \\
         --protocol docs/results/protocol_synthetic_goodput.json@rlsched=goodput \\
         --out docs/results/synthetic_learned_vs_goodput.json
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 from rlsched.sim.protocol import paired_bootstrap
 
 
-def candidate_rows(protocol: dict, cell: str = "published",
+def protocol_rows(protocol: dict, cell: str = "published",
                    rename: dict[str, str] | None = None) -> dict[float, dict[str, dict[str, float]]]:
     """load -> policy -> {unit: mean JCT} of every policy row in the cells named ``cell``;
     with ``rename``, only the rows of the policies it names, under their new names."""
@@ -94,7 +94,7 @@ def gather(protocols: list[str], peers: list[str], cell: str = "published") -> d
 
     for p in protocols:
         path, rename = protocol_arg(p)
-        for load, pols in candidate_rows(json.loads(path.read_text()), cell, rename).items():
+        for load, pols in protocol_rows(json.loads(path.read_text()), cell, rename).items():
             for pol, per in pols.items():
                 put(p, load, pol, per)
     for p in peers:

@@ -190,16 +190,27 @@ def main(argv=None) -> int:
         for f in as_completed(futs):
             runs.append(f.result())
             prog.advance(task)
-    runs.sort(key=lambda r: (r["generated"], r["policy"], r["load"], r["workload"]))
+    wall = time.perf_counter() - t0
+    write_report(runs, out, skipped=skipped, wall_s=wall, procs=args.procs,
+                 machine={"python": platform.python_version(), "cpus": os.cpu_count(),
+                          "platform": platform.platform()})
+    print(f"wall {wall:.0f} s on {args.procs} processes -> {out}, {out.with_suffix('.png')}")
+    return 0
+
+
+def write_report(runs: list[dict], out: Path, **extra) -> dict:
+    """The report of ``runs`` (per-load summaries against the published figures, the
+    held-out means, the runs, and ``extra``) at ``out``, its plot beside it, the
+    summary printed; the report."""
+    runs.sort(key=lambda r: (r.get("generated", False), r["policy"], r["load"], r["workload"]))
     summary = summarise(runs)
     held_out = summarise_generated(runs)
     report = {
         "benchmark": "Pollux OSDI'21 workloads, 16 nodes x 4 GPUs, 60 s interval, 30 s restart",
         "published_source": "Qiao et al., Pollux, OSDI 2021 (data README)",
-        "tolerance": TOLERANCE, "summary": summary, "held_out": held_out, "runs": runs, "skipped": skipped,
-        "wall_s": time.perf_counter() - t0, "procs": args.procs,
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+        "tolerance": TOLERANCE, "summary": summary, "held_out": held_out, "runs": runs, **extra,
     }
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     plot(summary, runs, out.with_suffix(".png"))
     for s in summary:
@@ -210,8 +221,7 @@ def main(argv=None) -> int:
     for s in held_out:
         print(f"{s['policy']:16s} {s['load']:.1f}x  held-out pollux-gen seeds {s['seeds']}: {s['jct_mean']:8,.0f} s"
               + ("  (clairvoyant)" if s["clairvoyant"] else ""))
-    print(f"wall {report['wall_s']:.0f} s on {args.procs} processes -> {out}, {out.with_suffix('.png')}")
-    return 0
+    return report
 
 
 def merge(sources: list[Path], out: Path) -> int:
@@ -230,19 +240,7 @@ def merge(sources: list[Path], out: Path) -> int:
         machines.append({"source": str(src), "procs": rep.get("procs"), "wall_s": rep.get("wall_s"),
                          "machine": rep.get("machine"), "runs": len(rep["runs"])})
         skipped.update(rep.get("skipped", {}))
-    runs.sort(key=lambda r: (r.get("generated", False), r["policy"], r["load"], r["workload"]))
-    summary = summarise(runs)
-    report = {
-        "benchmark": "Pollux OSDI'21 workloads, 16 nodes x 4 GPUs, 60 s interval, 30 s restart",
-        "published_source": "Qiao et al., Pollux, OSDI 2021 (data README)",
-        "tolerance": TOLERANCE, "summary": summary, "held_out": summarise_generated(runs), "runs": runs,
-        "skipped": skipped, "merged_from": machines,
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    plot(summary, runs, out.with_suffix(".png"))
-    for s in summary:
-        print(f"{s['policy']:16s} {s['load']:.1f}x  ours {s['jct_mean']:8,.0f} s over workloads {s['workloads']}")
+    write_report(runs, out, skipped=skipped, merged_from=machines)
     print(f"merged {len(runs)} runs from {len(sources)} files -> {out}")
     return 0
 
