@@ -27,10 +27,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 from pathlib import Path
 
 from rlsched.sim.protocol import paired_bootstrap
+
+
+#: two outputs agree on a figure within this (s): the protocol's JSON keeps 5 decimals
+ROUNDING_S = 1e-3
 
 
 def protocol_rows(protocol: dict, cell: str = "published",
@@ -79,14 +84,15 @@ def peer_rows(peers: dict) -> dict[float, dict[str, dict[str, float]]]:
 
 def gather(protocols: list[str], peers: list[str], cell: str = "published") -> dict[float, dict[str, dict[str, float]]]:
     """load -> policy -> {unit: mean JCT} over all the outputs. A unit two outputs give
-    different figures for is an error naming both, never a silent choice of the last."""
+    different figures for (beyond :data:`ROUNDING_S`) is an error naming both, never a
+    silent choice of the last."""
     rows: dict[float, dict[str, dict[str, float]]] = {}
     origin: dict[tuple[float, str, str], str] = {}
 
     def put(src: str, load: float, pol: str, per: dict[str, float]) -> None:
         have = rows.setdefault(load, {}).setdefault(pol, {})
         for unit, v in per.items():
-            if unit in have and have[unit] != v:
+            if unit in have and not math.isclose(have[unit], v, rel_tol=0.0, abs_tol=ROUNDING_S):
                 raise SystemExit(f"{pol} at {load:g}x, {unit}: {have[unit]:,.1f} s in {origin[load, pol, unit]} "
                                  f"but {v:,.1f} s in {src}; pass only one of them")
             have[unit] = v

@@ -105,7 +105,7 @@ def test_a_unit_two_outputs_disagree_on_is_an_error_naming_both(tmp_path):
     record): refused, never the last one read silently; the same figure twice is fine."""
     proto = _protocol(tmp_path / "p.json", 0.5, {"goodput": [100.0] * 8})
     new = _peers(tmp_path / "new.json", 0.5, "pollux-paper", [120.0] * 8)
-    same = _peers(tmp_path / "same.json", 0.5, "pollux-paper", [120.0] * 8)
+    same = _peers(tmp_path / "same.json", 0.5, "pollux-paper", [120.0 + 4e-6] * 8)  # a file that rounds
     old = _peers(tmp_path / "old.json", 0.5, "pollux-paper", [120.0] * 7 + [130.0])
     _run("paired_published.py", "--protocol", str(proto), "--peers", str(new), "--peers", str(same),
          "--candidate", "goodput", "--out", str(tmp_path / "ok.json"))
