@@ -384,7 +384,7 @@ class LocalCluster:
             self._log_supervision(name, f"{name} (pid {proc.pid}) exited with status "
                                         f"{proc.exited()} during the API server restart; "
                                         "started again by restart_apiserver")
-            proc = self._respawn(name, proc)
+            proc = self._respawn(name, proc, counted=False)
             url = f"https://127.0.0.1:{self.ports[port]}/healthz"
             wait_for(lambda u=url: http_ok(u, insecure, expect="ok"), self.start_timeout_s,
                      f"{name} {url}", proc, [api])
@@ -440,22 +440,25 @@ class LocalCluster:
             raise ClusterError("cluster not started")
         return str(self.tools_bin / name)
 
-    def _spawn(self, name: str, argv: list[str]) -> Process:
+    def _spawn(self, name: str, argv: list[str], restart: bool = False) -> Process:
         with self._lock:
             proc = Process(name, argv, self.log_path(name), detach=self.detach)
             proc.start(self._dir)
+            if restart:  # counted before the new pid is seen: a reader never sees one without the other
+                self.restarts[name] = self.restarts.get(name, 0) + 1
             self.processes[name] = proc
             self._write_state()
             return proc
 
-    def _respawn(self, name: str, old: Process) -> Process:
-        """Start ``old`` (exited) again with the same command line."""
+    def _respawn(self, name: str, old: Process, counted: bool = True) -> Process:
+        """Start ``old`` (exited) again with the same command line; ``counted``: a
+        supervisor's restart of an unexpected exit (:attr:`restarts`)."""
         with self._lock:
             if name == "kwok":
                 self._release_leases("kube-node-lease", None, name, "node leases", delete=True)
             elif name in self._SCHEDULERS:  # its leader lease has the process's name
                 self._release_leases("kube-system", name, name, "leader lease")
-            proc = self._spawn(name, old.argv)
+            proc = self._spawn(name, old.argv, restart=counted)
             if name == "kwok" and self._kwok is not None:
                 self._kwok.process = proc
             return proc
@@ -576,7 +579,6 @@ class LocalCluster:
                                                         f"next try in {backoff[name]:g}s")
                             continue
                         due.pop(name, None)
-                        self.restarts[name] = self.restarts.get(name, 0) + 1
                         self._log_supervision(name, f"{name} restarted (pid {new.pid}; "
                                                     f"restart #{self.restarts[name]})")
             except Exception:  # never let the supervisor die: its children die with it
