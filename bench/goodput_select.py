@@ -66,6 +66,13 @@ def _arguments(setting: dict) -> dict:
         if weight.fallback_reason:
             raise SystemExit(f"growth model: {weight.fallback_reason}")
         out["growth"] = weight
+    if "rlpto_model" in out:  # RLPTO's network on the growth weight (rlsched train growth --form rlpto)
+        from rlsched.core.rlpto_weight import RLPTOGrowthWeight
+
+        weight = RLPTOGrowthWeight(path=out.pop("rlpto_model"))
+        if weight.fallback_reason:
+            raise SystemExit(f"rlpto model: {weight.fallback_reason}")
+        out["growth"] = weight
     if "prior" in out:
         out["prior"] = ThroughputPrior(**{k: tuple(v) if isinstance(v, list) else v for k, v in out["prior"].items()})
     return out
@@ -110,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--p", default=",".join(f"{p:g}" for p in GRID["p"]), help="comma list of utility exponents")
     ap.add_argument("--settings", default=None,
                     help="JSON list of settings (GoodputAllocator keyword arguments; 'prior': ThroughputPrior "
-                         "fields; 'growth_model': a learned growth weight's .safetensors) to compare instead of --p, e.g. '[{\"p\": 0.5, \"threshold\": 3600}]'")
+                         "fields; 'growth_model': a learned growth weight's .safetensors; 'rlpto_model': RLPTO's network on it) to compare instead of --p, e.g. '[{\"p\": 0.5, \"threshold\": 3600}]'")
     ap.add_argument("--data-dir", default=None, help="default: $RLSCHED_DATA_DIR")
     ap.add_argument("--procs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", default="bench/results/goodput_select.json")

@@ -109,7 +109,11 @@ __all__ = ["GoodputAllocator", "GrowthWeight"]
 
 class GrowthWeight(Protocol):
     """How much a job's utility counts in who grows (a learned one:
-    :class:`rlsched.core.growth_weight.LearnedGrowthWeight`)."""
+    :class:`rlsched.core.growth_weight.LearnedGrowthWeight`,
+    :class:`rlsched.core.rlpto_weight.RLPTOGrowthWeight`). ``prepare`` sees every job
+    and node of a decision before any ``weight`` of it (features across jobs)."""
+
+    def prepare(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode]) -> None: ...
 
     def weight(self, job: AllocJob) -> float: ...
 
@@ -308,6 +312,8 @@ class GoodputAllocator:
                  queues: QueueBook | None = None) -> Mapping[str, Allocation]:
         self._now = checked_call(self.name, self._now, now, jobs)
         self.jobs.prepare(jobs)  # every job's throughput fit, in one batch
+        if self.growth is not None:
+            self.growth.prepare(jobs, nodes)
         views = within_room(self.explored(jobs), nodes)
         for _ in range(_ROOM_ROUNDS):
             count = self.counts(views, nodes, queues)

@@ -50,7 +50,7 @@ DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "growth.safetens
 #: epochs over which the recent pace of the learning curve is measured
 CURVE_WINDOW = 3
 #: bound on ``w · φ``: a weight between e^−8 and e^8
-_LOGIT_BOUND = 8.0
+LOGIT_BOUND = 8.0
 
 
 def curve_pace(metrics, higher_is_better: bool, window: int = CURVE_WINDOW) -> float:
@@ -127,9 +127,12 @@ class LearnedGrowthWeight:
         return (f"LearnedGrowthWeight(coef={np.round(self.coef, 4).tolist()}, path={self.path}, "
                 f"fallback={self.fallback_reason is not None})")
 
+    def prepare(self, jobs, nodes) -> None:
+        """Nothing to prepare: every feature is the job's own."""
+
     def weight(self, job: AllocJob) -> float:
         z = float(self.coef @ growth_features(job, self.service_scale, self.hour))
-        return math.exp(min(max(z, -_LOGIT_BOUND), _LOGIT_BOUND))
+        return math.exp(min(max(z, -LOGIT_BOUND), LOGIT_BOUND))
 
 
 def learned_goodput(path: str | Path | None = None, *, hour: float = 3600.0, **options):

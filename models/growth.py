@@ -24,6 +24,12 @@ The run writes:
 - ``last.safetensors``: the final ``w``;
 - ``train.csv`` and ``learning_curve.png``.
 
+``--form rlpto`` learns RLPTO's network on the same mechanism instead
+(:mod:`rlsched.core.rlpto_weight`): the log weight is the promoted growth weight's plus
+``v · tanh(W o + c)`` over RLPTO's view of each job, ``--hidden`` units; ``w`` is then
+the flat vector of ``W``, ``c`` and ``v``. ``W`` starts random (seeded, scale
+``1/√7``), ``c`` and ``v`` at zero, so the start is the promoted growth weight exactly.
+
 Which of them is served, if any, is chosen on validation seeds against the served default
 (``python bench/goodput_select.py --settings '[{}, {"growth_model": "out/train/RUN/model.safetensors"}]'``),
 never here.
@@ -43,7 +49,10 @@ import numpy as np
 
 from .runs import add_run_arguments, new_run
 
-__all__ = ["add_arguments", "train", "evaluate", "es_gradient", "Adam", "run_workload"]
+__all__ = ["add_arguments", "train", "evaluate", "es_gradient", "Adam", "run_workload", "make_weight", "FORMS"]
+
+#: the weights ES can learn (``--form``)
+FORMS = ("linear", "rlpto")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,17 +61,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sigma", type=float, default=0.25, help="perturbation scale of w")
     parser.add_argument("--lr", type=float, default=0.1, help="Adam step size")
     parser.add_argument("--loads", default="0.5,1.5", help="LO,HI: each generation's load, drawn uniformly")
+    parser.add_argument("--form", choices=FORMS, default="linear",
+                        help="linear: exp(w . features) (core/growth_weight.py); rlpto: RLPTO's network on the "
+                             "promoted growth weight (core/rlpto_weight.py)")
+    parser.add_argument("--hidden", type=int, default=8, help="hidden units of --form rlpto")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--procs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--data-dir", default=None, help="default: $RLSCHED_DATA_DIR")
     add_run_arguments(parser)
 
 
-def run_workload(coef, seed: int, load: float, data_dir: str | None) -> float:
-    """Mean JCT (s) of the goodput allocator weighted by ``coef`` on the pollux-gen
-    workload of train ``seed`` at ``load``."""
+def make_weight(form: str, w, base_coef=None, hidden: int = 0):
+    """The growth weight of ES's vector ``w``: ``exp(w · φ)`` (``linear``), or RLPTO's
+    network of ``hidden`` units on the growth weight ``base_coef`` (``rlpto``)."""
+    if form == "linear":
+        from rlsched.core.growth_weight import LearnedGrowthWeight
+
+        return LearnedGrowthWeight(np.asarray(w, dtype=float))
+    if form == "rlpto":
+        from rlsched.core.rlpto_weight import RLPTOGrowthWeight
+
+        return RLPTOGrowthWeight.from_vector(w, base_coef, hidden)
+    raise ValueError(f"unknown form {form!r}; known: {', '.join(FORMS)}")
+
+
+def run_workload(coef, seed: int, load: float, data_dir: str | None, form: str = "linear", base_coef=None,
+                 hidden: int = 0) -> float:
+    """Mean JCT (s) of the goodput allocator weighted by ``coef`` (:func:`make_weight`)
+    on the pollux-gen workload of train ``seed`` at ``load``."""
     from rlsched.core.goodput_allocator import GoodputAllocator
-    from rlsched.core.growth_weight import LearnedGrowthWeight
     from rlsched.sim.interval import IntervalConfig, IntervalSimulator
     from rlsched.sim.metrics import compute_metrics
     from rlsched.sim.protocol import split_of
@@ -72,7 +99,7 @@ def run_workload(coef, seed: int, load: float, data_dir: str | None) -> float:
         raise ValueError(f"seed {seed} is not a train seed: the growth weight learns on train seeds only")
     trace = load_trace(f"pollux-gen:seed={seed},load={load:.3f}", data_dir=data_dir)
     cfg = IntervalConfig(interval=trace.interval, restart_cost=trace.restart_cost)
-    alloc = GoodputAllocator(growth=LearnedGrowthWeight(np.asarray(coef, dtype=float)))
+    alloc = GoodputAllocator(growth=make_weight(form, coef, base_coef, hidden))
     sim = IntervalSimulator(trace.jobs, trace.apps, alloc, nodes=trace.nodes, gpus_per_node=trace.gpus_per_node,
                             config=cfg)
     return float(compute_metrics(sim.run())["jct_mean"])
@@ -106,16 +133,29 @@ class Adam:
         return self.lr * mh / (np.sqrt(vh) + self.eps)
 
 
-def _export(path: Path, coef: np.ndarray, args, note: str, history: list[dict]) -> None:
+def _export(path: Path, coef: np.ndarray, args, note: str, history: list[dict], base_coef=None) -> None:
     from rlsched.core.growth_weight import CURVE_WINDOW, GROWTH_FEATURES
 
     from .base import jsonable_options
     from .export import export_policy
 
+    if args.form == "rlpto":
+        from rlsched.core import rlpto_weight as rw
+
+        net = rw.RLPTOGrowthWeight.from_vector(coef, base_coef, args.hidden)
+        tensors = {k: np.asarray(getattr(net, a), dtype=np.float32)
+                   for k, a in (("w1", "w1"), ("b1", "b1"), ("w2", "w2"))}
+        tensors["base_coef"] = np.asarray(base_coef, dtype=np.float32)
+        policy, observation = rw.POLICY, {"features": list(rw.RLPTO_GOODPUT_FEATURES), "encoding":
+                                          "rlsched.core.rlpto_weight.rlpto_views", "base_features": list(GROWTH_FEATURES),
+                                          "curve_window": CURVE_WINDOW}
+        architecture = {"form": "exp(base_coef . growth_features + w2 . tanh(w1 o + b1))", "hidden": args.hidden}
+    else:
+        tensors = {"coef": np.asarray(coef, dtype=np.float32)}
+        policy, observation = "growth", {"features": list(GROWTH_FEATURES), "curve_window": CURVE_WINDOW}
+        architecture = {"form": "exp(coef . features)"}
     export_policy(
-        path, {"coef": np.asarray(coef, dtype=np.float32)}, policy="growth", version="1",
-        observation={"features": list(GROWTH_FEATURES), "curve_window": CURVE_WINDOW},
-        architecture={"form": "exp(coef . features)"},
+        path, tensors, policy=policy, version="1", observation=observation, architecture=architecture,
         training={"method": "antithetic evolution strategies + Adam", "which": note, **jsonable_options(args),
                   "generations_run": len(history),
                   "final_relative_jct": history[-1]["pop_relative_jct"] if history else None},
@@ -127,7 +167,7 @@ def _export(path: Path, coef: np.ndarray, args, note: str, history: list[dict]) 
 def train(args) -> int:
     from tqdm import tqdm
 
-    from rlsched.core.growth_weight import DEFAULT_COEF, GROWTH_FEATURES
+    from rlsched.core.growth_weight import DEFAULT_COEF, GROWTH_FEATURES, LearnedGrowthWeight
     from rlsched.sim.protocol import SPLITS
 
     from .base import CSVLog, plot_curve
@@ -135,40 +175,60 @@ def train(args) -> int:
     lo, hi = (float(x) for x in args.loads.split(","))
     if not (0 < lo <= hi) or args.generations < 1 or args.pairs < 1 or args.sigma <= 0 or args.lr <= 0:
         raise SystemExit("need 0 < LO <= HI, generations >= 1, pairs >= 1, sigma > 0, lr > 0")
+    if args.form == "rlpto" and args.hidden < 1:
+        raise SystemExit("--hidden must be >= 1")
     run = new_run(args, "growth")
     rng = np.random.default_rng(args.seed)
     lo_seed, hi_seed = SPLITS["train"]
-    w = DEFAULT_COEF.astype(float).copy()
+    base_coef = None
+    if args.form == "rlpto":
+        from rlsched.core.rlpto_weight import RLPTO_GOODPUT_FEATURES, RLPTOGrowthWeight
+
+        promoted = LearnedGrowthWeight()  # the promoted growth weight, the network's base
+        if promoted.fallback_reason:
+            raise SystemExit(f"--form rlpto builds on the promoted growth weight: {promoted.fallback_reason}")
+        base_coef = promoted.coef
+        k, h = len(RLPTO_GOODPUT_FEATURES), args.hidden
+        w = np.zeros(RLPTOGrowthWeight.size(h))
+        w[:h * k] = rng.standard_normal(h * k) / np.sqrt(k)  # W random; c, v zero: the promoted weight exactly
+        names = [f"w_{i}" for i in range(len(w))]
+    else:
+        w = DEFAULT_COEF.astype(float).copy()
+        names = [f"w_{n}" for n in GROWTH_FEATURES]
     opt = Adam(args.lr)
     log = CSVLog(run.log)
     history: list[dict] = []
+    ws: list[np.ndarray] = []
     t0 = time.time()
     with ProcessPoolExecutor(max(args.procs, 1)) as ex:
-        for g in tqdm(range(1, args.generations + 1), desc="growth ES", unit="generation", dynamic_ncols=True):
+        for g in tqdm(range(1, args.generations + 1), desc=f"growth ES ({args.form})", unit="generation",
+                      dynamic_ncols=True):
             seed = int(rng.integers(lo_seed, hi_seed))
             load = float(rng.uniform(lo, hi))
             eps = rng.standard_normal((args.pairs, len(w)))
             cands = [w] + [w + args.sigma * e for e in eps] + [w - args.sigma * e for e in eps]
-            jct = list(ex.map(run_workload, cands, [seed] * len(cands), [load] * len(cands),
-                              [args.data_dir] * len(cands)))
+            n = len(cands)
+            jct = list(ex.map(run_workload, cands, [seed] * n, [load] * n, [args.data_dir] * n, [args.form] * n,
+                              [base_coef] * n, [args.hidden] * n))
             base, plus, minus = jct[0], np.array(jct[1:1 + args.pairs]), np.array(jct[1 + args.pairs:])
             grad = es_gradient(eps, plus, minus, base, args.sigma)
             w = w + opt.step(grad)
+            ws.append(w.copy())
             row = {"generation": g, "seed": seed, "load": round(load, 3), "base_jct": base,
                    "pop_relative_jct": float(np.mean(np.r_[plus, minus]) / base),
                    "best_relative_jct": float(np.min(np.r_[plus, minus]) / base),
-                   "grad_norm": float(np.linalg.norm(grad)), "wall_s": time.time() - t0,
-                   **{f"w_{n}": float(x) for n, x in zip(GROWTH_FEATURES, w)}}
+                   "grad_norm": float(np.linalg.norm(grad)), "w_norm": float(np.linalg.norm(w)),
+                   "wall_s": time.time() - t0, **dict(zip(names, map(float, w)))}
             log.write(row)
             history.append(row)
-    coefs = np.array([[h[f"w_{n}"] for n in GROWTH_FEATURES] for h in history])
-    avg = coefs[len(coefs) // 2:].mean(axis=0)
-    _export(run.model, avg, args, "mean of the second half of the generations", history)
-    _export(run.dir / "last.safetensors", w, args, "the last generation", history)
-    plot_curve(history, run.curve, "generation", ["pop_relative_jct", "best_relative_jct"] +
-               [f"w_{n}" for n in GROWTH_FEATURES[:2]] + ["w_curve"], "growth weight: ES on train seeds")
-    print(f"growth: {run.dir}: w (mean of the second half) = {np.round(avg, 3).tolist()}, "
-          f"last = {np.round(w, 3).tolist()}; choose on validation with bench/goodput_select.py")
+    avg = np.mean(ws[len(ws) // 2:], axis=0)
+    _export(run.model, avg, args, "mean of the second half of the generations", history, base_coef)
+    _export(run.dir / "last.safetensors", w, args, "the last generation", history, base_coef)
+    shown = ["w_service", "w_age", "w_curve"] if args.form == "linear" else ["w_norm"]
+    plot_curve(history, run.curve, "generation", ["pop_relative_jct", "best_relative_jct"] + shown,
+               f"growth weight ({args.form}): ES on train seeds")
+    print(f"growth ({args.form}): {run.dir}: |w| (mean of the second half) = {np.linalg.norm(avg):.3f}, "
+          f"last = {np.linalg.norm(w):.3f}; choose on validation with bench/goodput_select.py")
     return 0
 
 

@@ -17,6 +17,10 @@
     the goodput allocator with the learned growth weight
     (:mod:`rlsched.core.growth_weight`, ``rlsched train growth``) in place of the
     service weight.
+``goodput-rlpto``
+    the goodput allocator weighted by RLPTO's network retrained on it
+    (:mod:`rlsched.core.rlpto_weight`, ``rlsched train growth --form rlpto``): a
+    candidate, on the interval engine only.
 ``rlsched``
     the served learned combination (:data:`rlsched.core.served.SERVED`) as below.
 ``<ordering>/<placement>[/<scaling>][+backfill|+nobackfill]``
@@ -66,6 +70,12 @@ def _goodput_learned(growth_model=None, **opts) -> Allocator:
     return learned_goodput(growth_model, **opts)
 
 
+def _goodput_rlpto(rlpto_model=None, **opts) -> Allocator:
+    from rlsched.core.rlpto_weight import rlpto_goodput
+
+    return rlpto_goodput(rlpto_model, **opts)
+
+
 def _pollux(**opts) -> Allocator:
     from .peers.pollux import PolluxAllocator
 
@@ -85,6 +95,8 @@ ALLOCATORS: dict[str, Callable[..., Allocator]] = {
     # the same with the learned growth weight (core/growth_weight.py; the promoted
     # core/weights/growth.safetensors, the service weight when it cannot be read)
     "goodput-learned": _goodput_learned,
+    # RLPTO's network retrained on the goodput mechanism (core/rlpto_weight.py): a candidate
+    "goodput-rlpto": _goodput_rlpto,
 }
 
 

@@ -101,7 +101,7 @@ def test_an_exported_model_round_trips(tmp_path):
 
     coef = np.array([-0.8, 0.1, -0.2, 0.05, 0.4])
     path = tmp_path / "model.safetensors"
-    args = SimpleNamespace(loads="0.5,1.5", generations=1, pairs=1)
+    args = SimpleNamespace(loads="0.5,1.5", generations=1, pairs=1, form="linear")
     _export(path, coef, args, "test", [{"seed": 1, "pop_relative_jct": 1.0}])
     w = LearnedGrowthWeight(path=path)
     assert w.fallback_reason is None and w.coef == pytest.approx(coef, rel=1e-6)
