@@ -130,3 +130,18 @@ def test_the_trainer_refuses_a_seed_outside_the_train_split():
 
     with pytest.raises(ValueError, match="not a train seed"):
         run_workload(DEFAULT_COEF, SPLITS["validation"][0], 1.0, None)
+
+
+def test_no_weight_acts_where_no_job_can_grow():
+    """Rigid jobs (min = max = 1 replica, as on the Alibaba suite): the weight only
+    decides who grows, so every weight decides as the service weight does — with
+    unequal weights on every job, and more jobs than GPUs."""
+    big = GoodputAllocator().threshold
+    jobs = [replace(make_job(f"j{i}", attained=i * big / 3, age=600.0 * (i + 1), restarts=i % 3, submit=float(i),
+                             max_replicas=1, alloc=(i % 2,) if i < 3 else ()), epoch=i, metrics=(0.1, 0.2 + i / 50, 0.3))
+            for i in range(7)]
+    w = LearnedGrowthWeight(np.array([-1.3, 0.7, -0.5, 0.9, 0.4]))
+    assert len({round(w.weight(j), 9) for j in jobs}) == len(jobs)
+    want = counts(decide(jobs, nodes_of(2, 2)))
+    assert sum(want.values()) == 4
+    assert counts(decide(jobs, nodes_of(2, 2), GoodputAllocator(growth=w))) == want
