@@ -107,12 +107,14 @@ def make_live_allocator(text: str) -> Allocator:
     """A fresh allocator for the operator from ``name[@key=value,...]``
     (:func:`parse_allocator_options`); ValueError naming the choices or the bad option."""
     name, kwargs = parse_allocator_options(text)
-    if name in ("goodput", "goodput-learned"):
+    if name in LIVE_ALLOCATORS:
         from .goodput_allocator import GoodputAllocator
         from .growth_weight import learned_goodput
+        from .rlpto_weight import rlpto_goodput
 
+        make = {"goodput": GoodputAllocator, "goodput-learned": learned_goodput, "goodput-rlpto": rlpto_goodput}[name]
         try:
-            return GoodputAllocator(**kwargs) if name == "goodput" else learned_goodput(**kwargs)
+            return make(**kwargs)
         except TypeError as exc:
             raise ValueError(f"{text!r}: {exc}") from None
     raise ValueError(f"unknown live allocator {name!r}; choose one of {', '.join(LIVE_ALLOCATORS)}")

@@ -39,7 +39,7 @@ SERVED_NAME = "rlsched"
 
 #: allocation policies that also decide in the event engine and the operator
 #: (``<allocator>/<placement>``; core/live_allocation.py makes them)
-LIVE_ALLOCATOR_NAMES = ("goodput", "goodput-learned")
+LIVE_ALLOCATOR_NAMES = ("goodput", "goodput-learned", "goodput-rlpto")
 
 #: suffix -> backfill
 BACKFILL_SUFFIXES = {"+backfill": True, "+nobackfill": False}

@@ -235,4 +235,5 @@ def train(args) -> int:
 def evaluate(args) -> int:
     raise SystemExit("rlsched eval growth: the growth weight is evaluated on validation seeds with "
                      "bench/goodput_select.py --settings '[{}, {\"growth_model\": \"out/train/RUN/model.safetensors\"}]' "
-                     "and on the protocol's test split with rlsched eval protocol --policies goodput-learned")
+                     "(or {\"rlpto_model\": ...} for --form rlpto) and on the protocol's test split with "
+                     "rlsched eval protocol --policies goodput-learned (goodput-rlpto)")

@@ -182,6 +182,9 @@ def test_allocator_names_and_options():
     assert isinstance(learned, GoodputAllocator) and learned.growth is not None
     assert learned.growth.fallback_reason is None and learned.growth.metadata["policy"] == "growth"
     assert a.growth is None
+    rlpto = make_live_allocator("goodput-rlpto@restart_delay=2")  # the promoted RLPTO network, read
+    assert rlpto.restart_delay == 2.0 and rlpto.growth.fallback_reason is None
+    assert rlpto.growth.metadata["policy"] == "rlpto-goodput"
     for bad, match in (("fifo", "unknown live allocator"), ("goodput@p", "not key=number"),
                        ("goodput@p=x", "not key=number"), ("goodput@nope=1", "nope")):
         with pytest.raises(ValueError, match=match):
