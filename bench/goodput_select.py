@@ -57,22 +57,18 @@ def _one(setting: dict, seed: int, load: float, data_dir: str | None) -> dict:
 def _arguments(setting: dict) -> dict:
     """The allocator's keyword arguments of a setting (``prior``: ThroughputPrior fields)."""
     from rlsched.core.goodput import ThroughputPrior
+    from rlsched.core.growth_weight import LearnedGrowthWeight
+    from rlsched.core.rlpto_weight import RLPTOGrowthWeight
 
     out = dict(setting)
-    if "growth_model" in out:  # a learned growth weight (rlsched train growth) from its file
-        from rlsched.core.growth_weight import LearnedGrowthWeight
-
-        weight = LearnedGrowthWeight(path=out.pop("growth_model"))
-        if weight.fallback_reason:
-            raise SystemExit(f"growth model: {weight.fallback_reason}")
-        out["growth"] = weight
-    if "rlpto_model" in out:  # RLPTO's network on the growth weight (rlsched train growth --form rlpto)
-        from rlsched.core.rlpto_weight import RLPTOGrowthWeight
-
-        weight = RLPTOGrowthWeight(path=out.pop("rlpto_model"))
-        if weight.fallback_reason:
-            raise SystemExit(f"rlpto model: {weight.fallback_reason}")
-        out["growth"] = weight
+    # a learned weight from its file (rlsched train growth [--form rlpto]); one that
+    # cannot be read stops the selection, since a fallback would compare the wrong weight
+    for key, weight_type in (("growth_model", LearnedGrowthWeight), ("rlpto_model", RLPTOGrowthWeight)):
+        if key in out:
+            weight = weight_type(path=out.pop(key))
+            if weight.fallback_reason:
+                raise SystemExit(f"{key.replace('_', ' ')}: {weight.fallback_reason}")
+            out["growth"] = weight
     if "prior" in out:
         out["prior"] = ThroughputPrior(**{k: tuple(v) if isinstance(v, list) else v for k, v in out["prior"].items()})
     return out

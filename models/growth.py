@@ -143,8 +143,7 @@ def _export(path: Path, coef: np.ndarray, args, note: str, history: list[dict], 
         from rlsched.core import rlpto_weight as rw
 
         net = rw.RLPTOGrowthWeight.from_vector(coef, base_coef, args.hidden)
-        tensors = {k: np.asarray(getattr(net, a), dtype=np.float32)
-                   for k, a in (("w1", "w1"), ("b1", "b1"), ("w2", "w2"))}
+        tensors = {k: np.asarray(getattr(net, k), dtype=np.float32) for k in ("w1", "b1", "w2")}
         tensors["base_coef"] = np.asarray(base_coef, dtype=np.float32)
         policy, observation = rw.POLICY, {"features": list(rw.RLPTO_GOODPUT_FEATURES), "encoding":
                                           "rlsched.core.rlpto_weight.rlpto_views", "base_features": list(GROWTH_FEATURES),
