@@ -488,30 +488,38 @@ def test_live_log_reads_the_new_batch_of_an_allocator_resize():
     assert dec[1]["batch"] == 190 and dec[1]["delta"] == -3 and dec[1]["epoch"] == 2 and "batch" not in dec[0]
 
 
-def test_live_allocator_of_the_learned_weight_keeps_its_weights_on_the_compressed_clock():
-    """The served goodput-learned allocator live, on a clock ``time_scale`` times faster:
-    its time constants, the learned weight's service and age units among them, are the
-    simulated ones over ``time_scale``, so a job ``k`` times younger and less served live
-    gets the weight its simulated twin gets."""
-    from rlsched.core.allocation import AllocJob
+@pytest.mark.parametrize("allocator", ["goodput-learned", "goodput-rlpto"])
+def test_live_allocator_of_a_learned_weight_keeps_its_weights_on_the_compressed_clock(allocator):
+    """A learned allocator live (the served one among them), on a clock ``time_scale``
+    times faster: its time constants, the learned weight's service and age units among
+    them, are the simulated ones over ``time_scale``, so a job ``k`` times younger and
+    less served live gets the weight its simulated twin gets (RLPTO's view on top is
+    free of time: ranks and fractions)."""
+    from rlsched.core.allocation import AllocJob, AllocNode
     from rlsched.core.live_allocation import make_live_allocator
 
-    cfg = TwinConfig(jobs=2, seed=1, allocator="goodput-learned")
+    cfg = TwinConfig(jobs=2, seed=1, allocator=allocator)
     sim = cfg.sim_allocator().allocator
     live = make_live_allocator(cfg.live_allocator())
     k = cfg.time_scale
-    assert live.growth is not None and sim.growth is not None
+    assert live.growth is not None and sim.growth is not None and sim.growth.fallback_reason is None
+    assert type(live.growth) is type(sim.growth) and live.growth.fallback_reason is None
     assert live.restart_delay == pytest.approx(sim.restart_delay / k)
     assert live.service_scale == pytest.approx(sim.service_scale / k) and live.growth.hour == pytest.approx(3600 / k)
-    assert (live.growth.coef == sim.growth.coef).all() and sim.growth.fallback_reason is None
+    assert live.growth.service_scale == pytest.approx(sim.growth.service_scale / k)
+    nodes = [AllocNode(index=0, gpus=4, name="n0")]
 
     def job(service: float, age: float) -> AllocJob:
         return AllocJob(id="j", submit_time=0.0, application="app", age=age, attained_service=service,
-                        num_restarts=2, allocation=(), target_replicas=1, target_batch_size=64, min_replicas=1,
+                        num_restarts=2, allocation=(0,), target_replicas=1, target_batch_size=64, min_replicas=1,
                         max_replicas=8, limits=None, epoch=5, metrics=(0.1, 0.3, 0.4, 0.45, 0.47),
                         higher_is_better=True)
 
+    def weight(alloc, j: AllocJob) -> float:
+        alloc.growth.prepare([j], nodes)
+        return alloc.growth.weight(j)
+
     for service, age in ((0.0, 0.0), (3 * 3600.0, 1800.0), (40 * 3600.0, 7 * 3600.0)):
-        want = sim.weight(job(service, age))
-        assert live.weight(job(service / k, age / k)) == pytest.approx(want)
-        assert want != pytest.approx(sim.weight(job(service, 4 * age + 3600.0)))  # age counts
+        want = weight(sim, job(service, age))
+        assert weight(live, job(service / k, age / k)) == pytest.approx(want)
+        assert want != pytest.approx(weight(sim, job(service, 4 * age + 3600.0)))  # age counts
