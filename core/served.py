@@ -70,22 +70,22 @@ SERVED = ServedPolicy(
     ordering="",
     placement="das",
     scaling="",
-    allocator="goodput-learned",
+    allocator="goodput-rlpto",
     reason=(
-        "rlsched's goodput allocator with the learned growth weight (core/goodput_allocator.py, "
-        "core/growth_weight.py, core/weights/growth.safetensors; live: core/live_allocation.py with the "
-        "extender's DAS placement for new workers). The weight was trained by evolution strategies on train "
-        "seeds and chosen on validation seeds over the attained-service weight served before it (-4.9% "
-        "[-6.8, -2.8] mean JCT, docs/results/goodput_select_growth.json). On the protocol's pollux suite (the "
-        "8 published workloads, paired bootstrap 95% intervals) its mean JCT is 30.4% [27.2, 32.9] / 34.4% "
-        "[28.9, 38.5] / 43.6% [39.5, 46.9] below tiresias-2q at 0.5x / 1.0x / 1.5x load, 2,632 s at 1.0x "
-        "against the published Pollux's 2,751 s, and below the goodput allocator without it by 1.5% [-1.7, "
-        "4.1] / 4.0% [1.0, 6.8] / 3.5% [0.6, 5.9] (docs/results/protocol_growth_1x.md, "
-        "protocol_growth_05_15x.md, docs/benchmark.md). On the event-engine suites it is below the strongest "
-        "heuristics on synthetic at loads 0.5 and 1 (-8.7% / -4.7%) and above them at 1.5 and 2 (+8.1% / "
-        "+14.4%; 0-3% above the goodput allocator without the weight there), and on Alibaba, where no job "
-        "can grow and the weight cannot act, above them at every load as that allocator is "
-        "(docs/results/protocol_synthetic_learned.md, protocol_alibaba_goodput.md)"
+        "rlsched's goodput allocator with RLPTO's network as its growth weight (core/goodput_allocator.py, "
+        "core/rlpto_weight.py, core/weights/rlpto-goodput.safetensors on top of core/weights/growth.safetensors; "
+        "live: core/live_allocation.py with the extender's DAS placement for new workers). The network was "
+        "trained by evolution strategies on train seeds and chosen on validation seeds over the learned growth "
+        "weight served before it (-1.4% [-2.2, -0.3] mean JCT, docs/results/goodput_select_rlpto.json). On the "
+        "protocol's pollux suite (the 8 published workloads, paired bootstrap 95% intervals) its mean JCT is "
+        "31.4% [28.7, 33.6] / 34.9% [29.3, 39.0] / 44.9% [41.4, 47.8] below tiresias-2q at 0.5x / 1.0x / 1.5x "
+        "load, 2,610 s at 1.0x against the published Pollux's 2,751 s, and against the growth weight alone "
+        "-1.5% [-2.9, -0.0] / -0.8% [-2.1, +0.6] / -2.3% [-3.3, -1.3] (docs/results/protocol_rlpto_goodput_1x.md, "
+        "protocol_rlpto_goodput_05_15x.md, docs/benchmark.md). On the event-engine suites it is below the "
+        "strongest heuristics on synthetic at loads 0.5 and 1 (-8.7% / -5.2%) and above them at 1.5 and 2 "
+        "(+7.8% / +14.2%), level with the growth weight alone at all four (docs/results/"
+        "synthetic_rlpto_vs_learned.json), and on Alibaba, where no job can grow and no growth weight acts, "
+        "above them at every load as the goodput allocator is (docs/results/protocol_alibaba_goodput.md)"
     ),
 )
 

@@ -438,12 +438,24 @@ def test_operator_serves_the_served_allocator(render):
         (flag,) = [a for a in _pod_spec(dep)["containers"][0]["args"] if a.startswith("--allocator=")]
         return flag.split("=", 1)[1]
 
-    assert allocator() == SERVED.allocator == "goodput-learned"
+    assert allocator() == SERVED.allocator == "goodput-rlpto"
     assert allocator("operator.allocator=none") == "none"
     assert allocator("operator.allocator=") == "none"
     value = allocator("operator.allocator=goodput@restart_delay=10")
     assert make_live_allocator(value).restart_delay == 10.0
 
+
+
+def test_the_schema_admits_every_live_allocator_and_nothing_else():
+    from rlsched.core.served import LIVE_ALLOCATOR_NAMES
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    pattern = schema["properties"]["operator"]["properties"]["allocator"]["pattern"]
+    for name in (*LIVE_ALLOCATOR_NAMES, "none", ""):
+        assert re.fullmatch(pattern, name) and re.fullmatch(pattern, name or "none")
+        assert name in ("none", "") or re.fullmatch(pattern, f"{name}@restart_delay=10,p=0.5")
+    for bad in ("goodput-nope", "fifo", "goodput@p", "goodput-learned@"):
+        assert not re.fullmatch(pattern, bad), bad
 
 def test_operator_min_run_time_flag(render):
     def flag(*sets):

@@ -238,7 +238,7 @@ def test_the_demo_runs_the_served_allocator_on_its_own_clock():
     from rlsched.core.served import SERVED
     from rlsched_dev.demo import DemoOptions
 
-    assert DemoOptions().allocator == SERVED.allocator == "goodput-learned"
-    assert DemoOptions(epoch_s=0.5).live_allocator() == "goodput-learned@restart_delay=0.5"
+    assert DemoOptions().allocator == SERVED.allocator == "goodput-rlpto"
+    assert DemoOptions(epoch_s=0.5).live_allocator() == "goodput-rlpto@restart_delay=0.5"
     assert DemoOptions(allocator="none").live_allocator() == "none"
     assert DemoOptions(allocator="goodput@p=0").live_allocator() == "goodput@p=0"

@@ -8,8 +8,8 @@ victims, scaling decisions and JCTs must agree within the tolerances of
 Seed 9 of seven jobs has what the check is about: scale-ups, give-backs of converging
 jobs, early β stops and one ``highest`` job that preempts (asserted on the simulated
 side in tests/dev/test_twin.py). The allocator-mode checks run the operator's
-``--allocator`` with the served default (core/served.py: goodput-learned, the goodput
-allocator with the learned growth weight): ``allocator_scenario`` (multi-worker
+``--allocator`` with the served default (core/served.py: goodput-rlpto, the goodput
+allocator with RLPTO's network as its growth weight): ``allocator_scenario`` (multi-worker
 resizes, shrink-to-admit) and ``batch_scenario`` (resizes that change a job's global
 batch size)."""
 

@@ -27,5 +27,5 @@ def test_the_operator_cli_serves_the_served_allocator():
 
     p = argparse.ArgumentParser()
     register(p.add_subparsers(dest="cmd"))
-    assert p.parse_args(["operator", "run"]).allocator == SERVED.allocator == "goodput-learned"
+    assert p.parse_args(["operator", "run"]).allocator == SERVED.allocator == "goodput-rlpto"
     assert p.parse_args(["operator", "run", "--allocator", "none"]).allocator == "none"
