@@ -52,6 +52,8 @@ from .topology import Topology
 __all__ = [
     "DASParams",
     "DASPlacement",
+    "best_candidate",
+    "TIE_TOLERANCE",
     "resolve_placement_model",
     "serving_placement",
     "PLACEMENT_FEATURES",
@@ -351,6 +353,25 @@ def gp_posterior(
 
 
 # --------------------------------------------------------------------------- params
+#: scores closer than this (relative to the best, and at least this much) are one score.
+#: The kernel's and the GP posterior's linear algebra leave differences of ~1e-16 between
+#: nodes that are equal in exact arithmetic (interchangeable nodes of one rack), and those
+#: differences change with the numpy/BLAS build; real differences between candidates are
+#: many orders larger (1e-3 and up on the synthetic and measured clusters).
+TIE_TOLERANCE = 1e-9
+
+
+def best_candidate(scores: np.ndarray) -> int:
+    """Index of the best score, the first (lowest index) of those within
+    :data:`TIE_TOLERANCE` of it, so that a placement does not depend on how a
+    numpy/BLAS build rounds; ``argmax`` where no score is finite."""
+    best = int(np.argmax(scores))
+    top = float(scores[best])
+    if not math.isfinite(top):
+        return best
+    return int(np.flatnonzero(scores >= top - TIE_TOLERANCE * max(1.0, abs(top)))[0])
+
+
 @dataclass(frozen=True)
 class DASParams:
     """Parameters of :class:`DASPlacement`; these defaults are used without a model.
@@ -655,7 +676,7 @@ class DASPlacement(Placement):
                 if len(cand) == 0:
                     return None
                 s = self.score(view, cand, state)
-                best = int(np.argmax(s))
+                best = best_candidate(s)
                 if not np.isfinite(s[best]):
                     return None
                 node = int(cand[best])

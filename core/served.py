@@ -82,9 +82,9 @@ SERVED = ServedPolicy(
         "load, 2,610 s at 1.0x against the published Pollux's 2,751 s, and against the growth weight alone "
         "-1.5% [-2.9, -0.0] / -0.8% [-2.1, +0.6] / -2.3% [-3.3, -1.3] (docs/results/protocol_rlpto_goodput_1x.md, "
         "protocol_rlpto_goodput_05_15x.md, docs/benchmark.md). On the event-engine suites it is below the "
-        "strongest heuristics on synthetic at loads 0.5 and 1 (-8.7% / -5.2%) and above them at 1.5 and 2 "
-        "(+7.8% / +14.2%), level with the growth weight alone at all four (docs/results/"
-        "synthetic_rlpto_vs_learned.json), and on Alibaba, where no job can grow and no growth weight acts, "
+        "strongest heuristics on synthetic at loads 0.5 and 1 (-8.7% / -5.5%) and above them at 1.5 and 2 "
+        "(+7.6% / +13.8%), level with the growth weight alone at all four (docs/results/"
+        "protocol_synthetic_served.md, synthetic_served_pairs.json), and on Alibaba, where no job can grow and no growth weight acts, "
         "above them at every load as the goodput allocator is (docs/results/protocol_alibaba_goodput.md)"
     ),
 )

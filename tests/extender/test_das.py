@@ -262,3 +262,36 @@ def test_missing_or_corrupt_model_falls_back_to_defaults(tmp_path, content, why)
     assert das.params == DASParams()
     with pytest.raises(PolicyFileError):
         DASParams.load(f)
+
+
+def test_best_candidate_reads_rounding_level_differences_as_ties():
+    from rlsched.core.das import best_candidate
+
+    assert best_candidate(np.array([1.0, 1.0 + 1e-15, 0.5])) == 0  # argmax would say 1
+    assert best_candidate(np.array([-np.inf, 3.0 - 4e-15, 3.0])) == 1
+    assert best_candidate(np.array([0.2, 0.2 + 1e-3])) == 1  # a real difference stands
+    assert best_candidate(np.array([-np.inf, -np.inf])) == 0
+
+
+def test_place_is_the_same_under_rounding_noise_in_the_scores(monkeypatch):
+    """The kernel's and the GP's linear algebra round differently in their last bits on
+    different numpy/BLAS builds; nodes whose scores are equal but for that rounding must
+    go the same way everywhere (the lowest index), or every DAS-placed run differs from
+    one machine to the next."""
+    topo = Topology.uniform(16, racks=4, blocks=2)
+    das = DASPlacement()
+    state = ClusterState(topo)
+    state.allocate(5, 3)
+    jobs = [JobView(f"j{k}", 0.0, gpus_per_worker=g, workers=w, max_workers=w)
+            for k, (g, w) in enumerate([(1, 1), (2, 3), (4, 2), (8, 5)])]
+    clean = [das.place(job, state) for job in jobs]
+    rng = np.random.default_rng(0)
+    combine = DASPlacement.combine
+
+    def noisy(self, comp):
+        s = combine(self, comp)
+        return s * (1.0 + rng.uniform(-4e-16, 4e-16, s.shape))
+
+    monkeypatch.setattr(DASPlacement, "combine", noisy)
+    for _ in range(10):
+        assert [das.place(job, state) for job in jobs] == clean
