@@ -928,6 +928,7 @@ class Demo:
         summary.update({"trace": trace, "seed": opts.seed, "duration_s": opts.duration_s,
                         "elapsed_s": time.monotonic() - t0, "cluster_gpus": topo.total_gpus,
                         "prometheus": self.headline, "preemptor": self.preemptor,
+                        "allocator": opts.live_allocator(),
                         "gpu_allocation_mean": float(np.mean([s.gpus_used / max(1, s.gpus_total)
                                                               for s in self.samples])) if self.samples else None})
         opts.out.mkdir(parents=True, exist_ok=True)
@@ -946,6 +947,7 @@ class Demo:
         t.add_column("value", justify="right")
         p = s.get("prometheus") or {}
         for label, val in (
+            ("operator's --allocator", str(s.get("allocator") or "-")),
             ("JCT mean / p50 / p95 (s)", f"{_fmt(s['jct_mean_s'])} / {_fmt(s['jct_p50_s'])} / {_fmt(s['jct_p95_s'])}"),
             ("admission wait mean (s)", _fmt(s["wait_mean_s"])),
             ("final accuracy mean", _fmt(s["accuracy_mean"], ".3f")),

@@ -242,3 +242,21 @@ def test_the_demo_runs_the_served_allocator_on_its_own_clock():
     assert DemoOptions(epoch_s=0.5).live_allocator() == "goodput-rlpto@restart_delay=0.5"
     assert DemoOptions(allocator="none").live_allocator() == "none"
     assert DemoOptions(allocator="goodput@p=0").live_allocator() == "goodput@p=0"
+
+
+def test_the_summary_names_the_operators_allocator(tmp_path):
+    """The printed summary says which policy the operator ran (the served one by default)."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from rlsched.core.served import SERVED
+
+    opts = demo.DemoOptions(out=tmp_path, epoch_s=0.5)
+    s = {"succeeded": 1, "planned": 1, "trace": "t", "seed": 1, "jct_mean_s": 1.0, "jct_p50_s": 1.0, "jct_p95_s": 1.0,
+         "wait_mean_s": 0.0, "accuracy_mean": 0.9, "gpu_allocation_mean": 0.5, "phases": {"Succeeded": 1},
+         "prometheus": {}, "allocator": opts.live_allocator()}
+    fake = SimpleNamespace(console=Console(record=True, width=200), opts=opts)
+    demo.Demo._print_summary(fake, s)
+    text = fake.console.export_text()
+    assert f"{SERVED.allocator}@restart_delay=0.5" in text and "operator's --allocator" in text
