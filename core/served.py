@@ -84,8 +84,9 @@ SERVED = ServedPolicy(
         "protocol_rlpto_goodput_05_15x.md, docs/benchmark.md). On the event-engine suites it is below the "
         "strongest heuristics on synthetic at loads 0.5 and 1 (-8.7% / -5.5%) and above them at 1.5 and 2 "
         "(+7.6% / +13.8%), level with the growth weight alone at all four (docs/results/"
-        "protocol_synthetic_served.md, synthetic_served_pairs.json), and on Alibaba, where no job can grow and no growth weight acts, "
-        "above them at every load, equal per seed to the goodput allocator (docs/results/protocol_alibaba_served.md)"
+        "protocol_synthetic_served.md, synthetic_served_pairs.json), and on Alibaba, where no job can grow "
+        "and no growth weight acts, above them at every load, equal per seed to the goodput allocator "
+        "(docs/results/protocol_alibaba_served.md)"
     ),
 )
 

@@ -14,6 +14,7 @@ from rlsched.core.growth_weight import (
     curve_pace,
     growth_features,
 )
+from rlsched.core.rlpto_weight import RLPTOGrowthWeight
 from rlsched.sim.allocators import make_allocator
 
 from .test_goodput_allocator import counts, decide, make_job, nodes_of
@@ -145,7 +146,5 @@ def test_no_weight_acts_where_no_job_can_grow():
     want = counts(decide(jobs, nodes_of(2, 2)))
     assert sum(want.values()) == 4
     assert counts(decide(jobs, nodes_of(2, 2), GoodputAllocator(growth=w))) == want
-    from rlsched.core.rlpto_weight import RLPTOGrowthWeight
-
     net = RLPTOGrowthWeight.from_vector(np.random.default_rng(3).normal(size=RLPTOGrowthWeight.size(4)), w.coef, 4)
     assert counts(decide(jobs, nodes_of(2, 2), GoodputAllocator(growth=net))) == want  # RLPTO's network too
