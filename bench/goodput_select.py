@@ -6,7 +6,8 @@ proportional fairness, -1: Pollux's harmonic leaning) — and the restart delay 
 weighs. This runs each setting of the grid on workloads generated from the Philly list
 (``pollux-gen``) with *validation* seeds (:func:`rlsched.sim.protocol.seeds`: 10,000 ..;
 test seeds are refused) on the Pollux benchmark's cluster (16 x 4 GPUs, 60 s interval,
-30 s restart). The first setting is the incumbent (the served one: ``{}``); a setting
+30 s restart). The first setting is the incumbent (the served one; ``{}`` is the goodput
+allocator's defaults, a learned weight is given as ``growth_model``/``rlpto_model``); a setting
 replaces it only when its mean JCT, paired with the incumbent's over every seed and
 load, is lower with the whole percentile-bootstrap 95% interval below zero
 (:func:`choose`); of those, the lowest mean. The published workloads and the test

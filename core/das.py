@@ -352,7 +352,6 @@ def gp_posterior(
     return mu, cov
 
 
-# --------------------------------------------------------------------------- params
 #: scores closer than this (relative to the best, and at least this much) are one score.
 #: The kernel's and the GP posterior's linear algebra leave differences of ~1e-16 between
 #: nodes that are equal in exact arithmetic (interchangeable nodes of one rack), and those
@@ -372,6 +371,7 @@ def best_candidate(scores: np.ndarray) -> int:
     return int(np.flatnonzero(scores >= top - TIE_TOLERANCE * max(1.0, abs(top)))[0])
 
 
+# --------------------------------------------------------------------------- params
 @dataclass(frozen=True)
 class DASParams:
     """Parameters of :class:`DASPlacement`; these defaults are used without a model.

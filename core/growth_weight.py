@@ -12,15 +12,15 @@ moved so far. RLPTO (give GPUs back as a job converges) can then enter as a weig
 falls with convergence, so that a converging job's marginal goodput counts for less and
 its GPUs go to others, never as a stop that takes workers away.
 
-``w = (−1, 0, 0, 0, 0)`` is the served default exactly (the service term alone, with
-exponent 1), so training starts from it.
+``w = (−1, 0, 0, 0, 0)`` is the ``goodput`` allocator's service weight exactly (the
+service term alone, with exponent 1), so training starts from it.
 
 Non-clairvoyant: every feature comes from the job's
 :class:`~rlsched.core.allocation.AllocJob` fields that a live operator counts or the job
 reports (attained service, age, restarts, epochs, the metric after each epoch), never
 ``AllocJob.oracle``.
 
-Pure numpy. A model that cannot be read leaves the weight at the served default, and
+Pure numpy. A model that cannot be read leaves that service weight, and
 ``fallback_reason`` says why.
 """
 
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 #: the features, in order (see :func:`growth_features`)
 GROWTH_FEATURES = ("service", "age", "restarts", "epochs", "curve")
-#: the served default's coefficients: ``(1 + A/θ)^−1`` of attained service
+#: the service weight's coefficients (the ``goodput`` allocator's): ``(1 + A/θ)^−1`` of attained service
 DEFAULT_COEF = np.array([-1.0, 0.0, 0.0, 0.0, 0.0])
 #: where the promoted model lives (``rlsched models promote <run>``)
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "growth.safetensors"
@@ -91,7 +91,7 @@ class LearnedGrowthWeight:
 
     ``coef`` given: those coefficients (training evaluates candidates so). Else the model
     at ``path`` (default :data:`DEFAULT_WEIGHTS`); one that cannot be read falls back to
-    :data:`DEFAULT_COEF`, the served default's weight, with ``fallback_reason`` set.
+    :data:`DEFAULT_COEF`, the ``goodput`` allocator's service weight, with ``fallback_reason`` set.
 
     ``service_scale`` (GPU-seconds) and ``hour`` (seconds) are the units of the service
     and age features: a clock that runs ``k`` times faster than the one the model was
@@ -115,7 +115,7 @@ class LearnedGrowthWeight:
                     raise PolicyFileError(f"{self.path}: no tensor 'coef'")
                 self.metadata = meta
             except PolicyFileError as exc:
-                self.fallback_reason = f"{exc}; growing by attained service alone (the served default)"
+                self.fallback_reason = f"{exc}; growing by attained service alone (the goodput allocator's weight)"
                 coef = DEFAULT_COEF
         coef = np.asarray(coef, dtype=float).reshape(-1)
         if coef.shape != (len(GROWTH_FEATURES),) or not np.isfinite(coef).all():

@@ -15,7 +15,7 @@ with ``b · φ`` the promoted growth weight (:mod:`rlsched.core.growth_weight`: 
 service, age, restarts, epochs, learning-curve pace) and a one-hidden-layer tanh network
 over RLPTO's view of the job (:data:`RLPTO_GOODPUT_FEATURES`, :func:`rlpto_views`). With
 ``v = 0`` it is the promoted growth weight exactly, so training (``rlsched train growth
---form rlpto``, evolution strategies on train seeds) starts from the served default.
+--form rlpto``, evolution strategies on train seeds) starts from that weight.
 
 RLPTO's view here: the paper's ``m`` (free GPUs), ``e`` (epochs), ``c`` (the change of
 the metric, as the pace of the learning curve: the allocator's jobs carry no β), ``w``

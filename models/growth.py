@@ -15,7 +15,7 @@ the allocator with ``w`` and with ``w ± σ·ε_i`` for ``--pairs`` antithetic p
 objective is the workload's mean JCT relative to ``w``'s. The update is
 ``w ← w + lr · Adam(ĝ)``, where ``ĝ = Σ_i (F(w + σε_i) − F(w − σε_i)) ε_i / (2 σ P)`` and
 ``F = −JCT/JCT(w)``. The objective is the episode's own figure, so there is no reward
-shaping. It starts from the served default, ``w = (−1, 0, 0, 0, 0)``: the service
+shaping. It starts from ``w = (−1, 0, 0, 0, 0)``: the ``goodput`` allocator's service
 weight ``(1 + A/θ)^−1`` exactly.
 
 The run writes:
@@ -30,7 +30,7 @@ The run writes:
 the flat vector of ``W``, ``c`` and ``v``. ``W`` starts random (seeded, scale
 ``1/√7``), ``c`` and ``v`` at zero, so the start is the promoted growth weight exactly.
 
-Which of them is served, if any, is chosen on validation seeds against the served default
+Which of them is served, if any, is chosen on validation seeds against the served setting
 (``python bench/goodput_select.py --settings '[{}, {"growth_model": "out/train/RUN/model.safetensors"}]'``),
 never here.
 

@@ -19,8 +19,9 @@
     service weight.
 ``goodput-rlpto``
     the goodput allocator weighted by RLPTO's network retrained on it
-    (:mod:`rlsched.core.rlpto_weight`, ``rlsched train growth --form rlpto``): a
-    candidate, on the interval engine only.
+    (:mod:`rlsched.core.rlpto_weight`, ``rlsched train growth --form rlpto``): the
+    served allocator (:data:`rlsched.core.served.SERVED`), live and in the event engine
+    too (:mod:`rlsched.core.live_allocation`).
 ``rlsched``
     the served learned combination (:data:`rlsched.core.served.SERVED`) as below.
 ``<ordering>/<placement>[/<scaling>][+backfill|+nobackfill]``
@@ -95,7 +96,7 @@ ALLOCATORS: dict[str, Callable[..., Allocator]] = {
     # the same with the learned growth weight (core/growth_weight.py; the promoted
     # core/weights/growth.safetensors, the service weight when it cannot be read)
     "goodput-learned": _goodput_learned,
-    # RLPTO's network retrained on the goodput mechanism (core/rlpto_weight.py): a candidate
+    # RLPTO's network retrained on the goodput mechanism (core/rlpto_weight.py): served
     "goodput-rlpto": _goodput_rlpto,
 }
 

@@ -33,9 +33,9 @@ def test_curve_pace_by_hand():
     assert curve_pace([0.3, 0.3, 0.3], True) == 1.0  # it never moved
 
 
-def test_default_coefficients_are_the_served_service_weight():
+def test_default_coefficients_are_the_goodput_service_weight():
     """w = (−1, 0, 0, 0, 0) is (1 + A/θ)^−1 exactly, so a model at its start decides as
-    the served default does."""
+    the goodput allocator's service weight does."""
     served = GoodputAllocator()
     learned = LearnedGrowthWeight(DEFAULT_COEF)
     big = served.threshold
