@@ -235,6 +235,11 @@ ENV_GENERATION = "RLSCHED_GENERATION"
 ENV_BATCH_SIZE = "RLSCHED_GLOBAL_BATCH_SIZE"
 #: where the job's checkpoints live (``spec.checkpoint.path``); absent without one
 ENV_CHECKPOINT_DIR = "RLSCHED_CHECKPOINT_DIR"
+#: the most samples one process takes in one forward/backward pass (the per-worker
+#: micro-batch limit, ``spec.localBatchSize.max``); absent when the spec gives none
+ENV_MICRO_BATCH_LIMIT = "RLSCHED_MICRO_BATCH_LIMIT"
+#: processes per worker pod (one per GPU under torchrun), torchrun's ``--nproc-per-node``
+ENV_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
 #: torchrun's environment twins of its flags (torch.distributed.run reads ``PET_<FLAG>``)
 TORCHRUN_ENV = ("PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE")
 DEFAULT_MASTER_PORT = 29500
@@ -248,6 +253,10 @@ SUCCESS_POLICIES = ("Chief", "AllWorkers")
 DEFAULT_BACKOFF_LIMIT = 6
 #: exit code of a process ended by SIGTERM (128 + 15): an intentional stop's exit
 EXIT_SIGTERM = 143
+#: exit code of a worker whose checkpoint cannot be used: the directory is missing or
+#: not writable, a restarted generation finds no checkpoint, or a checkpoint has an
+#: unknown format or a bad checksum (sysexits' EX_IOERR)
+EXIT_CHECKPOINT = 74
 
 
 class ContractError(ValueError):
@@ -285,6 +294,8 @@ class WorkerContract:
     master_port: int = DEFAULT_MASTER_PORT
     batch_size: int | None = None
     checkpoint_dir: str | None = None
+    micro_batch_limit: int | None = None
+    procs_per_worker: int = 1
 
     def __post_init__(self) -> None:
         if not self.master_addr:
@@ -297,6 +308,10 @@ class WorkerContract:
             raise ContractError(f"{ENV_MASTER_PORT}: port {self.master_port} outside 1..65535")
         if self.batch_size is not None and self.batch_size < 1:
             raise ContractError(f"{ENV_BATCH_SIZE}: batch size {self.batch_size} < 1")
+        if self.micro_batch_limit is not None and self.micro_batch_limit < 1:
+            raise ContractError(f"{ENV_MICRO_BATCH_LIMIT}: micro-batch limit {self.micro_batch_limit} < 1")
+        if self.procs_per_worker < 1:
+            raise ContractError(f"{ENV_NPROC_PER_NODE}: {self.procs_per_worker} processes per worker < 1")
 
     @property
     def rank(self) -> int:
@@ -323,7 +338,7 @@ class WorkerContract:
             "PET_MASTER_PORT": str(self.master_port),
             "PET_NNODES": str(self.workers),
             "PET_NODE_RANK": str(self.index),
-            "PET_NPROC_PER_NODE": "1",
+            ENV_NPROC_PER_NODE: str(self.procs_per_worker),
             ENV_INDEX: str(self.index),
             ENV_ROLE: ROLE_CHIEF if self.index == 0 else ROLE_WORKER,
             ENV_GENERATION: str(self.generation),
@@ -332,6 +347,8 @@ class WorkerContract:
             out[ENV_BATCH_SIZE] = str(self.batch_size)
         if self.checkpoint_dir:
             out[ENV_CHECKPOINT_DIR] = self.checkpoint_dir
+        if self.micro_batch_limit is not None:
+            out[ENV_MICRO_BATCH_LIMIT] = str(self.micro_batch_limit)
         return out
 
     @classmethod
@@ -356,6 +373,7 @@ class WorkerContract:
                 raise ContractError(f"{key}={v!r:.40} is not a whole number") from None
 
         batch = environ.get(ENV_BATCH_SIZE)
+        micro = environ.get(ENV_MICRO_BATCH_LIMIT)
         return cls(
             job=need(ENV_JOB),
             namespace=environ.get(ENV_NAMESPACE) or "",
@@ -366,6 +384,8 @@ class WorkerContract:
             master_port=num(ENV_MASTER_PORT, str(DEFAULT_MASTER_PORT)),
             batch_size=num(ENV_BATCH_SIZE) if batch else None,
             checkpoint_dir=environ.get(ENV_CHECKPOINT_DIR) or None,
+            micro_batch_limit=num(ENV_MICRO_BATCH_LIMIT) if micro else None,
+            procs_per_worker=num(ENV_NPROC_PER_NODE, "1"),
         )
 
 

@@ -30,7 +30,7 @@ def _free_port() -> int:
 def _env(**over):
     """What the operator puts in worker 1 of 3 of generation 4."""
     c = WorkerContract(job="resnet", namespace="team-a", index=1, workers=3, generation=4, batch_size=96,
-                       checkpoint_dir="/ckpt")
+                       checkpoint_dir="/ckpt", micro_batch_limit=16, procs_per_worker=2)
     env = {**c.env(), "RLSCHED_JOB_NAME": "resnet", "RLSCHED_JOB_NAMESPACE": "team-a"}
     env.update(over)
     return {k: v for k, v in env.items() if v is not None}
@@ -41,6 +41,7 @@ def test_the_operators_environment_parses_back():
     assert (c.job, c.namespace, c.rank, c.world_size, c.generation) == ("resnet", "team-a", 1, 3, 4)
     assert (c.batch_size, c.checkpoint_dir, c.master_addr, c.master_port) == (96, "/ckpt", "resnet-worker-0.resnet", 29500)
     assert not c.is_chief
+    assert (c.micro_batch_limit, c.procs_per_worker) == (16, 2)
 
 
 @pytest.mark.parametrize(
@@ -53,6 +54,8 @@ def test_the_operators_environment_parses_back():
         ({"RANK": "3"}, "RANK: worker index 3 outside 0..2"),
         ({"MASTER_PORT": "70000"}, "MASTER_PORT"),
         ({"RLSCHED_GLOBAL_BATCH_SIZE": "0"}, "RLSCHED_GLOBAL_BATCH_SIZE"),
+        ({"RLSCHED_MICRO_BATCH_LIMIT": "0"}, "RLSCHED_MICRO_BATCH_LIMIT"),
+        ({"PET_NPROC_PER_NODE": "x"}, "PET_NPROC_PER_NODE='x' is not a whole number"),
     ],
 )
 def test_a_broken_contract_names_the_variable(over, match):
