@@ -1,11 +1,12 @@
 """AdaScale across a rescale that changes the batch (gloo, CPU, ``examples/ddp_digits.py``).
 
 Generation 0 trains at global batch 32 on 2 workers and is SIGTERMed mid-epoch; the
-next generation runs at batch 96 on 3 workers from its checkpoint, twice: with AdaScale
+next generation runs at batch 96 from its checkpoint, twice: on 3 workers with AdaScale
 to the same scale-invariant progress as an uninterrupted batch-32 run (3 base-batch
-epochs), and with the fixed learning rate for the same 3 passes over the data. At
-batch 32 AdaScale's gain is exactly 1, so generation 0 and the reference train exactly
-as a fixed learning rate does. The tolerances (AdaScale within 2 points of the
+epochs), and with the fixed learning rate for the same 3 passes over the data (on one
+worker, to spare processes: the global batch trains alike at any world size, as
+test_elastic_ddp shows to 1e-6). At batch 32 AdaScale's gain is exactly 1, so
+generation 0 and the reference train exactly as a fixed learning rate does. The tolerances (AdaScale within 2 points of the
 reference; the fixed LR at least 3 points below it) and the figures measured are in
 docs/trainer.md.
 """
@@ -105,9 +106,9 @@ def test_adascale_after_a_batch_change_reaches_the_uninterrupted_accuracy(tmp_pa
 
     # generation 1 at batch 96 on 3 workers: AdaScale, and the fixed learning rate
     ada = _start(dirs["adascale"], 1, 3, BIG_BATCH)
-    fixed = _start(dirs["fixed"], 1, 3, BIG_BATCH, "--lr-rule", "none")
+    fixed = _start(dirs["fixed"], 1, 1, BIG_BATCH, "--lr-rule", "none")  # any world size trains alike
     assert _wait(dirs["adascale"], ada) == [0, 0, 0]
-    assert _wait(dirs["fixed"], fixed) == [0, 0, 0]
+    assert _wait(dirs["fixed"], fixed) == [0]
     assert _wait(dirs["reference"], reference) == [0]
 
     events = _events(dirs["adascale"] / "events.jsonl")
