@@ -23,6 +23,7 @@ _EXPORTS = {
     "JobView": "cluster",
     "PlacementError": "cluster",
     "Progress": "cluster",
+    "progress_from_report": "cluster",
     "ORDERINGS": "policy",
     "PLACEMENTS": "policy",
     "SCALINGS": "policy",

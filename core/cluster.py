@@ -10,14 +10,15 @@ node — the simulator makes one such query per placement decision.
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from .topology import Level, Topology
 
-__all__ = ["Progress", "JobView", "ClusterState", "FitIndex", "QUEUES", "PlacementError"]
+__all__ = ["Progress", "progress_from_report", "JobView", "ClusterState", "FitIndex", "QUEUES", "PlacementError"]
 
 #: Queues in the order they are served (RLPTO §V: interrupted jobs resume first).
 QUEUES = ("interrupt", "urgent", "normal")
@@ -37,6 +38,17 @@ class Progress:
     accuracy: float = 0.0
     #: accuracy after each evaluation, oldest first
     history: list[float] = field(default_factory=list)
+    #: progress in base-batch epochs when the trainer counts it scale-invariantly
+    #: (``status.progress.scaleInvariantEpochs``, AdaScale); None: not reported
+    scale_invariant_epochs: float | None = None
+
+    @property
+    def epochs_done(self) -> float:
+        """The epochs of work done that the ``maxEpochs`` cap and the remaining-time
+        estimate judge: the scale-invariant epochs when reported (a larger batch with
+        a smaller gain needs more passes over the data for the same progress), else
+        the completed epochs."""
+        return float(self.epoch) if self.scale_invariant_epochs is None else self.scale_invariant_epochs
 
     @property
     def gain(self) -> float:
@@ -44,6 +56,30 @@ class Progress:
         if len(self.history) < 2:
             return float("inf")
         return self.history[-1] - self.history[-2]
+
+
+def _finite(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def progress_from_report(p: Mapping[str, Any]) -> Progress:
+    """A :class:`Progress` from a ``status.progress`` object as the trainer writes it
+    (absent fields: their defaults; a loss not reported: NaN; a scale-invariant figure
+    that is not a finite number >= 0: not reported)."""
+    loss, max_loss = p.get("loss"), p.get("maxLoss")
+    sie = _finite(p.get("scaleInvariantEpochs"))
+    return Progress(
+        epoch=int(p.get("epoch", 0) or 0),
+        loss=float("nan") if loss is None else float(loss),
+        max_loss=float("nan") if max_loss is None else float(max_loss),
+        accuracy=float(p.get("accuracy", 0.0) or 0.0),
+        history=[float(x) for x in p.get("history") or []],
+        scale_invariant_epochs=sie if sie is not None and sie >= 0 else None,
+    )
 
 
 @dataclass(slots=True, eq=False)

@@ -40,11 +40,12 @@ import math
 __all__ = ["estimate_remaining", "duration_key"]
 
 
-def estimate_remaining(estimate: float, ran: float, epoch: int, max_epochs: int) -> float:
+def estimate_remaining(estimate: float, ran: float, epoch: float, max_epochs: int) -> float:
     """Seconds the job still needs by the rule of the module docstring; 0 = unknown.
 
     ``estimate``: the user's run-time estimate in seconds (0 or less: none);
-    ``ran``: seconds the job has run so far; ``epoch``: evaluations reported;
+    ``ran``: seconds the job has run so far; ``epoch``: epochs done (evaluations
+    reported, or the scale-invariant epochs when the trainer reports them);
     ``max_epochs``: the spec's cap on them (0: the job reports no epochs)."""
     ran = max(float(ran), 0.0) if math.isfinite(ran) else 0.0
     by_user = estimate - ran if estimate > 0 and math.isfinite(estimate) and estimate > ran else None

@@ -15,8 +15,13 @@ elastic comes from ``rlsched.trainer``:
   stop after the same step, rank 0 checkpoints (model, optimizer, LR schedule, position
   inside the epoch, RNG) and every rank exits 0; the next generation restores the
   checkpoint at its own world size and goes on from the same sample;
-* progress (loss, accuracy, step time, throughput, gradient statistics) goes to the
-  TrainingJob's ``status.progress`` from rank 0, rate-limited;
+* the learning rate follows the batch the scheduler sets: ``AdaScale`` multiplies the
+  LR tuned for ``--base-batch`` by the gain the gradient statistics predict and counts
+  progress in base-batch epochs, and the script trains until ``--epochs`` of that
+  progress (``--lr-rule`` linear, sqrt or legw instead; ``none``: a fixed LR for
+  ``--epochs`` passes over the data);
+* progress (loss, accuracy, step time, throughput, gradient statistics, scale-invariant
+  epochs) goes to the TrainingJob's ``status.progress`` from rank 0, rate-limited;
 * after the last epoch, rank 0 writes the final model (``model.pt`` in the checkpoint
   directory, or ``--out``) and exits 0: the job Succeeds.
 
@@ -56,12 +61,16 @@ SPLIT_SEED = 1234
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--epochs", type=int, default=5, help="epochs to train (default 5)")
+    p.add_argument("--epochs", type=float, default=5,
+                   help="progress to train, in base-batch epochs (with --lr-rule none: passes over the data)")
     p.add_argument("--global-batch", type=int, default=32,
                    help="global batch size when the scheduler sets none (RLSCHED_GLOBAL_BATCH_SIZE)")
     p.add_argument("--micro-batch", type=int, default=None,
                    help="largest per-worker micro-batch; more is done by gradient accumulation")
-    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--lr", type=float, default=0.1, help="learning rate at --base-batch")
+    p.add_argument("--base-batch", type=int, default=32, help="the global batch --lr is tuned for")
+    p.add_argument("--lr-rule", default="adascale", choices=("adascale", "linear", "sqrt", "legw", "none"),
+                   help="learning rate and progress at another batch (default adascale; none: fixed LR)")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--hidden", type=int, default=64, help="hidden units of the MLP")
     p.add_argument("--seed", type=int, default=0, help="model initialisation and data order")
@@ -167,8 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     model = build_model(args.hidden, args.seed).to(device)
     ddp = DDP(model, device_ids=[device.index] if cuda else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
     gns = rt.GradientNoiseScale().attach(ddp)
+    train_size = len(ytr)
+    sched, ada = None, None
+    if args.lr_rule == "none":  # the LR halves every 2 passes over the data, whatever the batch
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    else:  # the same schedule over base-batch epochs of progress, times the gain
+        ada = rt.AdaScale(opt, base_batch=args.base_batch, rule=args.lr_rule, gns=gns, dataset_size=train_size,
+                          schedule=lambda t: 0.5 ** (int(t * ada.base_batch / train_size + 1e-9) // 2))
 
     global_batch = contract.batch_size or args.global_batch
     plan = rt.plan_batch(global_batch, world, args.micro_batch)
@@ -183,8 +198,11 @@ def main(argv: list[str] | None = None) -> int:
         got = ckpt.restore(model=ddp, optimizer=opt, scheduler=sched)  # to CPU, copied to the device
         if got is not None:
             state, restored = got
-            if "gns" in restored.get("extra", {}):
-                gns.load_state_dict(restored["extra"]["gns"])
+            extra = restored.get("extra", {})
+            if ada is not None and "adascale" in extra:
+                ada.load_state_dict(extra["adascale"])  # progress, base batch, gradient statistics
+            elif "gns" in extra:
+                gns.load_state_dict(extra["gns"])
 
     reporter = None
     if not args.no_report:
@@ -193,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     def save() -> None:
         if ckpt is not None:
             ckpt.save(model=ddp, optimizer=opt, scheduler=sched, state=state, world_size=world, generation=gen,
-                      global_batch=global_batch, extra={"gns": gns.state_dict()})
+                      global_batch=global_batch,
+                      extra={"gns": gns.state_dict(), **({"adascale": ada.state_dict()} if ada else {})})
 
     def event(kind: str, **fields) -> None:
         """Rank 0's log: every event to --log-file, all but the steps to stdout."""
@@ -210,16 +229,23 @@ def main(argv: list[str] | None = None) -> int:
         rt.shutdown_distributed()
         return code
 
+    def progress() -> float:
+        """Epochs of progress: base-batch epochs (a rule), else passes over the data."""
+        return ada.epochs if ada is not None else state.epoch + state.consumed / train_size
+
+    def reached() -> bool:
+        return ada.reached(args.epochs) if ada is not None else state.epoch >= args.epochs
+
     if rank == 0:
         acc, loss = evaluate(model, xte, yte)
         event("start", resumed=restored is not None, from_gen=None if restored is None else restored["generation"],
-              global_batch=global_batch, shares=list(plan.shares), accumulation=plan.accumulation_steps,
-              eval_loss=loss, eval_acc=acc)
+              global_batch=global_batch, progress=progress(), shares=list(plan.shares),
+              accumulation=plan.accumulation_steps, eval_loss=loss, eval_acc=acc)
 
-    while state.epoch < args.epochs:
+    while not reached():
         for step in sampler.steps(state.epoch, state.consumed):
             t0 = time.perf_counter()
-            gns.begin_step(step.shares, rank)
+            gns.begin_step(step.shares, rank, step.micro_batches)
             loss_sum, last = 0.0, len(step.micro_batches) - 1
             for k, micro in enumerate(step.micro_batches):
                 sync = contextlib.nullcontext() if k == last else ddp.no_sync()
@@ -230,7 +256,10 @@ def main(argv: list[str] | None = None) -> int:
                     (loss * step.loss_scale).backward()
                     loss_sum += loss.item()
             gns.end_step()
-            opt.step()
+            if ada is not None:  # LR = base schedule(progress) x gain; progress += gain
+                ada.step(global_batch, samples=step.global_size)
+            else:
+                opt.step()
             opt.zero_grad(set_to_none=True)
             total = torch.tensor([loss_sum], dtype=torch.float64, device=device)
             dist.all_reduce(total)
@@ -240,23 +269,31 @@ def main(argv: list[str] | None = None) -> int:
             state.advance(step)
             append_jsonl(args.log_samples, {"gen": gen, "rank": rank, "epoch": step.epoch, "start": step.start,
                                             "indices": list(step.indices)})
-            event("step", loss=mean_loss, at=step.start)
+            event("step", loss=mean_loss, at=step.start, progress=progress(), lr=opt.param_groups[0]["lr"],
+                  gain=None if ada is None else ada.last_gain)
             if reporter is not None:
                 reporter.step(step=state.step, epoch=state.epoch, loss=mean_loss, samples=step.global_size,
                               step_time_s=time.perf_counter() - t0, global_batch=global_batch,
-                              grad_sqr=gns.grad_sqr, grad_var=gns.grad_var)
+                              grad_sqr=gns.grad_sqr, grad_var=gns.grad_var,
+                              scale_invariant_epochs=None if ada is None else ada.epochs)
             if rt.agree_to_stop():
                 if rank == 0:
                     acc, loss = evaluate(model, xte, yte)
                     event("stop", eval_loss=loss, eval_acc=acc)
                 save()
                 return finish(rt.EXIT_STOPPED)
+            if ada is not None and reached():  # every rank holds the same progress
+                break
+        if state.consumed < train_size:  # the progress target was reached inside the epoch
+            save()
+            break
         # the epoch is done (possibly by several generations): evaluate, report, checkpoint
-        sched.step()
+        if sched is not None:
+            sched.step()
         state.next_epoch()
         if rank == 0:
             acc, loss = evaluate(model, xte, yte)
-            event("epoch", eval_loss=loss, eval_acc=acc, lr=sched.get_last_lr()[0],
+            event("epoch", eval_loss=loss, eval_acc=acc, lr=opt.param_groups[0]["lr"], progress=progress(),
                   grad_sqr=gns.grad_sqr, grad_var=gns.grad_var)
             if reporter is not None:
                 reporter.epoch_end(epoch=state.epoch, loss=loss, accuracy=acc)
@@ -267,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         if out is not None:
             rt.atomic_save(model.state_dict(), out)
         acc, loss = evaluate(model, xte, yte)
-        event("done", eval_loss=loss, eval_acc=acc, model=None if out is None else str(out))
+        event("done", eval_loss=loss, eval_acc=acc, progress=progress(), model=None if out is None else str(out))
     return finish(0)
 
 

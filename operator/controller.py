@@ -112,6 +112,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from rlsched.core import ClusterState, JobView, Progress, make_ordering, make_placement, make_scaling
+from rlsched.core.cluster import progress_from_report
 from rlsched.core.contract import ANNOTATION_EVENT_TIME as EVENT_TIME_ANNOTATION
 from rlsched.core.contract import ANNOTATION_PRIORITY_REQUESTS as REQUESTS_ANNOTATION
 from rlsched.core.contract import (
@@ -421,16 +422,7 @@ def job_key(body: Mapping) -> str:
 
 
 def progress_of(status: Mapping) -> Progress:
-    p = status.get("progress") or {}
-    loss = p.get("loss")
-    ml = p.get("maxLoss")
-    return Progress(
-        epoch=int(p.get("epoch", 0) or 0),
-        loss=float("nan") if loss is None else float(loss),
-        max_loss=float("nan") if ml is None else float(ml),
-        accuracy=float(p.get("accuracy", 0.0) or 0.0),
-        history=[float(x) for x in p.get("history") or []],
-    )
+    return progress_from_report(status.get("progress") or {})
 
 
 def get_condition(conditions: Any, ctype: str) -> dict | None:

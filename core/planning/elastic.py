@@ -277,7 +277,7 @@ class ScalingPlanner:
 
     def finished(self, job: RunningJob) -> str | None:
         """``"Converged"``, ``"MaxEpochs"`` or ``None``."""
-        if job.progress.epoch >= job.spec.max_epochs:
+        if job.progress.epochs_done >= job.spec.max_epochs:
             return "MaxEpochs"
         if job.state.streak >= (self.patience if job.patience is None else job.patience):
             return "Converged"

@@ -78,7 +78,7 @@ class TrainingSpec:
         (:func:`rlsched.core.estimate.estimate_remaining`: the simulator's rule too)."""
         if "remaining" not in state:
             prog = state.get("progress") or Progress()
-            state["remaining"] = estimate_remaining(self.estimated_runtime, ran, prog.epoch, self.max_epochs)
+            state["remaining"] = estimate_remaining(self.estimated_runtime, ran, prog.epochs_done, self.max_epochs)
         return JobView(
             id=key,
             submit_time=submit_time,

@@ -15,6 +15,7 @@ module                 what
 ``sampler``            :class:`ElasticSampler`: one global order per epoch, resumable at any world size
 ``checkpoint``         :class:`Checkpointer` (atomic, rank 0), :class:`TrainState`
 ``gradstats``          :class:`GradientNoiseScale`: Pollux's gradient statistics from DDP
+``adascale``           :class:`AdaScale`: learning rate and scale-invariant progress across batch sizes
 ``reporting``          :class:`ProgressReporter` (rate-limited, retried, rank 0), :class:`Reporter`, :func:`report`
 ``errors``             one error type per failure
 =====================  ====================================================================
@@ -87,6 +88,10 @@ _EXPORTS = {
     # gradient statistics
     "GradientNoiseScale": "gradstats",
     "noise_estimate": "gradstats",
+    # learning rate across batch sizes
+    "AdaScale": "adascale",
+    "gain_ratio": "adascale",
+    "rule_gain": "adascale",
     # reporting
     "Reporter": "reporting",
     "ProgressReporter": "reporting",

@@ -63,7 +63,11 @@ _FIELDS = {
     "global_batch_size": "globalBatchSize",
     "grad_sqr": "gradSqr",
     "grad_var": "gradVar",
+    "scale_invariant_epochs": "scaleInvariantEpochs",
 }
+#: fields a None value removes from ``status.progress`` (JSON null in a merge patch):
+#: gradient statistics not measured in this generation are absent, never stale
+_REMOVABLE_FIELDS = {"grad_sqr", "grad_var"}
 _INTEGER_FIELDS = {"step", "generation", "workers", "global_batch_size"}
 
 
@@ -133,8 +137,10 @@ class Reporter:
         metric ``accuracy`` (appended to ``history``); ``fields`` are the optional
         progress fields by their snake-case names (``step``, ``generation``,
         ``metric_name``, ``step_time_seconds``, ``samples_per_second``, ``workers``,
-        ``global_batch_size``, ``grad_sqr``, ``grad_var``). Validates before any API
-        call; returns the progress written. API errors propagate."""
+        ``global_batch_size``, ``grad_sqr``, ``grad_var``, ``scale_invariant_epochs``);
+        ``grad_sqr``/``grad_var`` given as None are removed (not measured), other None
+        fields are left as they are. Validates before any API call; returns the progress
+        written. API errors propagate."""
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         if not math.isfinite(loss) or (accuracy is not None and not math.isfinite(accuracy)):
@@ -144,6 +150,8 @@ class Reporter:
             if key not in _FIELDS:
                 raise TypeError(f"report() got an unexpected field {key!r}; known: {', '.join(_FIELDS)}")
             if value is None:
+                if key in _REMOVABLE_FIELDS:
+                    extra[_FIELDS[key]] = None
                 continue
             if key == "metric_name":
                 extra[_FIELDS[key]] = str(value)
@@ -154,6 +162,8 @@ class Reporter:
             else:
                 if not math.isfinite(float(value)):
                     raise ValueError(f"{key} must be finite, got {value!r}")
+                if key == "scale_invariant_epochs" and value < 0:
+                    raise ValueError(f"{key} must be >= 0, got {value!r}")
                 extra[_FIELDS[key]] = float(value)
         obj = self.api.get_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, self.job)
         old = (obj.get("status") or {}).get("progress") or {}
@@ -292,10 +302,15 @@ class ProgressReporter:
 
     # ------------------------------------------------------------------ the loop's calls
     def step(self, *, step: int, epoch: int, loss: float, samples: int, step_time_s: float,
-             global_batch: int | None = None, grad_sqr: float | None = None, grad_var: float | None = None) -> bool:
+             global_batch: int | None = None, grad_sqr: float | None = None, grad_var: float | None = None,
+             scale_invariant_epochs: float | None = None) -> bool:
         """Record one optimizer step (``epoch``: completed epochs, ``samples``: global
         samples of the step, ``loss``: its global mean loss); report when ``interval_s``
-        has passed since the last report. Returns whether a report was queued."""
+        has passed since the last report. ``grad_sqr``/``grad_var`` None: not measured
+        (removed from the status). ``scale_invariant_epochs``: progress in base-batch
+        epochs (:attr:`AdaScale.epochs <rlsched.trainer.adascale.AdaScale.epochs>`), the
+        figure the scheduler judges epochs by when present. Returns whether a report was
+        queued."""
         if not self.enabled or self.stopped:
             return False
         if math.isfinite(loss):
@@ -307,6 +322,8 @@ class ProgressReporter:
         self._latest.update(step=step, global_batch_size=global_batch,
                             grad_sqr=None if grad_sqr is None else max(0.0, grad_sqr),
                             grad_var=None if grad_var is None else max(0.0, grad_var))
+        if scale_invariant_epochs is not None:
+            self._latest["scale_invariant_epochs"] = scale_invariant_epochs
         now = self._clock()
         if self._last_sent is not None and now - self._last_sent < self.interval_s:
             return False

@@ -177,6 +177,20 @@ def test_gradient_statistics_are_reported_and_never_negative():
     assert api.patches[0]["gradSqr"] == 0.0 and api.patches[0]["gradVar"] == 4.0
 
 
+def test_scale_invariant_progress_and_statistics_not_measured():
+    """The scale-invariant epochs go out as scaleInvariantEpochs; statistics not
+    measured (None) go out as null, which the merge patch removes: never stale ones."""
+    api = FakeCustomObjects(progress={"epoch": 1, "loss": 1.0, "gradSqr": 1.0, "gradVar": 8.0})
+    pr, _ = _pr(api)
+    pr.step(step=1, epoch=1, loss=1.0, samples=8, step_time_s=0.1, scale_invariant_epochs=1.25)
+    p = api.patches[0]
+    assert p["scaleInvariantEpochs"] == 1.25 and p["gradSqr"] is None and p["gradVar"] is None
+    out = Reporter("resnet", "team-a", custom_api=api).report(epoch=2, loss=1.0)
+    assert "gradSqr" not in out and "scaleInvariantEpochs" not in out  # not given: left alone
+    with pytest.raises(ValueError):
+        Reporter("resnet", "team-a", custom_api=api).report(epoch=2, loss=1.0, scale_invariant_epochs=-1.0)
+
+
 def test_only_rank_zero_reports_and_others_need_no_job_nor_client(monkeypatch):
     monkeypatch.delenv("RLSCHED_JOB_NAME", raising=False)
     c = WorkerContract(job="j", namespace="ns", index=2, workers=3)
