@@ -69,6 +69,8 @@ _EXPORTS = {
     "stop_requested": "signals",
     "clear_stop_request": "signals",
     "agree_to_stop": "signals",
+    "EXIT_CHECKPOINT": "signals",
+    "exit_on_checkpoint_error": "signals",
     # batching
     "BatchPlan": "batching",
     "plan_batch": "batching",
@@ -84,6 +86,9 @@ _EXPORTS = {
     "Checkpointer": "checkpoint",
     "atomic_save": "checkpoint",
     "unwrap": "checkpoint",
+    "check_directory": "checkpoint",
+    # sharded checkpoints (FSDP, torch.distributed.checkpoint)
+    "ShardedCheckpointer": "sharded",
     # gradient statistics
     "GradientNoiseScale": "gradstats",
     "noise_estimate": "gradstats",
@@ -95,6 +100,11 @@ _EXPORTS = {
     "RendezvousError": "errors",
     "BatchSizeError": "errors",
     "CheckpointError": "errors",
+    "CheckpointDirError": "errors",
+    "CheckpointWriteError": "errors",
+    "MissingCheckpointError": "errors",
+    "CheckpointFormatError": "errors",
+    "ChecksumError": "errors",
     "NoJobError": "errors",
 }
 
