@@ -307,6 +307,28 @@ def test_flipped_bytes_inside_a_tensor_fail_the_checksum(tmp_path):
         ck.restore(model=model)
 
 
+def test_the_example_exits_74_when_a_restart_finds_no_checkpoint(tmp_path):
+    """The documented pattern in the example script: generation 1 of a job whose
+    checkpoint volume is empty (not the one generation 0 wrote to)."""
+    import socket
+    from pathlib import Path
+
+    from rlsched.core.contract import WorkerContract
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    contract = WorkerContract(job="digits", namespace="default", index=0, workers=1, generation=1,
+                              master_addr="127.0.0.1", master_port=port, checkpoint_dir=str(tmp_path / "ckpt"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RLSCHED_", "PET_", "TORCHELASTIC_"))}
+    env.update(contract.env(), RLSCHED_JOB_NAME="digits", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    example = Path(__file__).resolve().parents[2] / "examples" / "ddp_digits.py"
+    out = subprocess.run([sys.executable, str(example), "--epochs", "1", "--no-report"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 74, out.stderr[-3000:]
+    assert f"MissingCheckpointError): generation 1 finds no checkpoint in {tmp_path / 'ckpt'}" in out.stderr
+
+
 @pytest.mark.parametrize("failure", ["missing", "format", "checksum"])
 def test_every_checkpoint_error_exits_74_through_the_pattern(tmp_path, failure):
     from rlsched import trainer as rt
