@@ -10,10 +10,12 @@ Kubernetes client; torch comes from the image). See ``docs/trainer.md``.
 module                 what
 =====================  ====================================================================
 ``contract``           :func:`worker_contract` (the operator's environment), :func:`init_distributed`
-``signals``            SIGTERM as a flag, :func:`agree_to_stop` across ranks, exit codes
+``signals``            SIGTERM as a flag, :func:`agree_to_stop` across ranks, exit codes, :func:`exit_on_checkpoint_error`
 ``batching``           the scheduler's global batch over the workers: :func:`plan_batch`, :func:`loss_scale`
 ``sampler``            :class:`ElasticSampler`: one global order per epoch, resumable at any world size
-``checkpoint``         :class:`Checkpointer` (atomic, rank 0), :class:`TrainState`
+``checkpoint``         :class:`Checkpointer` (atomic, rank 0, checksummed), :class:`TrainState`
+``sharded``            :class:`ShardedCheckpointer`: FSDP through ``torch.distributed.checkpoint``, every rank
+``launch``             ``python -m rlsched.trainer.launch``: torchrun whose agreed stop exits 0
 ``gradstats``          :class:`GradientNoiseScale`: Pollux's gradient statistics from DDP
 ``reporting``          :class:`ProgressReporter` (rate-limited, retried, rank 0), :class:`Reporter`, :func:`report`
 ``errors``             one error type per failure

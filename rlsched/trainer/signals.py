@@ -98,7 +98,9 @@ def exit_on_checkpoint_error(termination_log: str = TERMINATION_LOG) -> Iterator
     """Around a script's ``main`` (or as a decorator): a
     :class:`~rlsched.trainer.errors.CheckpointError` ends the process with
     :data:`~rlsched.core.contract.EXIT_CHECKPOINT` (74) after logging it, and writing it
-    to ``termination_log`` when that file exists (the pod's termination message)."""
+    to ``termination_log`` when that file exists (the pod's termination message).
+    A joined process group is left first (every rank meets the same checkpoint), so the
+    exit is not turned into an abort by the group's teardown."""
     try:
         yield
     except CheckpointError as exc:
@@ -108,4 +110,10 @@ def exit_on_checkpoint_error(termination_log: str = TERMINATION_LOG) -> Iterator
         with contextlib.suppress(OSError):
             with open(termination_log, "r+") as fh:  # exists only in a container
                 fh.write(message[:4000])
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except RuntimeError as teardown:  # the exit code matters more than a clean teardown
+                log.info("leaving the process group failed: %s", teardown)
         raise SystemExit(EXIT_CHECKPOINT) from exc
