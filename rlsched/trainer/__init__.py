@@ -10,7 +10,7 @@ Kubernetes client; torch comes from the image). See ``docs/trainer.md``.
 module                 what
 =====================  ====================================================================
 ``contract``           :func:`worker_contract` (the operator's environment), :func:`init_distributed`
-``signals``            SIGTERM as a flag, :func:`agree_to_stop` across ranks, exit codes, :func:`exit_on_checkpoint_error`
+``signals``            SIGTERM as a flag, :func:`agree_to_stop`, exit codes, :func:`exit_on_checkpoint_error`
 ``batching``           the scheduler's global batch over the workers: :func:`plan_batch`, :func:`loss_scale`
 ``sampler``            :class:`ElasticSampler`: one global order per epoch, resumable at any world size
 ``checkpoint``         :class:`Checkpointer` (atomic, rank 0, checksummed), :class:`TrainState`
