@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The nccl/CUDA path of rlsched.trainer on one GPU: AMP, a SIGTERM stop and a resume.
 
-Run on a machine with a GPU and torch (any ``python3`` that imports torch; no virtual
-environment needed: the repository's ``rlsched`` is put on the path from this
+Run on a machine with a GPU and torch (any ``python3`` >= 3.10 that imports torch; no
+virtual environment needed: the repository's ``rlsched`` is put on the path from this
 checkout)::
 
     python3 tests/trainer/cuda_smoke.py            # about 30-60 s; exit 0 when every check holds
@@ -166,8 +166,9 @@ def main(cpu: bool) -> int:
         ref_code, ref = _generation(tmp, "reference", 0, pythonpath, None)
         code0, gen0 = _generation(tmp, "elastic", 0, pythonpath, STOP_AFTER)
         code1, gen1 = _generation(tmp, "elastic", 1, pythonpath, None)
+        nccl = None if cpu else torch.cuda.nccl.version()
         checks, figures = {}, {"torch": torch.__version__, "cuda": torch.version.cuda,
-                               "nccl": None if cpu else ".".join(map(str, torch.cuda.nccl.version()))}
+                               "nccl": nccl if nccl is None or isinstance(nccl, int) else ".".join(map(str, nccl))}
         try:
             steps = lambda evs: {e["step"]: e for e in evs if e["event"] == "step"}  # noqa: E731
             ref_steps, el_steps = steps(ref), {**steps(gen0), **steps(gen1)}
