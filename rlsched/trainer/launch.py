@@ -63,7 +63,7 @@ class _Forwarder:
         self.stop = threading.Event()
         self.signalled: set[int] = set()
         self.interval = interval
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a second SIGTERM may arrive inside the handler
 
     def on_signal(self, signum: int, frame: object) -> None:
         first = not self.stop.is_set()
