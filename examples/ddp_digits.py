@@ -24,6 +24,9 @@ elastic comes from ``rlsched.trainer``:
   epochs) goes to the TrainingJob's ``status.progress`` from rank 0, rate-limited;
 * after the last epoch, rank 0 writes the final model (``model.pt`` in the checkpoint
   directory, or ``--out``) and exits 0: the job Succeeds.
+* a checkpoint that cannot be used (the directory not writable, none found by a
+  restarted generation, an unknown format, a bad checksum) ends the process with exit
+  74, which the operator reports as the checkpoint's failure.
 
 The digits data ship with scikit-learn (read from its package files); nothing is downloaded. Outside the operator, set
 the contract by hand, e.g. one process::
@@ -309,4 +312,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with rt.exit_on_checkpoint_error():  # an unusable checkpoint: exit 74, the operator names it
+        code = main()
+    sys.exit(code)

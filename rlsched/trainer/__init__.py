@@ -10,10 +10,12 @@ Kubernetes client; torch comes from the image). See ``docs/trainer.md``.
 module                 what
 =====================  ====================================================================
 ``contract``           :func:`worker_contract` (the operator's environment), :func:`init_distributed`
-``signals``            SIGTERM as a flag, :func:`agree_to_stop` across ranks, exit codes
+``signals``            SIGTERM as a flag, :func:`agree_to_stop`, exit codes, :func:`exit_on_checkpoint_error`
 ``batching``           the scheduler's global batch over the workers: :func:`plan_batch`, :func:`loss_scale`
 ``sampler``            :class:`ElasticSampler`: one global order per epoch, resumable at any world size
-``checkpoint``         :class:`Checkpointer` (atomic, rank 0), :class:`TrainState`
+``checkpoint``         :class:`Checkpointer` (atomic, rank 0, checksummed), :class:`TrainState`
+``sharded``            :class:`ShardedCheckpointer`: FSDP through ``torch.distributed.checkpoint``, every rank
+``launch``             ``python -m rlsched.trainer.launch``: torchrun whose agreed stop exits 0
 ``gradstats``          :class:`GradientNoiseScale`: Pollux's gradient statistics from DDP
 ``adascale``           :class:`AdaScale`: learning rate and scale-invariant progress across batch sizes
 ``reporting``          :class:`ProgressReporter` (rate-limited, retried, rank 0), :class:`Reporter`, :func:`report`
@@ -70,6 +72,8 @@ _EXPORTS = {
     "stop_requested": "signals",
     "clear_stop_request": "signals",
     "agree_to_stop": "signals",
+    "EXIT_CHECKPOINT": "signals",
+    "exit_on_checkpoint_error": "signals",
     # batching
     "BatchPlan": "batching",
     "plan_batch": "batching",
@@ -85,6 +89,9 @@ _EXPORTS = {
     "Checkpointer": "checkpoint",
     "atomic_save": "checkpoint",
     "unwrap": "checkpoint",
+    "check_directory": "checkpoint",
+    # sharded checkpoints (FSDP, torch.distributed.checkpoint)
+    "ShardedCheckpointer": "sharded",
     # gradient statistics
     "GradientNoiseScale": "gradstats",
     "noise_estimate": "gradstats",
@@ -100,6 +107,11 @@ _EXPORTS = {
     "RendezvousError": "errors",
     "BatchSizeError": "errors",
     "CheckpointError": "errors",
+    "CheckpointDirError": "errors",
+    "CheckpointWriteError": "errors",
+    "MissingCheckpointError": "errors",
+    "CheckpointFormatError": "errors",
+    "ChecksumError": "errors",
     "NoJobError": "errors",
 }
 

@@ -14,17 +14,28 @@ same directory, ``flush`` + ``fsync``, the current checkpoint kept as the previo
 (hard link, else copy), ``os.replace`` of the temporary file onto the checkpoint's
 name, ``fsync`` of the directory. A crash at any point leaves the last complete
 checkpoint (or the previous one) loadable; :meth:`Checkpointer.load` falls back to the
-previous file when the newest is unreadable. Loading uses ``torch.load(weights_only=True)``
-(no arbitrary code from a checkpoint file) unless told otherwise.
+previous file when the newest is unreadable (torn), and only then. Loading uses
+``torch.load(weights_only=True)`` (no arbitrary code from a checkpoint file) unless told
+otherwise.
+
+Failures are loud (:mod:`rlsched.trainer.errors`): the directory is checked by a real
+write when the :class:`Checkpointer` is made; a restarted generation that finds no
+checkpoint, a format this module does not know and a payload whose SHA-256 (over every
+tensor's bytes and every other value, written inside the file) does not match are
+errors, never a silent start from scratch or roll-back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import hashlib
+import json
 import logging
 import os
 import random
 import shutil
+import socket
 import sys
 import time
 import zipfile
@@ -32,14 +43,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointError
+from rlsched.core.contract import ENV_GENERATION, ContractError
 
-__all__ = ["TrainState", "Checkpointer", "FORMAT", "atomic_save", "capture_rng", "restore_rng", "unwrap"]
+from .errors import (
+    CheckpointDirError,
+    CheckpointError,
+    CheckpointFormatError,
+    CheckpointWriteError,
+    ChecksumError,
+    MissingCheckpointError,
+)
+
+__all__ = ["TrainState", "Checkpointer", "FORMAT", "FORMAT_FAMILY", "MARKER", "atomic_save", "capture_rng",
+           "restore_rng", "unwrap", "check_directory", "payload_digest", "verify_payload", "env_generation",
+           "atomic_write_text"]
 
 log = logging.getLogger("rlsched.trainer")
 
 #: the ``format`` entry of every checkpoint this module writes
 FORMAT = "rlsched.trainer/1"
+#: what every format of this library starts with (a newer one is refused, not skipped)
+FORMAT_FAMILY = "rlsched.trainer"
+#: left in the checkpoint directory by rank 0 of generation 0: "this job started here"
+MARKER = ".rlsched-job"
 
 
 @dataclass(slots=True)
@@ -120,6 +146,81 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def env_generation(environ: Any = None) -> int:
+    """``RLSCHED_GENERATION`` (0 when unset); a :class:`ContractError` when malformed."""
+    raw = (os.environ if environ is None else environ).get(ENV_GENERATION) or "0"
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ContractError(f"{ENV_GENERATION}={raw!r:.40} is not a whole number") from None
+    if value < 0:
+        raise ContractError(f"{ENV_GENERATION}: generation {value} < 0")
+    return value
+
+
+def check_directory(directory: str | os.PathLike[str]) -> Path:
+    """Make ``directory`` if needed and prove it writable by writing, syncing, reading
+    back and removing a small file (a read-only or full volume fails here, at start,
+    not at the first save); :class:`CheckpointDirError` naming the directory and the
+    cause."""
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointDirError(f"checkpoint directory {directory} does not exist and cannot be created: "
+                                 f"{exc.strerror or exc}") from exc
+    probe = directory / f".rlsched-probe-{socket.gethostname()}-{os.getpid()}"
+    data = b"rlsched.trainer write probe\n"
+    try:
+        with open(probe, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if probe.read_bytes() != data:
+            raise CheckpointDirError(f"checkpoint directory {directory}: a file written there reads back changed")
+    except OSError as exc:
+        raise CheckpointDirError(f"checkpoint directory {directory} is not writable: {exc.strerror or exc}") from exc
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+    return directory
+
+
+def _feed(h: Any, obj: Any, torch: Any) -> None:
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+        if t.layout is not torch.strided:
+            t = t.to_dense()
+        t = t.cpu().contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)};".encode())
+        if t.numel():  # the tensor's bytes, read in place (no copy, no numpy)
+            h.update(memoryview((ctypes.c_ubyte * (t.numel() * t.element_size())).from_address(t.data_ptr())))
+    elif isinstance(obj, dict):
+        h.update(b"D%d;" % len(obj))
+        for k, v in obj.items():
+            _feed(h, k, torch)
+            _feed(h, v, torch)
+    elif isinstance(obj, (list, tuple)):
+        h.update(b"%s%d;" % (b"L" if isinstance(obj, list) else b"U", len(obj)))
+        for v in obj:
+            _feed(h, v, torch)
+    elif obj is None or isinstance(obj, (bool, int, float, str, bytes)):
+        h.update(f"{type(obj).__name__}:{obj!r};".encode())
+    else:  # a script's own object in extra= (weights_only=False): its type only
+        h.update(f"O:{type(obj).__module__}.{type(obj).__qualname__};".encode())
+
+
+def payload_digest(payload: Any) -> str:
+    """SHA-256 (hex) of a checkpoint payload: every tensor's dtype, shape and bytes and
+    every other value, in the payload's order. Computed before ``torch.save`` and again
+    after ``torch.load``: a byte changed anywhere in a tensor changes it."""
+    import torch
+
+    h = hashlib.sha256()
+    _feed(h, payload, torch)
+    return h.hexdigest()
+
+
 def atomic_save(obj: Any, path: str | os.PathLike[str], *, keep_previous: str | os.PathLike[str] | None = None) -> Path:
     """``torch.save(obj)`` to ``path`` atomically: a temporary file beside it, fsync,
     ``os.replace``. With ``keep_previous``, the file ``path`` held before is kept there."""
@@ -155,20 +256,52 @@ def atomic_save(obj: Any, path: str | os.PathLike[str], *, keep_previous: str | 
 class Checkpointer:
     """The job's checkpoint in ``directory`` (``RLSCHED_CHECKPOINT_DIR``, a volume every
     worker mounts): ``<filename>`` and the one before it, ``<stem>.prev<suffix>``.
-    Only ``rank`` 0 writes; every rank reads."""
+    Only ``rank`` 0 writes; every rank reads.
 
-    def __init__(self, directory: str | os.PathLike[str], *, rank: int = 0, filename: str = "checkpoint.pt",
-                 keep_previous: bool = True) -> None:
+    Made, it checks the directory (``check``: every rank writes a probe file;
+    :class:`CheckpointDirError`). ``generation`` (default ``RLSCHED_GENERATION``, else 0)
+    arms the restart check of :meth:`load`; rank 0 of generation 0 leaves a marker file
+    (:data:`MARKER`) saying the job started here."""
+
+    def __init__(self, directory: str | os.PathLike[str], *, rank: int = 0, generation: int | None = None,
+                 filename: str = "checkpoint.pt", keep_previous: bool = True, check: bool = True) -> None:
         self.directory = Path(directory)
         self.rank = rank
+        self.generation = env_generation() if generation is None else int(generation)
         self.path = self.directory / filename
         self.previous_path = self.path.with_name(f"{self.path.stem}.prev{self.path.suffix}")
         self.keep_previous = keep_previous
+        if check:
+            check_directory(self.directory)
+            if rank == 0 and self.generation == 0:
+                self._write_marker()
+
+    @classmethod
+    def from_contract(cls, contract: Any, **kwargs: Any) -> "Checkpointer":
+        """The checkpointer of a :class:`~rlsched.core.contract.WorkerContract`: its
+        checkpoint directory, rank and generation; a :class:`CheckpointDirError` when the
+        contract names no directory."""
+        if not contract.checkpoint_dir:
+            raise CheckpointDirError("the worker contract names no checkpoint directory (RLSCHED_CHECKPOINT_DIR; "
+                                     "spec.checkpoint.path of the TrainingJob)")
+        return cls(contract.checkpoint_dir, rank=contract.rank, generation=contract.generation, **kwargs)
+
+    def _write_marker(self) -> None:
+        marker = self.directory / MARKER
+        if marker.exists():
+            return
+        try:
+            atomic_write_text(marker, json.dumps({"format": FORMAT_FAMILY, "started": time.time()}) + "\n")
+        except OSError as exc:
+            raise CheckpointDirError(f"checkpoint directory {self.directory} is not writable: "
+                                     f"{exc.strerror or exc}") from exc
 
     def save(self, *, model: Any, state: TrainState, optimizer: Any = None, scheduler: Any = None,
-             world_size: int = 1, generation: int = 0, global_batch: int | None = None,
+             scaler: Any = None, world_size: int = 1, generation: int | None = None, global_batch: int | None = None,
              extra: dict[str, Any] | None = None) -> Path | None:
-        """Write the checkpoint (rank 0; other ranks return None at once)."""
+        """Write the checkpoint (rank 0; other ranks return None at once). ``scaler``:
+        a ``torch.amp.GradScaler`` (its scale and growth tracker). A failed write is a
+        :class:`CheckpointWriteError`."""
         if self.rank != 0:
             return None
         payload = {
@@ -176,16 +309,21 @@ class Checkpointer:
             "time": time.time(),
             "state": state.as_dict(),
             "world_size": int(world_size),
-            "generation": int(generation),
+            "generation": int(self.generation if generation is None else generation),
             "global_batch": None if global_batch is None else int(global_batch),
             "model": unwrap(model).state_dict(),
             "optimizer": None if optimizer is None else optimizer.state_dict(),
             "scheduler": None if scheduler is None else scheduler.state_dict(),
+            "scaler": None if scaler is None else scaler.state_dict(),
             "rng": capture_rng(),
             "extra": dict(extra or {}),
         }
-        self._remove_stale_temporaries()
-        return atomic_save(payload, self.path, keep_previous=self.previous_path if self.keep_previous else None)
+        payload["checksum"] = {"algorithm": "sha256", "digest": payload_digest(payload)}
+        try:
+            self._remove_stale_temporaries()
+            return atomic_save(payload, self.path, keep_previous=self.previous_path if self.keep_previous else None)
+        except OSError as exc:
+            raise CheckpointWriteError(f"writing the checkpoint {self.path} failed: {exc.strerror or exc}") from exc
 
     def _remove_stale_temporaries(self) -> None:
         """Temporary files a crashed writer left (one writer at a time: rank 0 of the
@@ -198,10 +336,17 @@ class Checkpointer:
     def exists(self) -> bool:
         return self.path.exists() or self.previous_path.exists()
 
-    def load(self, *, map_location: Any = "cpu", weights_only: bool = True) -> dict[str, Any] | None:
-        """The newest readable checkpoint as written by :meth:`save`; None when there is
-        none at all. An unreadable newest file falls back to the previous one; when
-        files exist but none is readable, :class:`CheckpointError`."""
+    def load(self, *, map_location: Any = "cpu", weights_only: bool = True,
+             allow_fresh_start: bool = False) -> dict[str, Any] | None:
+        """The newest checkpoint as written by :meth:`save`, its checksum verified.
+
+        Only a newest file that cannot be read (torn) falls back to the previous one,
+        with a warning; a readable file of an unknown format is a
+        :class:`CheckpointFormatError`, a checksum mismatch a :class:`ChecksumError`;
+        files that exist but none readable, a :class:`CheckpointError`. No checkpoint at
+        all: None at generation 0, when an earlier generation left the marker without
+        completing a checkpoint (it ended before its first save), or with
+        ``allow_fresh_start``; else :class:`MissingCheckpointError`."""
         import torch
 
         problems = []
@@ -222,24 +367,42 @@ class Checkpointer:
                 log.warning("checkpoint %s is unreadable (%s); trying the previous one",
                             candidate, exc)
                 continue
-            if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-                problems.append(f"{candidate.name}: not an rlsched.trainer checkpoint")
-                continue
+            verify_payload(payload, candidate)
             if candidate != self.path:
                 log.warning("restoring the previous checkpoint %s", candidate)
             payload["path"] = str(candidate)
             return payload
         if problems:
             raise CheckpointError(f"no usable checkpoint in {self.directory}: " + "; ".join(problems))
+        self._fresh_start(allow_fresh_start)
         return None
 
-    def restore(self, *, model: Any, optimizer: Any = None, scheduler: Any = None, map_location: Any = "cpu",
-                weights_only: bool = True, rng: bool = True) -> tuple[TrainState, dict[str, Any]] | None:
-        """Load the newest checkpoint into ``model`` (the unwrapped module),
-        ``optimizer`` and ``scheduler``, set the RNG states (``rng``), and return the
-        position and the checkpoint's payload; None (nothing changed) when there is no
-        checkpoint yet. Any world size restores it."""
-        payload = self.load(map_location=map_location, weights_only=weights_only)
+    def _fresh_start(self, allowed: bool) -> None:
+        """No checkpoint: whether this generation may start from scratch."""
+        if self.generation == 0:
+            return
+        if allowed:
+            log.warning("generation %d finds no checkpoint in %s; starting from scratch (allow_fresh_start)",
+                        self.generation, self.directory)
+            return
+        if (self.directory / MARKER).exists():
+            log.warning("generation %d finds no checkpoint in %s, where generation 0 started and none was "
+                        "completed; starting from scratch", self.generation, self.directory)
+            return
+        raise MissingCheckpointError(
+            f"generation {self.generation} finds no checkpoint in {self.directory}, and no earlier generation of "
+            f"the job started there ({MARKER} missing): the volume is not the one the job wrote to. "
+            f"Pass allow_fresh_start=True to start from scratch deliberately")
+
+    def restore(self, *, model: Any, optimizer: Any = None, scheduler: Any = None, scaler: Any = None,
+                map_location: Any = "cpu", weights_only: bool = True, rng: bool = True,
+                allow_fresh_start: bool = False) -> tuple[TrainState, dict[str, Any]] | None:
+        """Load the newest checkpoint (:meth:`load`) into ``model`` (the unwrapped
+        module), ``optimizer``, ``scheduler`` and ``scaler``, set the RNG states
+        (``rng``), and return the position and the checkpoint's payload; None (nothing
+        changed) when there is no checkpoint yet. Any world size restores it."""
+        payload = self.load(map_location=map_location, weights_only=weights_only,
+                            allow_fresh_start=allow_fresh_start)
         if payload is None:
             return None
         unwrap(model).load_state_dict(payload["model"])
@@ -247,7 +410,49 @@ class Checkpointer:
             optimizer.load_state_dict(payload["optimizer"])
         if scheduler is not None and payload.get("scheduler") is not None:
             scheduler.load_state_dict(payload["scheduler"])
+        if scaler is not None and payload.get("scaler"):
+            scaler.load_state_dict(payload["scaler"])
         if rng and payload.get("rng"):
             restore_rng(payload["rng"])
         s = payload["state"]
         return TrainState(epoch=int(s["epoch"]), consumed=int(s["consumed"]), step=int(s["step"])), payload
+
+
+def verify_payload(payload: Any, source: Any) -> None:
+    """Refuse a loaded payload of another format (:class:`CheckpointFormatError`) or
+    whose checksum does not match (:class:`ChecksumError`); a file written before
+    checksums existed is accepted with a warning."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("format"), str):
+        raise CheckpointFormatError(f"{source} is not an rlsched.trainer checkpoint (no format entry)")
+    fmt = payload["format"]
+    if fmt != FORMAT:
+        newer = " (a newer rlsched.trainer wrote it?)" if fmt.startswith(FORMAT_FAMILY) else ""
+        raise CheckpointFormatError(f"{source} has the format {fmt!r:.60}{newer}; this library reads {FORMAT!r}: "
+                                    f"not an rlsched.trainer checkpoint it knows")
+    checksum = payload.pop("checksum", None)
+    if checksum is None:
+        log.warning("%s carries no checksum (written by an older rlsched.trainer); not verified", source)
+        return
+    if not isinstance(checksum, dict) or checksum.get("algorithm") != "sha256":
+        raise CheckpointFormatError(f"{source}: unknown checksum entry {checksum!r:.80}")
+    got = payload_digest(payload)
+    if got != checksum.get("digest"):
+        raise ChecksumError(f"{source}: the checksum does not match its contents (sha256 {got[:16]}..., "
+                            f"written {str(checksum.get('digest'))[:16]}...): the file was changed after it "
+                            f"was written")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """``text`` to ``path`` atomically (temporary file, fsync, ``os.replace``)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    _fsync_dir(path.parent)

@@ -7,6 +7,10 @@ and torchrun users know (``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE``, ``RAN
 namespace). :func:`worker_contract` reads them (the parser is
 :meth:`rlsched.core.contract.WorkerContract.from_env`, the same description the operator
 writes them from); :func:`init_distributed` joins the generation's process group.
+Under torchrun (several processes per pod, ``PET_NPROC_PER_NODE``; see
+:mod:`rlsched.trainer.launch`) the agent rewrites ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK`` and the master for each process: the contract is then the process's (its
+global rank among all processes) and the group joins through the agent's store.
 
 torch is imported only when :func:`init_distributed` is called.
 """
@@ -97,8 +101,10 @@ def init_distributed(
     ``backend``: ``"nccl"`` when CUDA is available (the process then uses GPU
     ``LOCAL_RANK``), else ``"gloo"``. The rendezvous is a TCP store at
     ``MASTER_ADDR:MASTER_PORT`` (the chief, rank 0, hosts it) with ``RANK`` and
-    ``WORLD_SIZE`` of the contract; ``timeout_s`` bounds the rendezvous and every
-    collective. Already initialised: the contract is returned and nothing else happens.
+    ``WORLD_SIZE`` of the contract; under torchrun (``TORCHELASTIC_RUN_ID`` set) it is
+    ``env://``, whose store the agent of node 0 hosts. ``timeout_s`` bounds the
+    rendezvous and every collective. Already initialised: the contract is returned and
+    nothing else happens.
 
     Raises :class:`ContractError` outside the operator (a variable missing) and
     :class:`RendezvousError` when the group does not assemble.
@@ -120,6 +126,8 @@ def init_distributed(
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"  # an IPv6 literal in a URL
     url = f"tcp://{host}:{contract.master_port}"
+    if dist.is_torchelastic_launched():  # torchrun: ranks are clients of the agent's store
+        url = "env://"
     try:
         dist.init_process_group(
             backend,

@@ -15,19 +15,31 @@ generation: the operator sends every worker SIGTERM and waits the grace period
 The operator counts a worker that exits 0 or :data:`~rlsched.core.contract.EXIT_SIGTERM`
 (143 = 128 + SIGTERM, what a process killed by the signal reports) after SIGTERM as an
 intentional stop, never as a failure; any other non-zero exit is a failure counted
-against ``spec.backoffLimit``.
+against ``spec.backoffLimit``. :func:`exit_on_checkpoint_error` turns a checkpoint that
+cannot be used into :data:`~rlsched.core.contract.EXIT_CHECKPOINT` (74), the failure
+the operator reports as the checkpoint's.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import signal
+import sys
 import threading
-from typing import Iterable
+from typing import Iterable, Iterator
 
-from rlsched.core.contract import EXIT_SIGTERM
+from rlsched.core.contract import EXIT_CHECKPOINT, EXIT_SIGTERM
 
-__all__ = ["EXIT_STOPPED", "EXIT_SIGTERM", "install_stop_handler", "stop_requested", "clear_stop_request",
-           "agree_to_stop"]
+from .errors import CheckpointError
+
+__all__ = ["EXIT_STOPPED", "EXIT_SIGTERM", "EXIT_CHECKPOINT", "install_stop_handler", "stop_requested",
+           "clear_stop_request", "agree_to_stop", "exit_on_checkpoint_error"]
+
+log = logging.getLogger("rlsched.trainer")
+
+#: where Kubernetes reads a container's termination message (``terminationMessagePath``)
+TERMINATION_LOG = "/dev/termination-log"
 
 #: what a worker exits with after an agreed stop (143 is accepted as well)
 EXIT_STOPPED = 0
@@ -79,3 +91,29 @@ def agree_to_stop(group: object = None) -> bool:
     flag = torch.tensor([1 if local else 0], dtype=torch.int32, device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
     return bool(flag.item())
+
+
+@contextlib.contextmanager
+def exit_on_checkpoint_error(termination_log: str = TERMINATION_LOG) -> Iterator[None]:
+    """Around a script's ``main`` (or as a decorator): a
+    :class:`~rlsched.trainer.errors.CheckpointError` ends the process with
+    :data:`~rlsched.core.contract.EXIT_CHECKPOINT` (74) after logging it, and writing it
+    to ``termination_log`` when that file exists (the pod's termination message).
+    A joined process group is left first (every rank meets the same checkpoint), so the
+    exit is not turned into an abort by the group's teardown."""
+    try:
+        yield
+    except CheckpointError as exc:
+        message = f"checkpoint unusable ({type(exc).__name__}): {exc}"
+        log.error("%s; exiting %d", message, EXIT_CHECKPOINT)
+        print(f"rlsched.trainer: {message}", file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError):
+            with open(termination_log, "r+") as fh:  # exists only in a container
+                fh.write(message[:4000])
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except RuntimeError as teardown:  # the exit code matters more than a clean teardown
+                log.info("leaving the process group failed: %s", teardown)
+        raise SystemExit(EXIT_CHECKPOINT) from exc

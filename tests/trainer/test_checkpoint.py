@@ -10,8 +10,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rlsched.trainer import Checkpointer, CheckpointError, TrainState  # noqa: E402
-from rlsched.trainer.checkpoint import FORMAT, capture_rng, restore_rng  # noqa: E402
+from rlsched.trainer import (  # noqa: E402
+    CheckpointDirError,
+    CheckpointError,
+    CheckpointFormatError,
+    Checkpointer,
+    CheckpointWriteError,
+    ChecksumError,
+    MissingCheckpointError,
+    TrainState,
+)
+from rlsched.trainer.checkpoint import FORMAT, MARKER, capture_rng, restore_rng  # noqa: E402
 
 
 def _trained(seed: int = 0):
@@ -88,7 +97,7 @@ def test_the_previous_checkpoint_is_kept(tmp_path):
     ck.save(model=model, state=TrainState(step=3))
     assert torch.load(ck.path)["state"]["step"] == 3
     assert torch.load(ck.previous_path)["state"]["step"] == 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.prev.pt", "checkpoint.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [MARKER, "checkpoint.prev.pt", "checkpoint.pt"]
 
 
 def test_a_crash_mid_write_leaves_the_last_checkpoint_loadable(tmp_path):
@@ -111,13 +120,13 @@ def test_a_crash_mid_write_leaves_the_last_checkpoint_loadable(tmp_path):
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 9, out.stderr
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names[0].startswith(".checkpoint.pt.tmp-") and names[1:] == ["checkpoint.pt"], names
+    assert names[0].startswith(".checkpoint.pt.tmp-") and names[1:] == [MARKER, "checkpoint.pt"], names
     model = torch.nn.Linear(3, 2)
     ck = Checkpointer(tmp_path)
     state, payload = ck.restore(model=model)
     assert state.step == 1 and payload["path"] == str(ck.path)
     ck.save(model=model, state=TrainState(step=3))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.prev.pt", "checkpoint.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [MARKER, "checkpoint.prev.pt", "checkpoint.pt"]
 
 
 def test_an_exception_mid_write_changes_nothing(tmp_path, monkeypatch):
@@ -131,10 +140,10 @@ def test_an_exception_mid_write_changes_nothing(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(torch, "save", failing_save)
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(CheckpointWriteError, match=f"writing the checkpoint {ck.path} failed: No space"):
         ck.save(model=model, state=TrainState(step=2))
     assert ck.path.read_bytes() == before and not ck.previous_path.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [MARKER, "checkpoint.pt"]
 
 
 def test_a_torn_newest_file_falls_back_to_the_previous(tmp_path, caplog):
@@ -202,4 +211,155 @@ def test_the_temporary_file_is_beside_the_checkpoint(tmp_path, monkeypatch):
     ck = Checkpointer(tmp_path / "sub")
     ck.save(model=model, state=TrainState())
     ck.save(model=model, state=TrainState())
-    assert len(seen) == 3 and all(a == b == str(tmp_path / "sub") for a, b in seen)
+    assert len(seen) == 4 and all(a == b == str(tmp_path / "sub") for a, b in seen)  # the marker, 2 + 1 saves
+
+
+# --------------------------------------------------------------------------- loud failures
+
+
+def test_a_directory_that_cannot_be_made_fails_at_start(tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(CheckpointDirError, match=f"{tmp_path / 'a-file' / 'ckpt'} does not exist and cannot be "
+                                                 f"created: Not a directory"):
+        Checkpointer(tmp_path / "a-file" / "ckpt")
+
+
+def test_a_directory_that_cannot_be_written_fails_at_start_and_exits_74(tmp_path):
+    """A real failed write (as a full volume gives it, also to root): the process's file
+    size limit is 0, so the probe file cannot be written. Through the documented pattern
+    the process exits 74 and says which directory and why."""
+    code = f"""
+        import resource, signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a failed write, not a killed process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+        from rlsched import trainer as rt
+        with rt.exit_on_checkpoint_error(termination_log={str(tmp_path / 'termination-log')!r}):
+            rt.Checkpointer({str(tmp_path / 'ckpt')!r}, generation=0)
+        print("not reached")
+    """
+    (tmp_path / "termination-log").write_text("")
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 74, (out.returncode, out.stderr)
+    assert "not reached" not in out.stdout
+    assert f"CheckpointDirError): checkpoint directory {tmp_path / 'ckpt'} is not writable: File too large" \
+        in out.stderr
+
+
+def test_a_restarted_generation_without_a_checkpoint_fails_unless_allowed(tmp_path, caplog):
+    model = torch.nn.Linear(3, 2)
+    ck = Checkpointer(tmp_path / "fresh-volume", generation=2)
+    with pytest.raises(MissingCheckpointError, match="generation 2 finds no checkpoint .*allow_fresh_start=True"):
+        ck.restore(model=model)
+    assert ck.restore(model=model, allow_fresh_start=True) is None
+    # generation 0 never finds one: no error
+    assert Checkpointer(tmp_path / "new", generation=0).restore(model=model) is None
+    # generation 0 started there but ended before its first save: a restart may start over
+    assert Checkpointer(tmp_path / "new", generation=1).restore(model=model) is None
+    assert "where generation 0 started and none was completed" in caplog.text
+
+
+def test_the_generation_comes_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLSCHED_GENERATION", "3")
+    with pytest.raises(MissingCheckpointError, match="generation 3"):
+        Checkpointer(tmp_path).load()
+
+
+def _newest_and_previous(tmp_path):
+    model, opt, _ = _trained()
+    ck = Checkpointer(tmp_path, generation=1)
+    ck.save(model=model, optimizer=opt, state=TrainState(step=1))
+    ck.save(model=model, optimizer=opt, state=TrainState(step=2))
+    return ck, model
+
+
+def test_an_unknown_format_is_an_error_not_a_roll_back(tmp_path):
+    ck, model = _newest_and_previous(tmp_path)
+    payload = torch.load(ck.path, weights_only=True)
+    payload["format"] = "rlsched.trainer/2"
+    torch.save(payload, ck.path)
+    with pytest.raises(CheckpointFormatError, match=r"format 'rlsched.trainer/2' \(a newer rlsched.trainer wrote "
+                                                    r"it\?\); this library reads 'rlsched.trainer/1'"):
+        ck.restore(model=model)
+
+
+def _flip_a_tensor_byte(path, entry_suffix):
+    """Flip one byte inside a tensor's data in a torch.save archive (stored, not
+    compressed: the byte sits at the entry's data offset)."""
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith(entry_suffix))
+    raw = bytearray(path.read_bytes())
+    name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26:info.header_offset + 30])
+    raw[info.header_offset + 30 + name_len + extra_len + 2] ^= 0x40
+    path.write_bytes(bytes(raw))
+
+
+def test_flipped_bytes_inside_a_tensor_fail_the_checksum(tmp_path):
+    ck, model = _newest_and_previous(tmp_path)
+    before = torch.load(ck.path, weights_only=True)["model"]
+    _flip_a_tensor_byte(ck.path, "data/0")
+    # torch itself loads the changed file without complaint: the checksum is what catches it
+    changed = torch.load(ck.path, weights_only=True)["model"]
+    assert [k for k in before if not torch.equal(before[k], changed[k])] == ["0.weight"]
+    with pytest.raises(ChecksumError, match=f"{ck.path}: the checksum does not match its contents"):
+        ck.restore(model=model)
+
+
+def test_the_example_exits_74_when_a_restart_finds_no_checkpoint(tmp_path):
+    """The documented pattern in the example script: generation 1 of a job whose
+    checkpoint volume is empty (not the one generation 0 wrote to)."""
+    import socket
+    from pathlib import Path
+
+    from rlsched.core.contract import WorkerContract
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    contract = WorkerContract(job="digits", namespace="default", index=0, workers=1, generation=1,
+                              master_addr="127.0.0.1", master_port=port, checkpoint_dir=str(tmp_path / "ckpt"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RLSCHED_", "PET_", "TORCHELASTIC_"))}
+    env.update(contract.env(), RLSCHED_JOB_NAME="digits", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    example = Path(__file__).resolve().parents[2] / "examples" / "ddp_digits.py"
+    out = subprocess.run([sys.executable, str(example), "--epochs", "1", "--no-report"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 74, out.stderr[-3000:]
+    assert f"MissingCheckpointError): generation 1 finds no checkpoint in {tmp_path / 'ckpt'}" in out.stderr
+
+
+@pytest.mark.parametrize("failure", ["missing", "format", "checksum"])
+def test_every_checkpoint_error_exits_74_through_the_pattern(tmp_path, failure):
+    from rlsched import trainer as rt
+
+    model = torch.nn.Linear(3, 2)
+    if failure == "missing":
+        ck = Checkpointer(tmp_path / "empty", generation=1)
+    else:
+        ck, model = _newest_and_previous(tmp_path)
+        if failure == "format":
+            torch.save({"format": "rlsched.trainer/2"}, ck.path)
+        else:
+            _flip_a_tensor_byte(ck.path, "data/0")
+    with pytest.raises(SystemExit) as exc:
+        with rt.exit_on_checkpoint_error(termination_log=str(tmp_path / "none" / "log")):
+            ck.restore(model=model)
+    assert exc.value.code == rt.EXIT_CHECKPOINT == 74
+
+
+def test_the_grad_scaler_is_saved_and_restored(tmp_path):
+    model, opt, _ = _trained()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
+    for _ in range(4):  # three good steps grow the scale once, then the tracker counts again
+        scaler.scale(model(torch.randn(2, 4)).sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    assert scaler.get_scale() == 2.0**11
+    ck = Checkpointer(tmp_path)
+    ck.save(model=model, optimizer=opt, scaler=scaler, state=TrainState(step=4))
+    m2, o2, _ = _fresh()
+    s2 = torch.amp.GradScaler("cpu", init_scale=1.0, growth_interval=3)
+    ck.restore(model=m2, optimizer=o2, scaler=s2)
+    assert s2.state_dict() == scaler.state_dict() and s2.state_dict()["_growth_tracker"] == 1

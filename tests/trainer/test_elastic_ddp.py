@@ -70,13 +70,21 @@ class Job:
         self.name, self.step_delay = name, step_delay
         self.exit_codes: dict[int, list[int]] = {}
 
+    procs_per_worker = 1
+
+    def command(self) -> list[str]:
+        """One worker's command."""
+        return [sys.executable, str(EXAMPLE), "--epochs", str(EPOCHS), "--global-batch", "999", "--seed", "0",
+                "--report-interval", "2", "--log-file", str(self.events), "--log-samples", str(self.samples),
+                "--step-delay", str(self.step_delay), "--timeout", "60"]
+
     def _env(self, gen: int, world: int, rank: int, port: int) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("KUBERNETES_", "RLSCHED_", "PET_")) and k not in
                ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK")}
         contract = WorkerContract(job=self.name, namespace="default", index=rank, workers=world, generation=gen,
                                   master_addr="127.0.0.1", master_port=port, batch_size=GLOBAL_BATCH,
-                                  checkpoint_dir=str(self.ckpt))
+                                  checkpoint_dir=str(self.ckpt), procs_per_worker=self.procs_per_worker)
         env.update(contract.env())
         env.update(RLSCHED_JOB_NAME=self.name, RLSCHED_JOB_NAMESPACE="default", CUDA_VISIBLE_DEVICES="",
                    OMP_NUM_THREADS="1", KUBECONFIG=str(self.dir / "no-kubeconfig"), PYTHONUNBUFFERED="1")
@@ -87,9 +95,7 @@ class Job:
         worker once the log shows the generation's ``stop_after``-th step. Returns the
         exit codes."""
         port = _free_port()
-        cmd = [sys.executable, str(EXAMPLE), "--epochs", str(EPOCHS), "--global-batch", "999", "--seed", "0",
-               "--report-interval", "2", "--log-file", str(self.events), "--log-samples", str(self.samples),
-               "--step-delay", str(self.step_delay), "--timeout", "60"]
+        cmd = self.command()
         procs = []
         for rank in range(world):
             log = open(self.dir / f"gen{gen}-rank{rank}.log", "w")
