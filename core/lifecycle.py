@@ -77,9 +77,6 @@ class WorkerState:
     disrupted: bool = False
     #: the number of workers of the generation it was created for (None: unknown)
     gang_size: int | None = None
-    #: the grace period of its deletion in seconds (None: not being deleted; 0: killed
-    #: at once, or deleted after it had exited)
-    grace_s: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -191,13 +188,14 @@ class StopVerdict:
 
 
 def judge_stop(w: WorkerState, *, generation: int, active: bool) -> StopVerdict | None:
-    """The exit of ``w`` if it is a worker the operator stopped with the agreed SIGTERM
-    and it has exited: deleted with a grace period (``grace_s > 0``), of an ended
-    generation (below ``generation``) or of a job no longer ``active`` (finished). None
-    for anything else: a worker still running, one of the running generation deleted by
-    someone else (:func:`judge` reads that as a disruption), one killed at once or
-    deleted after it had exited (already judged), one that left no exit code."""
-    if not (w.stopping and w.finished and w.grace_s) or (active and w.generation == generation):
+    """The exit of ``w`` if it is a worker stopped with the agreed SIGTERM and it has
+    exited: being deleted, of an ended generation (below ``generation``) or of a job no
+    longer ``active`` (finished). The caller passes only workers deleted with a grace
+    period (the operator lets go of those it deletes at once: already exited, or
+    killed). None for anything else: a worker still running, one of the running
+    generation deleted by someone else (:func:`judge` reads that as a disruption), one
+    that left no exit code."""
+    if not (w.stopping and w.finished) or (active and w.generation == generation):
         return None
     code = 0 if w.exit_code is None and w.phase == "Succeeded" else w.exit_code
     if code is None or code < 0:

@@ -565,11 +565,9 @@ def worker_state(pod: Mapping) -> WorkerState | None:
         gang = int((md.get("annotations") or {}).get(ANNOTATION_GANG_SIZE, ""))
     except ValueError:
         gang = None
-    grace = md.get("deletionGracePeriodSeconds")
     return WorkerState(name=md.get("name", ""), index=index, generation=pod_generation(pod), phase=phase,
                        exit_code=code, stopping=md.get("deletionTimestamp") is not None, disrupted=disrupted,
-                       gang_size=gang if gang and gang > 0 else None,
-                       grace_s=grace if isinstance(grace, int) and not isinstance(grace, bool) else None)
+                       gang_size=gang if gang and gang > 0 else None)
 
 
 @dataclass
@@ -793,7 +791,14 @@ class Controller:
             raise
 
     async def delete_pod(self, ns: str, name: str, grace: int | None = None) -> None:
+        """Delete a worker pod; at once (``grace`` 0: it already exited, or it is killed)
+        its finalizer is removed first, so that a worker still held when found exited is
+        one stopped with the grace period (:meth:`_release_stopped` judges it)."""
         try:
+            if grace == 0:
+                await self.core.patch_namespaced_pod(
+                    name, ns, {"metadata": {"$deleteFromPrimitiveList/finalizers": [FINALIZER_WORKER_EXIT]}},
+                    _content_type="application/strategic-merge-patch+json")
             await self.core.delete_namespaced_pod(name, ns, grace_period_seconds=grace)
         except ApiException as exc:
             if exc.status != 404:
@@ -883,12 +888,12 @@ class Controller:
             j = by_uid.get(owner.uid) if owner is not None else None
             if j is not None and j.ns == p["metadata"].get("namespace"):
                 j.finished.append(p)
-            elif owner is not None and self.config.namespace in (None, p["metadata"].get("namespace")):
-                await self._release_pod(p)  # its job is gone: nobody judges its exit
+            elif owner is not None and self.config.namespace in (None, p["metadata"].get("namespace")) and \
+                    FINALIZER_WORKER_EXIT in (p["metadata"].get("finalizers") or []):
+                orphans.append(p)  # its job is gone: nobody judges its exit
         for p in orphans:
             md = p["metadata"]
             try:
-                await self._release_pod(p)
                 await self.delete_pod(md["namespace"], md["name"], 0)
                 log.info("deleted orphan pod %s/%s (its TrainingJob is gone)", md["namespace"], md["name"])
             except (ApiException, OSError, asyncio.TimeoutError) as exc:
@@ -1694,7 +1699,11 @@ class Controller:
             return
         name = binding["metadata"]["name"]
         have = await self.read_json(self.rbac.read_namespaced_role_binding(name, j.ns, _preload_content=False))
-        if have.get("subjects") != binding["subjects"] or have.get("roleRef") != binding["roleRef"]:
+        def who(subjects: Any) -> list[tuple]:
+            return [(x.get("kind"), x.get("name"), x.get("namespace")) for x in subjects or [] if isinstance(x, Mapping)]
+
+        if who(have.get("subjects")) != who(binding["subjects"]) or \
+                (have.get("roleRef") or {}).get("name") != binding["roleRef"]["name"]:
             owner = controlling_job(have)
             if owner is None or owner.uid != j.uid:
                 raise JobRejected("PodsCreated", "RoleBindingTaken",

@@ -7,8 +7,8 @@ from rlsched.core.contract import EXIT_CHECKPOINT, judge_batch
 from rlsched.core.lifecycle import RESTART, WorkerState, judge, judge_stop
 
 
-def stopped(code, *, gen=1, phase="Failed", grace=30, stopping=True):
-    return WorkerState("j-worker-0", 0, gen, phase, exit_code=code, stopping=stopping, grace_s=grace)
+def stopped(code, *, gen=1, phase="Failed", stopping=True):
+    return WorkerState("j-worker-0", 0, gen, phase, exit_code=code, stopping=stopping)
 
 
 @pytest.mark.parametrize("code, clean, reason", [
@@ -27,7 +27,6 @@ def test_what_is_not_an_agreed_stop():
     assert judge_stop(stopped(1, gen=2), generation=2, active=True) is None
     # ... but once the job has finished, its last generation's stop is judged
     assert judge_stop(stopped(1, gen=2), generation=2, active=False).clean is False
-    assert judge_stop(stopped(1, grace=0), generation=2, active=True) is None  # deleted after its exit / killed
     assert judge_stop(stopped(None, phase="Running"), generation=2, active=True) is None  # still running
     assert judge_stop(stopped(-1), generation=2, active=True) is None  # never ran
     assert judge_stop(stopped(1, stopping=False), generation=2, active=True) is None
