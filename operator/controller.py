@@ -894,6 +894,9 @@ class Controller:
         for p in orphans:
             md = p["metadata"]
             try:
+                if md.get("deletionTimestamp") is not None:  # already going: only let go of it
+                    await self._release_pod(p)
+                    continue
                 await self.delete_pod(md["namespace"], md["name"], 0)
                 log.info("deleted orphan pod %s/%s (its TrainingJob is gone)", md["namespace"], md["name"])
             except (ApiException, OSError, asyncio.TimeoutError) as exc:
