@@ -66,6 +66,8 @@ __all__ = [
     "ANNOTATION_EVENT_TIME",
     "ANNOTATION_DURATION",
     "ANNOTATION_EXIT_CODE",
+    "ANNOTATION_STOP_EXIT_CODE",
+    "FINALIZER_WORKER_EXIT",
     "ANNOTATION_TRACE_JOB",
     "ENV_JOB",
     "ENV_NAMESPACE",
@@ -88,6 +90,9 @@ __all__ = [
     "SUCCESS_POLICIES",
     "DEFAULT_BACKOFF_LIMIT",
     "EXIT_SIGTERM",
+    "EXIT_CHECKPOINT",
+    "ENV_MICRO_BATCH_LIMIT",
+    "ENV_NPROC_PER_NODE",
     "ContractError",
     "WorkerContract",
     "service_name",
@@ -96,6 +101,9 @@ __all__ = [
     # the trainer's identity and what it may write
     "TRAINER_ACCOUNT_SUFFIX",
     "trainer_account_name",
+    "worker_account",
+    "BatchCheck",
+    "judge_batch",
     "TRAINER_STATUS_POLICY",
     # nodes
     "LABEL_BLOCK",
@@ -204,6 +212,12 @@ ANNOTATION_EVENT_TIME = "rlsched.dev/event-time"
 ANNOTATION_DURATION = "rlsched.dev/duration-seconds"
 #: pods on the local control plane (kwok): with the duration, Failed with this exit code
 ANNOTATION_EXIT_CODE = "rlsched.dev/exit-code"
+#: pods on the local control plane (kwok): when deleted while running, Failed with this
+#: exit code (as a script that exits so on SIGTERM) before they go away
+ANNOTATION_STOP_EXIT_CODE = "rlsched.dev/stop-exit-code"
+#: worker pods: kept after they terminate until the operator has read their exit code
+#: (the exit of a worker it stopped is judged too), then removed by the operator
+FINALIZER_WORKER_EXIT = "rlsched.dev/worker-exit"
 #: TrainingJobs submitted by the demo: the id of the trace job they replay
 ANNOTATION_TRACE_JOB = "rlsched.dev/trace-job"
 
@@ -389,8 +403,10 @@ class WorkerContract:
         )
 
 
-#: worker pods run under the ServiceAccount ``<job>-trainer``, whose Role may get and
-#: patch that one job's status; the trainer-status admission policy matches the same name
+#: worker pods run under the ServiceAccount their template names, else ``<job>-trainer``
+#: (made by the operator); a Role of the operator's may get and patch that one job's
+#: status and is bound to that account; the trainer-status admission policy matches the
+#: same account (the template's, else this name)
 TRAINER_ACCOUNT_SUFFIX = "-trainer"
 #: ValidatingAdmissionPolicy (and its binding) that lets a trainer write nothing of the
 #: status but ``status.progress`` (``deploy/helm/rlsched/files/policies/trainer-status.yaml``;
@@ -401,6 +417,44 @@ TRAINER_STATUS_POLICY = "rlsched-trainer-status"
 def trainer_account_name(job: str) -> str:
     """The ServiceAccount of ``job``'s pods: ``<job>-trainer``."""
     return f"{job}{TRAINER_ACCOUNT_SUFFIX}"
+
+
+def worker_account(job: str, pod_spec: Any) -> str:
+    """The ServiceAccount ``job``'s worker pods run under: the template's
+    ``serviceAccountName`` when it names one, else :func:`trainer_account_name`."""
+    name = pod_spec.get("serviceAccountName") if isinstance(pod_spec, Mapping) else None
+    return name if isinstance(name, str) and name else trainer_account_name(job)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchCheck:
+    """Whether the chief's report of a generation shows the global batch the operator
+    set for it (``followed``), and the words of it."""
+
+    followed: bool
+    message: str
+
+
+def judge_batch(expected: Any, progress: Any, generation: int) -> BatchCheck | None:
+    """The global batch ``expected`` (what :data:`ENV_BATCH_SIZE` gave the workers of
+    ``generation``) against the chief's report ``progress`` (``status.progress``: its
+    ``generation`` and ``globalBatchSize``). None when there is nothing to compare: no
+    batch was set, the report is of another generation, or it carries no global batch."""
+    def whole(v: Any) -> int | None:
+        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+    if whole(expected) is None or not isinstance(progress, Mapping) or whole(progress.get("generation")) != generation:
+        return None
+    got = progress.get("globalBatchSize")
+    if isinstance(got, float) and got.is_integer():
+        got = int(got)
+    if whole(got) is None:
+        return None
+    if got == expected:
+        return BatchCheck(True, f"generation {generation} trains at the global batch {expected} rlsched set")
+    return BatchCheck(False, f"generation {generation} reports global batch {got}, rlsched set {expected} "
+                             f"({ENV_BATCH_SIZE}): the script does not follow the batch the scheduler sets, so "
+                             f"its throughput and statistical-efficiency model is off")
 
 
 # --------------------------------------------------------------------------- nodes

@@ -18,6 +18,18 @@ crash — is never judged. Only the current generation's workers are, by :func:`
   nothing wrong;
 * a worker that exited 0 while the chief still runs (policy ``Chief``) is simply done.
 
+A worker that exits :data:`~rlsched.core.contract.EXIT_CHECKPOINT` (74) found its
+checkpoint unusable; in the current generation that is a failure like any other
+(counted), whose reason (``CheckpointFailed``) and message name the checkpoint.
+
+The workers the operator stops are judged apart, by :func:`judge_stop`, and never
+counted: a worker stopped with the agreed SIGTERM (deleted with a grace period, its
+generation ended or its job finished) should exit 0 after saving its checkpoint, or
+143 when the signal ended it. Any other exit (1, 137 after the grace period, 74: the
+checkpoint was not saved) is an *unclean stop*: the operator shows it (a Warning Event
+and condition ``StopUnclean=True``) and the next generation may start from an older
+checkpoint; a clean stop sets the condition back to False.
+
 Crash safety comes from the order of the steps, which the callers keep: every
 decision is written to the job's status (phase, generation, failure count) in one
 write before any pod is deleted or created, so an operator that dies between two
@@ -33,16 +45,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from .contract import EXIT_SIGTERM, SUCCESS_POLICIES
+from .contract import EXIT_CHECKPOINT, EXIT_SIGTERM, SUCCESS_POLICIES
 
 __all__ = ["WorkerState", "Verdict", "judge", "backoff_s", "BACKOFF_BASE_S", "BACKOFF_CAP_S",
-           "NONE", "SUCCEED", "FAIL", "RESTART"]
+           "NONE", "SUCCEED", "FAIL", "RESTART", "StopVerdict", "judge_stop", "CLEAN_STOP_EXITS"]
 
 #: batch/v1 Job's pod-failure backoff: 10 s, doubled per failure, at most 6 minutes
 BACKOFF_BASE_S = 10.0
 BACKOFF_CAP_S = 360.0
 
 NONE, SUCCEED, FAIL, RESTART = "none", "succeed", "fail", "restart"
+#: the exits of a worker stopped with SIGTERM that are clean: saved and exited, or ended
+#: by the signal
+CLEAN_STOP_EXITS = (0, EXIT_SIGTERM)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,12 +141,15 @@ def judge(
         what = f"worker {w.name} exited with code {code}" if code is not None else f"worker {w.name} failed"
         if code == EXIT_SIGTERM:
             what += " (SIGTERM, not sent by rlsched)"
+        elif code == EXIT_CHECKPOINT:
+            what += (" (its checkpoint is unusable: the directory is missing or not writable, or the "
+                     "checkpoint is missing, of an unknown format or fails its checksum; see the worker's log)")
         if n > backoff_limit:
             return Verdict(FAIL, "BackoffLimitExceeded",
                            f"{what}; {n} unexpected failures, more than backoffLimit {backoff_limit}",
                            worker=w.name, exit_code=code, count=True, failures=n)
         wait = backoff_s(n)
-        return Verdict(RESTART, "WorkerFailed",
+        return Verdict(RESTART, "CheckpointFailed" if code == EXIT_CHECKPOINT else "WorkerFailed",
                        f"{what}; failure {n} of backoffLimit {backoff_limit}, generation {generation + 1} "
                        f"starts in {wait:.0f}s", worker=w.name, exit_code=code, count=True, failures=n,
                        backoff_s=wait)
@@ -154,3 +172,43 @@ def judge(
                            f"worker {gone[0]} of generation {generation} is gone without an exit; "
                            f"generation {generation + 1} starts", failures=failures)
     return Verdict(failures=failures)
+
+
+@dataclass(frozen=True, slots=True)
+class StopVerdict:
+    """How a worker the operator stopped with SIGTERM exited: ``clean`` (0 or 143) or
+    not; never counted against the backoff limit."""
+
+    clean: bool
+    reason: str
+    message: str
+    worker: str
+    exit_code: int
+    generation: int
+
+
+def judge_stop(w: WorkerState, *, generation: int, active: bool) -> StopVerdict | None:
+    """The exit of ``w`` if it is a worker stopped with the agreed SIGTERM and it has
+    exited: being deleted, of an ended generation (below ``generation``) or of a job no
+    longer ``active`` (finished). The caller passes only workers deleted with a grace
+    period (the operator lets go of those it deletes at once: already exited, or
+    killed). None for anything else: a worker still running, one of the running
+    generation deleted by someone else (:func:`judge` reads that as a disruption), one
+    that left no exit code."""
+    if not (w.stopping and w.finished) or (active and w.generation == generation):
+        return None
+    code = 0 if w.exit_code is None and w.phase == "Succeeded" else w.exit_code
+    if code is None or code < 0:
+        return None
+    if code in CLEAN_STOP_EXITS:
+        return StopVerdict(True, "StoppedCleanly", f"worker {w.name} of generation {w.generation} exited {code} "
+                           f"after the SIGTERM stop", w.name, code, w.generation)
+    if code == EXIT_CHECKPOINT:
+        why = "its checkpoint could not be saved (exit code 74); the next generation resumes from an older one"
+    elif code == 137:
+        why = "it was killed after the grace period (exit code 137): its checkpoint may not be saved"
+    else:
+        why = f"it exited with code {code}: its checkpoint may not be saved"
+    return StopVerdict(False, "CheckpointNotSaved" if code == EXIT_CHECKPOINT else "ExitAfterStop",
+                       f"worker {w.name} of generation {w.generation} was stopped with SIGTERM and {why}; "
+                       f"not counted as a failure", w.name, code, w.generation)

@@ -49,8 +49,8 @@ from rlsched.core.contract import (
     PLURAL,
     VERSION,
     controlling_job,
+    worker_account,
 )
-from rlsched.operator.resources import trainer_account_name
 from rlsched.sim.convergence import ConvergenceModel
 from rlsched.trainer import Reporter
 
@@ -116,7 +116,7 @@ class FakeTrainer:
         if not self.use_job_token:
             return Reporter(name, self.namespace, api=self.admin)
         tok = self.core.create_namespaced_service_account_token(
-            trainer_account_name(name), self.namespace,
+            worker_account(name, ((body.get("spec") or {}).get("template") or {}).get("spec")), self.namespace,
             {"spec": {"audiences": [], "expirationSeconds": 3600}},
         )
         c = client.Configuration()

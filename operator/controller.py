@@ -132,9 +132,11 @@ from rlsched.core.contract import (
     PLURAL,
     POD_SECURITY_BASELINE,
     VERSION,
+    FINALIZER_WORKER_EXIT,
     ShapeError,
     controlling_job,
     gpu_model_rule,
+    judge_batch,
 )
 from rlsched.core.planning import (
     Admission,
@@ -163,7 +165,7 @@ from rlsched.core.live_allocation import (
     observations_to_status,
 )
 from rlsched.core.das import resolve_placement_model, serving_placement
-from rlsched.core.lifecycle import BACKOFF_CAP_S, FAIL, RESTART, SUCCEED, Verdict, WorkerState, judge
+from rlsched.core.lifecycle import BACKOFF_CAP_S, FAIL, RESTART, SUCCEED, Verdict, WorkerState, judge, judge_stop
 from rlsched.core.policy import ORDERINGS, SCALINGS
 from rlsched.core.queues import QueueBook, QueueError, QueueSpec
 
@@ -196,6 +198,8 @@ TIME_FIELDS = ("queuedTime", "admittedTime", "startTime", "attainedSince")
 SUSPENDED = WaitReason(0, "Suspended", "spec.suspend is true: rlsched does not admit it until it is cleared")
 #: clock skew tolerated between the operator, the API server and earlier operators
 SKEW_S = 300.0
+#: seconds after its grace period a stopped worker may take to report its exit
+STOP_WAIT_S = 60.0
 #: ``Status.reason`` the API server gives for each HTTP status (when its body has none)
 HTTP_REASONS = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 409: "AlreadyExists",
                 410: "Expired", 422: "Invalid", 429: "TooManyRequests", 500: "InternalError",
@@ -779,7 +783,14 @@ class Controller:
             raise
 
     async def delete_pod(self, ns: str, name: str, grace: int | None = None) -> None:
+        """Delete a worker pod; at once (``grace`` 0: it already exited, or it is killed)
+        its finalizer is removed first, so that a worker still held when found exited is
+        one stopped with the grace period (:meth:`_release_stopped` judges it)."""
         try:
+            if grace == 0:
+                await self.core.patch_namespaced_pod(
+                    name, ns, {"metadata": {"$deleteFromPrimitiveList/finalizers": [FINALIZER_WORKER_EXIT]}},
+                    _content_type="application/strategic-merge-patch+json")
             await self.core.delete_namespaced_pod(name, ns, grace_period_seconds=grace)
         except ApiException as exc:
             if exc.status != 404:
@@ -861,16 +872,23 @@ class Controller:
             j = by_uid.get(owner.uid)
             if j is not None and j.ns == md.get("namespace"):
                 j.pods.append(p)
-            elif self.config.namespace in (None, md.get("namespace")) and md.get("deletionTimestamp") is None:
+            elif self.config.namespace in (None, md.get("namespace")) and (
+                    md.get("deletionTimestamp") is None or FINALIZER_WORKER_EXIT in (md.get("finalizers") or [])):
                 orphans.append(p)
         for p in ended["items"]:
             owner = controlling_job(p)
             j = by_uid.get(owner.uid) if owner is not None else None
             if j is not None and j.ns == p["metadata"].get("namespace"):
                 j.finished.append(p)
+            elif owner is not None and self.config.namespace in (None, p["metadata"].get("namespace")) and \
+                    FINALIZER_WORKER_EXIT in (p["metadata"].get("finalizers") or []):
+                orphans.append(p)  # its job is gone: nobody judges its exit
         for p in orphans:
             md = p["metadata"]
             try:
+                if md.get("deletionTimestamp") is not None:  # already going: only let go of it
+                    await self._release_pod(p)
+                    continue
                 await self.delete_pod(md["namespace"], md["name"], 0)
                 log.info("deleted orphan pod %s/%s (its TrainingJob is gone)", md["namespace"], md["name"])
             except (ApiException, OSError, asyncio.TimeoutError) as exc:
@@ -882,6 +900,7 @@ class Controller:
         holders: list[RunningEntry] = []
 
         async def observe(j: _Job) -> None:
+            await self._release_stopped(j, now)
             if not j.status.get("phase") and j.uid not in self.record:
                 if j.spec is None:
                     await self.fail(j, "InvalidSpec", j.error or "invalid spec", now)
@@ -1450,6 +1469,7 @@ class Controller:
         were judged; None when that ended the job or restarted its generation."""
         if await self._lifecycle(j, now) != "none":
             return None
+        await self._check_batch(j, now)
         target = j.spec.clamp_workers(j.status.get("targetWorkers"))
         gen = j.generation
         sizes = {w.gang_size for w in j.workers() if w.generation == gen and not w.stopping and w.gang_size}
@@ -1492,6 +1512,86 @@ class Controller:
         if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in (batch, workers)):
             return None
         return float(batch) / (float(workers) * j.spec.gpus_per_worker)
+
+    async def _check_batch(self, j: _Job, now: float) -> None:
+        """Condition ``BatchSizeIgnored`` (and an Event when it changes): whether the
+        chief's report of the running generation shows the global batch the operator
+        set (:func:`~rlsched.core.contract.judge_batch`)."""
+        expected = j.status.get("batchSize")
+        if not isinstance(expected, int) or isinstance(expected, bool):
+            expected = j.spec.batch_size
+        check = judge_batch(expected, j.status.get("progress"), j.generation)
+        if check is None:
+            return
+        old = get_condition(j.status.get("conditions"), "BatchSizeIgnored")
+        status = "False" if check.followed else "True"
+        if (old is None and check.followed) or (old is not None and old.get("status") == status
+                                                 and old.get("message") == check.message):
+            return
+        await self.patch_status(j, {"conditions": set_condition(
+            j.status.get("conditions"), "BatchSizeIgnored", status,
+            "BatchSizeFollowed" if check.followed else "BatchSizeIgnored", check.message, now)})
+        if check.followed:
+            await self.event(j.body, "BatchSizeFollowed", check.message)
+        else:
+            await self.event(j.body, "BatchSizeIgnored", check.message, "Warning")
+
+    async def _release_stopped(self, j: _Job, now: float) -> None:
+        """Judge the exits of the job's workers being deleted that have exited
+        (:func:`~rlsched.core.lifecycle.judge_stop`: an unclean stop is shown as a
+        Warning Event and condition ``StopUnclean=True``, never counted), then remove
+        their finalizer so that they go. A worker that never started (not bound, or
+        Pending) goes at once; one still not exited :data:`STOP_WAIT_S` after its grace
+        period (its node is gone) is let go unjudged."""
+        active = j.status.get("phase") in ACTIVE
+        gone: set[str] = set()
+        for p in j.all_pods():
+            md = p["metadata"]
+            if md.get("deletionTimestamp") is None or FINALIZER_WORKER_EXIT not in (md.get("finalizers") or []):
+                continue
+            w = worker_state(p)
+            started = bool((p.get("spec") or {}).get("nodeName")) and w is not None and w.phase != "Pending"
+            if w is not None and not w.finished and started:
+                if now < (parse_time(md["deletionTimestamp"]) or now) + STOP_WAIT_S:
+                    continue
+                log.warning("%s: worker %s not exited %.0fs after its grace period; let go unjudged",
+                            j.key, md["name"], STOP_WAIT_S)
+            v = judge_stop(w, generation=j.generation, active=active) if w is not None else None
+            if v is not None:
+                old = get_condition(j.status.get("conditions"), "StopUnclean")
+                if not v.clean or (old is not None and old.get("status") == "True"):
+                    await self.patch_status(j, {"conditions": set_condition(
+                        j.status.get("conditions"), "StopUnclean", "False" if v.clean else "True", v.reason,
+                        v.message, now)})
+                if not v.clean:
+                    self.metrics.unclean_stops.inc()
+                    await self.event(j.body, "StopUnclean", v.message, "Warning")
+            if await self._release_pod(p):
+                gone.add(md["name"])
+        if gone:  # released pods that were being deleted are gone: the next generation may start now
+            j.pods = [p for p in j.pods if p["metadata"]["name"] not in gone]
+            j.finished = [p for p in j.finished if p["metadata"]["name"] not in gone]
+
+    async def _release_pod(self, pod: Mapping) -> bool:
+        """Remove the operator's finalizer from a worker pod (a JSON patch that tests the
+        list first, so no one else's finalizer is lost); True when it is off."""
+        md = pod["metadata"]
+        have = list(md.get("finalizers") or [])
+        if FINALIZER_WORKER_EXIT not in have:
+            return True
+        patch = [{"op": "test", "path": "/metadata/finalizers", "value": have},
+                 {"op": "replace", "path": "/metadata/finalizers",
+                  "value": [f for f in have if f != FINALIZER_WORKER_EXIT]}]
+        try:
+            await self.core.patch_namespaced_pod(md["name"], md["namespace"], patch,
+                                                 _content_type="application/json-patch+json")
+        except ApiException as exc:
+            if exc.status == 404:
+                return True
+            if exc.status in (409, 422):  # changed since it was listed: next cycle
+                return False
+            raise
+        return True
 
     # ------------------------------------------------------------------ actions
     async def reconcile_pods(self, j: _Job, target: int) -> bool:
@@ -1582,10 +1682,31 @@ class Controller:
             log.info("deleted finished worker %s/%s to recreate it", ns, name)
 
     async def ensure_rbac(self, j: _Job) -> None:
+        """The job's report permission (:func:`~rlsched.operator.resources.trainer_rbac`),
+        idempotent; a binding of the job's that names another account (made before the
+        template named its own) is replaced: the grant follows the account the pods run
+        under, which the spec cannot change (the CRD holds it)."""
         sa, role, binding = trainer_rbac(j.body)
-        await self.create_ignoring_conflict(self.core.create_namespaced_service_account(j.ns, sa))
+        if sa is not None:
+            await self.create_ignoring_conflict(self.core.create_namespaced_service_account(j.ns, sa))
         await self.create_ignoring_conflict(self.rbac.create_namespaced_role(j.ns, role))
-        await self.create_ignoring_conflict(self.rbac.create_namespaced_role_binding(j.ns, binding))
+        if await self.create_ignoring_conflict(self.rbac.create_namespaced_role_binding(j.ns, binding)):
+            return
+        name = binding["metadata"]["name"]
+        have = await self.read_json(self.rbac.read_namespaced_role_binding(name, j.ns, _preload_content=False))
+        def who(subjects: Any) -> list[tuple]:
+            return [(x.get("kind"), x.get("name"), x.get("namespace")) for x in subjects or [] if isinstance(x, Mapping)]
+
+        if who(have.get("subjects")) != who(binding["subjects"]) or \
+                (have.get("roleRef") or {}).get("name") != binding["roleRef"]["name"]:
+            owner = controlling_job(have)
+            if owner is None or owner.uid != j.uid:
+                raise JobRejected("PodsCreated", "RoleBindingTaken",
+                                  f"RoleBinding {name} exists and is not this job's: rlsched cannot grant the "
+                                  f"job's report permission")
+            await self.rbac.delete_namespaced_role_binding(name, j.ns)
+            await self.rbac.create_namespaced_role_binding(j.ns, binding)
+            log.info("%s: RoleBinding %s now binds %s", j.key, name, binding["subjects"][0]["name"])
 
     async def ensure_service(self, j: _Job) -> None:
         """The job's headless Service (idempotent)."""

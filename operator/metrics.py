@@ -11,7 +11,7 @@ __all__ = ["OperatorMetrics", "COMPLETION_REASONS", "RESTART_REASONS"]
 #: (core.lifecycle: the chief's exit 0, or every worker's)
 COMPLETION_REASONS = ("Converged", "MaxEpochs", "ChiefSucceeded", "AllWorkersSucceeded")
 #: why a worker generation restarts (core.lifecycle's verdicts and the scaling planner's)
-RESTART_REASONS = ("Rescaled", "WorkerFailed", "WorkerDisrupted", "WorkerLost")
+RESTART_REASONS = ("Rescaled", "WorkerFailed", "CheckpointFailed", "WorkerDisrupted", "WorkerLost")
 
 
 class OperatorMetrics:
@@ -63,13 +63,18 @@ class OperatorMetrics:
             self.completions.labels(reason=reason)  # both series exist from the start (0)
         self.restarts = Counter(
             "rlsched_operator_generation_restarts_total",
-            "Worker generations ended and started again, by reason: Rescaled, WorkerFailed (counted against "
-            "backoffLimit), WorkerDisrupted or WorkerLost (not counted)",
+            "Worker generations ended and started again, by reason: Rescaled, WorkerFailed and CheckpointFailed "
+            "(counted against backoffLimit), WorkerDisrupted or WorkerLost (not counted)",
             ["reason"],
             registry=r,
         )
         for reason in RESTART_REASONS:
             self.restarts.labels(reason=reason)
+        self.unclean_stops = Counter(
+            "rlsched_operator_unclean_stops_total",
+            "Workers stopped with SIGTERM that exited other than 0 or 143 (not counted as failures)",
+            registry=r,
+        )
         self.failures = Counter(
             "rlsched_operator_failed_jobs_total",
             "TrainingJobs that ended Failed, by reason (BackoffLimitExceeded, InvalidSpec, ...)",

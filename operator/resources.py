@@ -22,6 +22,7 @@ from rlsched.core.contract import (
     ANNOTATION_GANG_SIZE,
     CHECKPOINT_VOLUME,
     DEFAULT_MASTER_PORT,
+    FINALIZER_WORKER_EXIT,
     LABEL_GENERATION,
     WorkerContract,
     service_name,
@@ -43,6 +44,7 @@ from rlsched.core.contract import (
     ROLE_WORKER,
     pod_gpus,
     trainer_account_name,
+    worker_account,
 )
 
 __all__ = ["owner_reference", "worker_name", "worker_pod", "worker_service", "trainer_rbac",
@@ -155,15 +157,23 @@ def worker_pod(
     pod_spec["schedulerName"] = scheduler_name
     pod_spec["restartPolicy"] = "Never"
     pod_spec.setdefault("terminationGracePeriodSeconds", grace_period_s)
-    pod_spec["serviceAccountName"] = trainer_account_name(job)
+    # the template's own account (cloud workload identity, the team's RBAC), else the
+    # job's; the deprecated alias is dropped so that the pod cannot run under another
+    pod_spec["serviceAccountName"] = worker_account(job, pod_spec)
+    pod_spec.pop("serviceAccount", None)
     pod_spec["hostname"] = worker_hostname(job, index)
     pod_spec["subdomain"] = service_name(job)
     ckpt = spec.get("checkpoint") if isinstance(spec.get("checkpoint"), Mapping) else None
     if batch_size is None and isinstance(spec.get("batchSize"), int):
         batch_size = int(spec["batchSize"])
+    local = spec.get("localBatchSize") if isinstance(spec.get("localBatchSize"), Mapping) else {}
+    limit = local.get("max")
     contract = WorkerContract(job=job, namespace=md.get("namespace", ""), index=index, workers=workers,
                               generation=int(generation), master_port=master_port(body), batch_size=batch_size,
-                              checkpoint_dir=ckpt["path"] if ckpt else None)
+                              checkpoint_dir=ckpt["path"] if ckpt else None,
+                              micro_batch_limit=limit if isinstance(limit, int) and not isinstance(limit, bool)
+                              else None,
+                              procs_per_worker=int(gpus_per_worker))
     env = [
         {"name": ENV_JOB, "value": job},
         {"name": ENV_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
@@ -188,6 +198,7 @@ def worker_pod(
             "annotations": {**(tmd.get("annotations") or {}),
                             **({ANNOTATION_GANG_SIZE: str(int(gang_size))} if gang_size else {})},
             "ownerReferences": [owner_reference(body)],
+            "finalizers": [FINALIZER_WORKER_EXIT],
         },
         "spec": pod_spec,
     }
@@ -200,14 +211,21 @@ def worker_pod(
     return pod
 
 
-def trainer_rbac(body: Mapping) -> tuple[dict, dict, dict]:
+def trainer_rbac(body: Mapping) -> tuple[dict | None, dict, dict]:
     """ServiceAccount, Role and RoleBinding letting the job's pods read and patch the
-    status of this one TrainingJob (``resourceNames: [job]``) and nothing else."""
+    status of this one TrainingJob (``resourceNames: [job]``) and nothing else.
+
+    The pods run under the account their template names
+    (:func:`~rlsched.core.contract.worker_account`); the binding grants the Role to it.
+    The ServiceAccount ``<job>-trainer`` is made only when the template names none
+    (None otherwise: the team's account is the team's). Role and RoleBinding are named
+    ``<job>-trainer`` either way."""
     md = body["metadata"]
     job, ns = md["name"], md["namespace"]
     name = trainer_account_name(job)
+    account = worker_account(job, ((body.get("spec") or {}).get("template") or {}).get("spec"))
     meta = {"name": name, "namespace": ns, "labels": job_labels(job), "ownerReferences": [owner_reference(body)]}
-    sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": copy.deepcopy(meta)}
+    sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": copy.deepcopy(meta)} if account == name else None
     role = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
@@ -222,6 +240,6 @@ def trainer_rbac(body: Mapping) -> tuple[dict, dict, dict]:
         "kind": "RoleBinding",
         "metadata": copy.deepcopy(meta),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": ns}],
     }
     return sa, role, binding

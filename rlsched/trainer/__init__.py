@@ -80,6 +80,7 @@ _EXPORTS = {
     "split_evenly": "batching",
     "loss_scale": "batching",
     "global_batch_size": "batching",
+    "micro_batch_limit": "batching",
     # sampler
     "Step": "sampler",
     "ElasticSampler": "sampler",

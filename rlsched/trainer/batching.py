@@ -6,7 +6,10 @@ the world size: each of the ``W`` workers takes a share of every global batch of
 samples, ``B // W`` or one more (the first ``B mod W`` ranks), so uneven divisions lose
 nothing. With a per-worker micro-batch limit ``m`` (what fits in a GPU), a share is
 processed in ``k = ceil(max share / m)`` micro-batches with gradient accumulation (the
-same ``k`` on every rank, so every rank synchronises on the same backward pass).
+same ``k`` on every rank, so every rank synchronises on the same backward pass). The
+limit is the script's, else the scheduler's (``RLSCHED_MICRO_BATCH_LIMIT``, from the
+job's ``spec.localBatchSize.max``: the same limit the scheduler's model of the job
+derives accumulation from).
 
 The gradient then equals the mean over the global batch when every micro-batch's
 *summed* per-sample loss is multiplied by :func:`loss_scale` ``= W / B``:
@@ -23,11 +26,11 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-from rlsched.core.contract import ENV_BATCH_SIZE
+from rlsched.core.contract import ENV_BATCH_SIZE, ENV_MICRO_BATCH_LIMIT
 
 from .errors import BatchSizeError
 
-__all__ = ["BatchPlan", "plan_batch", "split_evenly", "loss_scale", "global_batch_size"]
+__all__ = ["BatchPlan", "plan_batch", "split_evenly", "loss_scale", "global_batch_size", "micro_batch_limit"]
 
 
 def split_evenly(total: int, parts: int) -> tuple[int, ...]:
@@ -80,10 +83,14 @@ class BatchPlan:
         return split_evenly(n, self.accumulation_steps)
 
 
-def plan_batch(global_batch: int, world_size: int, micro_batch_limit: int | None = None) -> BatchPlan:
-    """Split ``global_batch`` over ``world_size`` workers; with ``micro_batch_limit``,
-    derive the gradient-accumulation steps. :class:`BatchSizeError` when the global
-    batch is smaller than the world size (a worker would never have a sample)."""
+def plan_batch(global_batch: int, world_size: int, micro_batch_limit: int | None = None,
+               environ: Mapping[str, str] | None = None) -> BatchPlan:
+    """Split ``global_batch`` over ``world_size`` workers; with a micro-batch limit
+    (``micro_batch_limit``, else the scheduler's: :func:`micro_batch_limit`), derive the
+    gradient-accumulation steps. :class:`BatchSizeError` when the global batch is
+    smaller than the world size (a worker would never have a sample)."""
+    if micro_batch_limit is None:
+        micro_batch_limit = _env_limit(environ)
     if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
         raise BatchSizeError(f"global batch size must be a whole number >= 1, got {global_batch!r}")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
@@ -111,3 +118,24 @@ def global_batch_size(default: int, environ: Mapping[str, str] | None = None) ->
     if value < 1:
         raise BatchSizeError(f"{ENV_BATCH_SIZE}={value} < 1")
     return value
+
+
+def _env_limit(environ: Mapping[str, str] | None) -> int | None:
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV_MICRO_BATCH_LIMIT)
+    if not raw:
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise BatchSizeError(f"{ENV_MICRO_BATCH_LIMIT}={raw!r:.40} is not a whole number") from None
+    if value < 1:
+        raise BatchSizeError(f"{ENV_MICRO_BATCH_LIMIT}={value} < 1")
+    return value
+
+
+def micro_batch_limit(default: int | None = None, environ: Mapping[str, str] | None = None) -> int | None:
+    """The most samples one process takes in one pass: the scheduler's
+    (``RLSCHED_MICRO_BATCH_LIMIT``), else the script's ``default`` (None: no limit)."""
+    value = _env_limit(environ)
+    return default if value is None else value

@@ -318,7 +318,12 @@ def test_trainer_policy_rendered_from_the_one_file(render):
     assert policy["spec"]["failurePolicy"] == "Fail"
     (cond,) = policy["spec"]["matchConditions"]
     assert f"'{contract.TRAINER_ACCOUNT_SUFFIX}'" in cond["expression"]
+    # the account the job's template names, which the CRD does not let change
+    assert "oldObject.spec.template.spec.serviceAccountName" in cond["expression"]
     crd = yaml.safe_load((CHART / "files/crds/trainingjob.yaml").read_text())
+    pod = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["template"]
+    rules = pod["properties"]["spec"]["x-kubernetes-validations"]
+    assert any("oldSelf.serviceAccountName" in r["rule"] for r in rules)
     status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     checked = " ".join(v["expression"] for v in policy["spec"]["validations"])
     for field in re.findall(r"variables\.progress\.(\w+)", checked):

@@ -8,7 +8,8 @@ import uuid
 
 import pytest
 
-from rlsched.core.contract import ANNOTATION_EVENT_TIME, API_VERSION, GROUP, KIND, LABEL_JOB, PLURAL, VERSION
+from rlsched.core.contract import (ANNOTATION_EVENT_TIME, API_VERSION, FINALIZER_WORKER_EXIT, GROUP, KIND, LABEL_JOB,
+                                   PLURAL, VERSION)
 
 
 # ------------------------------------------------------------------ control-plane fixtures
@@ -109,6 +110,14 @@ def ns(kapi, crd, wait_until):
             kapi.custom.delete_namespaced_custom_object(GROUP, VERSION, name, PLURAL,
                                                         tj["metadata"]["name"])
     kapi.core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+    # the operator (stopped now) removes its finalizer once it has read a worker's exit;
+    # let go of what it left, as an admin who uninstalled it would
+    for p in kapi.core.list_namespaced_pod(name).items:
+        if FINALIZER_WORKER_EXIT in (p.metadata.finalizers or []):
+            with contextlib.suppress(Exception):
+                kapi.core.patch_namespaced_pod(p.metadata.name, name, {"metadata": {"finalizers": [
+                    f for f in p.metadata.finalizers if f != FINALIZER_WORKER_EXIT]}},
+                    _content_type="application/merge-patch+json")
     kapi.core.delete_namespace(name)
 
 

@@ -196,3 +196,39 @@ def test_pods_cpu_and_memory_are_charged_to_their_nodes():
     assert (st.cpu_total[0], st.mem_total[0]) == (16000, 65536)
     assert (st.cpu_free[0], st.mem_free[0]) == (16000 - 4000 - 13000, 65536 - 10240)  # over-committed: below 0
     assert st.free[0] == 6
+
+
+def test_worker_env_carries_the_micro_batch_limit_and_processes_per_pod():
+    """RLSCHED_MICRO_BATCH_LIMIT is spec.localBatchSize.max (absent without it);
+    PET_NPROC_PER_NODE is gpusPerWorker (torchrun's one process per GPU); LOCAL_RANK 0."""
+    from rlsched.core.contract import WorkerContract
+
+    def env_of(job, gpus):
+        return {e["name"]: e.get("value") or "ns" for e in worker_pod(job, 0, gpus)["spec"]["containers"][0]["env"]}
+
+    job = {**JOB, "spec": {**JOB["spec"], "localBatchSize": {"min": 4, "max": 48}}}
+    env = env_of(job, 2)
+    assert (env["RLSCHED_MICRO_BATCH_LIMIT"], env["PET_NPROC_PER_NODE"], env["LOCAL_RANK"]) == ("48", "2", "0")
+    wc = WorkerContract.from_env(env)
+    assert (wc.micro_batch_limit, wc.procs_per_worker) == (48, 2)
+    env = env_of({**JOB, "spec": {**JOB["spec"], "gpusPerWorker": 1}}, 1)
+    assert "RLSCHED_MICRO_BATCH_LIMIT" not in env and env["PET_NPROC_PER_NODE"] == "1"
+
+
+def test_pods_keep_the_templates_account_and_the_binding_grants_it():
+    """The template's serviceAccountName is kept (the deprecated alias dropped); the
+    RoleBinding binds the report Role to that account and no ServiceAccount is made;
+    without one, <job>-trainer as before. Every worker carries the exit finalizer."""
+    from rlsched.core.contract import FINALIZER_WORKER_EXIT
+
+    tmpl = {"spec": {"serviceAccountName": "team-sa", "serviceAccount": "other",
+                     "containers": [{"name": "c", "image": "i"}]}}
+    job = {**JOB, "spec": {**JOB["spec"], "template": tmpl}}
+    p = worker_pod(job, 0, 2)
+    assert p["spec"]["serviceAccountName"] == "team-sa" and "serviceAccount" not in p["spec"]
+    assert p["metadata"]["finalizers"] == [FINALIZER_WORKER_EXIT]
+    sa, role, rb = trainer_rbac(job)
+    assert sa is None and role["metadata"]["name"] == rb["metadata"]["name"] == "tj1-trainer"
+    assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "team-sa", "namespace": "ns"}]
+    assert all(r["resourceNames"] == ["tj1"] for r in role["rules"])
+    assert worker_pod(JOB, 0, 2)["spec"]["serviceAccountName"] == "tj1-trainer"

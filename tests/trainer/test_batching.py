@@ -98,3 +98,15 @@ def test_global_batch_size_from_the_scheduler_else_the_default():
     for bad in ("x", "0", "-3"):
         with pytest.raises(BatchSizeError, match="RLSCHED_GLOBAL_BATCH_SIZE"):
             global_batch_size(64, {"RLSCHED_GLOBAL_BATCH_SIZE": bad})
+
+
+def test_the_micro_batch_limit_comes_from_the_contract_unless_the_script_gives_one():
+    from rlsched.trainer.batching import micro_batch_limit
+
+    env = {"RLSCHED_MICRO_BATCH_LIMIT": "2"}
+    assert plan_batch(10, 3, environ=env).accumulation_steps == 2  # shares 4, 3, 3
+    assert plan_batch(10, 3, micro_batch_limit=4, environ=env).accumulation_steps == 1
+    assert plan_batch(10, 3, environ={}).accumulation_steps == 1
+    assert (micro_batch_limit(8, env), micro_batch_limit(8, {}), micro_batch_limit(environ={})) == (2, 8, None)
+    with pytest.raises(BatchSizeError, match="RLSCHED_MICRO_BATCH_LIMIT=0 < 1"):
+        plan_batch(10, 3, environ={"RLSCHED_MICRO_BATCH_LIMIT": "0"})
