@@ -92,8 +92,9 @@ What the operator trusts of a job's status
       ``message`` — informational, recomputed or only appended to.
 
     The window left is a restart of the operator (or a change of leader) while a
-    chief is alive: what the status says of ``queue``, ``rlpto`` and the times is
-    adopted within the bounds above; the admission policy in ``deploy/`` that lets
+    chief is alive: what the status says of ``queue``, ``rlpto``, the times and a
+    ``Starting`` phase admitted within the start timeout is adopted within the bounds
+    above; the admission policy in ``deploy/`` that lets
     trainers change only ``status.progress`` closes it.
 """
 
