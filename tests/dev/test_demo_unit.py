@@ -272,11 +272,12 @@ def test_the_demo_team_queue_allows_its_preemptor():
 def test_the_demo_preemptor_runs_preempts_and_its_victims_resume_under_the_served_allocator():
     """The demo's plan (its trace, seed, cluster and team queue) replayed against the
     allocator the demo's operator serves: each job arrives at its time and every arrival
-    is a decision; no job completes (the busiest the cluster can be). The preemptor is
-    submitted when the demo would (:func:`demo.preemptor_due`, else at its deadline)
-    and sized as the demo sizes it (:func:`demo.sized_preemptor`), starts at the very
-    next decision by stopping running jobs, and once it ends its victims start again
-    (resume)."""
+    is a decision; no job completes until the preemptor has started (the busiest the
+    cluster can be). The preemptor is submitted when the demo would
+    (:func:`demo.preemptor_due`, else at its deadline) and sized as the demo sizes it
+    (:func:`demo.sized_preemptor`), starts at the very next decision by stopping running
+    jobs, and once it ends (and then the running jobs, first submitted first) its
+    victims start again (resume) before any job submitted after them."""
     import os
     from collections import Counter
 
@@ -343,8 +344,20 @@ def test_the_demo_preemptor_runs_preempts_and_its_victims_resume_under_the_serve
     now, victims = started
     assert victims, "the preemptor started without stopping a job: the demo shows no preemption"
     del submitted[pre.name], nodes[pre.name]  # the preemptor ends: its GPUs go back
-    p = decide(now + 60.0)
-    assert set(victims) & set(p.start), f"no victim resumes: {({v: p.waiting.get(v) for v in victims})}"
+    # then the running jobs end one by one, the first submitted first: each victim
+    # resumes before any job submitted after it starts
+    started_after: list[str] = []
+    for _ in range(len(plan)):
+        now += 60.0
+        started_after += list(decide(now).start)
+        if all(v in started_after for v in victims):
+            break
+        first = min((k for k in nodes if k not in victims), key=lambda k: submitted[k][1])
+        del submitted[first], nodes[first]
+    for v in victims:
+        assert v in started_after, f"victim {v} never resumed"
+        later = [k for k in started_after[:started_after.index(v)] if submitted[k][1] > submitted[v][1]]
+        assert not later, f"{later} started before victim {v} resumed"
 
 
 def test_the_summary_names_every_waiting_job_with_its_reason(tmp_path):
