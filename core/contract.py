@@ -498,6 +498,12 @@ class ShapeError(ValueError):
 #: GPU counts above this are refused as nonsense
 MAX_GPUS = 1_000_000
 
+#: the largest global batch (samples) a TrainingJob may ask for (``spec.batchSize``,
+#: ``spec.maxBatchSize``, ``spec.localBatchSize``; the CRD's ``maximum``): 2^24, past the
+#: largest published data-parallel batches (64k-sample ImageNet runs) by far, and exact
+#: in float32, so a worker reading ``RLSCHED_GLOBAL_BATCH_SIZE`` never gets nonsense
+MAX_BATCH_SIZE = 16_777_216
+
 
 def field(obj: Any, key: str, kind: type | tuple[type, ...], where: str, default: Any = None) -> Any:
     """``obj[key]`` when it is a ``kind``, ``default`` when absent or null; a

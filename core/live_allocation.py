@@ -265,16 +265,24 @@ class RankingAllocator(Allocator, Protocol):
 class LiveAllocation:
     """One allocator deciding the live operator's cycle (module docstring)."""
 
-    def __init__(self, allocator: RankingAllocator) -> None:
+    def __init__(self, allocator: RankingAllocator, name: str | None = None) -> None:
         if not isinstance(allocator, RankingAllocator):
             raise TypeError(f"{allocator!r} cannot say in which order it serves jobs (no order(jobs))")
         if allocator.clairvoyant:
             raise ValueError(f"{allocator.name} is clairvoyant: it cannot decide for a live scheduler")
         self.allocator = allocator
+        self._name = name
+
+    @classmethod
+    def named(cls, text: str) -> "LiveAllocation":
+        """The allocator ``name[@options]`` (:func:`make_live_allocator`), called by its
+        name (``goodput-rlpto``, not its class's) in events and waiting reasons."""
+        return cls(make_live_allocator(text), name=parse_allocator_options(text)[0])
 
     @property
     def name(self) -> str:
-        return self.allocator.name
+        """The allocator's name as configured (else its own)."""
+        return self._name or self.allocator.name
 
     # ------------------------------------------------------------------ translation
     @staticmethod

@@ -19,7 +19,9 @@ annotation, Succeeded after that many seconds.
 
 Supervision: while the handle that started it lives, a supervisor thread restarts
 kube-controller-manager, the schedulers and kwok when they exit unexpectedly, as a
-kubelet restarts a static pod (backoff 0.5 s doubling to 30 s, reset after 60 s up);
+kubelet restarts a static pod (backoff 0.5 s doubling to 30 s, reset after 60 s up;
+the schedulers and kwok only once the API server answers, so that their predecessors'
+leases can be released);
 each restart is logged (``logs/supervisor.log``, the component's log, the
 ``rlsched_dev.cluster`` logger) and counted in :attr:`LocalCluster.restarts`.
 kube-scheduler exits on purpose when its cache is corrupted (a pod re-created under a
@@ -74,6 +76,9 @@ SCHEDULER_NAME = DEFAULT_SCHEDULER_NAME
 #: kube-apiserver hold the state; a test that stops them means it, see
 #: :meth:`LocalCluster.restart_apiserver`)
 SUPERVISED = ("kube-controller-manager", "kube-scheduler", "rlsched-scheduler", "kwok")
+#: the supervised components whose leases are released before a restart (through the
+#: API server): restarted only once it answers
+NEED_API = ("kube-scheduler", "rlsched-scheduler", "kwok")
 #: restart backoff: first delay, cap (doubling in between, as kubelet's CrashLoopBackOff),
 #: and how long a component must have run for its backoff to start over
 RESTART_BACKOFF_S, RESTART_BACKOFF_MAX_S, RESTART_RESET_S = 0.5, 30.0, 60.0
@@ -531,14 +536,29 @@ class LocalCluster:
             except OSError:
                 pass
 
+    def _api_answers(self) -> bool:
+        """Whether kube-apiserver answers ``/readyz`` now."""
+        return http_ok(f"{self.server}/readyz", self._ssl_context(), expect="ok", timeout=1.0)
+
     def _supervise(self, every: float = 0.2) -> None:
         """Restart the :data:`SUPERVISED` components that exit unexpectedly, with a
         per-component exponential backoff (:data:`RESTART_BACKOFF_S` doubling to
-        :data:`RESTART_BACKOFF_MAX_S`, reset after :data:`RESTART_RESET_S` up)."""
+        :data:`RESTART_BACKOFF_MAX_S`, reset after :data:`RESTART_RESET_S` up). Those
+        of :data:`NEED_API` are restarted only once the API server answers: started
+        while it is away, a scheduler cannot release its predecessor's leader lease and
+        waits it out once the API server is back (new pods wait with it)."""
         backoff: dict[str, float] = {}
         up_since: dict[str, tuple[Process, float]] = {}
         due: dict[str, tuple[Process, float, int | None]] = {}  # name -> (exited, when, rc)
+        waiting_api: set[str] = set()
         while not self._supervisor_stop.wait(every):
+            answers: list[bool] = []
+
+            def api_up() -> bool:  # asked once per round, only when a restart needs it
+                if not answers:
+                    answers.append(self._api_answers())
+                return answers[0]
+
             try:
                 with self._lock:
                     if self._paused or not self.started:
@@ -569,6 +589,13 @@ class LocalCluster:
                             continue
                         if now < pending[1]:
                             continue
+                        if name in NEED_API and not api_up():
+                            if name not in waiting_api:  # logged once per outage
+                                waiting_api.add(name)
+                                self._log_supervision(name, f"{name}: the API server does not answer; "
+                                                            "restarted once it does")
+                            continue
+                        waiting_api.discard(name)
                         backoff[name] = min(backoff.get(name, RESTART_BACKOFF_S) * 2,
                                             RESTART_BACKOFF_MAX_S)
                         try:

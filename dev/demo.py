@@ -19,9 +19,12 @@ the first ``submit_fraction`` (20 %) of the run, enough work to fill the 32 GPUs
 their gang sizes, so jobs queue; the operator's default policies grow jobs into
 spare GPUs, take a worker back from each job whose accuracy has converged (RLPTO's
 β rule) and give it to the waiting jobs, and stop converged jobs. One job is of the
-``highest`` class: the demo submits it once the cluster cannot start its gang (fewer
-GPUs free or being released than it needs), so it preempts lower-class jobs, which
-wait in the interrupt queue and resume first.
+``highest`` class (the demo's team queue allows the class, as an admin grants it): the
+demo submits it once the cluster cannot start its gang (fewer GPUs free or being
+released than it needs; under an allocator, which first shrinks jobs that grew: once the
+running jobs' gangs leave no room for it, or as the last jobs arrive, its gang raised
+until it does), so it preempts lower-class jobs, which wait in the interrupt queue and
+resume first. The summary names every job that did not finish with its waiting reason.
 
 The pure parts (:func:`plan_jobs`, :func:`prometheus_config`, :func:`summarize`,
 :func:`gpu_usage`, :func:`render_view`) are unit-tested; the rest is orchestration.
@@ -69,6 +72,10 @@ __all__ = [
     "shipped_rules",
     "gpu_usage",
     "cluster_free",
+    "held_gangs",
+    "preemptor_due",
+    "sized_preemptor",
+    "team_queue",
     "summarize",
     "render_view",
     "write_plots",
@@ -422,6 +429,51 @@ def _st(job: Mapping) -> Mapping:
     return job.get("status") or {}
 
 
+def held_gangs(jobs: Iterable[Mapping]) -> int:
+    """GPUs of the gangs (``minWorkers`` x ``gpusPerWorker``) of the Starting and Running jobs."""
+    held = 0
+    for j in jobs:
+        if _st(j).get("phase") in ("Starting", "Running"):
+            spec = j.get("spec") or {}
+            held += int(spec.get("minWorkers", 1)) * int(spec.get("gpusPerWorker", 1))
+    return held
+
+
+def preemptor_due(jobs: Iterable[Mapping], free: int, gang: int, total: int, allocator: bool) -> bool:
+    """Whether the demo's preemptor (a gang of ``gang`` GPUs) can start only by taking
+    GPUs from running jobs. Admission (``allocator`` False) preempts when the gang
+    does not fit the ``free`` GPUs (free or being released); an allocator shrinks grown
+    jobs first and stops a job only when the gangs of the jobs holding GPUs
+    (:func:`held_gangs`) leave no room for it in the ``total`` GPUs."""
+    if not allocator:
+        return free < gang
+    return held_gangs(jobs) + gang > total
+
+
+def sized_preemptor(job: DemoJob, jobs: Iterable[Mapping], total: int) -> DemoJob:
+    """Under an allocator, the preemptor as submitted: its gang raised (whole workers, at
+    most half the cluster) until it needs GPUs of the running jobs' gangs
+    (:func:`held_gangs`), so that it stops one of them (a preemption the demo shows)
+    rather than only shrinking jobs that grew."""
+    s = job.manifest["spec"]
+    g = int(s["gpusPerWorker"])
+    need = -(-(total - held_gangs(jobs) + 1) // g)
+    workers = max(int(s["minWorkers"]), min(need, max(1, (total // 2) // g)))
+    if workers == int(s["minWorkers"]):
+        return job
+    spec = {**s, "minWorkers": workers, "maxWorkers": max(int(s["maxWorkers"]), workers)}
+    return DemoJob(job.name, job.at_s, {**job.manifest, "spec": spec}, job.when_full)
+
+
+def team_queue(namespace: str, gpus: int) -> dict:
+    """The demo namespace's TrainingQueue: every GPU of the demo cluster guaranteed, and
+    every service class allowed — the demo's preemptor is ``highest``, which a queue
+    bars unless it names it (an admin grants it so)."""
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": QUEUE_KIND, "metadata": {"name": namespace},
+            "spec": {"nominalGpus": int(gpus), "namespaces": [namespace],
+                     "priorityClasses": ["highest", "urgent", "normal"]}}
+
+
 def summarize(jobs: Sequence[Mapping], planned: int | None = None) -> dict:
     """Per-job rows and aggregate figures from the final TrainingJob objects."""
     rows = []
@@ -441,6 +493,9 @@ def summarize(jobs: Sequence[Mapping], planned: int | None = None) -> dict:
             "wait_s": st.get("admissionWaitSeconds"),
             "jct_s": st.get("jctSeconds"),
             "preemptions": st.get("preemptions", 0),
+            "waiting": (st.get("waiting") or {}).get("reason") or (
+                "" if st.get("phase") in TERMINAL + ("Running",) else "Unknown"),
+            "waiting_message": (st.get("waiting") or {}).get("message") or "",
         })
     done = [r for r in rows if r["phase"] == "Succeeded" and r["jct_s"] is not None]
     jct = np.array([r["jct_s"] for r in done], dtype=float)
@@ -465,6 +520,9 @@ def summarize(jobs: Sequence[Mapping], planned: int | None = None) -> dict:
         "wait_mean_s": stat(waits, np.mean),
         "accuracy_mean": stat(acc, np.mean),
         "preemptions": int(sum(r["preemptions"] or 0 for r in rows)),
+        #: every job that did not finish, with why it waits (its ``status.waiting``)
+        "unfinished": [{"name": r["name"], "class": r["class"], "phase": r["phase"], "reason": r["waiting"],
+                        "message": r["waiting_message"]} for r in rows if r["phase"] not in TERMINAL],
     }
 
 
@@ -787,13 +845,15 @@ class Demo:
         from kubernetes.client.exceptions import ApiException
 
         total = self.topology.total_gpus if self.topology is not None else 0
-        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": QUEUE_KIND, "metadata": {"name": self.opts.namespace},
-                "spec": {"nominalGpus": int(total), "namespaces": [self.opts.namespace]}}
+        body = team_queue(self.opts.namespace, total)
         try:
             custom.create_cluster_custom_object(GROUP, VERSION, QUEUE_PLURAL, body)
         except ApiException as exc:
             if exc.status != 409:
                 raise
+            # left by an earlier run: made as this run needs it
+            custom.patch_cluster_custom_object(GROUP, VERSION, QUEUE_PLURAL, body["metadata"]["name"],
+                                               {"spec": body["spec"]})
 
     def _start_prometheus(self, prometheus: str, helm: Path, chart: Path, targets: Mapping[str, str]) -> None:
         pdir = self.state_dir / "prometheus"
@@ -878,12 +938,17 @@ class Demo:
         with Live(console=self.console, refresh_per_second=4, transient=False, auto_refresh=interactive) as live:
             while True:
                 now = time.monotonic() - t0
+                allocator = opts.live_allocator() != "none"
                 for job in [j for j in pending if j.at_s <= now]:
-                    busy = free < job.gang_gpus
+                    busy = preemptor_due(jobs, free, job.gang_gpus, topo.total_gpus, allocator)
                     deadline = min(job.at_s + opts.full_wait_s, opts.duration_s / 2)
+                    if allocator:  # the cluster is busiest as the last jobs arrive
+                        deadline = min(deadline, max(job.at_s, opts.duration_s * opts.submit_fraction))
                     if job.when_full and not busy and now < deadline:
                         continue  # the preemptor waits until the cluster cannot start it
                     pending.remove(job)
+                    if job.when_full and allocator:
+                        job = sized_preemptor(job, jobs, topo.total_gpus)
                     try:
                         custom.create_namespaced_custom_object(GROUP, VERSION, opts.namespace, PLURAL, job.manifest)
                     except ApiException as exc:
@@ -961,6 +1026,9 @@ class Demo:
         ):
             t.add_row(label, val)
         self.console.print(t)
+        for u in s.get("unfinished") or []:
+            self.console.print(f"not finished: {u['name']} ({u['class']}) {u['phase']}, "
+                               f"waiting {u['reason'] or '-'}: {u['message'] or '-'}")
         self.console.print("counters: the operator's metrics as the demo's Prometheus scraped them "
                            "(rlsched_operator_scaling_decisions_total, _preemptions_total, _resumes_total, "
                            "_completions_total)")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""An elastic PyTorch DDP training script under rlsched: an MLP on scikit-learn's digits.
+"""An elastic PyTorch DDP training script under rlsched: an MLP on the UCI digits.
 
 Run by the operator as the worker command of ``examples/trainingjob.yaml`` (one process
 per worker pod; the environment is the worker contract, docs/trainer.md). Everything
@@ -28,7 +28,8 @@ elastic comes from ``rlsched.trainer``:
   restarted generation, an unknown format, a bad checksum) ends the process with exit
   74, which the operator reports as the checkpoint's failure.
 
-The digits data ship with scikit-learn (read from its package files); nothing is downloaded. Outside the operator, set
+The digits data are committed beside the script (``examples/data``, UCI, CC BY 4.0);
+nothing is downloaded. Outside the operator, set
 the contract by hand, e.g. one process::
 
     RLSCHED_JOB_NAME=digits MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 WORLD_SIZE=1 RANK=0 \\
@@ -45,7 +46,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gzip
-import importlib.util
 import json
 import logging
 import os
@@ -101,15 +101,15 @@ def append_jsonl(path: str | None, record: dict) -> None:
         os.close(fd)
 
 
-def read_digits() -> tuple[list[list[float]], list[int]]:
-    """The 1,797 8x8 digits scikit-learn ships (``sklearn/datasets/data/digits.csv.gz``,
-    what ``sklearn.datasets.load_digits`` reads), read without importing scikit-learn:
-    its import costs each worker seconds of start-up, and every generation starts anew.
-    tests/trainer checks the result equals ``load_digits(return_X_y=True)``."""
-    spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("ddp_digits: scikit-learn is not installed (pip install scikit-learn==1.9.1)")
-    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
+def read_digits(path: str | os.PathLike | None = None) -> tuple[list[list[float]], list[int]]:
+    """The 1,797 8x8 digits of the UCI optical digits test set (``examples/data/digits.csv.gz``
+    beside this script, or ``path``; source and licence in ``examples/data/README.md``):
+    the file scikit-learn's ``load_digits`` reads, read with the standard library, so the
+    image needs neither scikit-learn nor numpy. tests/trainer checks it equals
+    ``load_digits(return_X_y=True)``."""
+    path = Path(path) if path is not None else Path(__file__).resolve().parent / "data" / "digits.csv.gz"
+    if not path.is_file():
+        raise SystemExit(f"ddp_digits: the digits data are not at {path} (examples/data/digits.csv.gz)")
     xs, ys = [], []
     with gzip.open(path, "rt") as fh:
         for line in fh:

@@ -66,7 +66,9 @@ What the operator trusts of a job's status
     * ``phase`` — ``Running``/``Starting`` on a queued or preempted job to get pods
       without admission, ``Queued`` to be admitted twice: restored from the record;
       without one, ``Starting``/``Running`` counts only for a job with a live worker
-      pod it controls (else it is queued again);
+      pod it controls, or ``Starting`` admitted within the gang start timeout (an
+      admission recorded before its pods were created: finished), else it is queued
+      again;
     * ``targetWorkers`` — 40 on a ``maxWorkers: 2`` job to get 40 pods: restored, and
       whatever the source always clamped to ``[minWorkers, maxWorkers]``
       (``minWorkers`` while ``Starting``), so never more pods than the spec allows;
@@ -90,8 +92,9 @@ What the operator trusts of a job's status
       ``message`` — informational, recomputed or only appended to.
 
     The window left is a restart of the operator (or a change of leader) while a
-    chief is alive: what the status says of ``queue``, ``rlpto`` and the times is
-    adopted within the bounds above; the admission policy in ``deploy/`` that lets
+    chief is alive: what the status says of ``queue``, ``rlpto``, the times and a
+    ``Starting`` phase admitted within the start timeout is adopted within the bounds
+    above; the admission policy in ``deploy/`` that lets
     trainers change only ``status.progress`` closes it.
 """
 
@@ -149,6 +152,7 @@ from rlsched.core.planning import (
     ScalingPlanner,
     TrainingSpec,
     WaitReason,
+    gang_unfittable,
     waiting_reasons,
 )
 from rlsched.core.cycle import SchedulingCycle
@@ -159,7 +163,6 @@ from rlsched.core.live_allocation import (
     LiveTarget,
     attained_service,
     batch_bounds,
-    make_live_allocator,
     movable_room,
     observations_from_status,
     observations_to_status,
@@ -177,7 +180,7 @@ from .kueue import workload_for
 from .metrics import OperatorMetrics
 from .podsecurity import POD_SECURITY_REASON, PodSecurityGate
 from .resources import trainer_rbac, worker_pod, worker_service
-from .snapshot import build_snapshot, charge_freest
+from .snapshot import build_snapshot, charge_packed
 from .spec import SpecError, parse_spec
 
 __all__ = ["OperatorConfig", "Controller", "REQUESTS_ANNOTATION", "parse_time", "format_time", "OWNED_FIELDS",
@@ -294,6 +297,7 @@ def guard_status(
     now: float,
     live_workers: int | None = None,
     start_at_min: bool = True,
+    start_timeout_s: float | None = None,
 ) -> tuple[dict, dict]:
     """The status the operator acts on, and the fields it must write back.
 
@@ -308,7 +312,9 @@ def guard_status(
     take :data:`SKEW_S`); adopted without a record, ``Starting``/``Running`` needs a
     worker pod the job controls, running, terminating or exited, or a generation being
     replaced (``live_workers``), else the job is ``Queued`` again (admitted anew: at
-    worst a delay). ``changed`` maps each field whose trusted value
+    worst a delay) — except ``Starting`` admitted less than ``start_timeout_s`` ago: an
+    admission recorded before its pods were created, finished (the gang start timeout
+    bounds it as any start). ``changed`` maps each field whose trusted value
     differs from the status to ``(status value, trusted value)``.
     """
     st = copy.deepcopy(dict(status))
@@ -320,7 +326,9 @@ def guard_status(
                 else:
                     st[k] = copy.deepcopy(record[k])
     elif st.get("phase") in ("Starting", "Running") and live_workers == 0:
-        st["phase"], st["targetWorkers"] = "Queued", 0
+        admitted = _time(st.get("admittedTime")) if st.get("phase") == "Starting" else None
+        if admitted is None or start_timeout_s is None or not -SKEW_S <= now - admitted <= start_timeout_s:
+            st["phase"], st["targetWorkers"] = "Queued", 0
     phase = st.get("phase")
     if spec is not None:
         if phase == "Starting" and start_at_min:
@@ -658,7 +666,7 @@ class Controller:
         #: core's cycle over the two: what every cycle decides (the simulator's allocator runs it too)
         self.scheduling = SchedulingCycle(self.queues, self.planner)
         #: the allocation policy, when one decides instead of admission + scaling
-        self.allocation = LiveAllocation(make_live_allocator(config.allocator)) if config.allocator else None
+        self.allocation = LiveAllocation.named(config.allocator) if config.allocator else None
         self._no_queue_crd = False
         self._queues_unenforced = False
         self._queue_series: set[str] = set()
@@ -955,15 +963,20 @@ class Controller:
         # jobs are independent here: observe them concurrently (bounded), then decide
         # on the whole picture in a fixed order
         await self._each(observe, jobs.values(), now)
-        self._hold_restarting(jobs.values(), listed, snap.state)
+        self._hold_restarting(jobs.values(), listed, snap.state, snap.node_index)
         order = {k: i for i, k in enumerate(jobs)}
         for lst in (waiting, running, holders):
             lst.sort(key=lambda e: order[e.key])
 
         if self.allocation is not None:  # an allocation policy decides everything at once
+            # a gang that can never fit is reported as admission reports it (condition, event, gauge)
+            unfit = AdmissionPlan(unfittable={e.key: why for e in waiting
+                                              if (why := gang_unfittable(e.spec, snap.state)) is not None})
+            await self._each(lambda j: self._schedulable(j, unfit.unfittable.get(j.key), now),
+                             [jobs[e.key] for e in waiting], now)
             await self._allocate(jobs, waiting, running, snap, now, book)
             await self._sweep(by_uid)
-            self._metrics(jobs, AdmissionPlan())
+            self._metrics(jobs, unfit)
             await self._queue_status(book, queue_bodies, jobs, now)
             return
 
@@ -1228,17 +1241,27 @@ class Controller:
                                               f"before it; workers get {self.config.grace_period_s}s to checkpoint",
                          "Warning")
 
-    def _hold_restarting(self, jobs: Sequence[_Job] | Any, listed: Mapping[str, int], state: ClusterState) -> None:
+    def _hold_restarting(self, jobs: Sequence[_Job] | Any, listed: Mapping[str, int], state: ClusterState,
+                         node_index: Mapping[str, int] | None = None) -> None:
         """A Starting or Running job whose generation is being replaced (the old workers
-        gone, the new not all created yet) still holds its GPUs: charge the ones its
-        listed pods do not hold to the freest nodes (as the snapshot charges unbound
-        pods), so that admission and scaling do not give them away between two
-        generations (found by the twin check). Mutates ``state``."""
+        gone, the new not all created yet, a failed generation waiting out its backoff)
+        still holds its GPUs: charge the workers its listed pods do not hold where it
+        last ran, else packed on nodes of the GPU models it may use
+        (:func:`~rlsched.operator.snapshot.charge_packed`), so that admission and scaling
+        do not give them away between two generations (found by the twin check) and a
+        small job does not take the whole nodes a large gang needs. Mutates ``state``."""
+        index = node_index or {}
         for j in jobs:
             if j.spec is None or j.status.get("phase") not in ("Starting", "Running"):
                 continue
             done = sum(1 for w in j.workers() if w.generation == j.generation and w.finished and not w.stopping)
-            charge_freest(state, (self._target(j) - listed.get(j.key, 0) - done) * j.spec.gpus_per_worker)
+            missing = self._target(j) - listed.get(j.key, 0) - done
+            if missing <= 0:
+                continue
+            ran = sorted(j.finished, key=pod_generation, reverse=True)  # the latest generation's nodes first
+            prefer = [index[n] for p in ran if (n := (p.get("spec") or {}).get("nodeName")) in index]
+            charge_packed(state, missing, j.spec.gpus_per_worker, prefer=list(dict.fromkeys(prefer)),
+                          models=j.spec.gpu_models)
 
     def _place(self, job: JobView, state: ClusterState) -> list[int] | None:
         """Admission's room check: the gang's nodes as the extender's placement would
@@ -1324,7 +1347,8 @@ class Controller:
                 and j.generation > started):
             ran += 1
         trusted, changed = guard_status(j.status, rec, j.spec, created=created, now=now, live_workers=ran,
-                                        start_at_min=self.allocation is None)
+                                        start_at_min=self.allocation is None,
+                                        start_timeout_s=self.config.start_timeout_s)
         if rec is None:
             self.record[j.uid] = {k: _stored(trusted.get(k)) for k in OWNED_FIELDS}
         if changed:
@@ -1871,6 +1895,8 @@ class Controller:
         }
         if rj is not None:
             patch["rlpto"] = rj.state.to_status()
+        if j.status.get("attainedSince") is not None:  # the service attained up to the end
+            patch.update({"attainedGpuSeconds": self._service(j, now), "attainedSince": None})
         await self.patch_status(j, patch)
         for p in j.live_pods():
             await self.delete_pod(j.ns, p["metadata"]["name"], self.config.grace_period_s)

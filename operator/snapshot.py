@@ -5,8 +5,10 @@ allocatable ``nvidia.com/gpu``) minus the requests (:func:`rlsched.core.contract
 of its non-terminated pods (phase not Succeeded/Failed); its free CPU and memory the
 same way (allocatable ``cpu`` and ``memory``), so admission counts what kube-scheduler's
 resource fit will. Pods the operator created that
-are not bound yet also hold GPUs — they are committed to a gang — and are charged to
-the freest nodes so that the next admission does not count them twice. Pods being
+are not bound yet also hold GPUs — they are committed to a gang — and are charged where
+they fit best (the fullest node with room, as a packing placement would bind them) so
+that the next admission does not count them twice and a small pod never takes a whole
+node a gang needs. Pods being
 deleted are reported separately (``releasing``): they still hold their GPUs but will
 give them back, which stops a waiting job from preempting twice.
 
@@ -25,24 +27,42 @@ A job's workers (``placement``) are the pods its TrainingJob controls (ownerRefe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from rlsched.core import ClusterState, Topology
 from rlsched.core.contract import DEFAULT_TOPOLOGY_LEVELS, PodRequests, ShapeError, controlling_job, node_shape, pod_requests
 
-__all__ = ["Snapshot", "build_snapshot", "charge_freest"]
+__all__ = ["Snapshot", "build_snapshot", "charge_packed"]
 
 
-def charge_freest(state: ClusterState, gpus: int) -> None:
-    """Charge ``gpus`` GPUs held nowhere known yet (unbound pods, a generation being
-    replaced) to the freest nodes of ``state``, as far as they go."""
-    while gpus > 0 and state.free_gpus > 0:
-        i = int(np.argmax(state.free))
-        take = min(gpus, int(state.free[i]))
-        state.allocate(i, take)
-        gpus -= take
+def charge_packed(state: ClusterState, workers: int, gpus_per_worker: int, *, prefer: Sequence[int] = (),
+                  models: frozenset[str] | None = None) -> None:
+    """Charge ``workers`` workers of ``gpus_per_worker`` GPUs that a job holds between two
+    generations to the nodes it may run on (``models``: the GPU models its template
+    allows; None: any): first the nodes in ``prefer`` (where it last ran) that still
+    have room for a worker, then best fit (the fullest node that holds a worker), so a
+    small job never takes the whole nodes a large gang needs. What no node holds whole
+    is charged to the fullest nodes it may run on, as far as they go."""
+    g = max(1, int(gpus_per_worker))
+    allowed = state.candidates_total(0, models)
+    rank = {int(i): k for k, i in enumerate(prefer)}
+    left = max(0, int(workers)) * g
+    for _ in range(max(0, int(workers))):
+        fit = [int(i) for i in allowed if state.free[i] >= g]
+        if not fit:
+            break
+        i = min(fit, key=lambda n: (rank.get(n, len(rank)), int(state.free[n]), n))
+        state.allocate(i, g)
+        left -= g
+    for i in sorted((int(i) for i in allowed), key=lambda n: (int(state.free[n]) == 0, int(state.free[n]), n)):
+        if left <= 0:
+            break
+        take = min(left, int(state.free[i]))
+        if take > 0:
+            state.allocate(i, take)
+            left -= take
 
 
 def _terminated(pod: Mapping) -> bool:
@@ -99,7 +119,7 @@ def build_snapshot(
     index = {name: i for i, (name, *_) in enumerate(specs)}
     releasing = np.zeros(len(specs), dtype=np.int64)
     placement: dict[str, list[int]] = {}
-    unbound = 0
+    unbound: list[int] = []
     for p in pods:
         if _terminated(p):
             continue
@@ -118,7 +138,7 @@ def build_snapshot(
             g = None
         if not node:
             if md.get("deletionTimestamp") is None:
-                unbound += g
+                unbound.append(g)
             continue
         i = index.get(node)
         if i is None:
@@ -132,5 +152,6 @@ def build_snapshot(
         owner = controlling_job(p)
         if owner is not None:
             placement.setdefault(f"{md.get('namespace', '')}/{owner.name}", []).append(i)
-    charge_freest(state, unbound)  # unbound pods: charge the freest nodes
+    for g in sorted(unbound, reverse=True):  # unbound pods: each where it fits best, largest first
+        charge_packed(state, 1, g)
     return Snapshot(state=state, node_index=index, placement=placement, releasing=releasing, problems=problems)

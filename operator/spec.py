@@ -30,6 +30,7 @@ from rlsched.core.contract import (
     DEFAULT_BACKOFF_LIMIT,
     DEFAULT_MASTER_PORT,
     DEFAULT_SCHEDULER_NAME,
+    MAX_BATCH_SIZE,
     SUCCESS_POLICIES,
     RESOURCE_GPU,
     ShapeError,
@@ -58,7 +59,7 @@ def _int(spec: Mapping, key: str, default: Any, problems: list[str]) -> Any:
     v = spec.get(key, default)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or float(v) != int(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or float(v) != int(v):
         problems.append(f"spec.{key} must be an integer, got {v!r}")
         return default
     return int(v)
@@ -112,6 +113,9 @@ def parse_spec(
     if batch is not None and batch < 1:
         problems.append(f"spec.batchSize must be >= 1, got {batch}")
     max_batch = _int(spec, "maxBatchSize", None, problems)
+    for key, v in (("batchSize", batch), ("maxBatchSize", max_batch)):
+        if v is not None and v > MAX_BATCH_SIZE:
+            problems.append(f"spec.{key} must be at most {MAX_BATCH_SIZE} samples, got {v}")
     if max_batch is not None and batch is None:
         problems.append("spec.maxBatchSize needs spec.batchSize (the batch the job was tuned for)")
     elif max_batch is not None and batch is not None and max_batch < batch:
@@ -125,6 +129,8 @@ def parse_spec(
     for what, v in (("min", lmin), ("max", lmax)):
         if v is not None and v < 1:
             problems.append(f"spec.localBatchSize.{what} must be >= 1, got {v}")
+        elif v is not None and v > MAX_BATCH_SIZE:
+            problems.append(f"spec.localBatchSize.{what} must be at most {MAX_BATCH_SIZE} samples, got {v}")
     if lmin is not None and lmax is not None and lmin > lmax:
         problems.append(f"spec.localBatchSize.min ({lmin}) must be <= spec.localBatchSize.max ({lmax})")
     suspend = spec.get("suspend", False)

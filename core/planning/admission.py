@@ -44,7 +44,7 @@ from .spec import TrainingSpec
 
 __all__ = [
     "DynamicPriority", "QueueEntry", "RunningEntry", "AdmissionPlan", "Admission", "HIGHEST_BONUS",
-    "CLASS_RANK", "WaitReason", "waiting_reasons", "admit_in_order", "gang_fits", "take_gang", "unfittable_reason",
+    "CLASS_RANK", "WaitReason", "waiting_reasons", "admit_in_order", "gang_fits", "gang_unfittable", "take_gang", "unfittable_reason",
 ]
 
 #: added to a ``highest`` job's priority so that it ranks before every urgent job
@@ -242,6 +242,33 @@ def unfittable_reason(total: np.ndarray, gpus_per_worker: int, workers: int) -> 
     return None
 
 
+def gang_unfittable(spec: TrainingSpec, state: ClusterState) -> str | None:
+    """Why ``spec``'s gang (``minWorkers`` workers) can never fit the nodes of ``state``
+    even with every GPU free, counting only nodes of a GPU model its workers allow and
+    the workers each node can host by CPU and memory; None when it can. The same
+    verdict for admission and for an allocator (the operator's ``Schedulable``)."""
+    models, g = spec.gpu_models, max(1, spec.gpus_per_worker)
+    total = state.total.astype(np.int64)
+    cpu, mem = spec.cpu_milli, spec.memory_mib
+    if cpu > 0:  # a node hosts no more workers than its CPU and memory hold
+        total = np.minimum(total, state.cpu_total // cpu * g)
+    if mem > 0:
+        total = np.minimum(total, state.mem_total // mem * g)
+    ok = None
+    if models is not None:  # only the nodes of a model its workers may run on
+        ok = state.candidates_total(0, models)
+        only = np.zeros_like(total)
+        only[ok] = total[ok]
+        total = only
+    why = ("no node of the cluster has a GPU model its worker template allows" if ok is not None and not ok.size
+           else unfittable_reason(total, spec.gpus_per_worker, spec.min_workers))
+    if why is not None and ok is not None and ok.size:
+        why += f" (on nodes of GPU model {', '.join(sorted(models))})"
+    if why is not None and (cpu > 0 or mem > 0):
+        why += f" (counting the {cpu}m CPU and {mem}Mi memory each worker asks for)"
+    return why
+
+
 def take_gang(free: np.ndarray, gpus_per_worker: int, workers: int) -> None:
     """Subtract a gang from ``free`` in place, fullest-fitting nodes first (best fit)."""
     left = workers
@@ -326,25 +353,7 @@ class Admission:
         plan.order = [e.key for e in order]
         fitting = []
         for e in order:
-            models, g = e.spec.gpu_models, max(1, e.spec.gpus_per_worker)
-            total = state.total.astype(np.int64)
-            cpu, mem = e.spec.cpu_milli, e.spec.memory_mib
-            if cpu > 0:  # a node hosts no more workers than its CPU and memory hold
-                total = np.minimum(total, state.cpu_total // cpu * g)
-            if mem > 0:
-                total = np.minimum(total, state.mem_total // mem * g)
-            ok = None
-            if models is not None:  # only the nodes of a model its workers may run on
-                ok = state.candidates_total(0, models)
-                only = np.zeros_like(total)
-                only[ok] = total[ok]
-                total = only
-            why = ("no node of the cluster has a GPU model its worker template allows" if ok is not None and not ok.size
-                   else unfittable_reason(total, e.spec.gpus_per_worker, e.spec.min_workers))
-            if why is not None and ok is not None and ok.size:
-                why += f" (on nodes of GPU model {', '.join(sorted(models))})"
-            if why is not None and (cpu > 0 or mem > 0):
-                why += f" (counting the {cpu}m CPU and {mem}Mi memory each worker asks for)"
+            why = gang_unfittable(e.spec, state)
             if why is None:
                 fitting.append(e)
             else:

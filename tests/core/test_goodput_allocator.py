@@ -118,6 +118,30 @@ def test_a_change_must_pay_for_its_restart(age, grows):
         assert out["a"].nodes == (0, 0)  # kept where it was: no restart
 
 
+@pytest.mark.parametrize("horizon", [0.0, 600.0])
+def test_idle_gpus_nobody_waits_for_go_to_a_young_job_that_can_use_them(horizon):
+    """The young job of the test above on 2 of 4 GPUs: with ``idle_horizon`` (600 s) the
+    2 GPUs nobody waits for are weighed over a horizon of at least 600 s (factor
+    600/660 instead of 10/70), so it grows to 4; off (0, the default) it stays on 2."""
+    a = GoodputAllocator(idle_horizon=horizon)
+    young = make_job("a", alloc=(0, 0), age=10.0, max_replicas=4)
+    assert a.factor(young, idle=True) == pytest.approx((600 / 660) if horizon else 10 / 70)
+    assert a.factor(young) == pytest.approx(10 / 70)  # someone waits: Pollux's factor as it is
+    assert decide([young], nodes_of(4), a)["a"].replicas == (4 if horizon else 2)
+
+
+def test_idle_horizon_changes_nothing_while_a_job_waits():
+    """A job that waits (its gang of 4 does not fit beside the young one) keeps the rule
+    as it is: the young job stays on its 2 GPUs with or without ``idle_horizon``."""
+    jobs = [make_job("a", alloc=(0, 0), age=10.0, max_replicas=4),
+            make_job("b", submit=1.0, min_replicas=4, max_replicas=4)]
+    base = decide(jobs, nodes_of(4))
+    idle = decide(jobs, nodes_of(4), GoodputAllocator(idle_horizon=600.0))
+    assert counts(base) == counts(idle) == {"a": 2, "b": 0}
+    with pytest.raises(ValueError):
+        GoodputAllocator(idle_horizon=-1.0)
+
+
 def test_a_job_that_restarted_often_pays_more_for_a_change():
     """The factor max(T − R·δ, 0)/(T + δ) (δ = 60 s by default): with 50 restarts in
     1,000 s, nothing pays."""

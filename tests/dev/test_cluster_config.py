@@ -140,3 +140,55 @@ def test_scheduler_tuning_renders_client_limit_and_nodes_to_score(tmp_path):
             SchedulerTuning(**bad)
     with pytest.raises(ValueError, match="no scheduler"):
         tuned.stop_scheduler("etcd")
+
+
+def test_the_supervisor_restarts_a_scheduler_only_once_the_api_server_answers(tmp_path):
+    """kube-scheduler exited while the API server is away: no restart (its predecessor's
+    lease could not be released) until the API server answers; then one restart, after
+    its lease was released. The controller manager needs no lease: restarted at once."""
+    import threading
+
+    class Exited:
+        pid, popen, argv = 4242, object(), ["kube-scheduler"]
+
+        def exited(self):
+            return 1
+
+    lc = LocalCluster(tmp_path, supervise=False)
+    (tmp_path / "logs").mkdir()
+    lc.started = True
+    lc.processes = {"kube-scheduler": Exited(), "kube-controller-manager": Exited()}
+    api_up = threading.Event()
+    asked = threading.Event()
+    restarted: list[tuple[str, bool]] = []
+
+    def answers():
+        asked.set()
+        return api_up.is_set()
+
+    def respawn(name, old, counted=True):
+        restarted.append((name, api_up.is_set()))
+        new = type("Up", (), {"pid": 1, "popen": object(), "argv": old.argv, "exited": lambda self: None})()
+        lc.processes[name] = new
+        return new
+
+    lc._api_answers, lc._respawn = answers, respawn
+    lc.restarts = {"kube-scheduler": 1, "kube-controller-manager": 1}
+    th = threading.Thread(target=lc._supervise, kwargs={"every": 0.01}, daemon=True)
+    th.start()
+    try:
+        assert asked.wait(30), "the supervisor never asked whether the API server answers"
+        for _ in range(3):  # rounds in which the scheduler's restart is due but the API is down
+            asked.clear()
+            assert asked.wait(30)
+        assert restarted == [("kube-controller-manager", False)]
+        api_up.set()
+        for _ in range(300):
+            if len(restarted) == 2:
+                break
+            threading.Event().wait(0.05)
+        assert restarted == [("kube-controller-manager", False), ("kube-scheduler", True)]
+    finally:
+        lc._supervisor_stop.set()
+        th.join(10)
+    assert "the API server does not answer" in (tmp_path / "logs" / "supervisor.log").read_text()

@@ -260,3 +260,120 @@ def test_the_summary_names_the_operators_allocator(tmp_path):
     demo.Demo._print_summary(fake, s)
     text = fake.console.export_text()
     assert f"{SERVED.allocator}@restart_delay=0.5" in text and "operator's --allocator" in text
+
+
+def test_the_demo_team_queue_allows_its_preemptor():
+    from rlsched.core.queues import QueueSpec
+
+    q = QueueSpec.from_manifest(demo.team_queue("rlsched-demo", 32))
+    assert q.nominal_gpus == 32 and all(q.allows(c) for c in ("highest", "urgent", "normal"))
+
+
+def test_the_demo_preemptor_runs_preempts_and_its_victims_resume_under_the_served_allocator():
+    """The demo's plan (its trace, seed, cluster and team queue) replayed against the
+    allocator the demo's operator serves: each job arrives at its time and every arrival
+    is a decision; no job completes until the preemptor has started (the busiest the
+    cluster can be). The preemptor is submitted when the demo would
+    (:func:`demo.preemptor_due`, else at its deadline) and sized as the demo sizes it
+    (:func:`demo.sized_preemptor`), starts at the very next decision by stopping running
+    jobs, and once it ends (and then the running jobs, first submitted first) its
+    victims start again (resume) before any job submitted after them."""
+    import os
+    from collections import Counter
+
+    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+    from rlsched.core.queues import QueueBook, QueueSpec
+    from rlsched_dev.nodes import default_topology
+
+    opts = demo.DemoOptions(data_dir=os.environ.get("RLSCHED_DATA_DIR"))
+    topo = default_topology()
+    total = topo.total_gpus
+    specs = demo._load_specs(demo.default_trace(opts.data_dir), opts.data_dir, opts.seed)
+    plan = demo.plan_jobs(specs, opts.jobs, np.random.default_rng(opts.seed), node_gpus=max(n.gpus for n in topo.nodes),
+                          cluster_gpus=total, window_s=opts.duration_s * opts.submit_fraction, namespace=opts.namespace)
+    pre = next(j for j in plan if j.when_full)
+    alloc = LiveAllocation.named(opts.live_allocator())
+    book = QueueBook([QueueSpec.from_manifest(demo.team_queue(opts.namespace, total))])
+    capacity = {i: n.gpus for i, n in enumerate(topo.nodes)}
+    submitted: dict[str, tuple[demo.DemoJob, float]] = {}
+    nodes: dict[str, tuple[int, ...]] = {}
+    since: dict[str, float] = {}
+    restarts: Counter[str] = Counter()
+
+    def decide(now: float):
+        live = []
+        for name, (j, at) in submitted.items():
+            s = j.manifest["spec"]
+            live.append(LiveJob(key=name, submit_time=at, min_workers=s["minWorkers"], max_workers=s["maxWorkers"],
+                                gpus_per_worker=s["gpusPerWorker"], nodes=nodes.get(name, ()),
+                                priority_class=s["priority"]["class"], queue=opts.namespace,
+                                restarts=restarts[name], running_since=since.get(name)))
+        p = alloc.plan(live, capacity, now, queues=book)
+        assert p.error is None, p.error
+        for name, t in {**p.start, **p.resize}.items():
+            g = submitted[name][0].manifest["spec"]["gpusPerWorker"]
+            nodes[name] = p.allocations[name].nodes[::g][:t.workers]
+            since.setdefault(name, now)
+            restarts[name] += name in p.resize
+        for name in p.stop:
+            nodes.pop(name), since.pop(name)
+            restarts[name] += 1
+        return p
+
+    def as_object(name: str) -> dict:
+        j = submitted[name][0]
+        return {**j.manifest, "status": {"phase": "Running" if nodes.get(name) else "Queued"}}
+
+    deadline = min(pre.at_s + opts.full_wait_s, opts.duration_s / 2, max(pre.at_s, opts.duration_s * opts.submit_fraction))
+    started = None
+    for job in [j for j in plan if j is not pre] + [None]:
+        now = deadline if job is None else job.at_s
+        if pre.name not in submitted and now >= pre.at_s:
+            used = sum(len(n) * submitted[k][0].manifest["spec"]["gpusPerWorker"] for k, n in nodes.items())
+            if job is None or demo.preemptor_due([as_object(k) for k in submitted], total - used, pre.gang_gpus,
+                                                 total, allocator=True):
+                pre = demo.sized_preemptor(pre, [as_object(k) for k in submitted], total)
+                submitted[pre.name] = (pre, now)
+                p = decide(now)
+                assert pre.name in p.start, f"the preemptor waits: {p.waiting.get(pre.name)}"
+                started = (now, list(p.stop))
+        if job is not None:
+            submitted[job.name] = (job, job.at_s)
+            decide(job.at_s)
+    assert started is not None, "the preemptor was never submitted"
+    now, victims = started
+    assert victims, "the preemptor started without stopping a job: the demo shows no preemption"
+    del submitted[pre.name], nodes[pre.name]  # the preemptor ends: its GPUs go back
+    # then the running jobs end one by one, the first submitted first: each victim
+    # resumes before any job submitted after it starts
+    started_after: list[str] = []
+    for _ in range(len(plan)):
+        now += 60.0
+        started_after += list(decide(now).start)
+        if all(v in started_after for v in victims):
+            break
+        first = min((k for k in nodes if k not in victims), key=lambda k: submitted[k][1])
+        del submitted[first], nodes[first]
+    for v in victims:
+        assert v in started_after, f"victim {v} never resumed"
+        later = [k for k in started_after[:started_after.index(v)] if submitted[k][1] > submitted[v][1]]
+        assert not later, f"{later} started before victim {v} resumed"
+
+
+def test_the_summary_names_every_waiting_job_with_its_reason(tmp_path):
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    q = _job("q", "Queued", cls="highest")
+    q["status"]["waiting"] = {"position": 0, "reason": "PriorityNotAllowed", "message": "queue 'x' allows normal"}
+    s = demo.summarize([_job("a", "Succeeded", 10.0, 1.0, 0.8), q, _job("r", "Running", workers=1)])
+    assert s["unfinished"] == [
+        {"name": "q", "class": "highest", "phase": "Queued", "reason": "PriorityNotAllowed",
+         "message": "queue 'x' allows normal"},
+        {"name": "r", "class": "normal", "phase": "Running", "reason": "", "message": ""}]
+    s.update({"trace": "t", "seed": 1, "gpu_allocation_mean": None, "prometheus": {}, "allocator": "none"})
+    fake = SimpleNamespace(console=Console(record=True, width=200), opts=demo.DemoOptions(out=tmp_path))
+    demo.Demo._print_summary(fake, s)
+    assert "not finished: q (highest) Queued, waiting PriorityNotAllowed: queue 'x' allows normal" in \
+        fake.console.export_text()

@@ -232,3 +232,78 @@ def test_preemption_across_a_crash_then_the_victim_resumes_in_a_new_generation(k
     assert st["preemptions"] == 1 and st["restartGeneration"] == 1
     assert {p.metadata.labels[LABEL_GENERATION] for p in job_pods(kapi, ns, "victim", terminating=False)} == {"1"}
     assert len(kapi.events(ns, "victim", "Preempted")) <= 1  # its event may have died with the operator
+
+
+SERVED_ALLOCATOR = "goodput-rlpto"  # the served default (core/served.py), as the operator runs it
+
+
+def test_a_job_in_failure_backoff_holds_its_gpus_where_it_ran_and_a_whole_node_gang_starts(
+        kube_cluster, kapi, ns, tj, wait_until):
+    """A 1-GPU job crash-loops on the last node, which another pod shares; while it waits
+    out its backoff its GPU is held on that node (not on the freest one), so a gang of
+    three whole 8-GPU nodes starts at once, before the crashing job's next generation."""
+    from kubernetes import client
+
+    from rlsched.core.contract import GROUP, PLURAL, VERSION
+
+    last = kube_cluster.node_names[-1]
+    kapi.core.create_namespaced_pod(ns, client.V1Pod(
+        metadata=client.V1ObjectMeta(name="filler"),
+        spec=client.V1PodSpec(node_name=last, restart_policy="Never", containers=[client.V1Container(
+            name="c", image=IMAGE, resources=client.V1ResourceRequirements(limits={"nvidia.com/gpu": "1"}))])))
+    wait_until(lambda: kapi.core.read_namespaced_pod("filler", ns).status.phase == "Running", 30, "filler running")
+    tj(ns, "crashy", mn=1, gpus=1, backoffLimit=50,
+       template=template(duration=1, code=3, nodeSelector={"kubernetes.io/hostname": last}))
+    # four failures already: the next backoff is 160 s, far longer than the test
+    kapi.custom.patch_namespaced_custom_object_status(GROUP, VERSION, ns, PLURAL, "crashy", {"status": {
+        "phase": "Queued", "queue": "normal", "failures": 4}})
+    wait_until(lambda: kapi.phase(ns, "crashy") == "Queued", 10, "crashy queued")
+    with operator_process(kube_cluster, ns, allocator=SERVED_ALLOCATOR) as (_, step):
+        step_until(step, lambda: kapi.phase(ns, "crashy") == "Running", "crashy Running", kapi, ns, "crashy", 1)
+        assert job_pods(kapi, ns, "crashy")[0].spec.node_name == last
+        step_until(step, lambda: kapi.status(ns, "crashy").get("failures") == 5, "crashy's failure counted",
+                   kapi, ns, "crashy", 1)
+        enqueue(kapi, ns, tj, "gang", wait_until, mn=3, gpus=8, template=template())
+        step_until(step, lambda: kapi.phase(ns, "gang") == "Running", "the gang running", kapi, ns, "gang", 3)
+        assert {p.spec.node_name for p in job_pods(kapi, ns, "gang")} == set(kube_cluster.node_names[:-1])
+        # crashy is still waiting out its backoff: the gang did not wait for its next crash
+        assert not job_pods(kapi, ns, "crashy", terminating=False)
+        assert kapi.status(ns, "crashy")["restartGeneration"] == 1
+
+
+def test_an_admission_recorded_before_a_crash_is_finished_not_rolled_back(kube_cluster, kapi, ns, tj, wait_until):
+    """The operator dies right after recording an admission (phase Starting), before any
+    pod exists: the operator that takes over creates the gang; no StatusReset."""
+    enqueue(kapi, ns, tj, "admitted", wait_until, mn=2, gpus=1, template=template())
+    with operator_process(kube_cluster, ns, allocator=SERVED_ALLOCATOR) as (ctl, step):
+        real = ctl.event
+
+        async def event(body, reason, *a, **k):
+            if reason == "Admitted":
+                raise Crash("operator killed after recording the admission")
+            return await real(body, reason, *a, **k)
+        ctl.event = event
+        with pytest.raises(Crash):
+            step()
+    assert kapi.phase(ns, "admitted") == "Starting" and not job_pods(kapi, ns, "admitted")
+    with operator_process(kube_cluster, ns, allocator=SERVED_ALLOCATOR) as (_, step):
+        step_until(step, lambda: kapi.phase(ns, "admitted") == "Running", "Running", kapi, ns, "admitted", 2)
+    assert kapi.events(ns, "admitted", "StatusReset") == []
+    assert {p.metadata.labels[LABEL_GENERATION] for p in job_pods(kapi, ns, "admitted")} == {"0"}
+
+
+def test_an_unfittable_gang_under_the_served_allocator_gets_condition_event_and_gauge(kube_cluster, kapi, ns, tj,
+                                                                                       wait_until):
+    """A gang of 5 x 8 GPUs on a 32-GPU cluster, under the served allocator: condition
+    Schedulable=False (Unfittable), one Unfittable event, the gauge at 1 — as admission
+    reports it."""
+    enqueue(kapi, ns, tj, "huge", wait_until, mn=5, gpus=8, template=template())
+    with operator_process(kube_cluster, ns, allocator=SERVED_ALLOCATOR) as (ctl, step):
+        step_until(step, lambda: (kapi.condition(ns, "huge", "Schedulable") or {}).get("status") == "False",
+                   "Schedulable=False", kapi, ns, "huge", 0, n=10)
+        step()
+        assert ctl.metrics.registry.get_sample_value("rlsched_operator_unfittable_jobs") == 1.0
+    cond = kapi.condition(ns, "huge", "Schedulable")
+    assert cond["reason"] == "Unfittable" and "40 GPUs, the cluster has 32" in cond["message"]
+    assert len(kapi.events(ns, "huge", "Unfittable")) == 1
+    assert kapi.phase(ns, "huge") == "Queued" and kapi.status(ns, "huge")["waiting"]["reason"] == "Unfittable"

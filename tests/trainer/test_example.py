@@ -20,8 +20,8 @@ def _example():
 
 
 def test_the_digits_are_scikit_learns():
-    """The script reads the file scikit-learn ships without importing scikit-learn;
-    it is exactly what load_digits returns."""
+    """The script reads the digits committed beside it (examples/data) with the
+    standard library; they are exactly what scikit-learn's load_digits returns."""
     np = pytest.importorskip("numpy")
     datasets = pytest.importorskip("sklearn.datasets")
     x, y = _example().read_digits()
