@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from rlsched.core.contract import (ANNOTATION_EVENT_TIME, API_VERSION, FINALIZER_WORKER_EXIT, GROUP, KIND, LABEL_JOB,
-                                   PLURAL, VERSION)
+                                   PLURAL, QUEUE_PLURAL, VERSION)
 
 
 # ------------------------------------------------------------------ control-plane fixtures
@@ -85,8 +85,25 @@ def crd(kapi):
     install_crd(kapi.client)
     install_crd(kapi.client, queue_crd_path())
     install_trainer_policy(kapi.client)
-    time.sleep(1.0)  # discovery catches up
+    _wait_for_crd_storage(kapi)
     return yaml.safe_load(crd_path().read_text())
+
+
+def _wait_for_crd_storage(kapi, timeout_s: float = 60.0) -> None:
+    """Until both custom resources answer a list: an Established CRD's storage may still
+    be (re)initializing (429) or not yet served (404) for a moment, longer under load."""
+    from kubernetes.client.exceptions import ApiException
+
+    deadline = time.monotonic() + timeout_s
+    for plural in (PLURAL, QUEUE_PLURAL):
+        while True:
+            try:
+                kapi.custom.list_cluster_custom_object(GROUP, VERSION, plural, limit=1)
+                break
+            except ApiException as exc:
+                if exc.status not in (404, 429, 503) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
 
 @pytest.fixture
