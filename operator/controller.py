@@ -515,6 +515,13 @@ def with_gpu_models(spec: TrainingSpec, body_spec: Mapping, models: Sequence[str
     return dataclasses.replace(spec, gpu_models=frozenset(m for m in models if allows(m)))
 
 
+def checkpoint_path(body: Mapping) -> str | None:
+    """The job's ``spec.checkpoint.path`` (None without one)."""
+    ckpt = (body.get("spec") or {}).get("checkpoint")
+    path = ckpt.get("path") if isinstance(ckpt, Mapping) else None
+    return path if isinstance(path, str) and path else None
+
+
 def pod_generation(pod: Mapping) -> int:
     """The generation a worker pod belongs to (``rlsched.dev/generation``; 0 when the
     label is missing: pods of an operator before generations)."""
@@ -1396,7 +1403,8 @@ class Controller:
         gen = j.generation
         v = judge(j.workers(), generation=gen, target=self._target(j),
                   running=j.status.get("phase") == "Running" and j.status.get("startedGeneration") == gen,
-                  success_policy=j.spec.success_policy, failures=j.failures, backoff_limit=j.spec.backoff_limit)
+                  success_policy=j.spec.success_policy, failures=j.failures, backoff_limit=j.spec.backoff_limit,
+                  checkpoint=checkpoint_path(j.body))
         if v.action == SUCCEED:
             await self.complete(j, v.reason, now, message=v.message)
         elif v.action == FAIL:
