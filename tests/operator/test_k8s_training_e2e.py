@@ -208,3 +208,28 @@ def test_unwritable_checkpoint_counts_and_an_unclean_stop_shows(kube_cluster, ka
     assert st.get("failures", 0) == 0 and st["reason"] == "ChiefSucceeded", st
     # RLSCHED_RESUME: 0 in the first generation that ran, 1 in both workers of the next
     assert sorted((r["gen"], r["rank"], r["resume"]) for r in records()) == [(0, 0, "0"), (1, 0, "1"), (1, 1, "1")]
+
+
+def test_a_generation_that_never_ran_is_no_missing_checkpoint(kube_cluster, kapi, ns, tj, run_operator, extender,
+                                                              wait_until, tmp_path):
+    """Generation 0's pods cannot be placed (a node label no node has yet) and time out;
+    generation 1 runs the real example on an empty checkpoint directory: told that no
+    generation ran (RLSCHED_RESUME=0), it starts from scratch instead of exiting 74."""
+    ckpt = tmp_path / "ckpt"
+    template = digits_template(tmp_path)
+    template["spec"]["nodeSelector"] = {**AGENT_SELECTOR, "rlsched.test/late": "yes"}
+    with agent_cluster(kube_cluster, kapi, tmp_path) as agent, run_operator(ns, patience=1000, start_timeout_s=3.0):
+        try:
+            tj(ns, "late", 1, gpus=1, workers=1, checkpoint={"path": str(ckpt)}, template=template)
+            wait_until(lambda: kapi.events(ns, "late", "GangTimeout"), 60, "generation 0 timed out pending",
+                       every=0.5)
+            kapi.core.patch_node(agent.node_names[0], {"metadata": {"labels": {"rlsched.test/late": "yes"}}})
+            wait_until(lambda: [e for e in events_log(tmp_path) if e.get("event") == "start"]
+                       or kapi.events(ns, "late", "CheckpointFailed"), 120, "a later generation started", every=0.5)
+            st = kapi.status(ns, "late")
+        finally:
+            kapi.core.patch_node(agent.node_names[0], {"metadata": {"labels": {"rlsched.test/late": None}}})
+    starts = [e for e in events_log(tmp_path) if e.get("event") == "start"]
+    assert not kapi.events(ns, "late", "CheckpointFailed") and not st.get("failures"), st
+    assert len(starts) == 1 and starts[0]["gen"] >= 1 and not starts[0]["resumed"], starts
+    assert (ckpt / ".rlsched-job").is_file()  # the first generation that ran left the marker
