@@ -92,6 +92,8 @@ __all__ = [
     "EXIT_SIGTERM",
     "EXIT_CHECKPOINT",
     "ENV_MICRO_BATCH_LIMIT",
+    "ENV_RESUME",
+    "parse_resume",
     "ENV_NPROC_PER_NODE",
     "ContractError",
     "WorkerContract",
@@ -252,6 +254,10 @@ ENV_CHECKPOINT_DIR = "RLSCHED_CHECKPOINT_DIR"
 #: the most samples one process takes in one forward/backward pass (the per-worker
 #: micro-batch limit, ``spec.localBatchSize.max``); absent when the spec gives none
 ENV_MICRO_BATCH_LIMIT = "RLSCHED_MICRO_BATCH_LIMIT"
+#: ``1`` when an earlier generation of the job ran (a generation's whole gang was
+#: running: ``status.startedGeneration`` is set), ``0`` when none did, so a checkpoint
+#: can exist only at ``1``; absent from an operator that does not set it
+ENV_RESUME = "RLSCHED_RESUME"
 #: processes per worker pod (one per GPU under torchrun), torchrun's ``--nproc-per-node``
 ENV_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
 #: torchrun's environment twins of its flags (torch.distributed.run reads ``PET_<FLAG>``)
@@ -310,6 +316,7 @@ class WorkerContract:
     checkpoint_dir: str | None = None
     micro_batch_limit: int | None = None
     procs_per_worker: int = 1
+    resume: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.master_addr:
@@ -363,6 +370,8 @@ class WorkerContract:
             out[ENV_CHECKPOINT_DIR] = self.checkpoint_dir
         if self.micro_batch_limit is not None:
             out[ENV_MICRO_BATCH_LIMIT] = str(self.micro_batch_limit)
+        if self.resume is not None:
+            out[ENV_RESUME] = "1" if self.resume else "0"
         return out
 
     @classmethod
@@ -400,7 +409,18 @@ class WorkerContract:
             checkpoint_dir=environ.get(ENV_CHECKPOINT_DIR) or None,
             micro_batch_limit=num(ENV_MICRO_BATCH_LIMIT) if micro else None,
             procs_per_worker=num(ENV_NPROC_PER_NODE, "1"),
+            resume=parse_resume(environ.get(ENV_RESUME)),
         )
+
+
+def parse_resume(raw: str | None) -> bool | None:
+    """``RLSCHED_RESUME``: True (``1``), False (``0``), None when unset or empty (an
+    operator that does not set it); a :class:`ContractError` for anything else."""
+    if raw is None or raw.strip() == "":
+        return None
+    if raw.strip() in ("0", "1"):
+        return raw.strip() == "1"
+    raise ContractError(f"{ENV_RESUME}={raw!r:.40} is neither 0 nor 1")
 
 
 #: worker pods run under the ServiceAccount their template names, else ``<job>-trainer``

@@ -119,11 +119,13 @@ def judge(
     success_policy: str = "Chief",
     failures: int = 0,
     backoff_limit: int = 6,
+    checkpoint: str | None = None,
 ) -> Verdict:
     """The verdict on the current ``generation`` of a job that should have ``target``
     workers. ``running``: the generation had started (every worker was created and the
     job is Running), so a worker gone without an exit is a disruption; while the gang
-    is still being created a missing worker is only not created yet."""
+    is still being created a missing worker is only not created yet. ``checkpoint``:
+    the job's checkpoint directory, named in the message of an exit 74."""
     if success_policy not in SUCCESS_POLICIES:
         raise ValueError(f"success policy {success_policy!r} is not one of {SUCCESS_POLICIES}")
     current = {w.index: w for w in workers if w.generation == generation and not w.stopping}
@@ -142,7 +144,8 @@ def judge(
         if code == EXIT_SIGTERM:
             what += " (SIGTERM, not sent by rlsched)"
         elif code == EXIT_CHECKPOINT:
-            what += (" (its checkpoint is unusable: the directory is missing or not writable, or the "
+            where = f" in {checkpoint}" if checkpoint else ""
+            what += (f" (its checkpoint{where} is unusable: the directory is missing or not writable, or the "
                      "checkpoint is missing, of an unknown format or fails its checksum; see the worker's log)")
         if n > backoff_limit:
             return Verdict(FAIL, "BackoffLimitExceeded",

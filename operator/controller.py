@@ -523,6 +523,13 @@ def with_gpu_models(spec: TrainingSpec, body_spec: Mapping, models: Sequence[str
     return dataclasses.replace(spec, gpu_models=frozenset(m for m in models if allows(m)))
 
 
+def checkpoint_path(body: Mapping) -> str | None:
+    """The job's ``spec.checkpoint.path`` (None without one)."""
+    ckpt = (body.get("spec") or {}).get("checkpoint")
+    path = ckpt.get("path") if isinstance(ckpt, Mapping) else None
+    return path if isinstance(path, str) and path else None
+
+
 def pod_generation(pod: Mapping) -> int:
     """The generation a worker pod belongs to (``rlsched.dev/generation``; 0 when the
     label is missing: pods of an operator before generations)."""
@@ -1420,7 +1427,8 @@ class Controller:
         gen = j.generation
         v = judge(j.workers(), generation=gen, target=self._target(j),
                   running=j.status.get("phase") == "Running" and j.status.get("startedGeneration") == gen,
-                  success_policy=j.spec.success_policy, failures=j.failures, backoff_limit=j.spec.backoff_limit)
+                  success_policy=j.spec.success_policy, failures=j.failures, backoff_limit=j.spec.backoff_limit,
+                  checkpoint=checkpoint_path(j.body))
         if v.action == SUCCEED:
             await self.complete(j, v.reason, now, message=v.message)
         elif v.action == FAIL:
@@ -1655,7 +1663,9 @@ class Controller:
             try:
                 pod = worker_pod(j.body, idx, j.spec.gpus_per_worker,
                                  scheduler_name=self.config.scheduler_name, grace_period_s=self.config.grace_period_s,
-                                 gang_size=target, generation=gen, batch_size=j.status.get("batchSize"))
+                                 gang_size=target, generation=gen, batch_size=j.status.get("batchSize"),
+                                 # a generation's whole gang ran: a checkpoint may exist
+                                 resume=j.status.get("startedGeneration") is not None)
             except ValueError as exc:  # WorkerGPUError, ShapeError: the template cannot make a worker
                 raise JobRejected("Valid", "InvalidSpec", str(exc)) from exc
             name = pod["metadata"]["name"]

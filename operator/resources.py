@@ -129,6 +129,7 @@ def worker_pod(
     gang_size: int | None = None,
     generation: int = 0,
     batch_size: int | None = None,
+    resume: bool | None = None,
 ) -> dict:
     """The pod of worker ``index`` (0 is the chief) of ``generation``, one of
     ``gang_size`` workers, from the job's pod template.
@@ -143,7 +144,8 @@ def worker_pod(
     every worker of a gang as one worker of that many (the DAS room and learned terms
     count the whole gang's GPUs, as ``Placement.place`` and the simulator do); without
     it the extender sees the first worker of a gang as a job of one worker (found by
-    the twin check). ``batch_size`` defaults to ``spec.batchSize``."""
+    the twin check). ``batch_size`` defaults to ``spec.batchSize``. ``resume``: whether
+    an earlier generation of the job ran (``RLSCHED_RESUME``; unset when None)."""
     md = body["metadata"]
     job = md["name"]
     spec = body["spec"]
@@ -173,7 +175,7 @@ def worker_pod(
                               checkpoint_dir=ckpt["path"] if ckpt else None,
                               micro_batch_limit=limit if isinstance(limit, int) and not isinstance(limit, bool)
                               else None,
-                              procs_per_worker=int(gpus_per_worker))
+                              procs_per_worker=int(gpus_per_worker), resume=resume)
     env = [
         {"name": ENV_JOB, "value": job},
         {"name": ENV_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},

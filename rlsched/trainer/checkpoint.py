@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlsched.core.contract import ENV_GENERATION, ContractError
+from rlsched.core.contract import ENV_GENERATION, ENV_RESUME, ContractError, parse_resume
 
 from .errors import (
     CheckpointDirError,
@@ -56,7 +56,7 @@ from .errors import (
 
 __all__ = ["TrainState", "Checkpointer", "FORMAT", "FORMAT_FAMILY", "MARKER", "atomic_save", "capture_rng",
            "restore_rng", "unwrap", "check_directory", "payload_digest", "verify_payload", "env_generation",
-           "atomic_write_text"]
+           "env_resume", "atomic_write_text"]
 
 log = logging.getLogger("rlsched.trainer")
 
@@ -64,7 +64,8 @@ log = logging.getLogger("rlsched.trainer")
 FORMAT = "rlsched.trainer/1"
 #: what every format of this library starts with (a newer one is refused, not skipped)
 FORMAT_FAMILY = "rlsched.trainer"
-#: left in the checkpoint directory by rank 0 of generation 0: "this job started here"
+#: left in the checkpoint directory by rank 0 of the first generation that ran: "this
+#: job started here"
 MARKER = ".rlsched-job"
 
 
@@ -156,6 +157,12 @@ def env_generation(environ: Any = None) -> int:
     if value < 0:
         raise ContractError(f"{ENV_GENERATION}: generation {value} < 0")
     return value
+
+
+def env_resume(environ: Any = None) -> bool | None:
+    """``RLSCHED_RESUME``: whether an earlier generation of the job ran; None when unset
+    (an operator that does not set it); a :class:`ContractError` when malformed."""
+    return parse_resume((os.environ if environ is None else environ).get(ENV_RESUME))
 
 
 def check_directory(directory: str | os.PathLike[str]) -> Path:
@@ -259,21 +266,26 @@ class Checkpointer:
     Only ``rank`` 0 writes; every rank reads.
 
     Made, it checks the directory (``check``: every rank writes a probe file;
-    :class:`CheckpointDirError`). ``generation`` (default ``RLSCHED_GENERATION``, else 0)
-    arms the restart check of :meth:`load`; rank 0 of generation 0 leaves a marker file
-    (:data:`MARKER`) saying the job started here."""
+    :class:`CheckpointDirError`). ``resume`` (default ``RLSCHED_RESUME``: whether an
+    earlier generation of the job ran) arms the restart check of :meth:`load`; where it
+    is unknown (None: an operator that does not set it), ``generation`` (default
+    ``RLSCHED_GENERATION``, else 0) above 0 arms it. Rank 0 of a generation the check
+    does not arm (the first one that runs) leaves a marker file (:data:`MARKER`) saying
+    the job started here."""
 
     def __init__(self, directory: str | os.PathLike[str], *, rank: int = 0, generation: int | None = None,
-                 filename: str = "checkpoint.pt", keep_previous: bool = True, check: bool = True) -> None:
+                 resume: bool | None = None, filename: str = "checkpoint.pt", keep_previous: bool = True,
+                 check: bool = True) -> None:
         self.directory = Path(directory)
         self.rank = rank
         self.generation = env_generation() if generation is None else int(generation)
+        self.resume = env_resume() if resume is None else bool(resume)
         self.path = self.directory / filename
         self.previous_path = self.path.with_name(f"{self.path.stem}.prev{self.path.suffix}")
         self.keep_previous = keep_previous
         if check:
             check_directory(self.directory)
-            if rank == 0 and self.generation == 0:
+            if rank == 0 and self.first_run:
                 self._write_marker()
 
     @classmethod
@@ -284,7 +296,14 @@ class Checkpointer:
         if not contract.checkpoint_dir:
             raise CheckpointDirError("the worker contract names no checkpoint directory (RLSCHED_CHECKPOINT_DIR; "
                                      "spec.checkpoint.path of the TrainingJob)")
-        return cls(contract.checkpoint_dir, rank=contract.rank, generation=contract.generation, **kwargs)
+        return cls(contract.checkpoint_dir, rank=contract.rank, generation=contract.generation,
+                   resume=contract.resume, **kwargs)
+
+    @property
+    def first_run(self) -> bool:
+        """No earlier generation of the job ran (``resume`` False), or, where that is
+        unknown, this is generation 0: a checkpoint cannot be missing."""
+        return not self.resume if self.resume is not None else self.generation == 0
 
     def _write_marker(self) -> None:
         marker = self.directory / MARKER
@@ -344,9 +363,9 @@ class Checkpointer:
         with a warning; a readable file of an unknown format is a
         :class:`CheckpointFormatError`, a checksum mismatch a :class:`ChecksumError`;
         files that exist but none readable, a :class:`CheckpointError`. No checkpoint at
-        all: None at generation 0, when an earlier generation left the marker without
-        completing a checkpoint (it ended before its first save), or with
-        ``allow_fresh_start``; else :class:`MissingCheckpointError`."""
+        all: None in the first generation that runs (:attr:`first_run`), when an earlier
+        generation left the marker without completing a checkpoint (it ended before its
+        first save), or with ``allow_fresh_start``; else :class:`MissingCheckpointError`."""
         import torch
 
         problems = []
@@ -379,19 +398,20 @@ class Checkpointer:
 
     def _fresh_start(self, allowed: bool) -> None:
         """No checkpoint: whether this generation may start from scratch."""
-        if self.generation == 0:
+        if self.first_run:
             return
         if allowed:
             log.warning("generation %d finds no checkpoint in %s; starting from scratch (allow_fresh_start)",
                         self.generation, self.directory)
             return
         if (self.directory / MARKER).exists():
-            log.warning("generation %d finds no checkpoint in %s, where generation 0 started and none was "
-                        "completed; starting from scratch", self.generation, self.directory)
+            log.warning("generation %d finds no checkpoint in %s, where an earlier generation started and none "
+                        "was completed; starting from scratch", self.generation, self.directory)
             return
+        ran = f"{ENV_RESUME}=1: an earlier generation ran" if self.resume else "a restarted generation"
         raise MissingCheckpointError(
-            f"generation {self.generation} finds no checkpoint in {self.directory}, and no earlier generation of "
-            f"the job started there ({MARKER} missing): the volume is not the one the job wrote to. "
+            f"generation {self.generation} finds no checkpoint in {self.directory} ({ran}), and no earlier "
+            f"generation of the job started there ({MARKER} missing): the volume is not the one the job wrote to. "
             f"Pass allow_fresh_start=True to start from scratch deliberately")
 
     def restore(self, *, model: Any, optimizer: Any = None, scheduler: Any = None, scaler: Any = None,

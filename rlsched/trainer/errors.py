@@ -39,8 +39,9 @@ class CheckpointWriteError(CheckpointError):
 
 
 class MissingCheckpointError(CheckpointError):
-    """A restarted generation (``RLSCHED_GENERATION`` > 0) finds no checkpoint in a
-    directory no earlier generation of the job has used: the volume is not the one the
+    """A restarted generation (``RLSCHED_RESUME=1``: an earlier generation ran; without
+    it, ``RLSCHED_GENERATION`` > 0) finds no checkpoint in a directory no earlier
+    generation of the job has used: the volume is not the one the
     job wrote to, and starting from scratch would silently throw the training away."""
 
 

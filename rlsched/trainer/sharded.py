@@ -81,13 +81,14 @@ class ShardedCheckpointer(Checkpointer):
     """The job's sharded checkpoint: the directory ``<directory>/<name>`` and the one
     before it, ``<name>.prev``. **Every rank** calls :meth:`save`, :meth:`load` and
     :meth:`restore` (they are collectives). The directory check, the restart check
-    (``generation``, ``allow_fresh_start``) and the errors are
+    (``resume``, ``generation``, ``allow_fresh_start``) and the errors are
     :class:`~rlsched.trainer.checkpoint.Checkpointer`'s."""
 
     def __init__(self, directory: str | os.PathLike[str], *, rank: int = 0, generation: int | None = None,
-                 name: str = "sharded", keep_previous: bool = True, check: bool = True) -> None:
-        super().__init__(directory, rank=rank, generation=generation, filename=name, keep_previous=keep_previous,
-                         check=check)
+                 resume: bool | None = None, name: str = "sharded", keep_previous: bool = True,
+                 check: bool = True) -> None:
+        super().__init__(directory, rank=rank, generation=generation, resume=resume, filename=name,
+                         keep_previous=keep_previous, check=check)
 
     def save(self, *, model: Any, state: TrainState, optimizer: Any = None, scheduler: Any = None,
              scaler: Any = None, world_size: int = 1, generation: int | None = None, global_batch: int | None = None,

@@ -37,6 +37,8 @@ def test_checkpoint_exit_in_a_running_generation_is_a_counted_failure_naming_the
     v = judge([w], generation=3, target=2, running=True, failures=0, backoff_limit=6)
     assert (v.action, v.reason, v.count, v.failures, v.exit_code) == (RESTART, "CheckpointFailed", True, 1, 74)
     assert "checkpoint is unusable" in v.message
+    v = judge([w], generation=3, target=2, running=True, failures=0, backoff_limit=6, checkpoint="/ckpt/j")
+    assert "exited with code 74 (its checkpoint in /ckpt/j is unusable" in v.message
     v = judge([w], generation=3, target=2, running=True, failures=6, backoff_limit=6)
     assert v.reason == "BackoffLimitExceeded" and "checkpoint" in v.message
 

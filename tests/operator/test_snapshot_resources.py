@@ -232,3 +232,16 @@ def test_pods_keep_the_templates_account_and_the_binding_grants_it():
     assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "team-sa", "namespace": "ns"}]
     assert all(r["resourceNames"] == ["tj1"] for r in role["rules"])
     assert worker_pod(JOB, 0, 2)["spec"]["serviceAccountName"] == "tj1-trainer"
+
+
+def test_worker_env_says_whether_an_earlier_generation_ran():
+    """RLSCHED_RESUME is 1/0 as the operator passes it (and parses back); unset by default."""
+    from rlsched.core.contract import WorkerContract
+
+    def env_of(**kw):
+        return {e["name"]: e.get("value") or "ns" for e in worker_pod(JOB, 0, 2, **kw)["spec"]["containers"][0]["env"]}
+
+    assert env_of(resume=True)["RLSCHED_RESUME"] == "1" and WorkerContract.from_env(env_of(resume=True)).resume
+    assert env_of(resume=False)["RLSCHED_RESUME"] == "0"
+    assert WorkerContract.from_env(env_of(resume=False)).resume is False
+    assert "RLSCHED_RESUME" not in env_of()

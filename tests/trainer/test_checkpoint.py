@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 from rlsched.trainer import (  # noqa: E402
     CheckpointDirError,
+    ContractError,
     CheckpointError,
     CheckpointFormatError,
     Checkpointer,
@@ -255,13 +256,51 @@ def test_a_restarted_generation_without_a_checkpoint_fails_unless_allowed(tmp_pa
     assert Checkpointer(tmp_path / "new", generation=0).restore(model=model) is None
     # generation 0 started there but ended before its first save: a restart may start over
     assert Checkpointer(tmp_path / "new", generation=1).restore(model=model) is None
-    assert "where generation 0 started and none was completed" in caplog.text
+    assert "where an earlier generation started and none was completed" in caplog.text
 
 
 def test_the_generation_comes_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("RLSCHED_GENERATION", "3")
     with pytest.raises(MissingCheckpointError, match="generation 3"):
         Checkpointer(tmp_path).load()
+
+
+def test_resume_decides_the_restart_check_whatever_the_generation(tmp_path, caplog):
+    """With RLSCHED_RESUME the check follows whether an earlier generation ran, not the
+    generation's number: generations that never ran (rescaled while pending) are no
+    false alarm; the first one that runs leaves the marker for the ones after it."""
+    model = torch.nn.Linear(3, 2)
+    d = tmp_path / "ckpt"
+    # generation 3 is the first that ran: no check, and rank 0 leaves the marker (rank 1 does not)
+    assert Checkpointer(d, rank=1, generation=3, resume=False).restore(model=model) is None
+    assert not (d / MARKER).exists()
+    assert Checkpointer(d, generation=3, resume=False).restore(model=model) is None
+    assert (d / MARKER).exists()
+    # it ended before its first save: the next one starts over with a warning
+    assert Checkpointer(d, generation=4, resume=True).restore(model=model) is None
+    assert "where an earlier generation started and none was completed" in caplog.text
+    # an earlier generation ran, but not on this volume: loud, even at generation 0's number
+    with pytest.raises(MissingCheckpointError, match=r"generation 0 finds no checkpoint .* \(RLSCHED_RESUME=1: "
+                                                     r"an earlier generation ran\)"):
+        Checkpointer(tmp_path / "other", generation=0, resume=True).restore(model=model)
+    assert not (tmp_path / "other" / MARKER).exists()
+    # a checkpoint found is restored either way
+    m, opt, _ = _trained()
+    Checkpointer(d, generation=4, resume=True).save(model=m, optimizer=opt, state=TrainState(step=7))
+    got = Checkpointer(d, generation=5, resume=False).restore(model=_fresh()[0])
+    assert got is not None and got[0].step == 7
+
+
+def test_resume_comes_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLSCHED_GENERATION", "2")
+    monkeypatch.setenv("RLSCHED_RESUME", "0")  # generations 0 and 1 never ran
+    assert Checkpointer(tmp_path / "a").load() is None
+    monkeypatch.setenv("RLSCHED_RESUME", "1")
+    with pytest.raises(MissingCheckpointError, match="RLSCHED_RESUME=1"):
+        Checkpointer(tmp_path / "b").load()
+    monkeypatch.setenv("RLSCHED_RESUME", "maybe")
+    with pytest.raises(ContractError, match="RLSCHED_RESUME='maybe' is neither 0 nor 1"):
+        Checkpointer(tmp_path / "c")
 
 
 def _newest_and_previous(tmp_path):

@@ -30,7 +30,7 @@ def _free_port() -> int:
 def _env(**over):
     """What the operator puts in worker 1 of 3 of generation 4."""
     c = WorkerContract(job="resnet", namespace="team-a", index=1, workers=3, generation=4, batch_size=96,
-                       checkpoint_dir="/ckpt", micro_batch_limit=16, procs_per_worker=2)
+                       checkpoint_dir="/ckpt", micro_batch_limit=16, procs_per_worker=2, resume=True)
     env = {**c.env(), "RLSCHED_JOB_NAME": "resnet", "RLSCHED_JOB_NAMESPACE": "team-a"}
     env.update(over)
     return {k: v for k, v in env.items() if v is not None}
@@ -42,6 +42,17 @@ def test_the_operators_environment_parses_back():
     assert (c.batch_size, c.checkpoint_dir, c.master_addr, c.master_port) == (96, "/ckpt", "resnet-worker-0.resnet", 29500)
     assert not c.is_chief
     assert (c.micro_batch_limit, c.procs_per_worker) == (16, 2)
+    assert c.resume is True
+
+
+def test_resume_round_trips_and_is_unknown_when_unset():
+    """RLSCHED_RESUME: 1/0 both ways; an operator that does not set it gives None."""
+    for value, env in ((True, "1"), (False, "0")):
+        c = WorkerContract(job="j", namespace="n", index=0, workers=1, generation=2, resume=value)
+        assert c.env()["RLSCHED_RESUME"] == env
+        assert worker_contract({**c.env(), "RLSCHED_JOB_NAME": "j"}).resume is value
+    assert "RLSCHED_RESUME" not in WorkerContract(job="j", namespace="n", index=0, workers=1).env()
+    assert worker_contract(_env(RLSCHED_RESUME=None)).resume is None
 
 
 @pytest.mark.parametrize(
@@ -56,6 +67,7 @@ def test_the_operators_environment_parses_back():
         ({"RLSCHED_GLOBAL_BATCH_SIZE": "0"}, "RLSCHED_GLOBAL_BATCH_SIZE"),
         ({"RLSCHED_MICRO_BATCH_LIMIT": "0"}, "RLSCHED_MICRO_BATCH_LIMIT"),
         ({"PET_NPROC_PER_NODE": "x"}, "PET_NPROC_PER_NODE='x' is not a whole number"),
+        ({"RLSCHED_RESUME": "yes"}, "RLSCHED_RESUME='yes' is neither 0 nor 1"),
     ],
 )
 def test_a_broken_contract_names_the_variable(over, match):
