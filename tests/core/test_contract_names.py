@@ -4,6 +4,7 @@ source (every string constant and definition of every .py file outside tests), a
 the CRD manifests are held to the same names."""
 
 import ast
+import os
 from pathlib import Path
 
 import pytest
@@ -30,11 +31,17 @@ GONE = {"parse_quantity_int", "gpu_quantity", "_gpus_of", "ModelError"}
 
 
 def _sources():
-    for path in sorted(ROOT.rglob("*.py")):
-        rel = path.relative_to(ROOT)
-        if rel.parts[0] == "tests" or any(p.startswith(".") or p in ("build", "out") for p in rel.parts[:-1]):
-            continue
-        yield rel, ast.parse(path.read_text(), filename=str(rel))
+    """Every .py file outside tests/, build/, out/ and hidden folders; the walk prunes
+    those folders instead of listing their files (a virtualenv holds tens of thousands,
+    a training run's out/ may too)."""
+    paths = []
+    for folder, dirs, files in os.walk(ROOT):
+        here = Path(folder).relative_to(ROOT)
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("build", "out")
+                   and not (here == Path(".") and d == "tests")]
+        paths += [here / f for f in files if f.endswith(".py")]
+    for rel in sorted(paths):
+        yield rel, ast.parse((ROOT / rel).read_text(), filename=str(rel))
 
 
 def _names() -> dict[str, str]:
