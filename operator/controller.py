@@ -841,20 +841,24 @@ class Controller:
         now = self.clock()
         self.cycles += 1
         self.metrics.cycles.inc()
-        bodies, pods_all, nodes, ended, queue_bodies = await asyncio.gather(
+        bodies, others, nodes, mine, queue_bodies = await asyncio.gather(
             self.list_jobs(),
+            # everyone else's pods that hold resources, for the snapshot
             self.read_json(self.core.list_pod_for_all_namespaces(
+                label_selector=f"{LABEL_MANAGED_BY}!={MANAGED_BY_OPERATOR}",
                 field_selector="status.phase!=Succeeded,status.phase!=Failed", _preload_content=False)),
             self.read_json(self.core.list_node(_preload_content=False)),
-            # the workers that exited: their exit codes decide success, failure, restart
+            # the operator's workers in one list, whatever their phase: a worker that exits
+            # between two lists (one of running pods, one of exited) would be in neither
             self.read_json(self.core.list_pod_for_all_namespaces(
-                label_selector=f"{LABEL_MANAGED_BY}={MANAGED_BY_OPERATOR}",
-                field_selector="status.phase!=Pending,status.phase!=Running,status.phase!=Unknown",
-                _preload_content=False)),
+                label_selector=f"{LABEL_MANAGED_BY}={MANAGED_BY_OPERATOR}", _preload_content=False)),
             self.list_queues(),
         )
         book = self.queue_book(queue_bodies)
-        pods = pods_all["items"]
+        exited = {"Succeeded", "Failed"}
+        # the workers that exited: their exit codes decide success, failure, restart
+        ended = {"items": [p for p in mine["items"] if (p.get("status") or {}).get("phase") in exited]}
+        pods = others["items"] + [p for p in mine["items"] if (p.get("status") or {}).get("phase") not in exited]
         snap = build_snapshot(nodes["items"], pods, time=now, levels=self.config.topology_levels)
         self._report_unreadable(snap.problems)
         jobs: dict[str, _Job] = {}
