@@ -3,8 +3,9 @@
 One module per concern, every public name re-exported here lazily (PEP 562): importing
 the package loads nothing but the standard library; torch is imported by the functions
 that need it and the Kubernetes client by the first progress report. Install it in a
-training image with ``pip install 'rlsched[trainer]'`` (its only dependency: the
-Kubernetes client; torch comes from the image). See ``docs/trainer.md``.
+training image with the ``trainer`` extra, from a checkout (``pip install './[trainer]'``)
+or the built wheel (its only dependency: the Kubernetes client; torch comes from the
+image). See ``docs/trainer.md``.
 
 =====================  ====================================================================
 module                 what

@@ -228,17 +228,15 @@ def payload_digest(payload: Any) -> str:
     return h.hexdigest()
 
 
-def atomic_save(obj: Any, path: str | os.PathLike[str], *, keep_previous: str | os.PathLike[str] | None = None) -> Path:
-    """``torch.save(obj)`` to ``path`` atomically: a temporary file beside it, fsync,
-    ``os.replace``. With ``keep_previous``, the file ``path`` held before is kept there."""
-    import torch
-
-    path = Path(path)
+def _atomic_write(path: Path, write: Any, *, keep_previous: str | os.PathLike[str] | None = None) -> Path:
+    """``write(fh)`` into a temporary file beside ``path``, fsync, ``os.replace`` onto
+    ``path`` and fsync of the directory; with ``keep_previous``, the file ``path`` held
+    before is kept there (hard link, else copy). A failure leaves ``path`` as it was."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as fh:
-            torch.save(obj, fh)
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         if keep_previous is not None and path.exists():
@@ -258,6 +256,14 @@ def atomic_save(obj: Any, path: str | os.PathLike[str], *, keep_previous: str | 
         raise
     _fsync_dir(path.parent)
     return path
+
+
+def atomic_save(obj: Any, path: str | os.PathLike[str], *, keep_previous: str | os.PathLike[str] | None = None) -> Path:
+    """``torch.save(obj)`` to ``path`` atomically: a temporary file beside it, fsync,
+    ``os.replace``. With ``keep_previous``, the file ``path`` held before is kept there."""
+    import torch
+
+    return _atomic_write(Path(path), lambda fh: torch.save(obj, fh), keep_previous=keep_previous)
 
 
 class Checkpointer:
@@ -464,15 +470,4 @@ def verify_payload(payload: Any, source: Any) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     """``text`` to ``path`` atomically (temporary file, fsync, ``os.replace``)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
-    _fsync_dir(path.parent)
+    _atomic_write(Path(path), lambda fh: fh.write(text.encode()))

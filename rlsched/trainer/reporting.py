@@ -410,7 +410,7 @@ class ProgressReporter:
         except ImportError as exc:
             self.stopped_reason = "no Kubernetes client"
             log.warning("progress not reported, the Kubernetes client is missing "
-                        "(install rlsched[trainer]): %s", exc)
+                        "(install rlsched with its trainer extra): %s", exc)
             return
         try:
             self._reporter.api  # noqa: B018 - makes the client: credentials are read here
