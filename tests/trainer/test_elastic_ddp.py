@@ -130,6 +130,25 @@ class Job:
         return "\n".join(p.read_text()[-3000:] for p in sorted(self.dir.glob(f"gen{gen}-rank*.log")))
 
 
+def check_each_sample_once(samples: Path, epochs: int, plan) -> None:
+    """Within every epoch each sample index was consumed exactly once, over all ranks
+    and generations; in each generation all ranks stopped after the same step.
+    ``plan``: (generation, processes, ...) per generation."""
+    per_epoch: dict[int, Counter] = defaultdict(Counter)
+    last_start: dict[tuple[int, int], int] = {}
+    for line in samples.read_text().splitlines():
+        rec = json.loads(line)
+        per_epoch[rec["epoch"]].update(rec["indices"])
+        key = (rec["gen"], rec["rank"])
+        last_start[key] = max(last_start.get(key, -1), rec["epoch"] * TRAIN_SAMPLES + rec["start"])
+    assert sorted(per_epoch) == list(range(epochs))
+    for epoch, counts in per_epoch.items():
+        assert set(counts) == set(range(TRAIN_SAMPLES)), f"epoch {epoch}: samples skipped"
+        assert max(counts.values()) == 1, f"epoch {epoch}: samples repeated: {[i for i, c in counts.items() if c > 1][:10]}"
+    for gen, procs, *_ in plan:
+        assert len({last_start[(gen, r)] for r in range(procs)}) == 1, f"generation {gen}: ranks stopped apart"
+
+
 def test_rescaled_and_preempted_training_resumes_exactly(tmp_path):
     # the reference: 2 workers, never interrupted
     ref = Job(tmp_path, "reference", step_delay=0.0)
@@ -172,21 +191,7 @@ def test_rescaled_and_preempted_training_resumes_exactly(tmp_path):
     worst = max(abs(losses[s] - ref_loss[s]) for s in losses)
     assert worst < LOSS_TOLERANCE, f"elastic loss curve left the reference's by {worst}"
 
-    # within every epoch each sample index was consumed exactly once, over all ranks
-    # and generations; and in each generation all ranks stopped after the same step
-    per_epoch: dict[int, Counter] = defaultdict(Counter)
-    last_start: dict[tuple[int, int], int] = {}
-    for line in job.samples.read_text().splitlines():
-        rec = json.loads(line)
-        per_epoch[rec["epoch"]].update(rec["indices"])
-        key = (rec["gen"], rec["rank"])
-        last_start[key] = max(last_start.get(key, -1), rec["epoch"] * TRAIN_SAMPLES + rec["start"])
-    assert sorted(per_epoch) == list(range(EPOCHS))
-    for epoch, counts in per_epoch.items():
-        assert set(counts) == set(range(TRAIN_SAMPLES)), f"epoch {epoch}: samples skipped"
-        assert max(counts.values()) == 1, f"epoch {epoch}: samples repeated: {[i for i, c in counts.items() if c > 1][:10]}"
-    for gen, world, _ in plan:
-        assert len({last_start[(gen, r)] for r in range(world)}) == 1, f"generation {gen}: ranks stopped apart"
+    check_each_sample_once(job.samples, EPOCHS, plan)
 
     # the result: the final model, and its accuracy against the uninterrupted run
     done = next(e for e in by_gen[3] if e["event"] == "done")
