@@ -22,12 +22,12 @@ whatever the shares are (the last, shorter global batch of an epoch included, wi
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Mapping
 
 from rlsched.core.contract import ENV_BATCH_SIZE, ENV_MICRO_BATCH_LIMIT
 
+from .contract import env_int
 from .errors import BatchSizeError
 
 __all__ = ["BatchPlan", "plan_batch", "split_evenly", "loss_scale", "global_batch_size", "micro_batch_limit"]
@@ -90,7 +90,8 @@ def plan_batch(global_batch: int, world_size: int, micro_batch_limit: int | None
     gradient-accumulation steps. :class:`BatchSizeError` when the global batch is
     smaller than the world size (a worker would never have a sample)."""
     if micro_batch_limit is None:
-        micro_batch_limit = _env_limit(environ)
+        micro_batch_limit = env_int(
+            ENV_MICRO_BATCH_LIMIT, default=None, minimum=1, error=BatchSizeError, environ=environ)
     if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
         raise BatchSizeError(f"global batch size must be a whole number >= 1, got {global_batch!r}")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
@@ -107,35 +108,10 @@ def plan_batch(global_batch: int, world_size: int, micro_batch_limit: int | None
 def global_batch_size(default: int, environ: Mapping[str, str] | None = None) -> int:
     """The global batch the scheduler asks for (``RLSCHED_GLOBAL_BATCH_SIZE``), else the
     script's ``default``."""
-    env = os.environ if environ is None else environ
-    raw = env.get(ENV_BATCH_SIZE)
-    if not raw:
-        return default
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise BatchSizeError(f"{ENV_BATCH_SIZE}={raw!r:.40} is not a whole number") from None
-    if value < 1:
-        raise BatchSizeError(f"{ENV_BATCH_SIZE}={value} < 1")
-    return value
-
-
-def _env_limit(environ: Mapping[str, str] | None) -> int | None:
-    env = os.environ if environ is None else environ
-    raw = env.get(ENV_MICRO_BATCH_LIMIT)
-    if not raw:
-        return None
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise BatchSizeError(f"{ENV_MICRO_BATCH_LIMIT}={raw!r:.40} is not a whole number") from None
-    if value < 1:
-        raise BatchSizeError(f"{ENV_MICRO_BATCH_LIMIT}={value} < 1")
-    return value
+    return env_int(ENV_BATCH_SIZE, default=default, minimum=1, error=BatchSizeError, environ=environ)
 
 
 def micro_batch_limit(default: int | None = None, environ: Mapping[str, str] | None = None) -> int | None:
     """The most samples one process takes in one pass: the scheduler's
     (``RLSCHED_MICRO_BATCH_LIMIT``), else the script's ``default`` (None: no limit)."""
-    value = _env_limit(environ)
-    return default if value is None else value
+    return env_int(ENV_MICRO_BATCH_LIMIT, default=default, minimum=1, error=BatchSizeError, environ=environ)

@@ -43,8 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlsched.core.contract import ENV_GENERATION, ENV_RESUME, ContractError, parse_resume
+from rlsched.core.contract import ENV_GENERATION, ENV_RESUME, parse_resume
 
+from .contract import env_int
 from .errors import (
     CheckpointDirError,
     CheckpointError,
@@ -149,14 +150,7 @@ def _fsync_dir(directory: Path) -> None:
 
 def env_generation(environ: Any = None) -> int:
     """``RLSCHED_GENERATION`` (0 when unset); a :class:`ContractError` when malformed."""
-    raw = (os.environ if environ is None else environ).get(ENV_GENERATION) or "0"
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise ContractError(f"{ENV_GENERATION}={raw!r:.40} is not a whole number") from None
-    if value < 0:
-        raise ContractError(f"{ENV_GENERATION}: generation {value} < 0")
-    return value
+    return env_int(ENV_GENERATION, default=0, minimum=0, environ=environ)
 
 
 def env_resume(environ: Any = None) -> bool | None:

@@ -56,6 +56,7 @@ __all__ = [
     "ENV_CHECKPOINT_DIR",
     "DEFAULT_TIMEOUT_S",
     "worker_contract",
+    "env_int",
     "local_rank",
     "init_distributed",
     "shutdown_distributed",
@@ -75,18 +76,27 @@ def worker_contract(environ: Mapping[str, str] | None = None) -> WorkerContract:
     return WorkerContract.from_env(os.environ if environ is None else environ)
 
 
-def local_rank(environ: Mapping[str, str] | None = None) -> int:
-    """``LOCAL_RANK`` (0 when unset: one process per pod); a :class:`ContractError`
-    when it is not a whole number >= 0."""
-    env = os.environ if environ is None else environ
-    raw = env.get(ENV_LOCAL_RANK) or "0"
+def env_int(key: str, *, default: int | None, minimum: int, error: type[Exception] = ContractError,
+            environ: Mapping[str, str] | None = None) -> int | None:
+    """The whole number in ``key`` of ``environ`` (default ``os.environ``), ``default``
+    when unset or empty; ``error`` naming the variable when it is not a whole number
+    or below ``minimum``."""
+    raw = (os.environ if environ is None else environ).get(key)
+    if not raw:
+        return default
     try:
         value = int(raw.strip())
     except ValueError:
-        raise ContractError(f"{ENV_LOCAL_RANK}={raw!r:.40} is not a whole number") from None
-    if value < 0:
-        raise ContractError(f"{ENV_LOCAL_RANK}={value} < 0")
+        raise error(f"{key}={raw!r:.40} is not a whole number") from None
+    if value < minimum:
+        raise error(f"{key}={value} < {minimum}")
     return value
+
+
+def local_rank(environ: Mapping[str, str] | None = None) -> int:
+    """``LOCAL_RANK`` (0 when unset: one process per pod); a :class:`ContractError`
+    when it is not a whole number >= 0."""
+    return env_int(ENV_LOCAL_RANK, default=0, minimum=0, environ=environ)
 
 
 def init_distributed(
