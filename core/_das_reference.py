@@ -1,4 +1,4 @@
-"""The DAS agents as they were before issue 15 made them linear: the slow reference.
+"""The DAS agents as they were before they were made linear: the slow reference.
 
 Kept only so that tests can run the old path beside the new one and hold their decisions
 equal (tests/core/test_das_linear.py, tests/sim/test_das_linear_engine.py). Nothing
@@ -79,7 +79,7 @@ def _job_features(job: JobView, state: ClusterState) -> np.ndarray:
 
 
 class ReferenceDASOrdering(DASOrdering):
-    """:class:`~rlsched.core.das_agent.DASOrdering` ranking as before issue 15 (no
+    """:class:`~rlsched.core.das_agent.DASOrdering` ranking as before the linear rewrite (no
     ``rank_for_start``: the simulator ranks the whole window every pass)."""
 
     rank_for_start = None
@@ -149,7 +149,7 @@ def _rack_first_fill(job: JobView, state: ClusterState, scores: np.ndarray, work
 
 
 class ReferenceDASAgentPlacement(DASAgentPlacement):
-    """:class:`~rlsched.core.das_agent.DASAgentPlacement` as before issue 15: the dense
+    """:class:`~rlsched.core.das_agent.DASAgentPlacement` as before the linear rewrite: the dense
     ``nodes x nodes`` smoother."""
 
     respects_worker_slots = False

@@ -5,7 +5,7 @@ same number of parameters: each iteration solves every still-running problem's d
 normal equations in one ``numpy.linalg.solve`` call. A scheduling decision fits one
 small throughput model per job (seven parameters, a handful of residuals); fitted one by
 one with ``scipy.optimize.least_squares`` the per-call overhead dominates the decision
-(issue 25, item 7), fitted together it is one array program.
+fitted together it is one array program.
 
 The method as in Madsen, Nielsen & Tingleff, "Methods for non-linear least squares
 problems" (2nd ed., 2004), §3.2: the damping follows the gain ratio (actual over

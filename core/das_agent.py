@@ -22,7 +22,7 @@ The agent starts the job with the highest logit among those that fit now; as an
 :class:`~rlsched.core.policy.Ordering` it ranks the window by queue class and priority
 (as every ordering does), then jobs that fit first, then by logit, and keeps jobs beyond the window in FIFO order after it.
 
-Cost (issue 15): whether a job fits now is read from the state's incremental
+Cost: whether a job fits now is read from the state's incremental
 :class:`~rlsched.core.cluster.FitIndex` (kept per job shape from the nodes each
 allocation touches), not a pass over the nodes per job; the transformer runs only when
 its logits break a tie (two window jobs of one queue class, priority and fit; for
@@ -32,13 +32,13 @@ topology's quotient graph (:class:`~rlsched.core.das.QuotientSmoother`), O(nodes
 job instead of a dense nodes x nodes product. Decisions are those of the slow path,
 kept in :mod:`rlsched.core._das_reference` for the tests that hold them equal.
 
-Observation layout 2 (:data:`OBSERVATION_LAYOUT`, issue 16): every feature is what a
+Observation layout 2 (:data:`OBSERVATION_LAYOUT`): every feature is what a
 live operator knows (requested GPUs, age, attained service and executed time, reported
 epochs, queue and priority, the non-clairvoyant remaining estimate and whether one
 exists); none reads a job's true run time. A model file records its features, and a
 file of another layout is refused (:func:`check_observation`; the policies fall back).
 
-Attained-service queues (an extension of the paper, issue 16): a model may record
+Attained-service queues (an extension of the paper): a model may record
 ``architecture.las_thresholds`` (GPU-seconds). The ordering then ranks by queue class,
 priority, the job's attained-service queue (Tiresias' discretized LAS), fit and logit,
 and is preemptive across those queues (``preempts`` / ``outranked`` / ``demotes_at``,

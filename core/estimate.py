@@ -1,6 +1,6 @@
 """Non-clairvoyant run-time estimates: the remaining time a live operator can know.
 
-Policies never see a job's true run time (issue 13, ``../shared/DESIGN.md``). What a
+Policies never see a job's true run time (``../shared/DESIGN.md``). What a
 live operator knows of how long a job still needs is
 
 * the user's estimate of its run time, only where the job spec gives one

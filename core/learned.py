@@ -3,7 +3,7 @@
 RLPTO decides, for every running training job, whether to add ``i`` workers, remove
 ``i`` or keep the count (``i = 1`` by default, the operator's contract). Its PPO actor
 reads eleven features per job: the paper's state ``(m, e, l, n, a, c, w)`` and, since
-observation layout 2 (issue 16), four a live operator can also measure — the job's
+observation layout 2, four a live operator can also measure — the job's
 marginal speed-up and statistical efficiency, its rank in remaining work as estimated
 from its progress, and the GPUs the queue asks for. :func:`rlpto_observation` computes
 them identically in training (:mod:`rlsched.sim.scaling_env`) and serving (here):
@@ -63,7 +63,7 @@ __all__ = ["RLPTO_FEATURES", "RLPTO_LAYOUT", "rlpto_observation", "job_observati
            "RLPTOScaling", "DEFAULT_WEIGHTS"]
 
 RLPTO_FEATURES = ("m", "e", "l", "n", "a", "c", "w", "s", "x", "r", "q")
-#: observation layout: 1 = the paper's seven features (m..w), 2 = + s, x, r, q (issue 16)
+#: observation layout: 1 = the paper's seven features (m..w), 2 = + s, x, r, q
 RLPTO_LAYOUT = 2
 #: features of each layout a model file may declare
 LAYOUT_FEATURES = {1: RLPTO_FEATURES[:7], 2: RLPTO_FEATURES}

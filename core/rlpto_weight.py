@@ -6,7 +6,7 @@ network reads the job's state and the cluster's and decides its next worker chan
 mechanism (:mod:`rlsched.core.goodput_allocator`) no policy moves workers one at a time:
 the allocator gives the GPUs left to the job whose weighted utility gains most per GPU,
 and restarts, batch sizes and shrink-to-admit are its own. RLPTO enters there as that
-weight (issue 25: "a falling marginal goodput, never a stop"). :class:`RLPTOGrowthWeight`
+weight ("a falling marginal goodput, never a stop", ../shared/DESIGN.md). :class:`RLPTOGrowthWeight`
 is
 
     log weight(job) = b · φ(job) + v · tanh(W o(job) + c)

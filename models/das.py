@@ -630,8 +630,8 @@ def evaluate(args) -> int:
         update_evaluation(model, {key: table, f"{key}:seeds": sorted({r["seed"] for r in rows})})
     return 0
 
-# ============================================================================ protocol evaluation (issue 16)
-# DAS on the evaluation protocol of issue 16: validation choice and test judgement.
+# ============================================================================ protocol evaluation
+# DAS on the evaluation protocol (docs/training.md): validation choice and test judgement.
 #
 # ``python -m rlsched.models.das protocol --split validation|test ...`` runs, for every cell
 # (a workload at one offered load) and every seed of the split, the heuristic pool, the DAS

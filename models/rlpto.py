@@ -147,7 +147,7 @@ class LeastRemainingWork:
 
 class QueueAwareGrow:
     """Grow while a node is free; while jobs wait, the jobs with the most remaining work
-    give a worker back so the queue is admitted sooner (issue 16).
+    give a worker back so the queue is admitted sooner.
 
     Per job decided on: ``-1`` when the queue asks for GPUs, the job holds more than its
     ``min_workers`` and its rank in remaining work
@@ -333,7 +333,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reward-scale", type=float, default=10.0, help="rewards are multiplied by this for learning")
     p.add_argument("--init", choices=("random", "imitate-growq"), default="random",
                    help="initial actor: random (near-uniform), or imitate-growq: behaviour cloning of QueueAwareGrow on "
-                        "train-split episodes before PPO (issue 16: an extension of the paper's design)")
+                        "train-split episodes before PPO (an extension of the paper's design)")
     p.add_argument("--bc-episodes", type=int, default=24, help="imitate-growq: teacher episodes")
     p.add_argument("--val-every", type=int, default=10)
     p.add_argument("--val-seeds", type=int, default=4)

@@ -158,7 +158,7 @@ class SimConfig:
     ``max_time``: stop the run at this simulated time (jobs still running are
     reported unfinished).
     ``clairvoyant``: show the policies every job's true run time and remaining time
-    (``JobView.est_runtime`` / ``remaining``), as the simulator did before issue 13 —
+    (``JobView.est_runtime`` / ``remaining``), as the simulator once did —
     for labelled reference runs only, never a baseline. Off (the default), a view
     carries what a live operator knows: the user's estimate where the job gives one
     (:meth:`JobSpec.user_estimate`) and the remaining time of

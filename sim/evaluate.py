@@ -1,6 +1,6 @@
 """``rlsched eval protocol``: candidates against the strongest honest baselines.
 
-The protocol (issue 16), per *cell* (a suite at one load):
+The protocol, per *cell* (a suite at one load):
 
 1. **Screen** the whole baseline pool (:func:`baseline_pool`: non-clairvoyant
    orderings x placements [x scalings], each with and without backfill) on the
@@ -62,7 +62,7 @@ __all__ = [
 
 log = logging.getLogger("rlsched.sim.evaluate")
 
-#: the pool (issue 16, item 3); all non-clairvoyant
+#: the pool; all non-clairvoyant
 POOL_ORDERINGS = ("fifo", "drf", "tiresias")
 POOL_PLACEMENTS = ("firstfit", "bestfit", "topology", "fgd", "das")
 POOL_SCALINGS = ("fs", "beta", "optimus")

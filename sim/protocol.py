@@ -1,7 +1,7 @@
 """The evaluation protocol's fixed parts: disjoint seed splits and paired bootstrap CIs.
 
 Every learned policy is trained, chosen and judged on three disjoint ranges of trace
-seeds (issue 16):
+seeds:
 
 =========== ==================== =============================================
 split       seeds                used for

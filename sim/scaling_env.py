@@ -71,7 +71,7 @@ minutes times its ``w`` workers when it held them throughout). A learner credits
 decision with the rewards of the cycles until the job's next decision
 (:func:`rlsched.models.rlpto.rollout`).
 
-``reward="cluster"`` (issue 16): the cycle's cluster reward
+``reward="cluster"``: the cycle's cluster reward
 ``−(jobs in system × seconds)/3600`` — the seconds every submitted, unfinished job
 (running or waiting) spent in the system during the cycle, in hours — split equally
 among the cycle's agents. Over an episode the cluster rewards (and so the agents'

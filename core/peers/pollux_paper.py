@@ -4,7 +4,7 @@ Cluster Scheduling for Goodput-Optimized Deep Learning", OSDI 2021, §4.2).
 Written from the paper's text and formulas. The released ``adaptdl-sched`` (run through
 its bridge as ``pollux``, :mod:`rlsched.sim.peers.pollux`) differs from the paper in
 its objective, restart penalty and speedup baseline (docs/benchmark.md); this is the
-paper's policy, the benchmark's reference peer (issue 25, item 4). Where the paper
+paper's policy, the benchmark's reference peer. Where the paper
 leaves a detail open we say what we chose; some of those choices were checked against
 the paper's artifact (``petuum/adaptdl``, branch ``osdi21-artifact``, read for facts,
 never copied) and are marked "(artifact)".
