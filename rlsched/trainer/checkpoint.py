@@ -55,7 +55,7 @@ from .errors import (
     MissingCheckpointError,
 )
 
-__all__ = ["TrainState", "Checkpointer", "FORMAT", "FORMAT_FAMILY", "MARKER", "atomic_save", "capture_rng",
+__all__ = ["TrainState", "Checkpointer", "FORMAT", "FORMAT_FAMILY", "MARKER", "atomic_save", "capture_rng", "restore_rest",
            "restore_rng", "unwrap", "check_directory", "payload_digest", "verify_payload", "env_generation",
            "env_resume", "atomic_write_text"]
 
@@ -428,14 +428,21 @@ class Checkpointer:
         unwrap(model).load_state_dict(payload["model"])
         if optimizer is not None and payload.get("optimizer") is not None:
             optimizer.load_state_dict(payload["optimizer"])
-        if scheduler is not None and payload.get("scheduler") is not None:
-            scheduler.load_state_dict(payload["scheduler"])
-        if scaler is not None and payload.get("scaler"):
-            scaler.load_state_dict(payload["scaler"])
-        if rng and payload.get("rng"):
-            restore_rng(payload["rng"])
-        s = payload["state"]
-        return TrainState(epoch=int(s["epoch"]), consumed=int(s["consumed"]), step=int(s["step"])), payload
+        return restore_rest(payload, scheduler=scheduler, scaler=scaler, rng=rng), payload
+
+
+def restore_rest(payload: dict[str, Any], *, scheduler: Any = None, scaler: Any = None, rng: bool = True) -> TrainState:
+    """What every checkpointer restores beside the model and optimizer: the LR
+    scheduler, the GradScaler and the RNG states (each when given and saved); returns
+    the training position."""
+    if scheduler is not None and payload.get("scheduler") is not None:
+        scheduler.load_state_dict(payload["scheduler"])
+    if scaler is not None and payload.get("scaler"):
+        scaler.load_state_dict(payload["scaler"])
+    if rng and payload.get("rng"):
+        restore_rng(payload["rng"])
+    s = payload["state"]
+    return TrainState(epoch=int(s["epoch"]), consumed=int(s["consumed"]), step=int(s["step"]))
 
 
 def verify_payload(payload: Any, source: Any) -> None:

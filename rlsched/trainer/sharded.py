@@ -34,7 +34,7 @@ from .checkpoint import (
     _fsync_dir,
     atomic_write_text,
     capture_rng,
-    restore_rng,
+    restore_rest,
 )
 from .errors import CheckpointError, CheckpointFormatError, CheckpointWriteError, ChecksumError
 
@@ -243,14 +243,7 @@ class ShardedCheckpointer(Checkpointer):
         dcp.load(content, checkpoint_id=side["path"])
         set_state_dict(model, [] if optimizer is None else optimizer, model_state_dict=content["model"],
                        optim_state_dict=content.get("optimizer", {}))
-        if scheduler is not None and side.get("scheduler") is not None:
-            scheduler.load_state_dict(side["scheduler"])
-        if scaler is not None and side.get("scaler"):
-            scaler.load_state_dict(side["scaler"])
-        if rng and side.get("rng"):
-            restore_rng(side["rng"])
-        s = side["state"]
-        return TrainState(epoch=int(s["epoch"]), consumed=int(s["consumed"]), step=int(s["step"])), side
+        return restore_rest(side, scheduler=scheduler, scaler=scaler, rng=rng), side
 
     def exists(self) -> bool:
         return (self.path / MANIFEST).exists() or (self.previous_path / MANIFEST).exists()
