@@ -1056,7 +1056,9 @@ def _admissions(decisions: Sequence[Mapping]) -> dict[tuple[str, int], dict]:
 
 def _path_decisions(job: str, decisions: Sequence[Mapping], submit: float) -> int:
     """Decisions on ``job``'s path in a log: its own admissions, worker changes and
-    preemptions, and the completions of other jobs while it waited."""
+    preemptions, and the hand-offs it waited for in the queue: other jobs' completions,
+    give-backs and preemptions (live, each frees GPUs only once the old pods have
+    stopped, one more cycle before the waiting job is admitted)."""
     own = [d for d in decisions if d["job"] == job and d["kind"] in ("admit", "scale", "preempt")]
     waits, start = [], submit
     for d in sorted((d for d in decisions if d["job"] == job and d["kind"] in ("admit", "preempt")), key=lambda d: d["t"]):
@@ -1065,7 +1067,10 @@ def _path_decisions(job: str, decisions: Sequence[Mapping], submit: float) -> in
             start = None
         elif d["kind"] == "preempt":
             start = d["t"]
-    handoffs = sum(1 for d in decisions if d["kind"] == "finish" and d["job"] != job
+    def frees(d: Mapping) -> bool:
+        return d["kind"] in ("finish", "preempt") or (d["kind"] == "scale" and d.get("delta", 0) < 0)
+
+    handoffs = sum(1 for d in decisions if d["job"] != job and frees(d)
                    and any(a <= d["t"] <= b for a, b in waits))
     return len(own) + handoffs
 

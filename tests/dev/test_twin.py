@@ -523,3 +523,16 @@ def test_live_allocator_of_a_learned_weight_keeps_its_weights_on_the_compressed_
         want = weight(sim, job(service, age))
         assert weight(live, job(service / k, age / k)) == pytest.approx(want)
         assert want != pytest.approx(weight(sim, job(service, 4 * age + 3600.0)))  # age counts
+
+
+def test_a_job_admitted_by_a_shrink_counts_the_shrink_as_a_hand_off(batch_sim):
+    """bs-b waits for bs-a to give back GPUs: live, the old pods must stop before bs-b's
+    gang is admitted, one more latency on bs-b's path than its own admission. A
+    grow of another job while it waited frees nothing and does not count."""
+    from rlsched_dev.twin import _path_decisions
+
+    log_ = batch_sim["decisions"]
+    submit = batch_sim["submit"]["bs-b"]
+    assert _path_decisions("bs-b", log_, submit) == 2  # its admission + bs-a's shrink
+    grow = [dict(d, delta=abs(d["delta"])) if d["kind"] == "scale" else d for d in log_]
+    assert _path_decisions("bs-b", grow, submit) == 1
