@@ -192,10 +192,13 @@ class SimConfig:
     #: operator's cycle (every 5 s) sees such a change within seconds; off, freed GPUs
     #: and new jobs wait for the next interval
     allocate_on_events: bool = False
+    #: with ``allocate_on_events``, at least this many seconds between two decisions: a
+    #: burst of events within it makes one decision at its end (the operator's cycle)
+    decision_gap: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.scaling_interval <= 0 or self.restart_cost < 0:
-            raise ValueError("need scaling_interval > 0 and restart_cost >= 0")
+        if self.scaling_interval <= 0 or self.restart_cost < 0 or self.decision_gap < 0:
+            raise ValueError("need scaling_interval > 0, restart_cost >= 0 and decision_gap >= 0")
 
 
 @dataclass(slots=True)
@@ -464,9 +467,13 @@ class Simulator:
         if self.ordering is not None and self._dirty:
             self._schedule()
         elif self.allocation is not None and self._dirty and self.config.allocate_on_events:
-            if self._allocated_at != self.now:
-                self.allocation_cycle()
             self._dirty = False
+            due = -math.inf if self._allocated_at is None else self._allocated_at + self.config.decision_gap
+            if self.now >= due and self._allocated_at != self.now:
+                self.allocation_cycle()
+            elif self.now < due and (self._wake_at is None or due < self._wake_at):
+                self._wake_at = due  # decide once the gap has passed, on what changed by then
+                self._push(due, _WAKE, None)
         self._record(self.now)
         return True
 

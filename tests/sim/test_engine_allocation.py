@@ -100,3 +100,14 @@ def test_with_allocate_on_events_a_job_starts_when_it_arrives():
     late = {r.id: r.start for r in sim(list(jobs)).run().records}
     assert (eager["a"], eager["b"]) == (0.0, 10.0)
     assert (late["a"], late["b"]) == (60.0, 60.0)
+
+
+@pytest.mark.parametrize("gap", [0.0, 5.0, 20.0])
+def test_a_burst_of_events_makes_one_decision_at_the_end_of_the_gap(gap):
+    """Decisions on events are at least ``decision_gap`` apart: an arrival within the
+    gap after a decision waits for its end, not for the next interval."""
+    jobs = [job("a", 0.0, lo=8, hi=8), job("b", 1.0, lo=1, hi=1), job("c", 2.0, lo=1, hi=1)]
+    s = sim(list(jobs), allocate_on_events=True, decision_gap=gap)
+    start = {r.id: r.start for r in s.run().records}
+    assert start["a"] == 0.0
+    assert start["b"] == max(1.0, gap) and start["c"] == max(2.0, gap)
