@@ -3,7 +3,7 @@ a bridge process.
 
 Pollux (Qiao et al., OSDI 2021) runs as released on PyPI (``adaptdl-sched==0.2.11``) in
 its own environment (``make pollux-env``), in a child process speaking JSON lines
-(``peers/pollux_bridge.py``); this module is the client. A missing environment raises
+(the script :data:`BRIDGE`); this module is the client. A missing environment raises
 :class:`PeerUnavailable`, a failing bridge :class:`PeerError`. Details: docs/design-notes.md.
 """
 
