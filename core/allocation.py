@@ -1,24 +1,11 @@
-"""The allocation-policy interface: a policy that decides, at every scheduling
-interval, every job's GPUs at once.
+"""The allocation-policy interface: one call decides every job's GPUs at once.
 
-Orderings and placements (:mod:`rlsched.core.policy`) start one waiting job at a time
-and the scaling planner adds or removes one worker; an *allocator* instead returns the
-whole cluster's allocation each interval, so it may start, stop (preempt), migrate,
-shrink and grow any job, and choose its batch size. This is how the peers of the
-published benchmarks decide (Tiresias, Optimus, Pollux; Qiao et al., OSDI'21 §5), and
-the only way an outside policy can be run fairly in our engine.
-
-An allocator sees what a live scheduler could know of each job (:class:`AllocJob`):
-its application and request, age, attained service, restarts, its current allocation
-and batch size, its reported epoch and progress, the gradient statistics the job
-measures while it trains, and the throughput samples it has measured on the
-placements it ran on. Only an allocator that declares itself ``clairvoyant`` (a
-labelled reference such as Optimus+Oracle, never a baseline) is also given
-:class:`Oracle` facts: the job's true remaining work and its true speed.
-
-The engine (:class:`rlsched.sim.interval.IntervalSimulator`) applies the result: a job
-whose node list changes pays the restart cost; a job left out gets no GPUs and keeps
-its progress (checkpointed).
+An allocator returns the whole cluster's allocation each interval, so it may start, stop,
+migrate, shrink and grow any job and choose its batch size: how the published peers
+decide (Tiresias, Optimus, Pollux; Qiao et al., OSDI'21 §5). It sees what a live
+scheduler knows of each job (:class:`AllocJob`); only an allocator that declares itself
+``clairvoyant`` (a labelled reference) also gets :class:`Oracle` facts.
+Design notes: docs/design-notes.md.
 """
 
 from __future__ import annotations

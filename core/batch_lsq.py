@@ -1,26 +1,10 @@
 """Box-bounded nonlinear least squares for many small problems at once.
 
-A Levenberg–Marquardt method vectorised over a batch of independent problems with the
-same number of parameters: each iteration solves every still-running problem's damped
-normal equations in one ``numpy.linalg.solve`` call. A scheduling decision fits one
-small throughput model per job (seven parameters, a handful of residuals); fitted one by
-one with ``scipy.optimize.least_squares`` the per-call overhead dominates the decision
-fitted together it is one array program.
-
-The method as in Madsen, Nielsen & Tingleff, "Methods for non-linear least squares
-problems" (2nd ed., 2004), §3.2: the damping follows the gain ratio (actual over
-predicted reduction; Nielsen's update), scaled by the largest diagonal of ``JᵀJ`` seen
-so far (Moré, "The Levenberg–Marquardt algorithm: implementation and theory", 1978).
-Bounds are handled by active sets: a parameter at a bound whose gradient points out of
-the box is held there for the step (its row and column of the normal equations are
-replaced by the identity), and every trial point is projected onto the box.
-
-A problem stops when a step it accepted changed its cost by at most ``ftol`` (relative)
-or its parameters by at most ``xtol`` (relative), when its projected gradient is at
-most ``gtol``, when its damping grows past ``1e16`` (no descent left at machine
-precision), or after ``max_iter`` iterations. Pure numpy; deterministic. A problem's
-iterates do not depend on the others in its batch but through rounding (sums over
-rows padded to the batch's widest problem may associate differently).
+Levenberg–Marquardt vectorised over a batch of independent problems (Madsen, Nielsen &
+Tingleff, "Methods for non-linear least squares problems", 2004, §3.2; Moré, 1978),
+bounds by active sets: a scheduling decision fits one small throughput model per job,
+and fitted together they are one array program. Pure numpy, deterministic.
+Damping and stopping rules: docs/design-notes.md.
 """
 
 from __future__ import annotations

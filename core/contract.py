@@ -1,26 +1,10 @@
 """The Kubernetes contract of rlsched in one place: names, and a pure parser of shapes.
 
-Names: the TrainingJob CRD (group, version, plural, kind, short name), the labels and
-annotations rlsched reads and writes, the environment of worker pods, the GPU resource,
-the default scheduler name and the node labels of the topology (topology levels and
-NVIDIA GPU Feature Discovery). The CRD manifests (``operator/crd/trainingjob.yaml`` and
-the Helm chart's copy) spell the same names; a test holds them equal.
-
-Parser: objects are plain dicts with camelCase keys, as the API server serves them
-(or kube-scheduler sends them). :func:`parse_quantity` reads a Kubernetes quantity
-(``"4"``, ``"1.5"``, ``"500m"``, ``"4k"``, ``"1Ki"``, ``"1e3"``) exactly;
-:func:`gpu_count` requires a whole, non-negative number of GPUs of it;
-:func:`pod_gpus` is the GPU request of a pod by the scheduler's effective-request rule
-and :func:`node_shape` the name, labels and GPUs of a node. Anything of the wrong shape
-raises :class:`ShapeError` with the path of the offending field.
-:func:`controlling_job` names the TrainingJob that controls a pod (the only pods the
-operator owns).
-
-Names: :func:`dns_subdomain` (object names: pods, nodes), :func:`dns_label`
-(namespaces) and :func:`label_value` check a name as the API server validates it, so a
-name no API object can carry is refused before anything keeps it.
-
-Pure: no Kubernetes client, no I/O.
+Names of the TrainingJob CRD, the labels, annotations, worker environment and topology
+labels rlsched reads and writes (the CRD manifests spell the same; a test holds them
+equal); parsers of quantities, GPU requests and node shapes that raise
+:class:`ShapeError` with the path of a bad field; name checks as the API server
+validates them. Pure: no Kubernetes client, no I/O. Details: docs/design-notes.md.
 """
 
 from __future__ import annotations

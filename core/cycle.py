@@ -1,56 +1,11 @@
 """The scheduling cycle: admission, preemption and elastic scaling as one pure call.
 
-:class:`SchedulingCycle` strings core's planners together the way every caller runs
-them, so the sequence lives here once and the adapters only translate:
-
-1. :meth:`Admission.plan <rlsched.core.planning.Admission.plan>` over the waiting jobs
-   and the jobs holding GPUs: whom to start (in order), whom to preempt, the blocked
-   head of line, the gangs that can never fit;
-2. the cluster as scaling must see it after those admissions (:func:`after_admission`:
-   the gangs admitted hold their GPUs although their pods do not exist yet, the jobs
-   still waiting are the pending ones);
-3. :meth:`ScalingPlanner.plan <rlsched.core.planning.ScalingPlanner.plan>` over the
-   elastic jobs that keep their GPUs (victims of this cycle dropped), with the blocked
-   head's gang reserved (:func:`~rlsched.core.planning.reserved_gpus`): scale-ups never
-   take the GPUs the head waits for.
-
-The result is one :class:`CyclePlan`. The operator (``Controller.cycle``) calls it once
-per cycle and turns the plan into API calls; the gang allocator
-(:class:`rlsched.core.gang_allocator.GangAllocator`) calls it once per interval and turns
-it into allocations.
-
-The discrete-event engine (:class:`rlsched.sim.engine.Simulator`) decides one event
-time at a time on its live cluster, so it calls the cycle's steps rather than
-:meth:`SchedulingCycle.plan`, the same objects deciding:
-
-* :meth:`SchedulingCycle.preemption_rounds`: after an admission pass (the engine's
-  incremental walk over core's :meth:`Admission.walk
-  <rlsched.core.planning.Admission.walk>`), the head of line (:meth:`~SchedulingCycle.head`)
-  asks for victims (:meth:`~SchedulingCycle.preempt`, one :class:`Preemption`), the
-  engine suspends them and starts the head, passes again, until nobody preempts;
-* :meth:`SchedulingCycle.scale`: the scaling step with the blocked head's gang reserved
-  (what :meth:`~SchedulingCycle.plan` runs after admission too, so the operator and the
-  gang allocator run the same code).
-
-:meth:`~SchedulingCycle.preemption_rounds` decides and leaves the effects to the
-caller's callbacks (``apply``: suspend and start; ``admit``: the next pass), as
-:meth:`Admission.walk <rlsched.core.planning.Admission.walk>` leaves starting a job to
-its ``try_start``.
-
-Settling (``settle=True``, the interval engine's mode): a live operator preempts, waits
-for the victims' pods to go and admits the preemptor in a later cycle; an allocator that
-decides one interval at a time cannot wait, so the victims are released and admission
-planned again in the same call, for a bounded number of rounds (each round evicts only
-jobs ranked after the head, so rounds end; the bound is ``2 x jobs + 2`` by default).
-In that mode each admitted gang is placed for real on ``state`` with ``place`` (a gang
-the placement refuses keeps waiting) and is a holder in the next round; each victim is
-released from ``state`` and waits again, in the interrupt queue, and the job that
-preempted it is nominated (served before every queue until it starts), as the operator
-does between cycles. ``state.pending`` is
-left as the caller set it (the interval engine counts every job that waited when the
-interval began).
-
-Pure: numpy and core's cluster model, no Kubernetes objects, no clock.
+:class:`SchedulingCycle` strings core's planners together (admission, the cluster as
+scaling sees it after admission, scaling with the blocked head's gang reserved), so the
+sequence lives here once and the adapters only translate; the result is one
+:class:`CyclePlan`. Its steps serve the event engine; ``settle=True`` settles
+preemptions within one call for the interval engine. Pure: no Kubernetes, no clock.
+Design notes: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,33 +1,10 @@
 """DAS placement: a random-walk kernel over the topology graph and a GP over node speed.
 
-The placement agent of the dual-agent scheduler (DAS; Xing et al., "A Dual-Agent
-Scheduler for Distributed Deep Learning Jobs on Public Cloud via Reinforcement
-Learning", KDD 2023) scores GPU machines with a *Random Walk Gaussian Process*: node
-similarity is a random-walk kernel over the cluster graph,
-
-    k = sum_{l>=0} lambda^l P^l = (I - lambda P)^-1,      0 < lambda < 1,
-
-with ``P`` the row-normalised adjacency matrix, and a Gaussian process with that
-covariance turns recent observations of node performance (e.g. measured step speed
-relative to nominal) into a posterior mean and variance for every node
-(Rasmussen & Williams, *Gaussian Processes for Machine Learning*, eq. 2.25-2.26):
-
-    mu*    = m + K*o (Koo + s2 I)^-1 (y - m)
-    Sigma* = K** - K*o (Koo + s2 I)^-1 Ko*
-
-The graph here is the topology tree: every node hangs off its NVLink clique (when it has
-one) or its rack, cliques off racks, racks off blocks, blocks off one root. Leaves have
-degree 1, so the leaf block of ``(I - lambda P)^-1`` equals the leaf block of the
-symmetric ``(I - lambda D^-1/2 A D^-1/2)^-1``: symmetric positive definite, a valid GP
-covariance. Leaves under one parent are interchangeable (swapping them is a graph
-automorphism) and the partition "leaves per parent, each inner vertex alone" is
-equitable, so the kernel is computed exactly on the quotient graph of ``2R + B + 1``
-classes instead of the ``n``-node graph (:class:`TopologyKernel`): a 5,000-node cluster
-costs a few hundred-square matrix inverse, once per topology.
-
-:class:`DASPlacement` (registered as placement ``das``) scores a node for one more
-worker of a job as ``w_compact * compactness + w_room * room + w_perf * performance +
-w_pack * packing`` (see :class:`DASParams`) and places gangs greedily, all or nothing.
+The placement agent of DAS (Xing et al., "A Dual-Agent Scheduler for Distributed Deep
+Learning Jobs on Public Cloud via Reinforcement Learning", KDD 2023) scores nodes with a
+Random Walk Gaussian Process: the kernel ``(I - lambda P)^-1`` over the topology tree,
+computed exactly on its quotient graph. :class:`DASPlacement` (placement ``das``) places
+gangs greedily, all or nothing. Formulas: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,53 +1,10 @@
 """The trained DAS ordering agent, served with numpy (ordering ``das``).
 
-DAS (Xing et al., "A Dual-Agent Scheduler for Distributed Deep Learning Jobs on Public
-Cloud via Reinforcement Learning", KDD 2023) orders pending jobs with a transformer
-encoder over a window of jobs. Per job ``j`` in the window (oldest first)::
-
-    h_j = W_e x_j + PE(j)                          job embedding + sinusoidal position
-    c   = mean_i z_i  (+ cluster-wide scalars)     squeeze: average-pooled node state
-    h_j = h_j * sigmoid(W_g c + b_g)               communicate: cluster gate on jobs
-    H   = TransformerEncoder(h)                    self-attention over the window
-    logit_j = w_o . H_j + b_o
-
-The window is the ``W`` oldest pending jobs (``window_select="oldest"``, the layout of
-models trained before it existed), or (``"mixed"``) the ``ceil(W/2)`` oldest plus the
-shortest-remaining of the rest, those that fit now first, or (``"shortest"``) only the
-shortest-remaining jobs, those that fit now first (remaining times are the
-non-clairvoyant estimates of :mod:`rlsched.core.estimate`; unknown ones count as
-longest); the window is always listed oldest first. The mixed window keeps old jobs in view (no starvation) and lets
-the agent see short jobs queued behind a long backlog.
-
-The agent starts the job with the highest logit among those that fit now; as an
-:class:`~rlsched.core.policy.Ordering` it ranks the window by queue class and priority
-(as every ordering does), then jobs that fit first, then by logit, and keeps jobs beyond the window in FIFO order after it.
-
-Cost: whether a job fits now is read from the state's incremental
-:class:`~rlsched.core.cluster.FitIndex` (kept per job shape from the nodes each
-allocation touches), not a pass over the nodes per job; the transformer runs only when
-its logits break a tie (two window jobs of one queue class, priority and fit; for
-:meth:`DASOrdering.rank_for_start`, which the simulator uses, two that fit) and is
-remembered for the last inputs; the placement applies the RWGP smoother on the
-topology's quotient graph (:class:`~rlsched.core.das.QuotientSmoother`), O(nodes) per
-job instead of a dense nodes x nodes product. Decisions are those of the slow path,
-kept in :mod:`rlsched.core._das_reference` for the tests that hold them equal.
-
-Observation layout 2 (:data:`OBSERVATION_LAYOUT`): every feature is what a
-live operator knows (requested GPUs, age, attained service and executed time, reported
-epochs, queue and priority, the non-clairvoyant remaining estimate and whether one
-exists); none reads a job's true run time. A model file records its features, and a
-file of another layout is refused (:func:`check_observation`; the policies fall back).
-
-Attained-service queues (an extension of the paper): a model may record
-``architecture.las_thresholds`` (GPU-seconds). The ordering then ranks by queue class,
-priority, the job's attained-service queue (Tiresias' discretized LAS), fit and logit,
-and is preemptive across those queues (``preempts`` / ``outranked`` / ``demotes_at``,
-as :class:`~rlsched.core.ordering.Tiresias`).
-
-The features are computed here, from a :class:`ClusterState` and :class:`JobView`
-objects only, so the simulator environment (``rlsched.sim.envs``) and serving see the
-same numbers. Weights default to ``core/weights/das.safetensors`` (+ ``das.json``);
-when they are missing or corrupt the ordering falls back to FIFO and logs a warning.
+DAS (Xing et al., KDD 2023) orders pending jobs with a transformer encoder over a window
+of jobs and starts the job with the highest logit among those that fit. Every feature is
+what a live operator knows (observation layout 2). Weights default to
+``core/weights/das.safetensors``; missing or corrupt weights fall back to FIFO with a
+warning. Architecture, windows and cost: docs/design-notes.md.
 """
 
 from __future__ import annotations

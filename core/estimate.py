@@ -1,36 +1,10 @@
 """Non-clairvoyant run-time estimates: the remaining time a live operator can know.
 
-Policies never see a job's true run time (``../shared/DESIGN.md``). What a
-live operator knows of how long a job still needs is
-
-* the user's estimate of its run time, only where the job spec gives one
-  (TrainingJob ``spec.estimatedRuntime``; a trace job's estimate), and
-* the job's reported progress: ``epoch`` evaluations done out of at most
-  ``maxEpochs``, and how long the job has run (``ran``, seconds it has held its
-  workers, summed over its runs, restart pauses included).
-
-:func:`estimate_remaining` turns these into one number, the same rule wherever a
-:class:`~rlsched.core.cluster.JobView` is built — by the simulator
-(``rlsched.sim.engine``) and by the planning layer the operator runs
-(:meth:`~rlsched.core.planning.TrainingSpec.view`)::
-
-    by_user     = estimate − ran                          if estimate > ran
-    by_progress = (max_epochs − epoch) × ran / epoch      if 1 <= epoch < max_epochs
-    remaining   = min(by_user, by_progress)   both known
-                = the one known               one known
-                = 0 (unknown)                 neither
-
-``by_progress`` is the epochs left to the cap at the observed mean seconds per epoch;
-the cap is an upper bound (a job whose accuracy converges, RLPTO's β stop, ends
-earlier), so when the user's estimate is also there the smaller of the two is taken —
-the earliest the job can be expected to end by either account. An estimate the job has
-already outrun says nothing any more. Worker changes are not modelled: the mean
-seconds per epoch averages over every size the job ran at.
-
-``0`` means *unknown*, the convention of ``JobView.remaining`` and
-``JobView.est_runtime``; orderings that sort by a duration put unknown durations
-after every known one (:func:`duration_key`): a job nobody can estimate is treated as
-long, as batch schedulers treat a job without a time limit.
+:func:`estimate_remaining` combines the user's estimate (where the spec gives one) with
+the job's reported progress (epochs of ``maxEpochs``, time run) into one number, the
+same rule wherever a :class:`~rlsched.core.cluster.JobView` is built; ``0`` means
+unknown and sorts after every known duration (:func:`duration_key`).
+The rule and its reasons: docs/design-notes.md.
 """
 
 from __future__ import annotations

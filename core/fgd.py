@@ -1,18 +1,10 @@
 """The fragmentation measure of FGD (Weng et al., "Beware of Fragmentation", ATC'23).
 
-A node's GPU capacity is *fragmented for a task* when the task could not use it:
-
-* the node cannot host the task at all (too few fully free GPUs for a multi-GPU task,
-  no GPU with enough free share for a GPU-sharing task, too little free CPU, or the
-  task asks for no GPU): every free GPU share on the node is a fragment;
-* otherwise the free share of each GPU whose free share is below
-  ``min(task GPU demand, 1 GPU)`` is a fragment.
-
-The expected fragmentation of a node under a target workload ``M`` (task classes ``m``
-with popularity ``p_m``) is ``F_n(M) = Σ_m p_m F_n(m)``; a cluster's is the sum over its
-nodes. FGD places a task where ``F_n`` grows least. Both the whole-GPU ``fgd``
-placement and the GPU-sharing experiment in ``bench/fragmentation.py`` use
-:func:`fragmentation`, which works on per-GPU free milli-GPU vectors.
+A node's free GPU capacity is fragmented for a task when the task could not use it; a
+node's expected fragmentation under a workload weighs its task classes by popularity,
+and FGD places a task where it grows least. :func:`fragmentation` works on per-GPU free
+milli-GPU vectors (the ``fgd`` placement, ``bench/fragmentation.py``).
+Definition: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """The LSP task-volume forecast of RLPTO (Lu et al., IEEE TPDS 34(12), 2023, §IV).
 
-Tomorrow's task volume is a weighted mix of a GRU over the last ``window`` days and an
-ARIMA model over the whole daily history::
-
-    y = alpha * GRU(last 7 days) + (1 - alpha) * ARIMA(history)      alpha = 0.6
-
-When no GRU weights are given the forecast is ARIMA alone (and says so in
-:attr:`Forecast.used_gru`). The load one node carries is smoothed with an exponentially
-weighted moving average,
-
-    task_new = rho * task_old + (1 - rho) * task_observed              rho = 0.8
-
-(``rho`` weighs the history), and the recommended node count is
-``ceil(y / task_new)``. It is a recommendation only; nothing here removes nodes.
-
-Pure numpy + statsmodels; the GRU forward pass is :func:`rlsched.core.nn.gru` on
-weights in PyTorch's layout.
+Tomorrow's task volume is ``alpha * GRU(last 7 days) + (1 - alpha) * ARIMA(history)``
+(ARIMA alone without GRU weights), one node's load an exponentially weighted average,
+and the recommended node count their ratio, rounded up: a recommendation only.
+Pure numpy + statsmodels. Formulas: docs/design-notes.md.
 """
 
 from __future__ import annotations

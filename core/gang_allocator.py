@@ -1,30 +1,10 @@
 """Our orderings and placements as an allocation policy.
 
-:class:`GangAllocator` runs an :class:`~rlsched.core.policy.Ordering` and a
-:class:`~rlsched.core.policy.Placement` — the objects the operator and the extender
-serve — under the allocation interface (:mod:`rlsched.core.allocation`), so they can be
-measured on the interval engine beside the peers: each job runs its requested GPUs
-(``target_replicas``) at its requested batch size, started gang-style where the
-placement puts it, in the order the ordering ranks the waiting jobs, through core's
-:class:`~rlsched.core.cycle.SchedulingCycle` — the operator's cycle: core's
-:class:`~rlsched.core.planning.Admission` (the operator's queue rules), settled within
-the interval (victims released and admission planned again), then the scaling step: a running job
-keeps its nodes (no migration), and under a preemptive ordering (Tiresias, SRTF) the
-blocked head of the queue evicts jobs the ordering ranks after it, which keep their
-progress and wait. With ``backfill`` later jobs start when the head does not fit.
-
-What the ordering sees of a job is what a live operator knows: its request, submit
-time and attained service; no run time (no user estimate in these workloads).
-
-With a ``scaling`` policy the allocator also runs core's
-:class:`~rlsched.core.planning.ScalingPlanner` — the operator's elastic planner — on the
-running jobs each interval, after admission, as the operator's cycle does: each job's
-reported learning curve (:func:`learning_score`) is folded into its
-:class:`~rlsched.core.planning.ElasticState`, the policy is asked about jobs with a new
-evaluation, one worker more or less per decision, within ``[1, max_replicas]``,
-scale-ups leave the blocked head's GPUs free, and a job gaining less than ``beta`` gives a
-worker back. A measured job completes at its application's target, so the planner's
-β stop does not end it here. The batch size stays the job's (its per-GPU share changes).
+:class:`GangAllocator` runs an ordering and a placement (the objects the operator and
+the extender serve) under the allocation interface, through core's scheduling cycle, so
+they can be measured on the interval engine beside the peers: requested GPUs and batch,
+gang starts, preemption under a preemptive ordering, optional backfill and an optional
+scaling policy. It sees no run time. Details: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,68 +1,10 @@
 """Goodput: what GPUs are worth to a job, modelled from what the job itself reports.
 
-This is the job model of Pollux (Qiao et al., "Pollux: Co-adaptive Cluster Scheduling
-for Goodput-Optimized Deep Learning", OSDI 2021, §3), written from the paper's
-formulas. It is non-clairvoyant: its only inputs are what a live scheduler knows of a
-job — the step times the job reported on the placements it ran, its batch sizes, the
-gradient statistics its trainer measured (:class:`JobObservations` keeps them) and the
-batch bounds of its spec. No measured profile table, no true run time. Pure numpy
-(``tests/unit/test_import_contracts.py``).
-
-Notation: ``K`` data-parallel replicas (the trainer's ``WORLD_SIZE``, one GPU each when
-``gpusPerWorker`` is 1) on ``N`` nodes, per-GPU (micro-)batch ``m``, ``s``
-gradient-accumulation steps besides the synchronised one, global batch
-``M = K·m·(s+1)``, the job's initial (tuned) batch ``M0``.
-
-System throughput (§3.2), :class:`ThroughputModel`::
-
-    T_grad(m)    = α_grad + β_grad·m                       compute of one micro-batch
-    T_sync(K, N) = 0                                        K = 1
-                 = α_sync^local + β_sync^local·(K − 2)      N = 1, K ≥ 2
-                 = α_sync^node  + β_sync^node ·(K − 2)      N ≥ 2
-    T_iter       = s·T_grad + (T_grad^γ + T_sync^γ)^(1/γ)   γ ≥ 1: overlap of compute
-                                                            and synchronisation
-    THROUGHPUT   = M / T_iter                               samples per second
-
-(γ = 1: no overlap, T_grad + T_sync; γ → ∞: perfect overlap, max(T_grad, T_sync).)
-The seven parameters (:class:`ThroughputParams`) are fitted by bounded least squares
-on the logarithm of the step times, as the paper fits them (RMSLE, L-BFGS-B; here
-Levenberg–Marquardt, every job of a decision in one batch: :func:`fit_many`), with a prior (:class:`ThroughputPrior`) that both
-fills in what the data cannot tell and regularises towards documented defaults.
-
-Statistical efficiency (§3.1), :class:`EfficiencyModel`, from the gradient noise scale
-``φ = tr(Σ)/|G|²`` (McCandlish et al., "An Empirical Model of Large-Batch Training",
-2018)::
-
-    EFFICIENCY(M) = (φ + M0) / (φ + M)
-
-the progress per training sample at batch ``M`` relative to batch ``M0``.
-
-Goodput (§3), :class:`GoodputModel`::
-
-    GOODPUT(K, N, M) = THROUGHPUT(K, N, m, s) × EFFICIENCY(M)
-
-with ``s`` and ``m`` given by ``M`` as the trainer splits it, maximised over the
-feasible batch sizes for an allocation (§4.1, :meth:`GoodputModel.optimize_batch`);
-``SPEEDUP(K, N)`` is the best goodput at ``(K, N)`` over the best on one GPU
-(:meth:`GoodputModel.speedup`; §4.2 normalises by a fair-share allocation instead,
-the released ``adaptdl-sched`` by one GPU, as here).
-
-Where this differs from the paper, and why:
-
-* the fit sees total step times only — ``status.progress`` carries no separate
-  compute time (AdaptDL's code also fits one);
-* the prior regularises towards moderate synchronisation costs instead of pinning
-  unobserved terms to zero (the paper's optimistic "prior-driven exploration", §4.1,
-  is :meth:`ThroughputPrior.optimistic`): with a restart costing tens of seconds, a
-  guess that every GPU scales perfectly is expensive;
-* the batch is optimised exactly over every whole batch size, not on a sampled grid;
-* ``s`` is the trainer's split (``rlsched.trainer.plan_batch``), with no forced
-  accumulation step on one GPU (AdaptDL forces one there to measure gradient
-  statistics; ``rlsched.trainer`` measures none with one worker).
-
-:class:`JobObservations` is the record a scheduler keeps per job and the only way in
-from a live cluster: it folds ``status.progress`` reports into per-shape mean step
-times and refits only when they move.
+The job model of Pollux (Qiao et al., "Pollux: Co-adaptive Cluster Scheduling for
+Goodput-Optimized Deep Learning", OSDI 2021, §3): a throughput model fitted to the step
+times a job reported, its statistical efficiency from its gradient noise scale, and
+goodput, their product, maximised over batch sizes. Non-clairvoyant; pure numpy.
+Formulas and where this differs from the paper: docs/design-notes.md.
 """
 
 from __future__ import annotations

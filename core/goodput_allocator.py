@@ -1,97 +1,10 @@
 """rlsched's goodput allocator: GPUs and batch sizes follow what each GPU is worth to a job.
 
-Every scheduling interval (:meth:`GoodputAllocator.allocate`) it decides every job's
-GPU count, nodes and global batch size at once, from what a live scheduler knows of
-each job (:class:`~rlsched.core.allocation.AllocJob`: request, age, attained service,
-restarts, current allocation, the step times and gradient statistics it reported; never
-``AllocJob.oracle``: ``clairvoyant = False``):
-
-1. **What a GPU is worth** (:class:`~rlsched.core.job_goodput.JobGoodput`): per job,
-   Pollux's goodput model (Qiao et al., OSDI'21 §3) fitted to the step times it
-   reported, with its statistical efficiency from its gradient noise scale; the best
-   goodput on ``K`` GPUs over the batch sizes its bounds allow. Its *speedup*
-   ``s_j(K)`` is that goodput over the goodput on one GPU. A job's throughput model
-   is refitted whenever its measurements change (default); with ``refit_tolerance``
-   (e.g. 0.05, the live ``JobObservations``' 5%) only when the model mispredicts one
-   of them by more than that, so a decision refits only the jobs whose new
-   measurements surprised it — much faster in steady state
-   (``bench/decision_time.py``), not yet measured on the protocol, hence not the
-   default.
-2. **Who runs** (fairness by attained service, Tiresias' discretized 2D-LAS, Gu et al.
-   NSDI'19): within a service class (``AllocJob.priority``: a TrainingJob's ``highest``
-   before ``urgent`` before ``normal``; every job of the measured workloads is
-   ``normal``), jobs in two queues by attained GPU-seconds (below ``threshold`` first),
-   first come first served within a queue; walking that order each job is given its
-   smallest gang (``min_replicas``, at least 1 GPU) while GPUs remain (under teams'
-   queues: :meth:`QueueBook.who_runs <rlsched.core.queues.QueueBook.who_runs>`,
-   guarantees then weighted fair share; jobs inside their minimum run time,
-   ``AllocJob.protected``, keep what they hold first). Every job that
-   runs therefore runs before any job gets a second GPU, and a running job is shrunk —
-   or, when the cluster cannot hold one GPU per job, stopped — to let a job the order
-   ranks before it start (*shrink-to-admit*).
-3. **Who grows** (goodput): the GPUs left go, a move at a time, to the job whose
-   utility gains most per GPU, where a move takes a job from ``K`` to any ``K' > K``
-   GPUs in one decision (so a job whose goodput rises only past a node boundary still
-   gets there) and the utility of a job is ``u(s) = (s^p − 1)/p`` of its speedup
-   (``p = 1``: total speedup; ``p → 0``: ``log s``, proportional fairness; ``p < 0``
-   leans further towards the jobs with the least), weighted by the job's attained
-   service (:meth:`GoodputAllocator.weight`: of two jobs gaining alike, the less served
-   grows first). A job's marginal goodput falls where
-   its synchronisation cost grows (across nodes) and where a larger batch loses
-   statistical efficiency (a small gradient noise scale), and its GPUs go elsewhere.
-   The learning curve is not read: there is no convergence-aware give-back (RLPTO's
-   idea) here; a GPU is worth the progress per second it adds. Under teams' queues
-   (:mod:`~rlsched.core.queues`) the moves are made a queue at a time: a queue below its
-   guarantee grows first (up to its nominal GPUs), then the queue holding the fewest GPUs
-   per unit of weight, always by its own jobs' best move and never past its cap; so the
-   split of the GPUs between teams follows guarantees and weights, the use of a team's
-   GPUs follows goodput. Without queues every job is in one queue: the best move of all.
-   ``p = 0.5`` by default: chosen on validation seeds only (``bench/goodput_select.py``:
-   pollux-gen seeds 10,000–10,003 at 1.0x and 1.5x load, mean JCT 2,256.5 s against
-   2,256.6 s for ``p = 0``, 2,271 s for ``p = −1`` and 2,316 s for ``p = 1``, with the
-   earlier fit and a 30 s restart delay; docs/results/goodput_select_p.json), and kept
-   when the restart delay was chosen and again with the service weight (12 seeds x
-   1.0x, 1.5x: ``p = 1`` paired −0.7% [−1.6%, +0.2%], an interval holding zero;
-   ``p = 0`` +1.4% [+0.7%, +2.0%]; docs/results/goodput_select_margin.json).
-4. **Restart cost in every change**: a running job whose GPU count changes restarts
-   (the engine charges ``restart_delay``; live, a generation swap). Its speedup at any
-   count other than its current one is multiplied by Pollux's re-allocation factor
-   ``max(T − R·δ, 0)/(T + δ)`` (``T`` its age, ``R`` its restarts, ``δ`` the restart
-   delay, OSDI'21 §4.2): a change must gain more than the restart costs over a horizon
-   as long as the job has lived, and a job that restarted often pays more. Keeping the
-   current count carries no penalty, so growing back to it is the most valuable move a
-   shrunk job has. ``δ = 60`` s by default, twice the benchmark's 30 s restart: a
-   restart also costs the progress of a job's first interval at its new size and a new
-   fit of its model, which the factor does not see. Chosen on validation seeds only
-   (``bench/goodput_select.py --seeds 4 --loads 1.0,1.5``, docs/results/goodput_select.json):
-   mean JCT 2,207 s against 2,263 s at δ = 30, paired −2.6% [−3.5%, −1.6%] over the 8
-   seed-load runs; ``p = 0`` with δ = 60 or 90 and δ = 120, 240 did no better; a
-   4-hour queue threshold (1.0x only) −1.2%, not taken. With ``idle_horizon = H > 0``,
-   when every job runs and GPUs are left (nobody waits for them), the factor's horizon
-   is at least ``H``: a young job's gain is weighed against GPUs that would otherwise
-   stay idle, not against its few seconds of age (which make any change look
-   unpaid); while any job waits nothing changes. Off (0) by default: at ``H = 600`` the
-   mean JCT of the 8 published Pollux workloads at 0.5x load rose 1.2%
-   (``bench/idle_horizon.py``; docs/operator.md).
-5. **Where** (:func:`~rlsched.core.peers.place.keep_or_pack`): a job whose count is
-   unchanged keeps its nodes exactly; the others are packed on as few nodes as possible,
-   largest first. A job limited to some GPU models (``AllocJob.gpu_models``: its worker
-   template's constraint) is counted only against the nodes of those models
-   (:class:`ModelRoom` in step 3, :func:`within_room` for its ceiling) and placed only
-   there; a job whose workers ask for CPU or memory (live: the worker template's
-   requests, on nodes whose allocatable CPU and memory are counted) is capped by the
-   replicas the nodes could hold of it alone (:func:`within_room`) and placed only where
-   that much is left. A gang the nodes could not hold after all (two limited gangs on
-   the same nodes) is capped at what they held and the counts are decided again, at
-   most :data:`_ROOM_ROUNDS` times. Without such jobs none of this runs.
-6. **Batch size**: each job trains at the goodput-optimal global batch for its new
-   allocation (:meth:`~rlsched.core.goodput.GoodputModel.optimize_batch`), as per-GPU
-   batch and accumulation steps.
-
-The search is greedy over a heap of each job's best move: ``O((G + J) log J)`` moves
-for ``G`` GPUs and ``J`` jobs, each re-evaluating one job's table (benchmark:
-``bench/decision_time.py``). One instance serves one engine run, called in time order
-(it keeps only its cache of fitted models).
+Each interval it decides every job's GPUs, nodes and batch at once from what a live
+scheduler knows: fairness by attained service decides who runs (Tiresias' 2D-LAS, Gu et
+al., NSDI'19), goodput per GPU who grows (Pollux, Qiao et al., OSDI'21), and Pollux's
+re-allocation factor charges every change its restart. Never reads ``AllocJob.oracle``.
+The six steps and how the defaults were chosen: docs/design-notes.md.
 """
 
 from __future__ import annotations
@@ -214,13 +127,7 @@ class GoodputAllocator:
         Gu et al. NSDI'19) carried into growth, as a continuous weight so that crossing
         the threshold moves no GPUs by itself; 1 for every job at ``a = 0``. ``a = 1`` by
         default (half the weight at 16 GPU-hours), chosen on validation seeds only
-        (``bench/goodput_select.py --seeds 12 --loads 1.0,1.5 --settings
-        '[{},{"service_exponent":1},{"service_exponent":0.5}]'``,
-        docs/results/goodput_select_service.json): mean JCT 2,762 s against 2,768 s at
-        ``a = 0.5`` and 2,822 s without, paired −2.9% [−4.7%, −1.3%] over the 24
-        seed-load runs; ``a = 2`` and scales of 1, 4 and 64 GPU-hours did no better on
-        the first 4 seeds (docs/results/goodput_select_service_scale.json). With
-        ``growth`` (a learned weight, :mod:`rlsched.core.growth_weight`), its weight
+        (docs/design-notes.md). With ``growth`` (a learned weight, :mod:`rlsched.core.growth_weight`), its weight
         instead."""
         if self.growth is not None:
             return self.growth.weight(job)
@@ -232,11 +139,8 @@ class GoodputAllocator:
         """With ``explore = x > 0``, a job may grow to at most ``x`` times the most GPUs
         it has reported a step time on (never below what it holds or its gang): its
         model is trusted one step past what it measured (Pollux's exploration, §4.1,
-        doubles with ``x = 2``). Off (``x = 0``, the default): ``jobs`` unchanged.
-        Measured on validation seeds only (``bench/goodput_select.py --seeds 4 --loads
-        1.0,1.5 --settings '[{},{"explore":2},{"explore":4}]'``,
-        docs/results/goodput_select_explore.json): mean JCT 2,207 s off, 2,329 s at
-        ``x = 2``, 2,223 s at ``x = 4``; not taken."""
+        doubles with ``x = 2``). Off (``x = 0``, the default): ``jobs`` unchanged; measured
+        on validation seeds only and not taken (docs/design-notes.md)."""
         if not self.explore:
             return list(jobs)
         out = []

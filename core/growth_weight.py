@@ -1,27 +1,11 @@
 """A learned growth weight for the goodput allocator: RLPTO's idea as a falling marginal goodput.
 
-The goodput allocator (:mod:`rlsched.core.goodput_allocator`) gives the GPUs left, a
-move at a time, to the job whose weighted utility gains most per GPU; the weight of a
-job (:meth:`GoodputAllocator.weight <rlsched.core.goodput_allocator.GoodputAllocator.weight>`)
-is by default its attained service's ``(1 + A/θ)^−1``. :class:`LearnedGrowthWeight`
-replaces that weight by ``exp(w · φ(job))``, a log-linear function of what the job
-reported (:data:`GROWTH_FEATURES`, :func:`growth_features`), learned on training seeds
-(``rlsched train growth``, :mod:`rlsched.models.growth`). Among its features is the
-job's learning curve: how fast its validation metric still moves, against how fast it
-moved so far. RLPTO (give GPUs back as a job converges) can then enter as a weight that
-falls with convergence, so that a converging job's marginal goodput counts for less and
-its GPUs go to others, never as a stop that takes workers away.
-
-``w = (−1, 0, 0, 0, 0)`` is the ``goodput`` allocator's service weight exactly (the
-service term alone, with exponent 1), so training starts from it.
-
-Non-clairvoyant: every feature comes from the job's
-:class:`~rlsched.core.allocation.AllocJob` fields that a live operator counts or the job
-reports (attained service, age, restarts, epochs, the metric after each epoch), never
-``AllocJob.oracle``.
-
-Pure numpy. A model that cannot be read leaves that service weight, and
-``fallback_reason`` says why.
+:class:`LearnedGrowthWeight` replaces the allocator's service weight by
+``exp(w · φ(job))`` over what the job reported, its learning curve among it, learned on
+training seeds (``rlsched train growth``): a converging job's marginal goodput counts for
+less (RLPTO, Lu et al., TPDS 2023), never a stop. ``w = (−1, 0, 0, 0, 0)`` is the
+service weight exactly. Pure numpy; a model that cannot be read leaves the service
+weight. Details: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """What GPUs are worth to each job of an allocation problem, from what the job reported.
 
-The goodput model (:mod:`rlsched.core.goodput`) of one :class:`~rlsched.core.allocation.AllocJob`:
-a throughput model fitted to the step times in its ``profile`` (one observation
-``(K, N, m, s, step_time)`` per measured placement) and a statistical-efficiency
-model from its gradient statistics, within its batch bounds; and a goodput *table*
-over replica counts, one column for one node and one for several. Every allocator
-that weighs goodput (``goodput``, ``pollux-paper``) reads jobs through this one object,
-so they see exactly the same (non-clairvoyant) facts: ``AllocJob.oracle`` is never read.
-
-**Normalisation of** ``grad_var``: the engine reports AdaptDL's gradient variance at the
-initial batch, ``tr(Σ)/M0``; :class:`~rlsched.core.goodput.EfficiencyModel` wants the
-per-sample ``tr(Σ)``, so it gets ``grad_var × M0``.
-
-Fits and tables are cached (least recently used dropped): jobs of one application
-measured on the same shapes share a fit, and a job's table changes only when its
-statistics or observations do.
+The goodput model (:mod:`rlsched.core.goodput`) of one
+:class:`~rlsched.core.allocation.AllocJob` and its goodput table over replica counts;
+every allocator that weighs goodput reads jobs through this one object, so they all see
+the same non-clairvoyant facts. Fits and tables are cached. Details: docs/design-notes.md.
 """
 
 from __future__ import annotations

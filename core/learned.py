@@ -1,49 +1,10 @@
 """Learned scalings served with numpy: RLPTO (Lu et al., IEEE TPDS 34(12), 2023).
 
-RLPTO decides, for every running training job, whether to add ``i`` workers, remove
-``i`` or keep the count (``i = 1`` by default, the operator's contract). Its PPO actor
-reads eleven features per job: the paper's state ``(m, e, l, n, a, c, w)`` and, since
-observation layout 2, four a live operator can also measure — the job's
-marginal speed-up and statistical efficiency, its rank in remaining work as estimated
-from its progress, and the GPUs the queue asks for. :func:`rlpto_observation` computes
-them identically in training (:mod:`rlsched.sim.scaling_env`) and serving (here):
-
-=====  ========================================================  ========================
-name   meaning                                                   encoding
-=====  ========================================================  ========================
-m      machines free in the cluster                              free / total GPUs
-e      epochs the job has completed                              min(e, 100) / 100
-l      current training loss                                     loss / max loss
-n      number of tasks waiting in the queue                      min(n, total) / total
-a      current accuracy                                          a in [0, 1]
-c      change of accuracy in the last evaluation (v_a)           clip(v_a / β, ±10) / 10
-w      workers the job holds                                     min(w, 16) / 16
-s      measured marginal speed-up of one more worker             clip(s(w+1)/s(w) − 1, 0, 1);
-                                                                 0 when unknown
-x      measured statistical efficiency of one more worker        eff(w+1)/eff(w) in [0, 1];
-                                                                 1 when unknown
-r      rank of the job's remaining work among running jobs      rank / (running − 1), 0 =
-       (remaining time estimated from progress × its GPUs)       least; unknown ranks last
-q      GPUs the waiting jobs ask for                             min(q / total, 2) / 2
-=====  ========================================================  ========================
-
-``c`` is relative to the job's own threshold β so one policy serves any β. ``r`` uses
-:func:`rlsched.core.ordering.remaining_time`, the non-clairvoyant estimate of
-:mod:`rlsched.core.estimate` (never a job's true run time, except in a simulator run
-labelled clairvoyant). ``s`` and ``x`` come from :class:`~rlsched.core.cluster.JobView`'s
-``speedup`` and ``stat_efficiency``, which core's
-:meth:`~rlsched.core.planning.RunningJob.measured_view` fills from what the job
-reported (a throughput model fitted to its step times, its gradient noise scale:
-:meth:`~rlsched.core.goodput.JobObservations.marginal`), in the operator, the engine
-and RLPTO's environment alike; before a job reported them they are 0 and encode as
-"unknown" (``s = 0``, ``x = 1``).
-
-:class:`RLPTOScaling` loads ``weights/rlpto.safetensors`` (+ ``.json``) beside this
-module unless given a path. When that file is missing, corrupt or of another
-observation layout (a layout-1 model reads 7 features, this code computes 11) it does
-not fail: it decides with the ``fs`` heuristic instead — FS+β, since the planner applies
-the β stop to every scaling — and says why in ``fallback_reason`` (None when the learned
-policy is in use), so the operator can log and count it.
+RLPTO's PPO actor decides, for every running job, to add or remove workers or keep them,
+from eleven features (:func:`rlpto_observation`, computed identically in training and
+serving). :class:`RLPTOScaling` loads ``weights/rlpto.safetensors`` and falls back to the
+``fs`` heuristic, saying why in ``fallback_reason``, when the file is missing, corrupt or
+of another layout. The features: docs/design-notes.md.
 """
 
 from __future__ import annotations

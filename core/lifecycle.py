@@ -1,43 +1,10 @@
 """The job lifecycle by its workers' exits: success, failure with backoff, restarts.
 
-A job's workers belong to a *generation* (``status.restartGeneration``; each worker
-pod carries it as ``rlsched.dev/generation``). A rescale, a resume after preemption
-and a restart after a failure end the generation: the operator records the next one
-*before* it stops the old workers (SIGTERM, grace period), so whatever an old
-worker does afterwards — exit 0 after saving its checkpoint, 143 on SIGTERM, even a
-crash — is never judged. Only the current generation's workers are, by :func:`judge`:
-
-* **success** — ``successPolicy: Chief`` (the default, as PyTorchJob and TrainJob):
-  worker 0 exited 0; ``AllWorkers``: every worker of the generation exited 0;
-* **failure** — a worker the operator did not stop exited non-zero. It counts against
-  ``spec.backoffLimit`` (as batch/v1 Job): within the limit the generation restarts
-  after :func:`backoff_s`; beyond it the job Fails, the exit code in its condition;
-* **disruption** — a worker evicted or deleted by someone else (pod condition
-  ``DisruptionTarget``, or a worker of a running generation gone without an exit):
-  the generation restarts at once and nothing is counted, since the script did
-  nothing wrong;
-* a worker that exited 0 while the chief still runs (policy ``Chief``) is simply done.
-
-A worker that exits :data:`~rlsched.core.contract.EXIT_CHECKPOINT` (74) found its
-checkpoint unusable; in the current generation that is a failure like any other
-(counted), whose reason (``CheckpointFailed``) and message name the checkpoint.
-
-The workers the operator stops are judged apart, by :func:`judge_stop`, and never
-counted: a worker stopped with the agreed SIGTERM (deleted with a grace period, its
-generation ended or its job finished) should exit 0 after saving its checkpoint, or
-143 when the signal ended it. Any other exit (1, 137 after the grace period, 74: the
-checkpoint was not saved) is an *unclean stop*: the operator shows it (a Warning Event
-and condition ``StopUnclean=True``) and the next generation may start from an older
-checkpoint; a clean stop sets the condition back to False.
-
-Crash safety comes from the order of the steps, which the callers keep: every
-decision is written to the job's status (phase, generation, failure count) in one
-write before any pod is deleted or created, so an operator that dies between two
-steps finds either the old state (and decides the same again) or the new one (and
-only finishes the pod work); a failure is counted exactly once because the write
-that counts it also moves the generation past the failed pod.
-
-Pure: no Kubernetes client; the operator translates pods into :class:`WorkerState`.
+Only the current generation's workers are judged (:func:`judge`: success by
+``successPolicy``, failure counted against ``backoffLimit``, a disruption restarting at
+once); the workers the operator stopped are judged apart and never counted
+(:func:`judge_stop`: a clean or an unclean stop). Pure: the operator translates pods
+into :class:`WorkerState`. The rules and crash safety: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,43 +1,10 @@
 """An allocation policy deciding for the live operator: jobs in, one call, actions out.
 
-The interval engine asks an :class:`~rlsched.core.allocation.Allocator` (``goodput``)
-for every job's GPUs and batch each interval; the operator does the same each cycle
-through :class:`LiveAllocation`, AdaptDL's shape: what the operator knows of each
-TrainingJob (:class:`LiveJob`, read from its spec and status, never a profile table),
-the GPU capacity each node has for the jobs the policy may move, one call to the
-allocator's pure ``allocate``, and a :class:`LivePlan` of actions the operator only
-carries out — which queued jobs start with how many workers at which global batch,
-which running jobs resize (a new generation at the new size and batch), which stop
-and go back to the queue (shrink-to-admit taken to zero).
-
-Translation, both ways:
-
-* **Workers and GPUs.** The allocator counts replicas, one per GPU. A job of
-  ``g = gpusPerWorker`` GPUs per worker is ``minWorkers·g .. maxWorkers·g`` replicas
-  (exactly ``workers·g`` when ``spec.workers`` pins it) and holds ``g`` replicas on
-  each of its workers' nodes; a count the allocator gives is rounded down to whole
-  workers, and below ``minWorkers`` it is zero (the job waits).
-* **Batch size.** With ``spec.batchSize`` (``M0``) the job's bounds are ``M0``, up to
-  ``spec.maxBatchSize`` (default ``M0``: a fixed global batch) and the per-worker
-  range ``spec.localBatchSize`` (``min``, ``max``); the allocator's goodput-optimal
-  batch reaches the workers through the worker contract
-  (``RLSCHED_GLOBAL_BATCH_SIZE``) of the next generation. The batch changes only with
-  the worker count: a batch-only change would restart the generation for a gain the
-  allocator never weighed against the restart. Without ``spec.batchSize`` every worker
-  trains at its own fixed local batch (the scheduler sets none): its goodput is its
-  throughput (statistical efficiency 1 at every size, gradient statistics ignored).
-* **What a job reported** (:class:`~rlsched.core.goodput.JobObservations`, kept in
-  ``status.goodput``): the mean step time per shape it ran (workers, nodes, global
-  batch, accumulation steps) and its latest gradient statistics; the trainer's
-  ``gradVar`` is the per-sample ``tr(Σ)``, the allocator's is AdaptDL's ``tr(Σ)/M0``.
-* **Attained service**: GPU-seconds, from ``status.attainedGpuSeconds`` up to
-  ``status.attainedSince`` plus the GPUs held since (:func:`attained_service`).
-
-Jobs the policy may not move this cycle (starting, restarting, or with workers not
-all bound yet) are left out: their GPUs stay charged to their nodes. A policy that
-raises is not allowed to stop scheduling: the plan then keeps every running job as it
-is and starts nothing (``LivePlan.error`` says why; the operator logs it and counts a
-cycle error).
+:class:`LiveAllocation` gives the allocator what the operator knows of each TrainingJob
+(:class:`LiveJob`) and the nodes' GPU capacity, makes one call to the allocator's pure
+``allocate`` (AdaptDL's shape) and returns a :class:`LivePlan` of starts, resizes and
+stops that the operator only carries out; a policy that raises keeps every job as it is.
+Translation of workers, batch sizes and reports: docs/design-notes.md.
 """
 
 from __future__ import annotations

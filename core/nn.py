@@ -1,28 +1,10 @@
 """Numpy forward passes of the layers the learned policies use, and the policy-file reader.
 
-Serving (extender, operator, simulator) runs trained policies with numpy only; training
-(``rlsched.models``) uses PyTorch. Every function here takes weights in PyTorch's layout
-(``nn.Linear.weight`` is ``[out, in]``) and reproduces the matching ``torch.nn`` module
-exactly (a test holds them equal to 1e-5):
-
-===============================  =========================================================
-numpy                            torch
-===============================  =========================================================
-:func:`linear`                   ``nn.Linear``
-:func:`relu` :func:`gelu` ...    ``F.relu``, ``F.gelu`` (exact erf form, or ``"tanh"``)
-:func:`layer_norm`               ``nn.LayerNorm`` (biased variance, eps inside the sqrt)
-:func:`multi_head_attention`     ``nn.MultiheadAttention(batch_first=True)``, self-attention
-:func:`transformer_encoder_layer` ``nn.TransformerEncoderLayer(batch_first=True)``; post-norm
-                                 by default (torch's ``norm_first=False``), pre-norm with
-                                 ``norm_first=True``
-:func:`gru_cell`, :func:`gru`    ``nn.GRUCell``, ``nn.GRU(batch_first=True)``; gate order
-                                 reset, update, new (r, z, n) as torch stores them
-:func:`mlp`                      ``nn.Sequential`` of Linear + activation
-===============================  =========================================================
-
-A trained policy is a ``.safetensors`` file of weights plus a ``.json`` file of metadata
-beside it (same stem). :func:`load_policy_file` reads both with ``safetensors.numpy`` and
-raises :class:`PolicyFileError` with a clear message when either is missing or corrupt.
+Serving runs trained policies with numpy only; training (``rlsched.models``) uses
+PyTorch. Every function takes weights in PyTorch's layout and reproduces the matching
+``torch.nn`` module (a test holds them equal to 1e-5). :func:`load_policy_file` reads a
+``.safetensors`` + ``.json`` pair and raises :class:`PolicyFileError` when either is bad.
+The layer table: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,46 +1,11 @@
 """The Kubernetes Pod Security Standards as a pure check of a pod spec, plus rlsched's
 rule on Secrets.
 
-Why: the operator creates worker pods from the pod template of a TrainingJob, so a user
-who may create TrainingJobs but not pods would otherwise get any pod through the
-operator (a privileged container, the node's ``/`` as a hostPath, the namespace's
-Secrets). The operator holds every template to the Pod Security Standard of its
-namespace (``operator/podsecurity.py``) before the job is admitted.
-
-The controls and their allowed values follow the current version of the standard,
-https://kubernetes.io/docs/concepts/security/pod-security-standards/ (page last
-modified 2025-08-06: Kubernetes v1.34, with the Host Probes / Lifecycle Hooks control):
-
-* **privileged**: no restriction.
-* **baseline**: HostProcess; host namespaces; privileged containers; capabilities
-  beyond the baseline set; hostPath volumes; host ports; host probes and lifecycle
-  hooks; AppArmor; SELinux; ``/proc`` mount type; seccomp ``Unconfined``; sysctls
-  outside the safe set.
-* **restricted**: everything of baseline, and volume types; privilege escalation;
-  running as non-root; ``runAsUser`` not 0; seccomp ``RuntimeDefault``/``Localhost``
-  required; capabilities drop ``ALL`` and add only ``NET_BIND_SERVICE``. Privilege
-  escalation, seccomp and capabilities apply only to pods whose ``spec.os.name`` is
-  not ``windows``, as the standard says.
-
-Each control is checked on the pod and on every container of ``containers``,
-``initContainers`` and ``ephemeralContainers`` where the standard names that field.
-A violation names its level (the level that introduces the control), the control
-and the field path, e.g. ``baseline: hostPath volumes are forbidden
-(spec.template.spec.volumes[0].hostPath)``. A restricted check does not repeat what
-baseline already reported (a hostPath volume is one violation, not two).
-
-rlsched's own rule, :func:`secret_references`, is separate from the standard (whose
-restricted level allows Secret volumes): a Secret volume, a projected Secret, an env
-``valueFrom.secretKeyRef`` or an ``envFrom.secretRef`` in the template reads a Secret
-of the namespace, which a user who may not create pods could not read otherwise. The
-operator refuses them unless an administrator allows it.
-
-Input is a pod spec as the API serves it (camelCase dicts). A field of the wrong type
-is itself a violation (the check fails closed and never raises on a bad template); only
-a spec that is not an object at all, or an unknown level, raise
-:class:`~rlsched.core.contract.ShapeError`.
-
-Pure: no Kubernetes client, no I/O.
+Creating a TrainingJob must not be more powerful than creating a pod: the operator holds
+every worker template to its namespace's standard (baseline or restricted,
+https://kubernetes.io/docs/concepts/security/pod-security-standards/) and refuses Secret
+references unless allowed (:func:`secret_references`). Fails closed; pure, no I/O.
+The controls checked: docs/design-notes.md.
 """
 
 from __future__ import annotations

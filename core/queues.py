@@ -1,44 +1,10 @@
 """Teams' queues: GPU quotas with borrowing, weighted fair share, allowed service classes
 and a minimum run time — the rules a platform team sets per team (a TrainingQueue).
 
-A queue (:class:`QueueSpec`) has
-
-* ``nominal_gpus``: GPUs its jobs may always use — its guarantee. When another queue
-  borrowed them, the owner's jobs take them back by preemption (shrink or stop the
-  borrowers), once the borrowers have run their minimum run time;
-* ``borrowing_limit``: GPUs beyond the nominal its jobs may use while nobody else's
-  guarantee needs them (None: any idle GPU);
-* ``weight``: its share of the GPUs beyond the guarantees: the queue that uses the
-  fewest GPUs per unit of weight is served next (weighted max-min fairness over GPUs,
-  which is DRF with the GPU as the one resource — Ghodsi et al., NSDI'11 — as Kueue's
-  and Volcano's weighted fair sharing do), so two queues of weights 2 and 1 that both
-  have work share the contended GPUs 2:1;
-* ``priority_classes``: the service classes its jobs may use (``highest``, the class
-  that preempts, only where the platform team allows it);
-* ``min_run_s``: how long a job of the queue runs before anyone may shrink or preempt
-  it (None: the scheduler's default, ``QueueBook.min_run_s``);
-* ``namespaces``: where a job that names no queue is charged to this one.
-
-:meth:`QueueBook.who_runs` is the one rule that decides which jobs run under the
-quotas, in two passes over the jobs in the policy's own order (its fairness order
-within a team) after the protected jobs keep what they hold:
-
-1. **Guarantees**: each job whose gang fits its queue's unused nominal GPUs (and the
-   free GPUs) starts — borrowers are not served yet, so an owner's job takes its GPUs
-   back from them;
-2. **Fair share** of what is left: repeatedly, among the queues with a job whose gang
-   fits the free GPUs and the queue's cap (nominal + borrowing limit), the one using
-   the fewest GPUs per unit of weight (``fair_share="service"``: the least attained
-   GPU-seconds per unit of weight) starts its next job (ties: the job the policy
-   ranks first). A job that does not fit now never fits later in the pass (free GPUs
-   only fall, use only rises), so it is passed over and the pass ends.
-
-Jobs that name no queue, when queues exist, are in the implicit queue ``""``: no
-guarantee, no cap, weight 1. Without any queue the policy decides alone, as before
-(:meth:`QueueBook.active` is False).
-
-Pure: no Kubernetes objects; the operator parses TrainingQueues
-(:meth:`QueueSpec.from_manifest`), the simulator builds them from a trace's tenants.
+:meth:`QueueBook.who_runs` is the one rule deciding which jobs run under the quotas:
+guarantees first, then weighted max-min fair share of the rest (DRF with the GPU as the
+one resource, Ghodsi et al., NSDI'11). Pure: the operator parses TrainingQueues, the
+simulator builds them from a trace's tenants. Rules: docs/queues.md, docs/design-notes.md.
 """
 
 from __future__ import annotations

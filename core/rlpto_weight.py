@@ -1,35 +1,10 @@
 """RLPTO on the goodput mechanism: its network as the goodput allocator's growth weight.
 
-RLPTO (Lu et al., IEEE TPDS 34(12), 2023) gives GPUs back as a job converges: a
-network reads the job's state and the cluster's and decides its next worker change
-(:mod:`rlsched.core.learned`, the ±1 scaler of the elastic planner). On the goodput
-mechanism (:mod:`rlsched.core.goodput_allocator`) no policy moves workers one at a time:
-the allocator gives the GPUs left to the job whose weighted utility gains most per GPU,
-and restarts, batch sizes and shrink-to-admit are its own. RLPTO enters there as that
-weight ("a falling marginal goodput, never a stop", ../shared/DESIGN.md). :class:`RLPTOGrowthWeight`
-is
-
-    log weight(job) = b · φ(job) + v · tanh(W o(job) + c)
-
-with ``b · φ`` the promoted growth weight (:mod:`rlsched.core.growth_weight`: attained
-service, age, restarts, epochs, learning-curve pace) and a one-hidden-layer tanh network
-over RLPTO's view of the job (:data:`RLPTO_GOODPUT_FEATURES`, :func:`rlpto_views`). With
-``v = 0`` it is the promoted growth weight exactly, so training (``rlsched train growth
---form rlpto``, evolution strategies on train seeds) starts from that weight.
-
-RLPTO's view here: the paper's ``m`` (free GPUs), ``e`` (epochs), ``c`` (the change of
-the metric, as the pace of the learning curve: the allocator's jobs carry no β), ``w``
-(GPUs held) and the layout-2 additions ``r`` (rank among the running jobs, here in
-attained service: remaining work cannot be estimated without an epoch budget, which
-these jobs do not report), ``n`` and ``q`` (jobs and GPUs waiting). The marginal
-speed-up and statistical efficiency (``s``, ``x``) are left out: the allocator's utility
-already is the job's measured goodput at every count. Loss and accuracy (``l``, ``a``)
-are left out because the metrics differ in kind across jobs (accuracy, F1, word error
-rate); their pace is ``c``. All non-clairvoyant: counted by the scheduler or reported
-by the job, never ``AllocJob.oracle``.
-
-Pure numpy. A model that cannot be read leaves the promoted growth weight alone
-(``fallback_reason`` says why).
+RLPTO (Lu et al., IEEE TPDS 34(12), 2023) gives GPUs back as a job converges; here it
+enters as a weight, ``log weight = b · φ(job) + v · tanh(W o(job) + c)``: the promoted
+growth weight plus a one-hidden-layer network over RLPTO's view of the job, trained by
+evolution strategies (``rlsched train growth --form rlpto``). Non-clairvoyant, pure numpy;
+a model that cannot be read leaves the promoted growth weight. The view: docs/design-notes.md.
 """
 
 from __future__ import annotations

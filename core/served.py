@@ -1,31 +1,11 @@
 """The served combination and the grammar of policy names.
 
-``rlsched`` is the one name of the policy we serve: an allocation policy with the
-placement of its new workers (now), or an ordering, a placement and a scaling policy.
-Which is recorded here and nowhere else (:data:`SERVED`); the operator's defaults, the
-simulator's ``--policies``, the interval engine's allocator names and the evaluation
-protocol resolve ``rlsched`` through :func:`parse_policy_name`.
-
-A policy name is one of
-
-``rlsched``
-    the served combination (:data:`SERVED`);
-``<ordering>/<placement>[/<scaling>]``
-    registered policies by name (:mod:`rlsched.core.policy`); scaling ``none`` is no
-    scaling;
-``<allocator>/<placement>``
-    an allocation policy of :data:`LIVE_ALLOCATOR_NAMES` (options as ``goodput@p=0.5``)
-    deciding every job's workers, new workers placed by ``placement`` (the event
-    engine's ``Simulator(allocation=...)``, the operator's ``--allocator``); on measured
-    workloads the allocator alone (it places its own workers);
-``<name>``
-    a single word: an allocation policy of the interval engine (``tiresias-2q``,
-    ``optimus-oracle``, ``pollux``); the simulator checks that it knows it;
-
-each optionally followed by ``+backfill`` or ``+nobackfill``: the policy's own backfill
-(later jobs start when the head of the queue does not fit, or not), so that one
-comparison holds both. Without the suffix the engine's default applies (the event
-engine's ``--backfill`` flag, off by default; the interval engine's gang allocator backfills).
+:data:`SERVED` records, here and nowhere else, what ``rlsched`` names; the operator, the
+simulator, the interval engine and the protocol resolve names with
+:func:`parse_policy_name`. A name is ``rlsched``, ``<ordering>/<placement>[/<scaling>]``,
+``<allocator>/<placement>`` (:data:`LIVE_ALLOCATOR_NAMES`) or one word (an
+interval-engine allocator), each optionally followed by ``+backfill`` or ``+nobackfill``.
+The grammar in full: docs/design-notes.md.
 """
 
 from __future__ import annotations
@@ -65,28 +45,16 @@ class ServedPolicy:
 
 
 #: The served policy. Change it only on the evaluation protocol's test split
-#: (``rlsched eval protocol``), and say why in ``reason``.
+#: (``rlsched eval protocol``), say why in ``reason`` and put the figures in
+#: docs/results/served.md.
 SERVED = ServedPolicy(
     ordering="",
     placement="das",
     scaling="",
     allocator="goodput-rlpto",
     reason=(
-        "rlsched's goodput allocator with RLPTO's network as its growth weight (core/goodput_allocator.py, "
-        "core/rlpto_weight.py, core/weights/rlpto-goodput.safetensors on top of core/weights/growth.safetensors; "
-        "live: core/live_allocation.py with the extender's DAS placement for new workers). The network was "
-        "trained by evolution strategies on train seeds and chosen on validation seeds over the learned growth "
-        "weight served before it (-1.4% [-2.2, -0.3] mean JCT, docs/results/goodput_select_rlpto.json). On the "
-        "protocol's pollux suite (the 8 published workloads, paired bootstrap 95% intervals) its mean JCT is "
-        "31.4% [28.7, 33.6] / 34.9% [29.3, 39.0] / 44.9% [41.4, 47.8] below tiresias-2q at 0.5x / 1.0x / 1.5x "
-        "load, 2,610 s at 1.0x against the published Pollux's 2,751 s, and against the growth weight alone "
-        "-1.5% [-2.9, -0.0] / -0.8% [-2.1, +0.6] / -2.3% [-3.3, -1.3] (docs/results/protocol_rlpto_goodput_1x.md, "
-        "protocol_rlpto_goodput_05_15x.md, docs/benchmark.md). On the event-engine suites it is below the "
-        "strongest heuristics on synthetic at loads 0.5 and 1 (-8.7% / -5.5%) and above them at 1.5 and 2 "
-        "(+7.6% / +13.8%), level with the growth weight alone at all four (docs/results/"
-        "protocol_synthetic_served.md, synthetic_served_pairs.json), and on Alibaba, where no job can grow "
-        "and no growth weight acts, above them at every load, equal per seed to the goodput allocator "
-        "(docs/results/protocol_alibaba_served.md)"
+        "rlsched's goodput allocator with RLPTO's network as its growth weight, new workers "
+        "placed by DAS; the protocol's figures that chose it: docs/results/served.md"
     ),
 )
 

@@ -1,19 +1,10 @@
 """GPU cluster topology: a tree block -> rack -> node, with GPUs per node.
 
-The topology is the one cluster description shared by the simulator, the fake
-Kubernetes nodes of the integration tests and the extender (which rebuilds it from
-node labels). It knows nothing of Kubernetes objects: :func:`node_labels` and
-:func:`Topology.from_labels` only deal in plain ``dict[str, str]``.
-
-Link levels, fine to coarse (a job's communication runs at the speed of the
-slowest level its workers span):
-
-``NVLINK``  all GPUs of the job inside one NVLink domain (one node's NVLink island,
-            or nodes of one multi-node NVLink clique, GFD ``nvidia.com/gpu.clique``)
-``NODE``    one node, but across NVLink islands (PCIe / host bridge)
-``RACK``    several nodes of one rack (top-of-rack switch)
-``BLOCK``   several racks of one block (aggregation layer)
-``CLUSTER`` several blocks (spine)
+The one cluster description shared by the simulator, the fake nodes of the integration
+tests and the extender (which rebuilds it from node labels); it knows no Kubernetes
+objects. Link levels, fine to coarse: ``NVLINK``, ``NODE``, ``RACK``, ``BLOCK``,
+``CLUSTER``; a job communicates at the slowest level its workers span.
+Details: docs/design-notes.md.
 """
 
 from __future__ import annotations

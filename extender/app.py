@@ -1,19 +1,9 @@
 """The aiohttp layer: decode, call :class:`~rlsched.extender.service.Extender`, encode.
 
-Endpoints: ``POST /filter``, ``POST /prioritize``, ``POST /bind`` (kube-scheduler
-extender/v1 JSON; bind needs API access),
-``GET /healthz``, ``/readyz``, ``/metrics``, ``/version`` and
-``/debug/pods/{namespace}/{name}`` (why a pod got the scores it got),
-``/debug/overcommit`` (nodes with more GPUs in use than they have).
-
-Client errors are answered, never 500: a body that is not an ExtenderArgs (or names a
-node no API object can be called) 400, a body whose ``Content-Encoding`` cannot be
-decoded 400 (and the connection closed: the rest of it cannot be told from the next
-request), bodies over ``max_body`` 413, bodies that do not arrive within
-``read_timeout`` seconds 408, all with ``{"Error": message}``. A pod that cannot be
-read is no error at all: it is unschedulable (see :mod:`rlsched.extender.service`). A
-client that hangs up before its answer is logged at debug level and counted as code
-499 (nobody is left to answer). 500 is a bug, logged with its traceback.
+Endpoints: ``POST /filter``, ``/prioritize``, ``/bind`` (kube-scheduler extender/v1),
+health, metrics, version and ``/debug`` explanations. Client errors are answered (400,
+408, 413 with ``{"Error": message}``), never 500; a pod that cannot be read is
+unschedulable, not an error. Details: docs/extender.md, docs/design-notes.md.
 """
 
 from __future__ import annotations

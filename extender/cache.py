@@ -1,17 +1,9 @@
 """The extender's view of the cluster: nodes, pods, and pods it assumed onto nodes.
 
-Fed by watch events (or a static file) and read by every filter/prioritize call.
-GPUs in use on a node = GPUs of its bound, unfinished pods + GPUs of pods the extender
-*assumed* there (scored, not yet seen bound), so two pods scored back to back never
-count the same free GPUs. An assumption ends when the watch shows the pod bound or
-deleted, when the pod is scored again, or after ``assume_ttl`` seconds. An assumption
-is a *guess* (the node a pod scored best on: kube-scheduler adds other scores and may
-bind elsewhere) unless the extender bound the pod itself (``firm``); guesses shape
-scores but never make a node look full (:meth:`guessed`).
-
-The :class:`~rlsched.core.cluster.ClusterState` is kept up to date incrementally: a
-pod event adjusts one node's free count; only a node change (labels, capacity, add,
-delete) rebuilds the topology, lazily, on the next request.
+Fed by watch events (or a static file) and read by every filter/prioritize call. GPUs in
+use on a node count its bound pods and the pods the extender assumed there, so two pods
+scored back to back never count the same free GPUs; the cluster state is kept up to date
+incrementally. Details: docs/design-notes.md.
 """
 
 from __future__ import annotations

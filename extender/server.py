@@ -1,28 +1,9 @@
 """Serving the extender's aiohttp app on TCP, with the limits aiohttp lacks.
 
-aiohttp closes a keep-alive connection after ``keepalive_timeout`` of idleness (its
-default is an hour), but has no deadline for the request headers: a client that sends
-half a header line and waits (slowloris) holds its connection until the idle timer
-fires, and nothing caps the number of connections. Here, as Go's ``net/http`` server
-does with ``ReadHeaderTimeout`` and ``IdleTimeout``:
-
-* ``header_timeout``: a connection must deliver complete request headers within this
-  many seconds of being accepted, or, on a kept-alive connection, of the first byte of
-  its next request; else it is closed.
-* ``idle_timeout``: a kept-alive connection with no request under way is closed after
-  this long (aiohttp's ``keepalive_timeout``). The default, 120 s, is longer than the
-  90 s after which kube-scheduler's HTTP client (Go's ``http.Transport`` with
-  ``IdleConnTimeout`` 90 s, set by apimachinery's ``SetOldTransportDefaults``) drops
-  an idle connection itself, so the extender never closes one under a request the
-  client is sending.
-* ``max_connections``: connections beyond this many are closed as soon as accepted.
-
-Each accepted connection gets a small :class:`asyncio.Protocol` in front of aiohttp's
-request handler: it forwards every call and keeps the header deadline. Whether a
-request reached the app is learnt by wrapping the low-level server's
-``request_handler``. Malformed HTTP that aiohttp answers itself with 400 (a bad request
-line, headers over the size limits, a ``Content-Encoding`` it cannot decode) is logged
-as one line, not as an error with a traceback.
+As Go's ``net/http`` server does: a deadline for request headers (``header_timeout``,
+against slowloris), an idle timeout longer than kube-scheduler's client's own
+(``idle_timeout``) and a cap on connections (``max_connections``), kept by a small
+:class:`asyncio.Protocol` in front of aiohttp's handler. Details: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,33 +1,10 @@
 """Filter and prioritize decisions: read the cache, ask the policy, commit assumptions.
 
-Each call runs read-decide-commit under one asyncio lock with no ``await`` inside, so
-two pods scored concurrently never see the same free GPUs: the first commits its
-assumption (its best node) before the second reads the state. Only the decision is
-made under the lock: what it returns (:class:`FilterOutcome`, :class:`Scored`) is
-encoded for the wire after the lock is released, from the immutable per-topology
-:class:`~rlsched.extender.wire.NodeTable` the decision read (a later topology
-replaces it, never changes it), so encoding never reads state another request may
-change.
-
-The hot path has no Python code per candidate node: names are looked up in the
-snapshot's table in one C-level pass (only names it does not know are validated),
-scores are numpy arrays, a prioritize reply is a gather of precomputed entries, and
-rejected nodes are grouped into classes (same verdict, same numbers) whose reason is
-formatted once and shared by every node of the class, as kube-scheduler's own
-plugins share "Insufficient nvidia.com/gpu": ``FailedNodes`` still maps each node to
-a string, and kube-scheduler's summary ("0/5000 nodes are available: 4000 ...")
-counts nodes per reason.
-
-Fail closed: a pod the extender cannot read (a bad annotation, a GPU quantity it
-refuses, a name no API object can carry) is unschedulable, answered with every
-candidate in ``FailedAndUnresolvableNodes`` and the reason, and scored 0 everywhere;
-it is never an error, because kube-scheduler skips an ignorable extender that errs and
-would place the pod without it. Only a request that is not an ExtenderArgs at all (or
-names a node no API object can be called) raises :class:`~rlsched.extender.wire.WireError`.
-
-Memory kept across requests (the ``/debug`` explanations, the node table of the current
-topology) is bounded by bytes (:class:`~rlsched.extender.memory.ByteLRU`), and every name kept is a
-valid Kubernetes name, so it cannot grow with the size of requests.
+Each call runs read-decide-commit under one asyncio lock with no ``await`` inside, so two
+pods scored concurrently never see the same free GPUs; encoding happens after, from an
+immutable node table. The hot path has no Python code per candidate node. Fail closed: a
+pod the extender cannot read is unschedulable, never an error. Memory kept across
+requests is bounded by bytes. Details: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """DAS: the dual-agent scheduler (Xing et al., KDD 2023), trained with MAPPO.
 
-* **Ordering agent** — :class:`OrderingNet`: a transformer encoder over the window of
-  pending jobs with sinusoidal positional encoding and the squeeze-and-communicate gate
-  (average-pooled cluster state, gated into every job embedding); a categorical policy
-  over the jobs that fit now. Served by :mod:`rlsched.core.das_agent` with numpy.
-* **Placement agent** — :class:`PlacementRWGP`: node scores ``s ~ N(mu, Sigma)`` where
-  ``mu`` is a learned linear score of each node's features for the job and ``Sigma``
-  is the Random-Walk Gaussian Process covariance over the topology, from
-  :mod:`rlsched.core.das` (kernel ``(I - lambda P)^-1``, GP posterior); the job's
-  workers fill the highest-scored nodes. Evaluation uses ``mu``.
-* **MAPPO** — both agents are updated with the PPO clipped objective
-  (:mod:`rlsched.models.ppo`) on the shared advantage from one centralized critic
-  ``V(state())`` (the environment's global state); reward = -(jobs in system x time) -
-  fee weight x fee (:mod:`rlsched.sim.envs`).
-
-Rollouts run in ``--workers`` simulator processes (numpy inference, one seed each);
-``--engine ray`` runs Ape-X-style actors on Ray (optional extra ``rlsched[ray]``).
-Training writes the run directory (:mod:`rlsched.models.runs`); ``rlsched eval das``
-writes Table 1 against the paper's heuristics.
+An ordering agent (:class:`OrderingNet`, a transformer over the window of pending jobs)
+and a placement agent (:class:`PlacementRWGP`, node scores under the Random-Walk GP of
+:mod:`rlsched.core.das`), both updated with PPO on the advantage of one centralized
+critic. Rollouts run in processes or on Ray; ``rlsched eval das`` writes Table 1.
+Details: docs/training.md, docs/design-notes.md.
 """
 
 from __future__ import annotations
@@ -803,7 +790,7 @@ def protocol_table(summary: list[dict], system: str) -> str:
 
 
 def protocol_main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rlsched.models.das protocol", description="DAS on the issue-16 evaluation protocol (see protocol_main)")
+    ap = argparse.ArgumentParser(prog="python -m rlsched.models.das protocol", description="DAS on the evaluation protocol (see protocol_main)")
     ap.add_argument("--split", choices=("validation", "test"), required=True)
     ap.add_argument("--seeds", type=int, default=5, help="seeds of the split per synthetic cell")
     ap.add_argument("--loads", default="1.0,1.5,2.0")

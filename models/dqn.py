@@ -1,23 +1,10 @@
 """DQN with dueling heads and prioritized replay; Ape-X on Ray.
 
-* Dueling architecture (Wang et al., ICML 2016, eq. 9):
-  ``Q(s, a) = V(s) + A(s, a) - mean_a' A(s, a')`` (mean over all actions).
-* Prioritized replay, proportional variant (Schaul et al., ICLR 2016):
-  ``P(i) = p_i^alpha / sum_k p_k^alpha`` with ``p_i = |delta_i| + eps``; importance
-  weights ``w_i = (N P(i))^-beta / max_j w_j``; new transitions get the largest
-  priority seen so far. A sum tree makes sampling and updates O(log N).
-* Double-DQN targets (van Hasselt et al., AAAI 2016) over the valid actions of the
-  next state; a target network copied every ``--target-every`` updates.
-* Two engines. ``--engine process`` (default): synchronous rounds, ``--workers``
-  rollout processes run episodes with the latest weights, rollout task ``i`` of ``N``
-  exploring with ``eps_i = eps^(1 + 7 i / (N-1))``, then the learner adds them to its
-  replay and makes ``--updates-per-iter`` updates. ``--engine ray``: Ape-X (Horgan et
-  al., "Distributed Prioritized Experience Replay", ICLR 2018; section "Ape-X on Ray"
-  below): ``--workers`` asynchronous actors with those epsilons, a central prioritized
-  replay actor fed with actor-computed priorities, and a learner that publishes weights
-  the actors pull. Both use the same network, replay, loss and environment.
-
-Action = ``slot x placement heuristic`` of :class:`rlsched.sim.envs.SchedulingEnv`.
+Dueling heads (Wang et al., ICML 2016), proportional prioritized replay on a sum tree
+(Schaul et al., ICLR 2016) and double-DQN targets (van Hasselt et al., AAAI 2016);
+rollouts in synchronous process rounds, or as Ape-X actors on Ray (Horgan et al., ICLR
+2018). Action = slot × placement heuristic of :class:`rlsched.sim.envs.SchedulingEnv`.
+Details: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """Export a trained policy for serving: safetensors weights + JSON metadata.
 
-The pair ``<stem>.safetensors`` / ``<stem>.json`` is what :func:`rlsched.core.nn.load_policy_file`
-reads with numpy only. Metadata keys (all written by :func:`export_policy`):
-
-``format``            ``"rlsched-policy/1"``
-``policy``            registry name, e.g. ``"rlpto"``
-``version``           policy version string (bump when the observation or layout changes)
-``observation``       observation spec: feature names, normalisation, action meaning
-``architecture``      what the numpy forward needs (layer sizes, activation, heads ...)
-``training``          training configuration (hyper-parameters, seed, steps, wall time)
-``trained_on``        what it was trained on (environment, trace/generator, cluster)
-``evaluation``        its evaluation (the figures the eval command measured)
-``tensors``           name -> shape of every tensor
-``sha256``            digest of the weights file, checked on load
-``created``           UTC timestamp
+The pair ``<stem>.safetensors`` / ``<stem>.json`` is what
+:func:`rlsched.core.nn.load_policy_file` reads with numpy only; the metadata records the
+format, policy, version, observation, architecture, training, evaluation, tensor shapes
+and the weights' SHA-256. The keys: docs/training.md, docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,40 +1,11 @@
 """Growth: the goodput allocator's growth weight, learned by evolution strategies.
 
-The goodput allocator gives the GPUs left to the job whose weighted utility gains most per
-GPU. ``rlsched train growth`` learns the weight ``exp(w · φ(job))`` of
-:mod:`rlsched.core.growth_weight` from what each job reports: its attained service, age,
-restarts, epochs and the pace of its learning curve. It learns on the Pollux benchmark's
-cluster (the interval engine, 16 × 4 GPUs, 60 s interval, 30 s restart), on workloads
-generated from the Philly list (``pollux-gen``) with *train* seeds only. Validation and
-test seeds are refused, and the published workloads are never read.
-
-The method is evolution strategies (Salimans et al., "Evolution Strategies as a Scalable
-Alternative to Reinforcement Learning", 2017). Every generation draws one train seed and
-a load uniformly from ``--loads``. On that one workload (common random numbers) it runs
-the allocator with ``w`` and with ``w ± σ·ε_i`` for ``--pairs`` antithetic pairs. The
-objective is the workload's mean JCT relative to ``w``'s. The update is
-``w ← w + lr · Adam(ĝ)``, where ``ĝ = Σ_i (F(w + σε_i) − F(w − σε_i)) ε_i / (2 σ P)`` and
-``F = −JCT/JCT(w)``. The objective is the episode's own figure, so there is no reward
-shaping. It starts from ``w = (−1, 0, 0, 0, 0)``: the ``goodput`` allocator's service
-weight ``(1 + A/θ)^−1`` exactly.
-
-The run writes:
-
-- ``model.safetensors``: the mean of the second half of the generations' ``w``;
-- ``last.safetensors``: the final ``w``;
-- ``train.csv`` and ``learning_curve.png``.
-
-``--form rlpto`` learns RLPTO's network on the same mechanism instead
-(:mod:`rlsched.core.rlpto_weight`): the log weight is the promoted growth weight's plus
-``v · tanh(W o + c)`` over RLPTO's view of each job, ``--hidden`` units; ``w`` is then
-the flat vector of ``W``, ``c`` and ``v``. ``W`` starts random (seeded, scale
-``1/√7``), ``c`` and ``v`` at zero, so the start is the promoted growth weight exactly.
-
-Which of them is served, if any, is chosen on validation seeds against the served setting
-(``python bench/goodput_select.py --settings '[{}, {"growth_model": "out/train/RUN/model.safetensors"}]'``),
-never here.
-
-    rlsched train growth --generations 16 --pairs 8 --procs 2 --data-dir ../shared/data
+``rlsched train growth`` learns the weight ``exp(w · φ(job))`` of
+:mod:`rlsched.core.growth_weight` (with ``--form rlpto``, RLPTO's network of
+:mod:`rlsched.core.rlpto_weight`) by evolution strategies (Salimans et al., 2017) on
+workloads generated from the Philly list, train seeds only, starting from the service
+weight. Which is served is chosen on validation seeds, never here.
+Method and outputs: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """HierRL: a two-level scheduler on the same simulator environment.
 
-* **High level** assigns every job, when it enters the window, to a node group — a
-  rack of the topology, or ``any`` (the whole cluster, for gangs larger than a rack) —
-  among the groups that could ever hold it: ``pi_H(g | job, groups)``, a score per
-  (job, group) pair.
-* **Low level** serves the groups' queues: at a decision point, among the window jobs
-  that fit their assigned group now, it picks the one to start
-  (``pi_L(j | job, its group)``); workers go first-fit inside the group. When no
-  assigned job fits its group the cluster waits for the next event.
-
-Both levels and a critic ``V(state)`` on the environment's global state are trained
-as an advantage actor-critic with multi-step TD targets (as :mod:`.a2c`,
-:func:`rlsched.models.ppo.n_step_returns`); every action
-taken at a decision point shares that point's advantage. Score networks work per
-(job, group) pair, so one model runs on any cluster size.
+A high level assigns each job to a node group (a rack, or ``any``), a low level picks
+which assigned job starts at a decision point; both levels and a critic are trained as an
+advantage actor-critic with multi-step TD targets, per (job, group) pair, so one model
+runs on any cluster size. Details: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Proximal Policy Optimization pieces shared by every on-policy agent.
 
-- :func:`gae` and :func:`discounted_returns` work on numpy arrays of shape ``[T]`` or
-  ``[T, N]`` (time first, N parallel environments); :func:`n_step_returns` gives the
-  multi-step TD targets of the advantage actor-critics (A2C, HierRL).
-- :func:`clipped_surrogate`, :func:`kl_penalized_surrogate`, :func:`value_loss` are the
-  torch losses (Schulman et al. 2017, "Proximal Policy Optimization Algorithms",
-  eqs. 7 and 8); :class:`AdaptiveKL` is the β update of §4 of that paper.
-- :func:`ppo_update` runs the epochs × minibatches loop over a rollout for any
-  actor-critic given an ``evaluate(obs, actions) -> (logp, entropy, value)`` callable.
-
-Convention for ``dones``: ``dones[t] = 1`` when the episode ended *after* step ``t``
-(``rewards[t]`` was its last reward), so nothing is bootstrapped across it.
+GAE and returns on numpy arrays (time first), the clipped and KL-penalised surrogate
+losses and the adaptive-KL β (Schulman et al. 2017, eqs. 7 and 8, §4), and
+:func:`ppo_update`, the epochs × minibatches loop for any actor-critic. ``dones[t] = 1``
+when the episode ended after step ``t``: nothing is bootstrapped across it.
 """
 
 from __future__ import annotations

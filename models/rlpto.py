@@ -1,24 +1,10 @@
 """RLPTO: PPO elastic scaling of training jobs (Lu et al., IEEE TPDS 34(12):3266–3279, 2023).
 
-Training (``rlsched train rlpto``): one actor-critic shared by every running job
-(parameter sharing) of :class:`~rlsched.sim.scaling_env.ScalingEnv`, a PettingZoo
-parallel environment on the simulator engine; per job the state is RLPTO's
-``(m, e, l, n, a, c, w)`` (:mod:`rlsched.core.learned`), the action ``−1 / 0 / +1``
-worker, taken when the job has a new evaluation (the planner's rule; one transition per
-decision, credited with the rewards ``r = v_a + sign(v_a − β0)·T·w·k_w`` of the cycles
-until its next decision), γ = 0.99. The
-objective is PPO-Clip, or adaptive-KL PPO with ``--objective kl``. Rollouts run in
-``--workers`` processes (numpy actor, no torch there); each training episode draws its
-cluster size and β from the evaluation grid. The greedy policy is validated against
-fair share on held-out seeds every ``--val-every`` iterations and the best one is
-exported as the run's model (``out/train/<run>/model.safetensors`` + ``.json``;
-:mod:`rlsched.models.runs`); ``rlsched models promote <run>`` serves it.
-
-Evaluation (``rlsched eval rlpto``): RLPTO Tables II/III — mean final accuracy and total
-training time of RLPTO vs FS, FCFS, Optimus-style, SLAQ-style and TRADL-style for
-β ∈ {0.00005 … 0.001} on 12 and 16 nodes, on workloads the policy never trained on.
-``--budget oracle|recipe`` picks the jobs' epoch budget (:func:`rlsched.sim.scaling_env.make_jobs`)
-in training and evaluation; the tables are written per budget.
+Training (``rlsched train rlpto``): one actor-critic shared by every running job of
+:class:`~rlsched.sim.scaling_env.ScalingEnv`, PPO-Clip or adaptive-KL, rollouts in
+processes, the best greedy policy on held-out seeds exported. Evaluation (``rlsched eval
+rlpto``): RLPTO's Tables II/III against FS, FCFS and Optimus-, SLAQ- and TRADL-style
+baselines. Details: docs/training.md, docs/design-notes.md.
 """
 
 from __future__ import annotations
@@ -345,7 +331,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policies", nargs="+", default=["RLPTO", *BASELINES])
     p.add_argument("--no-update-metadata", action="store_true", help="eval: do not record results in the weights' metadata")
     p.add_argument("--protocol", action="store_true",
-                   help="eval: the issue-16 protocol instead of Tables II/III: --test-seeds test seeds per cell, paired "
+                   help="eval: the evaluation protocol instead of Tables II/III: --test-seeds test seeds per cell, paired "
                         "bootstrap of RLPTO against FS+beta, beta-rule, FS, Optimus, with the clairvoyant oracle bound")
     p.add_argument("--test-seeds", type=int, default=20, help="protocol: seeds of the test split per cell")
     p.add_argument("--reuse-rows", type=Path, default=None,
@@ -692,7 +678,7 @@ TARGET_ACC_POINTS = 0.3
 
 
 def protocol(args) -> int:
-    """The issue-16 protocol for RLPTO: the protocol's test seeds (``--test-seeds``) in
+    """The evaluation protocol for RLPTO: the protocol's test seeds (``--test-seeds``) in
     every cell (nodes × β × load × budget model), each policy greedy on the same
     workloads; paired bootstrap 95% intervals of RLPTO − baseline per cell and over all
     cells, on the sum of JCTs (h) and the mean final accuracy (points); the oracle bound

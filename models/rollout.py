@@ -1,28 +1,10 @@
 """The one rollout pool: run rollout functions in several simulator processes.
 
-:class:`RolloutPool` maps a picklable top-level function over tasks in ``workers``
-processes (``spawn`` start method, so torch state in the learner is never forked), in
-order. With ``workers`` 0 or 1 everything runs in the learner's process (tests,
-debugging, and no gain from a single extra process). Two ways to call it:
-
-- ``pool.map(fn, tasks)`` -> ``[fn(t) for t in tasks]``: the tasks carry their own seeds
-  (DAS, A2C, DQN and HierRL draw them from the learner's generator);
-- ``pool.run(fn, payloads)`` -> ``[fn(p, seed_k) ...]``: each task gets its own seed
-  from one :class:`numpy.random.SeedSequence` per round (:func:`task_seeds`), so a run is
-  reproducible for a given ``seed`` whatever the number of workers (RLPTO).
-
-:class:`RayRolloutPool` is the same interface on Ray actors (``--engine ray``; PPO's
-RLPTO calls ``run``, MAPPO's DAS ``map``): same tasks, same seeds, same results as the
-process pool. :class:`RayRuntime` starts the local Ray runtime of a run (``num_cpus``
-from ``--workers``, no dashboard, quiet logs) and stops it. Ray is an optional extra
-(``pip install 'rlsched[ray]'``, pinned ``ray==2.60.0``) imported only when the Ray
-engine is asked for; without it, or when Ray cannot start, :class:`EngineUnavailable`
-says so in one line. :func:`make_pool` picks the engine by name (``--engine``). DQN's
-Ape-X (``rlsched train dqn --engine ray``) uses :class:`RayRuntime` directly: its actors
-run asynchronously instead of in rounds.
-
-Also the two small helpers every iteration loop needs: :func:`split_episodes` (episodes
-per worker) and :func:`merge` (concatenate the workers' result dicts).
+:class:`RolloutPool` maps a picklable function over tasks in ``spawn``-ed processes, in
+order (``map``: the tasks carry their seeds; ``run``: one seed per task from a
+SeedSequence); :class:`RayRolloutPool` is the same interface on Ray actors (an optional
+extra), with the same results; :func:`make_pool` picks the engine.
+Details: docs/design-notes.md.
 """
 
 from __future__ import annotations

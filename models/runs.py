@@ -1,26 +1,10 @@
 """Training runs: where training writes, what evaluation reads, and promotion.
 
-Every ``rlsched train <algo>`` writes into one run directory, ``<runs-dir>/<run>/``
-(``out/train/<run>/`` under the working directory unless ``--runs-dir`` says otherwise;
-``--run`` names it, default ``<algo>-<UTC time>``), never into the source tree::
-
-    out/train/<run>/
-        model.safetensors, model.json   the exported model (what promote copies)
-        train.csv                       one row per iteration (epoch for LSP)
-        learning_curve.png
-        ...                             algorithm extras (RLPTO: checkpoints), and the
-                                        tables of `rlsched eval <algo> --run <run>`
-
-``rlsched eval <algo>`` evaluates ``--model FILE``, else the model of ``--run RUN``, else
-the served model of ``core/weights/`` when the algorithm has one. Its tables go to
-``--results DIR``, else the run's directory, else ``out/eval/<algo>-<UTC time>/``. The
-figures are recorded in the evaluated model's metadata, except for the served files of
-``core/weights/``: those change only through :func:`promote`.
-
-``rlsched models promote RUN [--name NAME]`` (:func:`promote`) checks the run's model
-(format, tensors, SHA-256), copies it to ``core/weights/<NAME>.safetensors`` (NAME
-defaults to the model's policy name) and writes its metadata there with a
-``promotion`` record: the source run, the time, and the figures it carries.
+Every ``rlsched train <algo>`` writes one run directory (``out/train/<run>/``), never
+the source tree; ``rlsched eval <algo>`` evaluates a model file, a run's model or the
+served one; ``rlsched models promote RUN`` (:func:`promote`) checks a run's model and
+copies it into ``core/weights/`` with a promotion record.
+Layout: docs/training.md, docs/design-notes.md.
 """
 
 from __future__ import annotations

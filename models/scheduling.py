@@ -1,17 +1,8 @@
 """What the cluster-scheduling agents (DAS, A2C, DQN, HierRL) share.
 
-They all learn on :class:`rlsched.sim.envs.SchedulingCore` episodes and are compared
-with heuristics on evaluation traces that training never draws:
-
-- the environment of a run from a picklable options dict (:func:`env_dict`,
-  :func:`make_workload`, :func:`env_config`, :func:`make_core`), rebuilt in every
-  rollout worker;
-- the ``SchedulingEnv`` action helpers of A2C and DQN (slot x placement heuristic);
-- the command-line options they have in common and the iteration loop of A2C, DQN and
-  HierRL (:func:`run_iterations`: parallel rollouts -> update -> CSV row);
-- evaluation: the traces (:func:`eval_traces`), one heuristic run
-  (:func:`run_heuristic`) and the table of a learned agent against SJF, Tetris and
-  random (:func:`evaluate_against_seed_baselines`).
+The environment of a run from a picklable options dict, the ``SchedulingEnv`` action
+helpers, the common command-line options and iteration loop (:func:`run_iterations`),
+and evaluation against SJF, Tetris and random on traces training never draws.
 """
 
 from __future__ import annotations

@@ -1,101 +1,11 @@
 """The control loop: one cycle reads the cluster, decides with the pure planners, acts.
 
-State lives in the API server, not in this process: the job's phase, queue, intended
-worker count (``status.targetWorkers``), dynamic priority and RLPTO state are all in
-the TrainingJob's status, worker pods have deterministic names, and every cycle
-reconciles pods towards ``targetWorkers``. An operator killed at any point and
-restarted therefore picks up where it stopped: a half-created gang is completed (or
-timed out), a scale step whose pod was not yet created is created, and a duplicate is
-impossible (409 Conflict on the same name). Pods, ServiceAccounts, Roles and
-RoleBindings whose TrainingJob is gone are deleted by the loop as well as by the
-garbage collector (ownerReferences), so nothing is orphaned on control planes without
-a kube-controller-manager either.
-
-Each component writes only its own status fields: the operator merge-patches phase,
-queue, workers, conditions, timing and ``rlpto``; ``status.progress`` belongs to the
-job's chief (``rlsched.trainer.report``).
-
-What is the operator's
-    Only objects whose controller ownerReference is a TrainingJob of ``rlsched.dev``
-    (:func:`rlsched.core.contract.controlling_job`). Such pods are a job's workers;
-    such a pod, ServiceAccount, Role or RoleBinding whose TrainingJob no longer exists
-    is an orphan and deleted. A pod that merely carries the ``rlsched.dev/job`` label
-    (a plain gang pod for the extender, or one named after an existing job) is never
-    touched nor counted as a worker.
-
-Failures are contained to the object that caused them
-    A cycle is aborted only when it cannot read the cluster (listing jobs, pods or
-    nodes fails); ``rlsched_operator_cycle_errors_total`` counts those cycles. Every
-    per-job step (observe, admit, preempt, scale, complete) runs on its own: an error
-    there is logged, counted in ``rlsched_operator_job_errors_total{kind}`` and the
-    rest of the cycle goes on.
-
-    A worker pod the API server refuses is classified by its answer:
-
-    * *permanent* — 400, 422 (the pod is invalid) and 403 (an admission plugin refused
-      it: an unknown ``priorityClassName``, a Pod Security violation): the same pod
-      would be refused again, so the job fails at once (``phase: Failed``, condition
-      ``PodsCreated=False`` whose reason is the API server's (``Invalid``,
-      ``Forbidden``, ...) and whose message is the API server's message, a Warning
-      Event) and every pod it got is deleted, giving its GPUs back;
-    * *transient* — 5xx, 429, a timeout or a lost connection, and the 403s that are not
-      the job's fault (``exceeded quota``: quota may free up; ``cannot create
-      resource``: the operator's own RBAC): condition ``PodsCreated=False`` and a
-      Warning Event, the job keeps its place and the pods are created again next
-      cycle (an admitted gang still times out after ``start_timeout_s``).
-
-    A pod or node whose GPUs cannot be read is counted conservatively by the snapshot
-    (see :mod:`rlsched.operator.snapshot`) and logged once; it never fails the cycle.
-    Jobs are validated before they hold GPUs: a spec the pure checks refuse (worker
-    names longer than 63 characters, GPU totals other than ``gpusPerWorker``) fails
-    as ``InvalidSpec``; a gang that cannot fit even the empty cluster never blocks the
-    queue: it stays ``Queued`` with condition ``Schedulable=False`` (reason
-    ``Unfittable``, the numbers) and a Warning Event, and is admitted once nodes make
-    it fit.
-
-What the operator trusts of a job's status
-    The job's chief may patch ``trainingjobs/status`` (its Role allows it, for
-    ``progress``), so every status field the operator acts on is checked against the
-    spec or the operator's own record. The operator keeps, per job, the last value it
-    wrote of the fields it owns (``OWNED_FIELDS``); a different value in the status
-    was written by someone else and is restored (Warning Event ``StatusReset``,
-    ``rlsched_operator_status_resets_total``). With no record (the first cycle after
-    the operator started or became leader) the status is adopted within the bounds
-    below. Field by field, what a hostile chief could try and what stops it:
-
-    * ``phase`` — ``Running``/``Starting`` on a queued or preempted job to get pods
-      without admission, ``Queued`` to be admitted twice: restored from the record;
-      without one, ``Starting``/``Running`` counts only for a job with a live worker
-      pod it controls, or ``Starting`` admitted within the gang start timeout (an
-      admission recorded before its pods were created: finished), else it is queued
-      again;
-    * ``targetWorkers`` — 40 on a ``maxWorkers: 2`` job to get 40 pods: restored, and
-      whatever the source always clamped to ``[minWorkers, maxWorkers]``
-      (``minWorkers`` while ``Starting``), so never more pods than the spec allows;
-    * ``effectivePriority``, ``priorityRequestsSeen`` — to jump the queue or dodge
-      preemption: never read; the priority is recomputed from the spec and the
-      ``rlsched.dev/priority-requests`` annotation
-      (:meth:`~rlsched.core.planning.DynamicPriority.expected`) and a different status
-      value is reset;
-    * ``queue`` (``interrupt`` resumes first) and ``nominated`` (served before every
-      queue): restored from the record; without one, ``nominated`` counts only on a
-      queued ``highest`` job (the only kind the operator nominates);
-    * ``queuedTime``, ``admittedTime``, ``startTime`` — FIFO position, gang start
-      timeout, training time: restored; without a record, bounded by the job's
-      creation and the current time;
-    * ``rlpto`` (the planner's memory) — restored from the record;
-    * ``progress`` — the chief's own report: it can only steer its own job within the
-      planner's bounds (scale between ``minWorkers`` and ``maxWorkers`` on spare GPUs,
-      finish early); a malformed report fails that job's step, not the cycle, and the
-      job still counts as holding its GPUs;
-    * ``workers``, ``readyWorkers``, ``preemptions``, ``conditions``, ``reason``,
-      ``message`` — informational, recomputed or only appended to.
-
-    The window left is a restart of the operator (or a change of leader) while a
-    chief is alive: what the status says of ``queue``, ``rlpto``, the times and a
-    ``Starting`` phase admitted within the start timeout is adopted within the bounds
-    above; the admission policy in ``deploy/`` that lets
-    trainers change only ``status.progress`` closes it.
+State lives in the API server, not in this process (phase, queue, target workers,
+priority and RLPTO state in the TrainingJob's status; deterministic pod names), so an
+operator killed at any point and restarted picks up where it stopped. Failures are
+contained to the object that caused them, and every status field the operator acts on
+is checked against the spec or its own record. Details: docs/design-notes.md,
+docs/operator.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """kopf handlers: a thin layer that translates events into the pure decisions.
 
-:func:`build_registry` returns a fresh :class:`kopf.OperatorRegistry` whose handlers
-close over one :class:`~rlsched.operator.controller.OperatorConfig` — no module-level
-registration, so several operators (tests, HA peers) can live in one process.
-
-* ``on.login``: credentials from the configured kubeconfig (else kopf's defaults);
-* ``on.create`` TrainingJob: validate (clear ``PermanentError`` + status ``Failed``)
-  and enqueue (``status.phase=Queued``, ``status.queue``);
-* ``on.startup``: starts the control loop (:class:`Controller`), the metrics server
-  and the LSP forecast loop; ``on.cleanup`` stops them.
-
-With peering (HA) kopf pauses the handlers of every peer but the highest-priority one;
-the control loop asks the same question of the peering object before each cycle.
+:func:`build_registry` returns a fresh :class:`kopf.OperatorRegistry` closing over one
+:class:`~rlsched.operator.controller.OperatorConfig` (no module-level registration, so
+several operators can live in one process): login, create (validate and enqueue),
+startup (control loop, metrics, LSP forecast) and cleanup. With peering only the
+highest-priority peer acts. Details: docs/design-notes.md.
 """
 
 from __future__ import annotations

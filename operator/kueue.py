@@ -2,24 +2,10 @@
 name is held until Kueue admits its Workload, then rlsched runs it within what Kueue
 admitted.
 
-Kueue (kubernetes-sigs/kueue) accounts quota through ``Workload`` objects. For a job
-kind it does not know, the kind's own controller creates the Workload and obeys its
-admission (Kueue's "external framework" contract: ``integrations.externalFrameworks:
-[TrainingJob.v1alpha1.rlsched.dev]`` in Kueue's configuration). The operator is that
-controller, here in pure translation:
-
-* :func:`workload_for`: the Workload of a labelled job — one pod set ``workers`` of
-  ``maxWorkers`` pods (``spec.workers`` when pinned) with ``minCount: minWorkers`` (Kueue's
-  partial admission: it may admit fewer, not below the gang), each pod the worker
-  template with its GPUs, owned by the job (garbage-collected with it);
-* :func:`admission_of`: what Kueue decided — not yet (the job waits, held as if
-  suspended), admitted with a worker count (rlsched admits the job and scales it within
-  ``[minWorkers, admitted]``), or evicted (its workers are stopped, it waits again);
-* :func:`finished_condition`: the ``Finished`` condition the operator sets on the
-  Workload when the job ends, which releases its quota.
-
-Nothing here talks to the API server; ``operator/controller.py`` lists, creates and
-patches the Workloads.
+The operator is the kind's controller in Kueue's external-framework contract, here in
+pure translation: :func:`workload_for` (the job's Workload), :func:`admission_of` (what
+Kueue decided) and :func:`finished_condition` (releasing the quota). Nothing here talks
+to the API server. Details: docs/operator.md, docs/design-notes.md.
 """
 
 from __future__ import annotations

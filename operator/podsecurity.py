@@ -1,24 +1,10 @@
 """Pod security of TrainingJobs: which level applies to a job, and the gate the control
 loop asks before a job may hold GPUs.
 
-Creating a TrainingJob must not be more powerful than creating a pod. The pure check is
-:mod:`rlsched.core.podsecurity`; here the operator decides what it is held to:
-
-* the level: the job namespace's ``pod-security.kubernetes.io/enforce`` label when set
-  (the level Pod Security Admission enforces on pods there), else the operator's
-  ``--pod-security-level`` (default ``baseline``). A label value that is not a level
-  counts as ``restricted``, as Pod Security Admission treats it.
-* Secrets: refused (rlsched's own rule) unless ``--allow-secret-mounts`` is set or the
-  namespace carries ``rlsched.dev/allow-secret-mounts: "true"``.
-
-:class:`PodSecurityGate` is called for every active job each cycle. A Queued job is
-checked before it can be admitted; a Starting or Running job is checked again only when
-its spec changed (``metadata.generation``), so that editing the template of a running
-job cannot smuggle in what admission refused, while a later change of the policy does
-not fail jobs that were admitted under the old one. Namespaces are read at most once per
-cycle and only when a job needs a check; when they cannot be read the operator's default
-level applies, and a job it would refuse then is held in the queue (not failed) until
-its namespace can be read.
+The level is the namespace's ``pod-security.kubernetes.io/enforce`` label, else the
+operator's ``--pod-security-level``; Secrets are refused unless allowed. The pure check
+is :mod:`rlsched.core.podsecurity`; :class:`PodSecurityGate` checks a job before
+admission and again when its spec changes. Details: docs/design-notes.md.
 """
 
 from __future__ import annotations

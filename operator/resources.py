@@ -1,16 +1,9 @@
 """Manifests the operator creates for a TrainingJob, as plain dicts.
 
-Every object carries an ownerReference to its TrainingJob (garbage-collected with it)
-and the ``rlsched.dev/job`` label (so the operator can also sweep orphans itself on
-control planes that run no garbage collector). Worker names are deterministic,
-``<job>-worker-<index>``: a restarted operator re-creating a worker gets 409 Conflict
-instead of a duplicate.
-
-GPUs: the operator puts ``gpusPerWorker`` on the first container
-(:func:`set_worker_gpus`); the pod's effective request (:func:`~rlsched.core.contract.pod_gpus`:
-containers summed, init containers by their maximum) must come out at exactly
-``gpusPerWorker`` — :func:`worker_pod` refuses to build any other pod
-(:class:`WorkerGPUError`), and ``parse_spec`` rejects such templates up front.
+Every object is owned by its TrainingJob and labelled ``rlsched.dev/job``; worker names
+are deterministic (``<job>-worker-<index>``), so a restarted operator gets 409 Conflict
+instead of a duplicate. :func:`worker_pod` builds only pods whose effective GPU request
+is exactly ``gpusPerWorker`` (:class:`WorkerGPUError`). Details: docs/design-notes.md.
 """
 
 from __future__ import annotations

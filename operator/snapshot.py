@@ -1,27 +1,10 @@
 """Kubernetes objects (plain dicts, as the API returns them) → a core ClusterState.
 
-Free GPUs per node are the node's GPUs (:func:`rlsched.core.contract.node_gpus`:
-allocatable ``nvidia.com/gpu``) minus the requests (:func:`rlsched.core.contract.pod_requests`)
-of its non-terminated pods (phase not Succeeded/Failed); its free CPU and memory the
-same way (allocatable ``cpu`` and ``memory``), so admission counts what kube-scheduler's
-resource fit will. Pods the operator created that
-are not bound yet also hold GPUs — they are committed to a gang — and are charged where
-they fit best (the fullest node with room, as a packing placement would bind them) so
-that the next admission does not count them twice and a small pod never takes a whole
-node a gang needs. Pods being
-deleted are reported separately (``releasing``): they still hold their GPUs but will
-give them back, which stops a waiting job from preempting twice.
-
-One bad object never makes the snapshot fail (it is built every cycle, and every job
-depends on it): a node whose GPUs cannot be read is left out (no GPUs to offer); a pod
-whose GPU request cannot be read (``nvidia.com/gpu: 2M``, over
-:data:`~rlsched.core.contract.MAX_GPUS`) is counted conservatively — bound, it is
-assumed to hold every GPU of its node; unbound, it is ignored. Each such object is
-reported in ``Snapshot.problems`` (the controller logs it once).
-
-A job's workers (``placement``) are the pods its TrainingJob controls (ownerReference,
-:func:`~rlsched.core.contract.controlling_job`), never pods that merely carry the
-``rlsched.dev/job`` label.
+Free GPUs, CPU and memory per node are allocatable minus the requests of its
+non-terminated pods; unbound pods the operator created are charged where they fit best
+and pods being deleted are reported as ``releasing``. One bad object never fails the
+snapshot: it is counted conservatively and reported in ``Snapshot.problems``.
+Details: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """TrainingJob spec: parsing and the checks the OpenAPI schema cannot express.
 
-The API server rejects most bad specs itself (CRD schema and CEL rules, see
-``operator/crd/trainingjob.yaml``). What remains is checked here, in pure code, so the
-create handler and the control loop agree on what a valid job is: the pod template
-must not fight the operator (its own scheduler name, GPU requests that disagree with
-``gpusPerWorker``) and the numbers must make sense even when the schema was not
-installed with validation (older clusters, ``kubectl --validate=false``).
-
-GPUs: the operator puts ``gpusPerWorker`` on the first container; the worker pod's
-effective request (containers summed, init containers by their maximum, as
-kube-scheduler counts) must then be exactly ``gpusPerWorker``. So other containers may
-not ask for GPUs and no init container may ask for more than ``gpusPerWorker``.
-
-Names: with the job's ``name``, every worker pod name ``<name>-worker-<maxWorkers-1>``
-must be an RFC 1123 label (at most 63 characters; the job name is also the value of
-the ``rlsched.dev/job`` label), or the API server would refuse the pods once the job
-holds GPUs.
+The API server rejects most bad specs (CRD schema, CEL rules); what remains is checked
+here in pure code, so the create handler and the control loop agree on a valid job: the
+pod template must not fight the operator (scheduler name, GPU requests other than
+``gpusPerWorker``) and worker pod names must stay valid labels.
+Details: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,35 +1,9 @@
 """Allocation policies by name, for the interval engine (:mod:`.interval`) and the CLI.
 
-``tiresias-2q``
-    Tiresias, two-queue discretized 2D-LAS with fixed GPUs and batch size
-    (:mod:`rlsched.core.peers.tiresias`).
-``optimus-oracle``
-    Optimus with oracle knowledge of each job's remaining work and speed
-    (:mod:`rlsched.core.peers.optimus`): a clairvoyant reference, never a baseline.
-``pollux``
-    the released Pollux policy (PyPI ``adaptdl-sched==0.2.11``) in its own environment,
-    through a bridge process (:mod:`rlsched.sim.peers.pollux`; ``make pollux-env``).
-``goodput``
-    rlsched's goodput allocator (:mod:`rlsched.core.goodput_allocator`): fairness by
-    attained service decides who runs, goodput per GPU who grows, the batch size with
-    the allocation, the restart cost weighed in every change.
-``goodput-learned``
-    the goodput allocator with the learned growth weight
-    (:mod:`rlsched.core.growth_weight`, ``rlsched train growth``) in place of the
-    service weight.
-``goodput-rlpto``
-    the goodput allocator weighted by RLPTO's network retrained on it
-    (:mod:`rlsched.core.rlpto_weight`, ``rlsched train growth --form rlpto``): the
-    served allocator (:data:`rlsched.core.served.SERVED`), live and in the event engine
-    too (:mod:`rlsched.core.live_allocation`).
-``rlsched``
-    the served learned combination (:data:`rlsched.core.served.SERVED`) as below.
-``<ordering>/<placement>[/<scaling>][+backfill|+nobackfill]``
-    any of our orderings and placements (``fifo/bestfit``, ``tiresias/topology``, ...)
-    as a gang allocator with backfill unless ``+nobackfill`` (:class:`rlsched.core.gang_allocator.GangAllocator`):
-    requested GPUs and batch size, no preemption; with a scaling policy (``beta``,
-    ``fs``, ``optimus``, ``rlpto``, ...) core's elastic planner resizes running jobs on
-    their reported learning curves.
+The peers (``tiresias-2q``; ``optimus-oracle``, a clairvoyant reference; the released
+``pollux`` through a bridge process), rlsched's ``goodput`` allocator and its learned
+weights (``goodput-learned``, ``goodput-rlpto``: the served one), ``rlsched``, and any
+``<ordering>/<placement>[/<scaling>]`` as a gang allocator. The list: docs/design-notes.md.
 """
 
 from __future__ import annotations

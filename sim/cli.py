@@ -1,24 +1,11 @@
 """``rlsched sim``: run one policy on a trace, or compare several.
 
-    rlsched sim run --trace SPEC --ordering fifo --placement firstfit [--scaling NAME] --seed N --out DIR
-    rlsched sim compare --trace SPEC --policies fifo/firstfit,sjf/bestfit[/beta],... --seed N --out DIR
-    rlsched sim compare --trace pollux:workloads/workload-6 --policies tiresias-2q,optimus-oracle,pollux --out DIR
-    rlsched sim compare --trace SPEC --policies fifo/firstfit+backfill,fifo/firstfit+nobackfill,rlsched --out DIR
+    rlsched sim run --trace SPEC --ordering fifo --placement firstfit --seed N --out DIR
+    rlsched sim compare --trace SPEC --policies fifo/firstfit,rlsched --seed N --out DIR
 
-A policy name (:func:`rlsched.core.served.parse_policy_name`) is
-``ordering/placement[/scaling]``, ``rlsched`` (the served learned combination,
-:data:`rlsched.core.served.SERVED`) or an allocation policy of the interval engine, with
-an optional ``+backfill``/``+nobackfill``: that policy's own backfill, whatever
-``--backfill`` says (which stays the default of the names without a suffix).
-
-Measured workloads (``pollux:<folder>/<file>``, ``pollux-gen:seed=N,...``) run on the
-interval engine (:mod:`.interval`) with allocation policies (:mod:`.allocators`), on
-the paper's 16 nodes x 4 GPUs unless ``--cluster NODESxGPUS``.
-
-Policies see what a live operator sees (no true run times); ``--clairvoyant`` shows
-them the true run times for a reference run, marked ``"clairvoyant": true`` in the
-JSON and "(clairvoyant reference)" in the printouts; ``compare
---clairvoyant-reference POLICIES`` adds such rows beside the non-clairvoyant ones.
+Policy names: :func:`rlsched.core.served.parse_policy_name`; measured workloads
+(``pollux:...``, ``pollux-gen:...``) run on the interval engine. Policies see no true run
+time unless ``--clairvoyant`` (a labelled reference). More: docs/design-notes.md.
 """
 
 from __future__ import annotations

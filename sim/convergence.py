@@ -1,20 +1,10 @@
 """A small, pure model of how training accuracy and loss evolve.
 
-Accuracy and loss are saturating functions of *effective epochs*: raw samples
-processed divided by the dataset size, discounted by the statistical efficiency of
-the global batch. More workers process samples faster but each sample is worth a bit
-less (large-batch training needs more samples for the same accuracy), so adding
-workers has diminishing returns — the trade-off elastic scaling reacts to.
-
-    efficiency(w)  = 1 / (1 + gamma * (w - 1))
-    E(samples, w)  = samples / samples_per_epoch * efficiency(w)
-    accuracy(E)    = acc_max - (acc_max - acc0) * exp(-E / tau)   (+ noise per evaluation)
-    loss(E)        = loss_min + (loss0 - loss_min) * exp(-E / tau)
-
-Evaluation noise is Gaussian, ``noise`` standard deviation, drawn from the model's own
-seed, so the accuracy reported after epoch ``e`` is a pure function of
-``(seed, e, E)``. The simulator, the operator's fake trainer and the RL environments
-all use this class.
+Accuracy and loss are saturating functions of effective epochs (samples over the
+dataset, discounted by the statistical efficiency of the global batch), so adding
+workers has diminishing returns; evaluation noise comes from the model's own seed. The
+simulator, the fake trainer and the RL environments all use it.
+Formulas: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,73 +1,10 @@
 """Deterministic discrete-event simulator of a GPU cluster running training jobs.
 
-One :class:`Simulator` holds everything: the event heap, a
-:class:`~rlsched.core.ClusterState` (mutated only through ``allocate``/``release``),
-the jobs and one seeded :class:`numpy.random.Generator`. Events are
-``(time, kind, counter, payload)`` tuples; at equal times finishes come before
-arrivals, arrivals before scaling ticks, scaling ticks before Tiresias demotions, and
-the counter breaks the remaining ties in
-insertion order, so a run is a pure function of its inputs and seed.
-
-Two ways to drive it:
-
-* give it an ordering and a placement policy (and optionally a scaling policy) and
-  call :meth:`Simulator.run` — after every batch of same-time events it ranks the
-  pending jobs and starts them in that order, gang-style (all workers or none),
-  stopping at the first that does not fit (head-of-line blocking) unless
-  ``SimConfig.backfill``;
-* or leave the policies out and decide yourself, one decision at a time (what the
-  RL environments do)::
-
-      sim = Simulator(jobs, topology, seed=0)
-      while not sim.done:
-          if sim.state.pending and (job := pick(sim.state)) and (nodes := place(job)):
-              sim.start(job.id, nodes)
-          else:
-              sim.advance()          # next event time
-      result = sim.result()
-
-Jobs that cannot fit even the empty cluster are reported (``result.unfittable``,
-logged) and dropped at arrival.
-
-Every preemption and scaling decision is core's
-:class:`~rlsched.core.cycle.SchedulingCycle` (``self.cycle``), the object the operator
-and the gang allocator run: the engine only translates its live jobs into core's
-entries and applies the decisions to its event heap (starts, suspends, rescales).
-Admission passes (:meth:`Simulator._schedule_pass`, :meth:`Simulator._schedule_static`,
-:meth:`Simulator._static_heads`, :meth:`Simulator._absorb`) are translation and
-caching only: they rank with the ordering and start jobs through core's
-:meth:`Admission.walk <rlsched.core.planning.Admission.walk>` (head-of-line or
-backfill), caching the ranking where it cannot change.
-
-Preemption (``SimConfig.preemption``, on by default as in the operator) is decided by
-the cycle (:meth:`SchedulingCycle.preemption_rounds
-<rlsched.core.cycle.SchedulingCycle.preemption_rounds>`, core's
-:class:`~rlsched.core.planning.Admission` choosing victims): after a policy
-pass, the blocked head of the queue may evict running jobs — a ``highest``-class job
-any lower class (the victim goes to the interrupt queue and resumes first, as the
-operator does), and under a preemptive ordering (SRTF, Tiresias) jobs the ordering
-ranks strictly after it (the victim goes back to its own queue, where the ordering
-ranks it: an interrupt-queue victim would resume ahead of its preemptor's peers only
-to be preempted again). A victim is checkpointed: it keeps its progress, epochs and
-attained service, releases its GPUs and, when it resumes, pays ``restart_cost``
-seconds without progress (the same cost as a resize). Tiresias' demotions (attained
-service crossing a threshold while running) are events of their own.
-
-Elastic scaling runs core's :class:`~rlsched.core.planning.ScalingPlanner` through the
-cycle (:meth:`SchedulingCycle.scale <rlsched.core.cycle.SchedulingCycle.scale>`, the
-step the operator's cycle runs after admission), every ``scaling_interval`` seconds
-(:meth:`Simulator.scaling_cycle`):
-each job's progress is folded into its :class:`~rlsched.core.planning.ElasticState`
-(kept on the engine as the operator keeps it in ``status.rlpto``), the policy is asked
-only about jobs with an evaluation newer than their last decision, changes are one
-worker, within ``[min_workers, max_workers]``, scale-ups leave the GPUs of the blocked
-head of the queue free (:func:`~rlsched.core.planning.reserved_gpus`) and go to the
-jobs gaining most first. The planner checks room with the placement policy and the
-engine puts each added worker on the node it found; every resize pays
-``restart_cost``. A job that never reports an evaluation (fixed-duration trace jobs)
-is never resized, as in the operator. Completion by the β stop is computed ahead from
-the job's curve (:func:`~rlsched.sim.convergence.stop_epoch`): it ends each job at the
-epoch ``ScalingPlanner.finished`` reports (tests/sim/test_elastic_planner.py).
+One :class:`Simulator` holds the event heap, a :class:`~rlsched.core.ClusterState`, the
+jobs and one seeded generator; a run is a pure function of its inputs and seed. Every
+admission, preemption and scaling decision is core's scheduling cycle, as in the
+operator: the engine translates its jobs into core's entries and applies the decisions.
+Event order, preemption and scaling: docs/design-notes.md, docs/simulator.md.
 """
 
 from __future__ import annotations

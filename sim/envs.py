@@ -1,45 +1,11 @@
 """Reinforcement-learning environments over the simulator.
 
-Both environments drive a :class:`~rlsched.sim.engine.Simulator` one decision at a
-time (``start`` / ``advance``) through :class:`SchedulingCore`:
-
-* a **decision point** is a time at which at least one job of the *window* (the
-  ``window`` oldest pending jobs) fits the free capacity; between decision points the
-  simulator advances event by event;
-* every decision starts one job; the reward of a decision is what the cluster pays
-  until the next decision point::
-
-      r = -(jobs in system x elapsed seconds) / time_scale - fee_weight x fee($)
-
-  so the undiscounted return of an episode is ``-(sum of JCTs)/time_scale -
-  fee_weight * total fee`` — the JCT-and-fee objective of DAS (Xing et al., KDD 2023).
-
-:class:`SchedulingEnv` (Gymnasium, id ``rlsched/Scheduling-v0``): one agent picks the
-job slot and a placement heuristic, ``Discrete(window * len(placements))``; the valid
-actions are in ``info["action_mask"]``.
-
-:class:`DualAgentSchedulingEnv` (PettingZoo ``ParallelEnv``): agents ``ordering``
-(``Discrete(window)``) and ``placement`` (a score per node, ``Box(nodes)``; the job's
-workers go to the highest-scored nodes that can hold them) act in turns — ordering
-picks a job, then placement places it; the agent whose turn it is not has
-``my_turn = 0`` and its action is ignored. The ordering observation carries
-``action_mask``; the placement one ``feasible`` (nodes that can take a worker; a
-``Box`` action has no mask). :meth:`DualAgentSchedulingEnv.state` is the
-fixed-size global state for a centralized critic.
-
-Every start goes through core's scheduling cycle, as in the operator: the agents'
-decision is core's ordering and placement for one pass (:class:`AgentTurn`: the chosen
-job first, on the chosen nodes), and the engine admits it with core's
-:class:`~rlsched.core.planning.Admission` and runs the cycle's preemption rounds
-(:meth:`Simulator.decide <rlsched.sim.engine.Simulator.decide>`); between decision
-points the engine runs the same cycle at every event time with no pick. The agents
-choose among every class but ``highest``: a ``highest``-class job is the cycle's, as
-live, started where ``EnvConfig.cycle_placement`` puts it as soon as it fits and
-preempting lower classes when it does not (the traces the agents train on have no
-service classes, so there the agents decide every start).
-
-All randomness comes from the seed given to ``reset``: it seeds the workload draw
-(:data:`Workload`) and the simulator.
+:class:`SchedulingEnv` (Gymnasium) and :class:`DualAgentSchedulingEnv` (PettingZoo: the
+DAS ordering and placement agents taking turns) drive a
+:class:`~rlsched.sim.engine.Simulator` one start at a time through core's scheduling
+cycle; the reward is DAS's JCT-and-fee objective (Xing et al., KDD 2023). All randomness
+comes from the seed given to ``reset``. Decision points, spaces and reward:
+docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,37 +1,9 @@
 """``rlsched eval protocol``: candidates against the strongest honest baselines.
 
-The protocol, per *cell* (a suite at one load):
-
-1. **Screen** the whole baseline pool (:func:`baseline_pool`: non-clairvoyant
-   orderings x placements [x scalings], each with and without backfill) on the
-   *validation* seeds (:mod:`.protocol`), and keep the ``K`` policies with the lowest
-   mean JCT: "the strongest baselines", chosen on validation only
-   (:func:`select_strongest`).
-2. **Test**: run the candidates (default ``rlsched``, the served learned combination,
-   :data:`rlsched.core.served.SERVED`), those ``K`` baselines, any baselines a suite
-   always reports (``--also``: our Tiresias on the Pollux benchmark) and the
-   clairvoyant reference rows on the *test* seeds; report for each candidate and
-   baseline the paired per-seed difference candidate - baseline with the bootstrap 95%
-   interval (:func:`~.protocol.paired_bootstrap`), absolute and relative, and the
-   difference against the best of the ``K`` on test (chosen after the fact, which can
-   only favour the baseline).
-
-Clairvoyant rows (``--clairvoyant-reference``, and ``optimus-oracle``) are labelled
-"(clairvoyant reference)" and are never baselines: the pool refuses them. Recorded rows
-(the released Pollux policy, ~50 min a workload, from ``docs/results/peers_pollux.json``)
-are paired by workload where both exist and labelled "(recorded)".
-
-Suites (:data:`SUITES`): ``synthetic`` (the seeded generator, log-normal run times of
-shape 1.1: heavy-tailed), ``alibaba`` (the Alibaba 2023 replay on 30 nodes, a window of
-consecutive jobs per seed, scaled to the load, ``tail=0.9``), ``pollux`` (the interval engine: the
-eight published workloads at 0.5x/1.0x/1.5x, paired by workload, and held-out workloads
-generated from the Philly list with test seeds; validated on generated workloads with
-validation seeds). There is no separate Philly suite: no Philly ``cluster_job_log`` is
-in the data folder, and the Philly-generated workloads are the pollux suite's held-out
-part.
-
-Reusable from Python: :func:`run_protocol` returns a :class:`ProtocolResult`
-(``to_dict``, :func:`write_outputs` writes JSON, markdown and a plot).
+Per suite and load: screen the non-clairvoyant baseline pool on validation seeds and
+keep the ``K`` strongest; run the candidates (default ``rlsched``) and those baselines on
+test seeds and report paired bootstrap 95% intervals (:mod:`.protocol`). Clairvoyant rows
+are labelled references, never baselines. Suites: docs/design-notes.md, docs/simulator.md.
 """
 
 from __future__ import annotations

@@ -1,53 +1,11 @@
 """The interval engine: measured jobs, driven by an allocation policy.
 
-A cluster of ``nodes`` × ``gpus_per_node`` GPUs runs :class:`~.measured.MeasuredJobSpec`
-jobs whose speed and convergence come from measured profiles (:mod:`.measured`). Every
-``interval`` seconds (the paper's 60 s) an :class:`~rlsched.core.allocation.Allocator`
-decides every submitted job's GPUs, placement and batch size at once; jobs submitted
-between two decisions wait for the next one. Applying a decision:
-
-* a job whose node list changed (started, resumed, migrated, grown or shrunk) pays
-  ``restart_cost`` seconds (30 s) without progress while holding its new GPUs;
-* a job left out releases its GPUs and keeps its progress (a checkpoint);
-* a job whose allocation did not change keeps running with no cost;
-* the batch is the allocator's (``Allocation.atomic_bsz``), or the job's own
-  (:func:`~rlsched.core.allocation.fixed_batch`) when it gives none and always for an
-  application of :data:`~.measured.FIXED_BATCH` (ncf, as the paper's setting runs it).
-
-Between decisions each running job advances epoch by epoch: its progress rate is
-``gain / update_time`` (:meth:`.measured.Application.gain`,
-:meth:`~.measured.Application.update_time`) with the gradient statistics of its current
-epoch, and it completes, at the exact second within the interval, when its progress
-reaches its application's target. The job measures what a live job measures — its step
-times on the placements it ran (``AllocJob.profile``) and its gradient statistics —
-and the allocator sees only that (non-clairvoyant), unless it declares itself
-``clairvoyant``: then each view also carries the job's true remaining work and speed
-(:class:`~rlsched.core.allocation.Oracle`) and the result is marked a clairvoyant
-reference.
-
-**Teams' queues** (``queues=``, a :class:`~rlsched.core.queues.QueueBook`; default
-None): each job is charged to the queue named by its tenant
-(:attr:`~.measured.MeasuredJobSpec.tenant`; a job without a tenant to the implicit
-queue ``""``), every decision passes the book to the allocator
-(``allocate(..., queues=book)``), which decides who runs under the quotas (guarantees,
-then weighted fair share), and a running job inside its queue's minimum run time
-(:meth:`~rlsched.core.queues.QueueBook.min_run`, counted from when it last got GPUs
-after holding none) keeps what it holds (``AllocJob.protected``), as the live
-scheduler does. Construction refuses an allocator whose ``allocate`` takes no
-``queues`` (it would ignore them), a tenant with no queue of its name and a queue that
-does not allow the jobs' service class (``normal``): live, those jobs would wait for
-ever. Without queues nothing of this runs: the allocator is called as
-``allocate(jobs, nodes, now)`` and the results are those of before.
-
-Each decision's use per queue — GPUs held, jobs, jobs left waiting — is kept in
-:attr:`IntervalSimulator.queue_log` (:class:`QueueSample`), with queues and also
-without them when the jobs carry tenants (then per tenant, the same keys), so a run
-without queues is measured the same way (``bench/tenancy.py``); the log only reads
-the decision, never changes it.
-
-The state is all on the instance and the run is a pure function of its inputs (the
-allocator's own randomness is the allocator's business). Results are a
-:class:`~.engine.SimResult`, so :mod:`.metrics` and the CLI's tables apply unchanged.
+Every ``interval`` seconds (the paper's 60 s) an
+:class:`~rlsched.core.allocation.Allocator` decides every job's GPUs, placement and batch
+at once; a changed allocation pays ``restart_cost``, a job left out keeps its progress,
+and jobs advance by their measured profiles (:mod:`.measured`). Teams' queues are
+optional. Non-clairvoyant unless the allocator declares itself clairvoyant.
+Details: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,35 +1,10 @@
 """Job model: what a job asks for and how fast it runs where it is placed.
 
-A job is ``workers`` data-parallel workers of ``gpus_per_worker`` GPUs each. One
-training step of every worker costs
-
-    step_time = compute_time + comm_time
-    comm_time = 2 (n - 1) / n * grad_gb / bandwidth(level)      (ring all-reduce)
-
-where ``n = workers * gpus_per_worker`` is the number of GPUs in the ring and
-``level`` the slowest link the job's GPUs span (NVLINK < NODE < RACK < BLOCK <
-CLUSTER, :meth:`rlsched.core.Topology.span_level`). A job with one GPU does not
-communicate. Throughput is ``workers * batch_per_worker / step_time`` samples/s
-(:func:`ring_throughput`, the one formula; RLPTO's scaling environment uses it too,
-with one ring member per worker).
-
-Two modes:
-
-* **training** (``duration is None``): the job runs until its
-  :class:`~rlsched.sim.convergence.ConvergenceModel` accuracy stops gaining ``beta``
-  per epoch for ``patience`` evaluations, or ``max_epochs``;
-* **fixed duration** (trace pods with a measured run time): ``duration`` seconds of
-  work at the requested workers and ideal placement; a slower placement stretches it
-  by ``step_time(ideal) / step_time(actual)``, more workers shorten it in proportion
-  to throughput.
-
-A job's true run time is the engine's secret (policies are non-clairvoyant,
-:mod:`rlsched.core.estimate`). What a policy may see of it is the user's estimate,
-only where the job gives one: ``estimated_runtime`` seconds (as a TrainingJob's
-``spec.estimatedRuntime``, or a trace field), or — a simulated user, since the true
-run time of a training job is only known once its convergence curve is drawn —
-``estimate_factor`` × the true ideal run time, applied by the engine
-(:meth:`JobSpec.user_estimate`; the trace generators draw the factor, log-normal).
+A job is ``workers`` data-parallel workers of ``gpus_per_worker`` GPUs; a step costs its
+compute plus a ring all-reduce at the slowest link its GPUs span (:func:`ring_throughput`,
+the one formula). A job trains until its convergence model's β stop, or runs a fixed
+duration (trace pods). Its true run time is the engine's secret; policies see a user's
+estimate only where one is given. Details: docs/design-notes.md.
 """
 
 from __future__ import annotations

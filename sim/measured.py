@@ -1,42 +1,10 @@
 """Measured jobs: speed and convergence read from real profiles, not invented curves.
 
-The profiles are the Pollux OSDI'21 simulator data (``<data>/pollux-osdi21/traces/<app>/``;
-Qiao et al., "Pollux: Co-adaptive Cluster Scheduling for Goodput-Optimized Deep
-Learning", OSDI 2021). For each of six applications they hold
-
-* ``placements.csv`` (``placement,local_bsz,step_time,sync_time``): seconds per step
-  measured on a 16-node × 4-GPU testbed for placements of up to four nodes, a
-  placement written one digit per node (the GPUs used there), and
-  ``scalability.csv`` (``num_nodes,num_replicas,local_bsz,...``) at 6 to 16 nodes;
-* ``validation-<B>.csv`` (``progress,iteration,metric,grad_sqr,grad_var``): a real
-  training run at total batch size ``B``, one row per epoch.
-
-The model, from the paper's description (§3 and §4) and these columns:
-
-* **Step time** of ``r`` GPUs placed ``placement`` (GPUs per node) at ``b`` samples
-  per GPU: linear in ``b`` between the measured per-GPU batches of that placement
-  (any rotation or order of its digits counts as the same placement); a placement
-  that was not measured is interpolated over (nodes, GPUs, per-GPU batch) from every
-  measurement of the application (:meth:`Application.step_time`). With gradient
-  accumulation (``s`` extra steps per update) an update costs
-  ``step_time + s × (step_time − sync_time)``.
-* **Statistical efficiency** (the gradient noise scale, McCandlish et al. 2018, as
-  used by Pollux): at total batch ``M`` with initial batch ``M0``, one update makes
-  ``gain = (var + sqr) / (var / (M / M0) + sqr)`` steps of progress at ``M0``, with
-  ``sqr``/``var`` the run's ``grad_sqr``/``grad_var`` during the current epoch
-  (interpolated between the two measured batch sizes around ``M``).
-* **Progress** is counted in steps at the initial batch size, efficiency-weighted (the
-  data's ``progress`` column): a job gains ``gain / update_time`` per second. Epoch
-  ``e`` ends at the smallest progress any measured run had after ``e`` epochs.
-* **Completion**: each measured run trains for its application's full schedule and
-  ends at (or just past) the paper's target metric (cifar10 94 % top-1, imagenet 75 %,
-  bert F1 88, ncf hit rate 0.69, ...); a job completes when its progress reaches the
-  end of that schedule (:attr:`Application.target_progress`) — the rule of the
-  paper's simulator, so its published figures are comparable.
-
-Nothing here is a policy input by itself: the engine (:mod:`rlsched.sim.interval`)
-keeps the truth and shows a policy what the job measured
-(:class:`rlsched.core.allocation.AllocJob`).
+The profiles are the Pollux OSDI'21 simulator data (Qiao et al., "Pollux: Co-adaptive
+Cluster Scheduling for Goodput-Optimized Deep Learning", OSDI 2021): step times per
+placement and real training runs per batch size, for six applications. Step time,
+statistical efficiency, progress and completion follow the paper's simulator; the engine
+keeps the truth and policies see what the job measured. Details: docs/design-notes.md.
 """
 
 from __future__ import annotations

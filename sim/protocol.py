@@ -1,27 +1,10 @@
 """The evaluation protocol's fixed parts: disjoint seed splits and paired bootstrap CIs.
 
-Every learned policy is trained, chosen and judged on three disjoint ranges of trace
-seeds:
-
-=========== ==================== =============================================
-split       seeds                used for
-=========== ==================== =============================================
-train       0 .. 9,999           generating training episodes (any subset)
-validation  10,000 .. 10,999     choosing checkpoints, hyper-parameters, and
-                                 which baselines count as "the strongest"
-test        20,000 .. 20,999     the reported tables only; never read to choose
-=========== ==================== =============================================
-
-:func:`seeds` hands out the first ``n`` seeds of a split; :func:`split_of` says which
-split a seed belongs to (and raises :class:`SplitError` for a seed in none of them), so
-a training entry point can refuse test seeds.
-
-A result is a *paired* difference: the policy and a baseline run on the same seeds
-(same trace, same cluster), and the per-seed differences are resampled.
-:func:`paired_bootstrap` gives the mean difference and the percentile bootstrap 95%
-interval (Efron and Tibshirani, *An Introduction to the Bootstrap*, 1993, ch. 13) of
-both the absolute difference ``mean(a - b)`` and the relative one
-``mean(a) / mean(b) - 1`` (the ratio of means, resampled over the same seed indices).
+Seeds 0–9,999 train, 10,000–10,999 validate (checkpoints, hyper-parameters, the strongest
+baselines), 20,000–20,999 test (the reported tables only); :func:`split_of` lets a
+training entry point refuse test seeds. :func:`paired_bootstrap` gives the percentile
+bootstrap 95% interval of a paired difference (Efron and Tibshirani, 1993, ch. 13).
+Details: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,87 +1,10 @@
 """RLPTO's elastic-scaling environment: a PettingZoo ``ParallelEnv`` on the simulator engine.
 
-The environment is the discrete-event :class:`~rlsched.sim.engine.Simulator` itself,
-driven in decision cycles; it keeps no clock, throughput formula or admission rule of
-its own:
-
-* **one clock**, the engine's. A cycle is ``interval`` simulated seconds (60 by
-  default, the environment's scaling cycle as ``cycle_s`` is the operator's); between
-  cycles the engine processes its events (arrivals, admissions, finishes, preemptions);
-* **admission** is the engine's: core's :class:`~rlsched.core.planning.Admission` with
-  the configured ordering (FIFO by default, as the operator's), head-of-line blocking
-  unless ``backfill``; a job starts with the workers it asks for (a gang);
-* **throughput and placement** are the engine's: ring all-reduce at the slowest link the
-  job's workers span (:func:`rlsched.sim.job.throughput`), workers placed by the
-  configured placement policy on ``nodes`` nodes of ``gpus_per_node`` GPUs (a worker
-  takes a whole node); links between nodes run at ``bandwidth_gbps``;
-* **scaling** goes through core's :class:`~rlsched.core.planning.ScalingPlanner`, the
-  object the operator runs (:meth:`Simulator.scaling_cycle`): a job is decided on only
-  when it has an evaluation newer than its last decision, by one worker, within
-  ``[min_workers, max_workers]``, scale-ups never take the GPUs the blocked head of the
-  queue needs and go to the jobs gaining most first; every resize pays the engine's
-  ``restart_cost`` (30 s) without progress;
-* **completion** is the engine's β stop: ``patience`` consecutive evaluations gaining
-  less than ``beta``, or ``max_epochs`` (``stop="beta"``); ``stop="epochs"`` trains
-  every job for its epoch budget ``max_epochs`` (the baselines' traditional stop).
-  Accuracy is evaluated after every epoch: the convergence model's curve plus noise the
-  engine draws from the episode's seed.
-
-Multi-agent interface (PettingZoo parallel API, parameter sharing)
-------------------------------------------------------------------
-Every job that has started and not finished is an agent, named by its job id
-(``possible_agents``: the episode's job ids). Agents come and go: a job joins
-``agents`` in the cycle it starts (a preempted job stays an agent while it waits) and
-leaves with ``terminations[job] = True`` in the cycle it finishes, or with
-``truncations`` when the episode reaches ``max_time``. All agents share one
-observation space, RLPTO's eleven features of
-:func:`rlsched.core.learned.job_observation` (exactly what the served policy reads:
-the paper's seven, the job's measured marginal speed-up and statistical efficiency,
-its rank in remaining work estimated from progress, and the queued GPU demand), all
-non-clairvoyant unless the config is marked ``clairvoyant`` (oracle references only).
-The measured marginal speed-up ``s`` and statistical efficiency ``x`` come from what
-each job reported and nothing else: the engine folds the step time its trainer reports
-at each epoch and its gradient noise scale into the job's
-:class:`~rlsched.core.goodput.JobObservations`, as the operator folds ``status.progress``,
-and core's :meth:`~rlsched.core.planning.RunningJob.measured_view` turns them into
-``JobView.speedup``/``stat_efficiency`` (a throughput model fitted to the reported step
-times, the efficiency from the noise scale; 0, "unknown", before the first report);
-the planner fills them the same way for the policy it asks, in the operator too.
-All agents share one action space ``Discrete(3)``, indices of ``(−1, 0, +1)`` workers: one policy,
-shared by every agent, maps each agent's observation to its action (parameter sharing).
-
-An action counts only in a cycle where ``infos[job]["decides"]`` is true: the job has
-a new evaluation since its last decision (the planner's rule); other agents' actions
-are ignored. ``reset(seed) -> (observations, infos)``;
-``step({job: action}) -> (observations, rewards, terminations, truncations, infos)``.
-:meth:`ScalingEnv.step_policy` runs a cycle with a core
-:class:`~rlsched.core.policy.Scaling` policy deciding instead (on the same
-``JobView``/``ClusterState`` snapshot the operator builds), :meth:`ScalingEnv.run_policy`
-a whole episode.
-
-Reward
-------
-``reward="paper"`` (the default): the reward of a job for a cycle is RLPTO's
-
-    r = v_a + sign(v_a − β0) · T · w · k_w,   k_w = 0.000625
-
-with ``v_a`` the accuracy the job gained during the cycle (on its noise-free curve, the
-simulator's denoised measurement, so the ``v_a`` of an episode sum to the accuracy
-gained), and ``T · w`` the worker-minutes it held during the cycle (``T`` the cycle in
-minutes times its ``w`` workers when it held them throughout). A learner credits a
-decision with the rewards of the cycles until the job's next decision
-(:func:`rlsched.models.rlpto.rollout`).
-
-``reward="cluster"``: the cycle's cluster reward
-``−(jobs in system × seconds)/3600`` — the seconds every submitted, unfinished job
-(running or waiting) spent in the system during the cycle, in hours — split equally
-among the cycle's agents. Over an episode the cluster rewards (and so the agents'
-rewards summed) add up to ``−(sum of JCTs)/3600`` exactly
-(:meth:`ScalingEnv.system_seconds`). ``last_cluster_reward`` holds it under both rewards.
-
-Restarts are not free under either reward: a resize pays the engine's ``restart_cost``
-(the job holds its GPUs and makes no progress), and GPUs a shrink frees go to the
-waiting queue in the same cycle (the engine's admission runs after the plan), so a
-scaler can shrink a job to admit a queued one.
+The environment is the discrete-event :class:`~rlsched.sim.engine.Simulator` driven in
+scaling cycles (the engine's clock, admission, throughput, placement and β stop); every
+running job is an agent of one shared policy over RLPTO's eleven features, acting
+``−1/0/+1`` worker (Lu et al., IEEE TPDS 34(12), 2023). Rewards: the paper's, or the
+cluster's JCT. Interface and rewards: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """The planning layer: policies turned into decisions, the same in every adapter.
 
-A policy (:mod:`rlsched.core.policy`) answers one question — which job first, which
-nodes, grow or shrink. Planning wraps the rules that must hold whatever the policy
-says, and is what the operator, the extender and the simulator call:
-
-* :mod:`.admission` — queues ``interrupt > urgent > normal``, RLPTO's dynamic
-  priority, gang fit, head-of-line blocking or backfill, the preemption choice and
-  resume-first;
-* :mod:`.elastic` — elastic scaling under the invariants: clamps to
-  ``[minWorkers, maxWorkers]``, one step per evaluation, the β stop, GPUs reserved
-  for the blocked head of the queue;
-* :mod:`.topology` — the ``rlsched.dev/required-topology`` feasibility rule;
-* :mod:`.spec` — :class:`TrainingSpec`, the parts of a TrainingJob spec they decide on.
-
-Everything here is pure: numpy and the core cluster model, no Kubernetes objects.
+A policy answers one question (which job, which nodes, grow or shrink); planning wraps
+the rules that must hold whatever it says: :mod:`.admission` (queues, dynamic priority,
+gang fit, backfill, preemption), :mod:`.elastic` (scaling under its invariants, the β
+stop), :mod:`.topology` (required topology) and :mod:`.spec` (:class:`TrainingSpec`).
+Pure: numpy and the core cluster model, no Kubernetes objects.
 """
 
 from .admission import (

@@ -1,34 +1,9 @@
 """Admission: which waiting jobs start, in which order, and whom a job preempts.
 
-Pure logic over core snapshots. The operator translates TrainingJobs into
-:class:`QueueEntry` / :class:`RunningEntry` and the returned :class:`AdmissionPlan`
-back into API calls; the simulator walks its ranked queue through the same
-:func:`admit_in_order` (head-of-line blocking unless backfill).
-
-Queues (RLPTO §V) are served ``interrupt > urgent > normal``: a preempted job resumes
-before anything else. Inside a queue the core ordering policy decides (priority value
-first, then the policy's key, FIFO by default; DAS ordering when configured).
-``highest`` jobs sit in the urgent queue ahead of every other urgent job and may
-preempt jobs of lower classes (the victims go to the interrupt queue).
-
-A preemptive ordering (``Ordering.preemptive``: SRTF, Tiresias) also lets the blocked
-head of the queue evict running jobs of its own class or lower that the ordering ranks
-strictly after it (``Ordering.preempts``: a shorter remaining time, a lower LAS
-queue). That needs the live views of the jobs (``QueueEntry.job``,
-``RunningEntry.job``, as the simulator passes them); without them only the class rule
-applies.
-
-Dynamic priority (RLPTO §V): ``pr_t = pr_{t-1} + mu * N`` where ``N`` is the number of
-new user requests since the last update (a counter in an annotation). A normal job
-whose ``pr`` reaches ``promote_at`` moves to the urgent queue; an urgent one whose
-``pr`` falls to ``demote_at`` or below moves to the normal queue. Summed up from the
-spec's value this is ``pr = value + mu * requests`` (:meth:`DynamicPriority.expected`):
-the only priority a job can have, whatever its status says.
-
-A gang that could not fit even the empty cluster (a worker larger than every node,
-more GPUs than the cluster has, more workers than the nodes can host:
-:func:`unfittable_reason`) never blocks the queue: :meth:`Admission.plan` reports it
-in ``AdmissionPlan.unfittable`` and walks on (it stays waiting: nodes may be added).
+Queues ``interrupt > urgent > normal`` with RLPTO's dynamic priority (Lu et al., TPDS
+2023, §V), the ordering policy inside a queue, head-of-line blocking unless backfill,
+preemption by service class and under a preemptive ordering; a gang that could never
+fit never blocks the queue. Pure logic over core snapshots. Rules: docs/design-notes.md.
 """
 
 from __future__ import annotations

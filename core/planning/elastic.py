@@ -1,48 +1,10 @@
 """Elastic planning: RLPTO scaling and completion of running jobs, as pure decisions.
 
-Each cycle the operator hands :class:`ScalingPlanner` the running jobs (with the
-progress their chiefs reported) and a cluster snapshot; it returns, per job, ``+1``,
-``-1`` or ``0`` workers and which jobs are finished. The scaling *policy* comes from
-core (``make_scaling("rlpto", model=...)`` for the learned PPO policy, ``"beta"`` for
-the β-threshold rule); the planner enforces what must hold whatever the policy says:
-
-* a job is decided on only after a new evaluation (one change per evaluation and
-  per cycle);
-* never below ``minWorkers`` nor above ``maxWorkers``;
-* scale-ups only use GPUs that the head of the waiting queue does not need
-  (:func:`reserved_gpus`), highest accuracy gain first (freed GPUs go to waiting jobs,
-  then to jobs that still gain);
-* a pinned job (``spec.workers``) moves one worker per cycle towards the pin;
-* RLPTO's β rule, for every policy: a job *converges* while its accuracy gain
-  per evaluation is below ``beta``. A converging job gives one worker back at each
-  new evaluation (towards ``minWorkers``) whatever the policy asked, and its GPUs go
-  to waiting jobs first ("when a model tends to converge, the computing resources of
-  the task are gradually reduced so that they can be allocated to other learning
-  tasks", Lu et al., TPDS 34(12), 2023); after ``patience`` consecutive such
-  evaluations it is finished (the β stop), as it is at ``maxEpochs``.
-
-The gain compared with β is RLPTO's ``v_a``, the accuracy a job gains per
-evaluation. A live operator sees it only through noisy evaluations: the difference of
-two evaluations with noise σ each has noise σ√2, larger than β for every realistic
-test set (σ ≈ 0.002-0.003 for accuracy near 0.9 on 10 000 samples, β = 0.001), so a
-flat curve would pass the test only by chance (``patience`` times in a row: rarely)
-and a rising one fail it by chance. The planner therefore judges convergence on the
-mean gain per evaluation over the last ``window`` evaluations
-(:func:`convergence_gain`: noise σ√2/``window``), an estimate of the same ``v_a``
-(the simulator's RLPTO environment measures it on the noise-free curve).
-
-The planner decides *counts*; the adapter places the added workers. Room for a
-scale-up is checked by tentatively placing one worker with a ``place`` hook on the
-cluster snapshot (undone before :meth:`ScalingPlanner.plan` returns), and the node it
-chose is returned in ``ScalingPlan.nodes``. The operator leaves the hook at its default
-(best fit by free GPUs, :func:`best_fit_node`) and lets kube-scheduler and the extender
-place the pod, so the node is only the proof that one exists; the simulator passes its
-placement policy as the hook and puts the worker on exactly that node, so what the
-planner counted on is what the engine places.
-
-What the planner remembers of a job between cycles is :class:`ElasticState` (kept
-in the TrainingJob's ``status.rlpto``). The learned policy's observation is a
-different thing, built from a snapshot by :func:`rlsched.core.learned.job_observation`.
+:class:`ScalingPlanner` turns a scaling policy's answers into ``+1``/``-1``/``0``
+workers per job and says which jobs are finished, enforcing what must hold whatever the
+policy says: one change per evaluation, ``[minWorkers, maxWorkers]``, GPUs reserved for
+the blocked head, and RLPTO's β rule (Lu et al., TPDS 34(12), 2023) judged on the mean
+gain over a window of evaluations. The invariants and why: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,46 +1,10 @@
 """rlsched.trainer: what a training script uses to run elastically under rlsched.
 
-One module per concern, every public name re-exported here lazily (PEP 562): importing
-the package loads nothing but the standard library; torch is imported by the functions
-that need it and the Kubernetes client by the first progress report. Install it in a
-training image with the ``trainer`` extra, from a checkout (``pip install './[trainer]'``)
-or the built wheel (its only dependency: the Kubernetes client; torch comes from the
-image). See ``docs/trainer.md``.
-
-=====================  ====================================================================
-module                 what
-=====================  ====================================================================
-``contract``           :func:`worker_contract` (the operator's environment), :func:`init_distributed`
-``signals``            SIGTERM as a flag, :func:`agree_to_stop`, exit codes, :func:`exit_on_checkpoint_error`
-``batching``           the scheduler's global batch over the workers: :func:`plan_batch`, :func:`loss_scale`
-``sampler``            :class:`ElasticSampler`: one global order per epoch, resumable at any world size
-``checkpoint``         :class:`Checkpointer` (atomic, rank 0, checksummed), :class:`TrainState`
-``sharded``            :class:`ShardedCheckpointer`: FSDP through ``torch.distributed.checkpoint``, every rank
-``launch``             ``python -m rlsched.trainer.launch``: torchrun whose agreed stop exits 0
-``gradstats``          :class:`GradientNoiseScale`: Pollux's gradient statistics from DDP
-``adascale``           :class:`AdaScale`: learning rate and scale-invariant progress across batch sizes
-``reporting``          :class:`ProgressReporter` (rate-limited, retried, rank 0), :class:`Reporter`, :func:`report`
-``errors``             one error type per failure
-=====================  ====================================================================
-
-A loop, in short (``examples/ddp_digits.py`` is the whole of it)::
-
-    from rlsched import trainer as rt
-
-    rt.install_stop_handler()
-    contract = rt.init_distributed()
-    plan = rt.plan_batch(contract.batch_size or 256, contract.world_size, micro_batch_limit=64)
-    sampler = rt.ElasticSampler(len(data), plan, contract.rank, seed=0)
-    ckpt = rt.Checkpointer(contract.checkpoint_dir, rank=contract.rank)
-    state = (ckpt.restore(model=model, optimizer=opt) or (rt.TrainState(), None))[0]
-    while state.epoch < epochs:
-        for step in sampler.steps(state.epoch, state.consumed):
-            ...  # forward/backward on step.micro_batches, loss * step.loss_scale
-            state.advance(step)
-            if rt.agree_to_stop():
-                ckpt.save(model=model, optimizer=opt, state=state, ...)
-                raise SystemExit(rt.EXIT_STOPPED)
-        ...  # evaluate, report, state.next_epoch(), checkpoint
+One module per concern (contract, signals, batching, sampler, checkpoint, sharded,
+launch, gradstats, adascale, reporting, errors), every public name re-exported here
+lazily (PEP 562): importing the package loads only the standard library; torch and the
+Kubernetes client are imported by the functions that need them. Install it with the
+``trainer`` extra. A whole loop: ``examples/ddp_digits.py``; guide: docs/trainer.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """The learning rate and the progress of a run whose batch size the scheduler changes.
 
-AdaScale (Johnson, Agrawal, Gu, Guestrin, "AdaScale SGD: A User-Friendly Algorithm for
-Distributed Training", ICML 2020, Algorithm 1), as AdaptDL applies it: at scale
-``S = B / B0`` (``B`` the step's global batch, ``B0`` the script's base batch) the
-learning rate of the base schedule is multiplied by the gain ratio
-
-    r = (sigma^2 + mu^2) / (sigma^2 / S + mu^2),   sigma^2 = tr(Sigma) / B0,  mu^2 = |G|^2
-
-(the expected squared norm of a base-batch gradient over that of a batch-``B`` one;
-``1 <= r <= S``), and progress is counted in scale-invariant iterations: a step advances
-it by ``r`` base-batch iterations, and the schedule is a function of that progress. A
-run then trains to a progress target, whatever batches it was given. ``tr(Sigma)`` and
-``|G|^2`` are :class:`~rlsched.trainer.gradstats.GradientNoiseScale`'s estimates.
-
-Fixed rules in place of the measured gain: ``linear`` (``r = S``: Goyal et al. 2017),
-``sqrt`` (``r = sqrt(S)``: Krizhevsky 2014) and ``legw`` (``r = sqrt(S)`` with the
-warmup stretched ``S`` times in epochs: You et al., "Large-Batch Training for LSTM and
-Beyond", SC 2019). Before any gradient statistics exist AdaScale's gain is 1: the
-tuned base learning rate is never exceeded and progress is never over-counted.
+AdaScale (Johnson, Agrawal, Gu, Guestrin, ICML 2020, Algorithm 1), as AdaptDL applies
+it: at scale ``S = B / B0`` the base schedule's learning rate is multiplied by the gain
+ratio ``r`` (``1 <= r <= S``) and progress counts scale-invariant iterations, so a run
+trains to a progress target whatever batches it gets. Fixed rules (``linear``,
+``sqrt``, ``legw``) can replace the measured gain.
+Formulas: docs/trainer.md, docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """The global batch the scheduler asks for, split over the generation's workers.
 
-rlsched (like Pollux) decides a job's *global* batch size together with its workers and
-hands it to every worker as ``RLSCHED_GLOBAL_BATCH_SIZE``; the script keeps it whatever
-the world size: each of the ``W`` workers takes a share of every global batch of ``B``
-samples, ``B // W`` or one more (the first ``B mod W`` ranks), so uneven divisions lose
-nothing. With a per-worker micro-batch limit ``m`` (what fits in a GPU), a share is
-processed in ``k = ceil(max share / m)`` micro-batches with gradient accumulation (the
-same ``k`` on every rank, so every rank synchronises on the same backward pass). The
-limit is the script's, else the scheduler's (``RLSCHED_MICRO_BATCH_LIMIT``, from the
-job's ``spec.localBatchSize.max``: the same limit the scheduler's model of the job
-derives accumulation from).
-
-The gradient then equals the mean over the global batch when every micro-batch's
-*summed* per-sample loss is multiplied by :func:`loss_scale` ``= W / B``:
-DistributedDataParallel averages the ranks' gradients, so
-``(1/W) * sum_r (W/B) * sum_{i in r} grad l_i = (1/B) * sum_i grad l_i``,
-whatever the shares are (the last, shorter global batch of an epoch included, with
-``B`` its actual size).
+Every worker takes ``B // W`` or one more of each global batch of ``B`` samples
+(``RLSCHED_GLOBAL_BATCH_SIZE``), in the same number of micro-batches with gradient
+accumulation under a per-worker limit; with each micro-batch's summed loss scaled by
+:func:`loss_scale` ``= W / B`` the gradient is the mean over the global batch, whatever
+the shares. Details: docs/trainer.md, docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,10 @@
 """Checkpoint and restore for checkpoint-restart elasticity.
 
-What a checkpoint holds: the model, the optimizer and the LR scheduler (their
-``state_dict``), the training position (:class:`TrainState`: epoch, samples of the
-epoch's global order consumed, global step), the RNG states (Python's, torch's CPU and
-CUDA generators, numpy's global one only when numpy is already imported), and the world
-size, generation and global batch it was written at, plus anything the script adds.
-Nothing in it depends on the world size: the model and optimizer are those of the
-unwrapped module (identical on every rank under DDP) and the position counts samples,
-so any world size restores it (:class:`~rlsched.trainer.sampler.ElasticSampler`).
-
-Writing is atomic and done by rank 0 only: ``torch.save`` into a temporary file in the
-same directory, ``flush`` + ``fsync``, the current checkpoint kept as the previous one
-(hard link, else copy), ``os.replace`` of the temporary file onto the checkpoint's
-name, ``fsync`` of the directory. A crash at any point leaves the last complete
-checkpoint (or the previous one) loadable; :meth:`Checkpointer.load` falls back to the
-previous file when the newest is unreadable (torn), and only then. Loading uses
-``torch.load(weights_only=True)`` (no arbitrary code from a checkpoint file) unless told
-otherwise.
-
-Failures are loud (:mod:`rlsched.trainer.errors`): the directory is checked by a real
-write when the :class:`Checkpointer` is made; a restarted generation that finds no
-checkpoint, a format this module does not know and a payload whose SHA-256 (over every
-tensor's bytes and every other value, written inside the file) does not match are
-errors, never a silent start from scratch or roll-back.
+A checkpoint holds the model, optimizer, LR scheduler, training position, RNG states and
+the world size, generation and batch it was written at; nothing in it depends on the
+world size. Writing is atomic, by rank 0, checksummed; loading falls back to the previous
+file only when the newest is torn. Failures are loud, never a silent start from scratch.
+Details: docs/trainer.md, docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """The worker contract inside the training process, and ``torch.distributed`` from it.
 
-The operator starts one process per worker pod with the rendezvous variables PyTorchJob
-and torchrun users know (``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE``, ``RANK``,
-``LOCAL_RANK``) and rlsched's own (``RLSCHED_GENERATION``,
-``RLSCHED_GLOBAL_BATCH_SIZE``, ``RLSCHED_CHECKPOINT_DIR``, the job's name and
-namespace). :func:`worker_contract` reads them (the parser is
-:meth:`rlsched.core.contract.WorkerContract.from_env`, the same description the operator
-writes them from); :func:`init_distributed` joins the generation's process group.
-Under torchrun (several processes per pod, ``PET_NPROC_PER_NODE``; see
-:mod:`rlsched.trainer.launch`) the agent rewrites ``RANK``, ``WORLD_SIZE``,
-``LOCAL_RANK`` and the master for each process: the contract is then the process's (its
-global rank among all processes) and the group joins through the agent's store.
-
-torch is imported only when :func:`init_distributed` is called.
+:func:`worker_contract` reads the rendezvous variables (``MASTER_ADDR``, ``WORLD_SIZE``,
+``RANK``, ...) and rlsched's own (``RLSCHED_GENERATION``, ``RLSCHED_GLOBAL_BATCH_SIZE``,
+``RLSCHED_CHECKPOINT_DIR``, ...) with core's parser; :func:`init_distributed` joins the
+generation's process group (under torchrun, the process's own contract). torch is
+imported only by :func:`init_distributed`. Details: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,37 +1,11 @@
 """Gradient statistics for the scheduler's statistical efficiency (gradient noise scale).
 
-Pollux (Qiao et al., "Pollux: Co-adaptive Cluster Scheduling for Goodput-Optimized
-Deep Learning", OSDI'21, §3.1) judges a batch size by the gradient noise scale
-``B_noise = tr(Sigma) / |G|^2`` of McCandlish et al. ("An Empirical Model of
-Large-Batch Training", 2018, appendix A), estimated while training from the gradient
-norms data parallelism computes anyway. With ``g_b`` a gradient over ``b`` samples,
-``E|g_b|^2 = |G|^2 + tr(Sigma)/b``; measuring it at two batch sizes — each worker's
-local gradient over its ``b`` samples (``|g_b|^2`` averaged over workers) and the
-all-reduced gradient over the global batch ``B`` (``|g_B|^2``) — gives the unbiased
-estimates
-
-    |G|^2     ~= (B |g_B|^2 - b |g_b|^2) / (B - b)
-    tr(Sigma) ~= (|g_b|^2 - |g_B|^2) / (1/b - 1/B)
-
-(McCandlish et al., eqs. A.2-A.3). Single estimates are very noisy, so both are
-smoothed with an exponential moving average (bias-corrected as in Adam: Kingma & Ba
-2015, §3) before they are reported as ``gradSqr`` (``|G|^2``) and ``gradVar``
-(``tr(Sigma)``, the per-sample variance).
-
-Uneven shares: worker ``r`` with ``s_r`` samples has ``E|g_r|^2 = |G|^2 + tr(Sigma)/s_r``,
-so the workers' mean is the same law with ``b = 1 / mean_r(1/s_r)`` (the harmonic mean
-of the shares); that is the ``b`` used. One worker with gradient accumulation uses the
-same estimator on its first micro-batch (``b`` samples) against the accumulated
-gradient (``B``); one worker without accumulation measures nothing, and restored
-estimates are never reported as measured. With an adaptive optimizer, Pollux measures
-preconditioned gradients; this estimator measures the raw ones. Under AMP the squared
-norms are divided by the loss scale squared, and steps with non-finite gradients skipped.
-
-:class:`GradientNoiseScale` reads the local gradients through a
-DistributedDataParallel communication hook (the bucket *before* the all-reduce; a
-user's own hook, e.g. fp16 compression or PowerSGD, runs after it), so no extra
-backward pass or gradient copy is made; the cost per step is one norm per bucket, one
-norm of the reduced gradient and an all-reduce of one number.
+Pollux (Qiao et al., OSDI'21, §3.1) judges a batch size by the gradient noise scale
+``tr(Sigma) / |G|^2`` (McCandlish et al., "An Empirical Model of Large-Batch Training",
+2018, appendix A), estimated from the local and all-reduced gradient norms data
+parallelism computes anyway, smoothed and reported as ``gradSqr`` and ``gradVar``.
+:class:`GradientNoiseScale` reads them through a DDP communication hook.
+Estimators: docs/trainer.md, docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """``torchrun`` for rlsched worker pods: several processes per pod, and the agreed stop
 exits 0.
 
-The operator sends SIGTERM to the pod's first process. When that is ``torchrun``, its
-elastic agent handles the signal itself: it passes it on to the workers, waits for them
-and then raises ``SignalException``, so the pod exits 1 — a failure — whatever the
-workers did. This launcher runs the same agent (``torch.distributed.run``, the same
-options, defaulting to the ``PET_*`` variables the operator sets) with SIGTERM kept out
-of it (torchrun's ``--signals-to-handle``) and passes SIGTERM to the worker processes
-itself: they agree to stop, checkpoint and exit 0, the agent sees its workers succeed
-and the pod exits 0. A worker that fails makes the pod exit with that worker's exit
-code (74 for a checkpoint error) instead of torchrun's 1; workers killed by the
-forwarded SIGTERM before they could handle it make it exit 143, an intentional stop.
-
-Usage, as the pod's command: ``python -m rlsched.trainer.launch [torchrun options]
-script.py [script args]``. Linux only (the workers are found through ``/proc``).
+Runs torchrun's elastic agent with SIGTERM kept out of it and forwards SIGTERM to the
+workers itself, so an agreed stop exits 0 (torchrun alone exits 1) and a failing worker's
+exit code is the pod's. Usage: ``python -m rlsched.trainer.launch [torchrun options]
+script.py [args]``. Linux only. Details: docs/trainer.md, docs/design-notes.md.
 """
 
 from __future__ import annotations

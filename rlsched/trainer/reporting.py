@@ -1,33 +1,10 @@
 """Progress reports into the TrainingJob's ``status.progress``.
 
-Inside a worker pod the operator sets ``RLSCHED_JOB_NAME`` and (downward API)
-``RLSCHED_JOB_NAMESPACE`` and runs the pod under the job's own ServiceAccount, whose
-Role allows ``get``/``patch`` on this one TrainingJob's status and nothing else. Reports
-merge-patch ``status.progress`` only (``application/merge-patch+json``) — the
-operator's status fields are never touched.
-
-Two layers:
-
-* :class:`Reporter` writes one report now and raises on an API error (what the dev
-  tooling's fake trainer uses)::
-
-      from rlsched import trainer
-      trainer.report(epoch=epoch, loss=loss, accuracy=acc)
-
-  ``maxLoss`` is the largest loss reported so far and ``history`` the metric after
-  each epoch (the last ``history_limit`` kept; a second report for the same epoch
-  replaces the last entry), as the RLPTO scaling policy reads them. ``epoch`` counts
-  completed epochs; a report without ``accuracy`` (a step report) leaves ``accuracy``
-  and ``history`` alone.
-
-* :class:`ProgressReporter` is what a training loop calls every step: from rank 0 only
-  (other ranks do nothing, not even import the Kubernetes client), at most once per
-  ``interval_s`` seconds plus always at an epoch's end and at exit, with step time,
-  throughput, workers, global batch and the gradient statistics. Delivery runs in a
-  background thread and retries with exponential backoff on 429, 5xx and connection
-  errors; a report that still fails is logged and dropped — an API server restart
-  never stops training. A job that is gone (404) stops reporting. Credentials: the pod's
-  ServiceAccount (in-cluster config), else the kubeconfig (``$KUBECONFIG``).
+Reports merge-patch ``status.progress`` only, under the job's own ServiceAccount.
+:class:`Reporter` writes one report now and raises on an API error;
+:class:`ProgressReporter` is what a training loop calls every step: rank 0 only,
+rate-limited, delivered by a background thread with retries, dropped (and logged) when
+the API server stays away. Details: docs/trainer.md, docs/design-notes.md.
 """
 
 from __future__ import annotations

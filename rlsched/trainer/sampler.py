@@ -1,28 +1,11 @@
 """An elastic sampler: one global order per epoch, consumed in global batches, resumable
 at any world size.
 
-Every epoch has one global order of the dataset's indices, a permutation seeded by
-``seed + epoch`` (the same on every rank and in every generation: Python's
-``random.Random`` is specified to reproduce its sequence for a seed). The epoch is
-consumed in global batches of ``B`` consecutive positions of that order; rank ``r`` of
-``W`` takes the ``r``-th contiguous share of each (:func:`~rlsched.trainer.batching.split_evenly`).
-The only state is the position — samples of the epoch's order consumed so far — which
-:class:`~rlsched.trainer.checkpoint.TrainState` checkpoints. A new generation at another
-world size (or global batch) goes on from that position, so within an epoch no sample
-is repeated or skipped, however often the job is rescaled or preempted.
-
-This is the checkpoint-restart scheme of AdaptDL's ``ElasticSampler`` (Qiao et al.,
-OSDI'21) written on a global order instead of a per-replica one: a global batch is the
-same samples at every world size, so with the loss scaled by
-:func:`~rlsched.trainer.batching.loss_scale` the optimisation sees the same sequence of
-gradients (up to floating-point summation order).
-
-Pure Python: no torch needed. With a ``DataLoader``, pass the steps' index lists as its
-``batch_sampler``::
-
-    steps = list(sampler.steps(state.epoch, state.consumed))
-    loader = DataLoader(dataset, batch_sampler=[s.indices for s in steps])
-    for step, batch in zip(steps, loader): ...
+One permutation per epoch seeded by ``seed + epoch``, consumed in global batches, rank
+``r`` taking the ``r``-th share of each; the only state is the position, so a new
+generation at another world size goes on without repeating or skipping a sample:
+AdaptDL's ``ElasticSampler`` scheme (Qiao et al., OSDI'21) on a global order. Pure
+Python. Usage: docs/trainer.md, docs/design-notes.md.
 """
 
 from __future__ import annotations

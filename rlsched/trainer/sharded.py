@@ -1,19 +1,9 @@
 """Sharded checkpoints through ``torch.distributed.checkpoint`` (DCP), for FSDP.
 
-FSDP keeps each parameter and its optimizer state in shards over the ranks, so saving
-from rank 0 alone would hang (gathering a full state dict is itself a collective) and
-would not fit a large model: every rank writes its shards (``dcp.save``) and every rank
-reads what its new shards need (``dcp.load`` reshards, so another world size restores
-the checkpoint). The model and optimizer go through DCP's ``get_state_dict`` /
-``set_state_dict``, which also take DDP and plain modules.
-
-A checkpoint is a directory: the DCP files, ``rlsched.pt`` (position, LR scheduler,
-GradScaler, RNG, the script's ``extra``; rank 0's) and last ``rlsched.json``, the
-manifest: the format and the SHA-256 of every other file. It is written under a
-temporary name and renamed into place after the manifest (the current one kept as the
-previous); a directory without a readable manifest is torn and the previous one is
-used, with a warning. An unknown format or a file whose SHA-256 differs is an error,
-decided by rank 0 and raised on every rank.
+Every rank writes its shards and reads what its new shards need (DCP reshards, so
+another world size restores the checkpoint); a checkpoint is a directory with a manifest
+of SHA-256s, written under a temporary name and renamed into place; a torn one falls
+back to the previous. Details: docs/trainer.md, docs/design-notes.md.
 """
 
 from __future__ import annotations

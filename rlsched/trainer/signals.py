@@ -1,23 +1,10 @@
 """SIGTERM: the end of a generation, agreed by every rank.
 
-A rescale, a preemption (and later resume) or a restart after a failure ends the
-generation: the operator sends every worker SIGTERM and waits the grace period
-(``terminationGracePeriodSeconds``) before SIGKILL. The protocol:
-
-1. :func:`install_stop_handler` makes SIGTERM set a flag (the only global state of
-   ``rlsched.trainer``); nothing is interrupted.
-2. The training loop finishes the step it is in and calls :func:`agree_to_stop` once
-   per step: an all-reduce (max) of every rank's flag, so all ranks leave the loop after
-   the same step and none is left blocking in a collective a peer has already left
-   (SIGTERM reaches the pods at slightly different times, or not all of them).
-3. Rank 0 writes the checkpoint; every process exits :data:`EXIT_STOPPED` (0).
-
-The operator counts a worker that exits 0 or :data:`~rlsched.core.contract.EXIT_SIGTERM`
-(143 = 128 + SIGTERM, what a process killed by the signal reports) after SIGTERM as an
-intentional stop, never as a failure; any other non-zero exit is a failure counted
-against ``spec.backoffLimit``. :func:`exit_on_checkpoint_error` turns a checkpoint that
-cannot be used into :data:`~rlsched.core.contract.EXIT_CHECKPOINT` (74), the failure
-the operator reports as the checkpoint's.
+:func:`install_stop_handler` makes SIGTERM set a flag; the loop calls
+:func:`agree_to_stop` once per step (an all-reduce of the flags, so every rank leaves
+after the same step); rank 0 checkpoints and every process exits :data:`EXIT_STOPPED`.
+The operator counts 0 and 143 after SIGTERM as an intentional stop;
+:func:`exit_on_checkpoint_error` exits 74. Details: docs/trainer.md, docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """The released Pollux policy as an :class:`~rlsched.core.allocation.Allocator`, through
 a bridge process.
 
-Pollux (Qiao et al., "Pollux: Co-adaptive Cluster Scheduling for Goodput-Optimized Deep
-Learning", OSDI 2021) is run as released on PyPI (``adaptdl-sched==0.2.11``,
-``adaptdl==0.2.11``), never vendored. Its packages need numpy<1.24 and pymoo 0.5.0, which
-cannot share rlsched's environment, so they live in an optional one (``make pollux-env``,
-``.venv-pollux`` beside the repository's ``.venv``) and run in a child process,
-``peers/pollux_bridge.py``, which speaks JSON lines (one request per scheduling interval;
-the protocol is described there). This module is the client: it starts the bridge on
-the first :meth:`PolluxAllocator.allocate`, sends what a live scheduler could know of
-each job (an :class:`~rlsched.core.allocation.AllocJob` without its oracle: Pollux is
-non-clairvoyant, it fits its throughput model to the samples the job measured) and
-returns the bridge's allocations, checked by
-:func:`~rlsched.core.allocation.check_allocations`.
-
-Where the Pollux environment is missing, :func:`pollux_available` says so and
-:class:`PolluxAllocator` raises :class:`PeerUnavailable` ("run `make pollux-env`"); a
-bridge that dies or answers an error raises :class:`PeerError` with the tail of its
-stderr.
+Pollux (Qiao et al., OSDI 2021) runs as released on PyPI (``adaptdl-sched==0.2.11``) in
+its own environment (``make pollux-env``), in a child process speaking JSON lines
+(the script :data:`BRIDGE`); this module is the client. A missing environment raises
+:class:`PeerUnavailable`, a failing bridge :class:`PeerError`. Details: docs/design-notes.md.
 """
 
 from __future__ import annotations

@@ -1,70 +1,10 @@
-"""``pollux:<folder>/<file>`` and ``pollux-gen:seed=N[,...]``: measured-job workloads
-on the Pollux OSDI'21 simulator data (``<data>/pollux-osdi21/``; Qiao et al.,
-"Pollux: Co-adaptive Cluster Scheduling for Goodput-Optimized Deep Learning", OSDI
-2021; the data's README lists the files).
+"""``pollux:<folder>/<file>`` and ``pollux-gen:seed=N[,...]``: measured-job workloads on
+the Pollux OSDI'21 simulator data (Qiao et al., OSDI 2021).
 
-Both return a :class:`MeasuredTrace`: :class:`~rlsched.sim.measured.MeasuredJobSpec`
-jobs, the measured profiles of the applications they use, and the paper's setting
-(16 nodes × 4 GPUs, a 60 s scheduling interval, 30 s restart per re-allocation).
-
-``pollux:<folder>/<file>`` (:func:`load`)
-    a workload CSV under ``<data>/pollux-osdi21/`` with the columns
-    ``name,time,application,num_replicas,batch_size`` (``.csv`` optional), e.g.
-    ``pollux:workloads/workload-6``, ``pollux:workloads-1.5/workload-3``. Each job
-    keeps its ``num_replicas`` and ``batch_size``; its id is ``name``. Rules:
-
-    * a path that leaves ``<data>/pollux-osdi21/`` (``..``, an absolute path elsewhere,
-      a link pointing out) is refused;
-    * an ``application`` that is not a profile folder (``traces/<app>/placements.csv``)
-      raises :class:`TraceError` naming file and line, even with ``skip_bad``: a
-      misspelt or missing model changes the workload's mix, so it is never dropped
-      quietly;
-    * a malformed row (a missing or non-numeric field, ``time`` < 0, a count < 1, an
-      empty or repeated ``name``) raises naming file and line, or with ``skip_bad`` is
-      counted in ``skipped["malformed"]``;
-    * a request the measured profile cannot describe raises the same way, or with
-      ``skip_bad`` is counted in ``skipped["out_of_range"]``: a ``batch_size`` outside
-      the application's measured runs ``[init_batch_size, max_batch_size]``
-      (``validation-<B>.csv``; the convergence model would extrapolate), or a per-GPU
-      batch below the smallest measured one (``num_replicas × min_local_bsz >
-      batch_size``; the step time would extrapolate). A per-GPU batch above
-      ``max_local_bsz`` is allowed: it trains with gradient accumulation, as the
-      published bert and yolov3 jobs do. Every published row passes these rules.
-
-``pollux-gen:seed=N[,jobs=160][,hours=8][,load=1.0][,start=2]`` (:func:`generate`)
-    a new workload sampled from ``traces/philly.csv`` the way the published ones were
-    (OSDI'21 §5.1: jobs sampled from Philly, each job's model chosen by its GPU-time
-    bucket). Never reads the published workloads; the constants below were measured
-    on them once, offline, as their comments say. The rule, each part checked
-    against the 1,920 distinct published jobs:
-
-    * **Pool.** Philly jobs with ``duration >= 60`` s and ``gpu_time < 1000``
-      GPU-hours submitted at a time of day in ``[start, start + hours)`` h, pooled
-      over all 105 days of the list (31,293 jobs for 02:00–10:00). The "8-hour
-      window" of the published workloads is this time-of-day window, not one
-      calendar stretch: each published ``time`` is the seconds since 02:00 of some
-      Philly job's submission, on whatever day (all 1,920 jobs match a Philly job at
-      02:00 + ``time`` whose GPU-time bucket is their model's; any other start hour
-      matches at most 46 %, chance level); the shortest matched job ran 61 s, the
-      largest 818 GPU-hours.
-    * **Sample.** ``round(jobs × load)`` jobs without replacement; a job's ``time``
-      is its submission's offset into the window (relative times kept, the first
-      job not shifted to 0). ``load`` adds jobs to the same window, as the published
-      ``workloads-0.5``/``-1.5`` do (80 / 160 / 240 jobs over the same 8 h; the
-      lower loads are subsets of the higher ones: 639 of 640 and 1,276 of 1,280
-      jobs reappear unchanged). The same seed gives nested workloads here too.
-    * **Model** by GPU-time bucket (:data:`GPU_HOUR_EDGES`, :data:`BUCKET_APPS`).
-    * **Request** (``num_replicas``, ``batch_size``) uniform over the pairs the
-      published jobs of that model use (:data:`APP_CONFIGS`).
-    * **Tenant**: the sampled Philly job's virtual cluster (its ``cluster`` column,
-      the team that submitted it; 15 in the list), as ``MeasuredJobSpec.tenant``.
-      Read from the same rows, it draws no random number: the jobs are otherwise those
-      generated before jobs carried a tenant. (The published ``pollux:`` workloads
-      name no Philly job, so their jobs have no tenant.)
-
-    ``seed`` defaults to the ``seed`` given to :func:`~.spec.load_trace`; the
-    numbers come from one :class:`numpy.random.Generator` of it, no global RNG.
-    Jobs are named ``<app>-<k>`` in submission order, like the published ones.
+Both return a :class:`MeasuredTrace` in the paper's setting (16 nodes × 4 GPUs, 60 s
+interval, 30 s restart): :func:`load` reads a published workload CSV under strict rules,
+:func:`generate` samples a new one from ``traces/philly.csv`` the way the published ones
+were (OSDI'21 §5.1), never reading them. Rules and sampling: docs/design-notes.md.
 """
 
 from __future__ import annotations
