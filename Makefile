@@ -41,7 +41,7 @@ venv: $(VENV)/.stamp
 
 -include tools/tools.mk
 -include deploy/deploy.mk
--include peers/pollux.mk
+-include tools/pollux/pollux.mk
 
 test: venv $(TEST_DEPS)
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -77,7 +77,7 @@ bench: venv $(TEST_DEPS)
 	$(PY) bench/summary.py --results bench/results --out bench/results/summary.json
 
 # The fidelity table (docs/benchmark.md): our Tiresias and Optimus+Oracle and the released
-# Pollux policy (its own environment, peers/pollux.mk) on the paper's 24 workloads.
+# Pollux policy (its own environment, tools/pollux/pollux.mk) on the paper's 24 workloads.
 PEERS_ARGS ?=
 bench-peers: venv pollux-env
 	mkdir -p bench/results

@@ -19,8 +19,8 @@ import numpy as np
 from .allocation import AllocJob, Allocation, AllocNode, checked_call
 from .goodput import ThroughputPrior, optimize_many
 from .job_goodput import JobGoodput, split_batch
-from .peers.place import keep_or_pack
-from .peers.tiresias import POLLUX_THRESHOLD
+from .ordering import POLLUX_THRESHOLD
+from .packing import keep_or_pack
 from .queues import NO_QUEUE, QueueBook
 
 __all__ = ["GoodputAllocator", "GrowthWeight"]

@@ -18,7 +18,7 @@ import numpy as np
 
 from .allocation import AllocJob
 from .nn import PolicyFileError, load_policy_file
-from .peers.tiresias import POLLUX_THRESHOLD
+from .ordering import POLLUX_THRESHOLD
 
 __all__ = ["GROWTH_FEATURES", "DEFAULT_COEF", "growth_features", "LearnedGrowthWeight", "DEFAULT_WEIGHTS",
            "learned_goodput"]

@@ -29,7 +29,12 @@ __all__ = [
     "Tiresias",
     "RandomOrdering",
     "demand_vector",
+    "POLLUX_THRESHOLD",
 ]
+
+#: 16 GPU-hours in GPU-seconds: the queue threshold of the Pollux paper's Tiresias
+#: baseline (Qiao et al. OSDI'21 artifact)
+POLLUX_THRESHOLD = 16 * 3600.0
 
 _QUEUE_RANK = {q: i for i, q in enumerate(QUEUES)}
 

@@ -19,7 +19,7 @@ import numpy as np
 from .allocation import AllocJob, AllocNode
 from .growth_weight import LOGIT_BOUND, LearnedGrowthWeight, curve_pace, growth_features
 from .nn import PolicyFileError, load_policy_file
-from .peers.tiresias import POLLUX_THRESHOLD
+from .ordering import POLLUX_THRESHOLD
 
 __all__ = ["RLPTO_GOODPUT_FEATURES", "rlpto_views", "RLPTOGrowthWeight", "DEFAULT_RLPTO_WEIGHTS", "rlpto_goodput",
            "POLICY"]

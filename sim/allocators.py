@@ -16,19 +16,19 @@ __all__ = ["ALLOCATORS", "make_allocator", "is_allocator"]
 
 
 def _tiresias(**opts) -> Allocator:
-    from rlsched.core.peers import TiresiasAllocator
+    from rlsched.sim.peers import TiresiasAllocator
 
     return TiresiasAllocator(**opts)
 
 
 def _optimus(**opts) -> Allocator:
-    from rlsched.core.peers import OptimusOracle
+    from rlsched.sim.peers import OptimusOracle
 
     return OptimusOracle(**opts)
 
 
 def _pollux_paper(**opts) -> Allocator:
-    from rlsched.core.peers import PolluxPaperAllocator
+    from rlsched.sim.peers import PolluxPaperAllocator
 
     return PolluxPaperAllocator(**opts)
 
@@ -62,7 +62,7 @@ ALLOCATORS: dict[str, Callable[..., Allocator]] = {
     "tiresias-2q": _tiresias,
     "optimus-oracle": _optimus,
     "pollux": _pollux,
-    # PolluxSched as the paper describes it (core/peers/pollux_paper.py), beside the
+    # PolluxSched as the paper describes it (sim/peers/pollux_paper.py), beside the
     # released one ("pollux", its own environment)
     "pollux-paper": _pollux_paper,
     # rlsched's own goodput allocator (core/goodput_allocator.py)

@@ -49,7 +49,7 @@ PROTOCOL = 1
 PYTHON_ENV = "RLSCHED_POLLUX_PYTHON"
 #: the repository this module belongs to (the bridge and the default environment live there)
 REPO = Path(__file__).resolve().parents[2]
-BRIDGE = REPO / "peers" / "pollux_bridge.py"
+BRIDGE = REPO / "tools" / "pollux" / "pollux_bridge.py"
 DEFAULT_VENV = ".venv-pollux"
 #: applications the paper's setup pins: ncf trains on one GPU at batch size 32768
 #: (Pollux artifact, simulator/simulator.py); name -> (max replicas, batch size)
@@ -149,7 +149,7 @@ def _job(j: AllocJob, pinned: Mapping[str, tuple[int, int]]) -> dict[str, Any]:
 
 def request_of(jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], now: float,
                pinned: Mapping[str, tuple[int, int]] = PAPER_PINNED) -> dict[str, Any]:
-    """The bridge's request for one interval (see ``peers/pollux_bridge.py``): the nodes,
+    """The bridge's request for one interval (see ``tools/pollux/pollux_bridge.py``): the nodes,
     and each job as an :class:`AllocJob` without its oracle, plus the paper's pins
     (``pinned``: application -> (max replicas, fixed batch size))."""
     if not math.isfinite(now):

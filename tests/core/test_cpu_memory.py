@@ -17,7 +17,7 @@ from rlsched.core.allocation import AllocJob, AllocNode, AllocationError, AppLim
 from rlsched.core.contract import ShapeError, node_shape, pod_requests
 from rlsched.core.goodput_allocator import GoodputAllocator, within_room
 from rlsched.core.live_allocation import LiveAllocation, LiveJob
-from rlsched.core.peers.place import keep_or_pack
+from rlsched.core.packing import keep_or_pack
 from rlsched.core.planning import Admission, QueueEntry, TrainingSpec
 
 

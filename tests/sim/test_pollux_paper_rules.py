@@ -1,12 +1,12 @@
-"""pollux-paper's rules taken from the paper's artifact (core/peers/pollux_paper.py,
+"""pollux-paper's rules taken from the paper's artifact (sim/peers/pollux_paper.py,
 rules A1-A4): each test fails with its rule off (``artifact_rules=False``, the earlier
 choices, for A1, A2, A4; ``split_fit=False`` for A3)."""
 
 import pytest
 
 from rlsched.core.allocation import AllocJob, AppLimits, ProfileSample
-from rlsched.core.peers import PolluxPaperAllocator
-from rlsched.core.peers.pollux_paper import fair_share_goodput
+from rlsched.sim.peers import PolluxPaperAllocator
+from rlsched.sim.peers.pollux_paper import fair_share_goodput
 
 LIMITS = AppLimits(init_batch_size=128, max_batch_size=2048, min_local_bsz=16, max_local_bsz=256)
 
@@ -116,7 +116,7 @@ def test_split_fit_measures_compute_instead_of_inferring_it():
 
 
 def test_split_fit_still_explains_the_step_times():
-    from rlsched.core.peers.pollux_paper import compute_observations
+    from rlsched.sim.peers.pollux_paper import compute_observations
 
     prof = samples((1, 1, 128), (2, 1, 64), (4, 1, 32), (4, 1, 128), (8, 2, 32))
     j = job("a", prof)

@@ -1,5 +1,5 @@
 """The released Pollux policy as a peer allocator (rlsched.sim.peers.pollux and the
-bridge peers/pollux_bridge.py).
+bridge tools/pollux/pollux_bridge.py).
 
 Two kinds of tests:
 
@@ -241,7 +241,7 @@ def _bridge_module():
 
 def test_bridge_imports_nothing_of_rlsched():
     """It runs in another environment (numpy<1.24): rlsched must not be imported there."""
-    for path in (ROOT / "peers").glob("*.py"):
+    for path in (ROOT / "tools" / "pollux").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])

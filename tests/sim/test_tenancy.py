@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rlsched.core.goodput_allocator import GoodputAllocator
-from rlsched.core.peers import TiresiasAllocator
+from rlsched.sim.peers import TiresiasAllocator
 from rlsched.core.queues import QueueBook, QueueSpec
 from rlsched.sim.interval import IntervalSimulator
 from rlsched.sim.measured import MeasuredJobSpec, load_applications

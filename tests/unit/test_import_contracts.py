@@ -156,10 +156,10 @@ def _cycles(root: Path = ROOT) -> list[list[str]]:
 
 def test_every_code_folder_is_checked():
     mapped = {"rlsched", "core", "sim", "extender", "operator", "models", "dev"}
-    # peers/: scripts run by the peers' own environments; they import nothing of rlsched
+    # tools/: build scripts and the released Pollux's bridge, run by its own environment
     # (tests/sim/test_pollux_peer.py). examples/: users' training scripts (torch and
     # rlsched.trainer), outside the package. out/: run outputs (git-ignored), never code
-    folders = {p.parent.name for p in ROOT.glob("*/*.py")} - {"tests", "bench", "tools", "docs", "deploy", "helm", "peers",
+    folders = {p.parent.name for p in ROOT.glob("*/*.py")} - {"tests", "bench", "tools", "docs", "deploy", "helm",
                                                               "examples", "out"}
     assert folders <= mapped | {"files"}, f"unchecked code folders: {sorted(folders - mapped)}"
     for folder in PACKAGES:

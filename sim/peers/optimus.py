@@ -1,26 +1,9 @@
 """Optimus + Oracle as an allocator: greedy GPUs by marginal reduction of remaining time.
 
-Written from the paper: Peng et al., "Optimus: An Efficient Dynamic Resource Scheduler
-for Deep Learning Clusters", EuroSys 2018 (§5.1, resource allocation by marginal
-gain), as the Pollux paper ran it (Qiao et al., OSDI 2021, §5, "Optimus + Oracle"):
-Optimus' own estimates of a job's remaining work and speed are replaced by the truth,
-:class:`~rlsched.core.allocation.Oracle`. A clairvoyant reference, never a baseline.
-
-Each scheduling interval (:meth:`OptimusOracle.allocate`):
-
-* A job's remaining time on ``k`` GPUs is ``T(k) = remaining_progress /
-  progress_rate[k]`` (``progress_rate[k]``: progress per second on ``k`` GPUs packed,
-  at the job's fixed batch size; no rate, or rate 0: ``T(k) = ∞``).
-* Every job gets its smallest allowed count (1 GPU, or its ``min_replicas``) in
-  arrival order (submit time, then id) while GPUs last; one that does not fit waits.
-* Then one GPU at a time goes to the job with the largest marginal reduction
-  ``T(k) − T(k+1)`` (ties: arrival order), up to its ``max_replicas``, until the GPUs
-  run out or no job gains (the rest stay idle).
-* Placement: a job whose GPU count did not change keeps its nodes (no needless
-  restart); the others are packed on as few nodes as possible, largest first, on the
-  GPUs left (:func:`~rlsched.core.peers.place.keep_or_pack`).
-* Batch size stays the user's: ``atomic_bsz=None``, the engine derives the per-GPU
-  batch from the job's target batch size at the chosen count.
+Written from Peng et al., "Optimus: An Efficient Dynamic Resource Scheduler for Deep
+Learning Clusters", EuroSys 2018 (§5.1), as the Pollux paper ran it (Qiao et al., OSDI
+2021, §5): the true remaining work replaces Optimus' estimates, so it is a clairvoyant
+reference, never a baseline. The rules: docs/benchmark.md, "How the peers decide".
 """
 
 from __future__ import annotations
@@ -29,8 +12,8 @@ import heapq
 import math
 from typing import Mapping, Sequence
 
-from ..allocation import AllocJob, Allocation, AllocationError, AllocNode, Oracle
-from .place import keep_or_pack
+from rlsched.core.allocation import AllocJob, Allocation, AllocationError, AllocNode, Oracle
+from rlsched.core.packing import keep_or_pack
 
 __all__ = ["MissingOracleError", "OptimusOracle"]
 

@@ -1,5 +1,5 @@
 # The optional Pollux environment (make pollux-env): the released Pollux policy from PyPI,
-# adaptdl-sched and adaptdl 0.2.11, for the bridge peers/pollux_bridge.py
+# adaptdl-sched and adaptdl 0.2.11, for the bridge tools/pollux/pollux_bridge.py
 # (rlsched.sim.peers.pollux). Its own virtualenv, never rlsched's: the release needs
 # numpy<1.24 and pymoo 0.5.0, which newer numpy and pymoo break.
 #
@@ -20,12 +20,12 @@ POLLUX_PIP := $(POLLUX_PY) -m pip --disable-pip-version-check
 .PHONY: pollux-env pollux-env-clean
 pollux-env: $(POLLUX_VENV)/.stamp
 
-$(POLLUX_VENV)/.stamp: peers/pollux.mk
+$(POLLUX_VENV)/.stamp: tools/pollux/pollux.mk
 	test -x $(POLLUX_PY) || $(POLLUX_PYTHON_BASE) -m venv $(POLLUX_VENV)
 	$(POLLUX_PIP) install --only-binary=numpy,scipy $(POLLUX_BASE_PINS)
 	$(POLLUX_PIP) install --no-deps --no-build-isolation $(POLLUX_PINS)
 	$(POLLUX_PIP) install --no-deps $(POLLUX_RELEASE)
-	$(POLLUX_PY) peers/pollux_bridge.py --check
+	$(POLLUX_PY) tools/pollux/pollux_bridge.py --check
 	touch $@
 
 pollux-env-clean:

@@ -1,4 +1,4 @@
-"""The peers as allocators (core/peers): Tiresias 2-queue LAS and Optimus+Oracle, on
+"""The peers as allocators (sim/peers): Tiresias 2-queue LAS and Optimus+Oracle, on
 hand-computed scenarios, and properties on random job sets."""
 
 from dataclasses import replace
@@ -17,7 +17,8 @@ from rlsched.core.allocation import (
     Oracle,
     check_allocations,
 )
-from rlsched.core.peers import PEERS, POLLUX_THRESHOLD, MissingOracleError, OptimusOracle, TiresiasAllocator
+from rlsched.core.ordering import POLLUX_THRESHOLD
+from rlsched.sim.peers import PEERS, MissingOracleError, OptimusOracle, TiresiasAllocator
 
 LIMITS = AppLimits(init_batch_size=128, max_batch_size=4096, min_local_bsz=16, max_local_bsz=512)
 INTERVAL = 60.0
@@ -90,7 +91,7 @@ def test_both_are_allocators_named_as_the_benchmark_names_them():
     t, o = TiresiasAllocator(), OptimusOracle()
     assert isinstance(t, Allocator) and isinstance(o, Allocator)
     assert (t.name, t.clairvoyant, o.name, o.clairvoyant) == ("tiresias-2q", False, "optimus-oracle", True)
-    from rlsched.core.peers import PolluxPaperAllocator
+    from rlsched.sim.peers import PolluxPaperAllocator
 
     assert PEERS == {"tiresias-2q": TiresiasAllocator, "optimus-oracle": OptimusOracle,
                      "pollux-paper": PolluxPaperAllocator}
@@ -354,7 +355,7 @@ def test_keep_or_pack_places_exactly_as_packed_one_job_after_another(free, count
     from collections import Counter
 
     from rlsched.core.allocation import packed as packed_impl
-    from rlsched.core.peers.place import keep_or_pack
+    from rlsched.core.packing import keep_or_pack
 
     def packed(c, left):  # the definition, by a full sort
         out = []

@@ -1,4 +1,4 @@
-"""The Pollux-paper reference allocator (core/peers/pollux_paper.py): exact small cases
+"""The Pollux-paper reference allocator (sim/peers/pollux_paper.py): exact small cases
 against hand reasoning and brute force, feasibility, determinism, non-clairvoyance."""
 
 import itertools
@@ -17,7 +17,7 @@ from rlsched.core.allocation import (
     ProfileSample,
     check_allocations,
 )
-from rlsched.core.peers import PEERS, PolluxPaperAllocator
+from rlsched.sim.peers import PEERS, PolluxPaperAllocator
 
 LIMITS = AppLimits(init_batch_size=128, max_batch_size=2048, min_local_bsz=16, max_local_bsz=256)
 

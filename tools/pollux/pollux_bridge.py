@@ -1,62 +1,10 @@
 #!/usr/bin/env python3
 """Bridge to the released Pollux policy (PyPI ``adaptdl-sched==0.2.11``, ``adaptdl==0.2.11``).
 
-Run by the Python of the optional Pollux environment (``make pollux-env``: numpy<1.24,
-pymoo 0.5.0), never by rlsched's own: it imports nothing of rlsched and nothing of the
-released packages is copied here. rlsched's client is
-:class:`rlsched.sim.peers.pollux.PolluxAllocator`.
-
-Protocol: JSON lines. On start the bridge writes one line
-``{"ready": true, "protocol": 1, "cluster": ..., "versions": {...}}`` (or ``{"error": ...}`` and exits 2
-when the packages do not import). Then, per scheduling interval, it reads one request::
-
-    {"now": t, "nodes": [{"index": i, "gpus": g}, ...],
-     "jobs": [{"id", "submit_time", "age", "attained_service", "num_restarts",
-               "allocation": [node per replica], "min_replicas", "max_replicas",
-               "limits": {"init_batch_size", "max_batch_size", "min_local_bsz", "max_local_bsz"},
-               "target_batch_size", "fixed_batch_size", "grad_sqr", "grad_var",
-               "profile": [[num_nodes, num_replicas, atomic_bsz, step_time, sync_time], ...]}]}
-
-and writes one reply::
-
-    {"allocations": {job_id: {"nodes": [...], "atomic_bsz": a, "accum_steps": s}},
-     "info": {"desired_nodes": n, "seconds": s, "fits": k}}
-
-or ``{"error": "..."}`` for a request it cannot serve (it keeps serving). A job left out
-of ``allocations`` gets no GPUs. Anything a library prints goes to stderr: stdout
-carries the protocol only.
-
-What each job gives the released policy, as the Pollux paper's simulator set it up
-(Qiao et al., OSDI'21; artifact petuum/adaptdl, branch osdi21-artifact,
-simulator/simulator.py):
-
-* its throughput model: ``adaptdl.goodput.fit_perf_params`` over the job's own
-  measured samples only (compute time = step − sync, step time), one sample per
-  (nodes, replicas, per-GPU batch), the first measured;
-* ``GoodputFunction(perf_params, GradParams(sqr, var), init_batch_size)`` and
-  ``SpeedupFunction(goodput, max_batch_size, (min_local_bsz, max_local_bsz),
-  accumulation=True)``; a job with no samples yet scales linearly (``r``);
-* ``JobInfo({resource: 1}, speedup, submit_time, min_replicas=0,
-  max_replicas=min(max(2 × most profiled replicas, 1), 64, max_batch_size //
-  min_local_bsz), preemptible=True)``, further capped by the request's ``max_replicas``
-  (the client pins ncf to 1), with ``num_restarts`` and ``age`` set;
-* nodes ``NodeInfo({resource: g}, preemptible=False)``, ``resource`` the GPU resource
-  name the client sends (rlsched's contract owns it; this script imports nothing of rlsched).
-
-The released policy also plans cluster autoscaling: it searches allocations over the
-real nodes plus as many copies of a node template, and keeps to the number of nodes its
-utilisation band (0.35–0.65) wants. With ``--cluster fixed`` (the default; the paper's
-evaluation is a fixed 16-node cluster, and its simulator removed both) the template has
-no GPUs and every node is kept; ``--cluster autoscale`` calls it as the released
-allocator does (the template is the largest node; fewer nodes may be used).
-
-One ``PolluxPolicy`` serves every request (it keeps its genetic algorithm's population
-between intervals). Each allocated job then picks its batch as Pollux's job-side agent
-does: ``goodput.optimize(nodes, replicas, max_batch_size, (min_local_bsz,
-max_local_bsz), accumulation=True)``, the per-GPU batch capped so the total stays
-within ``max_batch_size``; a job with no samples, or with ``fixed_batch_size``, trains
-``max(init_batch_size, min_local_bsz × replicas)`` (or that fixed size) split into
-accumulation steps.
+Run by the Python of the optional Pollux environment (``make pollux-env``), never by
+rlsched's own: it imports nothing of rlsched and copies nothing of the released packages.
+Its client is :class:`rlsched.sim.peers.pollux.PolluxAllocator`; the JSON-lines protocol
+and what each job gives the policy: docs/benchmark.md, "The Pollux bridge".
 """
 
 from __future__ import annotations

@@ -1,42 +1,8 @@
 """Tiresias as an allocator: discretized two-dimensional LAS, two queues, fixed GPUs.
 
-Written from the paper: Gu et al., "Tiresias: A GPU Cluster Manager for Distributed
-Deep Learning", NSDI 2019 (§3.2 "Discretized 2D-LAS", §3.3 starvation), in the
-setting of the Pollux paper's Tiresias baseline (Qiao et al., OSDI 2021, §5: "2-queue
-discretized LAS, fixed GPUs and batch size", ../shared/data/pollux-osdi21/README.md).
-
-Each scheduling interval (:meth:`TiresiasAllocator.allocate`):
-
-* **Queues.** A job's two-dimensional attained service is GPUs × time run
-  (:attr:`AllocJob.attained_service`, GPU-seconds). It starts in queue 0 and is in
-  queue 1 once that service reaches the threshold (checked from the attained service
-  at every call; the queue rule is :meth:`rlsched.core.ordering.Tiresias.queue_of`).
-  Queue 0 is served before queue 1; queue 0 is FIFO by arrival (submit time, then
-  id), queue 1 in the order its jobs were demoted (the call that first saw them
-  there; ties by arrival).
-* **Admission, preemptive.** Walking the queues in that order, a job is admitted when
-  its fixed GPU count (:attr:`AllocJob.target_replicas`) fits in the cluster's GPUs not
-  yet given to an admitted job; one that does not fit is skipped and waits (a later,
-  smaller job may still be admitted: backfill by count). A running job that is not
-  admitted loses its GPUs (the engine keeps its progress).
-* **Placement.** An admitted job that runs keeps its nodes exactly (Tiresias does not
-  migrate); newly admitted jobs are consolidated on as few nodes as possible, the
-  nodes with the most free GPUs first (:func:`~rlsched.core.peers.place.keep_or_pack`).
-* **Batch size** stays the user's: ``atomic_bsz=None``, the engine derives the per-GPU
-  batch from the job's target batch size.
-
-Threshold: 16 GPU-hours (57,600 GPU-seconds), the setting of the Pollux paper's
-Tiresias baseline (Qiao et al. OSDI'21 artifact).
-
-Starvation (the Tiresias paper's guard, §3.3): with ``starvation_factor = F > 0``, a
-waiting job of queue 1 whose wait since it was last preempted exceeds ``F ×`` the
-length of its last run is promoted to queue 0. The paper leaves open when a promoted
-job falls back; here its attained service counts from the promotion, so it is demoted
-again after one more threshold of service. The Pollux paper ran without it, hence the
-default 0 (off).
-
-The allocator keeps the demotion order, promotions and run/wait times on the
-instance: one instance serves one engine run, called in time order.
+Written from Gu et al., "Tiresias: A GPU Cluster Manager for Distributed Deep Learning",
+NSDI 2019 (§3.2, §3.3), in the setting of the Pollux paper's Tiresias baseline (Qiao et
+al., OSDI 2021, §5). The rules and choices: docs/benchmark.md, "How the peers decide".
 """
 
 from __future__ import annotations
@@ -44,16 +10,13 @@ from __future__ import annotations
 import math
 from typing import Mapping, Sequence
 
-from ..allocation import AllocJob, Allocation, AllocationError, AllocNode
-from ..cluster import JobView
-from ..ordering import Tiresias as TiresiasOrdering
-from .place import keep_or_pack
+from rlsched.core.allocation import AllocJob, Allocation, AllocationError, AllocNode
+from rlsched.core.cluster import JobView
+from rlsched.core.ordering import POLLUX_THRESHOLD
+from rlsched.core.ordering import Tiresias as TiresiasOrdering
+from rlsched.core.packing import keep_or_pack
 
-__all__ = ["POLLUX_THRESHOLD", "TiresiasAllocator"]
-
-#: 16 GPU-hours in GPU-seconds: the queue threshold of the Pollux paper's Tiresias
-#: baseline (Qiao et al. OSDI'21 artifact)
-POLLUX_THRESHOLD = 16 * 3600.0
+__all__ = ["TiresiasAllocator"]
 
 
 class TiresiasAllocator:

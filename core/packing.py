@@ -1,13 +1,8 @@
-"""Placement shared by the peers: keep what need not move, pack the rest.
+"""Nodes for GPU counts already decided: keep what need not move, pack the rest.
 
-Both peers decide GPU *counts* first and nodes second. The engine charges a restart
-whenever a job's node list changes, so a job whose count is unchanged keeps its nodes
-exactly; every other job is placed on as few nodes as possible
-(:func:`rlsched.core.allocation.packed`), largest first, on the GPUs the kept jobs
-leave free. A job that allows only some GPU models (``AllocJob.gpu_models``) keeps or
-gets only nodes of those models, a job whose replicas ask for CPU or memory only nodes
-with that much left, a job whose workers hold several GPUs (``AllocJob.replica_group``)
-whole workers per node, and these are placed before the jobs that may go anywhere.
+Allocators that decide counts first (the goodput allocator, the benchmark's peers) place
+with :func:`keep_or_pack`: a job whose count is unchanged keeps its nodes, since a
+changed node list costs a restart; the others go on as few nodes as possible.
 """
 
 from __future__ import annotations
@@ -15,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Sequence
 
-from ..allocation import AllocJob, AllocNode, AllocationError, FreeNodes
+from .allocation import AllocJob, AllocNode, AllocationError, FreeNodes
 
 __all__ = ["keep_or_pack"]
 

@@ -1,113 +1,9 @@
 """Pollux as its paper describes it: PolluxSched (Qiao et al., "Pollux: Co-adaptive
 Cluster Scheduling for Goodput-Optimized Deep Learning", OSDI 2021, §4.2).
 
-Written from the paper's text and formulas. The released ``adaptdl-sched`` (run through
-its bridge as ``pollux``, :mod:`rlsched.sim.peers.pollux`) differs from the paper in
-its objective, restart penalty and speedup baseline (docs/benchmark.md); this is the
-paper's policy, the benchmark's reference peer. Where the paper
-leaves a detail open we say what we chose; some of those choices were checked against
-the paper's artifact (``petuum/adaptdl``, branch ``osdi21-artifact``, read for facts,
-never copied) and are marked "(artifact)".
-
-Every scheduling interval (:meth:`PolluxPaperAllocator.allocate`, the engine's 60 s):
-
-* **Job model** (§3, :mod:`rlsched.core.goodput`): per job, a throughput model fitted
-  to the step times it measured on the placements it ran (``AllocJob.profile``: one
-  observation ``(K = num_replicas, N = num_nodes, m = atomic_bsz, s = 0, step_time)``
-  per sample, since a sample's step time is one synchronised step; ``sync_time`` is not
-  used, the fit sees total step times as in the live operator), with Pollux's
-  prior-driven exploration (§4.1): a synchronisation term the job has not been
-  observed on is free until it has (:meth:`PolluxPaperAllocator.prior_for`); and a
-  statistical-efficiency model from its gradient statistics; with the artifact's
-  rules A1-A3 (below).
-  **Normalisation**: ``AllocJob.grad_var`` is in AdaptDL's normalisation, the gradient
-  variance at the initial batch ``tr(Σ)/M0`` — the engine's progress per update is
-  ``(var + sqr) / (var·M0/M + sqr)`` (:meth:`rlsched.sim.measured.Application.gain`),
-  i.e. a noise scale ``φ = M0·var/sqr``. :class:`~rlsched.core.goodput.EfficiencyModel`
-  wants the per-sample ``tr(Σ)``, so we pass ``grad_var × M0``; then
-  ``GOODPUT / M0`` equals the engine's progress per second exactly where the
-  throughput fit is exact (a test checks the efficiency identity).
-* **Exploration cap** (artifact, and ``adaptdl-sched``; it goes with §4.1's
-  prior-driven exploration): a job may get at most twice the most GPUs it has
-  measured a step time on (at least 1), within its ``max_replicas``, so the
-  optimistic prior is tested one doubling at a time (``exploration=False`` lifts it).
-* **Speedup** (§4.2): ``SPEEDUP_j(A_j) = max_m GOODPUT_j(A_j, m) /
-  max_m GOODPUT_j(a_f, m)`` with ``a_f`` the job's *fair share*: exclusive use of
-  ``1/J`` of the cluster, ``ceil(G/J)`` GPUs (``G`` GPUs, ``J`` jobs), modelled as in
-  rule A4 below. We use the paper's fair-share baseline, not the released code's
-  one-GPU baseline: with ``p = −1`` the baseline sets how much each job's speedup
-  counts in the mean, and the paper's figures were made with the fair-share one.
-  Goodput depends on the placement only through ``K`` and whether the job spans one
-  node or several (the model's ``T_sync``), so each job's speedups are one table over
-  ``K`` × {one node, several}.
-* **Rules from the artifact** (``artifact_rules=True``, the default; the paper is
-  silent on these details, and the artifact is its authors' reading of it; facts and
-  formulas read from ``petuum/adaptdl`` branch ``osdi21-artifact``, ``simulator/``,
-  no code copied; ``artifact_rules=False`` restores our earlier choices, noted):
-
-  - **A1, unseen cross-node synchronisation** (:func:`node_sync_floor`; artifact
-    ``goodput.py`` ~201-204): while a job has no multi-node observation, after the fit
-    ``α_node ≥ 1.1·α_local`` and ``β_node ≥ 1.1·β_local`` — once it has shown a
-    within-node sync cost, crossing nodes is assumed to cost at least 10% more. (Was:
-    free until observed, whatever the job's within-node cost.)
-  - **A2, one batch size observed** (:func:`one_batch_size_prior`; artifact
-    ``goodput.py`` ~173-180): with step times at a single per-GPU batch ``m``, half of
-    the compute time there is fixed overhead, ``α_grad = T_grad(m)/2``. (Was: a fifth
-    of the compute at the reference batch, :class:`ThroughputPrior`'s default.) With
-    two batch sizes or more the data decide.
-  - **A3, compute and step times fitted separately** (:func:`fit_split`,
-    ``split_fit=True``, the default; artifact ``simulator.py`` ~91-98 and ``goodput.py``'s
-    objective): ``AllocJob.profile`` reports each step's ``sync_time``, so
-    ``T_grad(m)`` is also fitted to the compute time ``step − sync`` while the whole
-    model is fitted to the step times. (Was: total step times only.)
-  - **A4, fair-share baseline** (:func:`fair_share_goodput`; artifact ``pollux.py``
-    ~246-256): ``a_f`` is ``ceil(G/J)`` GPUs modelled on one node, not capped by the
-    job's ``max_replicas`` or the node size, at the best batch (the batch range
-    stretched to ``K·min_local`` where the job's largest batch cannot feed ``K``
-    GPUs). (Was: capped at ``max_replicas``, placed on as few nodes as possible.)
-
-  Not a policy rule: the artifact runs ncf at a fixed batch of 32,768 under Pollux
-  (``simulator.py`` ~190-192), a workload setting of its engine, which our interval
-  engine applies to every policy (``rlsched.sim.measured.FIXED_BATCH``); and its
-  search is pymoo's NSGA-II, 100 × 100 (ours below).
-* **Restart penalty** (§4.2 "re-allocation penalty"): a job whose allocation (its
-  GPUs per node) changes has its speedup multiplied by
-  ``REALLOC_FACTOR_j = max(T_j − R_j·δ, 0) / (T_j + δ)``, ``T_j`` its age,
-  ``R_j`` its restarts so far, ``δ`` = 30 s (the engine's restart cost).
-* **Fitness** (§4.2): ``FITNESS_p(A) = (1/J Σ_j SPEEDUP_j(A_j)^p)^(1/p)``, ``p = −1``.
-  With ``p < 0`` the mean is 0 whenever some job has no GPUs, which happens whenever
-  there are more jobs than GPUs; so each speedup gets ``ε`` = 1e-3 added (artifact):
-  a job left without GPUs costs ``1/ε`` in the sum, far more than any allocated job,
-  and among allocations that leave the same number of jobs waiting the power mean
-  decides.
-* **Interference avoidance** (§4.2): at most one distributed (multi-node) job per node.
-* **Search** (§4.2): a genetic algorithm over allocation matrices ``A[j, n]`` (GPUs of
-  job ``j`` on node ``n``), seeded (deterministic). The population starts from the
-  current allocation, the previous interval's population (carried over between
-  intervals, as the paper's does) and one greedy seed (ours, :meth:`_Problem.greedy`:
-  one GPU at a time to the job whose term of the mean gains most), then evolves
-  ``generations`` times: binary tournament selection, uniform crossover of job rows
-  between two parents, mutation (per job row: reset to the current allocation,
-  remove, grow on a node with free GPUs, shrink on one of its nodes, gather on one
-  node), repair (each job within its cap, one distributed job per node, node
-  capacity: jobs in priority order — least attained service first, then submission
-  (artifact) — keep their GPUs, later ones lose what does not fit), and (μ + λ)
-  survival of the fittest *distinct* matrices (without that the population collapses
-  onto one allocation and stalls in local optima: on the four-job brute-force case of
-  the tests, 5 of 10 seeds stopped 3–4 % short of the optimum; with it all reach it).
-  The best matrix found is returned. Defaults: 100 matrices, 100 generations, the
-  artifact's size (it ran pymoo's NSGA-II at 100 × 100). Ours earlier ran 64 × 50,
-  which reaches the brute-force optimum on the tests' small cases, but on the
-  benchmark's 64 GPUs and tens of jobs the search is not converged there: at 100 × 100
-  published workloads 2 and 7 (1.0×) came out 2.7% and 7.6% lower in mean JCT (4,027 →
-  3,919 s and 4,181 → 3,861 s), at about twice the time per decision.
-* **Batch size** (§4.1): each job's global batch is the one that maximises its goodput
-  at its new allocation (:meth:`~rlsched.core.goodput.GoodputModel.optimize_batch`),
-  returned as per-GPU batch and accumulation steps.
-
-Non-clairvoyant: ``clairvoyant = False``; it reads only what ``AllocJob`` reports and
-never :attr:`AllocJob.oracle`. One instance serves one run, called in time order (it
-keeps the population and the fitted models between calls).
+Written from the paper's text and formulas, with four model rules taken from its
+artifact where the paper is silent (A1-A4); the benchmark's reference peer,
+non-clairvoyant. The rules, choices and search: docs/benchmark.md, "How the peers decide".
 """
 
 from __future__ import annotations
@@ -118,16 +14,16 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..allocation import AllocJob, Allocation, AllocNode, checked_call
-from ..goodput import BatchBounds, GoodputModel, ThroughputModel, ThroughputPrior
-from ..goodput import FitProblem, fit_many  # the shared fit
-from ..job_goodput import JobGoodput, observations_of, split_batch
+from rlsched.core.allocation import AllocJob, Allocation, AllocNode, checked_call
+from rlsched.core.goodput import BatchBounds, GoodputModel, ThroughputModel, ThroughputPrior
+from rlsched.core.goodput import FitProblem, fit_many  # the shared fit
+from rlsched.core.job_goodput import JobGoodput, observations_of, split_batch
 
 __all__ = ["PolluxPaperAllocator"]
 
 
 class PolluxPaperAllocator:
-    """PolluxSched of the OSDI'21 paper (module docstring)."""
+    """PolluxSched of the OSDI'21 paper (docs/benchmark.md)."""
 
     name = "pollux-paper"
     clairvoyant = False
@@ -161,10 +57,10 @@ class PolluxPaperAllocator:
         self.population, self.generations, self.seed = int(population), int(generations), int(seed)
         self.exploration, self.interference_avoidance = bool(exploration), bool(interference_avoidance)
         self.prior = prior if prior is not None else ThroughputPrior()
-        #: the artifact's readings of what the paper leaves open (rules A1, A2, A4 of the
-        #: module docstring); False: the earlier choices (for comparison and tests)
+        #: the artifact's readings of what the paper leaves open (rules A1, A2, A4 in
+        #: docs/benchmark.md); False: the earlier choices (for comparison and tests)
         self.artifact_rules = bool(artifact_rules)
-        #: rule A3 (module docstring): fit compute and step times too (only with artifact_rules)
+        #: rule A3 (docs/benchmark.md): fit compute and step times too (only with artifact_rules)
         self.split_fit = bool(split_fit)
         self._rng = np.random.default_rng(seed)
         self._now: float | None = None
@@ -181,7 +77,7 @@ class PolluxPaperAllocator:
 
     # ------------------------------------------------------------------ job model
     def model(self, job: AllocJob) -> GoodputModel:
-        """The job's goodput model from what it reported (module docstring)."""
+        """The job's goodput model from what it reported (docs/benchmark.md)."""
         return self._jobs.model(job)
 
     def prior_for(self, observations: tuple) -> ThroughputPrior:
@@ -191,7 +87,7 @@ class PolluxPaperAllocator:
         on is fitted from its data, regularised towards :attr:`prior`'s moderate
         values. (:meth:`ThroughputPrior.optimistic` pins *every* sync term at the fit's
         floor, where the log-coordinate gradient vanishes, so even observed sync costs
-        stay near 0; that is not the paper's rule.) Rule A1 (module docstring) then
+        stay near 0; that is not the paper's rule.) Rule A1 (docs/benchmark.md) then
         floors an unseen cross-node term at 1.1× the fitted within-node one."""
         local = any(k >= 2 and n == 1 for k, n, *_ in observations)
         across = any(n >= 2 for _, n, *_ in observations)
@@ -210,7 +106,7 @@ class PolluxPaperAllocator:
     def speedup_table(self, job: AllocJob, n_jobs: int, total_gpus: int, node_gpus: int,
                       width: int) -> tuple[np.ndarray, GoodputModel]:
         """``table[K, d]``: SPEEDUP on ``K`` GPUs (``K < width``) on one node (``d = 0``)
-        or several (``d = 1``), relative to the fair share (module docstring); 0 where
+        or several (``d = 1``), relative to the fair share (docs/benchmark.md); 0 where
         the job cannot run (or ``K`` GPUs do not fit one node, for ``d = 0``)."""
         good, gm = self._jobs.table(job, width, node_gpus)
         if self.artifact_rules:
@@ -409,7 +305,7 @@ class _Problem:
         return s
 
     def search(self, initial: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """The genetic algorithm (module docstring); the best matrix found."""
+        """The genetic algorithm (docs/benchmark.md); the best matrix found."""
         P = self.pol.population
         pop = initial[:P]
         while pop.shape[0] < P:  # fill up with mutants of the seeds
@@ -466,7 +362,7 @@ class _Problem:
 
 # ---------------------------------------------------------------------- artifact rules
 def fair_share_goodput(gm: GoodputModel, replicas: int) -> float:
-    """Rule A4 (module docstring): the goodput of the fair share ``a_f`` — ``replicas``
+    """Rule A4 (docs/benchmark.md): the goodput of the fair share ``a_f`` — ``replicas``
     (``ceil(G/J)``) GPUs modelled as one node (no cross-node synchronisation), whatever
     the job's ``max_replicas`` and the node size, at the best batch; where the job's
     largest batch cannot feed that many replicas (``replicas·min_local > max_batch``)
@@ -482,7 +378,7 @@ def fair_share_goodput(gm: GoodputModel, replicas: int) -> float:
 
 
 def one_batch_size_prior(prior: ThroughputPrior, observations: tuple, reference_batch: float) -> ThroughputPrior:
-    """Rule A2 (module docstring): with step times measured at one per-GPU batch ``m``
+    """Rule A2 (docs/benchmark.md): with step times measured at one per-GPU batch ``m``
     only, the fixed part of a micro-batch's compute is half of it, ``α_grad =
     T_grad(m)/2`` (artifact ``goodput.py`` ~173-180: ``α_c`` fixed at half the mean
     observed compute time). The prior states ``α_grad`` as the fraction ``f`` of ``C``
@@ -498,7 +394,7 @@ def one_batch_size_prior(prior: ThroughputPrior, observations: tuple, reference_
 
 
 def node_sync_floor(model: ThroughputModel, observations: tuple) -> ThroughputModel:
-    """Rule A1 (module docstring): a job never observed on several nodes has its
+    """Rule A1 (docs/benchmark.md): a job never observed on several nodes has its
     cross-node synchronisation terms at least 1.1× its within-node ones,
     ``α_node ≥ 1.1·α_local`` and ``β_node ≥ 1.1·β_local`` (artifact ``goodput.py``
     ~201-204: "alpha_n and beta_n are at least alpha_r and beta_r", enforced after the
@@ -526,7 +422,7 @@ def compute_observations(job: AllocJob) -> tuple[tuple[float, float], ...]:
 
 
 def fit_split(observations: tuple, compute: tuple, prior: ThroughputPrior, reference_batch: float) -> FitProblem:
-    """Rule A3 (module docstring): the throughput model fitted to the step times *and*,
+    """Rule A3 (docs/benchmark.md): the throughput model fitted to the step times *and*,
     separately, the compute times — the artifact fits ``T_grad = α_c + β_c·m`` to
     the measured compute times and the whole model to the step times, the two RMSLEs
     summed (artifact ``simulator.py`` ~91-98 feeds ``step − sync`` as the compute time;
@@ -540,7 +436,7 @@ def fit_split(observations: tuple, compute: tuple, prior: ThroughputPrior, refer
 
 class _PaperJobGoodput(JobGoodput):
     """:class:`~rlsched.core.job_goodput.JobGoodput` with the artifact's fit rules A1
-    and A2 (module docstring), for ``pollux-paper`` only: the shared class, which the
+    and A2 (docs/benchmark.md), for ``pollux-paper`` only: the shared class, which the
     ``goodput`` allocator uses, is unchanged."""
 
     #: rule A3 on (set by :class:`PolluxPaperAllocator`)
