@@ -15,7 +15,7 @@ of the process by default, steadier than wall seconds on a shared machine; both 
 written; the best of ``--repeats``) for each policy, the ratio learned / FIFO, and the growth exponents:
 the log-log slope between consecutive sizes and the least-squares slope over all sizes
 (1 = linear). ``--reference-jobs`` also times the DAS agents as they were before issue
-15 (``rlsched.core._das_reference``, the same decisions) at those sizes, and checks the
+15 (``tests/oracles/das_reference.py``, the same decisions) at those sizes, and checks the
 schedules are equal.
 
 Run: ``python bench/sim_scaling.py --out bench-results/sim_scaling.json`` (data folder
@@ -49,6 +49,9 @@ from rlsched.sim.engine import SimConfig, Simulator
 from rlsched.sim.traces import TraceError, load_trace
 from rlsched.sim.traces.spec import scale_for_load
 
+#: the test oracles (the DAS agents' slow reference path): a checkout's, never in the wheel
+ORACLES = Path(__file__).resolve().parents[1] / "tests" / "oracles"
+
 __all__ = ["tiled_jobs", "run_once", "slopes", "main"]
 
 LEARNED = "das/das-agent"
@@ -80,7 +83,9 @@ def tiled_jobs(jobs, n: int):
 def _policies(name: str, reference: bool):
     o, p = name.split("/")
     if reference:
-        from rlsched.core._das_reference import ReferenceDASAgentPlacement, ReferenceDASOrdering
+        if str(ORACLES) not in sys.path:
+            sys.path.insert(0, str(ORACLES))
+        from das_reference import ReferenceDASAgentPlacement, ReferenceDASOrdering
 
         if (o, p) != ("das", "das-agent"):
             raise ValueError("the reference path exists for das/das-agent only")

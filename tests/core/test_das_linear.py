@@ -2,7 +2,7 @@
 
 The fit of a job comes from the state's incremental FitIndex, the transformer runs only
 when its logits break a tie, and the placement smooths on the topology's quotient
-graph. Each is held equal to the slow path it replaced (``rlsched.core._das_reference``,
+graph. Each is held equal to the slow path it replaced (``tests/oracles/das_reference.py``,
 the code as it was) on seeded random states and queues.
 """
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rlsched.core import ClusterState, JobView, NodeSpec, Topology
-from rlsched.core._das_reference import (
+from das_reference import (
     ReferenceDASAgentPlacement,
     ReferenceDASOrdering,
     _fits_now,

@@ -1,7 +1,7 @@
 """Issue 15: simulations with the linear DAS agents give the schedules of the slow path.
 
 Every run here is made twice, once with the DAS ordering and placement agents as served
-and once with the code they replaced (``rlsched.core._das_reference``), and the two
+and once with the code they replaced (``tests/oracles/das_reference.py``), and the two
 decision logs (admissions with their nodes, preemptions, resizes, finishes) and job
 records must be equal — on multi-worker synthetic traces, on an Alibaba-like cluster of
 mixed GPU models with CPU and memory requests, with and without backfill, with
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from rlsched.core import NodeSpec, Topology, make_placement, make_scaling
-from rlsched.core._das_reference import ReferenceDASAgentPlacement, ReferenceDASOrdering
+from das_reference import ReferenceDASAgentPlacement, ReferenceDASOrdering
 from rlsched.core.das_agent import DASAgentPlacement, DASOrdering
 from rlsched.sim import JobSpec, SimConfig, Simulator
 from rlsched.sim.traces import load_trace

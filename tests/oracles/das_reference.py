@@ -1,9 +1,8 @@
 """The DAS agents as they were before they were made linear: the slow reference.
 
-Kept only so that tests can run the old path beside the new one and hold their decisions
-equal (tests/core/test_das_linear.py, tests/sim/test_das_linear_engine.py). Nothing
-serves from here. Every job's fit is a numpy pass over all nodes, the transformer runs on
-every window and the placement smooths with the dense ``nodes x nodes`` RWGP matrix.
+A test oracle, outside the wheel: tests (and ``bench/sim_scaling.py --reference-jobs``)
+run it beside the served path and hold their decisions equal. Every job's fit is a pass
+over all nodes and the placement smooths with the dense ``nodes x nodes`` RWGP matrix.
 """
 
 from __future__ import annotations
@@ -13,8 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .cluster import ClusterState, JobView
-from .das_agent import (
+from rlsched.core.cluster import ClusterState, JobView
+from rlsched.core.das_agent import (
     _QUEUE_RANK,
     JOB_FEATURES,
     WINDOW_SELECT,
@@ -25,9 +24,9 @@ from .das_agent import (
     das_logits,
     rwgp_smoother,
 )
-from .estimate import duration_key
-from .ordering import remaining_time
-from .placement import worker_slots
+from rlsched.core.estimate import duration_key
+from rlsched.core.ordering import remaining_time
+from rlsched.core.placement import worker_slots
 
 import math
 
