@@ -17,10 +17,10 @@ from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 from .allocation import AllocJob, Allocation, Allocator, AllocNode, AppLimits, ProfileSample
 from .goodput import BatchBounds, JobObservations, ShapeRecord
 from .planning.admission import WaitReason
+from .policy import allocator_names, make_allocator
 from .queues import QueueBook
-from .served import LIVE_ALLOCATOR_NAMES
 
-__all__ = ["LiveJob", "LiveTarget", "LivePlan", "LiveAllocation", "RankingAllocator", "UNIT_BATCH", "LIVE_ALLOCATORS", "make_live_allocator",
+__all__ = ["LiveJob", "LiveTarget", "LivePlan", "LiveAllocation", "RankingAllocator", "UNIT_BATCH", "make_live_allocator",
            "parse_allocator_options",
            "attained_service", "batch_bounds", "movable_room", "observations_from_status", "observations_to_status"]
 
@@ -30,9 +30,6 @@ UNIT_BATCH = BatchBounds(1)
 
 #: ``spec.priority.class`` -> ``AllocJob.priority`` (higher classes are served first)
 CLASS_RANK = {"highest": 2, "urgent": 1, "normal": 0}
-
-#: the allocation policies a live operator may run (non-clairvoyant, in core)
-LIVE_ALLOCATORS = LIVE_ALLOCATOR_NAMES
 
 
 def movable_room(state: Any, held: Iterable[tuple[Sequence[int], int, int, int]]
@@ -72,19 +69,17 @@ def parse_allocator_options(text: str) -> tuple[str, dict[str, float | None]]:
 
 def make_live_allocator(text: str) -> Allocator:
     """A fresh allocator for the operator from ``name[@key=value,...]``
-    (:func:`parse_allocator_options`); ValueError naming the choices or the bad option."""
+    (:func:`parse_allocator_options`), one of core's live allocation policies
+    (:func:`~rlsched.core.policy.allocator_names`); ValueError naming the choices or the
+    bad option."""
     name, kwargs = parse_allocator_options(text)
-    if name in LIVE_ALLOCATORS:
-        from .goodput_allocator import GoodputAllocator
-        from .growth_weight import learned_goodput
-        from .rlpto_weight import rlpto_goodput
-
-        make = {"goodput": GoodputAllocator, "goodput-learned": learned_goodput, "goodput-rlpto": rlpto_goodput}[name]
+    live = allocator_names(live=True)
+    if name in live:
         try:
-            return make(**kwargs)
+            return make_allocator(name, **kwargs)
         except TypeError as exc:
             raise ValueError(f"{text!r}: {exc}") from None
-    raise ValueError(f"unknown live allocator {name!r}; choose one of {', '.join(LIVE_ALLOCATORS)}")
+    raise ValueError(f"unknown live allocator {name!r}; choose one of {', '.join(live)}")
 
 
 def attained_service(stored: Any, since: float | None, gpus: int, now: float) -> float:

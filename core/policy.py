@@ -1,4 +1,4 @@
-"""The three policy protocols and the registry that names them.
+"""The three policy protocols and the registry that names every policy.
 
 A policy is a pure object over a :class:`~rlsched.core.cluster.ClusterState`: it
 reads the snapshot and returns a decision; it never mutates the state it is given
@@ -13,6 +13,7 @@ methods directly.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -26,6 +27,12 @@ __all__ = [
     "ORDERINGS",
     "PLACEMENTS",
     "SCALINGS",
+    "ALLOCATORS",
+    "AllocatorEntry",
+    "register_allocator",
+    "allocator_entry",
+    "allocator_names",
+    "make_allocator",
     "register_ordering",
     "register_placement",
     "register_scaling",
@@ -137,6 +144,80 @@ def register_placement(name: str):
 
 def register_scaling(name: str):
     return _register(SCALINGS, name)
+
+
+@dataclass(frozen=True)
+class AllocatorEntry:
+    """A registered allocation policy (:class:`rlsched.core.allocation.Allocator`):
+    ``factory(**options)`` builds a fresh one. ``live``: non-clairvoyant and built from
+    core alone, so the operator and the event engine may run it; ``clairvoyant``: it
+    reads the true remaining work, a reference and never a baseline."""
+
+    name: str
+    factory: Callable[..., Any]
+    live: bool = False
+    clairvoyant: bool = False
+
+
+#: allocation policy name -> entry, in registration order: core's own here, the
+#: simulator's peers when :mod:`rlsched.sim.allocators` is imported
+ALLOCATORS: dict[str, AllocatorEntry] = {}
+
+
+def register_allocator(name: str, *, live: bool = False, clairvoyant: bool = False):
+    """Decorator registering ``factory(**options) -> Allocator`` under ``name``."""
+    if live and clairvoyant:
+        raise ValueError(f"allocator {name!r}: a clairvoyant policy cannot run live")
+
+    def deco(factory):
+        if name in ALLOCATORS:
+            raise ValueError(f"policy {name!r} registered twice")
+        ALLOCATORS[name] = AllocatorEntry(name, factory, live=live, clairvoyant=clairvoyant)
+        return factory
+
+    return deco
+
+
+def allocator_names(*, live: bool = False) -> tuple[str, ...]:
+    """The registered allocation policies; ``live``: only those the operator and the
+    event engine may run."""
+    return tuple(n for n, e in ALLOCATORS.items() if e.live or not live)
+
+
+def allocator_entry(name: str) -> AllocatorEntry:
+    """The entry of ``name``; ``ValueError`` naming the registered ones."""
+    try:
+        return ALLOCATORS[name]
+    except KeyError:
+        raise ValueError(f"unknown allocation policy {name!r}; known: {', '.join(ALLOCATORS)}") from None
+
+
+def make_allocator(name: str, **options) -> Any:
+    """A fresh allocator of the registered policy ``name`` (each run needs its own:
+    allocators keep state)."""
+    return allocator_entry(name).factory(**options)
+
+
+def _core(module: str):
+    # core's allocators are imported when built, not when named (they import this module)
+    import importlib
+
+    return importlib.import_module(f"{__package__}.{module}")
+
+
+@register_allocator("goodput", live=True)
+def _goodput(**options):
+    return _core("goodput_allocator").GoodputAllocator(**options)
+
+
+@register_allocator("goodput-learned", live=True)
+def _goodput_learned(growth_model=None, **options):
+    return _core("growth_weight").learned_goodput(growth_model, **options)
+
+
+@register_allocator("goodput-rlpto", live=True)
+def _goodput_rlpto(rlpto_model=None, **options):
+    return _core("rlpto_weight").rlpto_goodput(rlpto_model, **options)
 
 
 def _make(table: Mapping, kind: str, name: str, kwargs: dict):

@@ -3,7 +3,8 @@
 :data:`SERVED` records, here and nowhere else, what ``rlsched`` names; the operator, the
 simulator, the interval engine and the protocol resolve names with
 :func:`parse_policy_name`. A name is ``rlsched``, ``<ordering>/<placement>[/<scaling>]``,
-``<allocator>/<placement>`` (:data:`LIVE_ALLOCATOR_NAMES`) or one word (an
+``<allocator>/<placement>`` (a live allocation policy of core's registry,
+:func:`rlsched.core.policy.allocator_names`) or one word (an
 interval-engine allocator), each optionally followed by ``+backfill`` or ``+nobackfill``.
 The grammar in full: docs/design-notes.md.
 """
@@ -12,14 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ServedPolicy", "SERVED", "SERVED_NAME", "LIVE_ALLOCATOR_NAMES", "PolicyName", "parse_policy_name", "BACKFILL_SUFFIXES"]
+__all__ = ["ServedPolicy", "SERVED", "SERVED_NAME", "PolicyName", "parse_policy_name", "BACKFILL_SUFFIXES"]
 
 #: the CLI name of the served combination
 SERVED_NAME = "rlsched"
-
-#: allocation policies that also decide in the event engine and the operator
-#: (``<allocator>/<placement>``; core/live_allocation.py makes them)
-LIVE_ALLOCATOR_NAMES = ("goodput", "goodput-learned", "goodput-rlpto")
 
 #: suffix -> backfill
 BACKFILL_SUFFIXES = {"+backfill": True, "+nobackfill": False}
@@ -92,6 +89,14 @@ class PolicyName:
         return self.text == SERVED_NAME
 
 
+def _live_allocators() -> tuple[str, ...]:
+    """The allocation policies that also decide in the event engine and the operator
+    (``<allocator>/<placement>``): core's registry."""
+    from .policy import allocator_names
+
+    return allocator_names(live=True)
+
+
 def parse_policy_name(text: str) -> PolicyName:
     """Parse one policy name (grammar in the module docstring); ``ValueError`` with the
     reason for a malformed one. Does not check that the policies are registered."""
@@ -112,7 +117,7 @@ def parse_policy_name(text: str) -> PolicyName:
     parts = base.split("/")
     if len(parts) == 1:
         return PolicyName(base, allocator=base, backfill=backfill)
-    if len(parts) == 2 and parts[0].strip().partition("@")[0] in LIVE_ALLOCATOR_NAMES and parts[1].strip():
+    if len(parts) == 2 and parts[0].strip().partition("@")[0] in _live_allocators() and parts[1].strip():
         return PolicyName(base, placement=parts[1].strip(), allocator=parts[0].strip(), backfill=backfill)
     if len(parts) not in (2, 3) or not all(p.strip() for p in parts):
         raise ValueError(f"policy {item!r}: expected ordering/placement[/scaling][+backfill|+nobackfill], "

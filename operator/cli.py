@@ -8,6 +8,7 @@ import sys
 from rlsched.core.contract import DEFAULT_SCHEDULER_NAME, DEFAULT_TOPOLOGY_LEVELS, LABEL_ALLOW_SECRET_MOUNTS
 from rlsched.core.contract import LABEL_POD_SECURITY_ENFORCE, parse_topology_levels
 from rlsched.core.contract import POD_SECURITY_BASELINE, POD_SECURITY_LEVELS
+from rlsched.core.policy import allocator_names
 from rlsched.core.served import SERVED
 
 __all__ = ["register"]
@@ -35,8 +36,9 @@ def register(subparsers) -> None:
                    "as the extender)")
     r.add_argument("--allocator", default=SERVED.allocator or "none",
                    help="an allocation policy deciding every job's workers and global batch at once "
-                   "(goodput: rlsched's goodput allocator, core/live_allocation.py; options as "
-                   "goodput@restart_delay=60,p=0.5), or none: admission (--ordering) + scaling (--scaling); "
+                   f"({', '.join(allocator_names(live=True))}: core's live allocation policies, "
+                   "core/live_allocation.py; options as goodput@restart_delay=60,p=0.5), "
+                   "or none: admission (--ordering) + scaling (--scaling); "
                    f"default: the served policy ({SERVED.allocator or 'none'}, core/served.py)")
     r.add_argument("--min-run-time", type=float, default=0.0,
                    help="seconds a job runs before it may be preempted (default 0: none)")

@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from rlsched.core.policy import allocator_names
 from rlsched.core.served import SERVED_NAME, PolicyName, parse_policy_name
 
-from .allocators import ALLOCATORS
+from .allocators import is_allocator  # importing it registers the simulator's peers
 
 __all__ = ["register", "run_policy", "run_allocator", "policy_config", "parse_policies", "label", "CLAIRVOYANT_LABEL"]
 
@@ -62,7 +63,7 @@ def register(subparsers) -> None:
     r.add_argument("--placement", default=None)
     r.add_argument("--scaling", default=None)
     r.add_argument("--allocator", default=None,
-                   help="measured workloads: allocation policy (tiresias-2q, optimus-oracle, pollux)")
+                   help=f"measured workloads: allocation policy ({', '.join(allocator_names())})")
     r.set_defaults(func=_cmd_run)
 
     c = sub.add_parser("compare", help="simulate several policies on one trace; table, JSON and plots")
@@ -80,8 +81,6 @@ def register(subparsers) -> None:
 def parse_policies(text: str) -> list[PolicyName]:
     """A comma list of policy names (:func:`rlsched.core.served.parse_policy_name`); a
     single word must be ``rlsched`` or an allocation policy (:mod:`.allocators`)."""
-    from .allocators import is_allocator
-
     out = []
     for item in (s.strip() for s in text.split(",")):
         if not item:
@@ -89,7 +88,7 @@ def parse_policies(text: str) -> list[PolicyName]:
         pol = parse_policy_name(item)
         if pol.allocator and not is_allocator(pol.allocator.partition("@")[0] if pol.placement else pol.allocator):
             raise ValueError(f"policy {item!r}: expected ordering/placement[/scaling][+backfill|+nobackfill], "
-                             f"{SERVED_NAME!r} or an allocation policy ({', '.join(ALLOCATORS)})")
+                             f"{SERVED_NAME!r} or an allocation policy ({', '.join(allocator_names())})")
         out.append(pol)
     if not out:
         raise ValueError("no policies given")

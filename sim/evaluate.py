@@ -136,8 +136,9 @@ def check_pool(names: Sequence[str], suite: Suite, *, role: str = "compared_with
     """Parse and check policy names for ``suite``: registered, runnable on its engine,
     and, for baselines, not clairvoyant (``ProtocolError`` otherwise)."""
     from rlsched.core import ORDERINGS, PLACEMENTS, SCALINGS, make_ordering
+    from rlsched.core.policy import allocator_entry, allocator_names
 
-    from .allocators import ALLOCATORS, make_allocator
+    from .allocators import is_allocator  # importing it registers the simulator's peers
 
     make_ordering("fifo")  # loads the registries
     out = []
@@ -153,12 +154,13 @@ def check_pool(names: Sequence[str], suite: Suite, *, role: str = "compared_with
                 raise ProtocolError(f"{role} {name!r}: single-word allocation policies run on the pollux suite "
                                     f"only; suite {suite.name!r} runs ordering/placement[/scaling], "
                                     f"<allocator>/<placement> or {SERVED_NAME}")
-            if pol.allocator not in ALLOCATORS:
-                raise ProtocolError(f"unknown {role} policy {name!r}; known allocation policies: {', '.join(ALLOCATORS)}")
+            if not is_allocator(pol.allocator):
+                raise ProtocolError(f"unknown {role} policy {name!r}; known allocation policies: "
+                                    f"{', '.join(allocator_names())}")
             if pol.allocator == "pollux":
                 raise ProtocolError("the released Pollux policy takes ~50 min a workload: its recorded runs are "
                                     "reported instead (--recorded), paired by workload")
-            clair = bool(getattr(make_allocator(pol.allocator), "clairvoyant", False))
+            clair = allocator_entry(pol.allocator).clairvoyant
             if role == "compared_with" and clair:
                 raise ProtocolError(f"{name!r} is clairvoyant: give it as --clairvoyant-reference, never as a baseline")
             if role == "clairvoyant reference" and not clair:

@@ -451,15 +451,17 @@ def test_operator_serves_the_served_allocator(render):
 
 
 def test_the_schema_admits_every_live_allocator_and_nothing_else():
-    from rlsched.core.served import LIVE_ALLOCATOR_NAMES
+    import rlsched.sim.allocators  # noqa: F401  (registers the peers: none may pass the schema)
+    from rlsched.core.policy import allocator_names
 
     schema = json.loads((CHART / "values.schema.json").read_text())
     pattern = schema["properties"]["operator"]["properties"]["allocator"]["pattern"]
-    for name in (*LIVE_ALLOCATOR_NAMES, "none", ""):
+    live = allocator_names(live=True)
+    for name in (*live, "none", ""):
         assert re.fullmatch(pattern, name), name
-    for name in LIVE_ALLOCATOR_NAMES:
+    for name in live:
         assert re.fullmatch(pattern, f"{name}@restart_delay=10,p=0.5"), name
-    for bad in ("goodput-nope", "fifo", "goodput@p", "goodput-learned@"):
+    for bad in ("goodput-nope", "fifo", "goodput@p", "goodput-learned@", *set(allocator_names()) - set(live)):
         assert not re.fullmatch(pattern, bad), bad
 
 
