@@ -13,7 +13,8 @@ PIP := $(VENV)/bin/pip
 RLSCHED_DATA_DIR ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
 export RLSCHED_DATA_DIR
 OUT ?= out
-PYTEST_ARGS ?=
+# the 30 slowest tests are listed at the end of every run: the CI budget is watched there
+PYTEST_ARGS ?= --durations=30
 DEMO_POLICIES ?= fifo/firstfit,sjf/bestfit,tiresias/topology,drf/loadbalance,tetris/fgd,fifo/das
 
 # Targets appended by the included fragments (tools/tools.mk, deploy/deploy.mk).

@@ -21,6 +21,7 @@ import numpy as np
 
 from rlsched.core import ClusterState, JobView, Level, Ordering, Placement, PlacementError, Scaling, Topology
 from rlsched.core.cycle import Preemption, SchedulingCycle
+from rlsched.core.decision_clock import DecisionClock
 from rlsched.core.estimate import estimate_remaining
 from rlsched.core.goodput import BatchBounds, JobObservations
 from rlsched.core.live_allocation import UNIT_BATCH, LiveAllocation, LiveJob, LivePlan, batch_bounds, movable_room
@@ -346,6 +347,7 @@ class Simulator:
         self._decisions: list[dict] | None = [] if self.config.record_decisions else None
         self._wake_at: float | None = None  # the pending _WAKE event's time
         self._allocated_at: float | None = None  # when the allocation policy last decided
+        self._clock = DecisionClock(gap=self.config.decision_gap, interval=self.config.scaling_interval)
         self._first_submit = float(min((j.submit_time for j in jobs), default=0.0))
         self._total_gpus = self.state.total_gpus
         self.now = self._first_submit
@@ -405,10 +407,10 @@ class Simulator:
             self._schedule()
         elif self.allocation is not None and self._dirty and self.config.allocate_on_events:
             self._dirty = False
-            due = -math.inf if self._allocated_at is None else self._allocated_at + self.config.decision_gap
-            if self.now >= due and self._allocated_at != self.now:
+            due = self._clock.next_due(self._allocated_at, self.now, changed=True)
+            if due <= self.now and self._allocated_at != self.now:
                 self.allocation_cycle()
-            elif self.now < due and (self._wake_at is None or due < self._wake_at):
+            elif due > self.now and (self._wake_at is None or due < self._wake_at):
                 self._wake_at = due  # decide once the gap has passed, on what changed by then
                 self._push(due, _WAKE, None)
         self._record(self.now)
