@@ -22,9 +22,12 @@ from kubernetes_asyncio import config as kconfig
 from rlsched.core.contract import GROUP, LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY_OPERATOR, PLURAL, VERSION, node_gpus
 from rlsched.core.planning import DynamicPriority
 
-from .controller import Controller, OperatorConfig, format_time, parse_time, requests_count, set_condition
+from .api import read_json
+from .controller import Controller, OperatorConfig
+from .job import requests_count
 from .metrics import OperatorMetrics
 from .spec import SpecError, parse_spec
+from .status import format_time, parse_time, set_condition
 
 __all__ = ["build_registry", "OperatorRuntime", "make_api_client", "leader_of"]
 
@@ -120,7 +123,7 @@ class OperatorRuntime:
 
         assert self.controller is not None
         jobs = await self.controller.list_jobs()
-        nodes = await self.controller.read_json(self.controller.core.list_node(_preload_content=False))
+        nodes = await read_json(self.controller.core.list_node(_preload_content=False))
         n_nodes = max(1, sum(1 for n in nodes["items"] if node_gpus(n) > 0))
         days = sorted(
             int(t // 86400) for b in jobs if (t := parse_time(b["metadata"].get("creationTimestamp"))) is not None

@@ -10,16 +10,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from rlsched.core.contract import API_VERSION, ShapeError, controlling_job, dns_label
 from rlsched.core.planning import TrainingSpec
-from rlsched.operator.controller import (
-    OWNED_FIELDS,
-    api_error,
-    format_time,
-    guard_status,
-    merge_diff,
-    merge_patch,
-    permanent_rejection,
-    set_condition,
-)
+from rlsched.operator.api import api_error, permanent_rejection
+from rlsched.operator.status import OWNED_FIELDS, format_time, guard_status, merge_diff, merge_patch, set_condition
 
 SPEC = TrainingSpec(min_workers=1, max_workers=2)
 HIGHEST = TrainingSpec(min_workers=1, max_workers=2, priority_class="highest")
@@ -201,7 +193,7 @@ def test_admission_checks_room_only_on_the_gpu_models_the_template_allows():
 
     from rlsched.core import ClusterState, Topology, make_ordering, make_placement
     from rlsched.core.planning import Admission, QueueEntry
-    from rlsched.operator.controller import with_gpu_models
+    from rlsched.operator.job import with_gpu_models
 
     tmpl = {"template": {"spec": {"containers": [{"name": "t"}], "nodeSelector": {"nvidia.com/gpu.product": "H100"}}}}
     spec = with_gpu_models(SPEC, tmpl, ["A100", "H100"])

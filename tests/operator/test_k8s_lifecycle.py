@@ -62,19 +62,19 @@ def crash_after_record(ctl):
     nothing after it happened."""
     async def die(*a, **k):
         raise Crash("operator killed after recording the step, before acting on it")
-    ctl.delete_pod = ctl.event = die
+    ctl.workers.delete_pod = ctl.status.event = die
 
 
 def crash_at_record(ctl, key, value=None):
     """The status write carrying ``key`` (equal to ``value`` when given) is lost and the
     operator dies with it."""
-    real = ctl.patch_status
+    real = ctl.status.patch
 
     async def patch_status(job, patch, **k):
         if key in patch and (value is None or patch[key] == value):
             raise Crash(f"operator killed while writing {key}")
         return await real(job, patch, **k)
-    ctl.patch_status = patch_status
+    ctl.status.patch = patch_status
 
 
 def enqueue(kapi, ns, tj, name, wait_until, **kw):
@@ -276,13 +276,13 @@ def test_an_admission_recorded_before_a_crash_is_finished_not_rolled_back(kube_c
     pod exists: the operator that takes over creates the gang; no StatusReset."""
     enqueue(kapi, ns, tj, "admitted", wait_until, mn=2, gpus=1, template=template())
     with operator_process(kube_cluster, ns, allocator=SERVED_ALLOCATOR) as (ctl, step):
-        real = ctl.event
+        real = ctl.status.event
 
         async def event(body, reason, *a, **k):
             if reason == "Admitted":
                 raise Crash("operator killed after recording the admission")
             return await real(body, reason, *a, **k)
-        ctl.event = event
+        ctl.status.event = event
         with pytest.raises(Crash):
             step()
     assert kapi.phase(ns, "admitted") == "Starting" and not job_pods(kapi, ns, "admitted")

@@ -12,7 +12,9 @@ import yaml
 
 from rlsched.core import ClusterState, NodeSpec, Topology
 from rlsched.core.contract import MAX_BATCH_SIZE
-from rlsched.operator.controller import Controller, OperatorConfig, _Job, format_time, guard_status
+from rlsched.operator.controller import Controller, OperatorConfig
+from rlsched.operator.job import Job
+from rlsched.operator.status import format_time, guard_status
 from rlsched.operator.metrics import OperatorMetrics
 from rlsched.operator.snapshot import build_snapshot, charge_packed
 from rlsched.operator.spec import SpecError, parse_spec
@@ -97,7 +99,7 @@ def controller():
         async def delete_pod(*a, **k):
             ctl.calls.append(("delete", a))
 
-        ctl.patch_status, ctl.event, ctl.delete_pod = patch_status, event, delete_pod
+        ctl.status.patch, ctl.status.event, ctl.workers.delete_pod = patch_status, event, delete_pod
         ctl.run = loop.run_until_complete
         return ctl
 
@@ -107,10 +109,10 @@ def controller():
     loop.close()
 
 
-def _job(status: dict) -> _Job:
+def _job(status: dict) -> Job:
     body = {"metadata": {"name": "j", "namespace": "ns", "uid": "u", "creationTimestamp": format_time(NOW - 600)},
             "spec": {}, "status": status}
-    return _Job(body, SPEC, None)
+    return Job(body, SPEC, None)
 
 
 def test_completion_brings_attained_service_up_to_date(controller):
@@ -118,7 +120,7 @@ def test_completion_brings_attained_service_up_to_date(controller):
     ctl = controller(allocator="goodput")
     j = _job({"phase": "Running", "targetWorkers": 3, "attainedGpuSeconds": 50.0,
               "attainedSince": format_time(NOW - 100)})
-    ctl.run(ctl.complete(j, "MaxEpochs", NOW))
+    ctl.run(ctl.jobs.complete(j, "MaxEpochs", NOW))
     patch = next(c[1] for c in ctl.calls if c[0] == "patch")
     assert patch["phase"] == "Succeeded"
     assert patch["attainedGpuSeconds"] == pytest.approx(350.0) and patch["attainedSince"] is None
@@ -127,7 +129,7 @@ def test_completion_brings_attained_service_up_to_date(controller):
 def test_events_name_the_allocator_that_runs(controller):
     ctl = controller(allocator="goodput-rlpto@restart_delay=30")
     assert ctl.allocation.name == "goodput-rlpto"
-    ctl.run(ctl._stop_reallocated(_job({"phase": "Running", "targetWorkers": 2}), NOW))
+    ctl.run(ctl.jobs.stop_reallocated(_job({"phase": "Running", "targetWorkers": 2}), NOW))
     (_, reason, message), = [c for c in ctl.calls if c[0] == "event"]
     assert reason == "Preempted" and message.startswith("preempted by goodput-rlpto:")
 

@@ -1,4 +1,4 @@
-from rlsched.operator.controller import parse_time
+from rlsched.operator.status import parse_time
 from rlsched.operator.handlers import leader_of
 
 NOW = parse_time("2026-01-01T00:01:00Z")
