@@ -19,7 +19,12 @@ class OperatorMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
+        self._cycle_metrics(self.registry)
+        self._job_metrics(self.registry)
+        self._queue_metrics(self.registry)
+
+    def _cycle_metrics(self, r: CollectorRegistry) -> None:
+        """What the control loop does: cycles, decisions, errors, status restored."""
         self.queue_length = Gauge("rlsched_operator_queue_length", "TrainingJobs waiting, per queue", ["queue"], registry=r)
         self.jobs = Gauge("rlsched_operator_jobs", "TrainingJobs per phase", ["phase"], registry=r)
         self.workers = Gauge("rlsched_operator_workers", "Live worker pods of all TrainingJobs", registry=r)
@@ -47,6 +52,9 @@ class OperatorMetrics:
         self.unfittable = Gauge(
             "rlsched_operator_unfittable_jobs", "Waiting TrainingJobs whose gang cannot fit the whole cluster", registry=r
         )
+
+    def _job_metrics(self, r: CollectorRegistry) -> None:
+        """What happens to the jobs: preempted, resumed, completed, restarted, failed, waiting."""
         self.preemptions = Counter("rlsched_operator_preemptions_total", "TrainingJobs preempted", registry=r)
         self.resumes = Counter(
             "rlsched_operator_resumes_total",
@@ -92,7 +100,10 @@ class OperatorMetrics:
             "Age of the oldest TrainingJob waiting for GPUs (0 when none waits); a stuck queue grows it",
             registry=r,
         )
-        # per team queue (TrainingQueue): one series per queue object, removed with it
+
+    def _queue_metrics(self, r: CollectorRegistry) -> None:
+        """Per team queue (TrainingQueue): one series per queue object, removed with it;
+        and the LSP forecast's advice."""
         self.queue_gpus = Gauge("rlsched_queue_gpus_in_use", "GPUs held by the jobs of a TrainingQueue", ["queue"],
                                 registry=r)
         self.queue_borrowed = Gauge("rlsched_queue_borrowed_gpus",

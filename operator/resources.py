@@ -112,6 +112,40 @@ def set_worker_gpus(pod_spec: dict, gpus_per_worker: int) -> dict:
     return pod_spec
 
 
+def _contract(body: Mapping, index: int, workers: int, generation: int, gpus_per_worker: int,
+              batch_size: int | None, resume: bool | None, ckpt: Mapping | None) -> WorkerContract:
+    """The worker contract of worker ``index`` (``batch_size`` defaults to ``spec.batchSize``)."""
+    md, spec = body["metadata"], body["spec"]
+    if batch_size is None and isinstance(spec.get("batchSize"), int):
+        batch_size = int(spec["batchSize"])
+    local = spec.get("localBatchSize") if isinstance(spec.get("localBatchSize"), Mapping) else {}
+    limit = local.get("max")
+    return WorkerContract(job=md["name"], namespace=md.get("namespace", ""), index=index, workers=workers,
+                          generation=int(generation), master_port=master_port(body), batch_size=batch_size,
+                          checkpoint_dir=ckpt["path"] if ckpt else None,
+                          micro_batch_limit=limit if isinstance(limit, int) and not isinstance(limit, bool)
+                          else None,
+                          procs_per_worker=int(gpus_per_worker), resume=resume)
+
+
+def _give_contract(pod_spec: dict, job: str, contract: WorkerContract, ckpt: Mapping | None) -> None:
+    """Every container of ``pod_spec`` gets the contract's variables (replacing its own
+    of the same names) and the checkpoint volume mounted at its path."""
+    env = [
+        {"name": ENV_JOB, "value": job},
+        {"name": ENV_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    ] + [{"name": k, "value": v} for k, v in contract.env().items()]
+    names = {e["name"] for e in env}
+    for c in pod_spec["containers"]:
+        c["env"] = [e for e in c.get("env") or [] if e.get("name") not in names] + copy.deepcopy(env)
+    if ckpt and isinstance(ckpt.get("volume"), Mapping):
+        pod_spec["volumes"] = [v for v in pod_spec.get("volumes") or [] if v.get("name") != CHECKPOINT_VOLUME] + [
+            {"name": CHECKPOINT_VOLUME, **copy.deepcopy(dict(ckpt["volume"]))}]
+        for c in pod_spec["containers"]:
+            c["volumeMounts"] = [m for m in c.get("volumeMounts") or [] if m.get("name") != CHECKPOINT_VOLUME] + [
+                {"name": CHECKPOINT_VOLUME, "mountPath": ckpt["path"]}]
+
+
 def worker_pod(
     body: Mapping,
     index: int,
@@ -159,29 +193,8 @@ def worker_pod(
     pod_spec["hostname"] = worker_hostname(job, index)
     pod_spec["subdomain"] = service_name(job)
     ckpt = spec.get("checkpoint") if isinstance(spec.get("checkpoint"), Mapping) else None
-    if batch_size is None and isinstance(spec.get("batchSize"), int):
-        batch_size = int(spec["batchSize"])
-    local = spec.get("localBatchSize") if isinstance(spec.get("localBatchSize"), Mapping) else {}
-    limit = local.get("max")
-    contract = WorkerContract(job=job, namespace=md.get("namespace", ""), index=index, workers=workers,
-                              generation=int(generation), master_port=master_port(body), batch_size=batch_size,
-                              checkpoint_dir=ckpt["path"] if ckpt else None,
-                              micro_batch_limit=limit if isinstance(limit, int) and not isinstance(limit, bool)
-                              else None,
-                              procs_per_worker=int(gpus_per_worker), resume=resume)
-    env = [
-        {"name": ENV_JOB, "value": job},
-        {"name": ENV_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-    ] + [{"name": k, "value": v} for k, v in contract.env().items()]
-    names = {e["name"] for e in env}
-    for c in pod_spec["containers"]:
-        c["env"] = [e for e in c.get("env") or [] if e.get("name") not in names] + copy.deepcopy(env)
-    if ckpt and isinstance(ckpt.get("volume"), Mapping):
-        pod_spec["volumes"] = [v for v in pod_spec.get("volumes") or [] if v.get("name") != CHECKPOINT_VOLUME] + [
-            {"name": CHECKPOINT_VOLUME, **copy.deepcopy(dict(ckpt["volume"]))}]
-        for c in pod_spec["containers"]:
-            c["volumeMounts"] = [m for m in c.get("volumeMounts") or [] if m.get("name") != CHECKPOINT_VOLUME] + [
-                {"name": CHECKPOINT_VOLUME, "mountPath": ckpt["path"]}]
+    contract = _contract(body, index, workers, generation, gpus_per_worker, batch_size, resume, ckpt)
+    _give_contract(pod_spec, job, contract, ckpt)
     set_worker_gpus(pod_spec, gpus_per_worker)
     pod = {
         "apiVersion": "v1",

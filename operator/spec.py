@@ -69,34 +69,8 @@ def parse_spec(
     problems: list[str] = []
     if not isinstance(spec, Mapping):
         raise SpecError(["spec is missing"])
-    mn = _int(spec, "minWorkers", None, problems)
-    mx = _int(spec, "maxWorkers", None, problems)
-    if mn is None:
-        problems.append("spec.minWorkers is required")
-    elif mn < 1:
-        problems.append(f"spec.minWorkers must be >= 1, got {mn}")
-    if mx is None:
-        problems.append("spec.maxWorkers is required")
-    if mn is not None and mx is not None and mn > mx:
-        problems.append(f"spec.minWorkers ({mn}) must be <= spec.maxWorkers ({mx})")
-    gpw = _int(spec, "gpusPerWorker", 1, problems)
-    if gpw is not None and gpw < 1:
-        problems.append(f"spec.gpusPerWorker must be >= 1, got {gpw}")
-    pinned = _int(spec, "workers", None, problems)
-    if pinned is not None and mn is not None and mx is not None and not (mn <= pinned <= mx):
-        problems.append(f"spec.workers ({pinned}) must lie within [minWorkers, maxWorkers] = [{mn}, {mx}]")
-    max_epochs = _int(spec, "maxEpochs", 100, problems)
-    if max_epochs is not None and max_epochs < 1:
-        problems.append(f"spec.maxEpochs must be >= 1, got {max_epochs}")
-    data_size = _int(spec, "dataSize", 0, problems)
-    if data_size is not None and data_size < 0:
-        problems.append(f"spec.dataSize must be >= 0, got {data_size}")
-    beta = _num(spec.get("beta", 0.001), "spec.beta", 0.001, problems)
-    if not (0.0 < beta < 1.0):
-        problems.append(f"spec.beta must satisfy 0 < beta < 1, got {beta}")
-    est = _num(spec.get("estimatedRuntime", 0.0), "spec.estimatedRuntime", 0.0, problems)
-    if est < 0:
-        problems.append(f"spec.estimatedRuntime must be >= 0, got {est}")
+    mn, mx, gpw, pinned = _worker_counts(spec, problems)
+    max_epochs, data_size, beta, est = _training(spec, problems)
 
     batch = _int(spec, "batchSize", None, problems)
     if batch is not None and batch < 1:
@@ -122,14 +96,7 @@ def parse_spec(
             problems.append(f"spec.localBatchSize.{what} must be at most {MAX_BATCH_SIZE} samples, got {v}")
     if lmin is not None and lmax is not None and lmin > lmax:
         problems.append(f"spec.localBatchSize.min ({lmin}) must be <= spec.localBatchSize.max ({lmax})")
-    suspend = spec.get("suspend", False)
-    if not isinstance(suspend, bool):
-        problems.append(f"spec.suspend must be true or false, got {suspend!r}")
-        suspend = False
-    queue_name = spec.get("queueName")
-    if queue_name is not None and (not isinstance(queue_name, str) or not queue_name):
-        problems.append(f"spec.queueName must be a TrainingQueue's name, got {queue_name!r}")
-        queue_name = None
+    suspend, queue_name = _queueing(spec, problems)
     port = _int(spec, "masterPort", DEFAULT_MASTER_PORT, problems)
     if port is not None and not (1 <= port <= 65535):
         problems.append(f"spec.masterPort must lie in 1..65535, got {port}")
@@ -142,30 +109,10 @@ def parse_spec(
         policy = "Chief"
     _check_checkpoint(spec.get("checkpoint"), spec.get("template"), problems)
 
-    prio = spec.get("priority") or {}
-    if not isinstance(prio, Mapping):
-        problems.append("spec.priority must be an object {class, value}")
-        prio = {}
-    klass = prio.get("class", "normal")
-    if klass not in PRIORITY_CLASSES:
-        problems.append(f"spec.priority.class must be one of {', '.join(PRIORITY_CLASSES)}, got {klass!r}")
-        klass = "normal"
-    value = _num(prio.get("value", 0.0), "spec.priority.value", 0.0, problems)
-
+    klass, value = _priority(spec, problems)
     worker = _check_template(spec.get("template"), gpw or 1, scheduler_name, problems)
     if name is not None:
-        try:
-            dns_label(name, "the job name")
-            if not name[:1].isalpha():
-                raise ShapeError(f"the job name {name!r} must start with a letter: it names the workers' "
-                                 f"headless Service (an RFC 1035 label)")
-            if mx is not None and mx >= 1:
-                try:
-                    dns_label(worker_name(name, mx - 1), "worker pod name")
-                except ShapeError as exc:
-                    raise ShapeError(f"{exc} (from the job name and spec.maxWorkers {mx}); shorten the name") from None
-        except ShapeError as exc:
-            problems.append(str(exc))
+        _check_name(name, mx, problems)
     if problems:
         raise SpecError(problems)
     return TrainingSpec(
@@ -189,6 +136,86 @@ def parse_spec(
         cpu_milli=worker.cpu_milli if worker is not None else 0,
         memory_mib=worker.memory_mib if worker is not None else 0,
     )
+
+
+def _worker_counts(spec: Mapping[str, Any], problems: list[str]) -> tuple:
+    """``(minWorkers, maxWorkers, gpusPerWorker, workers)``; problems appended."""
+    mn = _int(spec, "minWorkers", None, problems)
+    mx = _int(spec, "maxWorkers", None, problems)
+    if mn is None:
+        problems.append("spec.minWorkers is required")
+    elif mn < 1:
+        problems.append(f"spec.minWorkers must be >= 1, got {mn}")
+    if mx is None:
+        problems.append("spec.maxWorkers is required")
+    if mn is not None and mx is not None and mn > mx:
+        problems.append(f"spec.minWorkers ({mn}) must be <= spec.maxWorkers ({mx})")
+    gpw = _int(spec, "gpusPerWorker", 1, problems)
+    if gpw is not None and gpw < 1:
+        problems.append(f"spec.gpusPerWorker must be >= 1, got {gpw}")
+    pinned = _int(spec, "workers", None, problems)
+    if pinned is not None and mn is not None and mx is not None and not (mn <= pinned <= mx):
+        problems.append(f"spec.workers ({pinned}) must lie within [minWorkers, maxWorkers] = [{mn}, {mx}]")
+    return mn, mx, gpw, pinned
+
+
+def _training(spec: Mapping[str, Any], problems: list[str]) -> tuple:
+    """``(maxEpochs, dataSize, beta, estimatedRuntime)``; problems appended."""
+    max_epochs = _int(spec, "maxEpochs", 100, problems)
+    if max_epochs is not None and max_epochs < 1:
+        problems.append(f"spec.maxEpochs must be >= 1, got {max_epochs}")
+    data_size = _int(spec, "dataSize", 0, problems)
+    if data_size is not None and data_size < 0:
+        problems.append(f"spec.dataSize must be >= 0, got {data_size}")
+    beta = _num(spec.get("beta", 0.001), "spec.beta", 0.001, problems)
+    if not (0.0 < beta < 1.0):
+        problems.append(f"spec.beta must satisfy 0 < beta < 1, got {beta}")
+    est = _num(spec.get("estimatedRuntime", 0.0), "spec.estimatedRuntime", 0.0, problems)
+    if est < 0:
+        problems.append(f"spec.estimatedRuntime must be >= 0, got {est}")
+    return max_epochs, data_size, beta, est
+
+
+def _queueing(spec: Mapping[str, Any], problems: list[str]) -> tuple[bool, str | None]:
+    """``(suspend, queueName)``; problems appended."""
+    suspend = spec.get("suspend", False)
+    if not isinstance(suspend, bool):
+        problems.append(f"spec.suspend must be true or false, got {suspend!r}")
+        suspend = False
+    queue_name = spec.get("queueName")
+    if queue_name is not None and (not isinstance(queue_name, str) or not queue_name):
+        problems.append(f"spec.queueName must be a TrainingQueue's name, got {queue_name!r}")
+        queue_name = None
+    return suspend, queue_name
+
+
+def _priority(spec: Mapping[str, Any], problems: list[str]) -> tuple[str, float]:
+    """``(class, value)`` of ``spec.priority``; problems appended."""
+    prio = spec.get("priority") or {}
+    if not isinstance(prio, Mapping):
+        problems.append("spec.priority must be an object {class, value}")
+        prio = {}
+    klass = prio.get("class", "normal")
+    if klass not in PRIORITY_CLASSES:
+        problems.append(f"spec.priority.class must be one of {', '.join(PRIORITY_CLASSES)}, got {klass!r}")
+        klass = "normal"
+    return klass, _num(prio.get("value", 0.0), "spec.priority.value", 0.0, problems)
+
+
+def _check_name(name: str, mx: int | None, problems: list[str]) -> None:
+    """The job name names the headless Service and, with ``maxWorkers``, the worker pods."""
+    try:
+        dns_label(name, "the job name")
+        if not name[:1].isalpha():
+            raise ShapeError(f"the job name {name!r} must start with a letter: it names the workers' "
+                             f"headless Service (an RFC 1035 label)")
+        if mx is not None and mx >= 1:
+            try:
+                dns_label(worker_name(name, mx - 1), "worker pod name")
+            except ShapeError as exc:
+                raise ShapeError(f"{exc} (from the job name and spec.maxWorkers {mx}); shorten the name") from None
+    except ShapeError as exc:
+        problems.append(str(exc))
 
 
 def _check_checkpoint(ckpt: Any, template: Any, problems: list[str]) -> None:

@@ -27,7 +27,7 @@ from .job import Job
 log = logging.getLogger(__name__)
 
 #: status fields only the operator writes and then acts on (see "What the operator
-#: trusts" in the control loop's documentation); its last written value of each is its record
+#: trusts" in docs/design-notes.md); its last written value of each is its record
 OWNED_FIELDS = ("phase", "targetWorkers", "queue", "nominated", "queuedTime", "admittedTime", "startTime", "rlpto",
                 "restartGeneration", "startedGeneration", "failures", "restartAfter", "batchSize",
                 "attainedGpuSeconds", "attainedSince", "goodput", "queueName")
