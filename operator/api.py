@@ -69,6 +69,8 @@ async def read_json(coro) -> Any:
 
 
 async def create_ignoring_conflict(coro) -> bool:
+    """Await a create call; True when it created the object, False when one of that
+    name exists (409)."""
     try:
         await coro
         return True

@@ -29,7 +29,7 @@ from rlsched.core.contract import (
     ShapeError,
 )
 from rlsched.core.cycle import CyclePlan, SchedulingCycle
-from rlsched.core.live_allocation import LiveAllocation, LivePlan, movable_room, observations_from_status
+from rlsched.core.live_allocation import LiveAllocation, LiveJob, LivePlan, movable_room, observations_from_status
 from rlsched.core.planning import (
     Admission,
     AdmissionPlan,
@@ -118,7 +118,7 @@ class Controller:
         self.kueue = KueueGate(self.custom, self.status, config.namespace, clock)
         self.teams = TeamQueues(self.custom, metrics, min_run_s=config.min_run_s,
                                 enforced=self.allocation is not None)
-        self.jobs = Lifecycle(config, self.status, self.workers, metrics, self.priority, self.queues,
+        self.lifecycle = Lifecycle(config, self.status, self.workers, metrics, self.priority, self.queues,
                               self.allocation.name if self.allocation is not None else None, clock)
         self.pod_security = PodSecurityGate(self.core, read_json, config)
         self.cycles = 0
@@ -175,7 +175,7 @@ class Controller:
             plan = await self._schedule(c)
         await self._sweep(c.by_uid)
         self._metrics(c.jobs, plan)
-        await self.teams.report(c.book, c.queue_bodies, c.jobs, self.jobs.target, now, plan.admit)
+        await self.teams.report(c.book, c.queue_bodies, c.jobs, self.lifecycle.target, now, plan.admit)
 
     # ------------------------------------------------------------------ 1. list
     async def _list(self, now: float) -> _Cycle:
@@ -233,7 +233,7 @@ class Controller:
         put what waits, runs and holds GPUs in the listing's order for the decision."""
         listed = {j.key: len(j.pods) for j in c.jobs.values()}
         await self._each(lambda j: self._observe_job(c, j), c.jobs.values(), c.now)
-        hold_restarting(c.jobs.values(), listed, c.snap.state, self.jobs.target, c.snap.node_index)
+        hold_restarting(c.jobs.values(), listed, c.snap.state, self.lifecycle.target, c.snap.node_index)
         order = {k: i for i, k in enumerate(c.jobs)}
         for lst in (c.waiting, c.running, c.holders):
             lst.sort(key=lambda e: order[e.key])
@@ -246,7 +246,7 @@ class Controller:
         await self.workers.release_stopped(j, now)
         if not j.status.get("phase") and j.uid not in self.status.record:
             if j.spec is None:
-                await self.jobs.fail(j, "InvalidSpec", j.error or "invalid spec", now)
+                await self.lifecycle.fail(j, "InvalidSpec", j.error or "invalid spec", now)
             return  # a valid job: the create handler has not enqueued it yet
         await self.status.trust(j, now, start_at_min=self.allocation is None,
                                 start_timeout_s=self.config.start_timeout_s)
@@ -258,17 +258,17 @@ class Controller:
             if phase not in ACTIVE:
                 return
         if j.spec is None:
-            await self.jobs.fail(j, "InvalidSpec", j.error or "invalid spec", now)
+            await self.lifecycle.fail(j, "InvalidSpec", j.error or "invalid spec", now)
             return
         refusal = await self.pod_security.check(j.body, self.cycles)
         if refusal is not None and (refusal.final or phase == "Queued"):
             if refusal.final:
-                await self.jobs.fail(j, POD_SECURITY_REASON, refusal.message, now)
+                await self.lifecycle.fail(j, POD_SECURITY_REASON, refusal.message, now)
             return  # else its namespace is unreadable: not admitted until it can be checked
         if j.spec.suspend or j.hold is not None:  # held by its owner or by Kueue: no pods, not admitted
             if j.hold is not None and j.hold.reason == "KueueWorkload":
                 await self.kueue.create_workload(j)
-            await self.jobs.suspended(j, now, j.hold)
+            await self.lifecycle.suspended(j, now, j.hold)
             return
         cond = get_condition(j.status.get("conditions"), "Suspended")
         if cond and cond.get("status") == "True":
@@ -278,18 +278,18 @@ class Controller:
             await self.status.event(j.body, "Resumed", f"{why}: the job waits for admission")
         try:
             if phase == "Queued":
-                c.waiting.append(await self.jobs.queue_entry(j, now))
+                c.waiting.append(await self.lifecycle.queue_entry(j, now))
             elif phase == "Starting":
-                await self.jobs.starting(j, now)
+                await self.lifecycle.starting(j, now)
             if j.status.get("phase") == "Running":
-                rj = await self.jobs.running(j, c.snap.placement.get(j.key, []), now)
+                rj = await self.lifecycle.running(j, c.snap.placement.get(j.key, []), now)
                 if rj is not None:
                     c.running.append(rj)
         finally:
             # a job holding GPUs stays visible to preemption even when a step failed
             if j.status.get("phase") in ("Starting", "Running"):
                 c.holders.append(RunningEntry(
-                    key=j.key, spec=j.spec, priority=self.jobs.priority_of(j),
+                    key=j.key, spec=j.spec, priority=self.lifecycle.priority_of(j),
                     start_time=parse_time(j.status.get("admittedTime")) or now,
                     placement=c.snap.placement.get(j.key, []),
                 ))
@@ -309,10 +309,11 @@ class Controller:
         admissions one gang after another, then each running job's scaling step."""
         jobs, waiting, now, plan = c.jobs, c.waiting, c.now, cplan.admission
         why = waiting_reasons(plan, waiting, backfill=self.config.backfill, free_gpus=int(c.snap.state.free.sum()))
-        await self._each(lambda j: self.jobs.waiting(j, why.get(j.key)), [jobs[k] for k in why], now)
-        await self._each(lambda j: self.jobs.schedulable(j, plan.unfittable.get(j.key), now),
+        await self._each(lambda j: self.lifecycle.waiting(j, why.get(j.key)), [jobs[k] for k in why], now)
+        await self._each(lambda j: self.lifecycle.schedulable(j, plan.unfittable.get(j.key), now),
                          [jobs[e.key] for e in waiting], now)
-        await self._each(lambda j: self.jobs.preempt(j, plan.blocked or "", now), [jobs[k] for k in plan.preempt], now)
+        await self._each(lambda j: self.lifecycle.preempt(j, plan.blocked or "", now),
+                         [jobs[k] for k in plan.preempt], now)
         if plan.preempt and plan.blocked:
             # the preemptor is served before every queue until it starts (like a nominated pod)
             await self._each(lambda j: self.status.patch(j, {"nominated": True}), [jobs[plan.blocked]], now)
@@ -322,7 +323,7 @@ class Controller:
         # (the extender's placement) assumed; created concurrently, a later gang could
         # take the nodes planned for an earlier one (found by the twin check)
         for k in plan.admit:
-            await self._contain(jobs[k], lambda j: self.jobs.admit(j, now), now)
+            await self._contain(jobs[k], lambda j: self.lifecycle.admit(j, now), now)
         if cplan.scaling_error is not None:  # a broken scaling policy: admissions are done, the cycle fails here
             raise cplan.scaling_error
         by_key = {r.key: r for r in cplan.running}
@@ -333,10 +334,10 @@ class Controller:
         """One running job's step of the scaling plan: complete, resize (a new
         generation at the new size) or only record its elastic state."""
         if rj.key in splan.finished:
-            await self.jobs.complete(j, splan.finished[rj.key], now, rj=rj)
+            await self.lifecycle.complete(j, splan.finished[rj.key], now, rj=rj)
             return
         d = splan.deltas.get(rj.key, 0)
-        patch = self.jobs.rlpto_patch(j, rj)
+        patch = self.lifecycle.rlpto_patch(j, rj)
         if d:
             target = j.spec.clamp_workers(rj.workers + d)
             # a new world size is a new generation: every worker restarts from the
@@ -362,7 +363,7 @@ class Controller:
         state, now = c.snap.state, c.now
         unfit = AdmissionPlan(unfittable={e.key: why for e in c.waiting
                                           if (why := gang_unfittable(e.spec, state)) is not None})
-        await self._each(lambda j: self.jobs.schedulable(j, unfit.unfittable.get(j.key), now),
+        await self._each(lambda j: self.lifecycle.schedulable(j, unfit.unfittable.get(j.key), now),
                          [c.jobs[e.key] for e in c.waiting], now)
         live, held = await self._allocation_inputs(c)
         names = {i: n for n, i in c.snap.node_index.items()}
@@ -376,12 +377,12 @@ class Controller:
         await self._act_on_allocation(c, plan, [c.jobs[lj.key] for lj in live])
         return unfit
 
-    async def _allocation_inputs(self, c: _Cycle) -> tuple[list, list[tuple[tuple[int, ...], int, int, int]]]:
+    async def _allocation_inputs(self, c: _Cycle) -> tuple[list[LiveJob], list[tuple[tuple[int, ...], int, int, int]]]:
         """The jobs as the allocator sees them, and what the running ones it may move
         hold; a running job first ends if its own end came (β stop, maxEpochs)."""
         now, by_key = c.now, {r.key: r for r in c.running}
         held: list[tuple[tuple[int, ...], int, int, int]] = []
-        live: list = []
+        live: list[LiveJob] = []
         done: set[str] = set()
 
         async def judge(j: Job) -> None:  # the job's own end, as without an allocator
@@ -389,9 +390,9 @@ class Controller:
             why = self.planner.finished(rj)
             if why:
                 done.add(j.key)
-                await self.jobs.complete(j, why, now, rj=rj)
+                await self.lifecycle.complete(j, why, now, rj=rj)
             else:
-                patch = self.jobs.rlpto_patch(j, rj)
+                patch = self.lifecycle.rlpto_patch(j, rj)
                 if patch:
                     await self.status.patch(j, patch)
 
@@ -403,14 +404,14 @@ class Controller:
                 continue  # its GPUs are released: free for the others next cycle
             if j.status.get("startedGeneration") != j.generation or len(placement) != r.workers:
                 continue
-            obs = await self.jobs.observe_goodput(j, placement)
+            obs = await self.lifecycle.observe_goodput(j, placement)
             held.append((placement, j.spec.gpus_per_worker, j.spec.cpu_milli, j.spec.memory_mib))
-            live.append(self.jobs.live_job(j, now, placement, obs))
+            live.append(self.lifecycle.live_job(j, now, placement, obs))
         for e in c.waiting:
             j = c.jobs[e.key]
-            bounds = self.jobs.bounds(j)
+            bounds = self.lifecycle.bounds(j)
             obs = observations_from_status(j.status.get("goodput"), bounds)[0] if bounds is not None else None
-            live.append(self.jobs.live_job(j, now, (), obs))
+            live.append(self.lifecycle.live_job(j, now, (), obs))
         return live, held
 
     async def _act_on_allocation(self, c: _Cycle, plan: LivePlan, considered: list[Job]) -> None:
@@ -419,12 +420,13 @@ class Controller:
         jobs, now = c.jobs, c.now
         await self._each(lambda j: self.status.patch(j, {"queueName": j.team}),
                          [j for j in considered if j.team != j.status.get("queueName")], now)
-        await self._each(lambda j: self.jobs.waiting(j, plan.waiting.get(j.key)),
+        await self._each(lambda j: self.lifecycle.waiting(j, plan.waiting.get(j.key)),
                          [jobs[k] for k in plan.waiting if k not in plan.stop], now)
-        await self._each(lambda j: self.jobs.stop_reallocated(j, now), [jobs[k] for k in plan.stop], now)
-        await self._each(lambda j: self.jobs.resize(j, plan.resize[j.key], now), [jobs[k] for k in plan.resize], now)
+        await self._each(lambda j: self.lifecycle.stop_reallocated(j, now), [jobs[k] for k in plan.stop], now)
+        await self._each(lambda j: self.lifecycle.resize(j, plan.resize[j.key], now),
+                         [jobs[k] for k in plan.resize], now)
         for k, t in plan.start.items():
-            await self._contain(jobs[k], lambda j, t=t: self.jobs.admit(j, now, target=t.workers,
+            await self._contain(jobs[k], lambda j, t=t: self.lifecycle.admit(j, now, target=t.workers,
                                                                         batch=t.batch_size), now)
 
     # ------------------------------------------------------------------ 4. upkeep and report
@@ -509,7 +511,7 @@ class Controller:
                     log.exception("%s: could not report the error", j.key)
             return
         try:
-            await self.jobs.fail(j, failure.reason, failure.message, now, ctype=failure.ctype)
+            await self.lifecycle.fail(j, failure.reason, failure.message, now, ctype=failure.ctype)
         except Exception:
             log.exception("%s: could not fail the job after %s: %s", j.key, failure.reason, failure.message)
 

@@ -120,7 +120,7 @@ def test_completion_brings_attained_service_up_to_date(controller):
     ctl = controller(allocator="goodput")
     j = _job({"phase": "Running", "targetWorkers": 3, "attainedGpuSeconds": 50.0,
               "attainedSince": format_time(NOW - 100)})
-    ctl.run(ctl.jobs.complete(j, "MaxEpochs", NOW))
+    ctl.run(ctl.lifecycle.complete(j, "MaxEpochs", NOW))
     patch = next(c[1] for c in ctl.calls if c[0] == "patch")
     assert patch["phase"] == "Succeeded"
     assert patch["attainedGpuSeconds"] == pytest.approx(350.0) and patch["attainedSince"] is None
@@ -129,7 +129,7 @@ def test_completion_brings_attained_service_up_to_date(controller):
 def test_events_name_the_allocator_that_runs(controller):
     ctl = controller(allocator="goodput-rlpto@restart_delay=30")
     assert ctl.allocation.name == "goodput-rlpto"
-    ctl.run(ctl.jobs.stop_reallocated(_job({"phase": "Running", "targetWorkers": 2}), NOW))
+    ctl.run(ctl.lifecycle.stop_reallocated(_job({"phase": "Running", "targetWorkers": 2}), NOW))
     (_, reason, message), = [c for c in ctl.calls if c[0] == "event"]
     assert reason == "Preempted" and message.startswith("preempted by goodput-rlpto:")
 
