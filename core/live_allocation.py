@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 from .allocation import AllocJob, Allocation, Allocator, AllocNode, AppLimits, ProfileSample
+from .contract import class_rank
 from .goodput import BatchBounds, JobObservations, ShapeRecord
 from .planning.admission import WaitReason
 from .policy import allocator_names, make_allocator
@@ -27,9 +28,6 @@ __all__ = ["LiveJob", "LiveTarget", "LivePlan", "LiveAllocation", "RankingAlloca
 #: the batch bounds of a job without ``spec.batchSize``: a step time is recorded at one
 #: sample-unit per GPU (the worker's own fixed batch)
 UNIT_BATCH = BatchBounds(1)
-
-#: ``spec.priority.class`` -> ``AllocJob.priority`` (higher classes are served first)
-CLASS_RANK = {"highest": 2, "urgent": 1, "normal": 0}
 
 
 def movable_room(state: Any, held: Iterable[tuple[Sequence[int], int, int, int]]
@@ -279,7 +277,7 @@ class LiveAllocation:
                         target_batch_size=limits.init_batch_size, min_replicas=lo * g, max_replicas=hi * g,
                         limits=limits, batch_size=job.batch_size or 0, grad_sqr=sqr, grad_var=var, profile=profile,
                         epoch=job.epoch, metrics=job.metrics, higher_is_better=True,
-                        priority=CLASS_RANK.get(job.priority_class, 0), queue=job.queue,
+                        priority=class_rank(job.priority_class), queue=job.queue,
                         protected=protected and bool(job.nodes), gpu_models=job.gpu_models,
                         cpu_milli=-(-max(job.cpu_milli, 0) // g), memory_mib=-(-max(job.memory_mib, 0) // g),
                         replica_group=g)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from rlsched.core import Bandwidth, JobView, Level, Topology
+from rlsched.core.contract import PRIORITY_CLASSES
 from rlsched.core.planning import HIGHEST_BONUS
 
 from .convergence import ConvergenceModel
@@ -84,7 +85,7 @@ class JobSpec:
         klass = self.priority_class
         if klass is None:
             klass = "urgent" if self.queue == "urgent" else "normal"
-        if klass not in ("highest", "urgent", "normal"):
+        if klass not in PRIORITY_CLASSES:
             raise ValueError(f"job {self.id}: unknown priority_class {klass!r}")
         object.__setattr__(self, "priority_class", klass)
         if klass == "highest" and self.queue == "normal":

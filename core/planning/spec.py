@@ -12,10 +12,7 @@ from ..cluster import JobView, Progress
 from ..contract import DEFAULT_BACKOFF_LIMIT
 from ..estimate import estimate_remaining
 
-__all__ = ["TrainingSpec", "PRIORITY_CLASSES"]
-
-#: service classes, most important first
-PRIORITY_CLASSES = ("highest", "urgent", "normal")
+__all__ = ["TrainingSpec"]
 
 
 @dataclass(frozen=True, slots=True)
