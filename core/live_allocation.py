@@ -11,23 +11,20 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
-from .allocation import AllocJob, Allocation, Allocator, AllocNode, AppLimits, ProfileSample
+from .allocation import AllocJob, Allocation, Allocator, AllocNode, ProfileSample
+from .batch import BatchBounds
 from .contract import class_rank
-from .goodput import BatchBounds, JobObservations, ShapeRecord
+from .goodput import JobObservations, ShapeRecord
 from .planning.admission import WaitReason
 from .policy import allocator_names, make_allocator
 from .queues import QueueBook
 
-__all__ = ["LiveJob", "LiveTarget", "LivePlan", "LiveAllocation", "RankingAllocator", "UNIT_BATCH", "make_live_allocator",
+__all__ = ["LiveJob", "LiveTarget", "LivePlan", "LiveAllocation", "RankingAllocator", "make_live_allocator",
            "parse_allocator_options",
            "attained_service", "batch_bounds", "movable_room", "observations_from_status", "observations_to_status"]
-
-#: the batch bounds of a job without ``spec.batchSize``: a step time is recorded at one
-#: sample-unit per GPU (the worker's own fixed batch)
-UNIT_BATCH = BatchBounds(1)
 
 
 def movable_room(state: Any, held: Iterable[tuple[Sequence[int], int, int, int]]
@@ -253,11 +250,9 @@ class LiveAllocation:
         lo, hi = job.worker_range
         b = job.bounds
         if b is None:  # a fixed local batch per GPU: goodput is throughput
-            limits = AppLimits(init_batch_size=lo * g, max_batch_size=hi * g, min_local_bsz=1, max_local_bsz=1)
-        else:
-            limits = AppLimits(init_batch_size=b.init_batch, max_batch_size=b.largest,
-                               min_local_bsz=b.min_local_batch,
-                               max_local_bsz=b.max_local_batch if b.max_local_batch is not None else b.largest)
+            bounds = BatchBounds(lo * g, hi * g, 1, 1)
+        else:  # no per-GPU limit: the largest global batch (the goodput model's reference share)
+            bounds = b if b.max_local_batch is not None else replace(b, max_local_batch=b.largest)
         profile: tuple[ProfileSample, ...] = ()
         sqr = var = None
         obs = job.observations
@@ -274,8 +269,8 @@ class LiveAllocation:
         return AllocJob(id=job.key, submit_time=job.submit_time, application=job.key,
                         age=max(0.0, now - job.submit_time), attained_service=job.attained_service,
                         num_restarts=max(0, job.restarts), allocation=held, target_replicas=lo * g,
-                        target_batch_size=limits.init_batch_size, min_replicas=lo * g, max_replicas=hi * g,
-                        limits=limits, batch_size=job.batch_size or 0, grad_sqr=sqr, grad_var=var, profile=profile,
+                        target_batch_size=bounds.init_batch, min_replicas=lo * g, max_replicas=hi * g,
+                        bounds=bounds, batch_size=job.batch_size or 0, grad_sqr=sqr, grad_var=var, profile=profile,
                         epoch=job.epoch, metrics=job.metrics, higher_is_better=True,
                         priority=class_rank(job.priority_class), queue=job.queue,
                         protected=protected and bool(job.nodes), gpu_models=job.gpu_models,

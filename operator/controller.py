@@ -65,9 +65,9 @@ from rlsched.core.planning import (
     gang_unfittable,
     waiting_reasons,
 )
+from rlsched.core.batch import UNIT_BATCH
 from rlsched.core.cycle import SchedulingCycle
 from rlsched.core.live_allocation import (
-    UNIT_BATCH,
     LiveAllocation,
     LiveJob,
     LiveTarget,

@@ -23,8 +23,9 @@ from rlsched.core import ClusterState, JobView, Level, Ordering, Placement, Plac
 from rlsched.core.cycle import Preemption, SchedulingCycle
 from rlsched.core.decision_clock import DecisionClock
 from rlsched.core.estimate import estimate_remaining
-from rlsched.core.goodput import BatchBounds, JobObservations
-from rlsched.core.live_allocation import UNIT_BATCH, LiveAllocation, LiveJob, LivePlan, batch_bounds, movable_room
+from rlsched.core.batch import UNIT_BATCH, BatchBounds
+from rlsched.core.goodput import JobObservations
+from rlsched.core.live_allocation import LiveAllocation, LiveJob, LivePlan, batch_bounds, movable_room
 from rlsched.core.queues import QueueBook
 from rlsched.core.planning import (
     Admission,

@@ -25,10 +25,10 @@ DEFINED_ONCE = {
     "pod_gpus": CONTRACT, "node_gpus": CONTRACT, "node_shape": CONTRACT, "parse_quantity": CONTRACT,
     "gpu_count": CONTRACT, "container_gpus": CONTRACT, "ShapeError": CONTRACT,
     "PolicyFileError": Path("core") / "nn.py", "PLACEMENT_FEATURES": Path("core") / "das.py",
-    "PRIORITY_CLASSES": CONTRACT, "class_rank": CONTRACT,
+    "PRIORITY_CLASSES": CONTRACT, "class_rank": CONTRACT, "BatchBounds": Path("core") / "batch.py",
 }
 #: the duplicates this module replaced must not come back
-GONE = {"parse_quantity_int", "gpu_quantity", "_gpus_of", "ModelError", "CLASS_RANK", "_CLASSES"}
+GONE = {"parse_quantity_int", "gpu_quantity", "_gpus_of", "ModelError", "CLASS_RANK", "_CLASSES", "AppLimits"}
 
 
 def _sources():
