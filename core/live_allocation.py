@@ -24,7 +24,7 @@ from .queues import QueueBook
 
 __all__ = ["LiveJob", "LiveTarget", "LivePlan", "LiveAllocation", "RankingAllocator", "make_live_allocator",
            "parse_allocator_options",
-           "attained_service", "batch_bounds", "movable_room", "observations_from_status", "observations_to_status"]
+           "attained_service", "movable_room", "observations_from_status", "observations_to_status"]
 
 
 def movable_room(state: Any, held: Iterable[tuple[Sequence[int], int, int, int]]
@@ -85,15 +85,6 @@ def attained_service(stored: Any, since: float | None, gpus: int, now: float) ->
     if since is None or gpus <= 0:
         return base
     return base + gpus * max(0.0, now - since)
-
-
-def batch_bounds(batch_size: int | None, max_batch_size: int | None = None, min_local: int | None = None,
-                 max_local: int | None = None) -> BatchBounds | None:
-    """A job's batch bounds from its spec (None without ``spec.batchSize``)."""
-    if batch_size is None:
-        return None
-    return BatchBounds(int(batch_size), int(max_batch_size) if max_batch_size is not None else None,
-                       int(min_local) if min_local is not None else 1, int(max_local) if max_local is not None else None)
 
 
 def observations_to_status(obs: JobObservations, last_report: str | None) -> dict:

@@ -72,7 +72,6 @@ from rlsched.core.live_allocation import (
     LiveJob,
     LiveTarget,
     attained_service,
-    batch_bounds,
     movable_room,
     observations_from_status,
     observations_to_status,
@@ -525,6 +524,15 @@ class _Job:
     def status(self) -> dict:
         return self.body.get("status") or {}
 
+    @property
+    def batch_size(self) -> int | None:
+        """The global batch of its current generation: the scheduler's
+        (``status.batchSize``), else the spec's; None: neither sets one."""
+        b = self.status.get("batchSize")
+        if isinstance(b, int) and not isinstance(b, bool) and b >= 1:
+            return b
+        return self.spec.batch_size if self.spec is not None else None
+
     def live_pods(self) -> list[dict]:
         return [p for p in self.pods if p["metadata"].get("deletionTimestamp") is None
                 and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
@@ -975,10 +983,6 @@ class Controller:
         return {"rlpto": merge_diff(old, rl) if isinstance(old, Mapping) else rl}
 
     # ------------------------------------------------------------------ allocator mode
-    def _bounds(self, j: _Job):
-        s = j.spec
-        return batch_bounds(s.batch_size, s.max_batch_size, *s.local_batch_size)
-
     def _service(self, j: _Job, now: float) -> float:
         """GPU-seconds the job attained (its GPUs held since ``attainedSince``)."""
         held = self._target(j) * j.spec.gpus_per_worker if j.status.get("phase") in ("Starting", "Running") else 0
@@ -989,7 +993,7 @@ class Controller:
         """Fold the chief's latest report into ``status.goodput`` (a report of the
         current generation at its size; the nodes its workers run on are known here)
         and return the record."""
-        bounds = self._bounds(j)
+        bounds = j.spec.bounds
         obs, last = observations_from_status(j.status.get("goodput"), bounds or UNIT_BATCH)
         prog = j.status.get("progress")
         if not isinstance(prog, Mapping) or not prog.get("updateTime") or prog.get("updateTime") == last:
@@ -1043,7 +1047,7 @@ class Controller:
             live.append(self._live_job(j, now, placement, obs))
         for e in waiting:
             j = jobs[e.key]
-            bounds = self._bounds(j)
+            bounds = j.spec.bounds
             obs = observations_from_status(j.status.get("goodput"), bounds)[0] if bounds is not None else None
             live.append(self._live_job(j, now, (), obs))
         names = {i: n for n, i in snap.node_index.items()}
@@ -1066,12 +1070,11 @@ class Controller:
     def _live_job(self, j: _Job, now: float, placement: tuple[int, ...], obs) -> LiveJob:
         s = j.spec
         created = parse_time(j.body["metadata"].get("creationTimestamp")) or now
-        batch = j.status.get("batchSize") if placement else None
         prog = progress_of(j.status)
         return LiveJob(key=j.key, submit_time=created, min_workers=s.min_workers, max_workers=s.max_workers,
                        gpus_per_worker=s.gpus_per_worker, nodes=placement,
-                       batch_size=batch if batch is not None else s.batch_size, pinned_workers=s.pinned_workers,
-                       bounds=self._bounds(j), observations=obs, attained_service=self._service(j, now),
+                       batch_size=j.batch_size if placement else s.batch_size, pinned_workers=s.pinned_workers,
+                       bounds=s.bounds, observations=obs, attained_service=self._service(j, now),
                        restarts=j.generation, priority_class=s.priority_class, queue=j.team,
                        running_since=parse_time(j.status.get("admittedTime")) if placement else None,
                        gpu_models=s.gpu_models, cpu_milli=s.cpu_milli, memory_mib=s.memory_mib,
@@ -1129,7 +1132,7 @@ class Controller:
     async def _resize(self, j: _Job, t: LiveTarget, now: float) -> None:
         """A new generation at the allocator's size and batch: recorded first (with the
         GPU-seconds attained so far), then the old workers are stopped."""
-        old, old_batch = self._target(j), j.status.get("batchSize") or j.spec.batch_size
+        old, old_batch = self._target(j), j.batch_size
         await self.patch_status(j, {
             "targetWorkers": t.workers, "restartGeneration": j.generation + 1, "batchSize": t.batch_size,
             "attainedGpuSeconds": self._service(j, now), "attainedSince": format_time(now),
@@ -1463,10 +1466,7 @@ class Controller:
         """Condition ``BatchSizeIgnored`` (and an Event when it changes): whether the
         chief's report of the running generation shows the global batch the operator
         set (:func:`~rlsched.core.contract.judge_batch`)."""
-        expected = j.status.get("batchSize")
-        if not isinstance(expected, int) or isinstance(expected, bool):
-            expected = j.spec.batch_size
-        check = judge_batch(expected, j.status.get("progress"), j.generation)
+        check = judge_batch(j.batch_size, j.status.get("progress"), j.generation)
         if check is None:
             return
         old = get_condition(j.status.get("conditions"), "BatchSizeIgnored")
@@ -1577,7 +1577,7 @@ class Controller:
             try:
                 pod = worker_pod(j.body, idx, j.spec.gpus_per_worker,
                                  scheduler_name=self.config.scheduler_name, grace_period_s=self.config.grace_period_s,
-                                 gang_size=target, generation=gen, batch_size=j.status.get("batchSize"),
+                                 gang_size=target, generation=gen, batch_size=j.batch_size,
                                  # a generation's whole gang ran: a checkpoint may exist
                                  resume=j.status.get("startedGeneration") is not None)
             except ValueError as exc:  # WorkerGPUError, ShapeError: the template cannot make a worker

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from rlsched.core import Bandwidth, JobView, Level, Topology
+from rlsched.core.batch import BatchBounds
 from rlsched.core.contract import PRIORITY_CLASSES
 from rlsched.core.planning import HIGHEST_BONUS
 
@@ -130,6 +131,12 @@ class JobSpec:
     def adaptive_batch(self) -> bool:
         """Whether a scheduler sets its global batch (it gives ``batch_size``)."""
         return self.batch_size is not None
+
+    @property
+    def bounds(self) -> BatchBounds | None:
+        """The batch bounds its TrainingJob carries (``spec.batchSize`` up to
+        ``maxBatchSize``); None without ``batch_size``: no adaptive batch."""
+        return None if self.batch_size is None else BatchBounds(self.batch_size, self.max_batch_size)
 
     def global_batch(self, workers: int, batch: int | None = None) -> int:
         """The global batch it trains at on ``workers`` workers: ``batch`` (what the

@@ -15,10 +15,10 @@ from rlsched.core.live_allocation import (
     LiveJob,
     LiveTarget,
     attained_service,
-    batch_bounds,
     observations_from_status,
     observations_to_status,
 )
+from rlsched.core.planning import TrainingSpec
 
 
 class Fixed:
@@ -71,9 +71,11 @@ def test_observations_round_trip_through_the_status_and_refuse_garbage():
 
 
 def test_batch_bounds_from_the_spec():
-    assert batch_bounds(None) is None
-    assert batch_bounds(128) == BatchBounds(128)
-    assert batch_bounds(128, 1024, 16, 256) == BatchBounds(128, 1024, 16, 256)
+    assert TrainingSpec(1, 2).bounds is None
+    assert TrainingSpec(1, 2, batch_size=128).bounds == BatchBounds(128)
+    assert TrainingSpec(1, 2, batch_size=128, max_batch_size=1024, local_batch_size=(16, 256)).bounds == \
+        BatchBounds(128, 1024, 16, 256)
+    assert TrainingSpec(1, 2, batch_size=128, local_batch_size=(None, 64)).bounds == BatchBounds(128, None, 1, 64)
 
 
 def test_a_job_in_the_allocators_terms_replicas_are_gpus():
