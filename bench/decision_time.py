@@ -16,7 +16,7 @@ elastic resizes, so jobs carry throughput samples from several placements and ba
 sizes), and the engine's ``AllocJob`` list is recorded every ``--capture-every``
 decisions (10) after the first hour (a recording wrapper around the driving allocator;
 nothing is changed on the way). Each recorded job is a job as a live scheduler sees it:
-its application's ``AppLimits``, its current allocation and batch, the
+its ``BatchBounds``, its current allocation and batch, the
 ``ProfileSample``\\ s it measured on the placements it ran, its latest
 ``grad_sqr``/``grad_var``, attained service, age, restarts, epoch and metrics.
 
