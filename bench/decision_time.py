@@ -16,7 +16,7 @@ elastic resizes, so jobs carry throughput samples from several placements and ba
 sizes), and the engine's ``AllocJob`` list is recorded every ``--capture-every``
 decisions (10) after the first hour (a recording wrapper around the driving allocator;
 nothing is changed on the way). Each recorded job is a job as a live scheduler sees it:
-its application's ``AppLimits``, its current allocation and batch, the
+its ``BatchBounds``, its current allocation and batch, the
 ``ProfileSample``\\ s it measured on the placements it ran, its latest
 ``grad_sqr``/``grad_var``, attained service, age, restarts, epoch and metrics.
 
@@ -217,10 +217,9 @@ def _max_replicas(j: AllocJob, total: int) -> int:
     (:meth:`rlsched.sim.interval.IntervalSimulator._max_replicas`)."""
     from rlsched.sim.measured import MAX_REPLICAS
 
-    lim = j.limits
-    batch = j.target_batch_size or lim.init_batch_size
+    batch = j.target_batch_size or j.bounds.init_batch
     want = j.target_replicas or 1
-    cap = min(batch // lim.min_local_bsz, total, MAX_REPLICAS.get(j.application, total))
+    cap = min(batch // j.bounds.min_local_batch, total, MAX_REPLICAS.get(j.application, total))
     return max(cap, min(want, total), 1)
 
 
@@ -324,7 +323,7 @@ def apply_decision(jobs: Sequence[AllocJob], result: Mapping[str, Allocation], a
             continue
         app = apps[j.application]
         if a.atomic_bsz is None:
-            atomic, accum = fixed_batch(j.target_batch_size or j.limits.init_batch_size, len(nodes), j.limits)
+            atomic, accum = fixed_batch(j.target_batch_size or j.bounds.init_batch, len(nodes), j.bounds)
         else:
             atomic, accum = int(a.atomic_bsz), int(a.accum_steps or 0)
         delay = 0.0

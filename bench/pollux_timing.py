@@ -38,7 +38,7 @@ def make_jobs(apps: dict, n: int, nodes: list[AllocNode], rng: random.Random) ->
     for k in range(n):
         name = names[k % len(names)]
         app = apps[name]
-        lim = app.limits
+        b = app.bounds
         alloc: tuple[int, ...] = ()
         profile: list[ProfileSample] = []
         if k % 2 == 0:
@@ -49,13 +49,13 @@ def make_jobs(apps: dict, n: int, nodes: list[AllocNode], rng: random.Random) ->
                 for i in got:
                     free[i] -= 1
                 for r in sorted({1, len(got)}):
-                    atomic = max(lim.min_local_bsz, min(lim.max_local_bsz, -(-lim.init_batch_size // r)))
+                    atomic = max(b.min_local_batch, min(b.largest_local, -(-b.init_batch // r)))
                     profile.append(_sample(app, tuple([got[0]] * r) if r == 1 else got, atomic))
-        sqr, var = app.grad_stats(lim.init_batch_size, rng.randrange(app.max_epochs))
+        sqr, var = app.grad_stats(b.init_batch, rng.randrange(app.max_epochs))
         jobs.append(AllocJob(
             id=f"{name}-{k}", submit_time=float(k * 60), application=name, age=float(3600 - k * 30),
             attained_service=0.0, num_restarts=0, allocation=alloc, target_replicas=None,
-            target_batch_size=None, min_replicas=0, max_replicas=64, limits=lim,
+            target_batch_size=None, min_replicas=0, max_replicas=64, bounds=b,
             grad_sqr=sqr if profile else None, grad_var=var if profile else None, profile=tuple(profile)))
     return jobs
 
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                                for p in j.profile):
                             j.profile = j.profile + (s,)
                         if j.grad_sqr is None:
-                            j.grad_sqr, j.grad_var = apps[j.application].grad_stats(j.limits.init_batch_size, 0)
+                            j.grad_sqr, j.grad_var = apps[j.application].grad_stats(j.bounds.init_batch, 0)
             results["runs"].append({
                 "jobs": n, "call_seconds": [round(x, 3) for x in pol.call_seconds],
                 "bridge_seconds": [round(x, 3) for x in bridge_s], "gpus_allocated": used,

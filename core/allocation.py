@@ -15,10 +15,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence, runtime_checkable
 
+from .batch import BatchBounds
+
 __all__ = [
     "AllocationError",
     "ProfileSample",
-    "AppLimits",
     "Oracle",
     "AllocJob",
     "AllocNode",
@@ -51,18 +52,6 @@ class ProfileSample:
     sync_time: float
     #: gradient-accumulation steps of the measured step (``step_time`` spans all of them)
     accum_steps: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class AppLimits:
-    """What the job's application allows: its initial (tuned, single-GPU) batch size,
-    the largest total batch size it may train at, and the per-GPU batch range that
-    fits a GPU's memory (larger local batches use gradient accumulation)."""
-
-    init_batch_size: int
-    max_batch_size: int
-    min_local_bsz: int
-    max_local_bsz: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +96,8 @@ class AllocJob:
     target_batch_size: int | None
     min_replicas: int
     max_replicas: int
-    limits: AppLimits
+    #: its global batch bounds and per-GPU batch range
+    bounds: BatchBounds
     batch_size: int = 0
     atomic_bsz: int = 0
     accum_steps: int = 0
@@ -237,7 +227,7 @@ def checked_call(name: str, last: float | None, now: float, jobs: Sequence[Alloc
     return now
 
 
-def fixed_batch(batch_size: int, replicas: int, limits: AppLimits) -> tuple[int, int]:
+def fixed_batch(batch_size: int, replicas: int, bounds: BatchBounds) -> tuple[int, int]:
     """``(atomic_bsz, accum_steps)`` that train ``batch_size`` on ``replicas`` GPUs:
     the per-GPU share, split into accumulation steps when it exceeds the largest local
     batch that fits a GPU, and at least one accumulation step on a single GPU above
@@ -247,11 +237,11 @@ def fixed_batch(batch_size: int, replicas: int, limits: AppLimits) -> tuple[int,
     if replicas < 1 or batch_size < 1:
         raise AllocationError(f"need replicas >= 1 and batch_size >= 1, got {replicas}, {batch_size}")
     local = -(-batch_size // replicas)
-    accum = -(-local // limits.max_local_bsz) - 1
-    if replicas == 1 and batch_size > limits.init_batch_size:
+    accum = -(-local // bounds.largest_local) - 1
+    if replicas == 1 and batch_size > bounds.init_batch:
         accum = max(accum, 1)
-    atomic = max(-(-local // (accum + 1)), limits.min_local_bsz)
-    return min(atomic, max(limits.max_batch_size // (replicas * (accum + 1)), 1)), accum
+    atomic = max(-(-local // (accum + 1)), bounds.min_local_batch)
+    return min(atomic, max(bounds.largest // (replicas * (accum + 1)), 1)), accum
 
 
 def packed(replicas: int, free: Mapping[int, int]) -> tuple[int, ...] | None:
@@ -353,13 +343,13 @@ def check_allocations(
                 raise AllocationError(f"job {jid}: replicas per node {odd} are not whole workers of "
                                       f"{j.replica_group} GPUs")
         if a.atomic_bsz is not None:
-            lim = j.limits
+            b = j.bounds
             if a.atomic_bsz < 1 or (a.accum_steps or 0) < 0:
                 raise AllocationError(f"job {jid}: per-GPU batch {a.atomic_bsz} / accumulation {a.accum_steps} invalid")
-            if a.atomic_bsz > lim.max_local_bsz:
-                raise AllocationError(f"job {jid}: per-GPU batch {a.atomic_bsz} above the application's {lim.max_local_bsz}")
-            if a.batch_size > lim.max_batch_size:
-                raise AllocationError(f"job {jid}: batch size {a.batch_size} above the application's {lim.max_batch_size}")
+            if a.atomic_bsz > b.largest_local:
+                raise AllocationError(f"job {jid}: per-GPU batch {a.atomic_bsz} above the application's {b.largest_local}")
+            if a.batch_size > b.largest:
+                raise AllocationError(f"job {jid}: batch size {a.batch_size} above the application's {b.largest}")
     for i, n in used.items():
         if n > gpus[i]:
             raise AllocationError(f"node {i}: {n} GPUs allocated, it has {gpus[i]}")

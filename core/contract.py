@@ -73,6 +73,8 @@ __all__ = [
     "DEFAULT_CHECKPOINT_PATH",
     "SUCCESS_POLICIES",
     "DEFAULT_BACKOFF_LIMIT",
+    "PRIORITY_CLASSES",
+    "class_rank",
     "EXIT_SIGTERM",
     "EXIT_CHECKPOINT",
     "ENV_MICRO_BATCH_LIMIT",
@@ -255,12 +257,24 @@ DEFAULT_CHECKPOINT_PATH = "/var/run/rlsched/checkpoint"
 SUCCESS_POLICIES = ("Chief", "AllWorkers")
 #: ``spec.backoffLimit`` default: unexpected worker failures tolerated (as batch/v1 Job)
 DEFAULT_BACKOFF_LIMIT = 6
+#: ``spec.priority.class``: the service classes, most important first
+PRIORITY_CLASSES = ("highest", "urgent", "normal")
 #: exit code of a process ended by SIGTERM (128 + 15): an intentional stop's exit
 EXIT_SIGTERM = 143
 #: exit code of a worker whose checkpoint cannot be used: the directory is missing or
 #: not writable, a restarted generation finds no checkpoint, or a checkpoint has an
 #: unknown format or a bad checksum (sysexits' EX_IOERR)
 EXIT_CHECKPOINT = 74
+
+
+def class_rank(name: str) -> int:
+    """How early service class ``name`` is served: higher first (``normal`` 0, ``urgent``
+    1, ``highest`` 2). The one ranking of :data:`PRIORITY_CLASSES`; ValueError for any
+    other name."""
+    try:
+        return len(PRIORITY_CLASSES) - 1 - PRIORITY_CLASSES.index(name)
+    except ValueError:
+        raise ValueError(f"unknown priority class {name!r}; one of {', '.join(PRIORITY_CLASSES)}") from None
 
 
 class ContractError(ValueError):

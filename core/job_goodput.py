@@ -14,8 +14,9 @@ from typing import Callable, Iterable
 import numpy as np
 
 from .allocation import AllocJob
-from .goodput import (BatchBounds, EfficiencyModel, FitProblem, GoodputModel, JobObservations, ThroughputModel,
-                      ThroughputPrior, fit_many, optimize_many)
+from .batch import BatchBounds
+from .goodput import (EfficiencyModel, FitProblem, GoodputModel, JobObservations, ThroughputModel, ThroughputPrior,
+                      fit_many, optimize_many)
 
 __all__ = ["JobGoodput", "observations_of", "job_observations", "split_batch"]
 
@@ -34,7 +35,7 @@ def job_observations(job: AllocJob) -> JobObservations | None:
     obs = observations_of(job)
     if not obs:
         return None
-    bounds = BatchBounds.from_limits(job.limits)
+    bounds = job.bounds
     return JobObservations(bounds, grad_sqr=job.grad_sqr, grad_var=_per_sample_var(job, bounds), fitted=obs)
 
 
@@ -87,7 +88,7 @@ class JobGoodput:
         :meth:`model` would make alone, to rounding)."""
         pending: dict[tuple, FitProblem] = {}
         for job in jobs:
-            key, problem = self._fit_request(job, BatchBounds.from_limits(job.limits))
+            key, problem = self._fit_request(job, job.bounds)
             if key in self._fits or key in pending or self._still_good(job.id, problem) is not None:
                 continue
             pending[key] = problem
@@ -96,7 +97,7 @@ class JobGoodput:
 
     def model(self, job: AllocJob) -> GoodputModel:
         """The job's goodput model from what it reported."""
-        bounds = BatchBounds.from_limits(job.limits)
+        bounds = job.bounds
         key, problem = self._fit_request(job, bounds)
         fit = _cached(self._fits, key)
         if fit is None:
@@ -216,15 +217,15 @@ def split_batch(job: AllocJob, k: int, batch: int, accum: int) -> tuple[int | No
     """(per-GPU batch, accumulation steps) for global ``batch`` on ``k`` GPUs, whole and
     within the application's limits; ``(None, None)`` (the engine's own split of the
     job's batch) where the model found no feasible batch."""
-    lim = job.limits
+    b = job.bounds
     if batch < 1:
         return None, None
     accum = max(accum, 0)
-    atomic = min(max(batch // (k * (accum + 1)), 1), lim.max_local_bsz)
-    if atomic < lim.min_local_bsz and k * lim.min_local_bsz * (accum + 1) <= lim.max_batch_size:
-        atomic = lim.min_local_bsz
-    while k * atomic * (accum + 1) > lim.max_batch_size and atomic > 1:
+    atomic = min(max(batch // (k * (accum + 1)), 1), b.largest_local)
+    if atomic < b.min_local_batch and k * b.min_local_batch * (accum + 1) <= b.largest:
+        atomic = b.min_local_batch
+    while k * atomic * (accum + 1) > b.largest and atomic > 1:
         atomic -= 1
-    if k * atomic * (accum + 1) > lim.max_batch_size:
+    if k * atomic * (accum + 1) > b.largest:
         return None, None
     return atomic, accum

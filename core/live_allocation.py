@@ -11,25 +11,20 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
-from .allocation import AllocJob, Allocation, Allocator, AllocNode, AppLimits, ProfileSample
-from .goodput import BatchBounds, JobObservations, ShapeRecord
+from .allocation import AllocJob, Allocation, Allocator, AllocNode, ProfileSample
+from .batch import BatchBounds
+from .contract import class_rank
+from .goodput import JobObservations, ShapeRecord
 from .planning.admission import WaitReason
 from .policy import allocator_names, make_allocator
 from .queues import QueueBook
 
-__all__ = ["LiveJob", "LiveTarget", "LivePlan", "LiveAllocation", "RankingAllocator", "UNIT_BATCH", "make_live_allocator",
+__all__ = ["LiveJob", "LiveTarget", "LivePlan", "LiveAllocation", "RankingAllocator", "make_live_allocator",
            "parse_allocator_options",
-           "attained_service", "batch_bounds", "movable_room", "observations_from_status", "observations_to_status"]
-
-#: the batch bounds of a job without ``spec.batchSize``: a step time is recorded at one
-#: sample-unit per GPU (the worker's own fixed batch)
-UNIT_BATCH = BatchBounds(1)
-
-#: ``spec.priority.class`` -> ``AllocJob.priority`` (higher classes are served first)
-CLASS_RANK = {"highest": 2, "urgent": 1, "normal": 0}
+           "attained_service", "movable_room", "observations_from_status", "observations_to_status"]
 
 
 def movable_room(state: Any, held: Iterable[tuple[Sequence[int], int, int, int]]
@@ -90,15 +85,6 @@ def attained_service(stored: Any, since: float | None, gpus: int, now: float) ->
     if since is None or gpus <= 0:
         return base
     return base + gpus * max(0.0, now - since)
-
-
-def batch_bounds(batch_size: int | None, max_batch_size: int | None = None, min_local: int | None = None,
-                 max_local: int | None = None) -> BatchBounds | None:
-    """A job's batch bounds from its spec (None without ``spec.batchSize``)."""
-    if batch_size is None:
-        return None
-    return BatchBounds(int(batch_size), int(max_batch_size) if max_batch_size is not None else None,
-                       int(min_local) if min_local is not None else 1, int(max_local) if max_local is not None else None)
 
 
 def observations_to_status(obs: JobObservations, last_report: str | None) -> dict:
@@ -255,11 +241,9 @@ class LiveAllocation:
         lo, hi = job.worker_range
         b = job.bounds
         if b is None:  # a fixed local batch per GPU: goodput is throughput
-            limits = AppLimits(init_batch_size=lo * g, max_batch_size=hi * g, min_local_bsz=1, max_local_bsz=1)
-        else:
-            limits = AppLimits(init_batch_size=b.init_batch, max_batch_size=b.largest,
-                               min_local_bsz=b.min_local_batch,
-                               max_local_bsz=b.max_local_batch if b.max_local_batch is not None else b.largest)
+            bounds = BatchBounds(lo * g, hi * g, 1, 1)
+        else:  # no per-GPU limit: the largest global batch (the goodput model's reference share)
+            bounds = b if b.max_local_batch is not None else replace(b, max_local_batch=b.largest)
         profile: tuple[ProfileSample, ...] = ()
         sqr = var = None
         obs = job.observations
@@ -276,10 +260,10 @@ class LiveAllocation:
         return AllocJob(id=job.key, submit_time=job.submit_time, application=job.key,
                         age=max(0.0, now - job.submit_time), attained_service=job.attained_service,
                         num_restarts=max(0, job.restarts), allocation=held, target_replicas=lo * g,
-                        target_batch_size=limits.init_batch_size, min_replicas=lo * g, max_replicas=hi * g,
-                        limits=limits, batch_size=job.batch_size or 0, grad_sqr=sqr, grad_var=var, profile=profile,
+                        target_batch_size=bounds.init_batch, min_replicas=lo * g, max_replicas=hi * g,
+                        bounds=bounds, batch_size=job.batch_size or 0, grad_sqr=sqr, grad_var=var, profile=profile,
                         epoch=job.epoch, metrics=job.metrics, higher_is_better=True,
-                        priority=CLASS_RANK.get(job.priority_class, 0), queue=job.queue,
+                        priority=class_rank(job.priority_class), queue=job.queue,
                         protected=protected and bool(job.nodes), gpu_models=job.gpu_models,
                         cpu_milli=-(-max(job.cpu_milli, 0) // g), memory_mib=-(-max(job.memory_mib, 0) // g),
                         replica_group=g)

@@ -14,6 +14,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
+from .contract import PRIORITY_CLASSES
+
 __all__ = ["QueueSpec", "QueueBook", "QueueError", "NO_QUEUE", "DEFAULT_CLASSES"]
 
 #: the implicit queue of jobs that name none (when queues exist)
@@ -21,7 +23,6 @@ NO_QUEUE = ""
 #: the service classes a queue allows unless it says otherwise (``highest`` preempts:
 #: a platform team grants it explicitly)
 DEFAULT_CLASSES = frozenset({"normal", "urgent"})
-_CLASSES = frozenset({"normal", "urgent", "highest"})
 
 J = TypeVar("J")
 
@@ -49,7 +50,7 @@ class QueueSpec:
             raise QueueError(f"queue {self.name!r}: borrowingLimitGpus must be >= 0, got {self.borrowing_limit}")
         if not (math.isfinite(self.weight) and self.weight > 0):
             raise QueueError(f"queue {self.name!r}: weight must be > 0, got {self.weight}")
-        bad = set(self.priority_classes) - _CLASSES
+        bad = set(self.priority_classes) - set(PRIORITY_CLASSES)
         if bad:
             raise QueueError(f"queue {self.name!r}: unknown priority classes {sorted(bad)}")
         if self.min_run_s is not None and not (math.isfinite(self.min_run_s) and self.min_run_s >= 0):
@@ -154,7 +155,7 @@ class QueueBook:
     def spec_of(self, name: str | None) -> QueueSpec:
         """The queue's spec; the implicit queue (no guarantee, no cap, weight 1, every
         class) for :data:`NO_QUEUE` or a queue that does not exist."""
-        return self._by_name.get(name or NO_QUEUE) or QueueSpec(NO_QUEUE, priority_classes=_CLASSES)
+        return self._by_name.get(name or NO_QUEUE) or QueueSpec(NO_QUEUE, priority_classes=frozenset(PRIORITY_CLASSES))
 
     def min_run(self, name: str | None) -> float:
         q = self.get(name)

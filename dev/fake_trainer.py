@@ -171,19 +171,19 @@ class FakeTrainer:
         profile (module docstring)."""
         app = self.application
         gpw = int(body["spec"].get("gpusPerWorker") or 1)
-        batch = self._batch.get((uid, gen)) or body["spec"].get("batchSize") or app.limits.init_batch_size
+        batch = self._batch.get((uid, gen)) or body["spec"].get("batchSize") or app.bounds.init_batch
         per_node: dict[str, int] = {}
         for n in self._nodes.get((uid, gen), []):
             per_node[n] = per_node.get(n, 0) + gpw
         placement = tuple(sorted(per_node.values(), reverse=True)) or (workers * gpw,)
         gpus = sum(placement)
         share = -(-int(batch) // gpus)
-        micro = -(-share // app.limits.max_local_bsz)
+        micro = -(-share // app.bounds.largest_local)
         atomic = -(-share // micro)
         seconds, _, _ = app.update_time(placement, atomic, micro - 1)
         sqr, var = app.grad_stats(batch, epoch)
         return {"step_time_seconds": float(seconds), "workers": workers, "global_batch_size": int(batch),
-                "generation": gen, "grad_sqr": float(sqr), "grad_var": float(var) * app.limits.init_batch_size}
+                "generation": gen, "grad_sqr": float(sqr), "grad_var": float(var) * app.bounds.init_batch}
 
     def playing(self) -> dict[tuple[str, int], int]:
         """``(job uid, generation) -> Running workers`` for each generation whose chief

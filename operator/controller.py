@@ -409,7 +409,7 @@ class Controller:
             live.append(self.lifecycle.live_job(j, now, placement, obs))
         for e in c.waiting:
             j = c.jobs[e.key]
-            bounds = self.lifecycle.bounds(j)
+            bounds = j.spec.bounds
             obs = observations_from_status(j.status.get("goodput"), bounds)[0] if bounds is not None else None
             live.append(self.lifecycle.live_job(j, now, (), obs))
         return live, held

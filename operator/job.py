@@ -132,6 +132,15 @@ class Job:
     def status(self) -> dict:
         return self.body.get("status") or {}
 
+    @property
+    def batch_size(self) -> int | None:
+        """The global batch of its current generation: the scheduler's
+        (``status.batchSize``), else the spec's; None: neither sets one."""
+        b = self.status.get("batchSize")
+        if isinstance(b, int) and not isinstance(b, bool) and b >= 1:
+            return b
+        return self.spec.batch_size if self.spec is not None else None
+
     def live_pods(self) -> list[dict]:
         return [p for p in self.pods if p["metadata"].get("deletionTimestamp") is None
                 and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]

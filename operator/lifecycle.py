@@ -13,12 +13,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 from rlsched.core.contract import judge_batch
 from rlsched.core.lifecycle import FAIL, RESTART, SUCCEED, Verdict, judge
+from rlsched.core.batch import UNIT_BATCH
 from rlsched.core.live_allocation import (
-    UNIT_BATCH,
     LiveJob,
     LiveTarget,
     attained_service,
-    batch_bounds,
     observations_from_status,
     observations_to_status,
 )
@@ -55,10 +54,6 @@ class Lifecycle:
         held = self.target(j) * j.spec.gpus_per_worker if j.status.get("phase") in ("Starting", "Running") else 0
         return attained_service(j.status.get("attainedGpuSeconds"), parse_time(j.status.get("attainedSince")),
                                 held, now)
-
-    def bounds(self, j: Job):
-        s = j.spec
-        return batch_bounds(s.batch_size, s.max_batch_size, *s.local_batch_size)
 
     def priority_of(self, j: Job) -> float:
         """The job's dynamic priority from its spec and request counter (never its status)."""
@@ -216,10 +211,7 @@ class Lifecycle:
         """Condition ``BatchSizeIgnored`` (and an Event when it changes): whether the
         chief's report of the running generation shows the global batch the operator
         set (:func:`~rlsched.core.contract.judge_batch`)."""
-        expected = j.status.get("batchSize")
-        if not isinstance(expected, int) or isinstance(expected, bool):
-            expected = j.spec.batch_size
-        check = judge_batch(expected, j.status.get("progress"), j.generation)
+        check = judge_batch(j.batch_size, j.status.get("progress"), j.generation)
         if check is None:
             return
         old = get_condition(j.status.get("conditions"), "BatchSizeIgnored")
@@ -239,7 +231,7 @@ class Lifecycle:
         """Fold the chief's latest report into ``status.goodput`` (a report of the
         current generation at its size; the nodes its workers run on are known here)
         and return the record."""
-        bounds = self.bounds(j)
+        bounds = j.spec.bounds
         obs, last = observations_from_status(j.status.get("goodput"), bounds or UNIT_BATCH)
         prog = j.status.get("progress")
         if not isinstance(prog, Mapping) or not prog.get("updateTime") or prog.get("updateTime") == last:
@@ -270,12 +262,11 @@ class Lifecycle:
     def live_job(self, j: Job, now: float, placement: tuple[int, ...], obs) -> LiveJob:
         s = j.spec
         created = parse_time(j.body["metadata"].get("creationTimestamp")) or now
-        batch = j.status.get("batchSize") if placement else None
         prog = progress_of(j.status)
         return LiveJob(key=j.key, submit_time=created, min_workers=s.min_workers, max_workers=s.max_workers,
                        gpus_per_worker=s.gpus_per_worker, nodes=placement,
-                       batch_size=batch if batch is not None else s.batch_size, pinned_workers=s.pinned_workers,
-                       bounds=self.bounds(j), observations=obs, attained_service=self.service(j, now),
+                       batch_size=j.batch_size if placement else s.batch_size, pinned_workers=s.pinned_workers,
+                       bounds=s.bounds, observations=obs, attained_service=self.service(j, now),
                        restarts=j.generation, priority_class=s.priority_class, queue=j.team,
                        running_since=parse_time(j.status.get("admittedTime")) if placement else None,
                        gpu_models=s.gpu_models, cpu_milli=s.cpu_milli, memory_mib=s.memory_mib,
@@ -361,7 +352,7 @@ class Lifecycle:
     async def resize(self, j: Job, t: LiveTarget, now: float) -> None:
         """A new generation at the allocator's size and batch: recorded first (with the
         GPU-seconds attained so far), then the old workers are stopped."""
-        old, old_batch = self.target(j), j.status.get("batchSize") or j.spec.batch_size
+        old, old_batch = self.target(j), j.batch_size
         await self.status.patch(j, {
             "targetWorkers": t.workers, "restartGeneration": j.generation + 1, "batchSize": t.batch_size,
             "attainedGpuSeconds": self.service(j, now), "attainedSince": format_time(now),

@@ -20,6 +20,7 @@ from rlsched.core.contract import (
     DEFAULT_MASTER_PORT,
     DEFAULT_SCHEDULER_NAME,
     MAX_BATCH_SIZE,
+    PRIORITY_CLASSES,
     SUCCESS_POLICIES,
     RESOURCE_GPU,
     ShapeError,
@@ -29,7 +30,7 @@ from rlsched.core.contract import (
     pod_gpus,
     pod_requests,
 )
-from rlsched.core.planning import PRIORITY_CLASSES, TrainingSpec
+from rlsched.core.planning import TrainingSpec
 
 from .resources import set_worker_gpus, worker_name
 

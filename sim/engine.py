@@ -23,8 +23,9 @@ from rlsched.core import ClusterState, JobView, Level, Ordering, Placement, Plac
 from rlsched.core.cycle import Preemption, SchedulingCycle
 from rlsched.core.decision_clock import DecisionClock
 from rlsched.core.estimate import estimate_remaining
-from rlsched.core.goodput import BatchBounds, JobObservations
-from rlsched.core.live_allocation import UNIT_BATCH, LiveAllocation, LiveJob, LivePlan, batch_bounds, movable_room
+from rlsched.core.batch import UNIT_BATCH
+from rlsched.core.goodput import JobObservations
+from rlsched.core.live_allocation import LiveAllocation, LiveJob, LivePlan, movable_room
 from rlsched.core.queues import QueueBook
 from rlsched.core.planning import (
     Admission,
@@ -53,12 +54,6 @@ _PENDING, _RUNNING, _DONE, _DROPPED, _FUTURE = 0, 1, 2, 3, 4
 _KEY_ORDERINGS = frozenset({"fifo", "sjf", "srtf", "tetris", "tiresias"})
 #: ... whose relative order of two pending jobs never changes while they wait
 _STATIC_ORDERINGS = frozenset({"fifo", "sjf", "srtf", "tiresias"})
-
-
-def _bounds(spec: JobSpec) -> BatchBounds | None:
-    """A job's batch bounds as the operator reads them from its TrainingJob
-    (``batch_bounds`` of ``spec.batchSize``/``maxBatchSize``); None: no adaptive batch."""
-    return batch_bounds(spec.batch_size, spec.max_batch_size) if spec.batch_size is not None else None
 
 
 def _curve_grad_stats(gamma: float, batch_per_worker: int) -> tuple[float, float]:
@@ -228,7 +223,7 @@ class _Job:
         self.elastic = ElasticState()
         self.ran = 0.0  # seconds it held its workers (what a live operator measures)
         #: the step times it "reported" (an allocation policy's input: status.goodput live)
-        self.obs = JobObservations(_bounds(spec) or UNIT_BATCH)
+        self.obs = JobObservations(spec.bounds or UNIT_BATCH)
         self.reported = 0  # the epoch of its last report
         #: the global batch a scheduler set for its current run (an adaptive batch while
         #: it runs under an allocation policy; None: ``spec.batch_size``, or none)
@@ -1172,7 +1167,7 @@ class Simulator:
             batch = j.batch if nodes and j.batch is not None else spec.batch_size
         return LiveJob(key=v.id, submit_time=v.submit_time, min_workers=v.min_workers, max_workers=v.max_workers,
                        gpus_per_worker=v.gpus_per_worker, nodes=nodes, observations=j.obs,
-                       batch_size=batch, bounds=_bounds(spec),
+                       batch_size=batch, bounds=spec.bounds,
                        attained_service=v.attained_service, restarts=j.rescales + j.preemptions,
                        priority_class=j.spec.priority_class or "normal", queue=j.spec.tenant,
                        running_since=float(v.start_time) if nodes and v.start_time is not None else None,

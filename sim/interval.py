@@ -23,12 +23,12 @@ from rlsched.core.allocation import (
     AllocJob,
     AllocNode,
     Allocator,
-    AppLimits,
     Oracle,
     ProfileSample,
     check_allocations,
     fixed_batch,
 )
+from rlsched.core.batch import BatchBounds
 from rlsched.core.queues import NO_QUEUE, QueueBook
 
 from .engine import JobRecord, SimResult
@@ -77,7 +77,7 @@ class _Job:
     __slots__ = (
         "spec", "app", "progress", "epoch", "attained", "restarts", "nodes", "placement", "atomic", "accum",
         "delay", "end", "start", "profile", "grad", "preemptions", "w0", "ideal", "metrics", "queued",
-        "since", "fixed_batch", "limits",
+        "since", "fixed_batch", "bounds",
     )
 
     def __init__(self, spec: MeasuredJobSpec, app: Application) -> None:
@@ -107,9 +107,8 @@ class _Job:
         #: the batch limits the allocator sees: the application's, or with a fixed batch
         #: the job's own batch as both the initial and the largest (the bounds of a fixed
         #: global batch, as a live job without ``spec.maxBatchSize`` shows them)
-        self.limits = app.limits if not self.fixed_batch else AppLimits(
-            init_batch_size=spec.batch_size, max_batch_size=spec.batch_size,
-            min_local_bsz=app.limits.min_local_bsz, max_local_bsz=app.limits.max_local_bsz)
+        self.bounds = app.bounds if not self.fixed_batch else BatchBounds(
+            spec.batch_size, spec.batch_size, app.bounds.min_local_batch, app.bounds.max_local_batch)
 
     @property
     def batch(self) -> int:
@@ -255,8 +254,7 @@ class IntervalSimulator:
 
     # ------------------------------------------------------------------ internals
     def _max_replicas(self, j: _Job) -> int:
-        lim = j.app.limits
-        cap = min(j.spec.batch_size // lim.min_local_bsz, self.total_gpus, MAX_REPLICAS.get(j.app.name, self.total_gpus))
+        cap = min(j.spec.batch_size // j.app.bounds.min_local_batch, self.total_gpus, MAX_REPLICAS.get(j.app.name, self.total_gpus))
         return max(cap, min(j.spec.num_replicas, self.total_gpus), 1)
 
     def _view(self, j: _Job) -> AllocJob:
@@ -265,7 +263,7 @@ class IntervalSimulator:
             id=spec.id, submit_time=spec.submit_time, application=spec.application, age=self.now - spec.submit_time,
             attained_service=j.attained, num_restarts=max(j.restarts, 0), allocation=j.nodes,
             target_replicas=min(spec.num_replicas, self.total_gpus), target_batch_size=spec.batch_size,
-            min_replicas=1, max_replicas=self._max_replicas(j), limits=j.limits, batch_size=j.batch,
+            min_replicas=1, max_replicas=self._max_replicas(j), bounds=j.bounds, batch_size=j.batch,
             atomic_bsz=j.atomic, accum_steps=j.accum, epoch=j.epoch, progress=j.progress,
             grad_sqr=j.grad[0] if j.grad else None, grad_var=j.grad[1] if j.grad else None,
             profile=tuple(j.profile.values()), metrics=tuple(j.metrics), higher_is_better=j.app.higher_is_better,
@@ -287,7 +285,7 @@ class IntervalSimulator:
     def _packed_config(self, j: _Job, k: int) -> tuple[float, int]:
         """(seconds per update, total batch) of the job on ``k`` GPUs packed on as few
         nodes as possible, at its target batch size."""
-        atomic, accum = fixed_batch(j.spec.batch_size, k, j.app.limits)
+        atomic, accum = fixed_batch(j.spec.batch_size, k, j.app.bounds)
         t, _, _ = j.app.update_time(self._packed(k), atomic, accum)
         return t, k * atomic * (accum + 1)
 
@@ -342,7 +340,7 @@ class IntervalSimulator:
         if not j.nodes:
             j.since = self.now
         if a.atomic_bsz is None or j.fixed_batch:
-            atomic, accum = fixed_batch(j.spec.batch_size, len(nodes), j.app.limits)
+            atomic, accum = fixed_batch(j.spec.batch_size, len(nodes), j.app.bounds)
         else:
             atomic, accum = int(a.atomic_bsz), int(a.accum_steps or 0)
         if sorted(nodes) != sorted(j.nodes):

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from rlsched.core import Bandwidth, JobView, Level, Topology
+from rlsched.core.batch import BatchBounds
+from rlsched.core.contract import PRIORITY_CLASSES
 from rlsched.core.planning import HIGHEST_BONUS
 
 from .convergence import ConvergenceModel
@@ -84,7 +86,7 @@ class JobSpec:
         klass = self.priority_class
         if klass is None:
             klass = "urgent" if self.queue == "urgent" else "normal"
-        if klass not in ("highest", "urgent", "normal"):
+        if klass not in PRIORITY_CLASSES:
             raise ValueError(f"job {self.id}: unknown priority_class {klass!r}")
         object.__setattr__(self, "priority_class", klass)
         if klass == "highest" and self.queue == "normal":
@@ -129,6 +131,12 @@ class JobSpec:
     def adaptive_batch(self) -> bool:
         """Whether a scheduler sets its global batch (it gives ``batch_size``)."""
         return self.batch_size is not None
+
+    @property
+    def bounds(self) -> BatchBounds | None:
+        """The batch bounds its TrainingJob carries (``spec.batchSize`` up to
+        ``maxBatchSize``); None without ``batch_size``: no adaptive batch."""
+        return None if self.batch_size is None else BatchBounds(self.batch_size, self.max_batch_size)
 
     def global_batch(self, workers: int, batch: int | None = None) -> int:
         """The global batch it trains at on ``workers`` workers: ``batch`` (what the

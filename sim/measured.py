@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from rlsched.core.allocation import AppLimits
+from rlsched.core.batch import BatchBounds
 
 __all__ = [
     "MeasuredJobSpec",
@@ -181,12 +181,10 @@ class Application:
         self.higher_is_better = bool(first[0] < first[-1])
         lo_local = int(min(int(b.min()) for b, _, _ in self._placements.values()))
         hi_local = int(max(int(b.max()) for b, _, _ in self._placements.values()))
-        if max_local_bsz is not None:
+        if max_local_bsz is not None:  # the GPU's memory cap wins over a larger measured floor
             hi_local = min(hi_local, max_local_bsz)
-        self.limits = AppLimits(
-            init_batch_size=int(min(self._runs)), max_batch_size=int(max(self._runs)),
-            min_local_bsz=lo_local, max_local_bsz=hi_local,
-        )
+            lo_local = min(lo_local, hi_local)
+        self.bounds = BatchBounds(int(min(self._runs)), int(max(self._runs)), lo_local, hi_local)
 
     # ------------------------------------------------------------------ throughput
     @property
@@ -286,7 +284,7 @@ class Application:
     def gain(self, batch_size: float, epoch: int) -> float:
         """Progress (steps at the initial batch size) one update at ``batch_size`` makes."""
         sqr, var = self.grad_stats(batch_size, epoch)
-        scale = batch_size / self.limits.init_batch_size
+        scale = batch_size / self.bounds.init_batch
         return (var + sqr) / (var / scale + sqr)
 
     def metric(self, batch_size: float, epochs: int) -> float:

@@ -8,7 +8,6 @@ Pure: numpy and the core cluster model, no Kubernetes objects.
 """
 
 from .admission import (
-    CLASS_RANK,
     HIGHEST_BONUS,
     Admission,
     AdmissionPlan,
@@ -35,11 +34,10 @@ from .elastic import (
     reserved_gpus,
     scaling_steps,
 )
-from .spec import PRIORITY_CLASSES, TrainingSpec
+from .spec import TrainingSpec
 from .topology import TopologyRule, required_topology
 
 __all__ = [
-    "CLASS_RANK",
     "HIGHEST_BONUS",
     "Admission",
     "AdmissionPlan",
@@ -63,7 +61,6 @@ __all__ = [
     "best_fit_node",
     "convergence_gain",
     "convergence_gains",
-    "PRIORITY_CLASSES",
     "TrainingSpec",
     "TopologyRule",
     "required_topology",

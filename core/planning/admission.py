@@ -14,19 +14,18 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from ..cluster import ClusterState, JobView
+from ..contract import class_rank
 from ..policy import Ordering
 from .spec import TrainingSpec
 
 __all__ = [
     "DynamicPriority", "QueueEntry", "RunningEntry", "AdmissionPlan", "Admission", "HIGHEST_BONUS",
-    "CLASS_RANK", "WaitReason", "waiting_reasons", "admit_in_order", "gang_fits", "gang_unfittable", "take_gang", "unfittable_reason",
+    "WaitReason", "waiting_reasons", "admit_in_order", "gang_fits", "gang_unfittable", "take_gang", "unfittable_reason",
 ]
 
 #: added to a ``highest`` job's priority so that it ranks before every urgent job
 #: (spec values are bounded to [-1000, 1000] by the CRD schema)
 HIGHEST_BONUS = 1.0e6
-#: service class -> rank (0 is served first)
-CLASS_RANK = {"highest": 0, "urgent": 1, "normal": 2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,10 +386,10 @@ class Admission:
         lower that the ordering ranks strictly after ``job`` (live views needed)."""
         if not self.preemption:
             return False
-        jr, vr = CLASS_RANK[job.spec.priority_class], CLASS_RANK[victim.spec.priority_class]
-        if job.spec.priority_class == "highest" and vr > jr:
+        jr, vr = class_rank(job.spec.priority_class), class_rank(victim.spec.priority_class)
+        if job.spec.priority_class == "highest" and vr < jr:
             return True
-        if self.preemptive_ordering and vr >= jr and victim.job is not None and job.job is not None and state is not None:
+        if self.preemptive_ordering and vr <= jr and victim.job is not None and job.job is not None and state is not None:
             return bool(self.ordering.preempts(job.view(), victim.job, state))
         return False
 
@@ -403,7 +402,7 @@ class Admission:
             return False
         if outranked is None or job.spec.priority_class == "highest":
             return self.may_evict(job, victim, state)
-        return victim.key in outranked and CLASS_RANK[victim.spec.priority_class] >= CLASS_RANK[job.spec.priority_class]
+        return victim.key in outranked and class_rank(victim.spec.priority_class) <= class_rank(job.spec.priority_class)
 
     def choose_victims(
         self,
@@ -430,7 +429,7 @@ class Admission:
         if self.preemptive_ordering and state is not None:
             views = [r.job for r in cands if r.job is not None]
             last = {v.id: -i for i, v in enumerate(self.ordering.rank(views, state))}
-        cands.sort(key=lambda r: (-CLASS_RANK[r.spec.priority_class], r.priority, last.get(r.key, 0), -r.start_time, r.key))
+        cands.sort(key=lambda r: (class_rank(r.spec.priority_class), r.priority, last.get(r.key, 0), -r.start_time, r.key))
         room = _Room.of(job, free, total, state)
         chosen: list[str] = []
         s = job.spec

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..batch import BatchBounds
 from ..cluster import JobView, Progress
 from ..contract import DEFAULT_BACKOFF_LIMIT
 from ..estimate import estimate_remaining
 
-__all__ = ["TrainingSpec", "PRIORITY_CLASSES"]
-
-#: service classes, most important first
-PRIORITY_CLASSES = ("highest", "urgent", "normal")
+__all__ = ["TrainingSpec"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +54,16 @@ class TrainingSpec:
     #: request, :func:`~rlsched.core.contract.pod_requests`): millicores and MiB
     cpu_milli: int = 0
     memory_mib: int = 0
+
+    @property
+    def bounds(self) -> BatchBounds | None:
+        """The job's batch bounds: ``batchSize`` up to ``maxBatchSize``, per worker
+        ``localBatchSize``; None without ``spec.batchSize`` (each worker trains at its
+        own fixed batch and the scheduler sets none)."""
+        if self.batch_size is None:
+            return None
+        lo, hi = self.local_batch_size
+        return BatchBounds(self.batch_size, self.max_batch_size, 1 if lo is None else lo, hi)
 
     @property
     def gang_gpus(self) -> int:

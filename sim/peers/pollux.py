@@ -136,7 +136,9 @@ def _job(j: AllocJob, pinned: Mapping[str, tuple[int, int]]) -> dict[str, Any]:
     for name in ("submit_time", "age", "attained_service", "progress", "grad_sqr", "grad_var"):
         _finite(j.id, name, d[name])
     d["allocation"] = list(j.allocation)
-    d["limits"] = dataclasses.asdict(j.limits)
+    b = d.pop("bounds")  # AdaptDL's names for the job's batch bounds
+    d["limits"] = {"init_batch_size": int(b.init_batch), "max_batch_size": int(b.largest),
+                   "min_local_bsz": int(b.min_local_batch), "max_local_bsz": int(b.largest_local)}
     d["profile"] = [[s.num_nodes, s.num_replicas, s.atomic_bsz, _finite(j.id, "step_time", s.step_time),
                      _finite(j.id, "sync_time", s.sync_time)] for s in j.profile]
     d["fixed_batch_size"] = None

@@ -15,7 +15,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from rlsched.core.allocation import AllocJob, Allocation, AllocNode, checked_call
-from rlsched.core.goodput import BatchBounds, GoodputModel, ThroughputModel, ThroughputPrior
+from rlsched.core.batch import BatchBounds
+from rlsched.core.goodput import GoodputModel, ThroughputModel, ThroughputPrior
 from rlsched.core.goodput import FitProblem, fit_many  # the shared fit
 from rlsched.core.job_goodput import JobGoodput, observations_of, split_batch
 

@@ -232,11 +232,11 @@ def _job(row: dict, app: str, seen: set[str]) -> MeasuredJobSpec:
 
 
 def _check(job: MeasuredJobSpec, app: Application) -> None:
-    lim = app.limits
-    if not lim.init_batch_size <= job.batch_size <= lim.max_batch_size:
-        raise _OutOfRange(f"{job.application} batch_size {job.batch_size} outside the measured runs [{lim.init_batch_size}, {lim.max_batch_size}]")
-    if job.num_replicas * lim.min_local_bsz > job.batch_size:
-        raise _OutOfRange(f"{job.application} batch_size {job.batch_size} over {job.num_replicas} GPUs is below the smallest measured per-GPU batch {lim.min_local_bsz}")
+    b = app.bounds
+    if not b.init_batch <= job.batch_size <= b.largest:
+        raise _OutOfRange(f"{job.application} batch_size {job.batch_size} outside the measured runs [{b.init_batch}, {b.largest}]")
+    if job.num_replicas * b.min_local_batch > job.batch_size:
+        raise _OutOfRange(f"{job.application} batch_size {job.batch_size} over {job.num_replicas} GPUs is below the smallest measured per-GPU batch {b.min_local_batch}")
 
 
 def _setting_note(trace: MeasuredTrace) -> None:

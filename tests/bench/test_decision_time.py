@@ -20,10 +20,10 @@ from rlsched.core.allocation import (
     AllocationError,
     AllocJob,
     AllocNode,
-    AppLimits,
     ProfileSample,
     check_allocations,
 )
+from rlsched.core.batch import BatchBounds
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(os.environ.get("RLSCHED_DATA_DIR") or REPO.parent / "shared" / "data")
@@ -50,7 +50,7 @@ CAPTURE = ["--capture-traces", "pollux:workloads-1.5/workload-6", "--capture-hou
 def _job(d: dict) -> AllocJob:
     """An AllocJob back from the JSON the benchmark saved."""
     d = dict(d)
-    d["limits"] = AppLimits(**d["limits"])
+    d["bounds"] = BatchBounds(**d["bounds"])
     d["profile"] = tuple(ProfileSample(**p) for p in d["profile"])
     d["allocation"] = tuple(d["allocation"])
     d["metrics"] = tuple(d["metrics"])

@@ -8,8 +8,8 @@ import pytest
 from scipy.optimize import least_squares
 
 from rlsched.core import batch_lsq
+from rlsched.core.batch import BatchBounds
 from rlsched.core.goodput import (
-    BatchBounds,
     EfficiencyModel,
     FitProblem,
     GoodputModel,
@@ -169,9 +169,9 @@ def test_prepared_fits_are_the_ones_model_makes_alone():
 
 
 def _jobs():
-    from rlsched.core.allocation import AllocJob, AppLimits, ProfileSample
+    from rlsched.core.allocation import AllocJob, ProfileSample
 
-    limits = AppLimits(init_batch_size=128, max_batch_size=4096, min_local_bsz=16, max_local_bsz=256)
+    bounds = BatchBounds(128, 4096, 16, 256)
     out = []
     for i, samples in enumerate([
         [(1, 1, 128, 0, 0.30)],
@@ -182,7 +182,7 @@ def _jobs():
                                       sync_time=0.0) for K, N, m, s, t in samples)
         out.append(AllocJob(id=f"j{i}", submit_time=0.0, application="app", age=600.0, attained_service=0.0,
                             num_restarts=0, allocation=(), target_replicas=None, target_batch_size=None,
-                            min_replicas=1, max_replicas=16, limits=limits, profile=profile, grad_sqr=1.0,
+                            min_replicas=1, max_replicas=16, bounds=bounds, profile=profile, grad_sqr=1.0,
                             grad_var=5.0 * (i + 1)))
     return out
 

@@ -10,8 +10,10 @@ from hypothesis import strategies as st
 from rlsched.core.contract import (
     LABEL_GPU_COUNT,
     MAX_GPUS,
+    PRIORITY_CLASSES,
     RESOURCE_GPU,
     ShapeError,
+    class_rank,
     gpu_count,
     node_gpus,
     node_shape,
@@ -19,6 +21,14 @@ from rlsched.core.contract import (
     pod_gpus,
     whole_number,
 )
+
+
+def test_class_rank_serves_the_more_important_class_first():
+    assert [class_rank(c) for c in PRIORITY_CLASSES] == [2, 1, 0]
+    assert sorted(PRIORITY_CLASSES, key=class_rank, reverse=True) == ["highest", "urgent", "normal"]
+    for bad in ("Highest", "", None):
+        with pytest.raises(ValueError, match="unknown priority class"):
+            class_rank(bad)
 
 
 @pytest.mark.parametrize(

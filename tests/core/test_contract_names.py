@@ -25,9 +25,10 @@ DEFINED_ONCE = {
     "pod_gpus": CONTRACT, "node_gpus": CONTRACT, "node_shape": CONTRACT, "parse_quantity": CONTRACT,
     "gpu_count": CONTRACT, "container_gpus": CONTRACT, "ShapeError": CONTRACT,
     "PolicyFileError": Path("core") / "nn.py", "PLACEMENT_FEATURES": Path("core") / "das.py",
+    "PRIORITY_CLASSES": CONTRACT, "class_rank": CONTRACT, "BatchBounds": Path("core") / "batch.py",
 }
 #: the duplicates this module replaced must not come back
-GONE = {"parse_quantity_int", "gpu_quantity", "_gpus_of", "ModelError"}
+GONE = {"parse_quantity_int", "gpu_quantity", "_gpus_of", "ModelError", "CLASS_RANK", "_CLASSES", "AppLimits"}
 
 
 def _sources():
@@ -105,3 +106,6 @@ def test_crd_manifests_use_the_contract_names(crd):
     assert (names["plural"], names["singular"], names["kind"]) == (contract.PLURAL, contract.SINGULAR, contract.KIND)
     assert contract.SHORT_NAME in names["shortNames"]
     assert contract.VERSION in [v["name"] for v in spec["versions"] if v.get("served")]
+    served = next(v for v in spec["versions"] if v["name"] == contract.VERSION)
+    klass = served["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["priority"]["properties"]["class"]
+    assert sorted(klass["enum"]) == sorted(contract.PRIORITY_CLASSES)

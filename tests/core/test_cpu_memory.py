@@ -13,7 +13,8 @@ import pytest
 from rlsched.core import ClusterState, Topology, make_ordering
 from dataclasses import replace
 
-from rlsched.core.allocation import AllocJob, AllocNode, AllocationError, AppLimits, Allocation, check_allocations
+from rlsched.core.allocation import AllocJob, AllocNode, AllocationError, Allocation, check_allocations
+from rlsched.core.batch import BatchBounds
 from rlsched.core.contract import ShapeError, node_shape, pod_requests
 from rlsched.core.goodput_allocator import GoodputAllocator, within_room
 from rlsched.core.live_allocation import LiveAllocation, LiveJob
@@ -79,10 +80,10 @@ def test_gang_admission_reports_a_gang_unfittable_by_cpu():
 
 # --------------------------------------------------------------------------- allocator
 def _job(jid, lo=1, hi=8, cpu=0, mem=0, allocation=()):
-    lim = AppLimits(init_batch_size=lo, max_batch_size=hi, min_local_bsz=1, max_local_bsz=1)
+    lim = BatchBounds(lo, hi, 1, 1)
     return AllocJob(id=jid, submit_time=0.0, application=jid, age=100.0, attained_service=0.0, num_restarts=0,
                     allocation=tuple(allocation), target_replicas=lo, target_batch_size=lo, min_replicas=lo,
-                    max_replicas=hi, limits=lim, cpu_milli=cpu, memory_mib=mem, grad_sqr=0.0, grad_var=1.0)
+                    max_replicas=hi, bounds=lim, cpu_milli=cpu, memory_mib=mem, grad_sqr=0.0, grad_var=1.0)
 
 
 NODES = [AllocNode(0, 4, "a", "A100", 8_000, 32_768), AllocNode(1, 4, "b", "A100", 2_000, 32_768)]

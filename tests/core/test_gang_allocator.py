@@ -5,17 +5,18 @@ from __future__ import annotations
 import numpy as np
 
 from rlsched.core import make_ordering, make_placement
-from rlsched.core.allocation import AllocJob, AllocNode, AppLimits, check_allocations
+from rlsched.core.allocation import AllocJob, AllocNode, check_allocations
+from rlsched.core.batch import BatchBounds
 from rlsched.core.gang_allocator import GangAllocator
 
-LIM = AppLimits(init_batch_size=128, max_batch_size=4096, min_local_bsz=32, max_local_bsz=1024)
+LIM = BatchBounds(128, 4096, 32, 1024)
 NODES = [AllocNode(i, 4) for i in range(2)]
 
 
 def job(jid, t, replicas, allocation=()):
     return AllocJob(id=jid, submit_time=t, application="cifar10", age=0.0, attained_service=0.0, num_restarts=0,
                     allocation=tuple(allocation), target_replicas=replicas, target_batch_size=128 * replicas,
-                    min_replicas=1, max_replicas=16, limits=LIM)
+                    min_replicas=1, max_replicas=16, bounds=LIM)
 
 
 def gang(order="fifo", place="bestfit", backfill=True):

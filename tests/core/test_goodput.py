@@ -21,9 +21,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from rlsched.core.batch import BatchBounds
 from rlsched.core.goodput import (
     PROGRESS_FIELDS,
-    BatchBounds,
     EfficiencyModel,
     GoodputModel,
     JobObservations,
@@ -261,11 +261,10 @@ def test_batch_range_and_infeasible_allocations():
             BatchBounds(*bad)
 
 
-def test_bounds_from_the_allocators_app_limits():
-    from rlsched.core.allocation import AppLimits
-
-    b = BatchBounds.from_limits(AppLimits(init_batch_size=128, max_batch_size=4096, min_local_bsz=32, max_local_bsz=1024))
-    assert b == BatchBounds(128, 4096, 32, 1024) and b.reference_local_batch == 128.0
+def test_largest_local_batch_without_a_limit_is_the_largest_global_batch():
+    b = BatchBounds(128, 4096, 32, 1024)
+    assert (b.largest_local, b.reference_local_batch) == (1024, 128.0)
+    assert (BatchBounds(128, 4096, 32).largest_local, BatchBounds(128).largest_local) == (4096, 128)
 
 
 # ------------------------------------------------------------------ optimize_batch vs brute force
@@ -433,17 +432,18 @@ def test_job_observations_read_only_the_reported_progress_fields():
 
 
 def test_goodput_module_imports_nothing_but_numpy_scipy_and_the_standard_library():
-    """The model needs nothing else of ours but its batched least-squares solver, which
-    needs nothing but numpy."""
+    """The model needs nothing else of ours but its batched least-squares solver and the
+    job's batch bounds, which need nothing but numpy."""
     allowed = {"__future__", "functools", "math", "dataclasses", "typing", "numpy", "scipy"}
-    for name, ours in (("goodput.py", {"batch_lsq"}), ("batch_lsq.py", set())):
+    for name, ours in (("goodput.py", {(None, "batch_lsq"), ("batch", "BatchBounds")}), ("batch_lsq.py", set()),
+                       ("batch.py", set())):
         tree = ast.parse((REPO / "core" / name).read_text())
         roots = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 roots |= {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level:
-                assert node.module is None and {a.name for a in node.names} <= ours, name
+                assert {(node.module, a.name) for a in node.names} <= ours, name
             elif isinstance(node, ast.ImportFrom):
                 roots.add(node.module.split(".")[0])
         assert roots <= allowed, name

@@ -9,15 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlsched.core.allocation import AllocJob, Allocator, AllocNode, AppLimits, ProfileSample, check_allocations
+from rlsched.core.allocation import AllocJob, Allocator, AllocNode, ProfileSample, check_allocations
+from rlsched.core.batch import BatchBounds
 from rlsched.core.goodput_allocator import GoodputAllocator
 from rlsched.sim.allocators import make_allocator
 
 # an application whose per-GPU batch is fixed (min = max local batch = init batch):
 # every allocation trains at 64 samples per GPU, so goodput is throughput alone
-FIXED = AppLimits(init_batch_size=64, max_batch_size=64 * 64, min_local_bsz=64, max_local_bsz=64)
+FIXED = BatchBounds(64, 64 * 64, 64, 64)
 # and one whose batch may grow 16x, with up to 256 per GPU
-ELASTIC = AppLimits(init_batch_size=128, max_batch_size=2048, min_local_bsz=16, max_local_bsz=256)
+ELASTIC = BatchBounds(128, 2048, 16, 256)
 
 
 def linear_step(k, n, m):
@@ -39,12 +40,12 @@ def measured(step, *shapes):
 SHAPES = ((1, 1, 64), (2, 1, 64), (4, 1, 64), (8, 2, 64))
 
 
-def make_job(jid, *, step=linear_step, limits=FIXED, alloc=(), age=1e5, restarts=0, attained=0.0, submit=0.0,
+def make_job(jid, *, step=linear_step, bounds=FIXED, alloc=(), age=1e5, restarts=0, attained=0.0, submit=0.0,
              max_replicas=16, min_replicas=1, grad=(1.0, 1.0), oracle=None):
     return AllocJob(id=jid, submit_time=submit, application="app", age=age, attained_service=attained,
                     num_restarts=restarts, allocation=tuple(alloc), target_replicas=1,
-                    target_batch_size=limits.init_batch_size, min_replicas=min_replicas, max_replicas=max_replicas,
-                    limits=limits, grad_sqr=grad[0], grad_var=grad[1], profile=measured(step, *SHAPES), oracle=oracle)
+                    target_batch_size=bounds.init_batch, min_replicas=min_replicas, max_replicas=max_replicas,
+                    bounds=bounds, grad_sqr=grad[0], grad_var=grad[1], profile=measured(step, *SHAPES), oracle=oracle)
 
 
 def nodes_of(*gpus):
@@ -158,14 +159,14 @@ def test_the_batch_size_is_chosen_with_the_allocation():
     efficiency) trains at the goodput-optimal batch of its allocation; with a tiny noise
     scale it stays near its initial batch."""
     alloc = GoodputAllocator()
-    noisy = make_job("a", limits=ELASTIC, max_replicas=4, grad=(1.0, 1e4))
+    noisy = make_job("a", bounds=ELASTIC, max_replicas=4, grad=(1.0, 1e4))
     out = decide([noisy], nodes_of(4), alloc)["a"]
     gm = alloc.jobs.model(noisy)
     best = gm.optimize_batch(out.replicas, 1)
-    assert out.batch_size == pytest.approx(best.batch, rel=0.05) and out.batch_size > ELASTIC.init_batch_size
-    quiet = make_job("a", limits=ELASTIC, max_replicas=4, grad=(1.0, 1e-4))
+    assert out.batch_size == pytest.approx(best.batch, rel=0.05) and out.batch_size > ELASTIC.init_batch
+    quiet = make_job("a", bounds=ELASTIC, max_replicas=4, grad=(1.0, 1e-4))
     out = decide([quiet], nodes_of(4), GoodputAllocator())["a"]
-    assert out.batch_size <= 2 * ELASTIC.init_batch_size
+    assert out.batch_size <= 2 * ELASTIC.init_batch
 
 
 def test_gpus_follow_statistical_efficiency():
@@ -173,8 +174,8 @@ def test_gpus_follow_statistical_efficiency():
     GPUs pay only through a larger batch: the job whose gradient noise scale is large
     (large batches lose little progress per sample) gets more GPUs than the one whose
     small noise scale makes every sample beyond its initial batch nearly wasted."""
-    wide = make_job("wide", step=poor_step, limits=ELASTIC, max_replicas=8, grad=(1.0, 1e3))
-    narrow = make_job("narrow", step=poor_step, limits=ELASTIC, max_replicas=8, submit=1.0, grad=(1.0, 1e-3))
+    wide = make_job("wide", step=poor_step, bounds=ELASTIC, max_replicas=8, grad=(1.0, 1e3))
+    narrow = make_job("narrow", step=poor_step, bounds=ELASTIC, max_replicas=8, submit=1.0, grad=(1.0, 1e-3))
     out = counts(decide([wide, narrow], nodes_of(4, 4)))
     assert out["wide"] > out["narrow"] >= 1
 
@@ -228,7 +229,7 @@ def test_always_a_valid_allocation_that_uses_the_gpus(gpus, specs, p):
                     free[n] -= 1
         jobs.append(make_job(f"j{i}", step=linear_step if good else poor_step, max_replicas=mx, min_replicas=mn,
                              age=age, restarts=restarts, submit=float(i), alloc=alloc,
-                             limits=ELASTIC if i % 2 else FIXED))
+                             bounds=ELASTIC if i % 2 else FIXED))
     allocator = GoodputAllocator(p=p)
     out = decide(jobs, nodes, allocator)
     # with no restart to weigh (nobody holds GPUs yet), a GPU is left idle only when no
@@ -310,7 +311,7 @@ def test_a_job_of_a_model_the_cluster_lacks_gets_nothing_and_the_rest_is_unchang
 
 def test_without_model_limits_the_decision_is_the_same_as_on_unlabelled_nodes():
     jobs = [make_job("x", submit=0.0, step=poor_step), make_job("y", submit=1.0), make_job("z", submit=2.0,
-                                                                                           limits=ELASTIC)]
+                                                                                           bounds=ELASTIC)]
     assert decide(jobs, mixed_nodes()) == decide(jobs, nodes_of(4, 4, 4, 4))
 
 

@@ -7,17 +7,18 @@ import math
 import pytest
 
 from rlsched.core.allocation import Allocation
-from rlsched.core.goodput import BatchBounds, JobObservations
+from rlsched.core.batch import BatchBounds
+from rlsched.core.goodput import JobObservations
 from rlsched.core.goodput_allocator import GoodputAllocator
 from rlsched.core.live_allocation import (
     LiveAllocation,
     LiveJob,
     LiveTarget,
     attained_service,
-    batch_bounds,
     observations_from_status,
     observations_to_status,
 )
+from rlsched.core.planning import TrainingSpec
 
 
 class Fixed:
@@ -70,9 +71,11 @@ def test_observations_round_trip_through_the_status_and_refuse_garbage():
 
 
 def test_batch_bounds_from_the_spec():
-    assert batch_bounds(None) is None
-    assert batch_bounds(128) == BatchBounds(128)
-    assert batch_bounds(128, 1024, 16, 256) == BatchBounds(128, 1024, 16, 256)
+    assert TrainingSpec(1, 2).bounds is None
+    assert TrainingSpec(1, 2, batch_size=128).bounds == BatchBounds(128)
+    assert TrainingSpec(1, 2, batch_size=128, max_batch_size=1024, local_batch_size=(16, 256)).bounds == \
+        BatchBounds(128, 1024, 16, 256)
+    assert TrainingSpec(1, 2, batch_size=128, local_batch_size=(None, 64)).bounds == BatchBounds(128, None, 1, 64)
 
 
 def test_a_job_in_the_allocators_terms_replicas_are_gpus():
@@ -83,7 +86,7 @@ def test_a_job_in_the_allocators_terms_replicas_are_gpus():
     a = LiveAllocation.alloc_job(j, now=160.0)
     assert (a.id, a.age, a.attained_service, a.num_restarts) == ("ns/a", 60.0, 50.0, 2)
     assert a.allocation == (0, 0, 3, 3) and (a.min_replicas, a.max_replicas) == (2, 8)
-    assert (a.limits.init_batch_size, a.limits.max_batch_size, a.limits.min_local_bsz, a.limits.max_local_bsz) == \
+    assert (a.bounds.init_batch, a.bounds.largest, a.bounds.min_local_batch, a.bounds.largest_local) == \
         (128, 1024, 16, 256)
     # the trainer's per-sample tr(Σ) in AdaptDL's units at the initial batch
     assert (a.grad_sqr, a.grad_var) == (2.0, 900.0 / 128)
@@ -93,7 +96,7 @@ def test_a_job_in_the_allocators_terms_replicas_are_gpus():
     assert (pinned.min_replicas, pinned.max_replicas) == (3, 3)
     # no batch size: one sample per GPU per step, never accumulated — goodput is throughput
     free = LiveAllocation.alloc_job(LiveJob("ns/f", 0.0, 2, 6), now=0.0)
-    assert (free.limits.min_local_bsz, free.limits.max_local_bsz) == (1, 1)
+    assert (free.bounds.min_local_batch, free.bounds.largest_local) == (1, 1)
     assert (free.grad_sqr, free.grad_var) == (0.0, 1.0)  # efficiency 1: goodput is throughput
 
 

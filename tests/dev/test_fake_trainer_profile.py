@@ -32,17 +32,17 @@ def trainer(app, nodes, batch):
     (["a"], 1, 100_000, (1,)),  # a share beyond a GPU's micro-batch: accumulation
 ])
 def test_reports_follow_the_measured_profile(cifar10, nodes, gpw, batch, placement):
-    lim = cifar10.limits
+    lim = cifar10.bounds
     t = trainer(cifar10, nodes, batch)
     body = {"spec": {"gpusPerWorker": gpw}}
     r = t._throughput(body, "u", 3, len(nodes), epoch=5)
-    b = batch or lim.init_batch_size
+    b = batch or lim.init_batch
     gpus = sum(placement)
-    micro = -(-(-(-b // gpus)) // lim.max_local_bsz)
+    micro = -(-(-(-b // gpus)) // lim.largest_local)
     atomic = -(-(-(-b // gpus)) // micro)
     assert r["step_time_seconds"] == cifar10.update_time(placement, atomic, micro - 1)[0]
     assert (r["workers"], r["global_batch_size"], r["generation"]) == (len(nodes), b, 3)
     sqr, var = cifar10.grad_stats(b, 5)
-    assert (r["grad_sqr"], r["grad_var"]) == (sqr, var * lim.init_batch_size)
+    assert (r["grad_sqr"], r["grad_var"]) == (sqr, var * lim.init_batch)
     if batch == 100_000:
         assert micro > 1

@@ -512,7 +512,7 @@ def test_live_allocator_of_a_learned_weight_keeps_its_weights_on_the_compressed_
     def job(service: float, age: float) -> AllocJob:
         return AllocJob(id="j", submit_time=0.0, application="app", age=age, attained_service=service,
                         num_restarts=2, allocation=(0,), target_replicas=1, target_batch_size=64, min_replicas=1,
-                        max_replicas=8, limits=None, epoch=5, metrics=(0.1, 0.3, 0.4, 0.45, 0.47),
+                        max_replicas=8, bounds=None, epoch=5, metrics=(0.1, 0.3, 0.4, 0.45, 0.47),
                         higher_is_better=True)
 
     def weight(alloc, j: AllocJob) -> float:

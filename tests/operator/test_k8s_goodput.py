@@ -28,9 +28,9 @@ def test_goodput_allocator_starts_wide_models_reports_and_shrinks_to_admit(exten
     from rlsched.sim.measured import load_applications
 
     app = load_applications(TRACES, ("cifar10",))["cifar10"]
-    lim = app.limits
-    batch = dict(batchSize=lim.init_batch_size, maxBatchSize=lim.max_batch_size,
-                 localBatchSize={"max": lim.max_local_bsz})
+    lim = app.bounds
+    batch = dict(batchSize=lim.init_batch, maxBatchSize=lim.largest,
+                 localBatchSize={"max": lim.largest_local})
     with fake_trainer(ns, application=app, epoch_s=0.5) as th:
         # a short restart delay: the test lives seconds, not the hours the 30 s default weighs against
         with run_operator(ns, allocator="goodput@restart_delay=1"):
@@ -40,7 +40,7 @@ def test_goodput_allocator_starts_wide_models_reports_and_shrinks_to_admit(exten
             st = kapi.status(ns, "first")
             w0, b0 = st["targetWorkers"], st.get("batchSize")
             assert w0 >= 2, st  # several workers in one decision, never grown one at a time
-            assert b0 is not None and lim.init_batch_size <= b0 <= lim.max_batch_size
+            assert b0 is not None and lim.init_batch <= b0 <= lim.largest
             pods = kapi.pods(ns, "first")
             assert {_batch_env(p) for p in pods} == {b0} and len(pods) == w0
             # its reports become the record the allocator reads: the shape it runs on

@@ -1,5 +1,6 @@
 import pytest
 
+from rlsched.core.batch import BatchBounds
 from rlsched.operator.spec import SpecError, parse_spec
 
 
@@ -31,6 +32,7 @@ def test_lifecycle_fields_parse_with_job_defaults():
 def test_batch_bounds_parse_and_are_checked():
     s = parse_spec(body(batchSize=128, maxBatchSize=4096, localBatchSize={"min": 16, "max": 256}))
     assert (s.batch_size, s.max_batch_size, s.local_batch_size) == (128, 4096, (16, 256))
+    assert s.bounds == BatchBounds(128, 4096, 16, 256) and parse_spec(body()).bounds is None
     assert parse_spec(body()).local_batch_size == (None, None) and parse_spec(body()).max_batch_size is None
     assert parse_spec(body(suspend=True)).suspend is True and parse_spec(body()).suspend is False
     for over, needle in (({"maxBatchSize": 512}, "needs spec.batchSize"),

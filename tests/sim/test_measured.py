@@ -143,7 +143,7 @@ def test_the_job_reports_its_real_learning_curve(apps):
 
 
 def test_fixed_batch_splits_into_accumulation(apps):
-    lim = apps["yolov3"].limits  # at most 8 per GPU
+    lim = apps["yolov3"].bounds  # at most 8 per GPU
     assert fixed_batch(64, 4, lim) == (8, 1)  # 16 per GPU = 2 x 8
     assert fixed_batch(8, 1, lim) == (8, 0)
     assert fixed_batch(16, 1, lim) == (8, 1)
@@ -187,11 +187,11 @@ def test_ncf_trains_at_its_own_batch_whatever_an_adaptive_policy_asks(apps):
     sim.step()
     n, c = sorted(sim.views(), key=lambda v: v.id)[::-1]
     assert (n.id, c.id) == ("n", "c")
-    assert (n.atomic_bsz, n.accum_steps) == fixed_batch(32768, 1, apps["ncf"].limits)
+    assert (n.atomic_bsz, n.accum_steps) == fixed_batch(32768, 1, apps["ncf"].bounds)
     assert n.batch_size == 32768 != 256
-    assert (n.limits.init_batch_size, n.limits.max_batch_size) == (32768, 32768)
+    assert (n.bounds.init_batch, n.bounds.largest) == (32768, 32768)
     assert (c.atomic_bsz, c.accum_steps, c.batch_size) == (256, 0, 256)
-    assert c.limits == apps["cifar10"].limits
+    assert c.bounds == apps["cifar10"].bounds
 
 
 def test_a_job_left_out_keeps_its_progress(apps):

@@ -13,14 +13,14 @@ from rlsched.core.allocation import (
     AllocationError,
     Allocator,
     AllocNode,
-    AppLimits,
     Oracle,
     check_allocations,
 )
+from rlsched.core.batch import BatchBounds
 from rlsched.core.ordering import POLLUX_THRESHOLD
 from rlsched.sim.peers import PEERS, MissingOracleError, OptimusOracle, TiresiasAllocator
 
-LIMITS = AppLimits(init_batch_size=128, max_batch_size=4096, min_local_bsz=16, max_local_bsz=512)
+LIMITS = BatchBounds(128, 4096, 16, 512)
 INTERVAL = 60.0
 
 
@@ -37,7 +37,7 @@ def job(jid, submit, replicas=1, *, alloc=(), attained=0.0, max_replicas=None, o
         target_batch_size=128,
         min_replicas=min_replicas,
         max_replicas=max_replicas if max_replicas is not None else max(replicas, 8),
-        limits=LIMITS,
+        bounds=LIMITS,
         oracle=oracle,
     )
 

@@ -13,13 +13,13 @@ from rlsched.core.allocation import (
     AllocJob,
     Allocator,
     AllocNode,
-    AppLimits,
     ProfileSample,
     check_allocations,
 )
+from rlsched.core.batch import BatchBounds
 from rlsched.sim.peers import PEERS, PolluxPaperAllocator
 
-LIMITS = AppLimits(init_batch_size=128, max_batch_size=2048, min_local_bsz=16, max_local_bsz=256)
+LIMITS = BatchBounds(128, 2048, 16, 256)
 
 
 def step_time(k, n, m):
@@ -44,7 +44,7 @@ def job(jid, *, profile=PROFILE, alloc=(), age=3600.0, restarts=0, attained=0.0,
     return AllocJob(
         id=jid, submit_time=submit, application="app", age=age, attained_service=attained, num_restarts=restarts,
         allocation=tuple(alloc), target_replicas=1, target_batch_size=128, min_replicas=1, max_replicas=max_replicas,
-        limits=LIMITS, grad_sqr=grad[0], grad_var=grad[1], profile=profile, oracle=oracle,
+        bounds=LIMITS, grad_sqr=grad[0], grad_var=grad[1], profile=profile, oracle=oracle,
     )
 
 
@@ -71,7 +71,7 @@ def test_efficiency_is_the_engines_normalisation():
     efficiency × M/M0 is the engine's progress per update (var + sqr)/(var·M0/M + sqr)."""
     sqr, var = 0.3, 2.0
     gm = PolluxPaperAllocator().model(job("a", grad=(sqr, var)))
-    m0 = LIMITS.init_batch_size
+    m0 = LIMITS.init_batch
     for M in (128, 200, 512, 2048):
         assert gm.efficiency.efficiency(M) * M / m0 == pytest.approx((var + sqr) / (var * m0 / M + sqr), rel=1e-12)
 
@@ -204,7 +204,7 @@ def test_always_a_valid_allocation(gpus, specs, seed):
     out = decide(PolluxPaperAllocator(seed=seed, generations=10, population=16), jobs, nodes)
     for a in out.values():
         if a.nodes and a.atomic_bsz is not None:
-            assert LIMITS.min_local_bsz <= a.atomic_bsz <= LIMITS.max_local_bsz
+            assert LIMITS.min_local_batch <= a.atomic_bsz <= LIMITS.largest_local
 
 
 def test_rejects_calls_out_of_time_order():

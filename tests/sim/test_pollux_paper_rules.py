@@ -4,11 +4,12 @@ choices, for A1, A2, A4; ``split_fit=False`` for A3)."""
 
 import pytest
 
-from rlsched.core.allocation import AllocJob, AppLimits, ProfileSample
+from rlsched.core.allocation import AllocJob, ProfileSample
+from rlsched.core.batch import BatchBounds
 from rlsched.sim.peers import PolluxPaperAllocator
 from rlsched.sim.peers.pollux_paper import fair_share_goodput
 
-LIMITS = AppLimits(init_batch_size=128, max_batch_size=2048, min_local_bsz=16, max_local_bsz=256)
+LIMITS = BatchBounds(128, 2048, 16, 256)
 
 
 def step_time(k, n, m):
@@ -26,7 +27,7 @@ def job(jid, profile, max_replicas=16):
     return AllocJob(
         id=jid, submit_time=0.0, application="app", age=3600.0, attained_service=0.0, num_restarts=0,
         allocation=(), target_replicas=1, target_batch_size=128, min_replicas=1, max_replicas=max_replicas,
-        limits=LIMITS, grad_sqr=1.0, grad_var=4.0, profile=profile,
+        bounds=LIMITS, grad_sqr=1.0, grad_var=4.0, profile=profile,
     )
 
 

@@ -31,10 +31,10 @@ from rlsched.core.allocation import (
     AllocJob,
     AllocNode,
     Allocation,
-    AppLimits,
     Oracle,
     ProfileSample,
 )
+from rlsched.core.batch import BatchBounds
 from rlsched.sim.peers import pollux as peer
 from rlsched.sim.peers.pollux import (
     BRIDGE,
@@ -48,9 +48,9 @@ from rlsched.sim.peers.pollux import (
 
 ROOT = Path(__file__).resolve().parents[2]
 
-CIFAR = AppLimits(init_batch_size=128, max_batch_size=4096, min_local_bsz=32, max_local_bsz=1024)
-BERT = AppLimits(init_batch_size=12, max_batch_size=384, min_local_bsz=4, max_local_bsz=12)
-NCF = AppLimits(init_batch_size=256, max_batch_size=32768, min_local_bsz=32, max_local_bsz=32768)
+CIFAR = BatchBounds(128, 4096, 32, 1024)
+BERT = BatchBounds(12, 384, 4, 12)
+NCF = BatchBounds(256, 32768, 32, 32768)
 
 #: throughput a job measured on one node at 1, 2 and 4 GPUs: compute ~linear in the
 #: per-GPU batch, a small synchronisation cost (it scales well)
@@ -62,12 +62,12 @@ GOOD_PROFILE = (
 )
 
 
-def _job(jid="a", *, application="cifar10", limits=CIFAR, allocation=(), profile=(), grad=(None, None),
+def _job(jid="a", *, application="cifar10", bounds=CIFAR, allocation=(), profile=(), grad=(None, None),
          submit=0.0, age=600.0, max_replicas=64, oracle=None) -> AllocJob:
     return AllocJob(
         id=jid, submit_time=submit, application=application, age=age, attained_service=100.0, num_restarts=0,
         allocation=tuple(allocation), target_replicas=None, target_batch_size=None, min_replicas=0,
-        max_replicas=max_replicas, limits=limits, grad_sqr=grad[0], grad_var=grad[1], profile=tuple(profile),
+        max_replicas=max_replicas, bounds=bounds, grad_sqr=grad[0], grad_var=grad[1], profile=tuple(profile),
         oracle=oracle)
 
 
@@ -92,11 +92,11 @@ def test_request_carries_what_a_live_scheduler_knows_and_no_oracle():
 
 
 def test_request_pins_ncf_as_the_paper_did():
-    req = request_of([_job("n", application="ncf", limits=NCF), _job("c")], NODES2, 0.0)
+    req = request_of([_job("n", application="ncf", bounds=NCF), _job("c")], NODES2, 0.0)
     ncf, cifar = req["jobs"]
     assert (ncf["max_replicas"], ncf["fixed_batch_size"]) == (1, 32768)
     assert (cifar["max_replicas"], cifar["fixed_batch_size"]) == (64, None)
-    none = request_of([_job("n", application="ncf", limits=NCF)], NODES2, 0.0, pinned={})
+    none = request_of([_job("n", application="ncf", bounds=NCF)], NODES2, 0.0, pinned={})
     assert (none["jobs"][0]["max_replicas"], none["jobs"][0]["fixed_batch_size"]) == (64, None)
 
 
@@ -296,25 +296,25 @@ def pollux():
         yield pol
 
 
-def _within_limits(job: AllocJob, a: Allocation) -> None:
-    lim = job.limits
-    assert lim.min_local_bsz <= a.atomic_bsz <= lim.max_local_bsz, (job.id, a)
-    assert lim.init_batch_size <= a.batch_size <= lim.max_batch_size, (job.id, a)
+def _within_bounds(job: AllocJob, a: Allocation) -> None:
+    lim = job.bounds
+    assert lim.min_local_batch <= a.atomic_bsz <= lim.largest_local, (job.id, a)
+    assert lim.init_batch <= a.batch_size <= lim.largest, (job.id, a)
 
 
 @real
 def test_pollux_two_jobs_on_two_nodes(pollux):
     """Two jobs on 2 nodes × 4 GPUs: a running job that profiled 1, 2 and 4 GPUs and
     scales well, and a new one with no measurement. Valid allocations (the client
-    checks them), batch sizes within the applications' limits, and the job that
+    checks them), batch sizes within the applications' bounds, and the job that
     profiled well gets more than one GPU."""
     good = _job("good", allocation=(0, 0, 0, 0), profile=GOOD_PROFILE, grad=(0.01, 1.0))
-    new = _job("new", application="bert", limits=BERT, submit=100.0, age=500.0)
+    new = _job("new", application="bert", bounds=BERT, submit=100.0, age=500.0)
     out = pollux.allocate([good, new], NODES2, 600.0)
     assert pollux.versions["adaptdl-sched"] == "0.2.11" and pollux.versions["numpy"].startswith("1.23")
     assert set(out) <= {"good", "new"}
     assert out["good"].replicas > 1
-    _within_limits(good, out["good"])
+    _within_bounds(good, out["good"])
     if "new" in out:  # no measurement yet: at most 1 GPU (2 × 0 profiled), batch max(init, min local × replicas)
         assert out["new"].replicas == 1 and out["new"].batch_size == 12
     assert sum(a.replicas for a in out.values()) <= 8
@@ -324,7 +324,7 @@ def test_pollux_two_jobs_on_two_nodes(pollux):
 def test_pollux_pins_ncf_and_keeps_serving_after_a_bad_request(pollux):
     reply = pollux.request({"now": 0, "resource": RESOURCE_GPU, "nodes": "two", "jobs": []})
     assert reply == {"error": "bad request: 'nodes' must be a list"}
-    ncf = _job("ncf", application="ncf", limits=NCF, allocation=(1,),
+    ncf = _job("ncf", application="ncf", bounds=NCF, allocation=(1,),
                profile=(ProfileSample(1, 1, 16384, 0.4, 0.0),), grad=(0.01, 1.0))
     good = _job("good", allocation=(0, 0), profile=GOOD_PROFILE, grad=(0.01, 1.0))
     out = pollux.allocate([ncf, good], NODES2, 660.0)
@@ -332,7 +332,7 @@ def test_pollux_pins_ncf_and_keeps_serving_after_a_bad_request(pollux):
     if "ncf" in out:
         assert out["ncf"].replicas == 1 and (out["ncf"].atomic_bsz, out["ncf"].accum_steps) == (16384, 1)
     assert out["good"].replicas > 1
-    _within_limits(good, out["good"])
+    _within_bounds(good, out["good"])
 
 
 @real
@@ -345,4 +345,4 @@ def test_pollux_as_the_released_allocator_calls_it():
         assert pol.last_info["desired_nodes"] >= 1
     assert set(out) <= {"good"}
     if out:
-        _within_limits(good, out["good"])
+        _within_bounds(good, out["good"])
