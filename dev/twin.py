@@ -471,8 +471,9 @@ def make_simulator(jobs: Sequence[JobSpec], topology: Topology, cfg: TwinConfig)
     """The simulator of the twin check (also the source of the convergence models the
     live trainer replays)."""
     ordering, placement, scaling = operator_policies(cfg)
+    # the operator decides every cycle: so does the engine, each interval of one cycle
     conf = SimConfig(scaling_interval=cfg.scaling_interval_sim, restart_cost=cfg.restart_cost_sim,
-                     record_series=False, record_decisions=True)
+                     record_series=False, record_decisions=True, allocate_on_events=False)
     allocation = cfg.sim_allocator()
     if allocation is not None:  # the policy decides alone; new workers go where the extender puts them
         return Simulator(jobs, topology, placement=placement, allocation=allocation, seed=cfg.seed, config=conf)

@@ -70,9 +70,12 @@ def make_allocator(name: str, *, seed: int = 0, **opts) -> Allocator:
             opts = {**opts, "backfill": pol.backfill}
         return GangAllocator(make_ordering(pol.ordering, rng=np.random.default_rng(so)),
                              make_placement(pol.placement, rng=np.random.default_rng(sp)), scaling, name=pol.label, **opts)
-    if not is_allocator(pol.allocator):
+    from rlsched.core.live_allocation import parse_allocator_options
+
+    base, options = parse_allocator_options(pol.allocator)  # name[@key=value,...], as the operator's --allocator
+    if not is_allocator(base):
         raise ValueError(f"unknown allocation policy {name!r}; known: {', '.join(allocator_names())}, "
                          "ordering/placement[/scaling] or rlsched")
     if pol.backfill is not None:
         raise ValueError(f"allocation policy {pol.allocator!r} has its own queue rules: no +backfill/+nobackfill")
-    return make_registered(pol.allocator, **opts)
+    return make_registered(base, **{**options, **opts})

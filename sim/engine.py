@@ -120,14 +120,13 @@ class SimConfig:
     record_decisions: bool = False
     #: seconds a job runs before it may be preempted (the operator's ``--min-run-time``)
     min_run_s: float = 0.0
-    #: an allocation policy also decides at each event time at which a job arrived,
-    #: finished or gave GPUs back, besides every ``scaling_interval`` — as the
-    #: operator's cycle (every 5 s) sees such a change within seconds; off, freed GPUs
-    #: and new jobs wait for the next interval
-    allocate_on_events: bool = False
-    #: with ``allocate_on_events``, at least this many seconds between two decisions: a
-    #: burst of events within it makes one decision at its end (the operator's cycle)
-    decision_gap: float = 5.0
+    #: an allocation policy also decides when a job arrived, finished or gave GPUs
+    #: back, besides every ``scaling_interval`` — as the operator's cycle sees such a
+    #: change within seconds; off, freed GPUs and new jobs wait for the next interval
+    allocate_on_events: bool = True
+    #: least seconds between two decisions on events (core's DecisionClock): a burst
+    #: of events within it makes one decision at its end
+    decision_gap: float = 30.0
 
     def __post_init__(self) -> None:
         if self.scaling_interval <= 0 or self.restart_cost < 0 or self.decision_gap < 0:

@@ -61,3 +61,14 @@ def test_elastic_scaling_on_measured_jobs_reacts_to_the_real_curves(tmp_path):
         res[pol] = json.loads((out / "metrics.json").read_text())
     assert res["fifo/bestfit/beta"]["jobs_completed"] == 80
     assert res["fifo/bestfit/beta"]["rescales_total"] > res["fifo/bestfit"]["rescales_total"]
+
+
+def test_an_allocation_policy_takes_its_options_on_the_interval_engine_too():
+    """``name@key=value`` builds the allocator with those options, as the operator's
+    ``--allocator`` and the event engine do; an unknown option is refused."""
+    from rlsched.sim.allocators import make_allocator
+
+    assert make_allocator("goodput@threshold=3600").threshold == 3600.0
+    assert make_allocator("goodput").threshold != 3600.0
+    with pytest.raises(TypeError):
+        make_allocator("goodput@no_such_option=1")
