@@ -22,6 +22,12 @@ def register(subparsers) -> None:
     r.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
     r.add_argument("--namespace", "-n", help="watch one namespace (default: all)")
     r.add_argument("--cycle", type=float, default=5.0, help="seconds between scheduling cycles (default 5)")
+    r.add_argument("--decision-gap", type=float, default=0.0,
+                   help="with --decision-interval: least seconds between two decisions of the allocation policy "
+                   "on a change of its jobs (default 0)")
+    r.add_argument("--decision-interval", type=float, default=None,
+                   help="the allocation policy decides on changes of its jobs (a job arrives, ends or becomes "
+                   "movable) and else every this many seconds, as the simulator's engines (default: every cycle)")
     r.add_argument("--start-timeout", type=float, default=120.0, help="seconds a gang may stay Pending (default 120)")
     r.add_argument("--grace-period", type=int, default=30, help="termination grace period of preempted/removed workers")
     r.add_argument("--scheduler-name", default=DEFAULT_SCHEDULER_NAME,
@@ -91,7 +97,8 @@ def _run(args: argparse.Namespace) -> int:
     kopf.configure(verbose=args.verbose)
     scaling_model = resolve_scaling_model(args.scaling, args.scaling_model)
     cfg = OperatorConfig(
-        kubeconfig=args.kubeconfig, namespace=args.namespace, cycle_s=args.cycle,
+        kubeconfig=args.kubeconfig, namespace=args.namespace, cycle_s=args.cycle, decision_gap_s=args.decision_gap,
+        decision_interval_s=args.decision_interval,
         start_timeout_s=args.start_timeout, grace_period_s=args.grace_period,
         scheduler_name=args.scheduler_name, ordering=args.ordering, ordering_model=args.ordering_model,
         placement=args.placement, placement_model=args.placement_model,

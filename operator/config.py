@@ -35,6 +35,11 @@ class OperatorConfig:
     #: an allocation policy deciding every job's workers and batch at once
     #: (``goodput``; core/live_allocation.py) instead of admission + scaling; None: off
     allocator: str | None = None
+    #: when the allocation policy decides (core/decision_clock.py, as both simulator
+    #: engines): on a change of the jobs it decides for, at least ``decision_gap_s``
+    #: after its last decision, else every ``decision_interval_s``; None: every cycle
+    decision_gap_s: float = 0.0
+    decision_interval_s: float | None = None
     #: "auto": the learned RLPTO policy when ``scaling_model`` is set, else "beta"
     scaling: str = "auto"
     scaling_model: str | None = None

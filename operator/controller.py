@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -29,6 +29,7 @@ from rlsched.core.contract import (
     ShapeError,
 )
 from rlsched.core.cycle import CyclePlan, SchedulingCycle
+from rlsched.core.decision_clock import DecisionClock
 from rlsched.core.live_allocation import LiveAllocation, LiveJob, LivePlan, movable_room, observations_from_status
 from rlsched.core.planning import (
     Admission,
@@ -110,6 +111,10 @@ class Controller:
         self.scheduling = SchedulingCycle(self.queues, self.planner)
         #: the allocation policy, when one decides instead of admission + scaling
         self.allocation = LiveAllocation.named(config.allocator) if config.allocator else None
+        self.decision_clock = (None if config.decision_interval_s is None
+                               else DecisionClock(config.decision_gap_s, config.decision_interval_s))
+        #: when the allocation policy last decided, and the jobs it decided for
+        self._decided: tuple[float, frozenset[str]] | None = None
         self.placement = build_placement(config.placement, config.placement_model)
         self._fallback_placement = make_placement("bestfit")
         self.status = StatusWriter(self.custom, self.core, metrics, clock)
@@ -366,6 +371,8 @@ class Controller:
         await self._each(lambda j: self.lifecycle.schedulable(j, unfit.unfittable.get(j.key), now),
                          [c.jobs[e.key] for e in c.waiting], now)
         live, held = await self._allocation_inputs(c)
+        if not self.decision_due(live, now):
+            return unfit
         names = {i: n for n, i in c.snap.node_index.items()}
         models = {i: node.gpu_model for i, node in enumerate(state.topology.nodes)}
         capacity, offers = movable_room(state, held)
@@ -374,8 +381,19 @@ class Controller:
             self.metrics.cycle_errors.inc()
             log.error("allocator %s failed; every job keeps its GPUs this cycle: %r", self.allocation.name, plan.error)
             return unfit
+        self._decided = (now, frozenset(lj.key for lj in live))
         await self._act_on_allocation(c, plan, [c.jobs[lj.key] for lj in live])
         return unfit
+
+    def decision_due(self, live: Sequence[LiveJob], now: float) -> bool:
+        """Whether the allocation policy decides this cycle (core's DecisionClock; every
+        cycle without one): a job it decides for that came, went or became movable is
+        an event."""
+        if self.decision_clock is None:
+            return True
+        last, keys = self._decided if self._decided is not None else (None, None)
+        changed = keys != frozenset(lj.key for lj in live)
+        return self.decision_clock.next_due(last, now, changed) <= now
 
     async def _allocation_inputs(self, c: _Cycle) -> tuple[list[LiveJob], list[tuple[tuple[int, ...], int, int, int]]]:
         """The jobs as the allocator sees them, and what the running ones it may move

@@ -150,3 +150,23 @@ def test_the_crd_schemas_bound_the_batch_sizes_as_the_operator_does():
             "properties"]["spec"]["properties"]
         assert props["batchSize"]["maximum"] == props["maxBatchSize"]["maximum"] == MAX_BATCH_SIZE
         assert {props["localBatchSize"]["properties"][k]["maximum"] for k in ("min", "max")} == {MAX_BATCH_SIZE}
+
+
+def test_the_allocator_decides_on_a_change_of_its_jobs_and_else_on_its_interval(controller):
+    """core's DecisionClock, as in both engines: every cycle without one; with one, a
+    change of the jobs it decides for (one came, went or became movable) is decided at
+    least ``decision_gap_s`` after the last decision, and no change waits the interval."""
+    from types import SimpleNamespace
+
+    def jobs(*keys):
+        return [SimpleNamespace(key=k) for k in keys]
+
+    assert controller(allocator="goodput").decision_due(jobs("a"), NOW)
+    ctl = controller(allocator="goodput", decision_gap_s=30.0, decision_interval_s=300.0)
+    assert ctl.decision_due(jobs("a"), NOW)  # nothing decided yet
+    ctl._decided = (NOW, frozenset({"a"}))
+    assert not ctl.decision_due(jobs("a"), NOW + 5)  # nothing changed
+    assert not ctl.decision_due(jobs("a", "b"), NOW + 5)  # b came, within the gap
+    assert ctl.decision_due(jobs("a", "b"), NOW + 30)
+    assert ctl.decision_due(jobs(), NOW + 30)  # a went
+    assert ctl.decision_due(jobs("a"), NOW + 300)  # the interval
