@@ -498,7 +498,7 @@ def simulate(jobs: Sequence[JobSpec], topology: Topology, cfg: TwinConfig) -> Si
 # --------------------------------------------------------------------------- live
 @dataclass
 class _Replay:
-    """What the replay trainer keeps of one job (the engine's ``_Job`` counterpart)."""
+    """What the replay trainer keeps of one job (the engine's ``JobState`` counterpart)."""
 
     spec: JobSpec
     conv: Any
@@ -654,7 +654,7 @@ class ReplayTrainer:
     @staticmethod
     def speed(r: _Replay, generation: int) -> dict:
         """What the chief reports of its speed with each evaluation, as the engine
-        records it for an allocation policy (``Simulator._report``): seconds per step
+        records it for an allocation policy (``JobDynamics.report``): seconds per step
         (simulated) of its workers at their fixed batch, the worker count and the
         generation; with an adaptive batch the step time at the global batch its pods
         carry, that batch and its gradient statistics (``JobSpec.grad_stats``);

@@ -381,7 +381,7 @@ def test_the_engine_runs_an_adaptive_batch_job_at_its_batch_and_reports_what_its
     batch = a.global_batch(v.workers, j.batch)
     level = TOPO.span_level({i: v.placement.count(i) * a.gpus_per_worker for i in set(v.placement)})
     assert j.rate == pytest.approx(batch_throughput(a, v.workers, level, TOPO.bandwidth, batch))
-    assert sim._efficiency(j) == pytest.approx((a.grad_noise_scale + a.batch_size) / (a.grad_noise_scale + batch))
+    assert sim.dynamics.efficiency(j) == pytest.approx((a.grad_noise_scale + a.batch_size) / (a.grad_noise_scale + batch))
     assert (j.obs.grad_sqr, j.obs.grad_var) == a.grad_stats()
     (shape,) = j.obs.shapes
     assert (shape.workers, shape.batch) == (v.workers, batch) and shape.step_time == pytest.approx(batch / j.rate)

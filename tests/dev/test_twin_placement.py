@@ -121,7 +121,7 @@ def test_an_added_worker_is_placed_as_the_extender_places_its_pod():
     sim.placement = serving_placement("das", DEFAULT_MODEL)  # then DAS places added workers
     assert sim.state.free.tolist() == [2, 8, 0, 6]
     (rj,) = [r for r in sim.elastic_jobs() if r.key == "j"]
-    planned = sim._place_one(rj, sim.state)  # the scaling planner's room check
+    planned = sim.elastic.place_one(rj, sim.state)  # the scaling planner's room check
     assert sim.scale("j", 1)  # and the engine's own choice
     engine = sim.job("j").placement[-1]
     assert planned == engine

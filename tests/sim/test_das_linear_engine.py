@@ -137,8 +137,8 @@ def test_das_ordering_with_other_placements_schedules_as_the_reference(placement
 def test_the_engine_asks_for_rank_for_start_only_when_the_placement_respects_worker_slots():
     jobs, topo = _alibaba_like(0, 10)
     o = DASOrdering()
-    assert Simulator(jobs, topo, ordering=o, placement=DASAgentPlacement())._rank_for_start is not None
-    assert Simulator(jobs, topo, ordering=o, placement=make_placement("das"))._rank_for_start is None
+    assert Simulator(jobs, topo, ordering=o, placement=DASAgentPlacement()).heuristic._rank_for_start is not None
+    assert Simulator(jobs, topo, ordering=o, placement=make_placement("das")).heuristic._rank_for_start is None
     # the reference path is the old one throughout
     ref = Simulator(jobs, topo, ordering=ReferenceDASOrdering(), placement=ReferenceDASAgentPlacement())
-    assert ref._rank_for_start is None
+    assert ref.heuristic._rank_for_start is None
