@@ -10,6 +10,7 @@ cannot change. A part of :class:`~rlsched.sim.engine.Simulator`.
 from __future__ import annotations
 
 import logging
+import math
 
 from rlsched.core import JobView, PlacementError
 from rlsched.core.cycle import Preemption
@@ -101,9 +102,14 @@ class HeuristicPath:
             return
         ends = [float(v.start_time) + min_run for v in sim.state.running.values()
                 if v.start_time is not None and sim.now - float(v.start_time) < min_run]
-        if ends and (sim._wake_at is None or min(ends) < sim._wake_at):
-            sim._wake_at = min(ends)
-            sim._push(sim._wake_at, WAKE, None)
+        if not ends:
+            return
+        # a protection that ends now by the sum may still hold by the difference (rounding):
+        # look again just after now, never at now (that would wake at the same time forever)
+        end = max(min(ends), math.nextafter(sim.now, math.inf))
+        if sim._wake_at is None or end < sim._wake_at:
+            sim._wake_at = end
+            sim._push(end, WAKE, None)
 
     # ------------------------------------------------------------ core's entries
     def _gang_spec(self, v: JobView) -> TrainingSpec:

@@ -35,3 +35,23 @@ def test_the_engine_preempts_only_after_the_minimum_run_time(min_run, preempted_
     res = sim.run()
     pre = [d for d in res.decisions if d["kind"] == "preempt"]
     assert [(d["job"], d["t"]) for d in pre] == [("low", preempted_at)]
+
+
+@pytest.mark.timeout(120)
+def test_a_protection_that_ends_now_only_by_rounding_does_not_wake_the_engine_forever():
+    """A job started at 32402.74530246822 with a 600 s minimum run time is protected
+    until 33002.74530246822 by the sum, but at that time ``now - start`` is
+    599.9999999999964: the engine looks again just after, not at the same time forever
+    (this run never ended before)."""
+    import numpy as np
+
+    from rlsched.sim.traces import default_topology, load_trace
+
+    trace = load_trace("synthetic:small,jobs=200", seed=3)
+    so, sp, _ = np.random.SeedSequence(3).spawn(3)
+    topology = trace.topology or default_topology(trace.jobs)
+    sim = Simulator(trace.jobs, topology, seed=3, config=SimConfig(min_run_s=600.0),
+                    ordering=make_ordering("tiresias", rng=np.random.default_rng(so)),
+                    placement=make_placement("topology", rng=np.random.default_rng(sp)))
+    res = sim.run()
+    assert len(res.records) == 200 and not res.unfinished
