@@ -43,7 +43,8 @@ class ProfileSample:
     """One throughput measurement a job made on a placement it ran on: seconds per
     step (``step_time``, of which ``sync_time`` is gradient synchronisation) with
     ``num_replicas`` GPUs over ``num_nodes`` nodes at ``atomic_bsz`` samples per GPU
-    per micro-batch, ``accum_steps + 1`` micro-batches per step."""
+    per micro-batch, ``accum_steps + 1`` micro-batches per step, on GPUs of type
+    ``gpu_type`` (``""``: not said, one type of GPU)."""
 
     num_nodes: int
     num_replicas: int
@@ -52,6 +53,8 @@ class ProfileSample:
     sync_time: float
     #: gradient-accumulation steps of the measured step (``step_time`` spans all of them)
     accum_steps: int = 0
+    #: the GPU type it ran on (a key of the measured profiles, e.g. ``"aws"``; ``""``: not said)
+    gpu_type: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +171,9 @@ class AllocJob:
 class AllocNode:
     """A node: its index in the cluster, its GPUs and their model, and the CPU
     (millicores) and memory (MiB) it has for the jobs being allocated (None: not
-    counted, as on the measured workloads)."""
+    counted, as on the measured workloads). ``gpu_type``: the performance class of its
+    GPUs, the key throughput is measured and reported under (:attr:`ProfileSample.gpu_type`;
+    ``""``: one type in the cluster); a job runs on one type at a time."""
 
     index: int
     gpus: int
@@ -176,6 +181,7 @@ class AllocNode:
     gpu_model: str = ""
     cpu_milli: int | None = None
     memory_mib: int | None = None
+    gpu_type: str = ""
 
 
 @dataclass(frozen=True, slots=True)
