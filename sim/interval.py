@@ -3,13 +3,16 @@
 Every ``interval`` seconds (the paper's 60 s) an
 :class:`~rlsched.core.allocation.Allocator` decides every job's GPUs, placement and batch
 at once; a changed allocation pays ``restart_cost``, a job left out keeps its progress,
-and jobs advance by their measured profiles (:mod:`.measured`). Teams' queues are
-optional. Non-clairvoyant unless the allocator declares itself clairvoyant.
-Details: docs/design-notes.md.
+and jobs advance by their measured profiles (:mod:`.measured`). The cluster may mix GPU
+types (Sia, Jayaram Subramanya et al., SOSP'23): a job runs on one type at a time, at
+that type's measured speed, and reports its step times under that type. Teams' queues
+are optional. Non-clairvoyant unless the allocator declares itself clairvoyant.
+Details: docs/design-notes.md, docs/simulator.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import time as _time
@@ -20,10 +23,12 @@ import numpy as np
 
 from rlsched.core.allocation import (
     Allocation,
+    AllocationError,
     AllocJob,
     AllocNode,
     Allocator,
     Oracle,
+    FreeNodes,
     ProfileSample,
     check_allocations,
     fixed_batch,
@@ -32,26 +37,42 @@ from rlsched.core.batch import BatchBounds
 from rlsched.core.queues import NO_QUEUE, QueueBook
 
 from .engine import JobRecord, SimResult
-from .measured import FIXED_BATCH, MAX_REPLICAS, Application, MeasuredJobSpec, placement_of
+from .measured import (
+    DEFAULT_GPU_TYPE,
+    FIXED_BATCH,
+    MAX_REPLICAS,
+    Application,
+    MeasuredCluster,
+    MeasuredJobSpec,
+    placement_of,
+)
 
-__all__ = ["IntervalConfig", "IntervalSimulator", "QueueSample"]
+__all__ = ["IntervalConfig", "IntervalSimulator", "QueueSample", "one_type_per_job"]
 
 
 @dataclass(frozen=True)
 class IntervalConfig:
     """``interval``: seconds between allocation decisions; ``restart_cost``: seconds
-    without progress after a job's allocation changes; ``max_time``: stop there (jobs
-    still running are reported unfinished); ``record_series``: keep the utilisation
-    and queue series."""
+    without progress after a job's allocation changes (``restart_costs``: per
+    application, where given); ``max_time``: stop there (jobs still running are
+    reported unfinished); ``record_series``: keep the utilisation and queue series;
+    ``calibration``: per application, a factor on its measured step times (the real
+    runs' speed, e.g. :data:`~.measured.SIA_CALIBRATION`; absent: 1)."""
 
     interval: float = 60.0
     restart_cost: float = 30.0
     max_time: float = math.inf
     record_series: bool = True
+    restart_costs: Mapping[str, float] | None = None
+    calibration: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
         if not self.interval > 0 or self.restart_cost < 0:
             raise ValueError("need interval > 0 and restart_cost >= 0")
+        for name, table in (("restart_costs", self.restart_costs), ("calibration", self.calibration)):
+            for app, x in (table or {}).items():
+                if not (math.isfinite(x) and (x > 0 if name == "calibration" else x >= 0)):
+                    raise ValueError(f"{name}[{app!r}] = {x} must be finite and " + ("> 0" if name == "calibration" else ">= 0"))
 
 
 @dataclass(frozen=True)
@@ -77,12 +98,15 @@ class _Job:
     __slots__ = (
         "spec", "app", "progress", "epoch", "attained", "restarts", "nodes", "placement", "atomic", "accum",
         "delay", "end", "start", "profile", "grad", "preemptions", "w0", "ideal", "metrics", "queued",
-        "since", "fixed_batch", "bounds",
+        "since", "fixed_batch", "bounds", "gpu_type", "home",
     )
 
-    def __init__(self, spec: MeasuredJobSpec, app: Application) -> None:
+    def __init__(self, spec: MeasuredJobSpec, app: Application, bounds: BatchBounds) -> None:
         self.spec = spec
         self.app = app
+        #: the GPU type it holds now (None: it holds no GPUs), and the last it ran on
+        self.gpu_type: str | None = None
+        self.home: str | None = None
         self.progress = 0.0
         self.epoch = 0
         self.attained = 0.0
@@ -94,7 +118,7 @@ class _Job:
         self.delay = 0.0
         self.end: float | None = None
         self.start: float | None = None
-        self.profile: dict[tuple[int, int, int], ProfileSample] = {}
+        self.profile: dict[tuple[str, int, int, int], ProfileSample] = {}
         self.grad: tuple[float, float] | None = None
         self.preemptions = 0
         self.w0 = 0
@@ -104,11 +128,12 @@ class _Job:
         self.since: float | None = None  # when it last got GPUs after holding none
         #: its batch stays its own whatever the allocator asks (:data:`~.measured.FIXED_BATCH`)
         self.fixed_batch = app.name in FIXED_BATCH
-        #: the batch limits the allocator sees: the application's, or with a fixed batch
-        #: the job's own batch as both the initial and the largest (the bounds of a fixed
-        #: global batch, as a live job without ``spec.maxBatchSize`` shows them)
-        self.bounds = app.bounds if not self.fixed_batch else BatchBounds(
-            spec.batch_size, spec.batch_size, app.bounds.min_local_batch, app.bounds.max_local_batch)
+        #: the batch limits the allocator sees: the application's on every GPU type of
+        #: the cluster (``bounds``), or with a fixed batch the job's own batch as both
+        #: the initial and the largest (the bounds of a fixed global batch, as a live job
+        #: without ``spec.maxBatchSize`` shows them)
+        self.bounds = bounds if not self.fixed_batch else BatchBounds(
+            spec.batch_size, spec.batch_size, bounds.min_local_batch, bounds.max_local_batch)
 
     @property
     def batch(self) -> int:
@@ -140,7 +165,14 @@ class _Rates(Mapping[int, float]):
 
 
 class IntervalSimulator:
-    """Measured jobs on a homogeneous cluster, an allocator deciding every interval."""
+    """Measured jobs on a cluster of one or several GPU types, an allocator deciding
+    every interval.
+
+    The cluster: ``cluster`` (:class:`~.measured.MeasuredCluster`), or ``nodes`` ×
+    ``gpus_per_node`` GPUs of the default type (16 × 4 unless given). On a cluster of
+    several types an allocator that does not declare ``type_aware = True`` decides
+    through :func:`one_type_per_job`; one that does must keep each job on one type (an
+    allocation across types raises :class:`~rlsched.core.allocation.AllocationError`)."""
 
     def __init__(
         self,
@@ -148,8 +180,9 @@ class IntervalSimulator:
         apps: Mapping[str, Application],
         allocator: Allocator,
         *,
-        nodes: int = 16,
-        gpus_per_node: int = 4,
+        nodes: int | None = None,
+        gpus_per_node: int | None = None,
+        cluster: MeasuredCluster | None = None,
         config: IntervalConfig | None = None,
         queues: QueueBook | None = None,
     ) -> None:
@@ -157,27 +190,47 @@ class IntervalSimulator:
             raise TypeError(f"{type(allocator).__name__} is not an Allocator (name, clairvoyant, allocate)")
         if queues is not None:
             _check_queues(allocator, queues, jobs)
-        if nodes < 1 or gpus_per_node < 1:
-            raise ValueError("need nodes >= 1 and gpus_per_node >= 1")
+        if cluster is None:
+            nodes, gpus_per_node = 16 if nodes is None else nodes, 4 if gpus_per_node is None else gpus_per_node
+            if nodes < 1 or gpus_per_node < 1:
+                raise ValueError("need nodes >= 1 and gpus_per_node >= 1")
+            cluster = MeasuredCluster.uniform(nodes, gpus_per_node)
+        elif nodes is not None or gpus_per_node is not None:
+            raise ValueError("give cluster or nodes and gpus_per_node, not both")
         ids = set()
         for j in jobs:
             if j.id in ids:
                 raise ValueError(f"duplicate job id {j.id!r}")
             if j.application not in apps:
                 raise ValueError(f"job {j.id}: no measured profile for application {j.application!r}")
+            lacking = [t for t in cluster.gpu_types if t not in apps[j.application].gpu_types]
+            if lacking:
+                raise ValueError(f"job {j.id}: application {j.application!r} has no step times on GPU types {lacking} "
+                                 f"of cluster {cluster.name!r} (measured: {', '.join(apps[j.application].gpu_types)})")
             ids.add(j.id)
         self.allocator = allocator
+        self.cluster = cluster
         self.queues = queues
         #: each decision's use per queue or tenant (:class:`QueueSample`): with ``queues``,
         #: or jobs that carry a tenant; else empty
         self.queue_log: list[QueueSample] = []
         self._log_queues = queues is not None or any(j.tenant for j in jobs)
         self.config = config or IntervalConfig()
-        self.nodes = [AllocNode(i, gpus_per_node, f"node-{i}") for i in range(nodes)]
-        self.gpus_per_node = gpus_per_node
-        self.total_gpus = nodes * gpus_per_node
+        self.nodes = [AllocNode(i, g, f"node-{i}", gpu_model=t, gpu_type=t) for i, (t, g) in enumerate(cluster.node_types())]
+        self._type_of = [n.gpu_type for n in self.nodes]
+        #: GPUs per node of each type, and each type's GPUs
+        self._gpn = {g.gpu_type: g.gpus_per_node for g in cluster.groups}
+        self._type_gpus = {g.gpu_type: g.nodes * g.gpus_per_node for g in cluster.groups}
+        self.gpus_per_node = cluster.groups[0].gpus_per_node if cluster.homogeneous else None
+        self.total_gpus = cluster.total_gpus
+        #: the most GPUs one job can hold: all of one type
+        self._job_cap = max(self._type_gpus.values())
         self.clairvoyant = bool(getattr(allocator, "clairvoyant", False))
-        self._jobs = [_Job(s, apps[s.application]) for s in sorted(jobs, key=lambda s: (s.submit_time, s.id))]
+        #: decisions go through :func:`one_type_per_job` (several types, an allocator unaware of them)
+        self._pin_types = not cluster.homogeneous and not getattr(allocator, "type_aware", False)
+        envelope = {name: _envelope(apps[name], cluster.gpu_types) for name in {j.application for j in jobs}}
+        self._jobs = [_Job(s, apps[s.application], envelope[s.application])
+                      for s in sorted(jobs, key=lambda s: (s.submit_time, s.id))]
         self._by_id = {j.spec.id: j for j in self._jobs}
         for j in self._jobs:
             j.ideal = self._ideal_runtime(j)
@@ -254,15 +307,15 @@ class IntervalSimulator:
 
     # ------------------------------------------------------------------ internals
     def _max_replicas(self, j: _Job) -> int:
-        cap = min(j.spec.batch_size // j.app.bounds.min_local_batch, self.total_gpus, MAX_REPLICAS.get(j.app.name, self.total_gpus))
-        return max(cap, min(j.spec.num_replicas, self.total_gpus), 1)
+        cap = min(j.spec.batch_size // j.bounds.min_local_batch, self._job_cap, MAX_REPLICAS.get(j.app.name, self._job_cap))
+        return max(cap, min(j.spec.num_replicas, self._job_cap), 1)
 
     def _view(self, j: _Job) -> AllocJob:
         spec = j.spec
         v = AllocJob(
             id=spec.id, submit_time=spec.submit_time, application=spec.application, age=self.now - spec.submit_time,
             attained_service=j.attained, num_restarts=max(j.restarts, 0), allocation=j.nodes,
-            target_replicas=min(spec.num_replicas, self.total_gpus), target_batch_size=spec.batch_size,
+            target_replicas=min(spec.num_replicas, self._job_cap), target_batch_size=spec.batch_size,
             min_replicas=1, max_replicas=self._max_replicas(j), bounds=j.bounds, batch_size=j.batch,
             atomic_bsz=j.atomic, accum_steps=j.accum, epoch=j.epoch, progress=j.progress,
             grad_sqr=j.grad[0] if j.grad else None, grad_var=j.grad[1] if j.grad else None,
@@ -278,40 +331,62 @@ class IntervalSimulator:
             )
         return v
 
-    def _packed(self, k: int) -> tuple[int, ...]:
-        g = self.gpus_per_node
+    def _packed(self, k: int, gpu_type: str) -> tuple[int, ...]:
+        g = self._gpn[gpu_type]
         return (g,) * (k // g) + ((k % g,) if k % g else ())
 
-    def _packed_config(self, j: _Job, k: int) -> tuple[float, int]:
-        """(seconds per update, total batch) of the job on ``k`` GPUs packed on as few
-        nodes as possible, at its target batch size."""
-        atomic, accum = fixed_batch(j.spec.batch_size, k, j.app.bounds)
-        t, _, _ = j.app.update_time(self._packed(k), atomic, accum)
+    def _update_time(self, j: _Job, placement: tuple[int, ...], atomic: int, accum: int,
+                     gpu_type: str) -> tuple[float, float, float]:
+        """(seconds per update, step time, sync time) of the job as it runs: measured
+        on ``gpu_type``, times its application's calibration factor where one is given."""
+        out = j.app.update_time(placement, atomic, accum, gpu_type)
+        c = (self.config.calibration or {}).get(j.app.name)
+        return out if c is None else (out[0] * c, out[1] * c, out[2] * c)
+
+    def _packed_config(self, j: _Job, k: int, gpu_type: str) -> tuple[float, int]:
+        """(seconds per update, total batch) of the job on ``k`` GPUs of ``gpu_type``
+        packed on as few nodes as possible, at its target batch size."""
+        atomic, accum = fixed_batch(j.spec.batch_size, k, j.app.bounds_on(gpu_type))
+        t, _, _ = self._update_time(j, self._packed(k, gpu_type), atomic, accum, gpu_type)
         return t, k * atomic * (accum + 1)
 
     def _packed_rate(self, j: _Job, k: int) -> float:
-        """True progress per second on ``k`` GPUs packed, at the job's target batch."""
-        t, batch = self._packed_config(j, k)
+        """True progress per second on ``k`` GPUs packed, at the job's target batch, on
+        the type it runs on (or last ran on; the cluster's first before it has run)."""
+        gpu_type = j.home or self.cluster.gpu_types[0]
+        t, batch = self._packed_config(j, min(k, self._type_gpus[gpu_type]), gpu_type)
         return j.app.gain(batch, j.epoch) / t
 
     def _ideal_runtime(self, j: _Job) -> float:
-        """Seconds from start to completion at the requested GPUs packed, no waiting and
-        no restart: the slowdown metric's denominator (engine-side truth, never shown)."""
+        """Seconds from start to completion at the requested GPUs packed on the type
+        where that is fastest, no waiting and no restart: the slowdown metric's
+        denominator (engine-side truth, never shown)."""
         app = j.app
-        t, batch = self._packed_config(j, min(j.spec.num_replicas, self.total_gpus))
-        total, prev = 0.0, 0.0
-        for e, p in enumerate(app.epoch_progress):
-            total += (p - prev) * t / app.gain(batch, e)
-            prev = p
-        return total
+        best = math.inf
+        for gpu_type in self.cluster.gpu_types:
+            t, batch = self._packed_config(j, min(j.spec.num_replicas, self._type_gpus[gpu_type]), gpu_type)
+            total, prev = 0.0, 0.0
+            for e, p in enumerate(app.epoch_progress):
+                total += (p - prev) * t / app.gain(batch, e)
+                prev = p
+            best = min(best, total)
+        return best
 
     def _decide(self) -> None:
         views = [self._view(j) for j in self._active]
+        allocate = self.allocator.allocate
+        if self._pin_types:
+            allocate = one_type_per_job(allocate, {j.spec.id: j.home for j in self._active})
         if self.queues is None:
-            result = self.allocator.allocate(views, self.nodes, self.now)
+            result = allocate(views, self.nodes, self.now)
         else:
-            result = self.allocator.allocate(views, self.nodes, self.now, queues=self.queues)
+            result = allocate(views, self.nodes, self.now, queues=self.queues)
         check_allocations(views, self.nodes, result)
+        for jid, a in result.items():
+            types = {self._type_of[i] for i in a.nodes}
+            if len(types) > 1:
+                raise AllocationError(f"job {jid}: allocation spans GPU types {sorted(types)}; "
+                                      "a job runs on one GPU type at a time")
         self._decisions += 1
         for j in self._active:
             a = result.get(j.spec.id, Allocation())
@@ -326,7 +401,7 @@ class IntervalSimulator:
                 held[q] = held.get(q, 0) + len(j.nodes)
                 active[q] = active.get(q, 0) + 1
                 waiting[q] = waiting.get(q, 0) + (not j.nodes)
-                asked[q] = asked.get(q, 0) + min(j.spec.num_replicas, self.total_gpus)
+                asked[q] = asked.get(q, 0) + min(j.spec.num_replicas, self._job_cap)
             self.queue_log.append(QueueSample(self.now, held, active, waiting, asked))
 
     def _apply(self, j: _Job, a: Allocation) -> None:
@@ -336,22 +411,25 @@ class IntervalSimulator:
                 j.preemptions += 1
             j.nodes, j.placement, j.atomic, j.accum, j.delay = (), (), 0, 0, 0.0
             j.since = None
+            j.gpu_type = None
             return
         if not j.nodes:
             j.since = self.now
+        gpu_type = self._type_of[nodes[0]]
         if a.atomic_bsz is None or j.fixed_batch:
-            atomic, accum = fixed_batch(j.spec.batch_size, len(nodes), j.app.bounds)
+            atomic, accum = fixed_batch(j.spec.batch_size, len(nodes), j.app.bounds_on(gpu_type))
         else:
             atomic, accum = int(a.atomic_bsz), int(a.accum_steps or 0)
-        if sorted(nodes) != sorted(j.nodes):
+        if sorted(nodes) != sorted(j.nodes):  # a move between types changes every node: a restart
             j.restarts += 1
-            j.delay = self.config.restart_cost
+            j.delay = (self.config.restart_costs or {}).get(j.app.name, self.config.restart_cost)
             if j.start is None:
                 j.start = self.now
                 j.w0 = len(nodes)
         j.nodes = nodes
         j.placement = placement_of(nodes)
         j.atomic, j.accum = atomic, accum
+        j.gpu_type = j.home = gpu_type
 
     def _train(self, j: _Job, dt: float) -> None:
         """Advance a job by ``dt`` seconds of wall time from ``now``."""
@@ -365,10 +443,11 @@ class IntervalSimulator:
         left = dt - wait
         t = self.now + wait
         app = j.app
-        cost, step, sync = app.update_time(j.placement, j.atomic, j.accum)
-        key = (len(j.placement), r, j.atomic)
+        gpu_type = j.gpu_type
+        cost, step, sync = self._update_time(j, j.placement, j.atomic, j.accum, gpu_type)
+        key = (gpu_type, len(j.placement), r, j.atomic)
         if key not in j.profile:
-            j.profile[key] = ProfileSample(len(j.placement), r, j.atomic, step, sync)
+            j.profile[key] = ProfileSample(len(j.placement), r, j.atomic, step, sync, gpu_type=gpu_type)
         batch = j.batch
         target = app.epoch_progress
         while left > 0:
@@ -406,6 +485,66 @@ class IntervalSimulator:
         t.append(self.now)
         used.append(sum(len(j.nodes) for j in self._active))
         queue.append(sum(1 for j in self._active if not j.nodes))
+
+
+def _envelope(app: Application, gpu_types: Sequence[str]) -> BatchBounds:
+    """The batch limits of ``app`` that hold on every one of ``gpu_types``: its global
+    batch range, the per-GPU range every type fits (its bounds on a single type)."""
+    bs = [app.bounds_on(t) for t in gpu_types]
+    if len(bs) == 1:
+        return bs[0]
+    lo, hi = max(b.min_local_batch for b in bs), min(b.max_local_batch for b in bs)
+    return BatchBounds(bs[0].init_batch, bs[0].max_batch, min(lo, hi), hi)
+
+
+def one_type_per_job(allocate: Callable[..., Mapping[str, Allocation]],
+                     home: Mapping[str, str | None]) -> Callable[..., Mapping[str, Allocation]]:
+    """``allocate`` of an allocator unaware of GPU types, kept to one type per job on
+    a cluster of several: a running job is shown limited to the type it runs on
+    (``home``: the type each job last ran on; :attr:`AllocJob.gpu_models`, which
+    allocators that place by GPU model honour), so it grows or shrinks there; a job
+    that waits may start or resume on any one type (a resume is a restart anyway). A
+    job the allocator spreads over several types is placed again, its replicas packed
+    on one type with room for all of them after the others' allocations (its home type
+    first, then the types that held most of them); where none has, it keeps what one
+    type can hold, its per-GPU batch unchanged. An allocator that ignores
+    ``gpu_models`` may move a running job to another type whole (a restart)."""
+
+    def pinned(jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], now: float, **kw) -> Mapping[str, Allocation]:
+        type_of = {n.index: n.gpu_type for n in nodes}
+        shown = [dataclasses.replace(j, gpu_models=frozenset({home[j.id]}))
+                 if j.allocation and home.get(j.id) is not None and j.gpu_models is None else j for j in jobs]
+        out = dict(allocate(shown, nodes, now, **kw))
+        spread = [jid for jid, a in out.items() if len({type_of.get(i) for i in a.nodes}) > 1]
+        if not spread:
+            return out
+        free = {n.index: n.gpus for n in nodes}
+        for jid, a in out.items():
+            if jid not in spread:
+                for i in a.nodes:
+                    free[i] = free.get(i, 0) - 1
+        order = list(dict.fromkeys(type_of.values()))
+        for jid in spread:
+            a = out[jid]
+            types = [type_of[i] for i in a.nodes]
+            held = {t: types.count(t) for t in order}
+            prefer = sorted(order, key=lambda t: (t != home.get(jid), -held[t], types.index(t) if t in types else len(types)))
+            where: tuple[int, ...] = ()
+            for t in prefer:
+                got = FreeNodes({i: f for i, f in free.items() if type_of[i] == t}).take(len(a.nodes))
+                if got is not None:
+                    where = got
+                    break
+            else:
+                best = max(prefer, key=lambda t: sum(f for i, f in free.items() if type_of[i] == t))
+                where = FreeNodes({i: f for i, f in free.items() if type_of[i] == best}).take_upto(
+                    len(a.nodes), {i: f for i, f in free.items() if type_of[i] == best})
+            for i in where:
+                free[i] -= 1
+            out[jid] = dataclasses.replace(a, nodes=where) if where else Allocation()
+        return out
+
+    return pinned
 
 
 def _check_queues(allocator: Allocator, queues: QueueBook, jobs: Sequence[MeasuredJobSpec]) -> None:

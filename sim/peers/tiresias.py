@@ -73,7 +73,9 @@ class TiresiasAllocator:
             if j.target_replicas <= free:
                 admitted.append(j)
                 free -= j.target_replicas
-        where = keep_or_pack([(j, j.target_replicas) for j in admitted], nodes)
+        # a job limited to some GPU models runs whole on them or waits (fixed size)
+        where = keep_or_pack([(j, j.target_replicas) for j in admitted], nodes, partial=True)
+        where = {jid: w for jid, w in where.items() if len(w) == by_id[jid].target_replicas}
 
         self._record_runs(jobs, where, now)
         return {j.id: Allocation(where.get(j.id, ())) for j in jobs}
