@@ -4,7 +4,8 @@
     rlsched sim compare --trace SPEC --policies fifo/firstfit,rlsched --seed N --out DIR
 
 Policy names: :func:`rlsched.core.served.parse_policy_name`; measured workloads
-(``pollux:...``, ``pollux-gen:...``) run on the interval engine. Policies see no true run
+(``pollux:...``, ``sia:...``, ``pollux-gen:...``) run on the interval engine, on the
+trace's cluster or ``--cluster`` (a named one such as ``sia-64``, several GPU types). Policies see no true run
 time unless ``--clairvoyant`` (a labelled reference). More: docs/design-notes.md.
 """
 
@@ -35,19 +36,25 @@ def register(subparsers) -> None:
 
     def common(q: argparse.ArgumentParser) -> None:
         q.add_argument("--trace", required=True, help="alibaba2023:<list> | pai2020:<dir> | philly:<file> | helios:<file> | synthetic:<preset>[,k=v] | "
-                       "pollux:<folder>/<file> | pollux-gen:seed=N[,jobs=160,hours=8,load=1.0] | <jobs.yaml|json>")
+                       "pollux:<folder>/<file> | sia:<folder>/<file> | pollux-gen:seed=N[,jobs=160,hours=8,load=1.0,cluster=NAME] | "
+                       "<jobs.yaml|json>")
         q.add_argument("--seed", type=int, default=0)
         q.add_argument("--out", required=True, help="output folder")
         q.add_argument("--data-dir", default=None, help="trace data folder (default: $RLSCHED_DATA_DIR)")
         q.add_argument("--skip-bad", action="store_true", help="skip and count malformed trace rows instead of stopping")
         q.add_argument("--cluster", default=None,
-                       help="YAML/JSON cluster description for traces without one; NODESxGPUS for measured workloads")
+                       help="YAML/JSON cluster description for traces without one; for measured workloads a named "
+                       "cluster (pollux-64, sia-64), NODESxGPUS or TYPE:NODESxGPUS[+TYPE:NODESxGPUS...]")
+        q.add_argument("--calibration", choices=("sia", "none"), default=None,
+                       help="measured workloads: step times x the Sia artifact's calibration per application, or "
+                       "not (default: the trace's; sia: workloads use it)")
         q.add_argument("--interval", type=float, default=None,
                        help="measured workloads: seconds between allocation decisions (default: the trace's, 60)")
         q.add_argument("--backfill", action="store_true", help="start later jobs when the head of the queue does not fit")
         q.add_argument("--scaling-interval", type=float, default=300.0, help="seconds between scaling decisions")
-        q.add_argument("--restart-cost", type=float, default=30.0,
-                       help="seconds without progress after a worker change or a resume from preemption")
+        q.add_argument("--restart-cost", type=float, default=None,
+                       help="seconds without progress after a worker change or a resume from preemption (default 30; "
+                       "measured workloads: the trace's, per application on sia: workloads)")
         q.add_argument("--no-preemption", action="store_true",
                        help="nobody preempts (highest-class jobs, SRTF, Tiresias), as the operator's --no-preemption")
         q.add_argument("--max-time", type=float, default=float("inf"), help="stop at this simulated time")
@@ -102,7 +109,13 @@ def _load(args):
 
     trace = load_trace(args.trace, data_dir=args.data_dir, seed=args.seed, skip_bad=args.skip_bad)
     if _is_measured(trace):
-        return trace, _measured_cluster(args.cluster, trace)
+        from .traces.common import data_dir
+        from .traces.pollux import with_cluster
+
+        cluster = _measured_cluster(args.cluster, trace)
+        return with_cluster(trace, cluster, data_dir(args.data_dir)), cluster
+    if args.calibration is not None:
+        raise ValueError("--calibration is for measured workloads (pollux:, sia:, pollux-gen:)")
     topo = trace.topology
     if args.cluster:
         import yaml
@@ -120,39 +133,48 @@ def _is_measured(trace) -> bool:
     return isinstance(trace, MeasuredTrace)
 
 
-def _measured_cluster(text: str | None, trace) -> tuple[int, int]:
-    """(nodes, GPUs per node) of a measured run: the trace's (the paper's 16 x 4), or
-    ``--cluster NODESxGPUS``, or a cluster file whose nodes all have the same GPUs."""
+def _measured_cluster(text: str | None, trace):
+    """The cluster of a measured run (:class:`~.measured.MeasuredCluster`): the trace's
+    (Pollux's 16 x 4 unless the spec names another), or ``--cluster`` (a name,
+    ``NODESxGPUS``, ``TYPE:NODESxGPUS[+...]``, or a cluster file whose nodes all have the
+    same GPUs, of the default type)."""
+    from .measured import CLUSTERS, ClusterError, MeasuredCluster, parse_cluster
+
     if not text:
-        return trace.nodes, trace.gpus_per_node
-    n, x, g = text.lower().partition("x")
-    if x and n.strip().isdigit() and g.strip().isdigit():
-        nodes, gpus = int(n), int(g)
-    else:
-        import yaml
+        return trace.cluster
+    if text.strip() in CLUSTERS or ("x" in text.lower() and not Path(text).exists()):
+        try:
+            return parse_cluster(text)
+        except ClusterError as exc:
+            raise ValueError(f"--cluster {text}: {exc}") from None
+    import yaml
 
-        from rlsched.core import Topology
+    from rlsched.core import Topology
 
-        topo = Topology.from_dict(yaml.safe_load(Path(text).read_text()))
-        sizes = {nd.gpus for nd in topo.nodes}
-        if len(sizes) != 1:
-            raise ValueError(f"--cluster {text}: measured workloads need nodes with equal GPUs, got {sorted(sizes)}")
-        nodes, gpus = len(topo.nodes), sizes.pop()
+    topo = Topology.from_dict(yaml.safe_load(Path(text).read_text()))
+    sizes = {nd.gpus for nd in topo.nodes}
+    if len(sizes) != 1:
+        raise ValueError(f"--cluster {text}: measured workloads need nodes with equal GPUs, got {sorted(sizes)}")
+    nodes, gpus = len(topo.nodes), sizes.pop()
     if nodes < 1 or gpus < 1:
         raise ValueError(f"--cluster {text}: need at least one node with one GPU")
-    return nodes, gpus
+    return MeasuredCluster.uniform(nodes, gpus)
 
 
-def run_allocator(trace, cluster: tuple[int, int], name: str, config, progress=None, seed: int = 0):
-    """Simulate a measured workload under allocation policy ``name``; returns
-    (SimResult, metrics dict)."""
+def run_allocator(trace, cluster, name: str, config, progress=None, seed: int = 0):
+    """Simulate a measured workload under allocation policy ``name`` on ``cluster``
+    (a :class:`~.measured.MeasuredCluster`, or (nodes, GPUs per node) of the default
+    GPU type); returns (SimResult, metrics dict)."""
     from .allocators import make_allocator
     from .interval import IntervalSimulator
+    from .measured import DEFAULT_CLUSTER, MeasuredCluster
     from .metrics import compute_metrics
 
+    if not isinstance(cluster, MeasuredCluster):
+        cluster = MeasuredCluster.uniform(int(cluster[0]), int(cluster[1]))
     allocator = make_allocator(name, seed=seed)
     try:
-        sim = IntervalSimulator(trace.jobs, trace.apps, allocator, nodes=cluster[0], gpus_per_node=cluster[1], config=config)
+        sim = IntervalSimulator(trace.jobs, trace.apps, allocator, cluster=cluster, config=config)
         res = sim.run(progress=progress)
     finally:
         close = getattr(allocator, "close", None)
@@ -161,19 +183,26 @@ def run_allocator(trace, cluster: tuple[int, int], name: str, config, progress=N
     res.skipped = dict(trace.skipped)
     m = compute_metrics(res)
     m["config"] = {
-        "trace": trace.name, "allocator": name, "clairvoyant": res.clairvoyant, "nodes": cluster[0],
-        "gpus_per_node": cluster[1], "interval": config.interval, "restart_cost": config.restart_cost,
+        "trace": trace.name, "allocator": name, "clairvoyant": res.clairvoyant, "nodes": cluster.total_nodes,
+        "gpus_per_node": sim.gpus_per_node, "interval": config.interval, "restart_cost": config.restart_cost,
     }
+    if cluster.gpu_types != DEFAULT_CLUSTER.gpu_types:
+        m["config"]["cluster"] = cluster.to_dict()
+    for key in ("restart_costs", "calibration"):
+        if getattr(config, key):
+            m["config"][key] = dict(getattr(config, key))
     return res, m
 
 
 def _interval_config(args, trace):
-    from .interval import IntervalConfig
+    from .measured import SIA_CALIBRATION
 
-    return IntervalConfig(
-        interval=args.interval if args.interval is not None else trace.interval,
-        restart_cost=args.restart_cost, max_time=args.max_time,
-    )
+    over = {"interval": args.interval if args.interval is not None else trace.interval, "max_time": args.max_time}
+    if args.restart_cost is not None:
+        over.update(restart_cost=args.restart_cost, restart_costs=None)
+    if args.calibration is not None:
+        over["calibration"] = {a: SIA_CALIBRATION[a] for a in trace.apps} if args.calibration == "sia" else None
+    return trace.interval_config(**over)
 
 
 def run_policy(trace, topology, ordering: str, placement: str, scaling: str | None, seed: int, config, progress=None,
@@ -230,7 +259,7 @@ def _config(args):
     return SimConfig(
         backfill=args.backfill,
         scaling_interval=args.scaling_interval,
-        restart_cost=args.restart_cost,
+        restart_cost=30.0 if args.restart_cost is None else args.restart_cost,
         max_time=args.max_time,
         preemption=not args.no_preemption,
         clairvoyant=args.clairvoyant,
@@ -393,7 +422,7 @@ def _cmd_compare(args) -> int:
         return _fail(str(exc))
     (out / "compare.json").write_text(dumps(rows))
 
-    nodes, gpus = (topo[0], topo[0] * topo[1]) if measured else (len(topo), topo.total_gpus)
+    nodes, gpus = (topo.total_nodes, topo.total_gpus) if measured else (len(topo), topo.total_gpus)
     table = Table(title=f"{trace.name}: {len(trace.jobs)} jobs on {nodes} nodes / {gpus} GPUs, seed {args.seed}")
     table.add_column("policy")
     for _, head in TABLE_COLUMNS:

@@ -203,7 +203,6 @@ def run_unit(spec: str, seed: int, policies: Sequence[tuple[str, bool]], engine:
     """Run each ``(policy name, clairvoyant)`` on one trace; a small dict per run."""
     from .cli import policy_config, run_allocator, run_policy
     from .engine import SimConfig
-    from .interval import IntervalConfig
     from .traces import MeasuredTrace, default_topology, load_trace
 
     trace = load_trace(spec, data_dir=data_dir, seed=seed)
@@ -215,8 +214,7 @@ def run_unit(spec: str, seed: int, policies: Sequence[tuple[str, bool]], engine:
         t0 = time.perf_counter()
         pol = parse_policy_name(name)
         if measured:
-            res, m = run_allocator(trace, (trace.nodes, trace.gpus_per_node), pol.label,
-                                   IntervalConfig(interval=trace.interval, restart_cost=trace.restart_cost), seed=seed)
+            res, m = run_allocator(trace, trace.cluster, pol.label, trace.interval_config(), seed=seed)
         else:
             topo = trace.topology if trace.topology is not None else default_topology(trace.jobs)
             cfg = policy_config(SimConfig(clairvoyant=clair), pol)

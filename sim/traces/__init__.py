@@ -1,6 +1,6 @@
 """Trace loaders: job specs (and a topology where the trace has one) from a SPEC string.
 
-One module per source (``alibaba2023:``, ``pai2020:``, ``philly:``, ``helios:``,
+One module per source (``alibaba2023:``, ``pai2020:``, ``philly:``, ``helios:``, ``sia:``,
 ``pollux:``, ``pollux-gen:``, ``synthetic:``, job files); :mod:`.common` holds what they
 share, :mod:`.spec` the registry and :func:`load_trace`. A malformed row raises
 :class:`TraceError` naming file and line, or is skipped and counted with ``skip_bad``.

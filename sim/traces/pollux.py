@@ -1,10 +1,14 @@
-"""``pollux:<folder>/<file>`` and ``pollux-gen:seed=N[,...]``: measured-job workloads on
-the Pollux OSDI'21 simulator data (Qiao et al., OSDI 2021).
+"""``pollux:<folder>/<file>``, ``sia:<folder>/<file>`` and ``pollux-gen:seed=N[,...]``:
+measured-job workloads on the Pollux OSDI'21 simulator data (Qiao et al., OSDI 2021)
+and its heterogeneous extension, the Sia SOSP'23 data (Jayaram Subramanya et al.).
 
-Both return a :class:`MeasuredTrace` in the paper's setting (16 nodes × 4 GPUs, 60 s
-interval, 30 s restart): :func:`load` reads a published workload CSV under strict rules,
-:func:`generate` samples a new one from ``traces/philly.csv`` the way the published ones
-were (OSDI'21 §5.1), never reading them. Rules and sampling: docs/design-notes.md.
+Each returns a :class:`MeasuredTrace` for a cluster (:class:`~..measured.MeasuredCluster`,
+``cluster=NAME`` in the spec): ``pollux:`` and ``pollux-gen:`` in Pollux's setting (16 ×
+4 T4, 60 s interval, 30 s restart), ``sia:`` in the Sia artifact's (its 64-GPU mix, its
+calibration and restart costs). :func:`load` reads a published workload CSV under strict
+rules, :func:`generate` samples a new one from ``traces/philly.csv`` the way the published
+ones were (OSDI'21 §5.1), never reading them. Rules and sampling: docs/design-notes.md,
+docs/simulator.md.
 """
 
 from __future__ import annotations
@@ -19,13 +23,31 @@ from typing import Iterator
 
 import numpy as np
 
-from ..measured import Application, MeasuredJobSpec, load_applications
+from ..measured import (
+    CLUSTER_FORM,
+    DEFAULT_CLUSTER,
+    DEFAULT_GPU_TYPE,
+    SIA_CALIBRATION,
+    SIA_RESTART_COST,
+    Application,
+    ClusterError,
+    MeasuredCluster,
+    MeasuredJobSpec,
+    ProfileError,
+    load_applications,
+    parse_cluster,
+)
 from .common import TraceError, need_dir, parse_float, parse_int
 
 __all__ = [
     "FORM",
+    "SIA_FORM",
     "GEN_FORM",
     "DATA_SUBDIR",
+    "SIA_SUBDIR",
+    "REFERENCE_GPUS",
+    "with_cluster",
+    "load_sia",
     "WORKLOAD_COLUMNS",
     "PHILLY_COLUMNS",
     "PHILLY_CLUSTER",
@@ -41,10 +63,16 @@ __all__ = [
     "WINDOW_START",
 ]
 
-FORM = "pollux:<folder>/<file>"
-GEN_FORM = "pollux-gen:seed=N[,jobs=160,hours=8,load=1.0,start=2]"
+FORM = "pollux:<folder>/<file>[,cluster=NAME]"
+SIA_FORM = "sia:<folder>/<file>[,cluster=NAME][,calibration=sia|none][,restart=sia|SECONDS]"
+GEN_FORM = "pollux-gen:seed=N[,jobs=160,hours=8,load=1.0,start=2][,cluster=NAME]"
 #: the data's folder under the data folder
 DATA_SUBDIR = "pollux-osdi21"
+#: the Sia data's folder (step times per GPU type; the ``aws`` ones are Pollux's)
+SIA_SUBDIR = "sia-sosp23"
+#: GPUs of the cluster the Pollux workloads were drawn for: ``pollux-gen`` scales its
+#: job count by a cluster's GPUs over these
+REFERENCE_GPUS = 64
 WORKLOAD_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
 PHILLY_COLUMNS = ("timestamp", "duration", "gpu_time")
 #: the Philly column naming the job's virtual cluster (the tenant: Jeon et al., ATC'19)
@@ -100,27 +128,53 @@ _GEN_DEFAULTS = {"jobs": 160.0, "hours": 8.0, "load": 1.0, "start": float(WINDOW
 
 @dataclass
 class MeasuredTrace:
-    """Measured jobs, the profiles of their applications, and the cluster and engine
-    setting they are meant for (the paper's: 16 nodes × 4 GPUs, 60 s scheduling
-    interval, 30 s restart per re-allocation); ``skipped`` counts dropped rows by
-    reason, ``notes`` says what was assumed. ``philly_gpu_hours`` (``pollux-gen`` only;
-    empty for the published workloads): job id -> GPU-hours of the Philly job it was
-    sampled from (``gpu_time`` of the list), what the trace knows of the request's size
-    beside its model — not the engine's work (that follows the model)."""
+    """Measured jobs, the profiles of their applications (step times on each GPU type
+    of ``cluster``), and the cluster and engine setting they are meant for (Pollux's:
+    16 nodes × 4 T4 GPUs, 60 s scheduling interval, 30 s restart per re-allocation;
+    ``restart_costs`` and ``calibration``: per application, the Sia artifact's where it
+    is the setting, :class:`~..interval.IntervalConfig`); ``skipped`` counts dropped rows
+    by reason, ``notes`` says what was assumed. ``philly_gpu_hours`` (``pollux-gen``
+    only; empty for the published workloads): job id -> GPU-hours of the Philly job it
+    was sampled from (``gpu_time`` of the list), what the trace knows of the request's
+    size beside its model — not the engine's work (that follows the model)."""
 
     name: str
     jobs: list[MeasuredJobSpec]
     apps: dict[str, Application]
-    nodes: int = 16
-    gpus_per_node: int = 4
+    cluster: MeasuredCluster = DEFAULT_CLUSTER
     interval: float = 60.0
     restart_cost: float = 30.0
     notes: list[str] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)
     philly_gpu_hours: dict[str, float] = field(default_factory=dict)
+    restart_costs: dict[str, float] | None = None
+    calibration: dict[str, float] | None = None
 
     def skip(self, reason: str) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def interval_config(self, **overrides):
+        """The interval engine's config of its setting (:class:`~..interval.IntervalConfig`),
+        with ``overrides``."""
+        from ..interval import IntervalConfig
+
+        kw = dict(interval=self.interval, restart_cost=self.restart_cost, restart_costs=self.restart_costs,
+                  calibration=self.calibration)
+        kw.update(overrides)
+        return IntervalConfig(**kw)
+
+    @property
+    def nodes(self) -> int:
+        """Nodes of its cluster."""
+        return self.cluster.total_nodes
+
+    @property
+    def gpus_per_node(self) -> int:
+        """GPUs per node of its cluster, which must have one GPU type (else use ``cluster``)."""
+        if not self.cluster.homogeneous:
+            raise TraceError(f"{self.name}: cluster {self.cluster.name!r} mixes GPU types ({self.cluster.describe()}); "
+                             "run it with its cluster (IntervalSimulator(cluster=trace.cluster))")
+        return self.cluster.groups[0].gpus_per_node
 
 
 # ------------------------------------------------------------------ pollux:<folder>/<file>
@@ -132,8 +186,14 @@ def _profiles(root: Path) -> Path:
     return need_dir(root, "traces")
 
 
-def _known_apps(traces: Path) -> list[str]:
-    return sorted(p.name for p in traces.iterdir() if (p / "placements.csv").is_file())
+def _first_file(types: tuple[str, ...] | None) -> str:
+    return "placements.csv" if types is None else f"placements-{types[0]}.csv"
+
+
+def _known_apps(traces: Path, types: tuple[str, ...] | None = None) -> list[str]:
+    """Applications with step times on every one of ``types`` (None: Pollux's layout)."""
+    files = ["placements.csv"] if types is None else [f"placements-{t}.csv" for t in types]
+    return sorted(p.name for p in traces.iterdir() if all((p / f).is_file() for f in files))
 
 
 def _workload_path(arg: str, root: Path) -> Path:
@@ -149,8 +209,7 @@ def _workload_path(arg: str, root: Path) -> Path:
     for p in cands:
         if p.is_file():
             return p
-    hint = "" if "," not in arg else " (pollux:<folder>/<file> takes no options)"
-    raise TraceError(f"{cands[0]}: no such workload file{hint}")
+    raise TraceError(f"{cands[0]}: no such workload file")
 
 
 
@@ -169,15 +228,107 @@ def _reader(path: Path, columns: tuple[str, ...]) -> Iterator[csv.DictReader]:
             raise TraceError(f"{path}: missing columns {missing} (need {','.join(columns)})")
         yield reader
 
+def _file_options(arg: str, form: str, allowed: tuple[str, ...]) -> tuple[str, dict[str, str]]:
+    """``<file>[,k=v...]`` of a workload spec: the file and its options, each of ``allowed``."""
+    name, *rest = arg.split(",")
+    opts: dict[str, str] = {}
+    for item in (p.strip() for p in rest):
+        if not item:
+            continue
+        k, eq, v = item.partition("=")
+        if not eq or k.strip() not in allowed or not v.strip():
+            raise TraceError(f"unknown workload option {item!r}; form: {form}")
+        opts[k.strip()] = v.strip()
+    return name, opts
+
+
+def _cluster_option(opts: dict[str, str], default: MeasuredCluster) -> MeasuredCluster:
+    if "cluster" not in opts:
+        return default
+    try:
+        return parse_cluster(opts["cluster"])
+    except ClusterError as exc:
+        raise TraceError(str(exc)) from None
+
+
+def cluster_profiles(data_dir: Path | None, cluster: MeasuredCluster) -> tuple[Path, tuple[str, ...] | None]:
+    """Where the step times of ``cluster``'s GPU types are, and the types to read
+    (None: the Pollux layout): Pollux's data for an all-``aws`` cluster, the Sia data's
+    otherwise (its ``aws`` files are Pollux's, byte for byte)."""
+    if cluster.gpu_types == (DEFAULT_GPU_TYPE,):
+        return _profiles(need_dir(data_dir, DATA_SUBDIR)), None
+    return need_dir(need_dir(data_dir, SIA_SUBDIR), "traces"), cluster.gpu_types
+
+
+def _load_apps(data_dir: Path | None, cluster: MeasuredCluster, names: tuple[str, ...]) -> dict[str, Application]:
+    folder, types = cluster_profiles(data_dir, cluster)
+    try:
+        return load_applications(folder, names, gpu_types=types)
+    except ProfileError as exc:
+        raise TraceError(f"cluster {cluster.name!r}: {exc}") from None
+
+
+def with_cluster(trace: MeasuredTrace, cluster: MeasuredCluster, data_dir: Path | None) -> MeasuredTrace:
+    """``trace`` on ``cluster``: its applications' step times read for the cluster's
+    GPU types (the jobs unchanged)."""
+    if cluster == trace.cluster:
+        return trace
+    trace.apps = _load_apps(data_dir, cluster, tuple(sorted(trace.apps)))
+    trace.cluster = cluster
+    trace.notes.append(f"on cluster {cluster.name}: {cluster.describe()}")
+    return trace
+
+
 def load(arg: str, data_dir: Path | None, skip_bad: bool = False) -> MeasuredTrace:
-    """The workload ``<data>/pollux-osdi21/<arg>[.csv]`` (the rules are in the module
-    docstring)."""
-    root = need_dir(data_dir, DATA_SUBDIR)
+    """The workload ``<data>/pollux-osdi21/<file>[.csv]`` on Pollux's cluster, or the
+    one ``cluster=NAME`` names (the rules are in the module docstring)."""
+    arg, opts = _file_options(arg, FORM, ("cluster",))
+    return _load_file(arg, data_dir, skip_bad, DATA_SUBDIR, "pollux", _cluster_option(opts, DEFAULT_CLUSTER))
+
+
+def load_sia(arg: str, data_dir: Path | None, skip_bad: bool = False) -> MeasuredTrace:
+    """The workload ``<data>/sia-sosp23/<file>[.csv]`` (the Philly workloads:
+    ``workloads/philly/workload-N``) in the Sia artifact's setting: its 64-GPU mix
+    (``cluster=NAME`` for another), its calibration of step times (``calibration=none``
+    to drop it) and its restart cost per application (``restart=SECONDS`` for one for
+    all)."""
+    arg, opts = _file_options(arg, SIA_FORM, ("cluster", "calibration", "restart"))
+    cal = opts.get("calibration", "sia")
+    if cal not in ("sia", "none"):
+        raise TraceError(f"sia: calibration={cal!r}: expected sia or none")
+    restart = opts.get("restart", "sia")
+    trace = _load_file(arg, data_dir, skip_bad, SIA_SUBDIR, "sia", _cluster_option(opts, _named("sia-64")))
+    trace.calibration = {a: SIA_CALIBRATION[a] for a in trace.apps} if cal == "sia" else None
+    if restart == "sia":
+        trace.restart_costs = {a: SIA_RESTART_COST[a] for a in trace.apps}
+    else:
+        try:
+            trace.restart_cost = float(restart)
+        except ValueError:
+            raise TraceError(f"sia: restart={restart!r}: expected sia or seconds") from None
+        if not (math.isfinite(trace.restart_cost) and trace.restart_cost >= 0):
+            raise TraceError(f"sia: restart={restart!r} must be >= 0 seconds")
+    for k in ("cluster", "calibration", "restart"):
+        if k in opts:
+            trace.name += f",{k}={opts[k]}"
+    trace.notes.append(
+        "the Sia artifact's setting: step times x " + ("its calibration per application" if trace.calibration else "1")
+        + ", restart " + ("its cost per application" if trace.restart_costs else f"{trace.restart_cost:g} s"))
+    return trace
+
+
+def _named(name: str) -> MeasuredCluster:
+    return parse_cluster(name)
+
+
+def _load_file(arg: str, data_dir: Path | None, skip_bad: bool, subdir: str, kind: str,
+               cluster: MeasuredCluster) -> MeasuredTrace:
+    root = need_dir(data_dir, subdir)
     path = _workload_path(arg, root)
-    traces = _profiles(root)
-    known = _known_apps(traces)
+    traces, types = cluster_profiles(data_dir, cluster)
+    known = _known_apps(traces, types)
     name = arg[: -len(".csv")] if arg.lower().endswith(".csv") else arg
-    trace = MeasuredTrace(f"pollux:{name}", [], {})
+    trace = MeasuredTrace(f"{kind}:{name}", [], {}, cluster=cluster)
     apps: dict[str, Application] = {}
     seen: set[str] = set()
     with _reader(path, WORKLOAD_COLUMNS) as reader:
@@ -185,9 +336,9 @@ def load(arg: str, data_dir: Path | None, skip_bad: bool = False) -> MeasuredTra
             line = reader.line_num
             app = (row.get("application") or "").strip()
             if app not in known:
-                raise TraceError(f"{path}:{line}: unknown application {app!r}: no profile {traces / app}/placements.csv (profiles: {', '.join(known)})")
+                raise TraceError(f"{path}:{line}: unknown application {app!r}: no profile {traces / app}/{_first_file(types)} (profiles: {', '.join(known)})")
             if app not in apps:  # a broken profile raises ProfileError: never a skipped row
-                apps[app] = load_applications(traces, (app,))[app]
+                apps[app] = load_applications(traces, (app,), gpu_types=types)[app]
             try:
                 job = _job(row, app, seen)
                 _check(job, apps[app])
@@ -211,6 +362,8 @@ def load(arg: str, data_dir: Path | None, skip_bad: bool = False) -> MeasuredTra
         trace.notes.append("jobs sorted by submit time (the file was not)")
     used = {j.application for j in trace.jobs}
     trace.apps = {a: p for a, p in sorted(apps.items()) if a in used}
+    if cluster != DEFAULT_CLUSTER and kind == "pollux":
+        trace.name += f",cluster={cluster.name}"
     _setting_note(trace)
     return trace
 
@@ -232,7 +385,7 @@ def _job(row: dict, app: str, seen: set[str]) -> MeasuredJobSpec:
 
 
 def _check(job: MeasuredJobSpec, app: Application) -> None:
-    b = app.bounds
+    b = max((app.bounds_on(t) for t in app.gpu_types), key=lambda x: x.min_local_batch)
     if not b.init_batch <= job.batch_size <= b.largest:
         raise _OutOfRange(f"{job.application} batch_size {job.batch_size} outside the measured runs [{b.init_batch}, {b.largest}]")
     if job.num_replicas * b.min_local_batch > job.batch_size:
@@ -240,25 +393,33 @@ def _check(job: MeasuredJobSpec, app: Application) -> None:
 
 
 def _setting_note(trace: MeasuredTrace) -> None:
+    c = trace.cluster
+    where = (f"{trace.nodes} nodes x {trace.gpus_per_node} GPUs" if c == DEFAULT_CLUSTER
+             else f"cluster {c.name} ({c.describe()})")
     trace.notes.append(
-        f"the paper's setting: {trace.nodes} nodes x {trace.gpus_per_node} GPUs, {trace.interval:g} s scheduling interval, "
+        f"the paper's setting: {where}, {trace.interval:g} s scheduling interval, "
         f"{trace.restart_cost:g} s restart per re-allocation"
     )
-    cap = trace.nodes * trace.gpus_per_node
+    cap = max(g.nodes * g.gpus_per_node for g in c.groups)
     big = sum(j.num_replicas > cap for j in trace.jobs)
     if big:
-        trace.notes.append(f"{big} jobs ask for more than the {cap} GPUs of the default cluster")
+        trace.notes.append(f"{big} jobs ask for more than the {cap} GPUs of the default cluster" if c == DEFAULT_CLUSTER
+                           else f"{big} jobs ask for more than the {cap} GPUs of the cluster's largest GPU type")
 
 
 # ------------------------------------------------------------------ pollux-gen:seed=N,...
-def _gen_options(arg: str, seed: int) -> tuple[int, dict[str, float]]:
+def _gen_options(arg: str, seed: int) -> tuple[int, dict[str, float], MeasuredCluster]:
     opts = dict(_GEN_DEFAULTS)
     given_seed: int | None = None
+    cluster = DEFAULT_CLUSTER
     for item in (p.strip() for p in arg.split(",")):
         if not item:
             continue
         k, eq, v = item.partition("=")
         k = k.strip()
+        if k == "cluster" and eq:
+            cluster = _cluster_option({"cluster": v.strip()}, DEFAULT_CLUSTER)
+            continue
         if not eq or (k != "seed" and k not in opts):
             raise TraceError(f"pollux-gen: unknown option {item!r}; form: {GEN_FORM}")
         try:
@@ -285,7 +446,7 @@ def _gen_options(arg: str, seed: int) -> tuple[int, dict[str, float]]:
         if seed < 0:
             raise TraceError(f"pollux-gen: seed {seed} must be >= 0")
         given_seed = int(seed)
-    return given_seed, opts
+    return given_seed, opts, cluster
 
 
 def philly_pool(path: Path, start: int = WINDOW_START, hours: float = 8.0, *,
@@ -335,13 +496,16 @@ def philly_pool(path: Path, start: int = WINDOW_START, hours: float = 8.0, *,
 
 def generate(arg: str, data_dir: Path | None, seed: int = 0) -> MeasuredTrace:
     """A new workload from ``traces/philly.csv`` (the rule is in the module docstring);
-    ``arg`` = ``seed=N[,jobs=160][,hours=8][,load=1.0][,start=2]``."""
-    seed, o = _gen_options(arg, seed)
+    ``arg`` = ``seed=N[,jobs=160][,hours=8][,load=1.0][,start=2][,cluster=NAME]``.
+    ``jobs`` is for Pollux's 64 GPUs: on a cluster of G GPUs ``jobs × load × G / 64``
+    are drawn (the same arrival rate per GPU), the same seed giving the same jobs in
+    the same order (a prefix or superset)."""
+    seed, o, cluster = _gen_options(arg, seed)
     jobs, hours, load_x, start = int(o["jobs"]), o["hours"], o["load"], int(o["start"])
     root = need_dir(data_dir, DATA_SUBDIR)
     traces = _profiles(root)
     offs, gpu_h, vcs = philly_pool(traces / "philly.csv", start, hours, clusters=True)
-    n = int(round(jobs * load_x))
+    n = int(round(jobs * load_x * (cluster.total_gpus / REFERENCE_GPUS)))
     if n < 1:
         raise TraceError(f"pollux-gen: jobs={jobs} x load={load_x:g} rounds to no job")
     if n > len(offs):
@@ -366,18 +530,22 @@ def generate(arg: str, data_dir: Path | None, seed: int = 0) -> MeasuredTrace:
         rows.append((int(offs[pick[k]]), k, app, reps, bsz, str(vcs[pick[k]]), float(gpu_h[pick[k]])))
     rows.sort()  # (time, k) is unique: the tenant never breaks a tie
     name = f"pollux-gen:seed={seed},jobs={jobs},hours={hours:g},load={load_x:g},start={start}"
+    if cluster != DEFAULT_CLUSTER:
+        name += f",cluster={cluster.name}"
     trace = MeasuredTrace(
         name,
         [MeasuredJobSpec(f"{app}-{i}", float(t), app, reps, bsz, vc)
          for i, (t, _, app, reps, bsz, vc, _h) in enumerate(rows)],
         {},
+        cluster=cluster,
         philly_gpu_hours={f"{r[2]}-{i}": r[6] for i, r in enumerate(rows)},
     )
     used = tuple(sorted({j.application for j in trace.jobs}))
-    missing = [a for a in used if not (traces / a / "placements.csv").is_file()]
+    folder, types = cluster_profiles(data_dir, cluster)
+    missing = [a for a in used if a not in _known_apps(folder, types)]
     if missing:
-        raise TraceError(f"{traces}: no measured profile for {', '.join(missing)}")
-    trace.apps = load_applications(traces, used)
+        raise TraceError(f"{folder}: no measured profile for {', '.join(missing)}" + (f" on {', '.join(types)}" if types else ""))
+    trace.apps = _load_apps(data_dir, cluster, used)
     trace.notes.append(
         f"{n} jobs sampled from the {len(offs)} Philly jobs submitted {start:02d}:00 + {hours:g} h of any day "
         f"(duration >= {MIN_DURATION:g} s, < {MAX_GPU_HOURS:g} GPU-hours); model by GPU-time bucket; "

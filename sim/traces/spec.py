@@ -1,5 +1,5 @@
 """A trace SPEC to a :class:`~.common.Trace`: the registry of ``source:`` prefixes, the
-replay options of the real traces and :func:`load_trace`. ``pollux:`` and
+replay options of the real traces and :func:`load_trace`. ``pollux:``, ``sia:`` and
 ``pollux-gen:`` give a :class:`~.pollux.MeasuredTrace` instead (:mod:`.pollux`)."""
 
 from __future__ import annotations
@@ -52,13 +52,15 @@ def load_trace(
     skip_bad: bool = False,
 ) -> Trace | pollux.MeasuredTrace:
     """Load the trace named by ``spec`` (the forms are in :mod:`rlsched.sim.traces`);
-    ``pollux:``/``pollux-gen:`` give a :class:`~.pollux.MeasuredTrace`."""
+    ``pollux:``/``sia:``/``pollux-gen:`` give a :class:`~.pollux.MeasuredTrace`."""
     ddir = _data_dir(data_dir)
     kind, _, arg = spec.partition(":")
     if kind == "synthetic":
         return synthetic(arg, seed=seed)
     if kind == "pollux":
         return pollux.load(arg, ddir, skip_bad)
+    if kind == "sia":
+        return pollux.load_sia(arg, ddir, skip_bad)
     if kind == "pollux-gen":
         return pollux.generate(arg, ddir, seed)
     source = SOURCES.get(kind)
@@ -68,7 +70,7 @@ def load_trace(
     path = Path(spec)
     if path.suffix.lower() in jobfile.SUFFIXES or path.exists():
         return jobfile.read(path)
-    forms = [s.form for s in SOURCES.values()] + [SYNTHETIC_FORM, pollux.FORM, pollux.GEN_FORM]
+    forms = [s.form for s in SOURCES.values()] + [SYNTHETIC_FORM, pollux.FORM, pollux.SIA_FORM, pollux.GEN_FORM]
     raise TraceError(f"unknown trace spec {spec!r}: use {', '.join(forms)} or a .yaml/.json job file")
 
 

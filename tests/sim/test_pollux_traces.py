@@ -141,7 +141,7 @@ def test_missing_folder_file_and_data_dir(tiny, tmp_path, monkeypatch):
         load_trace("pollux-gen:seed=1", data_dir=tmp_path)
     with pytest.raises(TraceError, match=r"w/nope.csv: no such workload file"):
         load_trace("pollux:w/nope", data_dir=tiny)
-    with pytest.raises(TraceError, match="takes no options"):
+    with pytest.raises(TraceError, match=r"unknown workload option 'nodes=4'; form: pollux:<folder>/<file>\[,cluster=NAME\]"):
         load_trace("pollux:w/jobs,nodes=4", data_dir=tiny)
     monkeypatch.delenv("RLSCHED_DATA_DIR", raising=False)
     with pytest.raises(TraceError, match="no data folder"):
