@@ -129,6 +129,10 @@ class AllocJob:
     #: replicas that must share a node (a worker's GPUs, ``gpusPerWorker``): a node
     #: holds a multiple of it of the job's replicas
     replica_group: int = 1
+    #: step times the job declared before running, per GPU type (``ProfileSample.gpu_type``):
+    #: the one-GPU seed profile of the known model it names, as Sia bootstraps a new job's
+    #: throughput on each type; () none
+    seed_profile: tuple[ProfileSample, ...] = ()
 
     def runs_on(self, node: "AllocNode") -> bool:
         """Whether its replicas may run on ``node`` (its GPU model is allowed)."""

@@ -174,7 +174,8 @@ def run_allocator(trace, cluster, name: str, config, progress=None, seed: int = 
         cluster = MeasuredCluster.uniform(int(cluster[0]), int(cluster[1]))
     allocator = make_allocator(name, seed=seed)
     try:
-        sim = IntervalSimulator(trace.jobs, trace.apps, allocator, cluster=cluster, config=config)
+        sim = IntervalSimulator(trace.jobs, trace.apps, allocator, cluster=cluster, config=config,
+                                seeds=getattr(trace, "seeds", None))
         res = sim.run(progress=progress)
     finally:
         close = getattr(allocator, "close", None)

@@ -172,7 +172,10 @@ class IntervalSimulator:
     ``gpus_per_node`` GPUs of the default type (16 × 4 unless given). On a cluster of
     several types an allocator that does not declare ``type_aware = True`` decides
     through :func:`one_type_per_job`; one that does must keep each job on one type (an
-    allocation across types raises :class:`~rlsched.core.allocation.AllocationError`)."""
+    allocation across types raises :class:`~rlsched.core.allocation.AllocationError`).
+    ``seeds``: per application, the one-GPU step times per type a job of it declares
+    (:attr:`AllocJob.seed_profile`; :func:`~.measured.load_seed_profile`), those of the
+    cluster's types shown."""
 
     def __init__(
         self,
@@ -185,6 +188,7 @@ class IntervalSimulator:
         cluster: MeasuredCluster | None = None,
         config: IntervalConfig | None = None,
         queues: QueueBook | None = None,
+        seeds: Mapping[str, Sequence[ProfileSample]] | None = None,
     ) -> None:
         if not isinstance(allocator, Allocator):
             raise TypeError(f"{type(allocator).__name__} is not an Allocator (name, clairvoyant, allocate)")
@@ -210,6 +214,8 @@ class IntervalSimulator:
             ids.add(j.id)
         self.allocator = allocator
         self.cluster = cluster
+        self._seeds = {app: tuple(x for x in samples if x.gpu_type in cluster.gpu_types)
+                       for app, samples in (seeds or {}).items()}
         self.queues = queues
         #: each decision's use per queue or tenant (:class:`QueueSample`): with ``queues``,
         #: or jobs that carry a tenant; else empty
@@ -320,6 +326,7 @@ class IntervalSimulator:
             atomic_bsz=j.atomic, accum_steps=j.accum, epoch=j.epoch, progress=j.progress,
             grad_sqr=j.grad[0] if j.grad else None, grad_var=j.grad[1] if j.grad else None,
             profile=tuple(j.profile.values()), metrics=tuple(j.metrics), higher_is_better=j.app.higher_is_better,
+            seed_profile=self._seeds.get(spec.application, ()),
         )
         if self.queues is not None:
             v.queue = spec.tenant

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from rlsched.core.allocation import ProfileSample
 from rlsched.core.batch import BatchBounds
 
 __all__ = [
@@ -37,6 +38,8 @@ __all__ = [
     "DEFAULT_CLUSTER",
     "parse_cluster",
     "UNMODELLED",
+    "SEED_TYPES",
+    "load_seed_profile",
     "StepProfile",
     "MAX_REPLICAS",
     "FIXED_BATCH",
@@ -70,6 +73,11 @@ TYPE_GPUS_PER_NODE = {"aws": 4, "azure": 8, "dgx": 8, "dgx-ext": 8, "quad": 4, "
 SIA_CALIBRATION = {"cifar10": 1.8, "imagenet": 1.2, "yolov3": 1.2, "bert": 1.2, "deepspeech2": 1.2, "ncf": 1.5}
 #: the Sia artifact's restart cost per application, seconds (``applications.py``)
 SIA_RESTART_COST = {"cifar10": 50.0, "deepspeech2": 25.0, "bert": 120.0, "yolov3": 80.0, "imagenet": 250.0, "ncf": 15.0}
+
+
+#: the seed profiles' GPU names (``seed/<app>.csv``, column ``gpu_type``) as the types of
+#: the step-time files: each seed row is that type's one-GPU row (checked on the data)
+SEED_TYPES = {"t4": "aws", "v100": "azure", "dgx": "dgx-ext", "quad": "quad", "rtx": "rtx"}
 
 
 class ClusterError(ValueError):
@@ -521,3 +529,23 @@ def load_applications(root: str | Path, names: tuple[str, ...] | None = None,
             raise ProfileError(f"{root / n}: no such application profile")
         out[n] = Application(root / n, max_local_bsz=MAX_LOCAL_BSZ.get(n), gpu_types=gpu_types)
     return out
+
+
+def load_seed_profile(path: str | Path, gpu_types: tuple[str, ...] | None = None) -> tuple[ProfileSample, ...]:
+    """The one-GPU seed profile of an application (``<data>/sia-sosp23/seed/<app>.csv``,
+    read by header name) as profile samples on the step-time files' GPU types
+    (:data:`SEED_TYPES`), only ``gpu_types`` where given: what a job that names this
+    model declares before it runs (Sia's bootstrap)."""
+    path = Path(path)
+    c = _read(path, ("gpu_type", "local_bsz", "placement", "step_time", "sync_time"))
+    bsz, step, sync = (_floats(path, c, k) for k in ("local_bsz", "step_time", "sync_time"))
+    out = []
+    for name, place, b, t, y in zip(c["gpu_type"], c["placement"], bsz, step, sync):
+        gpu_type = SEED_TYPES.get(name.strip())
+        if gpu_type is None:
+            raise ProfileError(f"{path}: unknown seed GPU {name!r} (known: {', '.join(SEED_TYPES)})")
+        if place.strip() != "1":
+            raise ProfileError(f"{path}: seed placement {place!r} is not one GPU")
+        if gpu_types is None or gpu_type in gpu_types:
+            out.append(ProfileSample(1, 1, int(b), float(t), float(y), gpu_type=gpu_type))
+    return tuple(out)

@@ -23,6 +23,8 @@ from typing import Iterator
 
 import numpy as np
 
+from rlsched.core.allocation import ProfileSample
+
 from ..measured import (
     CLUSTER_FORM,
     DEFAULT_CLUSTER,
@@ -35,6 +37,7 @@ from ..measured import (
     MeasuredJobSpec,
     ProfileError,
     load_applications,
+    load_seed_profile,
     parse_cluster,
 )
 from .common import TraceError, need_dir, parse_float, parse_int
@@ -149,6 +152,9 @@ class MeasuredTrace:
     philly_gpu_hours: dict[str, float] = field(default_factory=dict)
     restart_costs: dict[str, float] | None = None
     calibration: dict[str, float] | None = None
+    #: per application, the one-GPU seed profile a job naming it declares (read with the
+    #: Sia data's step times, for its cluster's types; empty on Pollux's data)
+    seeds: dict[str, tuple[ProfileSample, ...]] = field(default_factory=dict)
 
     def skip(self, reason: str) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
@@ -268,6 +274,21 @@ def _load_apps(data_dir: Path | None, cluster: MeasuredCluster, names: tuple[str
         raise TraceError(f"cluster {cluster.name!r}: {exc}") from None
 
 
+def _load_seeds(trace: MeasuredTrace, data_dir: Path | None) -> None:
+    """``trace.seeds`` for its applications and its cluster's types, where the Sia data
+    has a seed profile (none on an all-``aws`` cluster: Pollux's setting)."""
+    trace.seeds = {}
+    if trace.cluster.gpu_types == (DEFAULT_GPU_TYPE,):
+        return
+    folder = need_dir(data_dir, SIA_SUBDIR) / "seed"
+    for app in trace.apps:
+        if (folder / f"{app}.csv").is_file():
+            try:
+                trace.seeds[app] = load_seed_profile(folder / f"{app}.csv", trace.cluster.gpu_types)
+            except ProfileError as exc:
+                raise TraceError(str(exc)) from None
+
+
 def with_cluster(trace: MeasuredTrace, cluster: MeasuredCluster, data_dir: Path | None) -> MeasuredTrace:
     """``trace`` on ``cluster``: its applications' step times read for the cluster's
     GPU types (the jobs unchanged)."""
@@ -275,6 +296,7 @@ def with_cluster(trace: MeasuredTrace, cluster: MeasuredCluster, data_dir: Path 
         return trace
     trace.apps = _load_apps(data_dir, cluster, tuple(sorted(trace.apps)))
     trace.cluster = cluster
+    _load_seeds(trace, data_dir)
     trace.notes.append(f"on cluster {cluster.name}: {cluster.describe()}")
     return trace
 
@@ -364,6 +386,7 @@ def _load_file(arg: str, data_dir: Path | None, skip_bad: bool, subdir: str, kin
     trace.apps = {a: p for a, p in sorted(apps.items()) if a in used}
     if cluster != DEFAULT_CLUSTER and kind == "pollux":
         trace.name += f",cluster={cluster.name}"
+    _load_seeds(trace, data_dir)
     _setting_note(trace)
     return trace
 
@@ -546,6 +569,7 @@ def generate(arg: str, data_dir: Path | None, seed: int = 0) -> MeasuredTrace:
     if missing:
         raise TraceError(f"{folder}: no measured profile for {', '.join(missing)}" + (f" on {', '.join(types)}" if types else ""))
     trace.apps = _load_apps(data_dir, cluster, used)
+    _load_seeds(trace, data_dir)
     trace.notes.append(
         f"{n} jobs sampled from the {len(offs)} Philly jobs submitted {start:02d}:00 + {hours:g} h of any day "
         f"(duration >= {MIN_DURATION:g} s, < {MAX_GPU_HOURS:g} GPU-hours); model by GPU-time bucket; "

@@ -26,6 +26,7 @@ from rlsched.sim.measured import (
     NodeGroup,
     StepProfile,
     load_applications,
+    load_seed_profile,
     parse_cluster,
 )
 from rlsched.sim.traces import load_trace
@@ -209,10 +210,12 @@ def _reachable(x, seen=None):
 
 def test_a_policy_sees_per_type_speed_only_from_what_the_job_reported(cifar10):
     """Through its views and nodes a policy reaches no profile table (no Application,
-    StepProfile or array); before a job runs it has no sample; after, only samples of
-    the type it ran on, equal to what it measured there."""
+    StepProfile or array); before a job runs it has no sample but the one-GPU seed rows
+    it declared (of the cluster's types); after, only samples of the type it ran on,
+    equal to what it measured there."""
+    seed = load_seed_profile(SIA.parent / "seed" / "cifar10.csv")
     pin = Pin([{}, {"c0": (0,) * 4}, {"c0": (0,) * 4}])
-    sim = IntervalSimulator([_job(0)], cifar10, pin, cluster=SMALL)
+    sim = IntervalSimulator([_job(0)], cifar10, pin, cluster=SMALL, seeds={"cifar10": seed})
     for _ in range(3):
         sim.step()
     for jobs, nodes in pin.seen:
@@ -222,6 +225,9 @@ def test_a_policy_sees_per_type_speed_only_from_what_the_job_reported(cifar10):
                                   bool, type(None))) or dataclasses.is_dataclass(x), type(x)
     assert [n.gpu_type for n in pin.seen[0][1]] == ["aws", "dgx-ext"]
     assert pin.seen[0][0][0].profile == () and pin.seen[1][0][0].profile == ()
+    declared = pin.seen[0][0][0].seed_profile
+    assert {x.gpu_type for x in declared} == {"aws", "dgx-ext"} and {x.num_replicas for x in declared} == {1}
+    assert all((x.step_time, x.sync_time) == _row(x.gpu_type, "1", x.atomic_bsz) for x in declared)
     (s,) = pin.seen[2][0][0].profile
     assert s.gpu_type == "aws" and (s.step_time, s.sync_time) == _row("aws", "4", 129)
 
