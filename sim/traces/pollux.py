@@ -268,6 +268,11 @@ def cluster_profiles(data_dir: Path | None, cluster: MeasuredCluster) -> tuple[P
 
 def _load_apps(data_dir: Path | None, cluster: MeasuredCluster, names: tuple[str, ...]) -> dict[str, Application]:
     folder, types = cluster_profiles(data_dir, cluster)
+    for t in types or ():
+        if not any((folder / n / f"placements-{t}.csv").is_file() for n in names):
+            known = sorted({p.stem.split("-", 1)[1] for p in folder.glob("*/placements-*.csv")})
+            raise TraceError(f"cluster {cluster.name!r}: no step times on GPU type {t!r} in {folder} "
+                             f"(types: {', '.join(known)})")
     try:
         return load_applications(folder, names, gpu_types=types)
     except ProfileError as exc:
@@ -297,7 +302,8 @@ def with_cluster(trace: MeasuredTrace, cluster: MeasuredCluster, data_dir: Path 
     trace.apps = _load_apps(data_dir, cluster, tuple(sorted(trace.apps)))
     trace.cluster = cluster
     _load_seeds(trace, data_dir)
-    trace.notes.append(f"on cluster {cluster.name}: {cluster.describe()}")
+    trace.notes = [n for n in trace.notes if not n.startswith(("the paper's setting", _SETTING))]
+    _setting_note(trace)
     return trace
 
 
@@ -415,14 +421,14 @@ def _check(job: MeasuredJobSpec, app: Application) -> None:
         raise _OutOfRange(f"{job.application} batch_size {job.batch_size} over {job.num_replicas} GPUs is below the smallest measured per-GPU batch {b.min_local_batch}")
 
 
+_SETTING = "setting: "
+
+
 def _setting_note(trace: MeasuredTrace) -> None:
     c = trace.cluster
-    where = (f"{trace.nodes} nodes x {trace.gpus_per_node} GPUs" if c == DEFAULT_CLUSTER
-             else f"cluster {c.name} ({c.describe()})")
-    trace.notes.append(
-        f"the paper's setting: {where}, {trace.interval:g} s scheduling interval, "
-        f"{trace.restart_cost:g} s restart per re-allocation"
-    )
+    where = (f"the paper's setting: {trace.nodes} nodes x {trace.gpus_per_node} GPUs" if c == DEFAULT_CLUSTER
+             else f"{_SETTING}cluster {c.name} ({c.describe()})")
+    trace.notes.append(f"{where}, {trace.interval:g} s scheduling interval, {trace.restart_cost:g} s restart per re-allocation")
     cap = max(g.nodes * g.gpus_per_node for g in c.groups)
     big = sum(j.num_replicas > cap for j in trace.jobs)
     if big:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import os
 from collections import Counter
 from pathlib import Path
@@ -238,3 +239,20 @@ def test_cluster_forms_and_a_type_without_profiles():
     aws_only = load_applications(SIA, ("cifar10",), gpu_types=("aws",))
     with pytest.raises(ValueError, match=r"no step times on GPU types \['rtx'\]"):
         IntervalSimulator([_job(0)], aws_only, Pin([{}]), cluster=parse_cluster("aws:1x4+rtx:1x8"))
+
+
+def test_cli_runs_the_sia_setting_and_a_named_cluster(tmp_path):
+    from rlsched.cli import main
+
+    rc = main(["sim", "run", "--trace", "sia:workloads/philly/workload-1", "--data-dir", str(DATA), "--policy",
+               "tiresias-2q", "--max-time", "900", "--out", str(tmp_path / "sia"), "--quiet"])
+    assert rc == 0
+    cfg = json.loads((tmp_path / "sia" / "metrics.json").read_text())["config"]
+    assert cfg["cluster"] == {"name": "sia-64", "groups": [["aws", 6, 4], ["dgx-ext", 2, 8], ["rtx", 3, 8]]}
+    assert cfg["calibration"]["cifar10"] == 1.8 and cfg["restart_costs"]["imagenet"] == 250.0
+    rc = main(["sim", "run", "--trace", "pollux:workloads/workload-1", "--data-dir", str(DATA), "--cluster", "sia-64",
+               "--policy", "tiresias-2q", "--max-time", "900", "--out", str(tmp_path / "p"), "--quiet"])
+    cfg = json.loads((tmp_path / "p" / "metrics.json").read_text())["config"]
+    assert rc == 0 and cfg["cluster"]["name"] == "sia-64" and "calibration" not in cfg and cfg["restart_cost"] == 30.0
+    assert main(["sim", "run", "--trace", "pollux:workloads/workload-1", "--data-dir", str(DATA), "--cluster",
+                 "aws:1x4+nope:1x8", "--policy", "tiresias-2q", "--out", str(tmp_path / "x"), "--quiet"]) == 2
