@@ -217,7 +217,10 @@ class Allocator(Protocol):
     :attr:`AllocJob.oracle` (a labelled reference run, never a baseline).
     ``allocate`` returns an :class:`Allocation` per job id; a job left out gets no
     GPUs. It may keep state between calls (it is called once per interval, in time
-    order, by one engine)."""
+    order, by one engine). On nodes of several GPU types (:attr:`AllocNode.gpu_type`) a
+    job runs on one type at a time: an allocator that sets ``type_aware = True`` keeps
+    to that itself; for one that does not, the engine does (the simulator's
+    ``one_type_per_job``)."""
 
     name: str
     clairvoyant: bool

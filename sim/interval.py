@@ -27,8 +27,8 @@ from rlsched.core.allocation import (
     AllocJob,
     AllocNode,
     Allocator,
-    Oracle,
     FreeNodes,
+    Oracle,
     ProfileSample,
     check_allocations,
     fixed_batch,
@@ -38,7 +38,6 @@ from rlsched.core.queues import NO_QUEUE, QueueBook
 
 from .engine import JobRecord, SimResult
 from .measured import (
-    DEFAULT_GPU_TYPE,
     FIXED_BATCH,
     MAX_REPLICAS,
     Application,

@@ -26,7 +26,6 @@ import numpy as np
 from rlsched.core.allocation import ProfileSample
 
 from ..measured import (
-    CLUSTER_FORM,
     DEFAULT_CLUSTER,
     DEFAULT_GPU_TYPE,
     SIA_CALIBRATION,

@@ -31,7 +31,6 @@ from rlsched.sim.measured import (
     parse_cluster,
 )
 from rlsched.sim.traces import load_trace
-from rlsched.sim.traces.pollux import with_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(os.environ.get("RLSCHED_DATA_DIR") or REPO.parent / "shared" / "data")
