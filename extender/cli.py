@@ -1,4 +1,5 @@
-"""``rlsched extender serve``: run the kube-scheduler extender."""
+"""``rlsched extender serve``: run the kube-scheduler extender with its options
+(placement policy and weights, topology labels, request limits and timeouts)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Assemble an :class:`~rlsched.extender.service.Extender` from options; static files."""
+"""Assemble an :class:`~rlsched.extender.service.Extender` from its options, and
+the node and pod lists it may load once from a file instead of an API server."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``rlsched operator ...``: run the operator, print its CRDs."""
+"""``rlsched operator ...``: run the operator with its options, or print its CRDs
+for kubectl."""
 
 from __future__ import annotations
 
