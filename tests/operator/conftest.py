@@ -213,3 +213,34 @@ def extender(kube_cluster, tmp_path_factory, launch_extender):
     way: no node is ever overcommitted, with or without the extender)."""
     with launch_extender(kube_cluster, tmp_path_factory.mktemp("extender") / "extender.log") as url:
         yield url
+
+
+@pytest.fixture
+def offline_controller():
+    """``offline_controller(**config)``: a Controller on an API client that is never
+    called (no API server); ``ctl.run(coro)`` runs a coroutine on its loop; clients
+    closed afterwards."""
+    import asyncio
+
+    from kubernetes_asyncio import client
+
+    from rlsched.operator.controller import Controller, OperatorConfig
+    from rlsched.operator.metrics import OperatorMetrics
+
+    loop = asyncio.new_event_loop()
+    apis = []
+
+    def make(**kw) -> Controller:
+        async def build():
+            api = client.ApiClient()
+            apis.append(api)
+            return Controller(OperatorConfig(metrics_port=None, forecast_interval_s=0, **kw), api, OperatorMetrics())
+
+        ctl = loop.run_until_complete(build())
+        ctl.run = loop.run_until_complete
+        return ctl
+
+    yield make
+    for api in apis:
+        loop.run_until_complete(api.close())
+    loop.close()

@@ -3,37 +3,18 @@ that fails does not stop admission (best fit decides instead)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import pytest
 
 from rlsched.core import ClusterState, JobView, NodeSpec, Topology
-from rlsched.operator.controller import Controller, OperatorConfig, build_placement
-from rlsched.operator.metrics import OperatorMetrics
+from rlsched.operator.controller import build_placement
 
 
 @pytest.fixture
-def controller():
-    """``controller(**config)``: a Controller on an API client that is never called
-    (the room check needs no API server); clients closed afterwards."""
-    from kubernetes_asyncio import client
-
-    loop = asyncio.new_event_loop()
-    apis = []
-
-    def make(**kw) -> Controller:
-        async def build():
-            api = client.ApiClient()
-            apis.append(api)
-            return Controller(OperatorConfig(metrics_port=None, forecast_interval_s=0, **kw), api, OperatorMetrics())
-
-        return loop.run_until_complete(build())
-
-    yield make
-    for api in apis:
-        loop.run_until_complete(api.close())
-    loop.close()
+def controller(offline_controller):
+    """``controller(**config)``: a Controller (the room check needs no API server)."""
+    return offline_controller
 
 
 def _cluster() -> ClusterState:

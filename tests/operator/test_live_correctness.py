@@ -4,7 +4,6 @@ completion, the allocator named in events, and the bounds on ``spec.batchSize``.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -12,10 +11,9 @@ import yaml
 
 from rlsched.core import ClusterState, NodeSpec, Topology
 from rlsched.core.contract import MAX_BATCH_SIZE
-from rlsched.operator.controller import Controller, OperatorConfig
+from rlsched.operator.controller import Controller
 from rlsched.operator.job import Job
 from rlsched.operator.status import format_time, guard_status
-from rlsched.operator.metrics import OperatorMetrics
 from rlsched.operator.snapshot import build_snapshot, charge_packed
 from rlsched.operator.spec import SpecError, parse_spec
 
@@ -73,21 +71,12 @@ def test_an_admission_recorded_before_a_crash_is_adopted_within_the_start_timeou
 
 
 @pytest.fixture
-def controller():
+def controller(offline_controller):
     """``controller(**config)``: a Controller whose status writes, events and pod
     deletions are recorded in ``ctl.calls`` (no API server)."""
-    from kubernetes_asyncio import client
-
-    loop = asyncio.new_event_loop()
-    apis = []
 
     def make(**kw) -> Controller:
-        async def build():
-            api = client.ApiClient()
-            apis.append(api)
-            return Controller(OperatorConfig(metrics_port=None, forecast_interval_s=0, **kw), api, OperatorMetrics())
-
-        ctl = loop.run_until_complete(build())
+        ctl = offline_controller(**kw)
         ctl.calls = []
 
         async def patch_status(job, patch, **k):
@@ -100,13 +89,9 @@ def controller():
             ctl.calls.append(("delete", a))
 
         ctl.status.patch, ctl.status.event, ctl.workers.delete_pod = patch_status, event, delete_pod
-        ctl.run = loop.run_until_complete
         return ctl
 
-    yield make
-    for api in apis:
-        loop.run_until_complete(api.close())
-    loop.close()
+    return make
 
 
 def _job(status: dict) -> Job:
