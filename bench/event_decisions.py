@@ -18,9 +18,15 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 
-#: the protocol's trace specs of the event suites (sim/evaluate.py)
-SPECS = {"alibaba": "alibaba2023:default,nodes=30,window={jobs},load={load:g},tail=0.9",
-         "synthetic": "synthetic:medium,jobs={jobs},load={load:g}"}
+#: the protocol's event suites (sim/evaluate.py SUITES), whose trace specs are used
+EVENT_SUITES = ("alibaba", "synthetic")
+
+
+def _spec(suite: str, load: float, jobs: int) -> str:
+    """The protocol's trace spec of ``suite`` at ``load`` (the seed is given apart)."""
+    from rlsched.sim.evaluate import SUITES
+
+    return SUITES[suite].validation_units(load, 1, jobs)[0].spec
 
 
 def _one(task: tuple) -> dict:
@@ -30,7 +36,7 @@ def _one(task: tuple) -> dict:
     from rlsched.sim.traces import default_topology, load_trace
 
     suite, load, jobs, seed, name, overrides, data_dir = task
-    trace = load_trace(SPECS[suite].format(jobs=jobs, load=load), data_dir=data_dir, seed=seed)
+    trace = load_trace(_spec(suite, load, jobs), data_dir=data_dir, seed=seed)
     topo = trace.topology if trace.topology is not None else default_topology(trace.jobs)
     pol = parse_policy_name(name)
     cfg = replace(policy_config(SimConfig(), pol), **overrides)
@@ -52,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--suite", choices=sorted(SPECS), required=True)
+    ap.add_argument("--suite", choices=EVENT_SUITES, required=True)
     ap.add_argument("--load", type=float, action="append", required=True)
     ap.add_argument("--seeds", default="10000,10001,10002", help="validation seeds (10000..)")
     ap.add_argument("--jobs", type=int, default=1000)
