@@ -19,6 +19,7 @@ from .batch import BatchBounds
 from .contract import class_rank
 from .goodput import JobObservations, ShapeRecord
 from .planning.admission import WaitReason
+from .planning.elastic import training_end
 from .policy import allocator_names, make_allocator
 from .queues import QueueBook
 
@@ -161,6 +162,22 @@ class LiveJob:
     #: ``history``, the accuracy the trainer library reports; higher is better)
     epoch: int = 0
     metrics: tuple[float, ...] = ()
+    #: what its own end is judged on (:func:`~rlsched.core.planning.training_end`): the
+    #: epochs of work done, ``spec.maxEpochs``, evaluations in a row gaining less than β
+    #: and the β stop's patience (None: no β stop)
+    epochs_done: float = 0.0
+    max_epochs: float = math.inf
+    streak: int = 0
+    patience: int | None = None
+    #: False for a running job whose generation is still starting: it keeps its GPUs
+    #: (the caller does not offer them) and only its end is judged
+    movable: bool = True
+
+    def end(self) -> str | None:
+        """``"MaxEpochs"``, ``"Converged"`` or None: whether a running job ended by itself."""
+        if not self.nodes:
+            return None
+        return training_end(self.epochs_done, self.max_epochs, self.streak, self.patience)
 
     @property
     def workers(self) -> int:
@@ -189,6 +206,8 @@ class LivePlan:
     the record (empty after a policy error)."""
 
     start: dict[str, LiveTarget] = field(default_factory=dict)
+    #: running jobs that ended by themselves (β stop, ``maxEpochs``): job -> reason
+    complete: dict[str, str] = field(default_factory=dict)
     resize: dict[str, LiveTarget] = field(default_factory=dict)
     stop: list[str] = field(default_factory=list)
     allocations: dict[str, Allocation] = field(default_factory=dict)
@@ -306,7 +325,9 @@ class LiveAllocation:
              names: Mapping[int, str] | None = None, queues: QueueBook | None = None,
              models: Mapping[int, str] | None = None,
              offers: Mapping[int, tuple[int, int]] | None = None) -> LivePlan:
-        """Decide for ``jobs``: those with ``nodes`` run (and may move), the others wait.
+        """Decide for ``jobs``: those with ``nodes`` run (and may move, unless not
+        ``movable``), the others wait; a running job whose own end came
+        (:meth:`LiveJob.end`) is in ``complete`` and its GPUs are not given this time.
         ``capacity``: node index -> GPUs the allocator may give (free GPUs plus those the
         running ``jobs`` hold there). ``queues``: the teams' queues and the minimum run
         time (:mod:`rlsched.core.queues`; None: neither). ``models``: node index -> its
@@ -317,20 +338,25 @@ class LiveAllocation:
         where their CPU and memory fit."""
         names, models, offers = names or {}, models or {}, offers or {}
         book = queues or QueueBook()
-        nodes = [AllocNode(i, int(c), names.get(i, ""), models.get(i, ""),
-                           *(offers[i] if i in offers else (None, None))) for i, c in sorted(capacity.items())]
-        held = Counter(n for j in jobs for n in j.nodes for _ in range(max(1, j.gpus_per_worker)))
-        over = {i: (held[i], capacity.get(i, 0)) for i in held if held[i] > capacity.get(i, 0)}
+        ended = {j.key: why for j in jobs if (why := j.end()) is not None}
+        decided = [j for j in jobs if j.movable and j.key not in ended]
+        gone = Counter(n for j in jobs if j.movable and j.key in ended
+                       for n in j.nodes for _ in range(max(1, j.gpus_per_worker)))
+        room = {i: int(c) - gone[i] for i, c in capacity.items()}  # an ended job's GPUs free next decision
+        nodes = [AllocNode(i, c, names.get(i, ""), models.get(i, ""),
+                           *(offers[i] if i in offers else (None, None))) for i, c in sorted(room.items())]
+        held = Counter(n for j in decided for n in j.nodes for _ in range(max(1, j.gpus_per_worker)))
+        over = {i: (held[i], room.get(i, 0)) for i in held if held[i] > room.get(i, 0)}
         if over:
             raise ValueError(f"running jobs hold more GPUs than the capacity given (node: held, capacity): {over}")
-        barred = {j.key: w for j in jobs if (w := self.barred(j, book)) is not None}
-        free_jobs = [j for j in jobs if j.key not in barred]
+        barred = {j.key: w for j in decided if (w := self.barred(j, book)) is not None}
+        free_jobs = [j for j in decided if j.key not in barred]
         asked = [self.alloc_job(j, now, self.protected(j, book, now)) for j in free_jobs]
         try:
             out = dict(self.allocator.allocate(asked, nodes, now, queues=book))
         except Exception as exc:  # noqa: BLE001 - a broken policy keeps everyone as they are
-            return LivePlan(error=exc)
-        plan = LivePlan(allocations=out)
+            return LivePlan(error=exc, complete=ended)
+        plan = LivePlan(allocations=out, complete=ended)
         targets = {j.key: self.target(j, out.get(j.key, Allocation())) for j in free_jobs}
         for j in free_jobs:
             t = targets[j.key]
@@ -348,7 +374,7 @@ class LiveAllocation:
         plan.waiting.update(barred)
         if book.active:
             plan.queues = book.usage((j.queue, targets[j.key].workers * max(1, j.gpus_per_worker)
-                                      if j.key in targets else 0) for j in jobs)
+                                      if j.key in targets else 0) for j in decided)
         return plan
 
     def _why(self, jobs: Sequence[LiveJob], asked: Sequence[AllocJob], plan: LivePlan,

@@ -79,6 +79,10 @@ class _Cycle:
     #: every job holding GPUs, visible to preemption even when its step failed
     holders: list[RunningEntry] = field(default_factory=list)
 
+    @property
+    def by_running(self) -> dict[str, RunningJob]:
+        return {r.key: r for r in self.running}
+
 
 class Controller:
     """Runs the cycle against one API server: read a snapshot, one decision call into
@@ -106,11 +110,12 @@ class Controller:
             start_timeout_s=config.start_timeout_s,
             min_run_s=config.min_run_s,
         )
-        self.planner = ScalingPlanner(build_scaling(config.scaling, config.scaling_model), patience=config.patience)
-        #: core's cycle over the two: what every cycle decides (the simulator's allocator runs it too)
-        self.scheduling = SchedulingCycle(self.queues, self.planner)
         #: the allocation policy, when one decides instead of admission + scaling
         self.allocation = LiveAllocation.named(config.allocator) if config.allocator else None
+        self.planner = None if self.allocation is not None else ScalingPlanner(
+            build_scaling(config.scaling, config.scaling_model), patience=config.patience)
+        #: core's cycle over the two: what every cycle decides (the simulator's allocator runs it too)
+        self.scheduling = SchedulingCycle(self.queues, self.planner)
         self.decision_clock = (None if config.decision_interval_s is None
                                else DecisionClock(config.decision_gap_s, config.decision_interval_s))
         #: when the allocation policy last decided, and the jobs it decided for
@@ -380,8 +385,9 @@ class Controller:
         if plan.error is not None:
             self.metrics.cycle_errors.inc()
             log.error("allocator %s failed; every job keeps its GPUs this cycle: %r", self.allocation.name, plan.error)
+            await self._complete(c, plan)
             return unfit
-        self._decided = (now, frozenset(lj.key for lj in live))
+        self._decided = (now, self._decision_keys(live))
         await self._act_on_allocation(c, plan, [c.jobs[lj.key] for lj in live])
         return unfit
 
@@ -392,39 +398,39 @@ class Controller:
         if self.decision_clock is None:
             return True
         last, keys = self._decided if self._decided is not None else (None, None)
-        changed = keys != frozenset(lj.key for lj in live)
+        changed = keys != self._decision_keys(live) or any(lj.end() for lj in live)
         return self.decision_clock.next_due(last, now, changed) <= now
+
+    @staticmethod
+    def _decision_keys(live: Sequence[LiveJob]) -> frozenset[tuple[str, bool]]:
+        return frozenset((lj.key, lj.movable) for lj in live)
 
     async def _allocation_inputs(self, c: _Cycle) -> tuple[list[LiveJob], list[tuple[tuple[int, ...], int, int, int]]]:
         """The jobs as the allocator sees them, and what the running ones it may move
-        hold; a running job first ends if its own end came (β stop, maxEpochs)."""
-        now, by_key = c.now, {r.key: r for r in c.running}
+        hold. A running job whose generation still starts is not movable: its GPUs stay
+        charged where they are and only its end is judged. Each running job's elastic
+        state (``status.rlpto``) is recorded."""
+        now = c.now
         held: list[tuple[tuple[int, ...], int, int, int]] = []
         live: list[LiveJob] = []
-        done: set[str] = set()
 
-        async def judge(j: Job) -> None:  # the job's own end, as without an allocator
-            rj = by_key[j.key]
-            why = self.planner.finished(rj)
-            if why:
-                done.add(j.key)
-                await self.lifecycle.complete(j, why, now, rj=rj)
-            else:
-                patch = self.lifecycle.rlpto_patch(j, rj)
-                if patch:
-                    await self.status.patch(j, patch)
+        running = c.by_running
 
-        await self._each(judge, [c.jobs[r.key] for r in c.running], now)
+        async def record(j: Job) -> None:
+            patch = self.lifecycle.rlpto_patch(j, running[j.key])
+            if patch:
+                await self.status.patch(j, patch)
+
+        await self._each(record, [c.jobs[r.key] for r in c.running], now)
         for r in c.running:
             j = c.jobs[r.key]
             placement = tuple(c.snap.placement.get(j.key, ()))
-            if j.key in done:
-                continue  # its GPUs are released: free for the others next cycle
-            if j.status.get("startedGeneration") != j.generation or len(placement) != r.workers:
-                continue
-            obs = await self.lifecycle.observe_goodput(j, placement)
-            held.append((placement, j.spec.gpus_per_worker, j.spec.cpu_milli, j.spec.memory_mib))
-            live.append(self.lifecycle.live_job(j, now, placement, obs))
+            movable = j.status.get("startedGeneration") == j.generation and len(placement) == r.workers
+            obs = await self.lifecycle.observe_goodput(j, placement) if movable else None
+            if movable:
+                held.append((placement, j.spec.gpus_per_worker, j.spec.cpu_milli, j.spec.memory_mib))
+            live.append(self.lifecycle.live_job(j, now, placement, obs, running=r, movable=movable,
+                                                patience=self.config.patience))
         for e in c.waiting:
             j = c.jobs[e.key]
             bounds = j.spec.bounds
@@ -432,10 +438,17 @@ class Controller:
             live.append(self.lifecycle.live_job(j, now, (), obs))
         return live, held
 
+    async def _complete(self, c: _Cycle, plan: LivePlan) -> None:
+        """The jobs that ended by themselves (the plan's β stops and ``maxEpochs``)."""
+        running = c.by_running
+        await self._each(lambda j: self.lifecycle.complete(j, plan.complete[j.key], c.now, rj=running[j.key]),
+                         [c.jobs[k] for k in plan.complete], c.now)
+
     async def _act_on_allocation(self, c: _Cycle, plan: LivePlan, considered: list[Job]) -> None:
         """Carry out the allocator's plan: team queues recorded, waiting reasons, the
         jobs it stops, resizes, then its starts in its order (one gang after another)."""
         jobs, now = c.jobs, c.now
+        await self._complete(c, plan)
         await self._each(lambda j: self.status.patch(j, {"queueName": j.team}),
                          [j for j in considered if j.team != j.status.get("queueName")], now)
         await self._each(lambda j: self.lifecycle.waiting(j, plan.waiting.get(j.key)),

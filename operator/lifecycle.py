@@ -259,10 +259,15 @@ class Lifecycle:
         old = j.status.get("rlpto")
         return {"rlpto": merge_diff(old, rl) if isinstance(old, Mapping) else rl}
 
-    def live_job(self, j: Job, now: float, placement: tuple[int, ...], obs) -> LiveJob:
+    def live_job(self, j: Job, now: float, placement: tuple[int, ...], obs, *, running: RunningJob | None = None,
+                 movable: bool = True, patience: int | None = None) -> LiveJob:
+        """The job as the allocation policy sees it; ``running``: its elastic state
+        this cycle (a running job's end is judged on it, with the β stop's ``patience``)."""
         s = j.spec
         created = parse_time(j.body["metadata"].get("creationTimestamp")) or now
-        prog = progress_of(j.status)
+        prog = running.progress if running is not None else progress_of(j.status)
+        end = {} if running is None else dict(epochs_done=prog.epochs_done, max_epochs=s.max_epochs,
+                                              streak=running.state.streak, patience=patience)
         return LiveJob(key=j.key, submit_time=created, min_workers=s.min_workers, max_workers=s.max_workers,
                        gpus_per_worker=s.gpus_per_worker, nodes=placement,
                        batch_size=j.batch_size if placement else s.batch_size, pinned_workers=s.pinned_workers,
@@ -270,7 +275,7 @@ class Lifecycle:
                        restarts=j.generation, priority_class=s.priority_class, queue=j.team,
                        running_since=parse_time(j.status.get("admittedTime")) if placement else None,
                        gpu_models=s.gpu_models, cpu_milli=s.cpu_milli, memory_mib=s.memory_mib,
-                       epoch=max(prog.epoch, 0), metrics=tuple(prog.history))
+                       epoch=max(prog.epoch, 0), metrics=tuple(prog.history), movable=movable, **end)
 
     async def schedulable(self, j: Job, why: str | None, now: float) -> None:
         """Condition ``Schedulable``: False (reason ``Unfittable``) while the gang cannot

@@ -33,6 +33,7 @@ from .elastic import (
     convergence_gains,
     reserved_gpus,
     scaling_steps,
+    training_end,
 )
 from .spec import TrainingSpec
 from .topology import TopologyRule, required_topology
@@ -50,6 +51,7 @@ __all__ = [
     "gang_fits",
     "gang_unfittable",
     "take_gang",
+    "training_end",
     "unfittable_reason",
     "CONVERGENCE_WINDOW",
     "ElasticState",

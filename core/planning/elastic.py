@@ -22,11 +22,23 @@ from .spec import TrainingSpec
 
 __all__ = [
     "CONVERGENCE_WINDOW", "ElasticState", "RunningJob", "ScalingPlan", "ScalingPlanner", "best_fit_node",
-    "convergence_gain", "convergence_gains", "reserved_gpus", "scaling_steps",
+    "convergence_gain", "convergence_gains", "reserved_gpus", "scaling_steps", "training_end",
 ]
 
 #: evaluations over which the convergence gain is averaged (:func:`convergence_gain`)
 CONVERGENCE_WINDOW = 5
+
+
+def training_end(epochs_done: float, max_epochs: float, streak: int, patience: int | None) -> str | None:
+    """A job's own end, RLPTO's rule: ``"MaxEpochs"`` once ``epochs_done`` reaches
+    ``max_epochs``, ``"Converged"`` once ``patience`` evaluations in a row gained less
+    than β (``streak``: :attr:`ElasticState.streak`; ``patience`` None: no β stop),
+    else None. The one rule the scaling planner and the allocation plan apply."""
+    if epochs_done >= max_epochs:
+        return "MaxEpochs"
+    if patience is not None and streak >= patience:
+        return "Converged"
+    return None
 
 
 def convergence_gain(history: Sequence[float], window: int = CONVERGENCE_WINDOW) -> float:
@@ -238,12 +250,9 @@ class ScalingPlanner:
         return job.state.streak > 0
 
     def finished(self, job: RunningJob) -> str | None:
-        """``"Converged"``, ``"MaxEpochs"`` or ``None``."""
-        if job.progress.epochs_done >= job.spec.max_epochs:
-            return "MaxEpochs"
-        if job.state.streak >= (self.patience if job.patience is None else job.patience):
-            return "Converged"
-        return None
+        """``"Converged"``, ``"MaxEpochs"`` or ``None`` (:func:`training_end`)."""
+        return training_end(job.progress.epochs_done, job.spec.max_epochs, job.state.streak,
+                            self.patience if job.patience is None else job.patience)
 
     def decides(self, job: RunningJob) -> bool:
         """Whether this cycle asks the policy about ``job``: it is not finished, not

@@ -138,6 +138,30 @@ def test_a_policy_that_raises_keeps_everyone_and_starts_nobody():
     assert (plan.start, plan.resize, plan.stop) == ({}, {}, [])
 
 
+def test_a_job_that_ended_by_itself_is_completed_in_the_plan_and_its_gpus_wait_a_decision():
+    """The β stop and ``maxEpochs`` are the plan's: a running job whose own end came is
+    in ``complete``, is not given to the allocator, and its GPUs are not offered until
+    the next decision (its workers are still stopping); a job whose generation still
+    starts (not movable) is judged too, but never allocated."""
+    jobs = [
+        LiveJob("ns/epochs", 0.0, 1, 2, nodes=(0, 0), epochs_done=10.0, max_epochs=10),
+        LiveJob("ns/beta", 1.0, 1, 2, nodes=(1,), streak=3, patience=3),
+        LiveJob("ns/learning", 2.0, 1, 2, nodes=(1,), streak=2, patience=3, epochs_done=9.5, max_epochs=10),
+        LiveJob("ns/settling", 3.0, 1, 2, nodes=(2,), streak=5, patience=None, movable=False),
+        LiveJob("ns/starting", 4.0, 1, 2, nodes=(3,), epochs_done=10.0, max_epochs=10, movable=False),
+        LiveJob("ns/wait", 5.0, 1, 2),
+    ]
+    fixed = Fixed({"ns/learning": Allocation((1,), None, None), "ns/wait": Allocation((1,), None, None)})
+    plan = LiveAllocation(fixed).plan(jobs, {0: 2, 1: 3}, now=20.0)  # node 2, 3: the starting jobs'
+    assert plan.complete == {"ns/epochs": "MaxEpochs", "ns/beta": "Converged", "ns/starting": "MaxEpochs"}
+    seen_jobs, seen_nodes, _ = fixed.seen
+    assert [j.id for j in seen_jobs] == ["ns/learning", "ns/wait"]
+    assert {n.index: n.gpus for n in seen_nodes} == {0: 0, 1: 2}  # ns/epochs' 2 and ns/beta's 1 are not offered
+    assert plan.start == {"ns/wait": LiveTarget(1, None)} and plan.stop == [] and plan.resize == {}
+    broken = LiveAllocation(Broken({})).plan(jobs, {0: 2, 1: 3}, now=20.0)
+    assert isinstance(broken.error, RuntimeError) and broken.complete == plan.complete  # a job's end is its own
+
+
 def test_capacity_must_hold_the_running_jobs():
     with pytest.raises(ValueError, match="more GPUs than the capacity"):
         LiveAllocation(Fixed({})).plan([LiveJob("ns/a", 0.0, 1, 2, gpus_per_worker=2, nodes=(0,))], {0: 1}, now=0.0)

@@ -111,6 +111,27 @@ def test_completion_brings_attained_service_up_to_date(controller):
     assert patch["attainedGpuSeconds"] == pytest.approx(350.0) and patch["attainedSince"] is None
 
 
+def test_the_plans_end_of_a_job_completes_it_and_the_served_operator_builds_no_planner(controller):
+    """Under an allocator the β stop comes in the plan (``LivePlan.complete``): the job
+    Succeeds with the plan's reason and its elastic state recorded; no scaling planner
+    (and no scaling model) is built beside the allocator."""
+    from rlsched.core import Progress
+    from rlsched.core.live_allocation import LivePlan
+    from rlsched.core.planning import ElasticState, RunningJob
+    from rlsched.core.queues import QueueBook
+    from rlsched.operator.controller import _Cycle
+
+    ctl = controller(allocator="goodput-rlpto")
+    assert ctl.planner is None and ctl.scheduling.planner is None
+    j = _job({"phase": "Running", "targetWorkers": 1})
+    rj = RunningJob(key=j.key, spec=SPEC, workers=1, progress=Progress(epoch=7), state=ElasticState(streak=5))
+    c = _Cycle(NOW, {j.key: j}, {j.uid: j}, None, QueueBook(), [], running=[rj])
+    ctl.run(ctl._complete(c, LivePlan(complete={j.key: "Converged"})))
+    patch = next(call[1] for call in ctl.calls if call[0] == "patch")
+    assert (patch["phase"], patch["reason"], patch["rlpto"]["streak"]) == ("Succeeded", "Converged", 5)
+    assert [call[1] for call in ctl.calls if call[0] == "event"] == ["Completed"]
+
+
 def test_events_name_the_allocator_that_runs(controller):
     ctl = controller(allocator="goodput-rlpto@restart_delay=30")
     assert ctl.allocation.name == "goodput-rlpto"
@@ -139,19 +160,23 @@ def test_the_crd_schemas_bound_the_batch_sizes_as_the_operator_does():
 
 def test_the_allocator_decides_on_a_change_of_its_jobs_and_else_on_its_interval(controller):
     """core's DecisionClock, as in both engines: every cycle without one; with one, a
-    change of the jobs it decides for (one came, went or became movable) is decided at
-    least ``decision_gap_s`` after the last decision, and no change waits the interval."""
-    from types import SimpleNamespace
+    change of the jobs it decides for (one came, went, became movable or ended by
+    itself) is decided at least ``decision_gap_s`` after the last decision, and no
+    change waits the interval."""
+    from rlsched.core.live_allocation import LiveJob
 
-    def jobs(*keys):
-        return [SimpleNamespace(key=k) for k in keys]
+    def jobs(*keys, **kw):
+        return [LiveJob(k, 0.0, 1, 1, **kw) for k in keys]
 
     assert controller(allocator="goodput").decision_due(jobs("a"), NOW)
     ctl = controller(allocator="goodput", decision_gap_s=30.0, decision_interval_s=300.0)
     assert ctl.decision_due(jobs("a"), NOW)  # nothing decided yet
-    ctl._decided = (NOW, frozenset({"a"}))
+    ctl._decided = (NOW, ctl._decision_keys(jobs("a")))
     assert not ctl.decision_due(jobs("a"), NOW + 5)  # nothing changed
     assert not ctl.decision_due(jobs("a", "b"), NOW + 5)  # b came, within the gap
     assert ctl.decision_due(jobs("a", "b"), NOW + 30)
     assert ctl.decision_due(jobs(), NOW + 30)  # a went
+    assert ctl.decision_due(jobs("a", movable=False), NOW + 30)  # a restarts its generation
+    assert not ctl.decision_due(jobs("a", nodes=(0,), epochs_done=3, max_epochs=10), NOW + 30)
+    assert ctl.decision_due(jobs("a", nodes=(0,), epochs_done=10, max_epochs=10), NOW + 30)  # a ended
     assert ctl.decision_due(jobs("a"), NOW + 300)  # the interval
