@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from rlsched.core.allocation import Allocation, AllocationError, AllocJob, AllocNode, ProfileSample
+from rlsched.core.type_goodput import BOOTSTRAPPED, FITTED, TypeGoodput, scaled
 from rlsched.sim.cli import run_allocator
 from rlsched.sim.interval import IntervalConfig, IntervalSimulator
 from rlsched.sim.measured import (
@@ -230,6 +231,34 @@ def test_a_policy_sees_per_type_speed_only_from_what_the_job_reported(cifar10):
     assert all((x.step_time, x.sync_time) == _row(x.gpu_type, "1", x.atomic_bsz) for x in declared)
     (s,) = pin.seen[2][0][0].profile
     assert s.gpu_type == "aws" and (s.step_time, s.sync_time) == _row("aws", "4", 129)
+
+
+def test_a_type_aware_model_rests_on_reports_and_seeds_never_on_the_engine_tables(cifar10):
+    """A job run on aws only: its model on dgx-ext is bootstrapped from its aws fit and
+    the seed ratio. With the engine's dgx-ext table replaced by the rtx one (a job there
+    would run at another speed) the views, and the model, are the same; without seeds
+    the model is not offered on dgx-ext."""
+    seed = load_seed_profile(SIA.parent / "seed" / "cifar10.csv")
+
+    def last_view(apps, seeds):
+        sim = IntervalSimulator([_job(0)], apps, Pin([{"c0": (0,) * 4}]), cluster=SMALL, seeds=seeds)
+        for _ in range(3):
+            sim.step()
+        return sim.views()[0]
+
+    swapped = load_applications(SIA, ("cifar10",), gpu_types=("aws", "dgx-ext", "rtx"))
+    true_dgx = swapped["cifar10"].step_time((4,), 129, "dgx-ext")
+    swapped["cifar10"].profiles["dgx-ext"] = swapped["cifar10"].profiles["rtx"]
+    assert swapped["cifar10"].step_time((4,), 129, "dgx-ext") != true_dgx
+    view, view2 = last_view(cifar10, {"cifar10": seed}), last_view(swapped, {"cifar10": seed})
+    assert view == view2 and {s.gpu_type for s in view.profile} == {"aws"}
+    tg = TypeGoodput()
+    m, m2 = tg.model(view, "dgx-ext"), TypeGoodput().model(view2, "dgx-ext")
+    assert (m.kind, m.source) == (BOOTSTRAPPED, "aws") and m.ratio > 1.5
+    assert m2.throughput.params == m.throughput.params and m2.ratio == m.ratio
+    assert m.throughput.params == scaled(tg.model(view, "aws").throughput, 1 / m.ratio).params
+    bare = last_view(cifar10, None)
+    assert TypeGoodput().model(bare, "dgx-ext") is None and TypeGoodput().model(bare, "aws").kind == FITTED
 
 
 def test_cluster_forms_and_a_type_without_profiles():

@@ -1,0 +1,223 @@
+"""A job's goodput model on each GPU type, from what the job reported or declared.
+
+The throughput model (:mod:`rlsched.core.goodput`) is fitted per (job, GPU type) to the
+step times the job reported on that type (:attr:`ProfileSample.gpu_type`). On a type it
+has not run on, it is bootstrapped as Sia does (Jayaram Subramanya et al., "Sia:
+Heterogeneity-aware, goodput-optimized ML-cluster scheduling", SOSP 2023): the fit on a
+type it ran on, scaled by the ratio of the job's one-GPU throughputs on the two types
+from the seed profile it declared (:attr:`AllocJob.seed_profile`); with seed rows on the
+type but no run to scale, the model is fitted to those rows. Statistical efficiency does
+not depend on the type. Nothing else is read: no engine table, no oracle.
+Rules and choices: docs/design-notes.md ("Goodput per GPU type").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import OrderedDict
+from typing import Iterable, NamedTuple
+
+import numpy as np
+
+from .allocation import AllocJob, ProfileSample
+from .goodput import GoodputModel, ThroughputModel, ThroughputParams
+from .job_goodput import JobGoodput
+
+__all__ = [
+    "FITTED",
+    "BOOTSTRAPPED",
+    "SEEDED",
+    "PRIOR",
+    "TypeModel",
+    "TypeGoodput",
+    "samples_on",
+    "seed_ratio",
+    "scaled",
+]
+
+#: where a :class:`TypeModel` comes from: the job's reports on the type itself; the fit
+#: on another type it ran on, scaled by the seed ratio; its seed rows on the type alone;
+#: the prior (the job has reported and declared nothing, so no type differs from another)
+FITTED, BOOTSTRAPPED, SEEDED, PRIOR = "fitted", "bootstrapped", "seeded", "prior"
+
+
+class TypeModel(NamedTuple):
+    """A job's goodput model on ``gpu_type`` and its origin: ``kind`` (one of
+    :data:`FITTED`, :data:`BOOTSTRAPPED`, :data:`SEEDED`, :data:`PRIOR`), ``source`` (the
+    type whose reports were fitted: ``gpu_type`` itself when fitted, the other type when
+    bootstrapped; ``""`` seeded or prior) and ``ratio`` (one-GPU throughput on
+    ``gpu_type`` over that on ``source``, the factor every throughput of the source fit
+    was multiplied by; 1 otherwise)."""
+
+    gpu_type: str
+    goodput: GoodputModel
+    kind: str
+    source: str = ""
+    ratio: float = 1.0
+
+    @property
+    def throughput(self) -> ThroughputModel:
+        return self.goodput.throughput
+
+
+def samples_on(samples: Iterable[ProfileSample], gpu_type: str) -> tuple[ProfileSample, ...]:
+    """The ``samples`` measured on ``gpu_type``."""
+    return tuple(s for s in samples if s.gpu_type == gpu_type)
+
+
+def _one_gpu_curve(samples: Iterable[ProfileSample]) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(log m, log step_time)`` of the one-GPU, no-accumulation rows, by increasing
+    ``m`` (repeated ``m``: their mean step time); None without such a row."""
+    rows: dict[int, list[float]] = {}
+    for s in samples:
+        if s.num_replicas == 1 and s.num_nodes == 1 and s.accum_steps == 0 and s.atomic_bsz > 0 and s.step_time > 0:
+            rows.setdefault(int(s.atomic_bsz), []).append(float(s.step_time))
+    if not rows:
+        return None
+    m = np.array(sorted(rows), dtype=float)
+    t = np.array([sum(rows[k]) / len(rows[k]) for k in sorted(rows)])
+    return np.log(m), np.log(t)
+
+
+def seed_ratio(job: AllocJob, target: str, source: str) -> float | None:
+    """One-GPU throughput of ``job`` on ``target`` over that on ``source``, from the
+    seed profile it declared; None without a one-GPU seed row on both types, or when
+    their measured batches do not overlap.
+
+    Both are taken at the same per-GPU batch ``m*``: the largest both seeds measured,
+    capped at the job's largest micro-batch (``bounds.largest_local``) but not below
+    the smallest both measured; each type's step time at ``m*`` interpolated
+    linearly in ``(log m, log t)`` between its rows. The ratio is ``t_source(m*) /
+    t_target(m*)``."""
+    a = _one_gpu_curve(samples_on(job.seed_profile, source))
+    b = _one_gpu_curve(samples_on(job.seed_profile, target))
+    if a is None or b is None:
+        return None
+    lo, hi = max(a[0][0], b[0][0]), min(a[0][-1], b[0][-1])
+    if lo > hi:
+        return None
+    x = max(min(hi, math.log(job.bounds.largest_local)), lo)
+    return float(math.exp(np.interp(x, *a) - np.interp(x, *b)))
+
+
+def scaled(model: ThroughputModel, factor: float) -> ThroughputModel:
+    """``model`` with every time ``factor`` times longer: its six time parameters
+    multiplied by ``factor``, γ kept. ``T_iter`` is homogeneous of degree one in them,
+    so every step time is ``factor`` times the model's and every throughput (and
+    goodput) ``1/factor`` times, at every placement and batch."""
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"factor must be finite and > 0, got {factor}")
+    p = model.params.astuple()
+    return ThroughputModel(ThroughputParams(*(v * factor for v in p[:6]), p[6]))
+
+
+class _Plan(NamedTuple):
+    """How to get a job's model on a type: the job (or a view of it holding only the
+    samples to fit) whose :meth:`JobGoodput.model` to take, and what to tell of it."""
+
+    view: AllocJob
+    kind: str
+    source: str = ""
+    ratio: float = 1.0
+
+
+class TypeGoodput:
+    """Goodput models of jobs per GPU type (module docstring), over a
+    :class:`~rlsched.core.job_goodput.JobGoodput` that does every fit (its prior, its fit
+    rules and its caches; default: a fresh one).
+
+    A job whose reports all carry one type gets, on that type, exactly
+    ``jobs.model(job)``: the single-type path, unchanged. ``model(job, t)`` in full:
+
+    1. reports on ``t``: the fit to them alone (:data:`FITTED`);
+    2. else, seed rows on ``t`` and reports on another type ``u`` with seed rows too:
+       the fit on ``u`` with every throughput multiplied by :func:`seed_ratio` ``(job,
+       t, u)`` (:data:`BOOTSTRAPPED`); ``u``: the type with the most reported samples
+       (ties: by name) among those whose ratio is known;
+    3. else, seed rows on ``t``: the fit to those one-GPU rows (:data:`SEEDED`);
+    4. else, nothing reported nor declared on any type: the prior's model, the same on
+       every type (:data:`PRIOR`);
+    5. else None: the job has data, but none that says how fast it is on ``t``.
+
+    The efficiency model and batch bounds are the job's own on every type."""
+
+    def __init__(self, jobs: JobGoodput | None = None, cache: int = 4096) -> None:
+        self.jobs = jobs if jobs is not None else JobGoodput()
+        self.cache = int(cache)
+        self._boot: OrderedDict[tuple, GoodputModel] = OrderedDict()
+
+    def model(self, job: AllocJob, gpu_type: str) -> TypeModel | None:
+        """The job's goodput model on ``gpu_type`` (class docstring); None when not
+        offered."""
+        plan = self._plan(job, gpu_type)
+        if plan is None:
+            return None
+        gm = self.jobs.model(plan.view)
+        if plan.kind == BOOTSTRAPPED:
+            key = (gm.throughput.params, plan.ratio, gm.efficiency, gm.bounds)
+            boot = self._boot.get(key)
+            if boot is None:  # kept, so its memo of best batches outlives the call
+                boot = GoodputModel(scaled(gm.throughput, 1.0 / plan.ratio), gm.efficiency, gm.bounds)
+                self._boot[key] = boot
+                while len(self._boot) > self.cache:
+                    self._boot.popitem(last=False)
+            else:
+                self._boot.move_to_end(key)
+            gm = boot
+        return TypeModel(gpu_type, gm, plan.kind, plan.source, plan.ratio)
+
+    def models(self, job: AllocJob, gpu_types: Iterable[str]) -> dict[str, TypeModel]:
+        """:meth:`model` on each of ``gpu_types``, the types not offered left out."""
+        out = {}
+        for t in gpu_types:
+            m = self.model(job, t)
+            if m is not None:
+                out[t] = m
+        return out
+
+    def prepare(self, jobs: Iterable[AllocJob], gpu_types: Iterable[str]) -> None:
+        """Run, in one batch (:meth:`JobGoodput.prepare`), every fit that :meth:`model`
+        of these jobs on these types needs and has not cached."""
+        types = tuple(gpu_types)
+        views = [p.view for j in jobs for t in types if (p := self._plan(j, t)) is not None]
+        self.jobs.prepare(views)
+
+    # ------------------------------------------------------------------ internals
+    def _plan(self, job: AllocJob, gpu_type: str) -> _Plan | None:
+        reported = _reported(job)
+        if gpu_type in reported:
+            return _Plan(_only(job, gpu_type, reported), FITTED, gpu_type)
+        seeds = samples_on(job.seed_profile, gpu_type)
+        if seeds:
+            for source in sorted(reported, key=lambda u: (-len(reported[u]), u)):
+                ratio = seed_ratio(job, gpu_type, source)
+                if ratio is not None:
+                    return _Plan(_only(job, source, reported), BOOTSTRAPPED, source, ratio)
+            return _Plan(_view(job, seeds, f"seed {gpu_type}"), SEEDED)
+        if not reported and not job.seed_profile:
+            return _Plan(job, PRIOR)
+        return None
+
+
+def _reported(job: AllocJob) -> dict[str, tuple[ProfileSample, ...]]:
+    """The job's usable reports (a positive step time and batch) per GPU type."""
+    out: dict[str, list[ProfileSample]] = {}
+    for s in job.profile:
+        if s.step_time > 0 and s.atomic_bsz > 0:
+            out.setdefault(s.gpu_type, []).append(s)
+    return {t: tuple(v) for t, v in out.items()}
+
+
+def _only(job: AllocJob, gpu_type: str, reported: dict[str, tuple[ProfileSample, ...]]) -> AllocJob:
+    """The job as its fit on ``gpu_type`` sees it: itself when every report is of that
+    type (the single-type path), else a view holding that type's reports alone."""
+    if len(reported) == 1:
+        return job
+    return _view(job, reported[gpu_type], gpu_type)
+
+
+def _view(job: AllocJob, profile: tuple[ProfileSample, ...], tag: str) -> AllocJob:
+    """``job`` with only ``profile`` as its reports, under an id of its own (a
+    :class:`JobGoodput` keeps per-id fit state; one per type here)."""
+    return dataclasses.replace(job, id=f"{job.id}\x00{tag}", profile=profile)
