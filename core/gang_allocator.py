@@ -1,18 +1,21 @@
-"""Our orderings and placements as an allocation policy.
+"""Our orderings and placements as one allocation policy.
 
-:class:`GangAllocator` runs an ordering and a placement (the objects the operator and
-the extender serve) under the allocation interface, through core's scheduling cycle, so
-they can be measured on the interval engine beside the peers: requested GPUs and batch,
-gang starts, preemption under a preemptive ordering, optional backfill and an optional
-scaling policy. It sees no run time. Details: docs/design-notes.md.
+:class:`GangAllocator` runs an ordering and a placement (the objects the extender
+serves) as an allocator, through core's scheduling cycle: requested gangs, preemption
+under a preemptive ordering, optional backfill and scaling. The interval engine, the
+event engine and the operator (``--allocator ordering/placement``) call it the same
+way. It sees no run time. Details: docs/design-notes.md.
 """
 
 from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from .allocation import Allocation, AllocJob, AllocNode
+import numpy as np
+
+from .allocation import Allocation, AllocationError, AllocJob, AllocNode
 from .cluster import ClusterState, JobView, Progress
+from .contract import PRIORITY_CLASSES
 from .cycle import SchedulingCycle
 from .job_goodput import job_observations
 from .planning import (
@@ -25,16 +28,24 @@ from .planning import (
     TrainingSpec,
     scaling_steps,
 )
-from .policy import Ordering, Placement, Scaling
-from .topology import Topology
+from .policy import Ordering, Placement, Scaling, make_ordering, make_placement, make_scaling
+from .queues import QueueBook
+from .served import parse_policy_name
+from .topology import NodeSpec, Topology
 
 __all__ = ["GangAllocator", "learning_score"]
 
 
-def _spec(v: JobView) -> TrainingSpec:
+#: CPU or memory of a node where the allocation does not count them
+_UNCOUNTED = 1 << 40
+
+
+def _spec(v: JobView, j: AllocJob) -> TrainingSpec:
     """A gang of the workers the job runs with (the allocator's jobs are not elastic at
-    admission)."""
-    return TrainingSpec(min_workers=v.workers, max_workers=v.workers)
+    admission), its GPUs per worker and its service class."""
+    return TrainingSpec(min_workers=v.workers, max_workers=v.workers, gpus_per_worker=v.gpus_per_worker,
+                        priority_class=PRIORITY_CLASSES[len(PRIORITY_CLASSES) - 1 - j.priority],
+                        gpu_models=v.gpu_models)
 
 
 def learning_score(metrics: Sequence[float], higher_is_better: bool) -> list[float]:
@@ -55,6 +66,7 @@ class GangAllocator:
     """``ordering`` + ``placement`` as an allocator (see the module docstring)."""
 
     clairvoyant = False
+    type_aware = False
 
     def __init__(self, ordering: Ordering, placement: Placement, scaling: Scaling | None = None, *,
                  backfill: bool = True, preemption: bool = True, beta: float = 0.001, patience: int = 5,
@@ -72,36 +84,79 @@ class GangAllocator:
         if scaling is not None:
             parts.append(getattr(scaling, "name", "scaling"))
         self.name = name or "/".join(parts)
-        self._topo: tuple[tuple[int, ...], Topology] | None = None
+        self._topo: tuple[tuple, Topology] | None = None
         self._elastic: dict[str, ElasticState] = {}
+        self._state: ClusterState | None = None
+
+    @classmethod
+    def named(cls, text: str, *, seed: int = 0, **options) -> "GangAllocator":
+        """``ordering/placement[/scaling][+backfill|+nobackfill]`` (core.served's policy
+        names) as a gang allocator, its policies seeded from ``seed``; ValueError for a
+        name that is not such a combination."""
+        pol = parse_policy_name(text)
+        if pol.allocator or not pol.ordering:
+            raise ValueError(f"{text!r} is not ordering/placement[/scaling]")
+        so, sp, ss = np.random.SeedSequence(seed).spawn(3)
+        scaling = make_scaling(pol.scaling, rng=np.random.default_rng(ss)) if pol.scaling else None
+        if pol.backfill is not None:
+            options = {**options, "backfill": pol.backfill}
+        return cls(make_ordering(pol.ordering, rng=np.random.default_rng(so)),
+                   make_placement(pol.placement, rng=np.random.default_rng(sp)), scaling, name=pol.label, **options)
 
     def _topology(self, nodes: Sequence[AllocNode]) -> Topology:
-        key = tuple(n.gpus for n in nodes)
+        """The nodes as core's cluster model: one per allocation node, with the GPUs
+        given, its model and its CPU and memory (unlimited where not counted)."""
+        key = tuple((n.gpus, n.name, n.gpu_model, n.cpu_milli, n.memory_mib) for n in nodes)
         if self._topo is None or self._topo[0] != key:
-            if len(set(key)) != 1:
-                raise ValueError("GangAllocator needs nodes with equal GPUs")
-            self._topo = (key, Topology.uniform(len(nodes), key[0]))
+            width = len(str(max(len(nodes) - 1, 0)))
+            specs = [NodeSpec(name=n.name or f"node-{k:0{width}d}", gpus=n.gpus, gpu_model=n.gpu_model or "A100",
+                              nvlink_domain_size=max(g.gpus for g in nodes),
+                              cpu_milli=_UNCOUNTED if n.cpu_milli is None else n.cpu_milli,
+                              memory_mib=_UNCOUNTED if n.memory_mib is None else n.memory_mib)
+                     for k, n in enumerate(nodes)]
+            self._topo = (key, Topology(specs))
         return self._topo[1]
 
     @staticmethod
     def _view(j: AllocJob) -> JobView:
-        w = max(min(j.target_replicas or 1, j.max_replicas), 1)
+        """The job as the ordering and placement see it: a gang of the workers it asks
+        for (``target_replicas`` GPUs in workers of ``replica_group`` GPUs)."""
+        g = max(1, j.replica_group)
+        w = max(min(j.target_replicas or g, j.max_replicas) // g, 1)
         return JobView(id=j.id, submit_time=j.submit_time, workers=w, min_workers=w, max_workers=w,
+                       gpus_per_worker=g, gpu_models=j.gpu_models, cpu_milli=j.cpu_milli * g,
+                       memory_mib=j.memory_mib * g,
                        attained_service=j.attained_service, placement=[])
 
-    def allocate(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], now: float) -> Mapping[str, Allocation]:
+    def order(self, jobs: Sequence[AllocJob]) -> list[AllocJob]:
+        """The jobs in the order the ordering serves them (on the last cluster state
+        seen): why a job waits."""
+        if not jobs:
+            return []
+        state = self._state or ClusterState(Topology([NodeSpec("node-0", 0)]))
+        views = {v.id: j for j in jobs for v in [self._view(j)]}
+        ranked = self.ordering.rank([self._view(j) for j in jobs], state)
+        return [views[v.id] for v in ranked]
+
+    def allocate(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], now: float,
+                 queues: QueueBook | None = None) -> Mapping[str, Allocation]:
         """One interval: core's :class:`~rlsched.core.cycle.SchedulingCycle` in its settle
         mode (admission, preemption of the jobs a preemptive ordering ranks after the
         blocked head, the victims released and admission planned again, then the scaling
-        step), translated into allocations."""
+        step), translated into allocations. A job inside its minimum run time
+        (``protected``) is never a victim. Team queues are the goodput allocators'."""
+        if queues is not None and queues.active:
+            raise AllocationError(f"{self.name}: team queues are decided by the goodput allocators")
         state = ClusterState(self._topology(nodes), time=now)
+        self._state = state
         index = {n.index: k for k, n in enumerate(nodes)}
         out: dict[str, Allocation] = {}
         pending = []
         for j in jobs:
             v = self._view(j)
             if j.allocation:
-                place = [index[i] for i in j.allocation]
+                g = max(1, j.replica_group)
+                place = [index[i] for i in j.allocation[::g]]
                 v.workers = v.min_workers = v.max_workers = len(place)
                 v.placement = place
                 v.start_time = now
@@ -112,24 +167,28 @@ class GangAllocator:
                 pending.append(v)
         state.pending = pending
         by_id = {j.id: j for j in jobs}
-        waiting = [QueueEntry(key=v.id, spec=_spec(v), submit_time=v.submit_time, priority=0.0, job=v) for v in pending]
-        holders = [RunningEntry(key=v.id, spec=_spec(v), priority=0.0, start_time=by_id[v.id].submit_time,
-                                placement=list(v.placement), job=v) for v in state.running.values()]
+        waiting = [QueueEntry(key=v.id, spec=_spec(v, by_id[v.id]), submit_time=v.submit_time, priority=0.0,
+                              job=v) for v in pending]
+        holders = [RunningEntry(key=v.id, spec=_spec(v, by_id[v.id]), priority=0.0,
+                                start_time=by_id[v.id].submit_time, placement=list(v.placement), job=v)
+                   for v in state.running.values() if not by_id[v.id].protected]
         plan = self.cycle.plan(waiting, holders, state, running=lambda gone: self._elastic_jobs(jobs, gone, state, now),
                                place=self._place, place_one=self._place_one, settle=True)
         if plan.scaling_error is not None:
             raise plan.scaling_error
         for rnd in plan.rounds:  # each gang started where the placement put it; victims wait (keeping their progress)
             for key, where in rnd.placed.items():
-                out[key] = Allocation(tuple(nodes[k].index for k in where))
+                g = max(1, by_id[key].replica_group)
+                out[key] = Allocation(tuple(nodes[k].index for k in where for _ in range(g)))
             for key in rnd.released:
                 out.pop(key, None)
         for jid, step in scaling_steps(plan.scaling.deltas):
+            g = max(1, by_id[jid].replica_group)
             cur = list(out[jid].nodes)
-            if step < 0 and len(cur) > 1:
-                cur.pop()
+            if step < 0 and len(cur) > g:
+                del cur[-g:]
             elif step > 0 and jid in plan.scaling.nodes:
-                cur.append(nodes[plan.scaling.nodes[jid]].index)
+                cur.extend([nodes[plan.scaling.nodes[jid]].index] * g)
             out[jid] = Allocation(tuple(cur))
         return out
 

@@ -70,12 +70,17 @@ def make_live_allocator(text: str) -> Allocator:
     bad option."""
     name, kwargs = parse_allocator_options(text)
     live = allocator_names(live=True)
-    if name in live:
-        try:
+    try:
+        if name in live:
             return make_allocator(name, **kwargs)
-        except TypeError as exc:
-            raise ValueError(f"{text!r}: {exc}") from None
-    raise ValueError(f"unknown live allocator {name!r}; choose one of {', '.join(live)}")
+        if "/" in name:  # ordering/placement[/scaling]: the heuristics' admission cycle
+            from .gang_allocator import GangAllocator
+
+            return GangAllocator.named(name, **kwargs)
+    except TypeError as exc:
+        raise ValueError(f"{text!r}: {exc}") from None
+    raise ValueError(f"unknown live allocator {name!r}; choose one of {', '.join(live)} "
+                     f"or ordering/placement[/scaling][+backfill|+nobackfill]")
 
 
 def attained_service(stored: Any, since: float | None, gpus: int, now: float) -> float:
@@ -169,6 +174,8 @@ class LiveJob:
     max_epochs: float = math.inf
     streak: int = 0
     patience: int | None = None
+    #: the workers it asks to start with (a gang allocator's gang; None: its minimum)
+    start_workers: int | None = None
     #: False for a running job whose generation is still starting: it keeps its GPUs
     #: (the caller does not offer them) and only its end is judged
     movable: bool = True
@@ -278,7 +285,8 @@ class LiveAllocation:
         held = tuple(n for n in job.nodes for _ in range(g))
         return AllocJob(id=job.key, submit_time=job.submit_time, application=job.key,
                         age=max(0.0, now - job.submit_time), attained_service=job.attained_service,
-                        num_restarts=max(0, job.restarts), allocation=held, target_replicas=lo * g,
+                        num_restarts=max(0, job.restarts), allocation=held,
+                        target_replicas=min(max(job.start_workers or lo, lo), hi) * g,
                         target_batch_size=bounds.init_batch, min_replicas=lo * g, max_replicas=hi * g,
                         bounds=bounds, batch_size=job.batch_size or 0, grad_sqr=sqr, grad_var=var, profile=profile,
                         epoch=job.epoch, metrics=job.metrics, higher_is_better=True,

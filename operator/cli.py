@@ -44,7 +44,8 @@ def register(subparsers) -> None:
     r.add_argument("--allocator", default=SERVED.allocator or "none",
                    help="an allocation policy deciding every job's workers and global batch at once "
                    f"({', '.join(allocator_names(live=True))}: core's live allocation policies, "
-                   "core/live_allocation.py; options as goodput@restart_delay=60,p=0.5), "
+                   "core/live_allocation.py; options as goodput@restart_delay=60,p=0.5; or a heuristic "
+                   "as one allocator: ordering/placement[/scaling][+backfill|+nobackfill]), "
                    "or none: admission (--ordering) + scaling (--scaling); "
                    f"default: the served policy ({SERVED.allocator or 'none'}, core/served.py)")
     r.add_argument("--min-run-time", type=float, default=0.0,

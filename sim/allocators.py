@@ -59,17 +59,9 @@ def make_allocator(name: str, *, seed: int = 0, **opts) -> Allocator:
 
     pol = parse_policy_name(name)
     if not pol.allocator:
-        import numpy as np
-
-        from rlsched.core import make_ordering, make_placement, make_scaling
         from rlsched.core.gang_allocator import GangAllocator
 
-        so, sp, ss = np.random.SeedSequence(seed).spawn(3)
-        scaling = make_scaling(pol.scaling, rng=np.random.default_rng(ss)) if pol.scaling else None
-        if pol.backfill is not None:
-            opts = {**opts, "backfill": pol.backfill}
-        return GangAllocator(make_ordering(pol.ordering, rng=np.random.default_rng(so)),
-                             make_placement(pol.placement, rng=np.random.default_rng(sp)), scaling, name=pol.label, **opts)
+        return GangAllocator.named(name, seed=seed, **opts)
     from rlsched.core.live_allocation import parse_allocator_options
 
     base, options = parse_allocator_options(pol.allocator)  # name[@key=value,...], as the operator's --allocator

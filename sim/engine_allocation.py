@@ -34,7 +34,7 @@ class AllocationAdapter:
                        priority_class=j.spec.priority_class or "normal", queue=j.spec.tenant,
                        running_since=float(v.start_time) if nodes and v.start_time is not None else None,
                        gpu_models=v.gpu_models, cpu_milli=v.cpu_milli, memory_mib=v.memory_mib,
-                       epoch=v.progress.epoch, metrics=tuple(v.progress.history))
+                       epoch=v.progress.epoch, metrics=tuple(v.progress.history), start_workers=spec.workers)
 
     def cycle(self) -> LivePlan:
         """One decision now, then the plan applied (:meth:`Simulator.allocation_cycle

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
+import pytest
 
 from rlsched.core import make_ordering, make_placement
 from rlsched.core.allocation import AllocJob, AllocNode, check_allocations
 from rlsched.core.batch import BatchBounds
 from rlsched.core.gang_allocator import GangAllocator
+from rlsched.core.live_allocation import LiveTarget
 
 LIM = BatchBounds(128, 4096, 32, 1024)
 NODES = [AllocNode(i, 4) for i in range(2)]
@@ -85,3 +89,40 @@ def test_a_job_preempted_this_cycle_is_not_resized():
     out = alloc.allocate([old, new], NODES, 600.0)
     check_allocations([old, new], NODES, out)
     assert "old" not in out and len(out["new"].nodes) >= 4
+
+
+def test_a_protected_job_is_no_victim():
+    """A job inside its minimum run time keeps its GPUs: the newcomer that would have
+    evicted it waits."""
+    old = job("old", 0, 8, (0, 0, 0, 0, 1, 1, 1, 1))
+    old.attained_service, old.protected = 10_000.0, True
+    new = job("new", 5, 4)
+    assert set(gang(order="tiresias", place="firstfit").allocate([old, new], NODES, 600.0)) == {"old"}
+
+
+def test_multi_gpu_workers_stay_whole_on_a_node_and_uneven_nodes_are_used():
+    """Workers of 2 GPUs (``replica_group``) are placed whole: each worker's 2 replicas
+    on one node; nodes of different sizes (what the live operator offers) are fine."""
+    nodes = [AllocNode(0, 3, "a"), AllocNode(1, 4, "b"), AllocNode(2, 1, "c")]
+    pair = replace(job("pair", 0, 4), replica_group=2)
+    out = gang(place="firstfit").allocate([pair], nodes, 0.0)
+    check_allocations([pair], nodes, out)
+    where = out["pair"].nodes
+    assert len(where) == 4 and [where[0], where[2]] == [where[1], where[3]]  # whole workers
+    assert sorted(where) != [0, 0, 0, 1]  # no worker split between a and b
+
+
+def test_heuristic_names_build_live_allocators_and_team_queues_are_refused():
+    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+    from rlsched.core.queues import QueueBook, QueueSpec
+
+    live = LiveAllocation.named("tiresias/firstfit+nobackfill")
+    assert isinstance(live.allocator, GangAllocator) and not live.allocator.backfill
+    assert live.allocator.name == "tiresias/firstfit+nobackfill"
+    plan = live.plan([LiveJob("ns/a", 0.0, 2, 4, gpus_per_worker=2), LiveJob("ns/b", 1.0, 1, 1, gpus_per_worker=4)],
+                     {0: 4, 1: 4}, now=10.0)
+    assert plan.error is None and plan.start == {"ns/a": LiveTarget(2, None), "ns/b": LiveTarget(1, None)}
+    book = QueueBook([QueueSpec("team", nominal_gpus=4)])
+    assert isinstance(live.plan([LiveJob("ns/a", 0.0, 1, 1)], {0: 4}, now=10.0, queues=book).error, ValueError)
+    with pytest.raises(ValueError, match="ordering/placement"):
+        LiveAllocation.named("nosuch")

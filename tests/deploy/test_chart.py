@@ -451,6 +451,7 @@ def test_operator_serves_the_served_allocator(render):
 
 
 def test_the_schema_admits_every_live_allocator_and_nothing_else():
+    """Core's live allocators with options, and any ordering/placement[/scaling]."""
     import rlsched.sim.allocators  # noqa: F401  (registers the peers: none may pass the schema)
     from rlsched.core.policy import allocator_names
 
@@ -461,7 +462,10 @@ def test_the_schema_admits_every_live_allocator_and_nothing_else():
         assert re.fullmatch(pattern, name), name
     for name in live:
         assert re.fullmatch(pattern, f"{name}@restart_delay=10,p=0.5"), name
-    for bad in ("goodput-nope", "fifo", "goodput@p", "goodput-learned@", *set(allocator_names()) - set(live)):
+    for name in ("tiresias/topology+backfill", "fifo/bestfit/beta", "srtf/das+nobackfill"):  # gang allocators
+        assert re.fullmatch(pattern, name), name
+    for bad in ("goodput-nope", "fifo", "goodput@p", "goodput-learned@", "fifo/", "fifo/bestfit+fill",
+                *set(allocator_names()) - set(live)):
         assert not re.fullmatch(pattern, bad), bad
 
 

@@ -114,3 +114,23 @@ def test_a_burst_of_events_makes_one_decision_at_the_end_of_the_gap(gap):
     start = {r.id: r.start for r in s.run().records}
     assert start["a"] == 0.0
     assert start["b"] == max(1.0, gap) and start["c"] == max(2.0, gap)
+
+
+@pytest.mark.parametrize("backfill", [False, True])
+def test_a_heuristic_as_one_allocator_decides_as_the_engines_admission_passes(backfill):
+    """FIFO + best fit, with and without backfill, run twice by the event engine: as
+    its admission passes (ordering + placement) and as one core allocator
+    (``fifo/bestfit`` through LiveAllocation, deciding at every event): every job
+    starts and ends at the same time."""
+    from rlsched.sim.traces import default_topology, load_trace
+
+    trace = load_trace("synthetic:small,jobs=120", seed=7)
+    topo = trace.topology or default_topology(trace.jobs)
+    cfg = SimConfig(backfill=backfill, decision_gap=0.0)
+    suffix = "+backfill" if backfill else "+nobackfill"
+    passes = Simulator(trace.jobs, topo, ordering=make_ordering("fifo"), placement=make_placement("bestfit"),
+                       config=cfg, seed=7).run()
+    one = Simulator(trace.jobs, topo, placement=make_placement("bestfit"), config=cfg, seed=7,
+                    allocation=LiveAllocation.named("fifo/bestfit" + suffix)).run()
+    times = [{r.id: (r.start, r.end) for r in res.records} for res in (passes, one)]
+    assert len(times[0]) == len(trace.jobs) and times[0] == times[1]
