@@ -66,19 +66,26 @@ class Suite:
     also: tuple[str, ...] = ()  # baselines always reported on test
     allocators: tuple[str, ...] = ()  # named allocation policies in the pool
     describe: str = ""
+    #: (load, trace spec with ``{w}``) of the published workloads 1-8 tested at that load
+    published: tuple[tuple[float, str], ...] = ()
+    #: the cluster its generated workloads are drawn for (``cluster=`` of pollux-gen; "": Pollux's)
+    cluster: str = ""
+
+    def published_spec(self, load: float) -> str | None:
+        return dict(self.published).get(load)
 
     def validation_units(self, load: float, n: int, jobs: int) -> list[Unit]:
         return [Unit(f"seed={s}", self._spec(load, s, jobs), s) for s in seeds("validation", n)]
 
     def test_cells(self, load: float) -> list[str]:
         """The cells tested at ``load`` (screened together on validation)."""
-        if self.name == "pollux":
-            return (["published"] if load in PUBLISHED_FOLDERS else []) + ["generated"]
+        if self.engine == "interval":
+            return (["published"] if self.published_spec(load) else []) + ["generated"]
         return [""]
 
     def test_units(self, load: float, cell: str, n: int, jobs: int) -> list[Unit]:
         if cell == "published":
-            return [Unit(f"workload-{w}", f"pollux:{PUBLISHED_FOLDERS[load]}/workload-{w}", 0) for w in range(1, 9)]
+            return [Unit(f"workload-{w}", self.published_spec(load).format(w=w), 0) for w in range(1, 9)]
         return [Unit(f"seed={s}", self._spec(load, s, jobs), s) for s in seeds("test", n)]
 
     def _spec(self, load: float, seed: int, jobs: int) -> str:
@@ -86,8 +93,8 @@ class Suite:
             return f"synthetic:medium,jobs={jobs},load={load:g}"
         if self.name == "alibaba":
             return f"alibaba2023:default,nodes=30,window={jobs},load={load:g},tail=0.9"
-        if self.name == "pollux":
-            return f"pollux-gen:seed={seed},jobs={jobs},load={load:g}"
+        if self.engine == "interval":
+            return f"pollux-gen:seed={seed},jobs={jobs},load={load:g}" + (f",cluster={self.cluster}" if self.cluster else "")
         raise ProtocolError(f"suite {self.name!r} has no trace")
 
 
@@ -105,11 +112,18 @@ SUITES: dict[str, Suite] = {
     "pollux": Suite("pollux", "interval", (0.5, 1.0, 1.5), ("none",) + POOL_SCALINGS, also=("tiresias-2q",),
                     allocators=("tiresias-2q",),
                     describe="Pollux OSDI'21 benchmark on the interval engine (16 x 4 GPUs): the 8 published "
-                    "workloads, and held-out workloads generated from the Philly list (pollux-gen)"),
+                    "workloads, and held-out workloads generated from the Philly list (pollux-gen)",
+                    published=tuple((L, f"pollux:{folder}/workload-{{w}}") for L, folder in PUBLISHED_FOLDERS.items())),
+    "sia": Suite("sia", "interval", (0.5, 1.0, 1.5), ("none",), also=("tiresias-2q", "pollux-paper"),
+                 allocators=("tiresias-2q", "pollux-paper"), cluster="sia-64",
+                 describe="Sia SOSP'23 benchmark on the interval engine, its 64-GPU mix of three types (6 x 4 T4, "
+                 "2 x 8 A100, 3 x 8 RTX): the paper's 8 Philly workloads, and held-out pollux-gen workloads "
+                 "drawn for the same mix",
+                 published=((1.0, "sia:workloads/philly/workload-{w}"),)),
 }
 
 #: default JOBS per suite (the pollux suite's generated workloads keep pollux-gen's 160 x load)
-DEFAULT_JOBS = {"synthetic": 1000, "alibaba": 1000, "pollux": 160}
+DEFAULT_JOBS = {"synthetic": 1000, "alibaba": 1000, "pollux": 160, "sia": 160}
 
 
 def baseline_pool(suite: str | Suite, scalings: Sequence[str] | None = None) -> list[str]:
@@ -151,7 +165,8 @@ def check_pool(names: Sequence[str], suite: Suite, *, role: str = "compared_with
             pass  # an allocation policy of the event engine (<allocator>/<placement>, or rlsched)
         elif pol.allocator:
             if suite.engine != "interval":
-                raise ProtocolError(f"{role} {name!r}: single-word allocation policies run on the pollux suite "
+                raise ProtocolError(f"{role} {name!r}: single-word allocation policies run on the interval "
+                                    f"suites ({', '.join(n for n, x in SUITES.items() if x.engine == 'interval')}) "
                                     f"only; suite {suite.name!r} runs ordering/placement[/scaling], "
                                     f"<allocator>/<placement> or {SERVED_NAME}")
             if not is_allocator(pol.allocator):

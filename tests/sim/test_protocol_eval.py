@@ -150,7 +150,7 @@ def _fake_run_unit(spec, seed, policies, engine, data_dir=None, progress=None):
 def test_unregistered_names_are_refused_before_anything_runs(monkeypatch):
     calls = []
     monkeypatch.setattr(ev, "run_unit", lambda *a, **k: calls.append(a) or [])
-    with pytest.raises(ev.ProtocolError, match="pollux suite only"):
+    with pytest.raises(ev.ProtocolError, match="interval suites"):
         ev.run_protocol(["synthetic"], candidates=["X"], pool=["fifo/firstfit"], loads=[1.0],
                         validation_seeds=1, test_seeds=2)
     with pytest.raises(ev.ProtocolError, match="unknown scaling"):
@@ -231,7 +231,7 @@ def test_default_pool_is_the_issues():
     (dict(suites=["nosuch"]), "unknown suite"),
     (dict(pool=["fifo/nosuchplacement"]), "unknown placement"),
     (dict(candidates=["nosuchorder/firstfit"]), "unknown ordering"),
-    (dict(pool=["tiresias-2q"]), "pollux suite only"),
+    (dict(pool=["tiresias-2q"]), "interval suites"),
     (dict(test_seeds=1), "test-seeds"),
     (dict(validation_seeds=0), "validation-seeds"),
     (dict(test_seeds=5000), "holds 1000 seeds"),
@@ -359,3 +359,18 @@ def test_tail_clips_the_durations_that_set_the_load():
         parse_options("x,load=1,tail=1.5")
     with pytest.raises(TraceError, match="whole number"):
         parse_options("x,window=2.5")
+
+
+def test_sia_suite_cells_on_the_mixed_cluster_and_a_tiny_run():
+    """The sia suite: the paper's 8 Philly workloads at load 1.0, pollux-gen workloads
+    drawn for the 64-GPU mix of three types at every load, disjoint seeds."""
+    suite = ev.SUITES["sia"]
+    assert suite.test_cells(1.0) == ["published", "generated"] and suite.test_cells(0.5) == ["generated"]
+    units = suite.test_units(1.0, "published", 20, 160)
+    assert [u.spec for u in units] == [f"sia:workloads/philly/workload-{w}" for w in range(1, 9)]
+    gen = suite.test_units(0.5, "generated", 2, 160)
+    assert [u.spec for u in gen] == [f"pollux-gen:seed={s},jobs=160,load=0.5,cluster=sia-64" for s in (20000, 20001)]
+    assert {u.seed for u in suite.validation_units(0.5, 2, 160)}.isdisjoint(u.seed for u in gen)
+    (row,) = ev.run_unit(suite.test_units(0.5, "generated", 1, 8)[0].spec, 20000,
+                         [("fifo/firstfit+nobackfill", False)], "interval", _real_data())
+    assert row["jobs_completed"] == 4 and row["jct_mean"] > 0  # 8 jobs x load 0.5, on the mix
