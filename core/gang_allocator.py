@@ -134,9 +134,9 @@ class GangAllocator:
         if not jobs:
             return []
         state = self._state or ClusterState(Topology([NodeSpec("node-0", 0)]))
-        views = {v.id: j for j in jobs for v in [self._view(j)]}
-        ranked = self.ordering.rank([self._view(j) for j in jobs], state)
-        return [views[v.id] for v in ranked]
+        views = [self._view(j) for j in jobs]
+        by_id = {j.id: j for j in jobs}
+        return [by_id[v.id] for v in self.ordering.rank(views, state)]
 
     def allocate(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], now: float,
                  queues: QueueBook | None = None) -> Mapping[str, Allocation]:

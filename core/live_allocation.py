@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 from .allocation import AllocJob, Allocation, Allocator, AllocNode, ProfileSample
@@ -132,6 +133,12 @@ def observations_from_status(value: Any, bounds: BatchBounds) -> tuple[JobObserv
                           fitted=fitted)
     last = value.get("lastReport")
     return obs, last if isinstance(last, str) else None
+
+
+@lru_cache(maxsize=4096)
+def _capped(b: BatchBounds) -> BatchBounds:
+    """``b`` with its largest global batch as the per-GPU limit (built once per bounds)."""
+    return replace(b, max_local_batch=b.largest)
 
 
 @dataclass(frozen=True)
@@ -269,7 +276,7 @@ class LiveAllocation:
         if b is None:  # a fixed local batch per GPU: goodput is throughput
             bounds = BatchBounds(lo * g, hi * g, 1, 1)
         else:  # no per-GPU limit: the largest global batch (the goodput model's reference share)
-            bounds = b if b.max_local_batch is not None else replace(b, max_local_batch=b.largest)
+            bounds = b if b.max_local_batch is not None else _capped(b)
         profile: tuple[ProfileSample, ...] = ()
         sqr = var = None
         obs = job.observations
