@@ -228,6 +228,18 @@ class Allocator(Protocol):
     def allocate(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], now: float) -> Mapping[str, Allocation]: ...
 
 
+@runtime_checkable
+class WakingAllocator(Allocator, Protocol):
+    """An allocator whose answer can change with time alone (a preemptive ordering's
+    queues follow attained service): after a decision it says when to ask again."""
+
+    def next_decision(self, jobs: Sequence[AllocJob], allocations: Mapping[str, Allocation],
+                      now: float) -> float | None:
+        """When its answer may change though no job came or went, given the
+        ``allocations`` it just made (after ``now``; None: never by itself)."""
+        ...
+
+
 def checked_call(name: str, last: float | None, now: float, jobs: Sequence[AllocJob]) -> float:
     """The checks a stateful allocator makes on every call: calls in time order (a
     :class:`ValueError`: one instance serves one run) and unique job ids (an

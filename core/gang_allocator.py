@@ -9,6 +9,7 @@ way. It sees no run time. Details: docs/design-notes.md.
 
 from __future__ import annotations
 
+import math
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -117,8 +118,7 @@ class GangAllocator:
             self._topo = (key, Topology(specs))
         return self._topo[1]
 
-    @staticmethod
-    def _view(j: AllocJob) -> JobView:
+    def _view(self, j: AllocJob) -> JobView:
         """The job as the ordering and placement see it: a gang of the workers it asks
         for (``target_replicas`` GPUs in workers of ``replica_group`` GPUs)."""
         g = max(1, j.replica_group)
@@ -126,7 +126,15 @@ class GangAllocator:
         return JobView(id=j.id, submit_time=j.submit_time, workers=w, min_workers=w, max_workers=w,
                        gpus_per_worker=g, gpu_models=j.gpu_models, cpu_milli=j.cpu_milli * g,
                        memory_mib=j.memory_mib * g,
-                       attained_service=j.attained_service, placement=[])
+                       attained_service=self._service(j.attained_service), placement=[])
+
+    def _service(self, attained: float) -> float:
+        """Attained GPU-seconds, a hair short of one of the ordering's thresholds read as
+        reached (the clock's float sums stop just short of the time it was due)."""
+        for th in getattr(self.ordering, "thresholds", ()):
+            if 0 < th - attained <= 1e-9 * max(1.0, th):
+                return float(th)
+        return attained
 
     def order(self, jobs: Sequence[AllocJob]) -> list[AllocJob]:
         """The jobs in the order the ordering serves them (on the last cluster state
@@ -191,6 +199,26 @@ class GangAllocator:
                 cur.extend([nodes[plan.scaling.nodes[jid]].index] * g)
             out[jid] = Allocation(tuple(cur))
         return out
+
+    def next_decision(self, jobs: Sequence[AllocJob], allocations: Mapping[str, Allocation],
+                      now: float) -> float | None:
+        """Under a preemptive ordering that demotes by attained service (Tiresias), the
+        first time a job running on what it was just given reaches its next threshold:
+        its queue changes then, and with it who may preempt whom."""
+        demotes_at = getattr(self.ordering, "demotes_at", None)
+        if demotes_at is None or not (self.admission.preemption and self.admission.preemptive_ordering):
+            return None
+        times = []
+        for j in jobs:
+            given = allocations.get(j.id)
+            if given is None or not given.nodes:
+                continue
+            v = self._view(j)
+            v.workers = v.min_workers = v.max_workers = max(1, len(given.nodes) // v.gpus_per_worker)
+            t = demotes_at(v, now)
+            if t is not None:
+                times.append(t)
+        return max(min(times), math.nextafter(now, math.inf)) if times else None
 
     def _place(self, v: JobView, state: ClusterState):
         return self.placement.place(v, state)

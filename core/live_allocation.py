@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
-from .allocation import AllocJob, Allocation, Allocator, AllocNode, ProfileSample
+from .allocation import AllocJob, Allocation, Allocator, AllocNode, ProfileSample, WakingAllocator
 from .batch import BatchBounds
 from .contract import class_rank
 from .goodput import JobObservations, ShapeRecord
@@ -228,6 +228,8 @@ class LivePlan:
     error: Exception | None = None
     #: why each job that waits after this plan waits (``status.waiting``)
     waiting: dict[str, WaitReason] = field(default_factory=dict)
+    #: when the allocator wants to decide again though nothing happens (None: on events)
+    wake_at: float | None = None
     #: per team queue after this plan: ``gpusInUse``, ``borrowedGpus``, ``pendingJobs``,
     #: ``runningJobs`` (the queues' status and metrics; empty without queues)
     queues: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -372,6 +374,8 @@ class LiveAllocation:
         except Exception as exc:  # noqa: BLE001 - a broken policy keeps everyone as they are
             return LivePlan(error=exc, complete=ended)
         plan = LivePlan(allocations=out, complete=ended)
+        if isinstance(self.allocator, WakingAllocator):
+            plan.wake_at = self.allocator.next_decision(asked, out, now)
         targets = {j.key: self.target(j, out.get(j.key, Allocation())) for j in free_jobs}
         for j in free_jobs:
             t = targets[j.key]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from rlsched.core.live_allocation import LiveJob, LivePlan, movable_room
 
-from .engine_jobs import JobState, grown
+from .engine_jobs import WAKE, JobState, grown
 
 
 class AllocationAdapter:
@@ -59,6 +59,9 @@ class AllocationAdapter:
         if plan.error is not None:
             raise plan.error
         self._apply(plan, t)
+        if plan.wake_at is not None and (sim._wake_at is None or plan.wake_at < sim._wake_at):
+            sim._wake_at = plan.wake_at  # the policy's answer may change then with nothing else happening
+            sim._push(plan.wake_at, WAKE, None)
         sim._record(t)
         return plan
 

@@ -126,3 +126,24 @@ def test_heuristic_names_build_live_allocators_and_team_queues_are_refused():
     assert isinstance(live.plan([LiveJob("ns/a", 0.0, 1, 1)], {0: 4}, now=10.0, queues=book).error, ValueError)
     with pytest.raises(ValueError, match="ordering/placement"):
         LiveAllocation.named("nosuch")
+
+
+def test_a_demoting_ordering_asks_to_decide_again_when_a_queue_changes():
+    """Tiresias: the job just given 2 GPUs, 600 GPU-s short of the first threshold, is
+    demoted 300 s later; who may preempt whom changes then. FIFO, or Tiresias without
+    preemption, never asks."""
+    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+
+    th = make_ordering("tiresias").thresholds[0]
+    run = job("run", 0, 2, (0, 0))
+    run.attained_service = th - 600.0
+    alloc = gang(order="tiresias")
+    out = alloc.allocate([run, job("wait", 1, 1)], NODES, 100.0)
+    assert alloc.next_decision([run, job("wait", 1, 1)], out, 100.0) == pytest.approx(400.0)
+    assert alloc.next_decision([run], {}, 100.0) is None  # nothing runs: no queue moves
+    assert gang(order="fifo").next_decision([run], out, 100.0) is None
+    keep = GangAllocator(make_ordering("tiresias"), make_placement("bestfit"), preemption=False)
+    assert keep.next_decision([run], out, 100.0) is None
+    plan = LiveAllocation(gang(order="tiresias")).plan(
+        [LiveJob("ns/run", 0.0, 2, 2, nodes=(0, 0), attained_service=th - 600.0)], {0: 4}, now=100.0)
+    assert plan.wake_at == pytest.approx(400.0)
