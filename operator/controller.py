@@ -120,6 +120,8 @@ class Controller:
                                else DecisionClock(config.decision_gap_s, config.decision_interval_s))
         #: when the allocation policy last decided, and the jobs it decided for
         self._decided: tuple[float, frozenset[str]] | None = None
+        #: when the policy asked to decide again though nothing happens (LivePlan.wake_at)
+        self._wake_at: float | None = None
         self.placement = build_placement(config.placement, config.placement_model)
         self._fallback_placement = make_placement("bestfit")
         self.status = StatusWriter(self.custom, self.core, metrics, clock)
@@ -387,18 +389,19 @@ class Controller:
             log.error("allocator %s failed; every job keeps its GPUs this cycle: %r", self.allocation.name, plan.error)
             await self._complete(c, plan)
             return unfit
-        self._decided = (now, self._decision_keys(live))
+        self._decided, self._wake_at = (now, self._decision_keys(live)), plan.wake_at
         await self._act_on_allocation(c, plan, [c.jobs[lj.key] for lj in live])
         return unfit
 
     def decision_due(self, live: Sequence[LiveJob], now: float) -> bool:
         """Whether the allocation policy decides this cycle (core's DecisionClock; every
-        cycle without one): a job it decides for that came, went or became movable is
-        an event."""
+        cycle without one): a job it decides for that came, went, became movable or
+        ended, and the time the policy asked to decide again, are events."""
         if self.decision_clock is None:
             return True
         last, keys = self._decided if self._decided is not None else (None, None)
-        changed = keys != self._decision_keys(live) or any(lj.end() for lj in live)
+        woke = self._wake_at is not None and now >= self._wake_at
+        changed = keys != self._decision_keys(live) or any(lj.end() for lj in live) or woke
         return self.decision_clock.next_due(last, now, changed) <= now
 
     @staticmethod

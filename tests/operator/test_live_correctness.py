@@ -179,4 +179,6 @@ def test_the_allocator_decides_on_a_change_of_its_jobs_and_else_on_its_interval(
     assert ctl.decision_due(jobs("a", movable=False), NOW + 30)  # a restarts its generation
     assert not ctl.decision_due(jobs("a", nodes=(0,), epochs_done=3, max_epochs=10), NOW + 30)
     assert ctl.decision_due(jobs("a", nodes=(0,), epochs_done=10, max_epochs=10), NOW + 30)  # a ended
+    ctl._wake_at = NOW + 100  # the policy asked (a Tiresias demotion)
+    assert not ctl.decision_due(jobs("a"), NOW + 99) and ctl.decision_due(jobs("a"), NOW + 100)
     assert ctl.decision_due(jobs("a"), NOW + 300)  # the interval
