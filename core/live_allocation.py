@@ -228,7 +228,8 @@ class LivePlan:
     error: Exception | None = None
     #: why each job that waits after this plan waits (``status.waiting``)
     waiting: dict[str, WaitReason] = field(default_factory=dict)
-    #: when the allocator wants to decide again though nothing happens (None: on events)
+    #: when to decide again though nothing happens (None: on events): the allocator's
+    #: wish, or the end of a protection from preemption while a job waits
     wake_at: float | None = None
     #: per team queue after this plan: ``gpusInUse``, ``borrowedGpus``, ``pendingJobs``,
     #: ``runningJobs`` (the queues' status and metrics; empty without queues)
@@ -374,8 +375,7 @@ class LiveAllocation:
         except Exception as exc:  # noqa: BLE001 - a broken policy keeps everyone as they are
             return LivePlan(error=exc, complete=ended)
         plan = LivePlan(allocations=out, complete=ended)
-        if isinstance(self.allocator, WakingAllocator):
-            plan.wake_at = self.allocator.next_decision(asked, out, now)
+        wakes = [self.allocator.next_decision(asked, out, now)] if isinstance(self.allocator, WakingAllocator) else []
         targets = {j.key: self.target(j, out.get(j.key, Allocation())) for j in free_jobs}
         for j in free_jobs:
             t = targets[j.key]
@@ -390,6 +390,9 @@ class LiveAllocation:
         for j in free_jobs:
             use[j.queue or ""] += targets[j.key].workers * max(1, j.gpus_per_worker)
         plan.waiting = self._why(free_jobs, asked, plan, nodes, book, use)
+        if plan.waiting:  # a protection from preemption that ends may let a waiting job in
+            wakes += [j.running_since + book.min_run(j.queue) for j in free_jobs if self.protected(j, book, now)]
+        plan.wake_at = min((w for w in wakes if w is not None), default=None)
         plan.waiting.update(barred)
         if book.active:
             plan.queues = book.usage((j.queue, targets[j.key].workers * max(1, j.gpus_per_worker)

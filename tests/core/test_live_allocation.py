@@ -253,3 +253,18 @@ def test_the_learning_curve_reaches_the_allocator_as_in_the_interval_engine():
     assert curve_pace(a.metrics, a.higher_is_better) == pytest.approx((0.12 / 3) / (0.42 / 4))
     fresh = LiveAllocation.alloc_job(LiveJob("ns/b", 0.0, 1, 2), now=0.0)
     assert (fresh.epoch, fresh.metrics) == (0, ())
+
+
+def test_the_end_of_a_protection_wakes_the_decision_while_a_job_waits():
+    """A job inside its 600 s minimum run time keeps its GPUs; while another waits the
+    plan asks to decide again when the protection ends, and not when nobody waits."""
+    from rlsched.core.queues import QueueBook
+
+    book = QueueBook(min_run_s=600.0)
+    run = LiveJob("ns/run", 0.0, 1, 1, nodes=(0,), running_since=100.0)
+    wait = LiveJob("ns/wait", 50.0, 1, 1)
+    plan = LiveAllocation(Fixed({"ns/run": Allocation((0,), None, None)})).plan([run, wait], {0: 1}, now=300.0,
+                                                                               queues=book)
+    assert "ns/wait" in plan.waiting and plan.wake_at == 700.0
+    alone = LiveAllocation(Fixed({"ns/run": Allocation((0,), None, None)})).plan([run], {0: 1}, now=300.0, queues=book)
+    assert alone.wake_at is None
