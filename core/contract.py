@@ -9,6 +9,7 @@ validates them. Pure: no Kubernetes client, no I/O. Details: docs/design-notes.m
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -104,6 +105,12 @@ __all__ = [
     "LABEL_NVLINK_DOMAIN_SIZE",
     "LABEL_GPU_PRICE",
     "DEFAULT_TOPOLOGY_LEVELS",
+    # GPU types
+    "ENV_GPU_TYPE",
+    "MAX_GPU_TYPES",
+    "parse_gpu_types",
+    "gpu_type_of",
+    "products_of_type",
     # pod security
     "POD_SECURITY_PRIVILEGED",
     "POD_SECURITY_BASELINE",
@@ -489,6 +496,63 @@ LABEL_NVLINK_DOMAIN_SIZE = "rlsched.dev/nvlink-domain-size"
 LABEL_GPU_PRICE = "rlsched.dev/gpu-price-per-hour"
 #: topology levels as node-label keys, coarse to fine (Kueue style)
 DEFAULT_TOPOLOGY_LEVELS = (LABEL_BLOCK, LABEL_RACK, LABEL_HOSTNAME)
+
+# --------------------------------------------------------------------------- GPU types
+#: workers: the GPU type their generation is pinned to (set by the operator with the
+#: pods' node affinity; a pod cannot read its node's labels through the downward API)
+ENV_GPU_TYPE = "RLSCHED_GPU_TYPE"
+#: entries of a product -> type map refused beyond this (a configuration, not data)
+MAX_GPU_TYPES = 1024
+
+
+def parse_gpu_types(value: Any, where: str = "gpu types") -> dict[str, str]:
+    """The map from GPU Feature Discovery's product strings (:data:`LABEL_GPU_PRODUCT`,
+    e.g. ``Tesla-T4``) to GPU type keys (the performance classes throughput is measured
+    under, e.g. ``aws``): a mapping, or its JSON text (the operator's ``--gpu-types``, the
+    chart's ``gpuTypes``); ``""`` or None: empty. ``ValueError`` naming the bad entry: a
+    key or type that is not a label value, a type that is itself a product mapped to
+    another type (a type read back through the map must stay itself), or too many."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where}: not a JSON object of product -> type ({exc.msg} at {exc.pos})") from None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where}: expected an object of product -> type, got {type(value).__name__}")
+    if len(value) > MAX_GPU_TYPES:
+        raise ValueError(f"{where}: {len(value)} entries, at most {MAX_GPU_TYPES}")
+    out: dict[str, str] = {}
+    for product, gtype in value.items():
+        for what, v in (("product", product), ("type", gtype)):
+            if not isinstance(v, str) or not v or len(v) > MAX_LABEL_CHARS or not _LABEL_VALUE_RE.fullmatch(v):
+                raise ValueError(f"{where}: {what} {v!r} (of {product!r}) is not a non-empty label value "
+                                 f"(at most {MAX_LABEL_CHARS} alphanumerics, '-', '_', '.')")
+        out[product] = gtype
+    for product, gtype in out.items():
+        if out.get(gtype, gtype) != gtype:
+            raise ValueError(f"{where}: type {gtype!r} (of {product!r}) is also a product mapped to "
+                             f"{out[gtype]!r}; name the type otherwise")
+    return out
+
+
+def gpu_type_of(product: str | None, types: Mapping[str, str]) -> str:
+    """A node's GPU type from its :data:`LABEL_GPU_PRODUCT` value: the map's type, else
+    the product string itself; ``""`` without a product (no GPU Feature Discovery)."""
+    if not product or product == "unknown":
+        return ""
+    return types.get(product, product)
+
+
+def products_of_type(gpu_type: str, types: Mapping[str, str]) -> tuple[str, ...]:
+    """Every :data:`LABEL_GPU_PRODUCT` value whose nodes are of ``gpu_type``
+    (:func:`gpu_type_of`): the products mapped to it, and the type itself when no entry
+    maps it elsewhere (an unmapped product is its own type). Sorted."""
+    out = {p for p, t in types.items() if t == gpu_type}
+    if gpu_type not in types:
+        out.add(gpu_type)
+    return tuple(sorted(out))
 
 # --------------------------------------------------------------------------- pod security
 #: levels of the Kubernetes Pod Security Standards, least to most restrictive

@@ -641,9 +641,9 @@ PROGRESS_FIELDS = ("stepTimeSeconds", "samplesPerSecond", "workers", "globalBatc
 @dataclass(frozen=True, slots=True)
 class ShapeRecord:
     """The step time a job reported on one placement shape: ``workers`` replicas on
-    ``nodes`` nodes at global batch ``batch`` with ``accumulation`` steps; ``step_time``
-    the running mean of its ``reports`` (over the last ``JobObservations.WINDOW``,
-    exponentially beyond)."""
+    ``nodes`` nodes at global batch ``batch`` with ``accumulation`` steps, on GPUs of
+    type ``gpu_type`` (``""``: not said); ``step_time`` the running mean of its
+    ``reports`` (over the last ``JobObservations.WINDOW``, exponentially beyond)."""
 
     workers: int
     nodes: int
@@ -651,10 +651,11 @@ class ShapeRecord:
     accumulation: int
     step_time: float
     reports: int = 1
+    gpu_type: str = ""
 
     @property
-    def key(self) -> tuple[int, int, int, int]:
-        return (self.workers, self.nodes, self.batch, self.accumulation)
+    def key(self) -> tuple[str, int, int, int, int]:
+        return (self.gpu_type, self.workers, self.nodes, self.batch, self.accumulation)
 
     @property
     def local_batch(self) -> float:
@@ -694,6 +695,9 @@ class JobObservations:
     grad_var: float | None = None
     prior: ThroughputPrior = field(default_factory=ThroughputPrior)
     fitted: tuple[tuple[int, int, float, int, float], ...] = ()
+    #: the GPU type of the latest step time: the type :meth:`observations` (one
+    #: throughput model) is of; ``""``: not said
+    gpu_type: str = ""
 
     #: reports averaged with equal weight per shape before the mean turns exponential
     WINDOW = 8
@@ -709,12 +713,13 @@ class JobObservations:
         base = previous if previous is not None else cls(bounds)
         return base.update(progress, nodes)
 
-    def update(self, progress: Mapping[str, Any], nodes: int) -> "JobObservations":
+    def update(self, progress: Mapping[str, Any], nodes: int, gpu_type: str = "") -> "JobObservations":
         """This record with one report folded in. Reads only :data:`PROGRESS_FIELDS`:
         ``workers`` and ``globalBatchSize`` give the shape, ``stepTimeSeconds`` the
         step time (else ``globalBatchSize / samplesPerSecond``), ``gradSqr``/``gradVar``
         replace the statistics (they are the trainer's own moving averages). A report
-        without a shape or a positive step time adds no step time."""
+        without a shape or a positive step time adds no step time. ``gpu_type``: the
+        type of GPU it ran on (the caller reads it: the report's, or its nodes')."""
         out = self
         sqr, var = _number(progress, "gradSqr"), _number(progress, "gradVar")
         if sqr is not None and var is not None:
@@ -728,35 +733,38 @@ class JobObservations:
             step = batch / rate if rate is not None and rate > 0 else None
         if step is None:
             return out
-        return out.record(int(workers), int(nodes), int(batch), step)
+        return out.record(int(workers), int(nodes), int(batch), step, gpu_type)
 
-    def record(self, workers: int, nodes: int, batch: int, step_time: float) -> "JobObservations":
+    def record(self, workers: int, nodes: int, batch: int, step_time: float, gpu_type: str = "") -> "JobObservations":
         """This record with one step time on ``workers`` replicas over ``nodes`` nodes
-        at global batch ``batch`` (accumulation steps as the trainer derives them)."""
+        at global batch ``batch`` (accumulation steps as the trainer derives them) on
+        GPUs of ``gpu_type``."""
         _check_placement(workers, nodes)
         if not (math.isfinite(step_time) and step_time > 0) or batch < 1:
             raise ValueError(f"need batch >= 1 and a step time > 0, got {batch}, {step_time}")
         s = int(self.bounds.accumulation_steps(batch, workers))
-        key = (workers, nodes, batch, s)
+        key = (gpu_type, workers, nodes, batch, s)
         shapes = list(self.shapes)
         for i, r in enumerate(shapes):
             if r.key == key:
                 n = r.reports + 1
                 mean = r.step_time + (step_time - r.step_time) / min(n, self.WINDOW)
-                shapes[i] = ShapeRecord(*key, mean, n)
+                shapes[i] = ShapeRecord(workers, nodes, batch, s, mean, n, gpu_type)
                 break
         else:
-            shapes.append(ShapeRecord(*key, float(step_time)))
+            shapes.append(ShapeRecord(workers, nodes, batch, s, float(step_time), 1, gpu_type))
             shapes.sort(key=lambda r: r.key)
-        out = _replace(self, shapes=tuple(shapes))
+        out = _replace(self, shapes=tuple(shapes), gpu_type=gpu_type)
         now = out.observations()
         if _moved(now, self.fitted, self.REFIT_TOLERANCE):
             out = _replace(out, fitted=now)
         return out
 
     def observations(self) -> tuple[tuple[int, int, float, int, float], ...]:
-        """``(K, N, m, s, step_time)`` per shape: the throughput fit's input."""
-        return tuple((r.workers, r.nodes, r.local_batch, r.accumulation, r.step_time) for r in self.shapes)
+        """``(K, N, m, s, step_time)`` per shape of the type of its latest step time
+        (:attr:`gpu_type`): the throughput fit's input (one model per type)."""
+        return tuple((r.workers, r.nodes, r.local_batch, r.accumulation, r.step_time) for r in self.shapes
+                     if r.gpu_type == self.gpu_type)
 
     def model(self) -> GoodputModel:
         """The job's goodput model: the throughput fitted to :attr:`fitted` (the prior
@@ -813,7 +821,7 @@ class JobObservations:
 
 def _replace(obs: JobObservations, **changes: Any) -> JobObservations:
     fields = {"bounds": obs.bounds, "shapes": obs.shapes, "grad_sqr": obs.grad_sqr,
-              "grad_var": obs.grad_var, "prior": obs.prior, "fitted": obs.fitted}
+              "grad_var": obs.grad_var, "prior": obs.prior, "fitted": obs.fitted, "gpu_type": obs.gpu_type}
     fields.update(changes)
     return JobObservations(**fields)
 

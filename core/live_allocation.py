@@ -26,7 +26,7 @@ from .queues import QueueBook
 
 __all__ = ["LiveJob", "LiveTarget", "LivePlan", "LiveAllocation", "RankingAllocator", "make_live_allocator",
            "parse_allocator_options",
-           "attained_service", "movable_room", "observations_from_status", "observations_to_status"]
+           "attained_service", "movable_room", "observations_from_status", "observations_to_status", "one_type"]
 
 
 def movable_room(state: Any, held: Iterable[tuple[Sequence[int], int, int, int]]
@@ -46,6 +46,13 @@ def movable_room(state: Any, held: Iterable[tuple[Sequence[int], int, int, int]]
             cpu[i] += c
             mem[i] += m
     return {i: gpus[i] for i in range(n)}, {i: (cpu[i], mem[i]) for i in range(n)}
+
+
+def one_type(nodes: Iterable[int], types: Mapping[int, str]) -> str | None:
+    """The GPU type of ``nodes`` when all are of one known type (``types``: node index
+    -> type, ``""`` unknown), else None."""
+    seen = {types.get(i, "") for i in nodes}
+    return next(iter(seen)) if len(seen) == 1 and "" not in seen else None
 
 
 def parse_allocator_options(text: str) -> tuple[str, dict[str, float | None]]:
@@ -96,12 +103,15 @@ def attained_service(stored: Any, since: float | None, gpus: int, now: float) ->
 
 def observations_to_status(obs: JobObservations, last_report: str | None) -> dict:
     """``status.goodput``: the shapes a job ran (``[workers, nodes, batch, accumulation,
-    stepTimeSeconds, reports]`` each), its gradient statistics and the ``updateTime``
-    of the last report folded in."""
+    stepTimeSeconds, reports]`` each, and the GPU type as a seventh element when one is
+    known), its gradient statistics, the type of its latest step time (``gpuType``) and
+    the ``updateTime`` of the last report folded in."""
     out: dict[str, Any] = {"shapes": [[r.workers, r.nodes, r.batch, r.accumulation, r.step_time, r.reports]
-                                      for r in obs.shapes]}
+                                      + ([r.gpu_type] if r.gpu_type else []) for r in obs.shapes]}
     if obs.grad_sqr is not None and obs.grad_var is not None:
         out["gradSqr"], out["gradVar"] = obs.grad_sqr, obs.grad_var
+    if obs.gpu_type:
+        out["gpuType"] = obs.gpu_type
     if last_report:
         out["lastReport"] = last_report
     return out
@@ -110,7 +120,7 @@ def observations_to_status(obs: JobObservations, last_report: str | None) -> dic
 def observations_from_status(value: Any, bounds: BatchBounds) -> tuple[JobObservations, str | None]:
     """The record :func:`observations_to_status` wrote, and the last report folded in.
     A status is not trusted: a malformed row is left out, anything else malformed
-    gives a fresh record."""
+    gives a fresh record. A row of six (written before GPU types) is of no type."""
     if not isinstance(value, Mapping):
         return JobObservations(bounds), None
     shapes: dict[tuple, ShapeRecord] = {}
@@ -118,19 +128,24 @@ def observations_from_status(value: Any, bounds: BatchBounds) -> tuple[JobObserv
         try:
             workers, nodes, batch, _accum, step, reports = (int(row[0]), int(row[1]), int(row[2]), row[3],
                                                             float(row[4]), int(row[5]))
+            gtype = row[6] if len(row) > 6 else ""
         except (TypeError, ValueError, IndexError, KeyError):
             continue
-        if not (1 <= nodes <= workers and batch >= 1 and math.isfinite(step) and step > 0):
+        if not (1 <= nodes <= workers and batch >= 1 and math.isfinite(step) and step > 0 and isinstance(gtype, str)):
             continue
         accum = int(bounds.accumulation_steps(batch, workers))  # as JobObservations.record derives it
-        shapes[(workers, nodes, batch, accum)] = ShapeRecord(workers, nodes, batch, accum, step, max(1, reports))
+        shapes[(gtype, workers, nodes, batch, accum)] = ShapeRecord(workers, nodes, batch, accum, step,
+                                                                    max(1, reports), gtype)
     sqr, var = value.get("gradSqr"), value.get("gradVar")
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (sqr, var)):
         sqr = var = None
+    current = value.get("gpuType")
+    current = current if isinstance(current, str) else ""
     rows = tuple(shapes[k] for k in sorted(shapes))
-    fitted = tuple((r.workers, r.nodes, r.local_batch, r.accumulation, r.step_time) for r in rows)
+    fitted = tuple((r.workers, r.nodes, r.local_batch, r.accumulation, r.step_time) for r in rows
+                   if r.gpu_type == current)
     obs = JobObservations(bounds, rows, None if sqr is None else float(sqr), None if var is None else float(var),
-                          fitted=fitted)
+                          fitted=fitted, gpu_type=current)
     last = value.get("lastReport")
     return obs, last if isinstance(last, str) else None
 
@@ -208,10 +223,12 @@ class LiveJob:
 
 @dataclass(frozen=True)
 class LiveTarget:
-    """Workers and global batch (None: the scheduler sets none) of a job's next generation."""
+    """Workers and global batch (None: the scheduler sets none) of a job's next
+    generation, and the GPU type its workers are pinned to (None: any node)."""
 
     workers: int
     batch_size: int | None
+    gpu_type: str | None = None
 
 
 @dataclass
@@ -286,7 +303,8 @@ class LiveAllocation:
         if obs is not None:
             profile = tuple(ProfileSample(num_nodes=r.nodes, num_replicas=r.workers * g,
                                           atomic_bsz=max(1, round(r.local_batch / g)),
-                                          step_time=r.step_time, sync_time=0.0, accum_steps=r.accumulation)
+                                          step_time=r.step_time, sync_time=0.0, accum_steps=r.accumulation,
+                                          gpu_type=r.gpu_type)
                             for r in obs.shapes)
             if obs.grad_sqr is not None and obs.grad_var is not None and b is not None:
                 sqr, var = obs.grad_sqr, obs.grad_var / b.init_batch  # per-sample tr(Σ) -> tr(Σ)/M0
@@ -305,8 +323,10 @@ class LiveAllocation:
                         cpu_milli=-(-max(job.cpu_milli, 0) // g), memory_mib=-(-max(job.memory_mib, 0) // g),
                         replica_group=g)
 
-    def target(self, job: LiveJob, alloc: Allocation) -> LiveTarget:
-        """The allocator's answer for ``job`` in whole workers (0: it waits)."""
+    def target(self, job: LiveJob, alloc: Allocation, types: Mapping[int, str] | None = None) -> LiveTarget:
+        """The allocator's answer for ``job`` in whole workers (0: it waits); its GPU
+        type when every node of the allocation is of one known type (``types``: node
+        index -> type)."""
         g = max(1, job.gpus_per_worker)
         lo, hi = job.worker_range
         workers = min(alloc.replicas // g, hi)
@@ -315,7 +335,7 @@ class LiveAllocation:
         batch = alloc.batch_size if job.bounds is not None else None
         if batch is not None and workers * g != alloc.replicas:  # rounded down: keep the per-GPU share
             batch = max(job.bounds.init_batch, alloc.atomic_bsz * workers * g * ((alloc.accum_steps or 0) + 1))
-        return LiveTarget(workers, int(batch) if batch is not None else None)
+        return LiveTarget(workers, int(batch) if batch is not None else None, one_type(alloc.nodes, types or {}))
 
     # ------------------------------------------------------------------ decision
     @staticmethod
@@ -342,7 +362,8 @@ class LiveAllocation:
     def plan(self, jobs: Sequence[LiveJob], capacity: Mapping[int, int], now: float,
              names: Mapping[int, str] | None = None, queues: QueueBook | None = None,
              models: Mapping[int, str] | None = None,
-             offers: Mapping[int, tuple[int, int]] | None = None) -> LivePlan:
+             offers: Mapping[int, tuple[int, int]] | None = None,
+             types: Mapping[int, str] | None = None) -> LivePlan:
         """Decide for ``jobs``: those with ``nodes`` run (and may move, unless not
         ``movable``), the others wait; a running job whose own end came
         (:meth:`LiveJob.end`) is in ``complete`` and its GPUs are not given this time.
@@ -353,8 +374,13 @@ class LiveAllocation:
         on nodes of those models). ``offers``: node index -> ``(millicores, MiB)`` the
         allocator may give, as ``capacity`` counts GPUs (None: CPU and memory not
         counted); a job's workers (``LiveJob.cpu_milli``/``memory_mib``) get GPUs only
-        where their CPU and memory fit."""
-        names, models, offers = names or {}, models or {}, offers or {}
+        where their CPU and memory fit. ``types``: node index -> its GPU type
+        (:func:`~rlsched.core.contract.gpu_type_of`; absent or ``""``: one type), given
+        to the allocator as ``AllocNode.gpu_type``; a target whose nodes are all of one
+        type carries it (``LiveTarget.gpu_type``), and a running job a type-aware
+        allocator (``type_aware``) moves to another type at the same size gets a new
+        generation (``resize``)."""
+        names, models, offers, types = names or {}, models or {}, offers or {}, types or {}
         book = queues or QueueBook()
         ended = {j.key: why for j in jobs if (why := j.end()) is not None}
         decided = [j for j in jobs if j.movable and j.key not in ended]
@@ -362,7 +388,8 @@ class LiveAllocation:
                        for n in j.nodes for _ in range(max(1, j.gpus_per_worker)))
         room = {i: int(c) - gone[i] for i, c in capacity.items()}  # an ended job's GPUs free next decision
         nodes = [AllocNode(i, c, names.get(i, ""), models.get(i, ""),
-                           *(offers[i] if i in offers else (None, None))) for i, c in sorted(room.items())]
+                           *(offers[i] if i in offers else (None, None)), types.get(i, ""))
+                 for i, c in sorted(room.items())]
         held = Counter(n for j in decided for n in j.nodes for _ in range(max(1, j.gpus_per_worker)))
         over = {i: (held[i], room.get(i, 0)) for i in held if held[i] > room.get(i, 0)}
         if over:
@@ -376,7 +403,8 @@ class LiveAllocation:
             return LivePlan(error=exc, complete=ended)
         plan = LivePlan(allocations=out, complete=ended)
         wakes = [self.allocator.next_decision(asked, out, now)] if isinstance(self.allocator, WakingAllocator) else []
-        targets = {j.key: self.target(j, out.get(j.key, Allocation())) for j in free_jobs}
+        targets = {j.key: self.target(j, out.get(j.key, Allocation()), types) for j in free_jobs}
+        moves = bool(getattr(self.allocator, "type_aware", False))  # only a type-aware choice moves a job
         for j in free_jobs:
             t = targets[j.key]
             if not j.nodes:
@@ -384,7 +412,8 @@ class LiveAllocation:
                     plan.start[j.key] = t
             elif t.workers == 0:
                 plan.stop.append(j.key)
-            elif t.workers != j.workers:
+            elif t.workers != j.workers or (moves and t.gpu_type is not None
+                                            and t.gpu_type != one_type(j.nodes, types)):
                 plan.resize[j.key] = t
         use: Counter[str] = Counter()
         for j in free_jobs:
