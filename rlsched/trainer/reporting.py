@@ -12,17 +12,18 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import threading
 import time
 from collections import deque
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from rlsched.core.contract import ENV_JOB, ENV_NAMESPACE, ENV_RANK, GROUP, PLURAL, VERSION, WorkerContract
+from rlsched.core.contract import ENV_GPU_TYPE, ENV_JOB, ENV_NAMESPACE, ENV_RANK, GROUP, PLURAL, VERSION, WorkerContract
 
 from .errors import NoJobError
 
-__all__ = ["Reporter", "ProgressReporter", "report", "ENV_JOB", "ENV_NAMESPACE"]
+__all__ = ["Reporter", "ProgressReporter", "report", "detect_gpu_type", "ENV_JOB", "ENV_NAMESPACE"]
 
 log = logging.getLogger("rlsched.trainer")
 
@@ -41,10 +42,16 @@ _FIELDS = {
     "grad_sqr": "gradSqr",
     "grad_var": "gradVar",
     "scale_invariant_epochs": "scaleInvariantEpochs",
+    "gpu_type": "gpuType",
 }
+#: string fields (the rest are numbers)
+_TEXT_FIELDS = {"metric_name", "gpu_type"}
+#: the longest ``gpuType`` the CRD takes (a label value)
+_MAX_GPU_TYPE = 63
 #: fields a None value removes from ``status.progress`` (JSON null in a merge patch):
-#: gradient statistics not measured in this generation are absent, never stale
-_REMOVABLE_FIELDS = {"grad_sqr", "grad_var"}
+#: gradient statistics not measured in this generation and a GPU not known are absent,
+#: never stale
+_REMOVABLE_FIELDS = {"grad_sqr", "grad_var", "gpu_type"}
 _INTEGER_FIELDS = {"step", "generation", "workers", "global_batch_size"}
 
 
@@ -66,6 +73,27 @@ def _read(path: str) -> str | None:
             return fh.read().strip() or None
     except OSError:
         return None
+
+
+def detect_gpu_type(environ: Any = None) -> str | None:
+    """The GPU this process trains on, as ``status.progress.gpuType``: the type the
+    operator pinned its generation to (:data:`~rlsched.core.contract.ENV_GPU_TYPE`),
+    else the CUDA device's name as GPU Feature Discovery writes the product label
+    (spaces as ``-``, e.g. ``Tesla-T4``; the operator maps it to a type), read only when
+    the script has imported torch and CUDA is up; None when neither is known."""
+    env = os.environ if environ is None else environ
+    pinned = (env.get(ENV_GPU_TYPE) or "").strip()
+    if pinned:
+        return pinned[:_MAX_GPU_TYPE]
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return None
+    try:
+        name = torch.cuda.get_device_name(torch.cuda.current_device())
+    except RuntimeError as exc:  # CUDA present but not usable in this process
+        log.info("rlsched.trainer: no GPU type reported, CUDA device name unavailable: %s", exc)
+        return None
+    return "-".join(str(name).split())[:_MAX_GPU_TYPE] or None
 
 
 def _now() -> str:
@@ -114,7 +142,8 @@ class Reporter:
         metric ``accuracy`` (appended to ``history``); ``fields`` are the optional
         progress fields by their snake-case names (``step``, ``generation``,
         ``metric_name``, ``step_time_seconds``, ``samples_per_second``, ``workers``,
-        ``global_batch_size``, ``grad_sqr``, ``grad_var``, ``scale_invariant_epochs``);
+        ``global_batch_size``, ``grad_sqr``, ``grad_var``, ``scale_invariant_epochs``,
+        ``gpu_type``);
         ``grad_sqr``/``grad_var`` given as None are removed (not measured), other None
         fields are left as they are. Validates before any API call; returns the progress
         written. API errors propagate."""
@@ -130,7 +159,9 @@ class Reporter:
                 if key in _REMOVABLE_FIELDS:
                     extra[_FIELDS[key]] = None
                 continue
-            if key == "metric_name":
+            if key in _TEXT_FIELDS:
+                if key == "gpu_type" and not 0 < len(str(value)) <= _MAX_GPU_TYPE:
+                    raise ValueError(f"gpu_type must be 1 to {_MAX_GPU_TYPE} characters, got {value!r}")
                 extra[_FIELDS[key]] = str(value)
             elif key in _INTEGER_FIELDS:
                 if isinstance(value, bool) or int(value) != value or value < 0:
@@ -238,6 +269,7 @@ class ProgressReporter:
         background: bool = True,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        gpu_type: str | None = None,
     ) -> None:
         if contract is not None:
             job = job or contract.job
@@ -253,6 +285,8 @@ class ProgressReporter:
         self.interval_s, self.retries, self.backoff_s, self.max_backoff_s = interval_s, retries, backoff_s, max_backoff_s
         self.background, self._clock, self._sleep = background, clock, sleep
         self.enabled = rank == 0
+        #: the GPU the step times are measured on (``gpuType``; default :func:`detect_gpu_type`)
+        self.gpu_type = gpu_type if gpu_type is not None else detect_gpu_type() if self.enabled else None
         #: set when reporting ended for good (the job is gone, no credentials, no client)
         self.stopped_reason: str | None = None
         self.delivered = 0
@@ -343,7 +377,7 @@ class ProgressReporter:
         if "loss" not in fields:
             return False  # nothing measured yet
         fields.update(epoch=self._epoch, generation=self.generation, workers=self.workers,
-                      metric_name=self.metric_name)
+                      metric_name=self.metric_name, gpu_type=self.gpu_type)
         # what the next report repeats when no step happened in between
         self._latest.update({k: fields[k] for k in ("loss", "step_time_seconds", "samples_per_second") if k in fields})
         self._window_loss, self._window_steps, self._window_samples, self._window_time = 0.0, 0, 0, 0.0

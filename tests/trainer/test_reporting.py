@@ -278,3 +278,39 @@ def test_background_delivery_never_blocks_the_loop_and_coalesces_step_reports():
     assert steps[0] == 1 and 2 not in steps and 3 not in steps
     assert api.status["progress"]["history"] == [0.5] and api.status["progress"]["step"] == 6
     assert len(api.patches) <= 5
+
+
+def test_the_gpu_type_comes_from_the_pinned_environment_else_is_removed(monkeypatch):
+    """``gpuType``: RLSCHED_GPU_TYPE (the operator pins the generation and sets it),
+    reported with every step; without it and without CUDA nothing is known and the
+    field goes out as null (removed), so a type of an earlier generation never stays."""
+    from rlsched.trainer.reporting import detect_gpu_type
+
+    assert detect_gpu_type({"RLSCHED_GPU_TYPE": "dgx-ext"}) == "dgx-ext"
+    monkeypatch.setenv("RLSCHED_GPU_TYPE", "aws")
+    api = FakeCustomObjects()
+    pr, _ = _pr(api)
+    pr.step(step=1, epoch=0, loss=1.0, samples=8, step_time_s=0.1)
+    assert api.patches[0]["gpuType"] == "aws"
+    monkeypatch.delenv("RLSCHED_GPU_TYPE")
+    monkeypatch.delitem(__import__("sys").modules, "torch", raising=False)  # no CUDA to ask
+    assert detect_gpu_type() is None
+    api = FakeCustomObjects(progress={"epoch": 1, "loss": 1.0, "gpuType": "aws"})
+    pr, _ = _pr(api)
+    pr.step(step=1, epoch=1, loss=1.0, samples=8, step_time_s=0.1)
+    assert api.patches[0]["gpuType"] is None
+    with pytest.raises(ValueError, match="gpu_type"):
+        Reporter("resnet", "team-a", custom_api=api).report(epoch=2, loss=1.0, gpu_type="x" * 64)
+
+
+def test_without_the_environment_the_cuda_device_name_is_reported_as_gfd_writes_it(monkeypatch):
+    import sys
+    import types
+
+    from rlsched.trainer.reporting import detect_gpu_type
+
+    cuda = types.SimpleNamespace(is_available=lambda: True, current_device=lambda: 0,
+                                 get_device_name=lambda i: "NVIDIA A100-SXM4-40GB")
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    assert detect_gpu_type({}) == "NVIDIA-A100-SXM4-40GB"
+    assert detect_gpu_type({"RLSCHED_GPU_TYPE": "aws"}) == "aws"
