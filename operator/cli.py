@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from rlsched.core.contract import DEFAULT_SCHEDULER_NAME, DEFAULT_TOPOLOGY_LEVELS, LABEL_ALLOW_SECRET_MOUNTS
-from rlsched.core.contract import LABEL_POD_SECURITY_ENFORCE, parse_topology_levels
+from rlsched.core.contract import LABEL_POD_SECURITY_ENFORCE, parse_gpu_types, parse_topology_levels
 from rlsched.core.contract import POD_SECURITY_BASELINE, POD_SECURITY_LEVELS
 from rlsched.core.policy import allocator_names
 from rlsched.core.served import SERVED
@@ -50,6 +50,9 @@ def register(subparsers) -> None:
                    f"default: the served policy ({SERVED.allocator or 'none'}, core/served.py)")
     r.add_argument("--min-run-time", type=float, default=0.0,
                    help="seconds a job runs before it may be preempted (default 0: none)")
+    r.add_argument("--gpu-types", default="",
+                   help='GPU Feature Discovery products -> GPU types, JSON, e.g. {"Tesla-T4": "aws"} '
+                        "(an unmapped product is its own type; the chart's gpuTypes)")
     r.add_argument("--topology-levels", default=",".join(DEFAULT_TOPOLOGY_LEVELS),
                    help="node-label keys of the topology, coarse to fine (last: hostname), as the extender's")
     r.add_argument("--scaling", default="auto",
@@ -110,7 +113,7 @@ def _run(args: argparse.Namespace) -> int:
         preemption=not args.no_preemption, metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         peering=args.peering, priority=args.priority, forecast_interval_s=args.forecast_interval,
         gru_model=args.gru_model, pod_security_level=args.pod_security_level,
-        allow_secret_mounts=args.allow_secret_mounts,
+        allow_secret_mounts=args.allow_secret_mounts, gpu_types=parse_gpu_types(args.gpu_types, "--gpu-types"),
     )
     return run(cfg)
 

@@ -4,7 +4,7 @@ core policies it names, built as the extender and the simulator build them."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rlsched.core import make_ordering, make_scaling
 from rlsched.core.contract import DEFAULT_SCHEDULER_NAME, DEFAULT_TOPOLOGY_LEVELS, POD_SECURITY_BASELINE
@@ -66,6 +66,9 @@ class OperatorConfig:
     pod_security_level: str = POD_SECURITY_BASELINE
     #: let every namespace's templates read Secrets (else only namespaces labelled so)
     allow_secret_mounts: bool = False
+    #: GPU Feature Discovery product strings -> GPU type keys (``--gpu-types``,
+    #: core.contract.parse_gpu_types); an unmapped product is its own type
+    gpu_types: dict[str, str] = field(default_factory=dict)
 
 
 def _model_kwargs(factory, model: str | None) -> dict:

@@ -211,7 +211,8 @@ class Controller:
         # the workers that exited: their exit codes decide success, failure, restart
         ended = [p for p in mine["items"] if (p.get("status") or {}).get("phase") in exited]
         pods = others["items"] + [p for p in mine["items"] if (p.get("status") or {}).get("phase") not in exited]
-        snap = build_snapshot(nodes["items"], pods, time=now, levels=self.config.topology_levels)
+        snap = build_snapshot(nodes["items"], pods, time=now, levels=self.config.topology_levels,
+                              gpu_types=self.config.gpu_types)
         self._report_unreadable(snap.problems)
         jobs = self._read_jobs(bodies, snap.state, book)
         by_uid = {j.uid: j for j in jobs.values()}
@@ -383,7 +384,8 @@ class Controller:
         names = {i: n for n, i in c.snap.node_index.items()}
         models = {i: node.gpu_model for i, node in enumerate(state.topology.nodes)}
         capacity, offers = movable_room(state, held)
-        plan = self.allocation.plan(live, capacity, now, names, queues=c.book, models=models, offers=offers)
+        plan = self.allocation.plan(live, capacity, now, names, queues=c.book, models=models, offers=offers,
+                                    types=c.snap.types)
         if plan.error is not None:
             self.metrics.cycle_errors.inc()
             log.error("allocator %s failed; every job keeps its GPUs this cycle: %r", self.allocation.name, plan.error)
@@ -429,7 +431,7 @@ class Controller:
             j = c.jobs[r.key]
             placement = tuple(c.snap.placement.get(j.key, ()))
             movable = j.status.get("startedGeneration") == j.generation and len(placement) == r.workers
-            obs = await self.lifecycle.observe_goodput(j, placement) if movable else None
+            obs = await self.lifecycle.observe_goodput(j, placement, c.snap.types) if movable else None
             if movable:
                 held.append((placement, j.spec.gpus_per_worker, j.spec.cpu_milli, j.spec.memory_mib))
             live.append(self.lifecycle.live_job(j, now, placement, obs, running=r, movable=movable,
@@ -461,7 +463,7 @@ class Controller:
                          [jobs[k] for k in plan.resize], now)
         for k, t in plan.start.items():
             await self._contain(jobs[k], lambda j, t=t: self.lifecycle.admit(j, now, target=t.workers,
-                                                                        batch=t.batch_size), now)
+                                                                        batch=t.batch_size, gpu_type=t.gpu_type), now)
 
     # ------------------------------------------------------------------ 4. upkeep and report
     async def _sweep(self, by_uid: Mapping[str, Job]) -> None:

@@ -11,7 +11,8 @@ from typing import Mapping, Sequence
 from rlsched.core import Progress
 from rlsched.core.cluster import progress_from_report
 from rlsched.core.contract import ANNOTATION_PRIORITY_REQUESTS as REQUESTS_ANNOTATION
-from rlsched.core.contract import ANNOTATION_GANG_SIZE, LABEL_GENERATION, LABEL_INDEX, gpu_model_rule
+from rlsched.core.contract import (ANNOTATION_GANG_SIZE, LABEL_GENERATION, LABEL_INDEX, ShapeError, gpu_model_rule,
+                                   label_value)
 from rlsched.core.lifecycle import WorkerState
 from rlsched.core.planning import TrainingSpec, WaitReason
 
@@ -131,6 +132,18 @@ class Job:
     @property
     def status(self) -> dict:
         return self.body.get("status") or {}
+
+    @property
+    def gpu_type(self) -> str | None:
+        """The GPU type the current generation's workers are pinned to
+        (``status.gpuType``, set by the allocator's plan); None: any node."""
+        t = self.status.get("gpuType")
+        if not isinstance(t, str) or not t:
+            return None
+        try:
+            return label_value(t, "status.gpuType")
+        except ShapeError:
+            return None  # not the operator's writing: no pin
 
     @property
     def batch_size(self) -> int | None:

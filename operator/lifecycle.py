@@ -11,7 +11,7 @@ import logging
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from rlsched.core.contract import judge_batch
+from rlsched.core.contract import gpu_type_of, judge_batch
 from rlsched.core.lifecycle import FAIL, RESTART, SUCCEED, Verdict, judge
 from rlsched.core.batch import UNIT_BATCH
 from rlsched.core.live_allocation import (
@@ -20,6 +20,7 @@ from rlsched.core.live_allocation import (
     attained_service,
     observations_from_status,
     observations_to_status,
+    one_type,
 )
 from rlsched.core.planning import Admission, DynamicPriority, ElasticState, QueueEntry, RunningJob, WaitReason
 
@@ -227,10 +228,13 @@ class Lifecycle:
         else:
             await self.status.event(j.body, "BatchSizeIgnored", check.message, "Warning")
 
-    async def observe_goodput(self, j: Job, placement: Sequence[int]):
+    async def observe_goodput(self, j: Job, placement: Sequence[int], types: Mapping[int, str] | None = None):
         """Fold the chief's latest report into ``status.goodput`` (a report of the
         current generation at its size; the nodes its workers run on are known here)
-        and return the record."""
+        and return the record. The GPU type of its step time: the report's ``gpuType``
+        (read through ``--gpu-types``, so a product name the trainer read from CUDA maps
+        as the node label does), else that of its workers' nodes when they are of one
+        type (``types``: node index -> type), else none."""
         bounds = j.spec.bounds
         obs, last = observations_from_status(j.status.get("goodput"), bounds or UNIT_BATCH)
         prog = j.status.get("progress")
@@ -242,8 +246,11 @@ class Lifecycle:
         report = dict(prog)
         if bounds is None:  # a fixed local batch: one unit per GPU
             report["globalBatchSize"] = len(placement) * j.spec.gpus_per_worker
+        reported = prog.get("gpuType")
+        gtype = (gpu_type_of(reported, self.config.gpu_types) if isinstance(reported, str) and reported
+                 else one_type(placement, types or {}) or "")
         try:
-            obs = obs.update(report, len(set(placement)))
+            obs = obs.update(report, len(set(placement)), gtype)
         except ValueError as exc:
             log.warning("%s: progress report not used for the goodput model: %s", j.key, exc)
             return obs
@@ -331,9 +338,10 @@ class Lifecycle:
                                  else hold.message)
         await self.workers.stop(j)
 
-    async def admit(self, j: Job, now: float, *, target: int | None = None, batch: int | None = None) -> None:
+    async def admit(self, j: Job, now: float, *, target: int | None = None, batch: int | None = None,
+                    gpu_type: str | None = None) -> None:
         """Start the job's gang: ``minWorkers`` workers, or (an allocator) ``target``
-        workers at global batch ``batch``."""
+        workers at global batch ``batch`` on nodes of ``gpu_type`` (None: any)."""
         target = j.spec.min_workers if target is None else target
         queued = parse_time(j.status.get("queuedTime")) or parse_time(j.body["metadata"].get("creationTimestamp")) or now
         self.metrics.admission_wait.observe(max(0.0, now - queued))
@@ -345,7 +353,7 @@ class Lifecycle:
                                         f"{target} x {j.spec.gpus_per_worker} GPUs free", now),
         }
         if self.allocator is not None:
-            patch.update({"batchSize": batch, "attainedSince": format_time(now)})
+            patch.update({"batchSize": batch, "attainedSince": format_time(now), "gpuType": gpu_type})
         await self.status.patch(j, patch)
         if resumed:  # a preempted job back from the interrupt queue (counted once the status says so)
             self.metrics.resumes.inc()
@@ -360,6 +368,7 @@ class Lifecycle:
         old, old_batch = self.target(j), j.batch_size
         await self.status.patch(j, {
             "targetWorkers": t.workers, "restartGeneration": j.generation + 1, "batchSize": t.batch_size,
+            "gpuType": t.gpu_type,
             "attainedGpuSeconds": self.service(j, now), "attainedSince": format_time(now),
         })
         up = t.workers > old

@@ -22,8 +22,10 @@ from rlsched.core.contract import (
     worker_hostname,
     API_VERSION,
     DEFAULT_SCHEDULER_NAME,
+    ENV_GPU_TYPE,
     ENV_JOB,
     ENV_NAMESPACE,
+    LABEL_GPU_PRODUCT,
     GROUP,
     KIND,
     LABEL_INDEX,
@@ -36,12 +38,13 @@ from rlsched.core.contract import (
     ROLE_CHIEF,
     ROLE_WORKER,
     pod_gpus,
+    products_of_type,
     trainer_account_name,
     worker_account,
 )
 
 __all__ = ["owner_reference", "worker_name", "worker_pod", "worker_service", "trainer_rbac",
-           "trainer_account_name", "set_worker_gpus", "WorkerGPUError", "RENDEZVOUS_PORT_NAME"]
+           "trainer_account_name", "set_worker_gpus", "pin_gpu_type", "WorkerGPUError", "RENDEZVOUS_PORT_NAME"]
 
 #: the port of the headless Service (the chief's rendezvous, MASTER_PORT)
 RENDEZVOUS_PORT_NAME = "rendezvous"
@@ -112,6 +115,27 @@ def set_worker_gpus(pod_spec: dict, gpus_per_worker: int) -> dict:
     return pod_spec
 
 
+def pin_gpu_type(pod_spec: dict, gpu_type: str, gpu_types: Mapping[str, str]) -> dict:
+    """Pin ``pod_spec`` (changed in place and returned) to nodes of ``gpu_type``: a
+    required node affinity on :data:`~rlsched.core.contract.LABEL_GPU_PRODUCT` ``In``
+    the type's products (:func:`~rlsched.core.contract.products_of_type`), added to each
+    of the template's own terms (terms are ORed, so it must hold in each), and
+    :data:`~rlsched.core.contract.ENV_GPU_TYPE` in every container, which the trainer
+    reports (a pod cannot read its node's labels through the downward API)."""
+    expr = {"key": LABEL_GPU_PRODUCT, "operator": "In", "values": list(products_of_type(gpu_type, gpu_types))}
+    aff = pod_spec["affinity"] = dict(pod_spec.get("affinity") or {})
+    node = aff["nodeAffinity"] = dict(aff.get("nodeAffinity") or {})
+    req = node["requiredDuringSchedulingIgnoredDuringExecution"] = dict(
+        node.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = req.get("nodeSelectorTerms") or [{}]
+    req["nodeSelectorTerms"] = [{**t, "matchExpressions": list(t.get("matchExpressions") or []) + [copy.deepcopy(expr)]}
+                                for t in terms]
+    for c in pod_spec["containers"]:
+        c["env"] = [e for e in c.get("env") or [] if e.get("name") != ENV_GPU_TYPE] + [
+            {"name": ENV_GPU_TYPE, "value": gpu_type}]
+    return pod_spec
+
+
 def _contract(body: Mapping, index: int, workers: int, generation: int, gpus_per_worker: int,
               batch_size: int | None, resume: bool | None, ckpt: Mapping | None) -> WorkerContract:
     """The worker contract of worker ``index`` (``batch_size`` defaults to ``spec.batchSize``)."""
@@ -157,6 +181,8 @@ def worker_pod(
     generation: int = 0,
     batch_size: int | None = None,
     resume: bool | None = None,
+    gpu_type: str | None = None,
+    gpu_types: Mapping[str, str] | None = None,
 ) -> dict:
     """The pod of worker ``index`` (0 is the chief) of ``generation``, one of
     ``gang_size`` workers, from the job's pod template.
@@ -172,7 +198,9 @@ def worker_pod(
     count the whole gang's GPUs, as ``Placement.place`` and the simulator do); without
     it the extender sees the first worker of a gang as a job of one worker (found by
     the twin check). ``batch_size`` defaults to ``spec.batchSize``. ``resume``: whether
-    an earlier generation of the job ran (``RLSCHED_RESUME``; unset when None)."""
+    an earlier generation of the job ran (``RLSCHED_RESUME``; unset when None).
+    ``gpu_type``: the GPU type the generation runs on (:func:`pin_gpu_type`, products
+    mapped to types by ``gpu_types``); None: any node."""
     md = body["metadata"]
     job = md["name"]
     spec = body["spec"]
@@ -195,6 +223,8 @@ def worker_pod(
     ckpt = spec.get("checkpoint") if isinstance(spec.get("checkpoint"), Mapping) else None
     contract = _contract(body, index, workers, generation, gpus_per_worker, batch_size, resume, ckpt)
     _give_contract(pod_spec, job, contract, ckpt)
+    if gpu_type:
+        pin_gpu_type(pod_spec, gpu_type, gpu_types or {})
     set_worker_gpus(pod_spec, gpus_per_worker)
     pod = {
         "apiVersion": "v1",

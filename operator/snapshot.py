@@ -15,7 +15,8 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from rlsched.core import ClusterState, Topology
-from rlsched.core.contract import DEFAULT_TOPOLOGY_LEVELS, PodRequests, ShapeError, controlling_job, node_shape, pod_requests
+from rlsched.core.contract import (DEFAULT_TOPOLOGY_LEVELS, LABEL_GPU_PRODUCT, PodRequests, ShapeError, controlling_job,
+                                   gpu_type_of, node_shape, pod_requests)
 
 __all__ = ["Snapshot", "build_snapshot", "charge_packed"]
 
@@ -74,6 +75,9 @@ class Snapshot:
     #: objects that could not be read, ``"Node/<name>"`` or ``"Pod/<ns>/<name>"`` ->
     #: what was wrong and how it was counted
     problems: dict[str, str] = field(default_factory=dict)
+    #: node index -> its GPU type (:func:`~rlsched.core.contract.gpu_type_of` of its
+    #: ``nvidia.com/gpu.product`` label; ``""`` without one)
+    types: dict[int, str] = field(default_factory=dict)
 
 
 def build_snapshot(
@@ -82,8 +86,11 @@ def build_snapshot(
     *,
     levels: tuple[str, ...] = DEFAULT_TOPOLOGY_LEVELS,
     time: float = 0.0,
+    gpu_types: Mapping[str, str] | None = None,
 ) -> Snapshot:
-    """Build the snapshot from node and pod dicts (camelCase, as the API serves them)."""
+    """Build the snapshot from node and pod dicts (camelCase, as the API serves them);
+    ``gpu_types``: GPU Feature Discovery's product strings -> GPU type keys
+    (:func:`~rlsched.core.contract.parse_gpu_types`; an unmapped product is its own type)."""
     specs = []
     problems: dict[str, str] = {}
     for n in nodes:
@@ -100,6 +107,7 @@ def build_snapshot(
     topo = Topology.from_labels(specs, levels=levels)
     state = ClusterState(topo, time=time)
     index = {name: i for i, (name, *_) in enumerate(specs)}
+    types = {i: gpu_type_of(labels.get(LABEL_GPU_PRODUCT), gpu_types or {}) for i, (_, labels, *_) in enumerate(specs)}
     releasing = np.zeros(len(specs), dtype=np.int64)
     placement: dict[str, list[int]] = {}
     unbound: list[int] = []
@@ -137,4 +145,5 @@ def build_snapshot(
             placement.setdefault(f"{md.get('namespace', '')}/{owner.name}", []).append(i)
     for g in sorted(unbound, reverse=True):  # unbound pods: each where it fits best, largest first
         charge_packed(state, 1, g)
-    return Snapshot(state=state, node_index=index, placement=placement, releasing=releasing, problems=problems)
+    return Snapshot(state=state, node_index=index, placement=placement, releasing=releasing, problems=problems,
+                    types=types)

@@ -136,6 +136,7 @@ class Workers:
                 pod = worker_pod(j.body, idx, j.spec.gpus_per_worker,
                                  scheduler_name=self.config.scheduler_name, grace_period_s=self.config.grace_period_s,
                                  gang_size=target, generation=gen, batch_size=j.batch_size,
+                                 gpu_type=j.gpu_type, gpu_types=self.config.gpu_types,
                                  # a generation's whole gang ran: a checkpoint may exist
                                  resume=j.status.get("startedGeneration") is not None)
             except ValueError as exc:  # WorkerGPUError, ShapeError: the template cannot make a worker

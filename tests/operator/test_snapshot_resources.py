@@ -245,3 +245,58 @@ def test_worker_env_says_whether_an_earlier_generation_ran():
     assert env_of(resume=False)["RLSCHED_RESUME"] == "0"
     assert WorkerContract.from_env(env_of(resume=False)).resume is False
     assert "RLSCHED_RESUME" not in env_of()
+
+
+def test_the_snapshot_gives_each_node_its_gpu_type_from_the_gfd_product_label():
+    table = {"Tesla-T4": "aws", "NVIDIA-A100-SXM4-40GB": "dgx-ext"}
+    nodes = [node("t4", 4, labels={"nvidia.com/gpu.product": "Tesla-T4"}),
+             node("a100", 8, labels={"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}),
+             node("h100", 8, labels={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}),
+             node("bare", 8)]
+    snap = build_snapshot(nodes, [], gpu_types=table)
+    assert {n: snap.types[i] for n, i in snap.node_index.items()} == \
+        {"t4": "aws", "a100": "dgx-ext", "h100": "NVIDIA-H100-80GB-HBM3", "bare": ""}
+    plain = build_snapshot(nodes, [])  # no map: each product is its own type
+    assert plain.types[plain.node_index["t4"]] == "Tesla-T4" and plain.types[plain.node_index["bare"]] == ""
+
+
+def test_a_pinned_generations_pods_require_the_types_products_in_every_term_and_say_the_type():
+    """The pin is ANDed into each of the template's own required terms (terms are
+    ORed: appended as a term of its own it would widen them), the template is not
+    changed, and the extender's reading of the pod (gpu_model_rule) admits exactly the
+    nodes of the type the template allows."""
+    import copy
+
+    from rlsched.core.contract import gpu_model_rule
+
+    body = copy.deepcopy(JOB)
+    body["spec"]["template"]["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                              {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "NotIn",
+                                                     "values": ["Tesla-T4-SHARED"]}]}]}}}
+    before = copy.deepcopy(body)
+    table = {"Tesla-T4": "aws", "Tesla-T4-SHARED": "aws", "NVIDIA-A100-SXM4-40GB": "dgx-ext"}
+    p = worker_pod(body, 0, 2, gpu_type="aws", gpu_types=table)
+    assert body == before
+    terms = p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    pin = {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["Tesla-T4", "Tesla-T4-SHARED", "aws"]}
+    assert len(terms) == 2 and all(t["matchExpressions"][-1] == pin for t in terms)
+    assert {e["name"]: e.get("value") for e in p["spec"]["containers"][0]["env"]}["RLSCHED_GPU_TYPE"] == "aws"
+    allows, words = gpu_model_rule(p["spec"], {}, "pod")
+    # the first term (zone a, not a product rule) allows both T4 products, the second only one
+    assert [m for m in ("Tesla-T4", "Tesla-T4-SHARED", "NVIDIA-A100-SXM4-40GB", "unknown") if allows(m)] == \
+        ["Tesla-T4", "Tesla-T4-SHARED"]
+    plain = worker_pod(JOB, 0, 2)  # no type: no affinity, no variable
+    assert "affinity" not in plain["spec"]
+    assert "RLSCHED_GPU_TYPE" not in {e["name"] for e in plain["spec"]["containers"][0]["env"]}
+    alone = worker_pod(JOB, 0, 2, gpu_type="dgx-ext", gpu_types=table)["spec"]["affinity"]
+    assert alone["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
+        {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In",
+                               "values": ["NVIDIA-A100-SXM4-40GB", "dgx-ext"]}]}]
+
+
+@pytest.mark.parametrize("value, pinned", [("aws", "aws"), ("", None), (7, None), ("not a label!", None)])
+def test_a_jobs_pin_is_read_from_its_status_and_garbage_pins_nothing(value, pinned):
+    from rlsched.operator.job import Job
+
+    assert Job({"metadata": {}, "status": {"gpuType": value}}, None, None).gpu_type == pinned
