@@ -914,7 +914,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--extender-url", default=None,
                     help="URL the rlsched scheduler profile calls (default: a free local port)")
     up.add_argument("--topology", default=None,
-                    help="cluster description YAML/JSON (core Topology.from_dict); "
+                    help="cluster description YAML/JSON (core Topology.from_dict), or 'mixed': two GPU "
+                         "types (2 x 4 Tesla-T4, 2 x 8 A100; operator --gpu-types as dev.nodes.MIXED_GPU_TYPES); "
                          "default 4 nodes x 8 GPUs in 2 racks")
     up.add_argument("--scheduler-qps", type=float, default=None,
                     help="client requests/s of the rlsched kube-scheduler (default: "

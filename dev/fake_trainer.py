@@ -19,6 +19,10 @@ placement (GPUs per node, from the pods' nodes) and per-GPU share of its global 
 the application's initial batch), that batch and worker count, and the gradient
 statistics the application measured at that batch and epoch (per-sample ``tr(Σ)``, as
 ``rlsched.trainer.GradientNoiseScale`` reports it) — what the goodput allocator models.
+An application measured on several GPU types (``../shared/data/sia-sosp23``) replays
+the step times of the type the generation is pinned to (``RLSCHED_GPU_TYPE`` in the
+chief's environment, which the operator sets with the pods' node affinity) and reports
+that type (``gpuType``), as ``rlsched.trainer`` does; unpinned, its first type.
 
 Reports go through :func:`rlsched.trainer.report` with the job's own ServiceAccount
 token (TokenRequest API), so they exercise the per-job RBAC the operator created; with
@@ -42,6 +46,7 @@ from typing import Any
 
 from rlsched.core.contract import (
     ENV_BATCH_SIZE,
+    ENV_GPU_TYPE,
     GROUP,
     LABEL_GENERATION,
     LABEL_INDEX,
@@ -91,6 +96,7 @@ class FakeTrainer:
         #: (job uid, generation) -> node name of each Running worker, and the chief's global batch
         self._nodes: dict[tuple[str, int], list[str]] = {}
         self._batch: dict[tuple[str, int], int] = {}
+        self._type: dict[tuple[str, int], str] = {}
         self.namespace = namespace
         self.epoch_s = epoch_s
         self.seed, self.tau, self.gamma, self.noise = seed, tau, gamma, noise
@@ -170,20 +176,24 @@ class FakeTrainer:
         """What a real chief reports of its speed and gradients, from the measured
         profile (module docstring)."""
         app = self.application
+        gtype = self._type.get((uid, gen))
+        known = gtype if gtype in app.gpu_types else None
+        bounds = app.bounds_on(known)
         gpw = int(body["spec"].get("gpusPerWorker") or 1)
-        batch = self._batch.get((uid, gen)) or body["spec"].get("batchSize") or app.bounds.init_batch
+        batch = self._batch.get((uid, gen)) or body["spec"].get("batchSize") or bounds.init_batch
         per_node: dict[str, int] = {}
         for n in self._nodes.get((uid, gen), []):
             per_node[n] = per_node.get(n, 0) + gpw
         placement = tuple(sorted(per_node.values(), reverse=True)) or (workers * gpw,)
         gpus = sum(placement)
         share = -(-int(batch) // gpus)
-        micro = -(-share // app.bounds.largest_local)
+        micro = -(-share // bounds.largest_local)
         atomic = -(-share // micro)
-        seconds, _, _ = app.update_time(placement, atomic, micro - 1)
+        seconds, _, _ = app.update_time(placement, atomic, micro - 1, known)
         sqr, var = app.grad_stats(batch, epoch)
         return {"step_time_seconds": float(seconds), "workers": workers, "global_batch_size": int(batch),
-                "generation": gen, "grad_sqr": float(sqr), "grad_var": float(var) * app.bounds.init_batch}
+                "generation": gen, "grad_sqr": float(sqr), "grad_var": float(var) * bounds.init_batch,
+                "gpu_type": gtype or None}
 
     def playing(self) -> dict[tuple[str, int], int]:
         """``(job uid, generation) -> Running workers`` for each generation whose chief
@@ -192,6 +202,7 @@ class FakeTrainer:
         running: dict[tuple[str, int], int] = {}
         nodes: dict[tuple[str, int], list[str]] = {}
         batches: dict[tuple[str, int], int] = {}
+        types: dict[tuple[str, int], str] = {}
         chiefs: set[tuple[str, int]] = set()
         for p in pods:
             owner = controlling_job(self.admin.sanitize_for_serialization(p))
@@ -209,7 +220,9 @@ class FakeTrainer:
                 env = {e.name: e.value for c in p.spec.containers for e in (c.env or [])}
                 if (env.get(ENV_BATCH_SIZE) or "").isdigit():
                     batches[key] = int(env[ENV_BATCH_SIZE])
-        self._nodes, self._batch = nodes, batches
+                if env.get(ENV_GPU_TYPE):
+                    types[key] = env[ENV_GPU_TYPE]
+        self._nodes, self._batch, self._type = nodes, batches, types
         return {k: n for k, n in running.items() if k in chiefs}
 
     def safe_tick(self) -> bool:

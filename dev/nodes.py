@@ -25,6 +25,8 @@ __all__ = [
     "count_ready",
     "create_gpu_nodes",
     "default_topology",
+    "mixed_topology",
+    "MIXED_GPU_TYPES",
     "delete_gpu_nodes",
     "kwok_node",
     "load_topology",
@@ -39,6 +41,26 @@ def default_topology() -> Topology:
     """The small GPU cluster of the integration tests and the demo: 2 racks of 2 nodes,
     8 A100 each (32 GPUs)."""
     return Topology.uniform(4, gpus_per_node=8, racks=2, blocks=1, prefix="kwok-gpu")
+
+
+#: GPU Feature Discovery's product strings of :func:`mixed_topology` -> the GPU types of
+#: the measured profiles (``../shared/data/sia-sosp23``: ``aws`` is T4, ``dgx-ext`` A100),
+#: the operator's ``--gpu-types`` for it
+MIXED_GPU_TYPES = {"Tesla-T4": "aws", "NVIDIA-A100-SXM4-40GB": "dgx-ext"}
+
+
+def mixed_topology(t4_nodes: int = 2, a100_nodes: int = 2, prefix: str = "kwok-gpu") -> Topology:
+    """A cluster of two GPU types as GPU Feature Discovery labels them
+    (``nvidia.com/gpu.product``): ``t4_nodes`` nodes of 4 ``Tesla-T4`` in one rack and
+    ``a100_nodes`` nodes of 8 ``NVIDIA-A100-SXM4-40GB`` in another (the GPUs per node of
+    the measured ``aws`` and ``dgx-ext`` types; :data:`MIXED_GPU_TYPES`)."""
+    if t4_nodes < 1 or a100_nodes < 1:
+        raise ValueError("need at least one node of each type")
+    specs = [NodeSpec(f"{prefix}-t4-{i}", 4, gpu_model="Tesla-T4", rack="rack-t4", block="block-0",
+                      nvlink_domain_size=4) for i in range(t4_nodes)]
+    specs += [NodeSpec(f"{prefix}-a100-{i}", 8, gpu_model="NVIDIA-A100-SXM4-40GB", rack="rack-a100",
+                       block="block-0") for i in range(a100_nodes)]
+    return Topology(specs)
 
 
 def kwok_node(spec: NodeSpec, *, taint: bool = False, pods: int = 110) -> dict[str, Any]:
@@ -301,9 +323,12 @@ def wait_nodes_ready(api_or_kubeconfig: Any, names: Iterable[str], timeout: floa
 
 def load_topology(path: str | os.PathLike | None) -> Topology:
     """The topology described by the YAML/JSON file ``path`` (core
-    ``Topology.from_dict``); :func:`default_topology` without one."""
+    ``Topology.from_dict``); :func:`default_topology` without one, :func:`mixed_topology`
+    for ``mixed``."""
     if not path:
         return default_topology()
+    if str(path) == "mixed":
+        return mixed_topology()
     with open(path) as f:
         data: Mapping = yaml.safe_load(f)
     return Topology.from_dict(data)
