@@ -527,7 +527,8 @@ def parse_gpu_types(value: Any, where: str = "gpu types") -> dict[str, str]:
     for product, gtype in value.items():
         for what, v in (("product", product), ("type", gtype)):
             if not isinstance(v, str) or not v or len(v) > MAX_LABEL_CHARS or not _LABEL_VALUE_RE.fullmatch(v):
-                raise ValueError(f"{where}: {what} {v!r} (of {product!r}) is not a non-empty label value "
+                of = f" (of {product!r})" if what == "type" else ""
+                raise ValueError(f"{where}: {what} {v!r}{of} is not a non-empty label value "
                                  f"(at most {MAX_LABEL_CHARS} alphanumerics, '-', '_', '.')")
         out[product] = gtype
     for product, gtype in out.items():
