@@ -497,6 +497,19 @@ def test_topology_levels_reach_the_extender_and_the_operator_alike(render):
     assert set(custom.values()) == {("fabric.topograph.run/tier-1", "kubernetes.io/hostname")}
 
 
+def test_gpu_types_reach_the_operator_as_its_map(render):
+    from rlsched.core.contract import parse_gpu_types
+
+    def flags(*sets):
+        (op,) = render(*sets, show_only="templates/operator-deployment.yaml")
+        args = [a for c in _pod_spec(op)["containers"] for a in c.get("args") or []]
+        return [parse_gpu_types(a.split("=", 1)[1]) for a in args if a.startswith("--gpu-types=")]
+
+    assert flags() == []  # none: each product is its own type
+    assert flags("gpuTypes.Tesla-T4=aws", "gpuTypes.NVIDIA-A100-SXM4-40GB=dgx-ext") == [
+        {"Tesla-T4": "aws", "NVIDIA-A100-SXM4-40GB": "dgx-ext"}]
+
+
 def test_helm_test_pod_script_compiles(render):
     (pod,) = render(show_only="templates/tests/test-metrics.yaml")
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
