@@ -22,8 +22,9 @@ from .job_goodput import JobGoodput, split_batch
 from .ordering import POLLUX_THRESHOLD
 from .packing import keep_or_pack
 from .queues import NO_QUEUE, QueueBook
+from .type_goodput import TypeGoodput
 
-__all__ = ["GoodputAllocator", "GrowthWeight"]
+__all__ = ["GoodputAllocator", "GrowthWeight", "gpu_types"]
 
 
 class GrowthWeight(Protocol):
@@ -42,6 +43,8 @@ class GoodputAllocator:
 
     name = "goodput"
     clairvoyant = False
+    #: on nodes of several GPU types it chooses each job's type itself (:meth:`typed_counts`)
+    type_aware = True
 
     def __init__(self, *, p: float = 0.5, restart_delay: float = 60.0, threshold: float = POLLUX_THRESHOLD,
                  prior: ThroughputPrior | None = None, refit_tolerance: float | None = None,
@@ -71,6 +74,11 @@ class GoodputAllocator:
         #: a learned weight in place of the service weight (:mod:`rlsched.core.growth_weight`)
         self.growth = growth
         self.jobs = JobGoodput(prior, refit_tolerance=refit_tolerance)
+        #: each job's model per GPU type, over ``jobs`` (its fits and caches)
+        self.types = TypeGoodput(self.jobs)
+        #: the last typed decision's: the type each job held, and its models per type
+        self._home: dict[str, str | None] = {}
+        self._typed_models: dict[str, dict[str, object]] = {}
         self._now: float | None = None
 
     def __repr__(self) -> str:
@@ -232,6 +240,9 @@ class GoodputAllocator:
     def allocate(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], now: float,
                  queues: QueueBook | None = None) -> Mapping[str, Allocation]:
         self._now = checked_call(self.name, self._now, now, jobs)
+        types = gpu_types(nodes)
+        if len(types) > 1:
+            return self._allocate_typed(jobs, nodes, queues, types)
         self.jobs.prepare(jobs)  # every job's throughput fit, in one batch
         if self.growth is not None:
             self.growth.prepare(jobs, nodes)
@@ -257,6 +268,217 @@ class GoodputAllocator:
             batch, accum = int(choice.batch[0]), int(choice.accumulation[0])
             out[v.id] = Allocation(p, *split_batch(v, len(p), batch, accum))
         return out
+
+
+    # ------------------------------------------------------------------ several GPU types
+    def typed_values(self, job: AllocJob, types: Sequence[str], cols: Mapping[str, np.ndarray],
+                     idle: bool = False) -> dict[str, np.ndarray]:
+        """``u`` of the job's speedup on ``K`` GPUs of each type of ``cols`` (its packed
+        goodput columns there), the speedup over its goodput on one GPU of its slowest
+        type; the restart factor applied at every ``(type, K)`` but the one it holds (a
+        move between types is a restart, as a resize is); ``−inf`` where it cannot
+        train."""
+        bases = [next((x for x in g[1:] if x > 0), 0.0) for g in cols.values()]
+        base = min((b for b in bases if b > 0), default=0.0)
+        held = len(job.allocation)
+        f = self.factor(job, idle) if held else 1.0
+        home = self._home.get(job.id)
+        w = self.weight(job)
+        out = {}
+        for t, g in cols.items():
+            K = np.arange(len(g))
+            speed = g / base if base > 0 else np.zeros(len(g))
+            if held:
+                speed = np.where((K == held) & (t == home), speed, speed * f)
+            if job.replica_group > 1:
+                speed = np.where(K % job.replica_group == 0, speed, 0.0)
+            out[t] = w * self.utility(speed)
+        return out
+
+    def typed_counts(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode],
+                     queues: QueueBook | None = None) -> dict[str, tuple[str, int]]:
+        """Each running job's GPU type and count on nodes of several types, in the order
+        of who runs (docs/design-notes.md, "The allocator on several GPU types").
+
+        Who runs is decided as on one type (fairness order, gangs, quotas). Then one
+        heap of moves, by utility gained per GPU: a job not yet placed may take ``K`` at
+        least its gang on any type it is offered on (its gain: over its utility at its
+        gang on its worst type, per GPU it takes there); a placed job grows on its type
+        (its gain per GPU added). GPUs beyond the gangs of the jobs not yet placed are
+        never taken. A job left without a gainful move is placed last at its gang on the
+        type where it is worth most that still has room (none: it waits)."""
+        type_of = {n.index: n.gpu_type for n in nodes}
+        self._home = {j.id: type_of.get(j.allocation[0]) for j in jobs if j.allocation}
+        cap: dict[str, int] = {}
+        per_node: dict[str, int] = {}
+        for n in nodes:
+            cap[n.gpu_type] = cap.get(n.gpu_type, 0) + n.gpus
+            per_node[n.gpu_type] = max(per_node.get(n.gpu_type, 0), n.gpus)
+        types = list(cap)
+        total = sum(cap.values())
+        order = self.order(jobs)
+        book = queues or QueueBook()
+        service: dict[str, float] = {}
+        if book.fair_share == "service":
+            for j in jobs:
+                service[j.queue or NO_QUEUE] = service.get(j.queue or NO_QUEUE, 0.0) + j.attained_service
+        count, used = book.who_runs(
+            order, total=total, queue=lambda j: j.queue, key=lambda j: j.id,
+            gang=lambda j: max(j.min_replicas, 1) if max(j.min_replicas, 1) <= j.max_replicas else 0,
+            kept={j.id: len(j.allocation) for j in jobs if j.protected and j.allocation}, service=service)
+        running = [j for j in order if count.get(j.id, 0) > 0]
+        self._typed_models = {}
+        if not running:
+            return {}
+        idle = bool(self.idle_horizon) and all(count.get(j.id, 0) > 0 or max(j.min_replicas, 1) > j.max_replicas
+                                               for j in jobs)
+        # each job's cap per type it may run on: its replicas, and what the nodes of the
+        # type could hold of it (GPU models, CPU, memory, whole workers)
+        jcap: list[dict[str, int]] = []
+        reqs, owners = [], []
+        for r, j in enumerate(running):
+            kinds = [self._home[j.id]] if j.protected and j.id in self._home else types
+            if j.gpu_models is None and not j.node_by_node:
+                room = {t: min(j.max_replicas, cap[t]) for t in kinds if cap[t] > 0}
+            else:
+                room = {}
+                for n in nodes:
+                    if n.gpu_type in kinds:
+                        room[n.gpu_type] = room.get(n.gpu_type, 0) + j.room_on(n)
+                room = {t: min(j.max_replicas, k) for t, k in room.items() if k > 0}
+            models = self.types.models(j, room)
+            if not models:  # data, but none about these types: the job's own fit on each
+                gm = self.jobs.model(j)
+                models = {t: gm for t in room}
+            else:
+                models = {t: m.goodput for t, m in models.items()}
+            self._typed_models[j.id] = models
+            jcap.append({t: room[t] for t in models})
+            for t, gm in models.items():
+                reqs.append((gm, room[t], cap[t] + 1, per_node[t]))
+                owners.append((r, t))
+        cols: list[dict[str, np.ndarray]] = [{} for _ in running]
+        for (r, t), g in zip(owners, self.jobs.packed_columns(reqs)):
+            cols[r][t] = g
+        vals = [self.typed_values(j, types, cols[r], idle) for r, j in enumerate(running)]
+        gang = [count[j.id] for j in running]
+        floor = []
+        for r in range(len(running)):
+            at = [v[gang[r]] for t, v in vals[r].items() if gang[r] <= jcap[r][t] and np.isfinite(v[gang[r]])]
+            floor.append(min(at) if at else None)
+        free = dict(cap)
+        pending = sum(gang)
+        state: list[tuple[str, int] | None] = [None] * len(running)
+        heaps: dict[str, list[tuple[float, int, tuple | None, str, int]]] = {}
+
+        def spare() -> int:
+            return sum(free.values()) - pending
+
+        def best_move(r: int) -> tuple[float, str, int] | None:
+            j = running[r]
+            room = book.room(used, j.queue)
+            best = None
+            if state[r] is None:
+                lo = gang[r]
+                for t, v in vals[r].items():
+                    hi = int(min(jcap[r][t], free[t], lo + spare(), lo + room))
+                    if hi < lo:
+                        continue
+                    ahead = v[lo:hi + 1]
+                    if floor[r] is None:
+                        gain = np.where(np.isfinite(ahead), np.inf, -np.inf)
+                    else:
+                        gain = (ahead - floor[r]) / np.arange(lo, hi + 1)
+                    i = int(np.argmax(gain))
+                    if gain[i] > 0 and (best is None or gain[i] > best[0]):
+                        best = (float(gain[i]), t, lo + i)
+                return best
+            t, k = state[r]
+            v = vals[r][t]
+            hi = int(min(jcap[r][t], k + free[t], k + spare(), k + room))
+            if hi <= k:
+                return None
+            ahead = v[k + 1:hi + 1]
+            with np.errstate(invalid="ignore"):  # -inf - -inf where it cannot train: replaced below
+                gain = (ahead - v[k]) / np.arange(1, hi - k + 1)
+            if not np.isfinite(v[k]):
+                gain = np.where(np.isfinite(ahead), np.inf, -np.inf)
+            i = int(np.argmax(gain))
+            return (float(gain[i]), t, k + 1 + i) if gain[i] > 0 else None
+
+        def push(r: int) -> None:
+            mv = best_move(r)
+            if mv is not None:
+                heapq.heappush(heaps.setdefault(running[r].queue or NO_QUEUE, []), (-mv[0], r, state[r], mv[1], mv[2]))
+
+        def next_queue() -> str | None:
+            best = None
+            for q, h in heaps.items():
+                while h and state[h[0][1]] != h[0][2]:  # stale: a fresher move is on it
+                    heapq.heappop(h)
+                if h and book.room(used, q) > 0 and (best is None or book.grow_key(used, q, service) < best[0]):
+                    best = (book.grow_key(used, q, service), q)
+            return None if best is None else best[1]
+
+        for r in range(len(running)):
+            push(r)
+        while (q := next_queue()) is not None:
+            _, r, then, t, k_new = heapq.heappop(heaps[q])
+            k_then = gang[r] if then is None else then[1]
+            extra = k_new - k_then
+            take = k_new if then is None else extra
+            if take <= free[t] and extra <= min(spare(), book.room(used, q)):
+                free[t] -= take
+                if then is None:
+                    pending -= gang[r]
+                used[q] = used.get(q, 0) + extra
+                state[r] = (t, k_new)
+            push(r)
+        for r in range(len(running)):  # placed last: at its gang, where it is worth most
+            if state[r] is None:
+                fit = [t for t in vals[r] if free[t] >= gang[r] and jcap[r][t] >= gang[r]]
+                if fit:
+                    t = max(fit, key=lambda t: (vals[r][t][gang[r]], -types.index(t)))
+                    free[t] -= gang[r]
+                    state[r] = (t, gang[r])
+                pending -= gang[r]
+        return {running[r].id: state[r] for r in range(len(running)) if state[r] is not None}
+
+    def _allocate_typed(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], queues: QueueBook | None,
+                        types: Sequence[str]) -> Mapping[str, Allocation]:
+        """:meth:`allocate` on nodes of several GPU types: every job's type, count, nodes
+        (all of one type) and batch in the one decision (:meth:`typed_counts`)."""
+        self.types.prepare(jobs, types)  # every fit the models per type need, in one batch
+        if self.growth is not None:
+            self.growth.prepare(jobs, nodes)
+        on_type = {t: [n for n in nodes if n.gpu_type == t] for t in types}
+        views = within_room(self.explored(jobs), nodes)
+        for _ in range(_ROOM_ROUNDS):
+            plan = self.typed_counts(views, nodes, queues)
+            by_id = {v.id: v for v in views}
+            where: dict[str, tuple[int, ...]] = {}
+            for t in types:
+                demand = [(by_id[jid], k) for jid, (u, k) in plan.items() if u == t]
+                if demand:
+                    where.update(keep_or_pack(demand, on_type[t], partial=True))
+            short = {jid: len(where[jid]) for jid, (_, k) in plan.items() if len(where[jid]) < k}
+            if not short:
+                break
+            views = [dataclasses.replace(v, max_replicas=short[v.id]) if v.id in short else v for v in views]
+        out: dict[str, Allocation] = {j.id: Allocation() for j in jobs}
+        placed = [(by_id[jid], t, where[jid]) for jid, (t, _) in plan.items()
+                  if len(where[jid]) >= max(by_id[jid].min_replicas, 1)]
+        choices = optimize_many([self._typed_models[v.id][t] for v, t, _ in placed], [[len(p)] for _, _, p in placed],
+                                [[1 if len(set(p)) == 1 else 2] for _, _, p in placed])
+        for (v, _, p), choice in zip(placed, choices):
+            batch, accum = int(choice.batch[0]), int(choice.accumulation[0])
+            out[v.id] = Allocation(p, *split_batch(v, len(p), batch, accum))
+        return out
+
+
+def gpu_types(nodes: Sequence[AllocNode]) -> list[str]:
+    """The GPU types of ``nodes`` (:attr:`AllocNode.gpu_type`), in node order."""
+    return list(dict.fromkeys(n.gpu_type for n in nodes))
 
 
 class ModelRoom:

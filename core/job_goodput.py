@@ -155,6 +155,30 @@ class JobGoodput:
                                                                           [t[2] for t in todo])):
             _store(self._tables, key, _column(width, K, choice.goodput), self.cache)
 
+    def packed_columns(self, requests: Iterable[tuple[GoodputModel, int, int, int]]) -> list[np.ndarray]:
+        """The :meth:`packed` column of each ``(model, kmax, width, node_gpus)`` (a model
+        given, e.g. a job's on one GPU type: :mod:`rlsched.core.type_goodput`), the ones
+        not cached computed in one search (:func:`optimize_many`)."""
+        keys, got, pending = [], {}, {}
+        for gm, kmax, width, node_gpus in requests:
+            kmax = min(kmax, width - 1)
+            key = ("packed", gm.throughput, gm.efficiency, gm.bounds, kmax, width, node_gpus)
+            keys.append(key)
+            if key in got or key in pending:
+                continue
+            hit = _cached(self._tables, key)
+            if hit is not None:
+                got[key] = hit
+            else:
+                K = np.arange(1, max(kmax, 0) + 1)
+                pending[key] = (gm, K, np.where(K <= node_gpus, 1, np.minimum(K, 2)), width)
+        todo = list(pending.values())
+        for key, (_, K, _, width), choice in zip(pending, todo, optimize_many([t[0] for t in todo],
+                                                                                [t[1] for t in todo],
+                                                                                [t[2] for t in todo])):
+            got[key] = _store(self._tables, key, _column(width, K, choice.goodput), self.cache)
+        return [got[k] for k in keys]
+
     def packed(self, job: AllocJob, width: int, node_gpus: int) -> tuple[np.ndarray, GoodputModel]:
         """``good[K]`` (``K < width``): the best goodput on ``K`` GPUs packed on as few
         nodes as possible — one node while ``K <= node_gpus``, several beyond (the

@@ -1,0 +1,123 @@
+"""The goodput allocator on nodes of several GPU types (core/goodput_allocator.py): type,
+count and batch in one decision — a job that scales goes to the fast type, one that gains
+little to the slow type when the fast one is contended, never across types, a move
+between types charged as a restart — and on one type exactly the single-type decision."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from rlsched.core.allocation import AllocJob, AllocNode, ProfileSample, check_allocations
+from rlsched.core.batch import BatchBounds
+from rlsched.core.goodput_allocator import GoodputAllocator
+from rlsched.sim.allocators import make_allocator
+
+#: a fixed per-GPU batch: goodput is throughput alone
+FIXED = BatchBounds(64, 64 * 64, 64, 64)
+SHAPES = ((1, 1), (2, 1), (4, 1), (8, 2))
+
+
+def _reports(gpu_type: str, speed: float, sync: float) -> tuple[ProfileSample, ...]:
+    """Step times on ``gpu_type``: compute ``0.074 / speed`` s, plus ``sync`` s per step
+    on 2+ GPUs (``sync = 0``: perfect scaling)."""
+    out = []
+    for k, n in SHAPES:
+        t = 0.074 / speed + (sync * (1 + 0.2 * (n - 1)) if k > 1 else 0.0)
+        out.append(ProfileSample(n, k, 64, t, t - 0.074 / speed, 0, gpu_type))
+    return tuple(out)
+
+
+def _job(jid: str, types: dict[str, tuple[float, float]], *, max_replicas: int = 8, alloc=(), age: float = 1e5,
+         restarts: int = 0, submit: float = 0.0) -> AllocJob:
+    """A job that reported on each of ``types`` (``type: (speed, sync)``)."""
+    profile = tuple(s for t, (speed, sync) in types.items() for s in _reports(t, speed, sync))
+    return AllocJob(id=jid, submit_time=submit, application="app", age=age, attained_service=0.0,
+                    num_restarts=restarts, allocation=tuple(alloc), target_replicas=1, target_batch_size=64,
+                    min_replicas=1, max_replicas=max_replicas, bounds=FIXED, grad_sqr=1.0, grad_var=1.0,
+                    profile=profile)
+
+
+def _nodes(*spec: tuple[str, int]) -> list[AllocNode]:
+    return [AllocNode(i, g, f"n{i}", gpu_model=t, gpu_type=t) for i, (t, g) in enumerate(spec)]
+
+
+def _decide(jobs, nodes, allocator=None, now=0.0):
+    out = (allocator or GoodputAllocator()).allocate(jobs, nodes, now)
+    check_allocations(jobs, nodes, out)
+    type_of = {n.index: n.gpu_type for n in nodes}
+    for jid, a in out.items():
+        assert len({type_of[i] for i in a.nodes}) <= 1, (jid, a.nodes)  # never across types
+    return out, {jid: (type_of[a.nodes[0]], a.replicas) if a.nodes else None for jid, a in out.items()}
+
+
+#: a job that scales perfectly and runs 3x faster on "fast"; one whose 2+ GPUs are
+#: slower than one and that gains 10% on "fast"
+BIG = {"fast": (3.0, 0.0), "slow": (1.0, 0.0)}
+SMALL = {"fast": (1.1, 0.5), "slow": (1.0, 0.5)}
+
+
+@pytest.mark.parametrize("policy", ["goodput", "goodput-rlpto"])
+def test_the_allocator_chooses_types_itself(policy):
+    assert make_allocator(policy).type_aware is True
+
+
+def test_a_job_that_scales_takes_the_fast_type_and_one_that_gains_little_the_slow_one():
+    """4 fast and 4 slow GPUs: the scaling job holds all 4 fast GPUs, the small one (first
+    in the fairness order) one slow GPU; alone, the small one takes the fast GPU."""
+    nodes = _nodes(("slow", 4), ("fast", 4))
+    small, big = _job("small", SMALL, submit=0.0), _job("big", BIG, submit=1.0)
+    _, where = _decide([small, big], nodes)
+    assert where == {"small": ("slow", 1), "big": ("fast", 4)}
+    _, alone = _decide([small], nodes)
+    assert alone == {"small": ("fast", 1)}
+
+
+def test_a_job_is_not_split_across_types_even_where_only_a_split_would_hold_its_count():
+    """3 fast + 3 slow GPUs, one perfectly scaling job: it takes the 3 fast GPUs, never 6
+    across types; random cases hold one type per job and the cluster's limits."""
+    _, where = _decide([_job("big", BIG)], _nodes(("fast", 3), ("slow", 3)))
+    assert where == {"big": ("fast", 3)}
+    rng = random.Random(7)
+    for case in range(12):
+        nodes = _nodes(*[(rng.choice(["a", "b", "c"]), rng.choice([2, 4, 8])) for _ in range(rng.randint(2, 5))])
+        jobs = []
+        for i in range(rng.randint(1, 9)):
+            types = {t: (rng.uniform(0.5, 3.0), rng.choice([0.0, 0.01, 0.3])) for t in ("a", "b", "c")}
+            held = [n.index for n in nodes if n.gpu_type == "a"][:1] if i == 0 else []
+            jobs.append(_job(f"j{i}", types, max_replicas=rng.randint(1, 12), alloc=held, submit=float(i)))
+        _decide(jobs, nodes)  # checks every allocation and one type per job
+
+
+def test_a_move_between_types_is_charged_as_a_restart():
+    """A one-GPU job on a slow GPU, a fast one 20% faster free: young (the restart
+    factor 100/160 takes more than the 20%) it stays; old, it moves."""
+    nodes = _nodes(("slow", 4), ("fast", 4))
+    gain = {"fast": (1.2, 0.0), "slow": (1.0, 0.0)}
+    _, young = _decide([_job("j", gain, max_replicas=1, alloc=(0,), age=100.0)], nodes)
+    assert young == {"j": ("slow", 1)}
+    _, old = _decide([_job("j", gain, max_replicas=1, alloc=(0,), age=1e5)], nodes)
+    assert old == {"j": ("fast", 1)}
+    # the same move with 3 restarts behind it (factor 0 at age 100): it stays
+    _, worn = _decide([_job("j", gain, max_replicas=1, alloc=(0,), age=100.0, restarts=3)], nodes)
+    assert worn == {"j": ("slow", 1)}
+
+
+def test_one_type_is_the_single_type_decision_labelled_or_not():
+    """On nodes of one type the decisions, over several calls, are the same whether nodes
+    and reports carry the type's name or none (the single-type path)."""
+    rng = random.Random(3)
+    jobs = [_job(f"j{i}", {"x": (rng.uniform(0.5, 2.0), rng.choice([0.0, 0.02, 0.3]))},
+                 max_replicas=rng.randint(1, 16), submit=float(i), age=rng.uniform(10, 1e4)) for i in range(10)]
+    bare = [dataclasses.replace(j, profile=tuple(dataclasses.replace(s, gpu_type="") for s in j.profile))
+            for j in jobs]
+    named, blank = GoodputAllocator(), GoodputAllocator()
+    n_named, n_blank = _nodes(*[("x", 4)] * 4), [AllocNode(i, 4, f"n{i}") for i in range(4)]
+    for step in range(3):
+        a, _ = _decide(jobs, n_named, named, now=60.0 * step)
+        b, _ = _decide(bare, n_blank, blank, now=60.0 * step)
+        assert a == b
+        jobs = [dataclasses.replace(j, allocation=a[j.id].nodes) for j in jobs]
+        bare = [dataclasses.replace(j, allocation=b[j.id].nodes) for j in bare]
