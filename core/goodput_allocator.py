@@ -4,7 +4,9 @@ Each interval it decides every job's GPUs, nodes and batch at once from what a l
 scheduler knows: fairness by attained service decides who runs (Tiresias' 2D-LAS, Gu et
 al., NSDI'19), goodput per GPU who grows (Pollux, Qiao et al., OSDI'21), and Pollux's
 re-allocation factor charges every change its restart. Never reads ``AllocJob.oracle``.
-The six steps and how the defaults were chosen: docs/design-notes.md.
+On nodes of several GPU types it also chooses each job's type, scoring (type, GPUs) by
+the job's goodput model on each type (Sia's idea, Jayaram Subramanya et al., SOSP'23).
+The steps and how the defaults were chosen: docs/design-notes.md.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Mapping, Protocol, Sequence
 import numpy as np
 
 from .allocation import AllocJob, Allocation, AllocNode, checked_call
-from .goodput import ThroughputPrior, optimize_many
+from .goodput import GoodputModel, ThroughputPrior, optimize_many
 from .job_goodput import JobGoodput, split_batch
 from .ordering import POLLUX_THRESHOLD
 from .packing import keep_or_pack
@@ -78,7 +80,7 @@ class GoodputAllocator:
         self.types = TypeGoodput(self.jobs)
         #: the last typed decision's: the type each job held, and its models per type
         self._home: dict[str, str | None] = {}
-        self._typed_models: dict[str, dict[str, object]] = {}
+        self._typed_models: dict[str, dict[str, GoodputModel]] = {}
         self._now: float | None = None
 
     def __repr__(self) -> str:
@@ -269,10 +271,8 @@ class GoodputAllocator:
             out[v.id] = Allocation(p, *split_batch(v, len(p), batch, accum))
         return out
 
-
     # ------------------------------------------------------------------ several GPU types
-    def typed_values(self, job: AllocJob, types: Sequence[str], cols: Mapping[str, np.ndarray],
-                     idle: bool = False) -> dict[str, np.ndarray]:
+    def typed_values(self, job: AllocJob, cols: Mapping[str, np.ndarray], idle: bool = False) -> dict[str, np.ndarray]:
         """``u`` of the job's speedup on ``K`` GPUs of each type of ``cols`` (its packed
         goodput columns there), the speedup over its goodput on one GPU of its slowest
         type; the restart factor applied at every ``(type, K)`` but the one it holds (a
@@ -360,7 +360,7 @@ class GoodputAllocator:
         cols: list[dict[str, np.ndarray]] = [{} for _ in running]
         for (r, t), g in zip(owners, self.jobs.packed_columns(reqs)):
             cols[r][t] = g
-        vals = [self.typed_values(j, types, cols[r], idle) for r, j in enumerate(running)]
+        vals = [self.typed_values(j, cols[r], idle) for r, j in enumerate(running)]
         gang = [count[j.id] for j in running]
         floor = []
         for r in range(len(running)):
