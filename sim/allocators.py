@@ -46,6 +46,14 @@ def _pollux_paper(**opts) -> Allocator:
     return PolluxPaperAllocator(**opts)
 
 
+# Sia (SOSP'23) as its paper describes it (sim/peers/sia.py): type-aware
+@register_allocator("sia")
+def _sia(**opts) -> Allocator:
+    from .peers.sia import SiaAllocator
+
+    return SiaAllocator(**opts)
+
+
 def is_allocator(name: str) -> bool:
     return name in allocator_names()
 
