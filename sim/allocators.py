@@ -54,6 +54,14 @@ def _sia(**opts) -> Allocator:
     return SiaAllocator(**opts)
 
 
+# Gavel (OSDI'20), max-sum-throughput with its rounds (sim/peers/gavel.py): type-aware
+@register_allocator("gavel")
+def _gavel(**opts) -> Allocator:
+    from .peers.gavel import GavelAllocator
+
+    return GavelAllocator(**opts)
+
+
 def is_allocator(name: str) -> bool:
     return name in allocator_names()
 
