@@ -163,7 +163,8 @@ class SiaAllocator:
     def allocate(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], now: float) -> Mapping[str, Allocation]:
         t0 = time.perf_counter()
         self._now = checked_call(self.name, self._now, now, jobs)
-        self._changed = {k: v for k, v in self._changed.items() if k in {j.id for j in jobs}}
+        ids = {j.id for j in jobs}
+        self._changed = {k: v for k, v in self._changed.items() if k in ids}
         if not jobs or not nodes:
             self.decision_seconds.append(time.perf_counter() - t0)
             self.solve_seconds.append(0.0)
@@ -195,7 +196,7 @@ class SiaAllocator:
                 if g > 0:
                     good[c], how[c] = g, (gm, cfg.gpus, n_src)
             if cur is not None and cur not in good and job.allocation:
-                # it runs on a configuration no longer estimated (cap fell): keep it possible
+                # it runs on a configuration with no estimate now (no feasible batch): keep it possible
                 gm = est.get(configs[cur].gpu_type, (None, "", 1.0))[0]
                 good[cur] = min(good.values(), default=1.0)
                 how[cur] = (gm, configs[cur].gpus, -(-configs[cur].gpus // gpn[configs[cur].gpu_type]))
