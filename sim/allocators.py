@@ -46,6 +46,22 @@ def _pollux_paper(**opts) -> Allocator:
     return PolluxPaperAllocator(**opts)
 
 
+# Sia (SOSP'23) as its paper describes it (sim/peers/sia.py): type-aware
+@register_allocator("sia")
+def _sia(**opts) -> Allocator:
+    from .peers.sia import SiaAllocator
+
+    return SiaAllocator(**opts)
+
+
+# Gavel (OSDI'20), max-sum-throughput with its rounds (sim/peers/gavel.py): type-aware
+@register_allocator("gavel")
+def _gavel(**opts) -> Allocator:
+    from .peers.gavel import GavelAllocator
+
+    return GavelAllocator(**opts)
+
+
 def is_allocator(name: str) -> bool:
     return name in allocator_names()
 

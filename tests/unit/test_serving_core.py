@@ -91,8 +91,8 @@ def test_one_registry_names_every_allocation_policy():
     import rlsched.sim.allocators  # noqa: F401  (registers the simulator's peers)
     from rlsched.core.policy import allocator_names
 
-    assert set(allocator_names()) == {"tiresias-2q", "optimus-oracle", "pollux", "pollux-paper",
-                                      "goodput", "goodput-learned", "goodput-rlpto"}
+    assert set(allocator_names()) == {"tiresias-2q", "optimus-oracle", "pollux", "pollux-paper", "sia",
+                                      "gavel", "goodput", "goodput-learned", "goodput-rlpto"}
     assert allocator_names(live=True) == ("goodput", "goodput-learned", "goodput-rlpto")
 
 
