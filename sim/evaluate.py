@@ -114,11 +114,12 @@ SUITES: dict[str, Suite] = {
                     describe="Pollux OSDI'21 benchmark on the interval engine (16 x 4 GPUs): the 8 published "
                     "workloads, and held-out workloads generated from the Philly list (pollux-gen)",
                     published=tuple((L, f"pollux:{folder}/workload-{{w}}") for L, folder in PUBLISHED_FOLDERS.items())),
-    "sia": Suite("sia", "interval", (0.5, 1.0, 1.5), ("none",), also=("tiresias-2q", "pollux-paper"),
-                 allocators=("tiresias-2q", "pollux-paper"), cluster="sia-64",
+    "sia": Suite("sia", "interval", (0.5, 1.0, 1.5), ("none",), also=("sia", "gavel", "pollux-paper", "tiresias-2q"),
+                 allocators=("sia", "gavel", "pollux-paper", "tiresias-2q"), cluster="sia-64",
                  describe="Sia SOSP'23 benchmark on the interval engine, its 64-GPU mix of three types (6 x 4 T4, "
                  "2 x 8 A100, 3 x 8 RTX): the paper's 8 Philly workloads, and held-out pollux-gen workloads "
-                 "drawn for the same mix",
+                 "drawn for the same mix; Sia, Gavel, the heterogeneity-unaware paper Pollux and Tiresias-2q "
+                 "always reported",
                  published=((1.0, "sia:workloads/philly/workload-{w}"),)),
 }
 

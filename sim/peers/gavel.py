@@ -2,15 +2,12 @@
 Scheduling Policies for Deep Learning Workloads", OSDI 2020), with the policy the Sia
 paper compares against: maximum total throughput (§4.2), heterogeneity-aware.
 
-Each round (360 s, as Sia evaluates it) an LP over ``X[m, j]``, the fraction of time
-job ``m`` should spend on GPU type ``j``: maximise ``Σ_m Σ_j T[m, j]·X[m, j]`` with
-``Σ_j X[m, j] ≤ 1`` and ``Σ_m k_m·X[m, j] ≤ G_j`` (``k_m`` the job's requested GPUs, rigid),
-solved by HiGHS (:func:`scipy.optimize.linprog`); then the round-based mechanism (§5):
-jobs in decreasing ``X[m, j]`` over the share of type ``j``'s time they received, each
-placed whole on one type while its GPUs last. ``T[m, j]``: steps per second the job
-reported on type ``j`` at its size, else bootstrapped from another type by the ratio of
-its seed one-GPU throughputs, else from its seed profile alone. Details:
-docs/results/sia_peers.md.
+Each round (360 s, as Sia evaluates it) an LP over ``X[m, j]``, the time fraction of job
+``m`` on GPU type ``j``: maximise ``Σ T[m, j]·X[m, j]`` with ``Σ_j X[m, j] ≤ 1`` and
+``Σ_m k_m·X[m, j] ≤ G_j`` (rigid ``k_m`` GPUs), by HiGHS (:func:`scipy.optimize.linprog`);
+then the round-based mechanism (§5) places jobs whole on one type. ``T[m, j]``: steps
+per second reported on ``j``, else bootstrapped by the seed one-GPU ratio, else the
+seed profile. Details: docs/results/sia_peers.md.
 """
 
 from __future__ import annotations

@@ -371,6 +371,8 @@ def test_sia_suite_cells_on_the_mixed_cluster_and_a_tiny_run():
     gen = suite.test_units(0.5, "generated", 2, 160)
     assert [u.spec for u in gen] == [f"pollux-gen:seed={s},jobs=160,load=0.5,cluster=sia-64" for s in (20000, 20001)]
     assert {u.seed for u in suite.validation_units(0.5, 2, 160)}.isdisjoint(u.seed for u in gen)
+    assert {"sia", "gavel", "pollux-paper", "tiresias-2q"} <= set(suite.also)
+    ev.check_pool(ev.baseline_pool("sia"), suite)  # every peer registered and runnable
     (row,) = ev.run_unit(suite.test_units(0.5, "generated", 1, 8)[0].spec, 20000,
                          [("fifo/firstfit+nobackfill", False)], "interval", _real_data())
     assert row["jobs_completed"] == 4 and row["jct_mean"] > 0  # 8 jobs x load 0.5, on the mix
