@@ -161,24 +161,29 @@ class GoodputAllocator:
         return out
 
     # ------------------------------------------------------------------ decision
-    def counts(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode],
-               queues: QueueBook | None = None) -> dict[str, int]:
-        """Each job's GPU count (steps 2–4 of the module docstring); 0: it waits."""
-        total = sum(n.gpus for n in nodes)
-        node_gpus = max((n.gpus for n in nodes), default=0)
+    def _who_runs(self, jobs: Sequence[AllocJob], total: int, queues: QueueBook | None):
+        """Who runs: protected jobs keep what they hold, then the smallest gangs in the
+        fairness order, under the teams' quotas when there are queues (core/queues.py).
+        ``(order, book, service per queue, GPUs per job, GPUs per queue)``."""
         order = self.order(jobs)
-        width = min(max((j.max_replicas for j in jobs), default=0), total) + 1
         book = queues or QueueBook()
         service: dict[str, float] = {}
         if book.fair_share == "service":
             for j in jobs:
                 service[j.queue or NO_QUEUE] = service.get(j.queue or NO_QUEUE, 0.0) + j.attained_service
-        # who runs: protected jobs keep what they hold, then smallest gangs in the
-        # fairness order, under the teams' quotas when there are queues (core/queues.py)
         count, used = book.who_runs(
             order, total=total, queue=lambda j: j.queue, key=lambda j: j.id,
             gang=lambda j: max(j.min_replicas, 1) if max(j.min_replicas, 1) <= j.max_replicas else 0,
             kept={j.id: len(j.allocation) for j in jobs if j.protected and j.allocation}, service=service)
+        return order, book, service, count, used
+
+    def counts(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode],
+               queues: QueueBook | None = None) -> dict[str, int]:
+        """Each job's GPU count (steps 2–4 of the module docstring); 0: it waits."""
+        total = sum(n.gpus for n in nodes)
+        node_gpus = max((n.gpus for n in nodes), default=0)
+        width = min(max((j.max_replicas for j in jobs), default=0), total) + 1
+        order, book, service, count, used = self._who_runs(jobs, total, queues)
         free = total - sum(count.values())
         running = [r for r, j in enumerate(order) if count.get(j.id, 0) > 0]
         if free == 0 or not running:
@@ -316,16 +321,7 @@ class GoodputAllocator:
             per_node[n.gpu_type] = max(per_node.get(n.gpu_type, 0), n.gpus)
         types = list(cap)
         total = sum(cap.values())
-        order = self.order(jobs)
-        book = queues or QueueBook()
-        service: dict[str, float] = {}
-        if book.fair_share == "service":
-            for j in jobs:
-                service[j.queue or NO_QUEUE] = service.get(j.queue or NO_QUEUE, 0.0) + j.attained_service
-        count, used = book.who_runs(
-            order, total=total, queue=lambda j: j.queue, key=lambda j: j.id,
-            gang=lambda j: max(j.min_replicas, 1) if max(j.min_replicas, 1) <= j.max_replicas else 0,
-            kept={j.id: len(j.allocation) for j in jobs if j.protected and j.allocation}, service=service)
+        order, book, service, count, used = self._who_runs(jobs, total, queues)
         running = [j for j in order if count.get(j.id, 0) > 0]
         self._typed_models = {}
         if not running:
