@@ -29,6 +29,7 @@ from .planning import (
     TrainingSpec,
     scaling_steps,
 )
+from .ordering import reached_threshold
 from .policy import Ordering, Placement, Scaling, make_ordering, make_placement, make_scaling
 from .queues import QueueBook
 from .served import parse_policy_name
@@ -126,15 +127,8 @@ class GangAllocator:
         return JobView(id=j.id, submit_time=j.submit_time, workers=w, min_workers=w, max_workers=w,
                        gpus_per_worker=g, gpu_models=j.gpu_models, cpu_milli=j.cpu_milli * g,
                        memory_mib=j.memory_mib * g,
-                       attained_service=self._service(j.attained_service), placement=[])
-
-    def _service(self, attained: float) -> float:
-        """Attained GPU-seconds, a hair short of one of the ordering's thresholds read as
-        reached (the clock's float sums stop just short of the time it was due)."""
-        for th in getattr(self.ordering, "thresholds", ()):
-            if 0 < th - attained <= 1e-9 * max(1.0, th):
-                return float(th)
-        return attained
+                       attained_service=reached_threshold(j.attained_service, getattr(self.ordering, "thresholds", ())),
+                       placement=[])
 
     def order(self, jobs: Sequence[AllocJob]) -> list[AllocJob]:
         """The jobs in the order the ordering serves them (on the last cluster state

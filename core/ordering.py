@@ -21,6 +21,7 @@ from .estimate import duration_key
 from .policy import register_ordering
 
 __all__ = [
+    "reached_threshold",
     "FIFO",
     "SJF",
     "SRTF",
@@ -330,6 +331,15 @@ class Tiresias(_KeyOrdering):
 
     def __repr__(self) -> str:
         return f"Tiresias(thresholds={self.thresholds}, promote_knob={self.promote_knob})"
+
+
+def reached_threshold(attained: float, thresholds: Sequence[float]) -> float:
+    """``attained`` GPU-seconds, or the threshold it falls a hair short of: the clock's
+    float sums stop just short of the time a demotion was due, which counts as reached."""
+    for th in thresholds:
+        if 0 < th - attained <= 1e-9 * max(1.0, th):
+            return float(th)
+    return attained
 
 
 @register_ordering("random")

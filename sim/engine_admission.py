@@ -14,6 +14,7 @@ import math
 
 from rlsched.core import JobView, PlacementError
 from rlsched.core.cycle import Preemption
+from rlsched.core.ordering import reached_threshold
 from rlsched.core.planning import QueueEntry, RunningEntry, TrainingSpec
 
 from .engine_jobs import DEMOTE, WAKE, JobState
@@ -78,10 +79,7 @@ class HeuristicPath:
         sim = self.sim
         sim.dynamics.sync(j, t)
         v = j.view
-        for th in getattr(sim.ordering, "thresholds", ()):
-            # the clock's float sums may stop a hair short of the threshold
-            if 0 < th - v.attained_service <= 1e-9 * max(1.0, th):
-                v.attained_service = float(th)
+        v.attained_service = reached_threshold(v.attained_service, getattr(sim.ordering, "thresholds", ()))
         if sim.state.pending:
             sim._dirty = True
         self.schedule_demote(j, t)
