@@ -70,6 +70,7 @@ bench: venv $(TEST_DEPS)
 	$(PY) bench/sim_scaling.py --repeats 3 --out bench/results/sim_scaling.json
 	$(PY) bench/scheduling.py --out bench/results/scheduling.json
 	$(PY) bench/decision_time.py --out bench/results/decision_time.json
+	$(PY) bench/hetero_decision_time.py --out bench/results/hetero_decision_time.json
 	$(PY) bench/operator_admission.py --jobs 200 --out bench/results
 	$(PY) bench/faults.py --rounds 20 --out bench/results/faults.json
 	$(PY) bench/twin.py --jobs 20 --out bench/results/twin.json

@@ -48,7 +48,21 @@ FIGURES: list[tuple[str, str, Callable[[dict], Any], str, Callable[[Any], bool]]
      lambda d: d.get("max_ratio"), "<= 4", lambda v: v <= 4.0),
     ("learned DAS ordering+placement sim time, growth exponent (1,000 -> 16,000 jobs)", "sim_scaling.json",
      lambda d: _at(d, "slope", d.get("policy", ""), "fit"), "~ 1 (<= 1.2)", lambda v: v <= 1.2),
+    ("served allocator, 3 GPU types, 64 GPUs / 160 jobs: steady decision s", "hetero_decision_time.json",
+     lambda d: _hetero(d, 64, "steady_median_s"), "< 0.1", lambda v: v < 0.1),
+    ("served allocator, 3 GPU types, 64 GPUs / 160 jobs: fresh decision s", "hetero_decision_time.json",
+     lambda d: _hetero(d, 64, "median_s"), "< 0.1", lambda v: v < 0.1),
+    ("served allocator, 3 GPU types, 2,048 GPUs / 1,000 jobs: steady decision s", "hetero_decision_time.json",
+     lambda d: _hetero(d, 2048, "steady_median_s"), "< 1", lambda v: v < 1.0),
+    ("served allocator, 3 GPU types, 2,048 GPUs / 1,000 jobs: fresh decision s", "hetero_decision_time.json",
+     lambda d: _hetero(d, 2048, "median_s"), "< 1", lambda v: v < 1.0),
 ]
+
+
+def _hetero(doc: dict, gpus: int, key: str) -> Any:
+    """``key`` of the served allocator's row at ``gpus`` in hetero_decision_time.json."""
+    rows = [r for r in doc.get("rows", []) if r.get("gpus") == gpus and r.get("policy") == doc.get("driver")]
+    return rows[0].get(key) if rows else None
 
 
 def summarise(results: Path) -> list[dict[str, Any]]:

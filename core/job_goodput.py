@@ -68,15 +68,23 @@ class JobGoodput:
         self._fits: OrderedDict[tuple, ThroughputModel] = OrderedDict()
         self._models: OrderedDict[tuple, GoodputModel] = OrderedDict()
         self._tables: OrderedDict[tuple, np.ndarray] = OrderedDict()
+        #: id(job) -> (job, bounds, profile, its fit request): a decision asks twice
+        #: (prepare, model) of the same job object; held objects keep their ids unique
+        self._requests: OrderedDict[int, tuple] = OrderedDict()
 
     def prior_for(self, observations: tuple) -> ThroughputPrior:
         return self.prior if self._prior_for is None else self._prior_for(observations)
 
     def _fit_request(self, job: AllocJob, bounds: BatchBounds) -> tuple[tuple, FitProblem]:
         """The cache key of the job's throughput fit and the fit to run."""
+        hit = self._requests.get(id(job))
+        if hit is not None and hit[0] is job and hit[1] is bounds and hit[2] is job.profile:
+            return hit[3]
         obs = observations_of(job)
         prior = self.prior_for(obs)
-        return (obs, prior, bounds.reference_local_batch), FitProblem(obs, prior, bounds.reference_local_batch)
+        req = (obs, prior, bounds.reference_local_batch), FitProblem(obs, prior, bounds.reference_local_batch)
+        _store(self._requests, id(job), (job, bounds, job.profile, req), self.cache)
+        return req
 
     def _fitted(self, problems: list[FitProblem]) -> list[ThroughputModel]:
         """The models of ``problems``, fitted in one batch (:func:`fit_many`)."""

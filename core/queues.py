@@ -115,8 +115,10 @@ class QueueBook:
     horizon_s: float = 60.0
     _by_name: dict[str, QueueSpec] = field(init=False, repr=False)
     _default_of: dict[str, str] = field(init=False, repr=False)
+    _implicit: QueueSpec = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self._implicit = QueueSpec(NO_QUEUE, priority_classes=frozenset(PRIORITY_CLASSES))
         self._by_name = {}
         self._default_of = {}
         for q in sorted(self.queues, key=lambda q: q.name):
@@ -155,7 +157,7 @@ class QueueBook:
     def spec_of(self, name: str | None) -> QueueSpec:
         """The queue's spec; the implicit queue (no guarantee, no cap, weight 1, every
         class) for :data:`NO_QUEUE` or a queue that does not exist."""
-        return self._by_name.get(name or NO_QUEUE) or QueueSpec(NO_QUEUE, priority_classes=frozenset(PRIORITY_CLASSES))
+        return self._by_name.get(name or NO_QUEUE) or self._implicit
 
     def min_run(self, name: str | None) -> float:
         q = self.get(name)

@@ -90,15 +90,34 @@ def seed_ratio(job: AllocJob, target: str, source: str) -> float | None:
     the smallest both measured; each type's step time at ``m*`` interpolated
     linearly in ``(log m, log t)`` between its rows. The ratio is ``t_source(m*) /
     t_target(m*)``."""
-    a = _one_gpu_curve(samples_on(job.seed_profile, source))
-    b = _one_gpu_curve(samples_on(job.seed_profile, target))
+    return _ratio(_one_gpu_curve(samples_on(job.seed_profile, source)),
+                  _one_gpu_curve(samples_on(job.seed_profile, target)), job.bounds.largest_local)
+
+
+def _ratio(a: tuple[np.ndarray, np.ndarray] | None, b: tuple[np.ndarray, np.ndarray] | None,
+           largest_local: int) -> float | None:
+    """:func:`seed_ratio` from the source's and the target's one-GPU curves."""
     if a is None or b is None:
         return None
     lo, hi = max(a[0][0], b[0][0]), min(a[0][-1], b[0][-1])
     if lo > hi:
         return None
-    x = max(min(hi, math.log(job.bounds.largest_local)), lo)
+    x = max(min(hi, math.log(largest_local)), lo)
     return float(math.exp(np.interp(x, *a) - np.interp(x, *b)))
+
+
+class _Seeds(NamedTuple):
+    """A seed profile split by GPU type: its rows and its one-GPU curve per type."""
+
+    rows: dict[str, tuple[ProfileSample, ...]]
+    curves: dict[str, tuple[np.ndarray, np.ndarray] | None]
+
+    @classmethod
+    def of(cls, seed_profile: tuple[ProfileSample, ...]) -> "_Seeds":
+        rows: dict[str, list[ProfileSample]] = {}
+        for s in seed_profile:
+            rows.setdefault(s.gpu_type, []).append(s)
+        return cls({t: tuple(v) for t, v in rows.items()}, {t: _one_gpu_curve(v) for t, v in rows.items()})
 
 
 def scaled(model: ThroughputModel, factor: float) -> ThroughputModel:
@@ -146,11 +165,19 @@ class TypeGoodput:
         self.jobs = jobs if jobs is not None else JobGoodput()
         self.cache = int(cache)
         self._boot: OrderedDict[tuple, GoodputModel] = OrderedDict()
+        #: id(seed profile) -> (that profile, its rows and curves per type): jobs of one
+        #: model share their declared profile, so it is split once, not per decision
+        self._seeds: OrderedDict[int, tuple[tuple, _Seeds]] = OrderedDict()
+        #: (id(job), type) -> (job, its reports, its seeds, its plan), from the last
+        #: :meth:`prepare` (read back only for the same, unchanged job object)
+        self._plans: dict[tuple[int, str], tuple] = {}
 
     def model(self, job: AllocJob, gpu_type: str) -> TypeModel | None:
         """The job's goodput model on ``gpu_type`` (class docstring); None when not
         offered."""
-        plan = self._plan(job, gpu_type)
+        hit = self._plans.get((id(job), gpu_type))
+        fresh = hit is not None and hit[0] is job and hit[1] is job.profile and hit[2] is job.seed_profile
+        plan = hit[3] if fresh else self._plan(job, gpu_type)
         if plan is None:
             return None
         gm = self.jobs.model(plan.view)
@@ -180,18 +207,38 @@ class TypeGoodput:
         """Run, in one batch (:meth:`JobGoodput.prepare`), every fit that :meth:`model`
         of these jobs on these types needs and has not cached."""
         types = tuple(gpu_types)
-        views = [p.view for j in jobs for t in types if (p := self._plan(j, t)) is not None]
-        self.jobs.prepare(views)
+        self._plans = {}
+        for j in jobs:
+            reported = _reported(j)
+            for t in types:
+                self._plans[id(j), t] = (j, j.profile, j.seed_profile, self._plan(j, t, reported))
+        self.jobs.prepare([h[3].view for h in self._plans.values() if h[3] is not None])
 
     # ------------------------------------------------------------------ internals
-    def _plan(self, job: AllocJob, gpu_type: str) -> _Plan | None:
-        reported = _reported(job)
+    def _seed(self, job: AllocJob) -> _Seeds:
+        """The job's seed profile split by type, cached by the profile's identity."""
+        prof = job.seed_profile
+        hit = self._seeds.get(id(prof))
+        if hit is not None and hit[0] is prof:
+            self._seeds.move_to_end(id(prof))
+            return hit[1]
+        seeds = _Seeds.of(prof)
+        self._seeds[id(prof)] = (prof, seeds)
+        while len(self._seeds) > self.cache:
+            self._seeds.popitem(last=False)
+        return seeds
+
+    def _plan(self, job: AllocJob, gpu_type: str,
+              reported: dict[str, tuple[ProfileSample, ...]] | None = None) -> _Plan | None:
+        if reported is None:
+            reported = _reported(job)
         if gpu_type in reported:
             return _Plan(_only(job, gpu_type, reported), FITTED, gpu_type)
-        seeds = samples_on(job.seed_profile, gpu_type)
+        sd = self._seed(job)
+        seeds = sd.rows.get(gpu_type, ())
         if seeds:
             for source in sorted(reported, key=lambda u: (-len(reported[u]), u)):
-                ratio = seed_ratio(job, gpu_type, source)
+                ratio = _ratio(sd.curves.get(source), sd.curves[gpu_type], job.bounds.largest_local)
                 if ratio is not None:
                     return _Plan(_only(job, source, reported), BOOTSTRAPPED, source, ratio)
             return _Plan(_view(job, seeds, f"seed {gpu_type}"), SEEDED)

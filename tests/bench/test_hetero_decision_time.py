@@ -31,3 +31,19 @@ def test_inputs_keep_each_running_job_on_its_own_type(bench_module):
             assert not j.allocation or {nodes[i].gpu_type for i in j.allocation} == {kind}
     held = [j for j in jobs if j.id.startswith("a100") and j.allocation]
     assert len(held) == 2 and len({j.allocation[0] for j in held}) == 2
+
+
+def test_a_steady_decision_sees_one_more_report_of_each_running_job(bench_module):
+    from rlsched.core.allocation import ProfileSample
+
+    bench = bench_module("hetero_decision_time")
+    sample = ProfileSample(1, 2, 64, 0.5, 0.1, gpu_type="aws")
+    running = _job("run", (0, 0))
+    running.profile = (sample,)
+    waiting = _job("wait", ())
+    waiting.profile = (sample,)
+    again = bench.reported_once_more([running, waiting], 2)
+    assert again[0].profile[:1] == (sample,) and len(again[0].profile) == 2
+    assert again[0].profile[1].step_time == 0.5 * 1.002 and again[0].profile[1].gpu_type == "aws"
+    assert again[1].profile == (sample,) and again[1] is not waiting
+    assert running.profile == (sample,)  # the inputs are not changed

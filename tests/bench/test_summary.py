@@ -43,3 +43,17 @@ def test_main_writes_json(tmp_path, capsys):
     doc = json.loads(out.read_text())
     assert doc["benchmark"] == "summary" and len(doc["figures"]) >= 10
     assert "missing" in capsys.readouterr().out
+
+
+def test_decision_time_on_three_types_is_read_for_the_served_allocator(tmp_path):
+    rows = [{"gpus": 64, "policy": "fifo/bestfit", "median_s": 0.001, "steady_median_s": 0.001},
+            {"gpus": 64, "policy": "goodput-rlpto", "median_s": 0.2, "steady_median_s": 0.05},
+            {"gpus": 2048, "policy": "goodput-rlpto", "median_s": 1.2, "steady_median_s": 0.6}]
+    (tmp_path / "hetero_decision_time.json").write_text(json.dumps({"driver": "goodput-rlpto", "rows": rows}))
+    got = {r["figure"]: (r["value"], r["met"]) for r in _module().summarise(tmp_path) if "3 GPU types" in r["figure"]}
+    assert got == {
+        "served allocator, 3 GPU types, 64 GPUs / 160 jobs: steady decision s": (0.05, True),
+        "served allocator, 3 GPU types, 64 GPUs / 160 jobs: fresh decision s": (0.2, False),
+        "served allocator, 3 GPU types, 2,048 GPUs / 1,000 jobs: steady decision s": (0.6, True),
+        "served allocator, 3 GPU types, 2,048 GPUs / 1,000 jobs: fresh decision s": (1.2, False),
+    }
