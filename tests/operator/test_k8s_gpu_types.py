@@ -3,9 +3,10 @@ GPU Feature Discovery labels them (the session's A100 nodes and two Tesla-T4 nod
 here), the served goodput allocator's generation of a job is pinned to one type (its pods
 require that type's products and carry RLSCHED_GPU_TYPE) and lands there; the fake
 trainer's reports — the step times measured on that type — come back in
-``status.goodput`` as rows of that type. A job that lands on the T4s because other pods
-hold every A100 moves to the A100s, 5.9 times faster for it by the seed profile it
-declared (``spec.seedProfile``), once they free up, and its record then holds both types."""
+``status.goodput`` as rows of that type. A job that lands on the T4s because another job
+holds every A100 (and can run nowhere else) moves to the A100s, 5.9 times faster for it by
+the seed profile it declared (``spec.seedProfile``), once that job is gone, and its record
+then holds both types."""
 
 import os
 from pathlib import Path
@@ -40,22 +41,9 @@ def t4_nodes(kapi, wait_until):
                    "the T4 nodes deleted")
 
 
-def _fillers(kapi, ns, nodes):
-    """A pod the operator does not manage on each of ``nodes``, holding all its GPUs."""
-    from kubernetes import client
-
-    for node in nodes:
-        gpus = kapi.core.read_node(node).status.allocatable["nvidia.com/gpu"]
-        kapi.core.create_namespaced_pod(ns, client.V1Pod(
-            metadata=client.V1ObjectMeta(name=f"filler-{node}"),
-            spec=client.V1PodSpec(node_name=node, restart_policy="Never", containers=[client.V1Container(
-                name="c", image=IMAGE, resources=client.V1ResourceRequirements(limits={"nvidia.com/gpu": gpus}))])))
-    return [f"filler-{node}" for node in nodes]
-
-
 def test_a_generation_lands_on_one_type_and_moves_to_the_faster_type_when_it_frees_up(
         extender, t4_nodes, fake_trainer, kapi, ns, tj, run_operator, wait_until):
-    from rlsched.core.contract import LABEL_GENERATION
+    from rlsched.core.contract import GROUP, LABEL_GENERATION, PLURAL, VERSION
     from rlsched.sim.measured import load_applications, load_seed_profile
 
     products = {n.metadata.name: n.metadata.labels.get(PRODUCT) for n in kapi.core.list_node().items}
@@ -65,9 +53,6 @@ def test_a_generation_lands_on_one_type_and_moves_to_the_faster_type_when_it_fre
     seed = [{"gpuType": s.gpu_type, "localBatchSize": s.atomic_bsz, "stepTimeSeconds": s.step_time}
             for s in load_seed_profile(SIA / "seed" / "cifar10.csv", ("aws", "dgx-ext"))]
     lim = app.bounds
-    fillers = _fillers(kapi, ns, [n for n, p in products.items() if p == other])
-    wait_until(lambda: all(kapi.core.read_namespaced_pod(f, ns).status.phase == "Running" for f in fillers), 30,
-               "the A100s held")
 
     def generation(want):
         """The job's pods once it runs on ``want`` (every pod bound there), and its status."""
@@ -109,18 +94,23 @@ def test_a_generation_lands_on_one_type_and_moves_to_the_faster_type_when_it_fre
 
     with fake_trainer(ns, application=app, epoch_s=0.5) as th:
         with run_operator(ns, allocator="goodput@restart_delay=1", gpu_types=table):
-            # β tiny: its β stop does not end it before it has moved
+            # another job holds every A100 and can run nowhere else (its workers select
+            # the A100 product); β tiny for both: no β stop ends them within the test
+            tj(ns, "holder", 4, 4, gpus=8, beta=1e-6, template={"spec": {
+                "nodeSelector": {PRODUCT: other}, "containers": [{"name": "train", "image": IMAGE}]}})
+            th.start()
+            wait_until(lambda: kapi.phase(ns, "holder") == "Running" and len(kapi.pods(ns, "holder")) == 4
+                       and all(p.spec.node_name for p in kapi.pods(ns, "holder")), 60, "the holder on the A100s")
             tj(ns, "typed", 1, 2, batchSize=lim.init_batch, maxBatchSize=lim.largest,
                localBatchSize={"max": lim.largest_local}, seedProfile=seed, beta=1e-6)
-            th.start()
-            # every A100 is held: the job lands on the T4s
+            # the job lands on the T4s; the holder keeps its GPUs
             st, pods = generation("aws")
+            assert len(kapi.pods(ns, "holder")) == 4 and kapi.phase(ns, "holder") == "Running"
             rec = step_time_row("aws", pods)
             assert rec["gpuType"] == "aws" and {r[6] for r in rec["shapes"]} == {"aws"}, rec
             assert kapi.status(ns, "typed")["progress"]["gpuType"] == "aws"
-            # the A100s free up: a later decision moves it there, a new generation
-            for f in fillers:
-                kapi.core.delete_namespaced_pod(f, ns, grace_period_seconds=0)
+            # the holder goes, the A100s free up: a later decision moves it there, a new generation
+            kapi.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "holder")
             moved, pods = generation("dgx-ext")
             assert moved["restartGeneration"] > st.get("restartGeneration", 0), moved
             rec = step_time_row("dgx-ext", pods)
