@@ -1425,12 +1425,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--time-scale", type=float, default=TwinConfig.time_scale)
     ap.add_argument("--cycle", type=float, default=TwinConfig.cycle_s)
+    ap.add_argument("--t4-nodes", type=int, default=0,
+                    help="kwok nodes of 4 Tesla-T4 added for the check: a cluster of two GPU types")
     ap.add_argument("--out", default="out/twin", help="directory for report.json, report.md and logs")
     args = ap.parse_args(argv)
     from .cluster import kube_env
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    cfg = TwinConfig(jobs=args.jobs, seed=args.seed, time_scale=args.time_scale, cycle_s=args.cycle)
+    cfg = TwinConfig(jobs=args.jobs, seed=args.seed, time_scale=args.time_scale, cycle_s=args.cycle,
+                     t4_nodes=args.t4_nodes)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with kube_env(progress=lambda m: log.info("%s", m)) as env:
