@@ -359,9 +359,17 @@ class GoodputAllocator:
         vals = [self.typed_values(j, cols[r], idle) for r, j in enumerate(running)]
         gang = [count[j.id] for j in running]
         floor = []
+        # a job whose gang fits one type only (its GPU models, its size, a protected job's
+        # home) has that type's GPUs for its gang kept from the others' moves until it is
+        # placed: else a job that could run elsewhere takes them and it waits
+        sole: list[str | None] = []
+        kept: dict[str, int] = {}
         for r in range(len(running)):
-            at = [v[gang[r]] for t, v in vals[r].items() if gang[r] <= jcap[r][t] and np.isfinite(v[gang[r]])]
-            floor.append(min(at) if at else None)
+            at = {t: v[gang[r]] for t, v in vals[r].items() if gang[r] <= jcap[r][t] and np.isfinite(v[gang[r]])}
+            floor.append(min(at.values()) if at else None)
+            sole.append(next(iter(at)) if len(at) == 1 else None)
+            if sole[r] is not None:
+                kept[sole[r]] = kept.get(sole[r], 0) + gang[r]
         free = dict(cap)
         pending = sum(gang)
         state: list[tuple[str, int] | None] = [None] * len(running)
@@ -370,6 +378,12 @@ class GoodputAllocator:
         def spare() -> int:
             return sum(free.values()) - pending
 
+        def room_on(r: int, t: str) -> int:
+            """The GPUs of ``t`` job ``r`` may take: the free ones but those kept for the
+            gangs of the other jobs not yet placed that fit ``t`` only."""
+            own = gang[r] if state[r] is None and sole[r] == t else 0
+            return free[t] - (kept.get(t, 0) - own)
+
         def best_move(r: int) -> tuple[float, str, int] | None:
             j = running[r]
             room = book.room(used, j.queue)
@@ -377,7 +391,7 @@ class GoodputAllocator:
             if state[r] is None:
                 lo = gang[r]
                 for t, v in vals[r].items():
-                    hi = int(min(jcap[r][t], free[t], lo + spare(), lo + room))
+                    hi = int(min(jcap[r][t], room_on(r, t), lo + spare(), lo + room))
                     if hi < lo:
                         continue
                     ahead = v[lo:hi + 1]
@@ -391,7 +405,7 @@ class GoodputAllocator:
                 return best
             t, k = state[r]
             v = vals[r][t]
-            hi = int(min(jcap[r][t], k + free[t], k + spare(), k + room))
+            hi = int(min(jcap[r][t], k + room_on(r, t), k + spare(), k + room))
             if hi <= k:
                 return None
             ahead = v[k + 1:hi + 1]
@@ -423,21 +437,25 @@ class GoodputAllocator:
             k_then = gang[r] if then is None else then[1]
             extra = k_new - k_then
             take = k_new if then is None else extra
-            if take <= free[t] and extra <= min(spare(), book.room(used, q)):
+            if take <= room_on(r, t) and extra <= min(spare(), book.room(used, q)):
                 free[t] -= take
                 if then is None:
                     pending -= gang[r]
+                    if sole[r] is not None:
+                        kept[sole[r]] -= gang[r]
                 used[q] = used.get(q, 0) + extra
                 state[r] = (t, k_new)
             push(r)
         for r in range(len(running)):  # placed last: at its gang, where it is worth most
             if state[r] is None:
-                fit = [t for t in vals[r] if free[t] >= gang[r] and jcap[r][t] >= gang[r]]
+                fit = [t for t in vals[r] if room_on(r, t) >= gang[r] and jcap[r][t] >= gang[r]]
                 if fit:
                     t = max(fit, key=lambda t: (vals[r][t][gang[r]], -types.index(t)))
                     free[t] -= gang[r]
                     state[r] = (t, gang[r])
                 pending -= gang[r]
+                if sole[r] is not None:
+                    kept[sole[r]] -= gang[r]
         return {running[r].id: state[r] for r in range(len(running)) if state[r] is not None}
 
     def _allocate_typed(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], queues: QueueBook | None,

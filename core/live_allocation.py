@@ -201,6 +201,9 @@ class LiveJob:
     #: False for a running job whose generation is still starting: it keeps its GPUs
     #: (the caller does not offer them) and only its end is judged
     movable: bool = True
+    #: the one-GPU seed profile it declared (``spec.seedProfile``, each row's GPU type
+    #: as the nodes' types are named; :attr:`AllocJob.seed_profile`)
+    seed_profile: tuple[ProfileSample, ...] = ()
 
     def end(self) -> str | None:
         """``"MaxEpochs"``, ``"Converged"`` or None: whether a running job ended by itself."""
@@ -321,7 +324,7 @@ class LiveAllocation:
                         priority=class_rank(job.priority_class), queue=job.queue,
                         protected=protected and bool(job.nodes), gpu_models=job.gpu_models,
                         cpu_milli=-(-max(job.cpu_milli, 0) // g), memory_mib=-(-max(job.memory_mib, 0) // g),
-                        replica_group=g)
+                        replica_group=g, seed_profile=job.seed_profile)
 
     def target(self, job: LiveJob, alloc: Allocation, types: Mapping[int, str] | None = None) -> LiveTarget:
         """The allocator's answer for ``job`` in whole workers (0: it waits); its GPU

@@ -37,6 +37,7 @@ benchmark entry point).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -44,13 +45,14 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from rlsched.core import Topology, make_placement
+from rlsched.core.contract import gpu_type_of
 from rlsched.core.planning import CONVERGENCE_WINDOW, convergence_gain
 from rlsched.sim import JobSpec
 from rlsched.sim.engine import SimConfig, Simulator
@@ -62,6 +64,8 @@ __all__ = [
     "twin_jobs",
     "allocator_scenario",
     "batch_scenario",
+    "mixed_scenario",
+    "t4_nodes",
     "batch_sequences",
     "manifest",
     "operator_policies",
@@ -111,12 +115,25 @@ class TwinConfig:
     allocator: str | None = None
     grace_period_s: int = 0
     max_wall_s: float = 600.0
+    #: kwok nodes of 4 ``Tesla-T4`` added beside the cluster's for the check (and deleted
+    #: after it): a cluster of two GPU types, each node's type its GPU Feature
+    #: Discovery product (the engine's ``SimConfig.gpu_types``, the operator's empty
+    #: ``--gpu-types``); 0: the cluster as it is, no types in the engine
+    t4_nodes: int = 0
 
     def __post_init__(self) -> None:
         if self.time_scale <= 0 or self.cycle_s <= 0 or self.tick_s <= 0:
             raise ValueError("time_scale, cycle_s and tick_s must be > 0")
         if self.jobs < 2:
             raise ValueError("the twin check needs at least 2 jobs")
+        if self.t4_nodes < 0:
+            raise ValueError(f"t4_nodes must be >= 0, got {self.t4_nodes}")
+
+    @property
+    def gpu_types(self) -> dict[str, str] | None:
+        """The engine's ``SimConfig.gpu_types``: every product its own type on a cluster
+        of two types, None (no types) on the cluster as it is."""
+        return {} if self.t4_nodes else None
 
     def sim_allocator(self):
         """The engine's allocation policy (None: ordering + scaling)."""
@@ -318,6 +335,24 @@ def batch_scenario() -> list[JobSpec]:
     ]
 
 
+def mixed_scenario() -> list[JobSpec]:
+    """Two jobs for a type-aware allocation policy on the 32 A100s of the twin cluster
+    and two nodes of 4 T4s (``TwinConfig.t4_nodes``): ``mx-a`` (1–8 workers × 4 GPUs,
+    3 times faster on an A100) starts on every A100; ``mx-b`` (1–2 workers × 4 GPUs,
+    1.2 times faster on an A100) arrives and lands on the T4s; after ``mx-a`` ends it
+    moves to the A100s (a new generation of the same size there) once the gain pays
+    for the restart (the allocator's restart factor grows with its age). Each declares
+    its seed profile on both types (``JobSpec.seed_profile``)."""
+    conv = {"tau": 6.0, "noise": 0.002, "acc_max": 0.9}
+
+    def job(jid: str, t: float, hi: int, spe: int, epochs: int, a100: float) -> JobSpec:
+        return JobSpec(id=jid, submit_time=t, workers=1, gpus_per_worker=4, min_workers=1, max_workers=hi,
+                       compute_time=0.25, grad_gb=0.05, batch_per_worker=32, samples_per_epoch=spe,
+                       max_epochs=epochs, beta=0.001, patience=5, convergence=conv, gpu_speed={"A100": a100})
+
+    return [job("mx-a", 0.0, 8, 60_000, 6, 3.0), job("mx-b", 121.3, 2, 12_000, 4, 1.2)]
+
+
 def separate_arrivals(jobs: Sequence[JobSpec], topology: Topology, cfg: TwinConfig, window: float,
                       *, max_rounds: int = 200) -> list[JobSpec]:
     """``jobs`` with submit times moved later until no job arrives within ``window``
@@ -420,8 +455,9 @@ def _clear_beta(rng: np.random.Generator, conv: Mapping[str, float], lo: int, hi
     return float(beta)
 
 
-def manifest(spec: JobSpec, namespace: str) -> dict:
-    """The TrainingJob of a twin job (what the live run submits)."""
+def manifest(spec: JobSpec, namespace: str, gpu_types: Iterable[str] = ()) -> dict:
+    """The TrainingJob of a twin job (what the live run submits); on a cluster of
+    ``gpu_types``, with the seed profile it declares there (``JobSpec.seed_profile``)."""
     from rlsched.core.contract import API_VERSION, KIND
 
     body = {
@@ -438,6 +474,9 @@ def manifest(spec: JobSpec, namespace: str) -> dict:
         body["spec"]["batchSize"] = spec.batch_size
         if spec.max_batch_size is not None:
             body["spec"]["maxBatchSize"] = spec.max_batch_size
+    seed = spec.seed_profile(gpu_types)
+    if seed:
+        body["spec"]["seedProfile"] = [{"gpuType": t, "localBatchSize": m, "stepTimeSeconds": x} for t, m, x in seed]
     return body
 
 
@@ -473,7 +512,7 @@ def make_simulator(jobs: Sequence[JobSpec], topology: Topology, cfg: TwinConfig)
     ordering, placement, scaling = operator_policies(cfg)
     # the operator decides every cycle: so does the engine, each interval of one cycle
     conf = SimConfig(scaling_interval=cfg.scaling_interval_sim, restart_cost=cfg.restart_cost_sim,
-                     record_series=False, record_decisions=True, allocate_on_events=False)
+                     record_series=False, record_decisions=True, allocate_on_events=False, gpu_types=cfg.gpu_types)
     allocation = cfg.sim_allocator()
     if allocation is not None:  # the policy decides alone; new workers go where the extender puts them
         return Simulator(jobs, topology, placement=placement, allocation=allocation, seed=cfg.seed, config=conf)
@@ -550,7 +589,7 @@ class ReplayTrainer:
 
     def __init__(self, api_client, namespace: str, jobs: Sequence[JobSpec], models: Mapping[str, Any],
                  topology: Topology, *, time_scale: float, restart_cost_sim: float, tick_s: float = 0.1,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, gpu_types: Mapping[str, str] | None = None) -> None:
         from kubernetes import client
 
         self.api = api_client
@@ -564,6 +603,18 @@ class ReplayTrainer:
         self.clock = clock
         self.jobs = {s.id: _Replay(s, models.get(s.id)) for s in jobs}
         self.errors: list[str] = []
+        self.types = (None if gpu_types is None
+                      else [gpu_type_of(n.gpu_model, gpu_types) for n in topology.nodes])
+
+    #: each node's GPU type as the engine reads them (``SimConfig.gpu_types``); None: no types
+    types: list[str] | None = None
+
+    def _rate(self, spec: JobSpec, nodes: Sequence[int], level, batch: int | None) -> float:
+        """The engine's throughput of ``spec`` on ``nodes`` spanning ``level``: at the
+        speed of the slowest GPU type among them (``JobSpec.gpu_speed``)."""
+        if self.types is not None and spec.gpu_speed:
+            spec = max((spec.on_gpu(self.types[i]) for i in set(nodes)), key=lambda s: s.compute_time)
+        return throughput(spec, len(nodes), level, self.topology.bandwidth, batch)
 
     # ---- pure parts (tested without a cluster)
     def advance(self, r: _Replay, now: float) -> list[tuple[int, float, float]]:
@@ -623,7 +674,7 @@ class ReplayTrainer:
             for i in nodes:
                 counts[i] = counts.get(i, 0) + r.spec.gpus_per_worker
             r.workers, r.batch = len(nodes), batch
-            r.rate = throughput(r.spec, r.workers, self.topology.span_level(counts), self.topology.bandwidth, batch)
+            r.rate = self._rate(r.spec, nodes, self.topology.span_level(counts), batch)
             r.resume_at = max(now, paused + self.restart_wall) if r.started else now
             r.nodes = nodes
             return
@@ -646,7 +697,7 @@ class ReplayTrainer:
                 counts[i] = counts.get(i, 0) + r.spec.gpus_per_worker
             level = self.topology.span_level(counts)
             r.workers = len(nodes)
-            r.rate = throughput(r.spec, r.workers, level, self.topology.bandwidth, batch)
+            r.rate = self._rate(r.spec, nodes, level, batch)
         if len(nodes) != len(r.nodes):
             r.sizes.append((now, len(nodes)))
         r.nodes, r.batch = nodes, batch
@@ -938,7 +989,8 @@ def run_live(jobs: Sequence[JobSpec], env, cfg: TwinConfig, workdir: Path, *,
         sim = make_simulator(jobs, env.topology, cfg)
         models = {s.id: sim.training_curve(s.id)[0] for s in jobs}
         trainer = ReplayTrainer(api, ns, jobs, models, env.topology, time_scale=cfg.time_scale,
-                                restart_cost_sim=cfg.restart_cost_sim, tick_s=cfg.tick_s)
+                                restart_cost_sim=cfg.restart_cost_sim, tick_s=cfg.tick_s, gpu_types=cfg.gpu_types)
+        types = set(trainer.types or ())
         thread = threading.Thread(target=trainer.run_until, args=(stop,), name="twin-trainer", daemon=True)
         thread.start()
         say(f"live: {len(jobs)} jobs in {ns}, 1 wall s = {cfg.time_scale:g} simulated s")
@@ -954,7 +1006,7 @@ def run_live(jobs: Sequence[JobSpec], env, cfg: TwinConfig, workdir: Path, *,
             while pending and t0 + pending[0].submit_time / cfg.time_scale <= now:
                 s = pending.pop(0)
                 created[s.id] = time.time()
-                custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, manifest(s, ns))
+                custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, manifest(s, ns, types))
             for p in procs:
                 p.check()
             if now - last_check > 1.0:
@@ -1266,8 +1318,10 @@ def _ud(x) -> str:
 
 
 def _seq(seq: Sequence) -> str:
-    """``+1@3 -1@7``: each worker change and the epoch it acted on."""
-    return " ".join(("+1" if d > 0 else "-1") + ("" if e is None else f"@{e}") for d, e in seq) or "-"
+    """``+1@3 -1@7 0@9``: each worker change (``0``: a new generation at the same size,
+    a move to another GPU type) and the epoch it acted on."""
+    return " ".join(("+1" if d > 0 else "-1" if d < 0 else "0") + ("" if e is None else f"@{e}")
+                    for d, e in seq) or "-"
 
 
 # --------------------------------------------------------------------------- the whole check
@@ -1289,6 +1343,44 @@ def twin_check(cfg: TwinConfig, env, workdir: Path, *, extender: bool = True, to
     """Both runs of ``cfg.jobs`` seeded jobs (or of ``jobs``, a scenario) on ``env``
     and their comparison (the report of :func:`compare` plus the configuration, the job
     set, both logs, the live latencies and the wall time)."""
+    with t4_nodes(env, cfg.t4_nodes) as env:
+        return _twin_check(cfg, env, workdir, extender=extender, tol=tol, progress=progress, jobs=jobs)
+
+
+@contextlib.contextmanager
+def t4_nodes(env, n: int):
+    """``env`` with ``n`` kwok nodes of 4 ``Tesla-T4`` added (in their own rack, ready),
+    its topology theirs too; deleted on exit. ``n = 0``: ``env`` as it is."""
+    if not n:
+        yield env
+        return
+    from rlsched.core.topology import NodeSpec
+
+    from .nodes import create_gpu_nodes, delete_gpu_nodes, wait_nodes_ready
+
+    specs = [NodeSpec(f"twin-t4-{i}", 4, gpu_model="Tesla-T4", rack="rack-t4", block=env.topology.nodes[0].block,
+                      nvlink_domain_size=4) for i in range(n)]
+    from kubernetes import client
+
+    api = env.api_client()
+    core = client.CoreV1Api(api)
+    names: list[str] = []
+    try:
+        names = create_gpu_nodes(core, Topology(specs))
+        wait_nodes_ready(core, names, timeout=60)
+        yield replace(env, topology=Topology(list(env.topology.nodes) + specs, env.topology.bandwidth),
+                      node_names=list(env.node_names) + names)
+    finally:
+        if names:
+            delete_gpu_nodes(core, names)
+            deadline = time.monotonic() + 60
+            while {x.metadata.name for x in core.list_node().items} & set(names) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        api.close()
+
+
+def _twin_check(cfg: TwinConfig, env, workdir: Path, *, extender: bool, tol: Tolerances,
+                progress: Callable[[str], None] | None, jobs: Sequence[JobSpec] | None) -> dict:
     say = progress or (lambda m: None)
     _check_topology(env)
     jobs = list(jobs) if jobs is not None else twin_workload(cfg, env.topology)
@@ -1333,12 +1425,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--time-scale", type=float, default=TwinConfig.time_scale)
     ap.add_argument("--cycle", type=float, default=TwinConfig.cycle_s)
+    ap.add_argument("--t4-nodes", type=int, default=0,
+                    help="kwok nodes of 4 Tesla-T4 added for the check: a cluster of two GPU types")
     ap.add_argument("--out", default="out/twin", help="directory for report.json, report.md and logs")
     args = ap.parse_args(argv)
     from .cluster import kube_env
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    cfg = TwinConfig(jobs=args.jobs, seed=args.seed, time_scale=args.time_scale, cycle_s=args.cycle)
+    cfg = TwinConfig(jobs=args.jobs, seed=args.seed, time_scale=args.time_scale, cycle_s=args.cycle,
+                     t4_nodes=args.t4_nodes)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with kube_env(progress=lambda m: log.info("%s", m)) as env:

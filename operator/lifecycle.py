@@ -11,6 +11,7 @@ import logging
 import time
 from typing import Any, Callable, Mapping, Sequence
 
+from rlsched.core.allocation import ProfileSample
 from rlsched.core.contract import gpu_type_of, judge_batch
 from rlsched.core.lifecycle import FAIL, RESTART, SUCCEED, Verdict, judge
 from rlsched.core.batch import UNIT_BATCH
@@ -22,7 +23,8 @@ from rlsched.core.live_allocation import (
     observations_to_status,
     one_type,
 )
-from rlsched.core.planning import Admission, DynamicPriority, ElasticState, QueueEntry, RunningJob, WaitReason
+from rlsched.core.planning import (Admission, DynamicPriority, ElasticState, QueueEntry, RunningJob, TrainingSpec,
+                                   WaitReason)
 
 from .job import Job, checkpoint_path, pod_generation, progress_of, requests_count
 from .status import StatusWriter, format_time, get_condition, merge_diff, parse_time, set_condition, short, stored
@@ -269,7 +271,8 @@ class Lifecycle:
     def live_job(self, j: Job, now: float, placement: tuple[int, ...], obs, *, running: RunningJob | None = None,
                  movable: bool = True, patience: int | None = None) -> LiveJob:
         """The job as the allocation policy sees it; ``running``: its elastic state
-        this cycle (a running job's end is judged on it, with the β stop's ``patience``)."""
+        this cycle (a running job's end is judged on it, with the β stop's ``patience``),
+        with the seed profile it declared (:meth:`seed_profile`)."""
         s = j.spec
         created = parse_time(j.body["metadata"].get("creationTimestamp")) or now
         prog = running.progress if running is not None else progress_of(j.status)
@@ -282,7 +285,14 @@ class Lifecycle:
                        restarts=j.generation, priority_class=s.priority_class, queue=j.team,
                        running_since=parse_time(j.status.get("admittedTime")) if placement else None,
                        gpu_models=s.gpu_models, cpu_milli=s.cpu_milli, memory_mib=s.memory_mib,
-                       epoch=max(prog.epoch, 0), metrics=tuple(prog.history), movable=movable, **end)
+                       epoch=max(prog.epoch, 0), metrics=tuple(prog.history), movable=movable,
+                       seed_profile=self.seed_profile(s), **end)
+
+    def seed_profile(self, s: TrainingSpec) -> tuple[ProfileSample, ...]:
+        """``spec.seedProfile`` as one-GPU profile samples, each row's type read through
+        ``--gpu-types`` (a product maps as the node label does, a type key to itself)."""
+        return tuple(ProfileSample(1, 1, m, t, 0.0, gpu_type=gpu_type_of(name, self.config.gpu_types))
+                     for name, m, t in s.seed_profile)
 
     async def schedulable(self, j: Job, why: str | None, now: float) -> None:
         """Condition ``Schedulable``: False (reason ``Unfittable``) while the gang cannot

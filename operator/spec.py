@@ -109,6 +109,7 @@ def parse_spec(
         problems.append(f"spec.successPolicy must be one of {', '.join(SUCCESS_POLICIES)}, got {policy!r}")
         policy = "Chief"
     _check_checkpoint(spec.get("checkpoint"), spec.get("template"), problems)
+    seed = _seed_profile(spec.get("seedProfile"), problems)
 
     klass, value = _priority(spec, problems)
     worker = _check_template(spec.get("template"), gpw or 1, scheduler_name, problems)
@@ -136,7 +137,42 @@ def parse_spec(
         queue_name=queue_name,
         cpu_milli=worker.cpu_milli if worker is not None else 0,
         memory_mib=worker.memory_mib if worker is not None else 0,
+        seed_profile=seed,
     )
+
+
+#: rows of ``spec.seedProfile`` at most (the CRD's ``maxItems``)
+MAX_SEED_ROWS = 256
+
+
+def _seed_profile(rows: Any, problems: list[str]) -> tuple[tuple[str, int, float], ...]:
+    """``spec.seedProfile`` as ``(gpuType, localBatchSize, stepTimeSeconds)`` rows;
+    problems appended."""
+    if rows is None:
+        return ()
+    if not isinstance(rows, list) or len(rows) > MAX_SEED_ROWS:
+        problems.append(f"spec.seedProfile must be a list of at most {MAX_SEED_ROWS} rows")
+        return ()
+    out = []
+    for i, row in enumerate(rows):
+        where = f"spec.seedProfile[{i}]"
+        if not isinstance(row, Mapping):
+            problems.append(f"{where} must be an object {{gpuType, localBatchSize, stepTimeSeconds}}")
+            continue
+        gtype, m, t = row.get("gpuType"), row.get("localBatchSize"), row.get("stepTimeSeconds")
+        ok = True
+        if not isinstance(gtype, str) or not gtype:
+            problems.append(f"{where}.gpuType must be a GPU type or product name, got {gtype!r}")
+            ok = False
+        if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= MAX_BATCH_SIZE:
+            problems.append(f"{where}.localBatchSize must be an integer in 1..{MAX_BATCH_SIZE}, got {m!r}")
+            ok = False
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and t > 0):
+            problems.append(f"{where}.stepTimeSeconds must be a finite number > 0, got {t!r}")
+            ok = False
+        if ok:
+            out.append((gtype, int(m), float(t)))
+    return tuple(out)
 
 
 def _worker_counts(spec: Mapping[str, Any], problems: list[str]) -> tuple:

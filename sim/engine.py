@@ -18,7 +18,7 @@ import logging
 import math
 import time as _time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -96,6 +96,12 @@ class SimConfig:
     #: least seconds between two decisions on events (core's DecisionClock): a burst
     #: of events within it makes one decision at its end
     decision_gap: float = 30.0
+    #: GPU types of the nodes: GPU Feature Discovery's product strings (``NodeSpec.gpu_model``)
+    #: -> type keys, as the operator's ``--gpu-types`` (an unmapped product is its own
+    #: type); a job then runs at its ``JobSpec.gpu_speed`` on the type of its nodes, its
+    #: reports carry that type and an allocation policy sees each node's type. None: the
+    #: nodes carry no type
+    gpu_types: Mapping[str, str] | None = None
 
     def __post_init__(self) -> None:
         if self.scaling_interval <= 0 or self.restart_cost < 0 or self.decision_gap < 0:
@@ -165,7 +171,7 @@ class Simulator:
         self.state = ClusterState(topology)
         self.now = 0.0
         #: the jobs' speed, progress and accuracy curves
-        self.dynamics = JobDynamics(topology, self.state, self.config.clairvoyant)
+        self.dynamics = JobDynamics(topology, self.state, self.config.clairvoyant, self.config.gpu_types)
         self._jobs, noise, noise_off = build_jobs(jobs, self.rng)  # in submission order
         self._by_id = {j.spec.id: j for j in self._jobs}
         self.dynamics.prepare_all(self._jobs, noise, noise_off)

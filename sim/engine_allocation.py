@@ -8,6 +8,9 @@ each node's GPUs; this part only translates the jobs and applies the plan. A par
 
 from __future__ import annotations
 
+import dataclasses
+
+from rlsched.core.allocation import ProfileSample
 from rlsched.core.live_allocation import LiveJob, LivePlan, movable_room
 
 from .engine_jobs import WAKE, JobState, grown
@@ -19,9 +22,9 @@ class AllocationAdapter:
     def __init__(self, sim) -> None:  # the Simulator it is a part of
         self.sim = sim
 
-    @staticmethod
-    def live_job(j: JobState, nodes: tuple[int, ...]) -> LiveJob:
-        """The job as the allocation policy sees it, on ``nodes`` (none: waiting)."""
+    def live_job(self, j: JobState, nodes: tuple[int, ...]) -> LiveJob:
+        """The job as the allocation policy sees it, on ``nodes`` (none: waiting), with
+        the seed profile it declares on the cluster's GPU types (``JobSpec.seed_profile``)."""
         v = j.view
         spec = j.spec
         batch = None  # the scheduler sets none
@@ -34,7 +37,25 @@ class AllocationAdapter:
                        priority_class=j.spec.priority_class or "normal", queue=j.spec.tenant,
                        running_since=float(v.start_time) if nodes and v.start_time is not None else None,
                        gpu_models=v.gpu_models, cpu_milli=v.cpu_milli, memory_mib=v.memory_mib,
-                       epoch=v.progress.epoch, metrics=tuple(v.progress.history), start_workers=spec.workers)
+                       epoch=v.progress.epoch, metrics=tuple(v.progress.history), start_workers=spec.workers,
+                       seed_profile=self._seeds(spec))
+
+    def _seeds(self, spec) -> tuple[ProfileSample, ...]:
+        types = self.sim.dynamics.types
+        if types is None:
+            return ()
+        return tuple(ProfileSample(1, 1, m, t, 0.0, gpu_type=g) for g, m, t in spec.seed_profile(types.values()))
+
+    def _pinned(self, v, gpu_type: str | None):
+        """``v`` as the placement sees it when its workers must go to nodes of
+        ``gpu_type`` (the operator's node affinity on the generation's pods)."""
+        types = self.sim.dynamics.types
+        if gpu_type is None or types is None:
+            return v
+        models = {self.sim.state.topology.nodes[i].gpu_model for i, t in types.items() if t == gpu_type}
+        if v.gpu_models is not None:
+            models &= v.gpu_models
+        return dataclasses.replace(v, gpu_models=frozenset(models))
 
     def cycle(self) -> LivePlan:
         """One decision now, then the plan applied (:meth:`Simulator.allocation_cycle
@@ -55,7 +76,8 @@ class AllocationAdapter:
         if not jobs:
             return LivePlan()
         models = {i: node.gpu_model for i, node in enumerate(st.topology.nodes)}
-        plan = sim.allocation.plan(jobs, capacity, t, queues=sim.queues, models=models, offers=offers)
+        plan = sim.allocation.plan(jobs, capacity, t, queues=sim.queues, models=models, offers=offers,
+                                   types=sim.dynamics.types)
         if plan.error is not None:
             raise plan.error
         self._apply(plan, t)
@@ -76,22 +98,63 @@ class AllocationAdapter:
         grows = []
         for jid, target in plan.resize.items():
             j = sim._by_id[jid]
+            if target.gpu_type is not None and j.gpu_type and target.gpu_type != j.gpu_type:
+                self._move(j, target, t)
+                continue
             delta = target.workers - j.view.workers
             if delta < 0:
                 sim._rescale(j, delta, None, t, target.batch_size)
             else:
-                grows.append((j, delta, target.batch_size))
+                grows.append((j, delta, target))
         for jid, target in plan.start.items():
             j = sim._by_id[jid]
             v = j.view
-            nodes = sim.placement.place(grown(v, target.workers - v.workers), st)
+            nodes = sim.placement.place(self._pinned(grown(v, target.workers - v.workers), target.gpu_type), st)
             if nodes:
                 if j.spec.batch_size is not None:
                     j.batch = target.batch_size or None
                 sim._start(j, list(nodes), t)
                 st.pending = [p for p in st.pending if p is not v]
-        for j, delta, batch in grows:
-            sim._rescale(j, delta, None, t, batch)
+        for j, delta, target in grows:
+            nodes = None
+            if delta > 0 and target.gpu_type is not None and sim.dynamics.types is not None:
+                nodes = sim.placement.place(self._pinned(grown(j.view, delta), target.gpu_type), st, workers=delta)
+                if nodes is None:
+                    continue  # no room on its type now: as a grow the placement cannot place
+            sim._rescale(j, delta, nodes, t, target.batch_size)
+
+    def _move(self, j: JobState, target, t: float) -> None:
+        """A running job to ``target.workers`` workers on nodes of ``target.gpu_type``:
+        a new generation whose every worker is placed there anew, as the operator's
+        resize of a generation pinned to that type (nothing when they do not fit now)."""
+        sim = self.sim
+        st, v = sim.state, j.view
+        sim.dynamics.sync(j, t)
+        old = list(v.placement)
+        st.release_job(v, old)
+        fresh = dataclasses.replace(v, workers=target.workers, max_workers=max(v.max_workers, target.workers),
+                                    placement=[])
+        nodes = sim.placement.place(self._pinned(fresh, target.gpu_type), st)
+        if not nodes:
+            st.allocate_job(v, old)
+            return
+        st.allocate_job(v, nodes)
+        v.placement, v.workers = list(nodes), target.workers
+        sim._dirty = True
+        sim.heuristic.full_pass_needed = True
+        j.rescales += 1
+        if target.batch_size and j.spec.batch_size is not None:
+            j.batch = int(target.batch_size)
+        if sim.recorder.decisions is not None:
+            sim.recorder.decisions.append({"kind": "scale", "job": v.id, "t": t, "delta": target.workers - len(old),
+                                           "workers": target.workers, "epoch": v.progress.epoch,
+                                           "gpu_type": target.gpu_type, **sim._batch_record(j)})
+        j.resume_at = t + sim.config.restart_cost
+        sim.dynamics.set_rate(j)
+        if not j.spec.fixed:
+            sim.dynamics.retarget(j)
+        sim._schedule_finish(j, t)
+        sim.heuristic.schedule_demote(j, t)
 
     def _suspend(self, j: JobState, t: float) -> None:
         sim = self.sim

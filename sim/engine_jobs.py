@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Mapping
 
 import numpy as np
 
 from rlsched.core import ClusterState, JobView, Level, Topology
 from rlsched.core.batch import UNIT_BATCH
+from rlsched.core.contract import gpu_type_of
 from rlsched.core.estimate import estimate_remaining
 from rlsched.core.goodput import JobObservations
+from rlsched.core.live_allocation import one_type
 from rlsched.core.planning import ElasticState, convergence_gains
 
 from .convergence import ConvergenceModel, stop_epoch
@@ -56,6 +59,7 @@ class JobState:
         "spec", "view", "conv", "status", "work_total", "work_done", "rate", "seg_start",
         "resume_at", "eff", "fee", "fee_rate", "version", "accs", "acc_first", "ideal",
         "level0", "rescales", "w0", "first_start", "preemptions", "elastic", "ran", "obs", "reported", "batch",
+        "gpu_type",
     )
 
     def __init__(self, spec: JobSpec, conv: ConvergenceModel | None) -> None:
@@ -89,6 +93,8 @@ class JobState:
         #: the global batch a scheduler set for its current run (an adaptive batch while
         #: it runs under an allocation policy; None: ``spec.batch_size``, or none)
         self.batch: int | None = None
+        #: the GPU type of its nodes while it runs on one type (``""``: none, or no types)
+        self.gpu_type = ""
 
 
 def build_jobs(specs, rng: np.random.Generator) -> tuple[list[JobState], np.ndarray, list[int]]:
@@ -117,9 +123,13 @@ class JobDynamics:
     curve, its rate at its placement, its progress up to a time, where it stops, and
     what its trainer reports. ``clairvoyant``: the views carry true remaining times."""
 
-    def __init__(self, topology: Topology, state: ClusterState, clairvoyant: bool) -> None:
+    def __init__(self, topology: Topology, state: ClusterState, clairvoyant: bool,
+                 gpu_types: Mapping[str, str] | None = None) -> None:
         self.state = state
         self.clairvoyant = clairvoyant
+        #: each node's GPU type (``SimConfig.gpu_types``); None: no types
+        self.types: dict[int, str] | None = (None if gpu_types is None else
+                                             {i: gpu_type_of(n.gpu_model, gpu_types) for i, n in enumerate(topology.nodes)})
         self._bw = topology.bandwidth
         self._limits = topology_limits(topology)
         self._domain = [max(n.nvlink_domain_size, 1) for n in topology.nodes]
@@ -218,6 +228,11 @@ class JobDynamics:
         """Rate, fee rate and throughput at the job's placement; returns its level."""
         v, spec = j.view, j.spec
         lvl = self.level(v)
+        if self.types is not None:
+            j.gpu_type = one_type(v.placement, self.types) or ""
+            if spec.gpu_speed:  # on nodes of several types, at the slowest one's speed
+                spec = max((spec.on_gpu(self.types[i]) for i in set(v.placement)), key=lambda s: s.compute_time,
+                           default=spec)
         thr = throughput(spec, v.workers, lvl, self._bw, j.batch)
         if spec.fixed:
             ideal_thr = spec.workers * spec.batch_per_worker / self.best_step(spec, spec.workers)
@@ -316,7 +331,7 @@ class JobDynamics:
         report = {"workers": v.workers, "globalBatchSize": batch, "stepTimeSeconds": step}
         if stats is not None:
             report["gradSqr"], report["gradVar"] = stats
-        j.obs = j.obs.update(report, len(set(v.placement)))
+        j.obs = j.obs.update(report, len(set(v.placement)), j.gpu_type)
 
 
 def _curves(specs: list[JobSpec], c: list[ConvergenceModel], noise: np.ndarray,

@@ -10,7 +10,7 @@ estimate only where one is given. Details: docs/design-notes.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from rlsched.core import Bandwidth, JobView, Level, Topology
 from rlsched.core.batch import BatchBounds
@@ -71,6 +71,10 @@ class JobSpec:
     estimate_factor: float | None = None
     #: the team that submitted it (its TrainingQueue when the engine runs teams' queues)
     tenant: str | None = None
+    #: how many times faster it computes on a GPU type than ``compute_time`` says
+    #: (type -> factor; a type not named: 1), where the engine's nodes carry types
+    #: (``SimConfig.gpu_types``); communication is the same on every type
+    gpu_speed: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -108,6 +112,10 @@ class JobSpec:
                 raise ValueError(f"job {self.id}: {name} must be a positive finite number, got {x!r}")
         if self.estimated_runtime is not None and self.estimate_factor is not None:
             raise ValueError(f"job {self.id}: give estimated_runtime or estimate_factor, not both")
+        for t, f in self.gpu_speed.items():
+            if not (isinstance(t, str) and t and isinstance(f, (int, float)) and not isinstance(f, bool)
+                    and 0 < f < float("inf")):
+                raise ValueError(f"job {self.id}: gpu_speed needs GPU types -> positive finite factors, got {t!r}: {f!r}")
 
     def _check_batch(self) -> None:
         b, mb, phi = self.batch_size, self.max_batch_size, self.grad_noise_scale
@@ -166,6 +174,21 @@ class JobSpec:
             return None
         return 1.0, float(self.grad_noise_scale)
 
+    def on_gpu(self, gpu_type: str) -> "JobSpec":
+        """The job as it runs on GPUs of ``gpu_type``: ``compute_time`` divided by its
+        ``gpu_speed`` there (itself when that is 1)."""
+        f = self.gpu_speed.get(gpu_type, 1.0)
+        return self if f == 1.0 else replace(self, compute_time=self.compute_time / f)
+
+    def seed_profile(self, gpu_types: Iterable[str]) -> tuple[tuple[str, int, float], ...]:
+        """The one-GPU seed profile it declares on a cluster of ``gpu_types`` (a
+        TrainingJob's ``spec.seedProfile``): on each type, the step time of one GPU at
+        ``batch_per_worker`` samples, ``(type, batch, seconds)``; empty without
+        ``gpu_speed`` (it declares none)."""
+        if not self.gpu_speed:
+            return ()
+        return tuple((t, self.batch_per_worker, self.on_gpu(t).compute_time) for t in sorted(set(gpu_types)))
+
     @property
     def fixed(self) -> bool:
         return self.duration is not None
@@ -208,6 +231,7 @@ class JobSpec:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
         d["gpu_models"] = sorted(self.gpu_models) if self.gpu_models is not None else None
         d["convergence"] = dict(self.convergence)
+        d["gpu_speed"] = dict(self.gpu_speed)
         return d
 
     @classmethod

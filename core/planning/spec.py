@@ -54,6 +54,10 @@ class TrainingSpec:
     #: request, :func:`~rlsched.core.contract.pod_requests`): millicores and MiB
     cpu_milli: int = 0
     memory_mib: int = 0
+    #: ``spec.seedProfile``: one-GPU step times of the job's model measured before it
+    #: runs, ``(GPU type or product, per-GPU batch, seconds per step)`` each (Sia's seed:
+    #: how a job's speed on a GPU type it has not run on is estimated)
+    seed_profile: tuple[tuple[str, int, float], ...] = ()
 
     @property
     def bounds(self) -> BatchBounds | None:

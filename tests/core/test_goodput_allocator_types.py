@@ -121,3 +121,16 @@ def test_one_type_is_the_single_type_decision_labelled_or_not():
         assert a == b
         jobs = [dataclasses.replace(j, allocation=a[j.id].nodes) for j in jobs]
         bare = [dataclasses.replace(j, allocation=b[j.id].nodes) for j in bare]
+
+
+@pytest.mark.parametrize("why", ["gpu_models", "protected"])
+def test_a_job_whose_gang_fits_one_type_only_keeps_it_from_a_job_that_could_run_elsewhere(why):
+    """``hold`` runs on all 8 ``fast`` GPUs and fits nowhere else (its GPU models, or
+    its minimum run time keeps it at home); ``new`` gains more there per GPU but can run
+    on ``slow``: it lands on ``slow`` and ``hold`` keeps its GPUs."""
+    nodes = _nodes(("fast", 8), ("slow", 8))
+    hold = dataclasses.replace(_job("hold", BIG, alloc=(0,) * 8), min_replicas=8,
+                               **({"gpu_models": frozenset({"fast"})} if why == "gpu_models" else {"protected": True}))
+    new = dataclasses.replace(_job("new", BIG, max_replicas=4, submit=1.0), min_replicas=2)
+    _, got = _decide([hold, new], nodes)
+    assert got == {"hold": ("fast", 8), "new": ("slow", 4)}, got

@@ -3,6 +3,8 @@ record kept per type in ``status.goodput`` (rows written before types still read
 rows reaching the allocator as per-type profile samples, and the plan carrying each
 node's type to the allocator and the type of its answer to the generation."""
 
+from dataclasses import replace
+
 import pytest
 
 from rlsched.core.allocation import Allocation
@@ -116,3 +118,24 @@ def test_a_move_to_another_type_at_the_same_size_is_a_new_generation_only_when_t
     stay = LiveAllocation(Fixed({"ns/a": Allocation((0, 0))}, type_aware)).plan(
         [running], {0: 4, 1: 8}, now=5.0, types=types)
     assert stay.resize == {} and stay.start == {} and stay.stop == []
+
+
+def test_a_job_moves_to_a_faster_type_that_frees_up_only_with_the_seed_profile_it_declared():
+    """The served goodput allocator on one T4-like and one A100-like node: a job that ran
+    on the slow type alone has no model on the other type but what its seed profile says;
+    with the seed (4x faster there) it moves when that type has room, without it stays."""
+    from rlsched.core.allocation import ProfileSample
+
+    types = {0: "aws", 1: "dgx-ext"}
+    obs = JobObservations(B).record(2, 1, 128, 0.4, "aws")
+    seed = (ProfileSample(1, 1, 64, 0.4, 0.0, gpu_type="aws"), ProfileSample(1, 1, 64, 0.1, 0.0, gpu_type="dgx-ext"))
+    running = LiveJob("ns/a", 0.0, 1, 2, nodes=(0, 0), batch_size=128, bounds=B, observations=obs,
+                      running_since=10.0, restarts=0)
+    assert LiveAllocation.alloc_job(replace(running, seed_profile=seed), now=1.0).seed_profile == seed
+
+    def plan(job):
+        return LiveAllocation.named("goodput@restart_delay=1").plan([job], {0: 4, 1: 8}, now=100.0, types=types)
+
+    assert plan(running).resize == {} and plan(running).stop == []
+    moved = plan(replace(running, seed_profile=seed))
+    assert moved.resize == {"ns/a": LiveTarget(2, 128, "dgx-ext")}, moved

@@ -536,3 +536,25 @@ def test_a_job_admitted_by_a_shrink_counts_the_shrink_as_a_hand_off(batch_sim):
     assert _path_decisions("bs-b", log_, submit) == 2  # its admission + bs-a's shrink
     grow = [dict(d, delta=abs(d["delta"])) if d["kind"] == "scale" else d for d in log_]
     assert _path_decisions("bs-b", grow, submit) == 1
+
+
+def test_on_two_gpu_types_the_replay_trainer_runs_at_the_types_speed_and_the_manifest_declares_its_seed():
+    from rlsched.core.topology import NodeSpec
+    from rlsched.operator.spec import parse_spec
+    from rlsched_dev.twin import _Replay, manifest, mixed_scenario
+
+    a = mixed_scenario()[0]
+    mixed = Topology(list(TOPO.nodes) + [NodeSpec("t4-0", 4, gpu_model="Tesla-T4", rack="rack-t4")], TOPO.bandwidth)
+    tr = ReplayTrainer.__new__(ReplayTrainer)
+    tr.topology, tr.time_scale, tr.restart_wall = mixed, 10.0, 3.0
+    tr.types = ["A100"] * 4 + ["Tesla-T4"]
+    on = {}
+    for node in (0, 4):
+        r = _Replay(a, _Conv())
+        tr.reconfigure(r, [node], 0.0)
+        on[tr.types[node]] = r.rate
+    assert on["A100"] == pytest.approx(throughput(a.on_gpu("A100"), 1, Level.NVLINK, TOPO.bandwidth))
+    assert on["Tesla-T4"] == pytest.approx(throughput(a, 1, Level.NVLINK, TOPO.bandwidth)) and on["Tesla-T4"] < on["A100"]
+    seed = parse_spec(manifest(a, "ns", {"A100", "Tesla-T4"})["spec"], name=a.id).seed_profile
+    assert seed == (("A100", 32, a.compute_time / 3.0), ("Tesla-T4", 32, a.compute_time))
+    assert "seedProfile" not in manifest(a, "ns")["spec"]

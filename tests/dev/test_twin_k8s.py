@@ -10,8 +10,9 @@ jobs, early β stops and one ``highest`` job that preempts (asserted on the simu
 side in tests/dev/test_twin.py). The allocator-mode checks run the operator's
 ``--allocator`` with the served default (core/served.py: goodput-rlpto, the goodput
 allocator with RLPTO's network as its growth weight): ``allocator_scenario`` (multi-worker
-resizes, shrink-to-admit) and ``batch_scenario`` (resizes that change a job's global
-batch size)."""
+resizes, shrink-to-admit), ``batch_scenario`` (resizes that change a job's global
+batch size) and ``mixed_scenario`` on a cluster of two GPU types (a job that lands on
+the slow type and moves to the fast one)."""
 
 from __future__ import annotations
 
@@ -77,4 +78,26 @@ def test_twin_check_batch_size_change(kube_cluster, launch_extender, tmp_path):
     named = [d["batch"] for d in sorted(report["live_log"], key=lambda d: d["t"])
              if d["job"] == "bs-a" and d["kind"] == "scale"]
     assert named == row["live"][1:], (named, row)
+    assert report["ok"], render_markdown(report)
+
+
+def test_twin_check_on_a_cluster_of_two_gpu_types(kube_cluster, launch_extender, tmp_path):
+    """The served allocator on the 32 A100s and two nodes of 4 T4s (``t4_nodes``),
+    against the engine with the same GPU types: a job that lands on the T4s while the
+    A100s are busy moves there once they free up, as it does live (``mixed_scenario``)."""
+    from rlsched_dev.twin import mixed_scenario
+
+    cfg = TwinConfig(jobs=2, seed=1, allocator=SERVED.allocator, t4_nodes=2)
+    with launch_extender(kube_cluster, tmp_path / "extender.log"):
+        report = twin_check(cfg, kube_cluster, tmp_path / "live", extender=False, jobs=mixed_scenario())
+    (tmp_path / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    print(render_markdown(report))  # shown when the test fails
+    for side in ("sim_log", "live_log"):  # the same on both sides
+        log = sorted(report[side], key=lambda d: d["t"])
+        first = {d["job"]: d for d in log if d["kind"] == "admit"}
+        assert all(n.startswith("kwok-gpu-") for n in first["mx-a"]["nodes"]), (side, first)  # on the A100s
+        assert all(n.startswith("twin-t4-") for n in first["mx-b"]["nodes"]), (side, first)  # on the T4s
+        moves = [d for d in log if d["job"] == "mx-b" and d["kind"] == "scale"]
+        assert [d["delta"] for d in moves] == [0], (side, moves)  # then a new generation at its size
+    assert [d["gpu_type"] for d in report["sim_log"] if d["kind"] == "scale"] == ["A100"]  # the engine says where
     assert report["ok"], render_markdown(report)

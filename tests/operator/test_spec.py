@@ -46,6 +46,25 @@ def test_batch_bounds_parse_and_are_checked():
             parse_spec(body(**over))
 
 
+def test_a_seed_profile_parses_into_rows_and_each_bad_row_is_named(offline_controller):
+    rows = [{"gpuType": "aws", "localBatchSize": 64, "stepTimeSeconds": 0.4},
+            {"gpuType": "NVIDIA-A100-SXM4-40GB", "localBatchSize": 64, "stepTimeSeconds": 0.1}]
+    s = parse_spec(body(seedProfile=rows))
+    assert s.seed_profile == (("aws", 64, 0.4), ("NVIDIA-A100-SXM4-40GB", 64, 0.1))
+    assert parse_spec(body()).seed_profile == ()
+    with pytest.raises(SpecError) as exc:
+        parse_spec(body(seedProfile=[rows[0], {"gpuType": "", "localBatchSize": 0, "stepTimeSeconds": -1}, 3]))
+    assert exc.value.problems == [
+        "spec.seedProfile[1].gpuType must be a GPU type or product name, got ''",
+        "spec.seedProfile[1].localBatchSize must be an integer in 1..16777216, got 0",
+        "spec.seedProfile[1].stepTimeSeconds must be a finite number > 0, got -1",
+        "spec.seedProfile[2] must be an object {gpuType, localBatchSize, stepTimeSeconds}"]
+    # the allocator gets one-GPU samples, a product read through --gpu-types as a node's label is
+    ctl = offline_controller(gpu_types={"NVIDIA-A100-SXM4-40GB": "dgx-ext"})
+    assert [(p.gpu_type, p.num_replicas, p.num_nodes, p.atomic_bsz, p.step_time)
+            for p in ctl.lifecycle.seed_profile(s)] == [("aws", 1, 1, 64, 0.4), ("dgx-ext", 1, 1, 64, 0.1)]
+
+
 def test_job_name_must_start_with_a_letter_for_its_service():
     with pytest.raises(SpecError, match="must start with a letter"):
         parse_spec(body(), name="1job")

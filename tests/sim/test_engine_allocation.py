@@ -134,3 +134,36 @@ def test_a_heuristic_as_one_allocator_decides_as_the_engines_admission_passes(ba
                     allocation=LiveAllocation.named("fifo/bestfit" + suffix)).run()
     times = [{r.id: (r.start, r.end) for r in res.records} for res in (passes, one)]
     assert len(times[0]) == len(trace.jobs) and times[0] == times[1]
+
+
+def test_on_nodes_of_two_gpu_types_a_job_runs_reports_and_moves_by_its_type():
+    """``SimConfig.gpu_types``: each node's type its product (``NodeSpec.gpu_model``); a
+    job runs at its ``gpu_speed`` there, its reports carry the type, the allocator sees
+    the types and the seed profile the job declares on them. A job that lands on the
+    slow type while the fast one is taken moves there (a new generation at its size,
+    every worker placed on the fast type) once it has room; without types, nothing of it."""
+    from rlsched.core.topology import NodeSpec
+    from rlsched_dev.twin import mixed_scenario
+
+    fast = Topology.uniform(4, gpus_per_node=8, racks=2, blocks=1, prefix="kwok-gpu")
+    nodes = list(fast.nodes) + [NodeSpec(f"t4-{i}", 4, gpu_model="Tesla-T4", rack="rack-t4") for i in range(2)]
+    mixed = Topology(nodes, fast.bandwidth)
+    conf = dict(scaling_interval=2.5, restart_cost=30.0, record_decisions=True, allocate_on_events=False)
+
+    def run(gpu_types):
+        from rlsched.core.served import SERVED
+
+        s = Simulator(mixed_scenario(), mixed, placement=make_placement("bestfit"),
+                      allocation=LiveAllocation.named(SERVED.allocator), config=SimConfig(gpu_types=gpu_types, **conf))
+        return s, s.run()
+
+    s, res = run({})
+    names = [n.name for n in mixed.nodes]
+    log = {(d["kind"], d["job"]): d for d in res.decisions}
+    assert {names[i][:3] for i in log["admit", "mx-a"]["nodes"]} == {"kwo"}
+    assert {names[i][:3] for i in log["admit", "mx-b"]["nodes"]} == {"t4-"}
+    assert log["scale", "mx-b"]["delta"] == 0 and log["scale", "mx-b"]["gpu_type"] == "A100"
+    b = s._by_id["mx-b"]
+    assert {r.gpu_type for r in b.obs.shapes} == {"Tesla-T4", "A100"} and not res.unfinished
+    _, plain = run(None)  # no types: the allocator sees one kind of GPU
+    assert not [d for d in plain.decisions if d["kind"] == "scale"]
