@@ -32,15 +32,26 @@ def test_the_prior_holds_until_enough_jobs_had_service():
     assert service_quantile([], 0.5, 7.0, 1) == 7.0
 
 
+def test_the_jobs_still_there_count_as_censored():
+    """Kaplan-Meier: 100 ends (1 of 3 at risk: CDF 1/3), 150 is still running, 200 ends
+    (1 of 1 at risk: CDF 1). The median is 200, not the 100 of the jobs that ended
+    alone; where the CDF never reaches q, the largest service seen or the prior."""
+    assert service_quantile([100.0, 200.0], 0.5, 7.0, 2) == 100.0
+    assert service_quantile([100.0, 200.0], 0.5, 7.0, 2, running=[150.0, 0.0]) == 200.0
+    assert service_quantile([100.0], 0.9, 7.0, 1, running=[150.0, 300.0]) == 300.0
+    assert service_quantile([100.0], 0.9, 1000.0, 1, running=[150.0, 300.0]) == 1000.0
+
+
 def test_it_learns_the_service_of_the_jobs_that_leave_between_calls():
     """a (100 GPU-s, 2 GPUs) and b (50, waiting) leave between t=0 and t=10: they ran at
-    most until t=10, 120 and 50; c leaves between t=10 (310, 1 GPU) and t=40: 340."""
+    most until t=10, 120 and 50, with c (310) still there: CDF 1/3 at 50, 2/3 at 120;
+    c leaves between t=10 (310, 1 GPU) and t=40: 340."""
     th = ServiceThreshold(0.5, 1000.0, min_jobs=2)
     a = make_job("a", attained=100.0, alloc=(0, 0))
     b = make_job("b", attained=50.0)
     c = make_job("c", attained=300.0, alloc=(1,))
     assert th.update([a, b, c], 0.0) == 1000.0
-    assert th.update([replace(c, attained_service=310.0)], 10.0) == 50.0
+    assert th.update([replace(c, attained_service=310.0)], 10.0) == 120.0
     assert sorted(th.finished) == [50.0, 120.0]
     assert th.update([], 40.0) == 120.0
     assert sorted(th.finished) == [50.0, 120.0, 340.0]
@@ -60,13 +71,13 @@ def test_it_reads_no_oracle():
 
 
 def test_the_allocator_demotes_at_the_learnt_threshold_and_not_by_default():
-    """Two jobs leave after 100 and 300 GPU-s: at q = 0.5 the threshold is 100, so an old
-    job with 200 GPU-s yields its one GPU to a newcomer; at the default (16 GPU-hours)
-    it keeps it."""
+    """Two jobs leave after 100 and 300 GPU-s while an old job holds 200: at q = 0.3 the
+    threshold is 100, so the old job yields its one GPU to a newcomer; at the default
+    (16 GPU-hours) it keeps it."""
     old = make_job("old", submit=0.0, attained=200.0, alloc=(0,), max_replicas=1)
     new = make_job("new", submit=9.0, max_replicas=1)
     gone = [make_job("x", attained=100.0), make_job("y", attained=300.0)]
-    adaptive, fixed = GoodputAllocator(adaptive=0.5, adaptive_jobs=2), GoodputAllocator()
+    adaptive, fixed = GoodputAllocator(adaptive=0.3, adaptive_jobs=2), GoodputAllocator()
     for a in (adaptive, fixed):
         decide(gone + [old], nodes_of(1), a, now=0.0)
     assert adaptive.queue_threshold == fixed.queue_threshold == POLLUX_THRESHOLD  # nobody left yet
