@@ -1,9 +1,13 @@
-"""Mean JCT on the event suites under engine settings, per validation seed: when an
+"""Mean JCT on the protocol's suites under engine settings, per validation seed: when an
 allocation policy decides (on events, with a gap; or every interval) and its options.
+The pollux suite runs on the interval engine (overrides: ``IntervalConfig`` fields).
 
     python bench/event_decisions.py --suite alibaba --load 1.0 --seeds 10000,10001,10002 \\
         --run 'goodput-rlpto/das' --run 'goodput-rlpto/das {"allocate_on_events": false}' \\
         --run 'tiresias/das+backfill' --procs 2 --out out/event_decisions.json
+
+    python bench/event_decisions.py --suite pollux --jobs 160 --load 1.0 --run 'rlsched' \\
+        --run 'goodput-rlpto@adaptive=0.8/das' --run 'tiresias-2q'
 
 Each ``--run`` is a policy name (``rlsched sim`` spelling, allocator options with
 ``@key=value``) and, optionally, a JSON object of ``SimConfig`` overrides. Validation
@@ -18,30 +22,34 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 
-#: the protocol's event suites (sim/evaluate.py SUITES), whose trace specs are used
-EVENT_SUITES = ("alibaba", "synthetic")
+#: the protocol's suites (sim/evaluate.py SUITES) whose trace specs are used
+EVENT_SUITES = ("alibaba", "synthetic", "pollux")
 
 
-def _spec(suite: str, load: float, jobs: int) -> str:
-    """The protocol's trace spec of ``suite`` at ``load`` (the seed is given apart)."""
+def _spec(suite: str, load: float, jobs: int, seed: int) -> str:
+    """The protocol's trace spec of ``suite`` at ``load`` for validation seed ``seed``."""
     from rlsched.sim.evaluate import SUITES
 
-    return SUITES[suite].validation_units(load, 1, jobs)[0].spec
+    return SUITES[suite]._spec(load, seed, jobs)
 
 
 def _one(task: tuple) -> dict:
     from rlsched.core.served import parse_policy_name
-    from rlsched.sim.cli import policy_config, run_policy
+    from rlsched.sim.cli import policy_config, run_allocator, run_policy
     from rlsched.sim.engine import SimConfig
-    from rlsched.sim.traces import default_topology, load_trace
+    from rlsched.sim.traces import MeasuredTrace, default_topology, load_trace
 
     suite, load, jobs, seed, name, overrides, data_dir = task
-    trace = load_trace(_spec(suite, load, jobs), data_dir=data_dir, seed=seed)
-    topo = trace.topology if trace.topology is not None else default_topology(trace.jobs)
+    trace = load_trace(_spec(suite, load, jobs, seed), data_dir=data_dir, seed=seed)
     pol = parse_policy_name(name)
-    cfg = replace(policy_config(SimConfig(), pol), **overrides)
     t0 = time.perf_counter()
-    _, m = run_policy(trace, topo, pol.ordering, pol.placement, pol.scaling, seed, cfg, allocator=pol.allocator)
+    if isinstance(trace, MeasuredTrace):  # the interval engine, as the protocol runs it
+        cfg = replace(trace.interval_config(), **overrides)
+        _, m = run_allocator(trace, trace.cluster, pol.label, cfg, seed=seed)
+    else:
+        topo = trace.topology if trace.topology is not None else default_topology(trace.jobs)
+        cfg = replace(policy_config(SimConfig(), pol), **overrides)
+        _, m = run_policy(trace, topo, pol.ordering, pol.placement, pol.scaling, seed, cfg, allocator=pol.allocator)
     return {"suite": suite, "load": load, "seed": seed, "policy": name, "config": overrides,
             "jct_mean": m["jct_mean"], "wall_s": time.perf_counter() - t0}
 

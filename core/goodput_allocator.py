@@ -19,6 +19,7 @@ from typing import Mapping, Protocol, Sequence
 import numpy as np
 
 from .allocation import AllocJob, Allocation, AllocNode, checked_call
+from .demotion import ServiceThreshold
 from .goodput import GoodputModel, ThroughputPrior, optimize_many
 from .job_goodput import JobGoodput, split_batch
 from .ordering import POLLUX_THRESHOLD
@@ -52,7 +53,7 @@ class GoodputAllocator:
                  prior: ThroughputPrior | None = None, refit_tolerance: float | None = None,
                  explore: float = 0.0, service_exponent: float = 1.0,
                  service_scale: float | None = None, growth: "GrowthWeight | None" = None,
-                 idle_horizon: float = 0.0) -> None:
+                 idle_horizon: float = 0.0, adaptive: float = 0.0, adaptive_jobs: float = 20) -> None:
         if not math.isfinite(p):
             raise ValueError(f"p must be finite, got {p}")
         if not (math.isfinite(restart_delay) and restart_delay >= 0):
@@ -73,6 +74,13 @@ class GoodputAllocator:
         if not (math.isfinite(idle_horizon) and idle_horizon >= 0):
             raise ValueError(f"idle_horizon must be >= 0 seconds (0: off), got {idle_horizon}")
         self.idle_horizon = float(idle_horizon)
+        if not (math.isfinite(adaptive) and 0 <= adaptive <= 1):
+            raise ValueError(f"adaptive must be a quantile in (0, 1] (0: off), got {adaptive}")
+        #: with ``adaptive = q > 0``, the demotion threshold is the ``q``-quantile of the
+        #: service of the jobs that left, ``threshold`` until ``adaptive_jobs`` have
+        #: (:mod:`rlsched.core.demotion`); None: ``threshold`` always
+        self.demotion = (ServiceThreshold(adaptive, self.threshold, min_jobs=int(adaptive_jobs))
+                         if adaptive else None)
         #: a learned weight in place of the service weight (:mod:`rlsched.core.growth_weight`)
         self.growth = growth
         self.jobs = JobGoodput(prior, refit_tolerance=refit_tolerance)
@@ -86,13 +94,21 @@ class GoodputAllocator:
     def __repr__(self) -> str:
         return (f"GoodputAllocator(p={self.p}, restart_delay={self.restart_delay}, threshold={self.threshold}, "
                 f"service_exponent={self.service_exponent}, service_scale={self.service_scale}, "
-                f"growth={self.growth!r}, idle_horizon={self.idle_horizon})")
+                f"growth={self.growth!r}, idle_horizon={self.idle_horizon}"
+                + (f", adaptive={self.demotion.q}, adaptive_jobs={self.demotion.min_jobs})" if self.demotion else ")"))
 
     # ------------------------------------------------------------------ the pieces
     def order(self, jobs: Sequence[AllocJob]) -> list[AllocJob]:
         """Who runs first: higher service classes first (``AllocJob.priority``), then two
-        queues by attained service, FCFS within each."""
-        return sorted(jobs, key=lambda j: (-j.priority, j.attained_service >= self.threshold, j.submit_time, j.id))
+        queues by attained service (split at :attr:`queue_threshold`), FCFS within each."""
+        th = self.queue_threshold
+        return sorted(jobs, key=lambda j: (-j.priority, j.attained_service >= th, j.submit_time, j.id))
+
+    @property
+    def queue_threshold(self) -> float:
+        """GPU-seconds after which a job is demoted to the second queue: ``threshold``,
+        or the adaptive one as of the last decision (``adaptive``)."""
+        return self.threshold if self.demotion is None else self.demotion.value
 
     def utility(self, speedup: np.ndarray) -> np.ndarray:
         """``u(s) = (s^p − 1)/p`` (``log s`` at ``p = 0``); ``−inf`` at ``s = 0``."""
@@ -247,6 +263,8 @@ class GoodputAllocator:
     def allocate(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], now: float,
                  queues: QueueBook | None = None) -> Mapping[str, Allocation]:
         self._now = checked_call(self.name, self._now, now, jobs)
+        if self.demotion is not None:
+            self.demotion.update(jobs, now)
         types = gpu_types(nodes)
         if len(types) > 1:
             return self._allocate_typed(jobs, nodes, queues, types)

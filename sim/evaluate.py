@@ -170,13 +170,14 @@ def check_pool(names: Sequence[str], suite: Suite, *, role: str = "compared_with
                                     f"suites ({', '.join(n for n, x in SUITES.items() if x.engine == 'interval')}) "
                                     f"only; suite {suite.name!r} runs ordering/placement[/scaling], "
                                     f"<allocator>/<placement> or {SERVED_NAME}")
-            if not is_allocator(pol.allocator):
+            base = pol.allocator.partition("@")[0].strip()  # options: name@key=value,...
+            if not is_allocator(base):
                 raise ProtocolError(f"unknown {role} policy {name!r}; known allocation policies: "
                                     f"{', '.join(allocator_names())}")
-            if pol.allocator == "pollux":
+            if base == "pollux":
                 raise ProtocolError("the released Pollux policy takes ~50 min a workload: its recorded runs are "
                                     "reported instead (--recorded), paired by workload")
-            clair = allocator_entry(pol.allocator).clairvoyant
+            clair = allocator_entry(base).clairvoyant
             if role == "compared_with" and clair:
                 raise ProtocolError(f"{name!r} is clairvoyant: give it as --clairvoyant-reference, never as a baseline")
             if role == "clairvoyant reference" and not clair:
