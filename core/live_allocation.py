@@ -262,6 +262,12 @@ class LiveTarget:
     gpu_type: str | None = None
 
 
+@lru_cache(maxsize=64)
+def _rank(priority_class: str) -> int:
+    """:func:`~rlsched.core.contract.class_rank`, looked up once per class."""
+    return class_rank(priority_class)
+
+
 def _gpus_on(jobs: Iterable[LiveJob]) -> Counter[int]:
     """Node index -> GPUs ``jobs`` hold there."""
     out: Counter[int] = Counter()
@@ -362,7 +368,7 @@ class LiveAllocation:
                         target_batch_size=bounds.init_batch, min_replicas=lo * g, max_replicas=hi * g,
                         bounds=bounds, batch_size=job.batch_size or 0, grad_sqr=sqr, grad_var=var, profile=profile,
                         epoch=job.epoch, metrics=job.metrics, higher_is_better=True,
-                        priority=class_rank(job.priority_class), queue=job.queue,
+                        priority=_rank(job.priority_class), queue=job.queue,
                         protected=protected and bool(job.nodes), gpu_models=job.gpu_models,
                         cpu_milli=-(-max(job.cpu_milli, 0) // g), memory_mib=-(-max(job.memory_mib, 0) // g),
                         replica_group=g, seed_profile=job.seed_profile)

@@ -42,9 +42,15 @@ class AllocationAdapter:
                  v.min_workers, v.max_workers, v.gpus_per_worker, v.gpu_models, v.cpu_milli, v.memory_mib,
                  v.submit_time)
         hit = self._kept.get(v.id)
-        if (hit is not None and hit[1] == equal and hit[0][0] is spec and hit[0][1] is j.obs
-                and hit[0][2] is p.history and hit[0][3] is types):
-            return hit[2]
+        metrics = seeds = None
+        if hit is not None:
+            old = hit[2]
+            if hit[0][0] is spec and hit[0][3] is types:
+                seeds = old.seed_profile
+            if hit[0][2] is p.history and len(old.metrics) == len(p.history):
+                metrics = old.metrics
+                if seeds is not None and hit[0][1] is j.obs and hit[1] == equal:
+                    return old
         live = LiveJob(key=v.id, submit_time=v.submit_time, min_workers=v.min_workers, max_workers=v.max_workers,
                        gpus_per_worker=v.gpus_per_worker, nodes=nodes, observations=j.obs,
                        batch_size=batch, bounds=spec.bounds,
@@ -52,8 +58,8 @@ class AllocationAdapter:
                        priority_class=j.spec.priority_class or "normal", queue=j.spec.tenant,
                        running_since=since,
                        gpu_models=v.gpu_models, cpu_milli=v.cpu_milli, memory_mib=v.memory_mib,
-                       epoch=p.epoch, metrics=tuple(p.history), start_workers=spec.workers,
-                       seed_profile=self._seeds(spec))
+                       epoch=p.epoch, metrics=tuple(p.history) if metrics is None else metrics,
+                       start_workers=spec.workers, seed_profile=self._seeds(spec) if seeds is None else seeds)
         self._kept[v.id] = (same, equal, live)
         return live
 
