@@ -130,11 +130,12 @@ class GangAllocator:
         for (``target_replicas`` GPUs in workers of ``replica_group`` GPUs)."""
         g = max(1, j.replica_group)
         w = max(min(j.target_replicas or g, j.max_replicas) // g, 1)
+        thresholds = getattr(self.ordering, "thresholds", ())
         return JobView(id=j.id, submit_time=j.submit_time, workers=w, min_workers=w, max_workers=w,
                        gpus_per_worker=g, gpu_models=j.gpu_models, cpu_milli=j.cpu_milli * g,
                        memory_mib=j.memory_mib * g,
-                       attained_service=reached_threshold(j.attained_service, getattr(self.ordering, "thresholds", ())),
-                       placement=[])
+                       attained_service=reached_threshold(j.attained_service, thresholds) if thresholds
+                       else j.attained_service, placement=[])
 
     def order(self, jobs: Sequence[AllocJob]) -> list[AllocJob]:
         """The jobs in the order the ordering serves them (on the last cluster state

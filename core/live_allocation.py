@@ -457,7 +457,8 @@ class LiveAllocation:
             raise ValueError(f"running jobs hold more GPUs than the capacity given (node: held, capacity): {over}")
         barred = {j.key: w for j in decided if (w := self.barred(j, book)) is not None}
         free_jobs = [j for j in decided if j.key not in barred]
-        asked = [self.alloc_job(j, now, self.protected(j, book, now), self._learned_of(j)) for j in free_jobs]
+        guarded = [self.protected(j, book, now) for j in free_jobs]
+        asked = [self.alloc_job(j, now, k, self._learned_of(j)) for j, k in zip(free_jobs, guarded)]
         if len(self._kept) > 2 * len(free_jobs) + 64:  # forget the jobs that left
             live = {j.key for j in free_jobs}
             self._kept = {k: v for k, v in self._kept.items() if k in live}
@@ -489,7 +490,7 @@ class LiveAllocation:
             stopped = set(plan.stop)
             waits = any(not (j.nodes and j.key not in stopped) and j.key not in plan.start for j in free_jobs)
         if waits:  # a protection from preemption that ends may let a waiting job in
-            wakes += [j.running_since + book.min_run(j.queue) for j in free_jobs if self.protected(j, book, now)]
+            wakes += [j.running_since + book.min_run(j.queue) for j, k in zip(free_jobs, guarded) if k]
         plan.wake_at = min((w for w in wakes if w is not None), default=None)
         plan.waiting.update(barred)
         if book.active:
