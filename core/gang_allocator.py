@@ -10,6 +10,7 @@ way. It sees no run time. Details: docs/design-notes.md.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -45,9 +46,14 @@ _UNCOUNTED = 1 << 40
 def _spec(v: JobView, j: AllocJob) -> TrainingSpec:
     """A gang of the workers the job runs with (the allocator's jobs are not elastic at
     admission), its GPUs per worker and its service class."""
-    return TrainingSpec(min_workers=v.workers, max_workers=v.workers, gpus_per_worker=v.gpus_per_worker,
-                        priority_class=PRIORITY_CLASSES[len(PRIORITY_CLASSES) - 1 - j.priority],
-                        gpu_models=v.gpu_models)
+    return _gang(v.workers, v.gpus_per_worker, j.priority, v.gpu_models)
+
+
+@lru_cache(maxsize=4096)
+def _gang(workers: int, gpus_per_worker: int, priority: int, gpu_models: frozenset[str] | None) -> TrainingSpec:
+    """:func:`_spec`'s (immutable) spec, built once per shape."""
+    return TrainingSpec(min_workers=workers, max_workers=workers, gpus_per_worker=gpus_per_worker,
+                        priority_class=PRIORITY_CLASSES[len(PRIORITY_CLASSES) - 1 - priority], gpu_models=gpu_models)
 
 
 def learning_score(metrics: Sequence[float], higher_is_better: bool) -> list[float]:
@@ -124,11 +130,12 @@ class GangAllocator:
         for (``target_replicas`` GPUs in workers of ``replica_group`` GPUs)."""
         g = max(1, j.replica_group)
         w = max(min(j.target_replicas or g, j.max_replicas) // g, 1)
+        thresholds = getattr(self.ordering, "thresholds", ())
         return JobView(id=j.id, submit_time=j.submit_time, workers=w, min_workers=w, max_workers=w,
                        gpus_per_worker=g, gpu_models=j.gpu_models, cpu_milli=j.cpu_milli * g,
                        memory_mib=j.memory_mib * g,
-                       attained_service=reached_threshold(j.attained_service, getattr(self.ordering, "thresholds", ())),
-                       placement=[])
+                       attained_service=reached_threshold(j.attained_service, thresholds) if thresholds
+                       else j.attained_service, placement=[])
 
     def order(self, jobs: Sequence[AllocJob]) -> list[AllocJob]:
         """The jobs in the order the ordering serves them (on the last cluster state
@@ -154,6 +161,7 @@ class GangAllocator:
         index = {n.index: k for k, n in enumerate(nodes)}
         out: dict[str, Allocation] = {}
         pending = []
+        used: dict[int, list[int]] = {}  # node -> GPUs, millicores, MiB the running jobs hold there
         for j in jobs:
             v = self._view(j)
             if j.allocation:
@@ -162,11 +170,17 @@ class GangAllocator:
                 v.workers = v.min_workers = v.max_workers = len(place)
                 v.placement = place
                 v.start_time = now
-                state.allocate_job(v, place)
+                for k in place:
+                    u = used.setdefault(k, [0, 0, 0])
+                    u[0] += v.gpus_per_worker
+                    u[1] += v.cpu_milli
+                    u[2] += v.memory_mib
                 state.running[v.id] = v
                 out[j.id] = Allocation(tuple(j.allocation))
             else:
                 pending.append(v)
+        for k in sorted(used):  # once per node: the state the same as worker by worker
+            state.allocate(k, *used[k])
         state.pending = pending
         by_id = {j.id: j for j in jobs}
         waiting = [QueueEntry(key=v.id, spec=_spec(v, by_id[v.id]), submit_time=v.submit_time, priority=0.0,

@@ -739,7 +739,8 @@ class JobObservations:
         """This record with one step time on ``workers`` replicas over ``nodes`` nodes
         at global batch ``batch`` (accumulation steps as the trainer derives them) on
         GPUs of ``gpu_type``."""
-        _check_placement(workers, nodes)
+        if not (1 <= nodes <= workers):  # _check_placement's rule, on one shape
+            raise ValueError("need 1 <= N <= K (nodes at most replicas)")
         if not (math.isfinite(step_time) and step_time > 0) or batch < 1:
             raise ValueError(f"need batch >= 1 and a step time > 0, got {batch}, {step_time}")
         s = int(self.bounds.accumulation_steps(batch, workers))

@@ -51,6 +51,8 @@ def movable_room(state: Any, held: Iterable[tuple[Sequence[int], int, int, int]]
 def one_type(nodes: Iterable[int], types: Mapping[int, str]) -> str | None:
     """The GPU type of ``nodes`` when all are of one known type (``types``: node index
     -> type, ``""`` unknown), else None."""
+    if not types:
+        return None
     seen = {types.get(i, "") for i in nodes}
     return next(iter(seen)) if len(seen) == 1 and "" not in seen else None
 
@@ -156,6 +158,32 @@ def _capped(b: BatchBounds) -> BatchBounds:
     return replace(b, max_local_batch=b.largest)
 
 
+@lru_cache(maxsize=4096)
+def _fixed(lo: int, hi: int) -> BatchBounds:
+    """The bounds of a job with a fixed batch per GPU: one sample per replica (built
+    once per range)."""
+    return BatchBounds(lo, hi, 1, 1)
+
+
+def _learned(obs: JobObservations | None, g: int, b: BatchBounds | None
+             ) -> tuple[tuple[ProfileSample, ...], float | None, float | None]:
+    """A job's observations in the allocator's terms: its profile (replicas are GPUs)
+    and gradient statistics (``tr(Σ)/M0``; a job without bounds counts every sample)."""
+    profile: tuple[ProfileSample, ...] = ()
+    sqr = var = None
+    if obs is not None:
+        profile = tuple(ProfileSample(num_nodes=r.nodes, num_replicas=r.workers * g,
+                                      atomic_bsz=max(1, round(r.local_batch / g)),
+                                      step_time=r.step_time, sync_time=0.0, accum_steps=r.accumulation,
+                                      gpu_type=r.gpu_type)
+                        for r in obs.shapes)
+        if obs.grad_sqr is not None and obs.grad_var is not None and b is not None:
+            sqr, var = obs.grad_sqr, obs.grad_var / b.init_batch  # per-sample tr(Σ) -> tr(Σ)/M0
+    if b is None:  # no batch the scheduler may change: every sample counts (noise scale ∞)
+        sqr, var = 0.0, 1.0
+    return profile, sqr, var
+
+
 @dataclass(frozen=True)
 class LiveJob:
     """A TrainingJob as the live operator knows it. ``nodes``: the node index of each
@@ -234,6 +262,31 @@ class LiveTarget:
     gpu_type: str | None = None
 
 
+@lru_cache(maxsize=64)
+def _rank(priority_class: str) -> int:
+    """:func:`~rlsched.core.contract.class_rank`, looked up once per class."""
+    return class_rank(priority_class)
+
+
+def _gpus_on(jobs: Iterable[LiveJob]) -> Counter[int]:
+    """Node index -> GPUs ``jobs`` hold there."""
+    out: Counter[int] = Counter()
+    for j in jobs:
+        g = max(1, j.gpus_per_worker)
+        if g == 1:
+            out.update(j.nodes)
+        else:
+            for n in j.nodes:
+                out[n] += g
+    return out
+
+
+#: the target of a job the allocator gives nothing: it waits
+_WAITS = LiveTarget(0, None)
+#: no GPUs (the allocator's answer for a job it leaves out)
+_NOTHING = Allocation()
+
+
 @dataclass
 class LivePlan:
     """What the operator does this cycle. ``allocations``: the allocator's answer, for
@@ -276,6 +329,10 @@ class LiveAllocation:
             raise ValueError(f"{allocator.name} is clairvoyant: it cannot decide for a live scheduler")
         self.allocator = allocator
         self._name = name
+        self._waking = isinstance(allocator, WakingAllocator)
+        #: per job: its observations, GPUs per worker and bounds, and what they give
+        #: the allocator (:func:`_learned`); kept while they are the same objects
+        self._kept: dict[str, tuple[Any, int, Any, tuple]] = {}
 
     @classmethod
     def named(cls, text: str) -> "LiveAllocation":
@@ -290,30 +347,20 @@ class LiveAllocation:
 
     # ------------------------------------------------------------------ translation
     @staticmethod
-    def alloc_job(job: LiveJob, now: float, protected: bool = False) -> AllocJob:
+    def alloc_job(job: LiveJob, now: float, protected: bool = False,
+                  learned: tuple[tuple[ProfileSample, ...], float | None, float | None] | None = None) -> AllocJob:
         """``job`` in the allocator's terms (replicas are GPUs); ``protected``: it keeps
-        the GPUs it holds (its minimum run time)."""
+        the GPUs it holds (its minimum run time). ``learned``: what :func:`_learned`
+        gives for its observations, when the caller kept it (None: derived here)."""
         g = max(1, job.gpus_per_worker)
         lo, hi = job.worker_range
         b = job.bounds
         if b is None:  # a fixed local batch per GPU: goodput is throughput
-            bounds = BatchBounds(lo * g, hi * g, 1, 1)
+            bounds = _fixed(lo * g, hi * g)
         else:  # no per-GPU limit: the largest global batch (the goodput model's reference share)
             bounds = b if b.max_local_batch is not None else _capped(b)
-        profile: tuple[ProfileSample, ...] = ()
-        sqr = var = None
-        obs = job.observations
-        if obs is not None:
-            profile = tuple(ProfileSample(num_nodes=r.nodes, num_replicas=r.workers * g,
-                                          atomic_bsz=max(1, round(r.local_batch / g)),
-                                          step_time=r.step_time, sync_time=0.0, accum_steps=r.accumulation,
-                                          gpu_type=r.gpu_type)
-                            for r in obs.shapes)
-            if obs.grad_sqr is not None and obs.grad_var is not None and b is not None:
-                sqr, var = obs.grad_sqr, obs.grad_var / b.init_batch  # per-sample tr(Σ) -> tr(Σ)/M0
-        if b is None:  # no batch the scheduler may change: every sample counts (noise scale ∞)
-            sqr, var = 0.0, 1.0
-        held = tuple(n for n in job.nodes for _ in range(g))
+        profile, sqr, var = learned if learned is not None else _learned(job.observations, g, b)
+        held = tuple(job.nodes) if g == 1 else tuple(n for n in job.nodes for _ in range(g))
         return AllocJob(id=job.key, submit_time=job.submit_time, application=job.key,
                         age=max(0.0, now - job.submit_time), attained_service=job.attained_service,
                         num_restarts=max(0, job.restarts), allocation=held,
@@ -321,7 +368,7 @@ class LiveAllocation:
                         target_batch_size=bounds.init_batch, min_replicas=lo * g, max_replicas=hi * g,
                         bounds=bounds, batch_size=job.batch_size or 0, grad_sqr=sqr, grad_var=var, profile=profile,
                         epoch=job.epoch, metrics=job.metrics, higher_is_better=True,
-                        priority=class_rank(job.priority_class), queue=job.queue,
+                        priority=_rank(job.priority_class), queue=job.queue,
                         protected=protected and bool(job.nodes), gpu_models=job.gpu_models,
                         cpu_milli=-(-max(job.cpu_milli, 0) // g), memory_mib=-(-max(job.memory_mib, 0) // g),
                         replica_group=g, seed_profile=job.seed_profile)
@@ -334,7 +381,7 @@ class LiveAllocation:
         lo, hi = job.worker_range
         workers = min(alloc.replicas // g, hi)
         if workers < lo:
-            return LiveTarget(0, None)
+            return _WAITS
         batch = alloc.batch_size if job.bounds is not None else None
         if batch is not None and workers * g != alloc.replicas:  # rounded down: keep the per-GPU share
             batch = max(job.bounds.init_batch, alloc.atomic_bsz * workers * g * ((alloc.accum_steps or 0) + 1))
@@ -362,11 +409,22 @@ class LiveAllocation:
                                                         f"{', '.join(sorted(q.priority_classes))}, not {job.priority_class!r}")
         return None
 
+    def _learned_of(self, job: LiveJob) -> tuple[tuple[ProfileSample, ...], float | None, float | None]:
+        """:func:`_learned` for ``job``, kept while its observations and bounds are the
+        same (immutable) objects."""
+        g, obs, b = max(1, job.gpus_per_worker), job.observations, job.bounds
+        hit = self._kept.get(job.key)
+        if hit is not None and hit[0] is obs and hit[1] == g and hit[2] is b:
+            return hit[3]
+        out = _learned(obs, g, b)
+        self._kept[job.key] = (obs, g, b, out)
+        return out
+
     def plan(self, jobs: Sequence[LiveJob], capacity: Mapping[int, int], now: float,
              names: Mapping[int, str] | None = None, queues: QueueBook | None = None,
              models: Mapping[int, str] | None = None,
              offers: Mapping[int, tuple[int, int]] | None = None,
-             types: Mapping[int, str] | None = None) -> LivePlan:
+             types: Mapping[int, str] | None = None, why: bool = True) -> LivePlan:
         """Decide for ``jobs``: those with ``nodes`` run (and may move, unless not
         ``movable``), the others wait; a running job whose own end came
         (:meth:`LiveJob.end`) is in ``complete`` and its GPUs are not given this time.
@@ -382,31 +440,35 @@ class LiveAllocation:
         to the allocator as ``AllocNode.gpu_type``; a target whose nodes are all of one
         type carries it (``LiveTarget.gpu_type``), and a running job a type-aware
         allocator (``type_aware``) moves to another type at the same size gets a new
-        generation (``resize``)."""
+        generation (``resize``). ``why``: say why each waiting job waits
+        (``LivePlan.waiting``; False: left empty, nothing else changes)."""
         names, models, offers, types = names or {}, models or {}, offers or {}, types or {}
         book = queues or QueueBook()
-        ended = {j.key: why for j in jobs if (why := j.end()) is not None}
+        ended = {j.key: end for j in jobs if (end := j.end()) is not None}
         decided = [j for j in jobs if j.movable and j.key not in ended]
-        gone = Counter(n for j in jobs if j.movable and j.key in ended
-                       for n in j.nodes for _ in range(max(1, j.gpus_per_worker)))
+        gone = _gpus_on(j for j in jobs if j.movable and j.key in ended)
         room = {i: int(c) - gone[i] for i, c in capacity.items()}  # an ended job's GPUs free next decision
         nodes = [AllocNode(i, c, names.get(i, ""), models.get(i, ""),
                            *(offers[i] if i in offers else (None, None)), types.get(i, ""))
                  for i, c in sorted(room.items())]
-        held = Counter(n for j in decided for n in j.nodes for _ in range(max(1, j.gpus_per_worker)))
+        held = _gpus_on(decided)
         over = {i: (held[i], room.get(i, 0)) for i in held if held[i] > room.get(i, 0)}
         if over:
             raise ValueError(f"running jobs hold more GPUs than the capacity given (node: held, capacity): {over}")
         barred = {j.key: w for j in decided if (w := self.barred(j, book)) is not None}
         free_jobs = [j for j in decided if j.key not in barred]
-        asked = [self.alloc_job(j, now, self.protected(j, book, now)) for j in free_jobs]
+        guarded = [self.protected(j, book, now) for j in free_jobs]
+        asked = [self.alloc_job(j, now, k, self._learned_of(j)) for j, k in zip(free_jobs, guarded)]
+        if len(self._kept) > 2 * len(free_jobs) + 64:  # forget the jobs that left
+            live = {j.key for j in free_jobs}
+            self._kept = {k: v for k, v in self._kept.items() if k in live}
         try:
             out = dict(self.allocator.allocate(asked, nodes, now, queues=book))
         except Exception as exc:  # noqa: BLE001 - a broken policy keeps everyone as they are
             return LivePlan(error=exc, complete=ended)
         plan = LivePlan(allocations=out, complete=ended)
-        wakes = [self.allocator.next_decision(asked, out, now)] if isinstance(self.allocator, WakingAllocator) else []
-        targets = {j.key: self.target(j, out.get(j.key, Allocation()), types) for j in free_jobs}
+        wakes = [self.allocator.next_decision(asked, out, now)] if self._waking else []
+        targets = {j.key: self.target(j, out.get(j.key, _NOTHING), types) for j in free_jobs}
         moves = bool(getattr(self.allocator, "type_aware", False))  # only a type-aware choice moves a job
         for j in free_jobs:
             t = targets[j.key]
@@ -418,12 +480,17 @@ class LiveAllocation:
             elif t.workers != j.workers or (moves and t.gpu_type is not None
                                             and t.gpu_type != one_type(j.nodes, types)):
                 plan.resize[j.key] = t
-        use: Counter[str] = Counter()
-        for j in free_jobs:
-            use[j.queue or ""] += targets[j.key].workers * max(1, j.gpus_per_worker)
-        plan.waiting = self._why(free_jobs, asked, plan, nodes, book, use)
-        if plan.waiting:  # a protection from preemption that ends may let a waiting job in
-            wakes += [j.running_since + book.min_run(j.queue) for j in free_jobs if self.protected(j, book, now)]
+        if why:
+            use: Counter[str] = Counter()
+            for j in free_jobs:
+                use[j.queue or ""] += targets[j.key].workers * max(1, j.gpus_per_worker)
+            plan.waiting = self._why(free_jobs, asked, plan, nodes, book, use)
+            waits = bool(plan.waiting)
+        else:  # the jobs _why would name: every one that does not run after this plan
+            stopped = set(plan.stop)
+            waits = any(not (j.nodes and j.key not in stopped) and j.key not in plan.start for j in free_jobs)
+        if waits:  # a protection from preemption that ends may let a waiting job in
+            wakes += [j.running_since + book.min_run(j.queue) for j, k in zip(free_jobs, guarded) if k]
         plan.wake_at = min((w for w in wakes if w is not None), default=None)
         plan.waiting.update(barred)
         if book.active:

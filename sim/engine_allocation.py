@@ -21,24 +21,47 @@ class AllocationAdapter:
 
     def __init__(self, sim) -> None:  # the Simulator it is a part of
         self.sim = sim
+        #: per job: the inputs of its last translation (those compared by identity, those
+        #: by value) and the LiveJob they gave
+        self._kept: dict[str, tuple[tuple, tuple, LiveJob]] = {}
 
     def live_job(self, j: JobState, nodes: tuple[int, ...]) -> LiveJob:
         """The job as the allocation policy sees it, on ``nodes`` (none: waiting), with
-        the seed profile it declares on the cluster's GPU types (``JobSpec.seed_profile``)."""
+        the seed profile it declares on the cluster's GPU types (``JobSpec.seed_profile``).
+        The same LiveJob while nothing it is made of changed (a waiting job's)."""
         v = j.view
         spec = j.spec
         batch = None  # the scheduler sets none
         if spec.batch_size is not None:  # its current run's, else the one it asked for
             batch = j.batch if nodes and j.batch is not None else spec.batch_size
-        return LiveJob(key=v.id, submit_time=v.submit_time, min_workers=v.min_workers, max_workers=v.max_workers,
+        p = v.progress
+        since = float(v.start_time) if nodes and v.start_time is not None else None
+        types = self.sim.dynamics.types
+        same = (spec, j.obs, p.history, types)  # immutable (the history only grows)
+        equal = (nodes, batch, v.attained_service, j.rescales + j.preemptions, since, p.epoch, len(p.history),
+                 v.min_workers, v.max_workers, v.gpus_per_worker, v.gpu_models, v.cpu_milli, v.memory_mib,
+                 v.submit_time)
+        hit = self._kept.get(v.id)
+        metrics = seeds = None
+        if hit is not None:
+            old = hit[2]
+            if hit[0][0] is spec and hit[0][3] is types:
+                seeds = old.seed_profile
+            if hit[0][2] is p.history and len(old.metrics) == len(p.history):
+                metrics = old.metrics
+                if seeds is not None and hit[0][1] is j.obs and hit[1] == equal:
+                    return old
+        live = LiveJob(key=v.id, submit_time=v.submit_time, min_workers=v.min_workers, max_workers=v.max_workers,
                        gpus_per_worker=v.gpus_per_worker, nodes=nodes, observations=j.obs,
                        batch_size=batch, bounds=spec.bounds,
                        attained_service=v.attained_service, restarts=j.rescales + j.preemptions,
                        priority_class=j.spec.priority_class or "normal", queue=j.spec.tenant,
-                       running_since=float(v.start_time) if nodes and v.start_time is not None else None,
+                       running_since=since,
                        gpu_models=v.gpu_models, cpu_milli=v.cpu_milli, memory_mib=v.memory_mib,
-                       epoch=v.progress.epoch, metrics=tuple(v.progress.history), start_workers=spec.workers,
-                       seed_profile=self._seeds(spec))
+                       epoch=p.epoch, metrics=tuple(p.history) if metrics is None else metrics,
+                       start_workers=spec.workers, seed_profile=self._seeds(spec) if seeds is None else seeds)
+        self._kept[v.id] = (same, equal, live)
+        return live
 
     def _seeds(self, spec) -> tuple[ProfileSample, ...]:
         types = self.sim.dynamics.types
@@ -77,7 +100,7 @@ class AllocationAdapter:
             return LivePlan()
         models = {i: node.gpu_model for i, node in enumerate(st.topology.nodes)}
         plan = sim.allocation.plan(jobs, capacity, t, queues=sim.queues, models=models, offers=offers,
-                                   types=sim.dynamics.types)
+                                   types=sim.dynamics.types, why=False)
         if plan.error is not None:
             raise plan.error
         self._apply(plan, t)

@@ -268,3 +268,37 @@ def test_the_end_of_a_protection_wakes_the_decision_while_a_job_waits():
     assert "ns/wait" in plan.waiting and plan.wake_at == 700.0
     alone = LiveAllocation(Fixed({"ns/run": Allocation((0,), None, None)})).plan([run], {0: 1}, now=300.0, queues=book)
     assert alone.wake_at is None
+
+
+def test_a_plan_without_reasons_decides_the_same():
+    """``why=False`` leaves ``waiting`` empty and changes nothing else: the end of a
+    protection still wakes the decision while a job waits."""
+    from rlsched.core.queues import QueueBook
+
+    book = QueueBook(min_run_s=600.0)
+    run = LiveJob("ns/run", 0.0, 1, 1, nodes=(0,), running_since=100.0)
+    jobs = [run, LiveJob("ns/wait", 50.0, 1, 1), LiveJob("ns/new", 60.0, 1, 1)]
+    answer = {"ns/run": Allocation((0,), None, None), "ns/new": Allocation((1,), None, None)}
+    full = LiveAllocation(Fixed(answer)).plan(jobs, {0: 1, 1: 1}, now=300.0, queues=book)
+    bare = LiveAllocation(Fixed(answer)).plan(jobs, {0: 1, 1: 1}, now=300.0, queues=book, why=False)
+    assert list(full.waiting) == ["ns/wait"] and bare.waiting == {}
+    assert (bare.start, bare.resize, bare.stop, bare.complete, bare.wake_at) == \
+        (full.start, full.resize, full.stop, full.complete, full.wake_at) == ({"ns/new": LiveTarget(1, None)}, {}, [],
+                                                                             {}, 700.0)
+    alone = LiveAllocation(Fixed(answer)).plan([run], {0: 1}, now=300.0, queues=book, why=False)
+    assert alone.wake_at is None
+
+
+def test_a_kept_profile_follows_new_observations():
+    """The profile kept between decisions is the one of the job's observations now."""
+    b = BatchBounds(128, 1024)
+    first = JobObservations(b).record(2, 1, 256, 0.2)
+    later = first.record(4, 2, 512, 0.25)
+    live = LiveAllocation(Fixed({}))
+    seen = []
+    for obs in (first, first, later):
+        live.plan([LiveJob("ns/a", 0.0, 1, 4, bounds=b, observations=obs)], {0: 4}, now=10.0)
+        seen.append(live.allocator.seen[0][0].profile)
+    assert seen[0] is seen[1] and len(seen[0]) == 1
+    assert [(p.num_replicas, p.num_nodes) for p in seen[2]] == [(2, 1), (4, 2)]
+    assert seen[2] == LiveAllocation.alloc_job(LiveJob("ns/a", 0.0, 1, 4, bounds=b, observations=later), 10.0).profile
