@@ -119,6 +119,11 @@ class AllocJob:
     queue: str | None = None
     #: it may not lose any of the GPUs it holds this decision (its minimum run time)
     protected: bool = False
+    #: the service queue it waits in (``interrupt``, ``urgent``, ``normal``: RLPTO's
+    #: queues, :meth:`~rlsched.core.planning.DynamicPriority.queue`) and its dynamic
+    #: priority; allocators that rank by the queues (the gang allocator's) read them
+    service_queue: str = "normal"
+    service_priority: float = 0.0
     #: the GPU models its replicas may run on (a TrainingJob's worker-template
     #: constraint, :func:`rlsched.core.contract.gpu_model_rule`); None: any
     gpu_models: frozenset[str] | None = None

@@ -9,18 +9,20 @@ way. It sees no run time. Details: docs/design-notes.md.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import lru_cache
 from typing import Mapping, Sequence
 
 import numpy as np
 
-from .allocation import Allocation, AllocationError, AllocJob, AllocNode
+from .allocation import Allocation, AllocJob, AllocNode
 from .cluster import ClusterState, JobView, Progress
 from .contract import PRIORITY_CLASSES
 from .cycle import SchedulingCycle
 from .job_goodput import job_observations
 from .planning import (
+    HIGHEST_BONUS,
     Admission,
     ElasticState,
     QueueEntry,
@@ -28,7 +30,9 @@ from .planning import (
     RunningJob,
     ScalingPlanner,
     TrainingSpec,
+    WaitReason,
     scaling_steps,
+    waiting_reasons,
 )
 from .ordering import reached_threshold
 from .policy import Ordering, Placement, Scaling, make_ordering, make_placement, make_scaling
@@ -75,6 +79,8 @@ class GangAllocator:
 
     clairvoyant = False
     type_aware = False
+    #: team queues are the goodput allocators': given queues, this one only reports their use
+    enforces_queues = False
 
     def __init__(self, ordering: Ordering, placement: Placement, scaling: Scaling | None = None, *,
                  backfill: bool = True, preemption: bool = True, beta: float = 0.001, patience: int = 5,
@@ -95,6 +101,8 @@ class GangAllocator:
         self._topo: tuple[tuple, Topology] | None = None
         self._elastic: dict[str, ElasticState] = {}
         self._state: ClusterState | None = None
+        #: why each job left waiting by the last :meth:`allocate` waits (its admission plan)
+        self._waiting: dict[str, WaitReason] = {}
 
     @classmethod
     def named(cls, text: str, *, seed: int = 0, **options) -> "GangAllocator":
@@ -127,13 +135,16 @@ class GangAllocator:
 
     def _view(self, j: AllocJob) -> JobView:
         """The job as the ordering and placement see it: a gang of the workers it asks
-        for (``target_replicas`` GPUs in workers of ``replica_group`` GPUs)."""
+        for (``target_replicas`` GPUs in workers of ``replica_group`` GPUs), in its
+        service queue at its dynamic priority (a ``highest`` job before every other of
+        its queue), where every ordering ranks first."""
         g = max(1, j.replica_group)
         w = max(min(j.target_replicas or g, j.max_replicas) // g, 1)
         thresholds = getattr(self.ordering, "thresholds", ())
+        bonus = HIGHEST_BONUS if j.priority == len(PRIORITY_CLASSES) - 1 else 0.0
         return JobView(id=j.id, submit_time=j.submit_time, workers=w, min_workers=w, max_workers=w,
                        gpus_per_worker=g, gpu_models=j.gpu_models, cpu_milli=j.cpu_milli * g,
-                       memory_mib=j.memory_mib * g,
+                       memory_mib=j.memory_mib * g, queue=j.service_queue, priority=j.service_priority + bonus,
                        attained_service=reached_threshold(j.attained_service, thresholds) if thresholds
                        else j.attained_service, placement=[])
 
@@ -153,9 +164,8 @@ class GangAllocator:
         mode (admission, preemption of the jobs a preemptive ordering ranks after the
         blocked head, the victims released and admission planned again, then the scaling
         step), translated into allocations. A job inside its minimum run time
-        (``protected``) is never a victim. Team queues are the goodput allocators'."""
-        if queues is not None and queues.active:
-            raise AllocationError(f"{self.name}: team queues are decided by the goodput allocators")
+        (``protected``) is never a victim. Team queues are the goodput allocators'
+        (``enforces_queues``): ``queues`` is not read."""
         state = ClusterState(self._topology(nodes), time=now)
         self._state = state
         index = {n.index: k for k, n in enumerate(nodes)}
@@ -188,10 +198,14 @@ class GangAllocator:
         holders = [RunningEntry(key=v.id, spec=_spec(v, by_id[v.id]), priority=0.0,
                                 start_time=by_id[v.id].submit_time, placement=list(v.placement), job=v)
                    for v in state.running.values() if not by_id[v.id].protected]
+        free = int(state.free.sum())
         plan = self.cycle.plan(waiting, holders, state, running=lambda gone: self._elastic_jobs(jobs, gone, state, now),
                                place=self._place, place_one=self._place_one, settle=True)
         if plan.scaling_error is not None:
             raise plan.scaling_error
+        last = plan.rounds[-1].admission if plan.rounds else plan.admission  # who preempts still, after settling
+        self._waiting = waiting_reasons(dataclasses.replace(plan.admission, preempt=list(last.preempt)), waiting,
+                                        backfill=self.backfill, free_gpus=free)
         for rnd in plan.rounds:  # each gang started where the placement put it; victims wait (keeping their progress)
             for key, where in rnd.placed.items():
                 g = max(1, by_id[key].replica_group)
@@ -207,6 +221,12 @@ class GangAllocator:
                 cur.extend([nodes[plan.scaling.nodes[jid]].index] * g)
             out[jid] = Allocation(tuple(cur))
         return out
+
+    def why_waiting(self) -> dict[str, WaitReason]:
+        """Why each job the last :meth:`allocate` left waiting waits, from its admission
+        plan (:func:`~rlsched.core.planning.waiting_reasons`: ``NoRoom``, ``BehindHead``,
+        ``Preempting``, ``Unfittable``)."""
+        return dict(self._waiting)
 
     def next_decision(self, jobs: Sequence[AllocJob], allocations: Mapping[str, Allocation],
                       now: float) -> float | None:

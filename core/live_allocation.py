@@ -204,6 +204,10 @@ class LiveJob:
     restarts: int = 0
     #: ``spec.priority.class``
     priority_class: str = "normal"
+    #: the service queue it waits in and its dynamic priority (``status.queue``,
+    #: ``status.effectivePriority``: :class:`~rlsched.core.planning.DynamicPriority`)
+    service_queue: str = "normal"
+    service_priority: float = 0.0
     #: the team queue it is charged to (None: none)
     queue: str | None = None
     #: when it last started from the queue (its minimum run time counts from there)
@@ -369,6 +373,7 @@ class LiveAllocation:
                         bounds=bounds, batch_size=job.batch_size or 0, grad_sqr=sqr, grad_var=var, profile=profile,
                         epoch=job.epoch, metrics=job.metrics, higher_is_better=True,
                         priority=_rank(job.priority_class), queue=job.queue,
+                        service_queue=job.service_queue, service_priority=job.service_priority,
                         protected=protected and bool(job.nodes), gpu_models=job.gpu_models,
                         cpu_milli=-(-max(job.cpu_milli, 0) // g), memory_mib=-(-max(job.memory_mib, 0) // g),
                         replica_group=g, seed_profile=job.seed_profile)
@@ -393,6 +398,12 @@ class LiveAllocation:
         """Whether a running job is still inside its minimum run time (its queue's, else
         the scheduler's): it keeps what it holds."""
         return bool(job.nodes) and job.running_since is not None and now - job.running_since < book.min_run(job.queue)
+
+    @property
+    def enforces_queues(self) -> bool:
+        """Whether the allocator applies team queues' quotas (the goodput allocators);
+        else their use is only reported and no job waits for its queue."""
+        return bool(getattr(self.allocator, "enforces_queues", True))
 
     @staticmethod
     def barred(job: LiveJob, book: QueueBook) -> WaitReason | None:
@@ -455,7 +466,8 @@ class LiveAllocation:
         over = {i: (held[i], room.get(i, 0)) for i in held if held[i] > room.get(i, 0)}
         if over:
             raise ValueError(f"running jobs hold more GPUs than the capacity given (node: held, capacity): {over}")
-        barred = {j.key: w for j in decided if (w := self.barred(j, book)) is not None}
+        enforced = self.enforces_queues
+        barred = {j.key: w for j in decided if enforced and (w := self.barred(j, book)) is not None}
         free_jobs = [j for j in decided if j.key not in barred]
         guarded = [self.protected(j, book, now) for j in free_jobs]
         asked = [self.alloc_job(j, now, k, self._learned_of(j)) for j, k in zip(free_jobs, guarded)]
@@ -463,7 +475,7 @@ class LiveAllocation:
             live = {j.key for j in free_jobs}
             self._kept = {k: v for k, v in self._kept.items() if k in live}
         try:
-            out = dict(self.allocator.allocate(asked, nodes, now, queues=book))
+            out = dict(self.allocator.allocate(asked, nodes, now, queues=book if enforced else None))
         except Exception as exc:  # noqa: BLE001 - a broken policy keeps everyone as they are
             return LivePlan(error=exc, complete=ended)
         plan = LivePlan(allocations=out, complete=ended)
@@ -484,7 +496,10 @@ class LiveAllocation:
             use: Counter[str] = Counter()
             for j in free_jobs:
                 use[j.queue or ""] += targets[j.key].workers * max(1, j.gpus_per_worker)
-            plan.waiting = self._why(free_jobs, asked, plan, nodes, book, use)
+            plan.waiting = self._why(free_jobs, asked, plan, nodes, book if enforced else QueueBook(), use)
+            own = getattr(self.allocator, "why_waiting", None)  # the allocator's own reasons, where it has them
+            if own is not None:
+                plan.waiting.update({k: w for k, w in own().items() if k in plan.waiting})
             waits = bool(plan.waiting)
         else:  # the jobs _why would name: every one that does not run after this plan
             stopped = set(plan.stop)

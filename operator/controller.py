@@ -129,9 +129,9 @@ class Controller:
         self.workers = Workers(self.core, self.status, self.rbac, metrics, config, clock)
         self.kueue = KueueGate(self.custom, self.status, config.namespace, clock)
         self.teams = TeamQueues(self.custom, metrics, min_run_s=config.min_run_s,
-                                enforced=self.allocation is not None)
-        self.lifecycle = Lifecycle(config, self.status, self.workers, metrics, self.priority, self.queues,
-                              self.allocation.name if self.allocation is not None else None, clock)
+                                enforced=self.allocation is not None and self.allocation.enforces_queues)
+        self.lifecycle = Lifecycle(config, self.status, self.workers, metrics, self.priority,
+                                   self.allocation.name if self.allocation is not None else None, clock)
         self.pod_security = PodSecurityGate(self.core, read_json, config)
         self.cycles = 0
         self.last_plan: AdmissionPlan | None = None
@@ -379,6 +379,7 @@ class Controller:
         await self._each(lambda j: self.lifecycle.schedulable(j, unfit.unfittable.get(j.key), now),
                          [c.jobs[e.key] for e in c.waiting], now)
         live, held = await self._allocation_inputs(c)
+        self.last_plan = unfit
         if not self.decision_due(live, now):
             return unfit
         names = {i: n for n, i in c.snap.node_index.items()}
@@ -392,6 +393,7 @@ class Controller:
             await self._complete(c, plan)
             return unfit
         self._decided, self._wake_at = (now, self._decision_keys(live)), plan.wake_at
+        unfit.admit = list(plan.start)  # the metrics count them as started, not queued
         await self._act_on_allocation(c, plan, [c.jobs[lj.key] for lj in live])
         return unfit
 

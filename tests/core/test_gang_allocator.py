@@ -112,7 +112,7 @@ def test_multi_gpu_workers_stay_whole_on_a_node_and_uneven_nodes_are_used():
     assert sorted(where) != [0, 0, 0, 1]  # no worker split between a and b
 
 
-def test_heuristic_names_build_live_allocators_and_team_queues_are_refused():
+def test_heuristic_names_build_live_allocators_and_team_queues_are_only_reported():
     from rlsched.core.live_allocation import LiveAllocation, LiveJob
     from rlsched.core.queues import QueueBook, QueueSpec
 
@@ -122,8 +122,13 @@ def test_heuristic_names_build_live_allocators_and_team_queues_are_refused():
     plan = live.plan([LiveJob("ns/a", 0.0, 2, 4, gpus_per_worker=2), LiveJob("ns/b", 1.0, 1, 1, gpus_per_worker=4)],
                      {0: 4, 1: 4}, now=10.0)
     assert plan.error is None and plan.start == {"ns/a": LiveTarget(2, None), "ns/b": LiveTarget(1, None)}
-    book = QueueBook([QueueSpec("team", nominal_gpus=4)])
-    assert isinstance(live.plan([LiveJob("ns/a", 0.0, 1, 1)], {0: 4}, now=10.0, queues=book).error, ValueError)
+    # a heuristic does not enforce team queues: a job over its queue's cap, or naming no
+    # such queue, starts all the same; the queues' use is reported
+    book = QueueBook([QueueSpec("team", nominal_gpus=1, borrowing_limit=0)])
+    plan = live.plan([LiveJob("ns/a", 0.0, 2, 2, queue="team"), LiveJob("ns/b", 1.0, 1, 1, queue="gone")],
+                     {0: 4}, now=10.0, queues=book)
+    assert plan.error is None and set(plan.start) == {"ns/a", "ns/b"} and not plan.waiting
+    assert plan.queues["team"]["gpusInUse"] == 2 and not live.enforces_queues
     with pytest.raises(ValueError, match="ordering/placement"):
         LiveAllocation.named("nosuch")
 
@@ -147,3 +152,52 @@ def test_a_demoting_ordering_asks_to_decide_again_when_a_queue_changes():
     plan = LiveAllocation(gang(order="tiresias")).plan(
         [LiveJob("ns/run", 0.0, 2, 2, nodes=(0, 0), attained_service=th - 600.0)], {0: 4}, now=100.0)
     assert plan.wake_at == pytest.approx(400.0)
+
+
+def test_the_service_queues_and_dynamic_priority_order_the_gangs():
+    """RLPTO's queues: a preempted job (interrupt) before urgent before normal; inside a
+    queue the higher dynamic priority first, a ``highest`` job before every other."""
+    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+
+    live = LiveAllocation.named("fifo/bestfit+nobackfill")
+
+    def first(*jobs):
+        return list(live.plan(list(jobs), {0: 8}, now=10.0).start)
+
+    n1 = LiveJob("ns/n1", 0.0, 1, 1, gpus_per_worker=8)
+    promoted = LiveJob("ns/n2", 1.0, 1, 1, gpus_per_worker=8, service_queue="urgent", service_priority=1.0)
+    urgent = LiveJob("ns/u", 2.0, 1, 1, gpus_per_worker=8, priority_class="urgent", service_queue="urgent")
+    resumed = LiveJob("ns/r", 3.0, 1, 1, gpus_per_worker=8, service_queue="interrupt")
+    highest = LiveJob("ns/h", 4.0, 1, 1, gpus_per_worker=8, priority_class="highest", service_queue="urgent")
+    assert first(n1, promoted, urgent) == ["ns/n2"]
+    assert first(n1, urgent) == ["ns/u"]
+    assert first(n1, urgent, resumed) == ["ns/r"]
+    assert first(n1, promoted, urgent, highest) == ["ns/h"]
+
+
+def test_a_highest_job_behind_a_blocked_head_preempts_a_normal_one():
+    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+
+    live = LiveAllocation.named("fifo/bestfit+nobackfill")
+    low = LiveJob("ns/low", 0.0, 1, 1, gpus_per_worker=8, nodes=(0,))
+    waiter = LiveJob("ns/waiter", 1.0, 1, 1, gpus_per_worker=8)
+    boss = LiveJob("ns/boss", 2.0, 1, 1, gpus_per_worker=8, priority_class="highest", service_queue="urgent")
+    plan = live.plan([low, waiter, boss], {0: 8}, now=10.0)
+    assert plan.stop == ["ns/low"] and list(plan.start) == ["ns/boss"]
+
+
+def test_a_gang_allocator_says_why_each_job_waits_from_its_admission_plan():
+    """As the operator's admission said it: the head of line does not fit the free GPUs
+    (NoRoom), a job behind it waits without backfill (BehindHead), a gang the cluster
+    can never hold has no place in the order (Unfittable)."""
+    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+
+    live = LiveAllocation.named("fifo/bestfit+nobackfill")
+    jobs = [LiveJob("ns/holder", 0.0, 1, 1, gpus_per_worker=8, nodes=(0,)),
+            LiveJob("ns/next", 1.0, 1, 1, gpus_per_worker=8), LiveJob("ns/small", 2.0, 1, 1),
+            LiveJob("ns/huge", 3.0, 2, 2, gpus_per_worker=8)]
+    why = live.plan(jobs, {0: 8}, now=10.0).waiting
+    assert {k: (w.position, w.reason) for k, w in why.items()} == {
+        "ns/next": (1, "NoRoom"), "ns/small": (2, "BehindHead"), "ns/huge": (0, "Unfittable")}
+    assert "1 x 8 GPUs" in why["ns/next"].message and "0 free GPUs" in why["ns/next"].message
+    assert "behind ns/next" in why["ns/small"].message
