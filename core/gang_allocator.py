@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 from functools import lru_cache
 from typing import Mapping, Sequence
 
@@ -49,15 +50,17 @@ _UNCOUNTED = 1 << 40
 
 def _spec(v: JobView, j: AllocJob) -> TrainingSpec:
     """A gang of the workers the job runs with (the allocator's jobs are not elastic at
-    admission), its GPUs per worker and its service class."""
-    return _gang(v.workers, v.gpus_per_worker, j.priority, v.gpu_models)
+    admission), its GPUs, CPU and memory per worker and its service class."""
+    return _gang(v.workers, v.gpus_per_worker, j.priority, v.gpu_models, v.cpu_milli, v.memory_mib)
 
 
 @lru_cache(maxsize=4096)
-def _gang(workers: int, gpus_per_worker: int, priority: int, gpu_models: frozenset[str] | None) -> TrainingSpec:
+def _gang(workers: int, gpus_per_worker: int, priority: int, gpu_models: frozenset[str] | None,
+          cpu_milli: int = 0, memory_mib: int = 0) -> TrainingSpec:
     """:func:`_spec`'s (immutable) spec, built once per shape."""
     return TrainingSpec(min_workers=workers, max_workers=workers, gpus_per_worker=gpus_per_worker,
-                        priority_class=PRIORITY_CLASSES[len(PRIORITY_CLASSES) - 1 - priority], gpu_models=gpu_models)
+                        priority_class=PRIORITY_CLASSES[len(PRIORITY_CLASSES) - 1 - priority], gpu_models=gpu_models,
+                        cpu_milli=cpu_milli, memory_mib=memory_mib)
 
 
 def learning_score(metrics: Sequence[float], higher_is_better: bool) -> list[float]:
@@ -193,9 +196,9 @@ class GangAllocator:
             state.allocate(k, *used[k])
         state.pending = pending
         by_id = {j.id: j for j in jobs}
-        waiting = [QueueEntry(key=v.id, spec=_spec(v, by_id[v.id]), submit_time=v.submit_time, priority=0.0,
-                              job=v) for v in pending]
-        holders = [RunningEntry(key=v.id, spec=_spec(v, by_id[v.id]), priority=0.0,
+        waiting = [QueueEntry(key=v.id, spec=_spec(v, by_id[v.id]), submit_time=v.submit_time,
+                              priority=by_id[v.id].service_priority, queue=v.queue, job=v) for v in pending]
+        holders = [RunningEntry(key=v.id, spec=_spec(v, by_id[v.id]), priority=by_id[v.id].service_priority,
                                 start_time=by_id[v.id].submit_time, placement=list(v.placement), job=v)
                    for v in state.running.values() if not by_id[v.id].protected]
         free = int(state.free.sum())
@@ -220,7 +223,36 @@ class GangAllocator:
             elif step > 0 and jid in plan.scaling.nodes:
                 cur.extend([nodes[plan.scaling.nodes[jid]].index] * g)
             out[jid] = Allocation(tuple(cur))
+        self._toward_range(jobs, out, nodes, plan.blocked.spec.gang_gpus if plan.blocked is not None else 0)
         return out
+
+    @staticmethod
+    def _toward_range(jobs: Sequence[AllocJob], out: dict[str, Allocation], nodes: Sequence[AllocNode],
+                      reserved: int) -> None:
+        """A running job outside its replica range (its pinned workers, ``spec.workers``,
+        moved) goes one worker towards it per decision, as core's scaling planner moves a
+        pinned job: down by its last worker; up by one worker on a node with room (one
+        it runs on first, then the fullest), never into the GPUs the blocked head needs."""
+        used = Counter(i for a in out.values() for i in a.nodes)
+        spare = sum(max(n.gpus - used[n.index], 0) for n in nodes) - reserved
+        for j in jobs:
+            if not j.allocation or j.id not in out or j.min_replicas <= len(j.allocation) <= j.max_replicas:
+                continue
+            g = max(1, j.replica_group)
+            cur = list(j.allocation)
+            if len(cur) > j.max_replicas:
+                del cur[-g:]
+            else:
+                room = [n for n in nodes if j.runs_on(n) and n.gpus - used[n.index] >= g]
+                if spare < g or not room:
+                    continue  # it keeps what it holds until there is room
+                on = set(cur)
+                n = min(room, key=lambda n: (n.index not in on, n.gpus - used[n.index], n.index))
+                cur.extend([n.index] * g)
+                spare -= g
+            used.subtract(out[j.id].nodes)
+            used.update(cur)
+            out[j.id] = Allocation(tuple(cur))
 
     def why_waiting(self) -> dict[str, WaitReason]:
         """Why each job the last :meth:`allocate` left waiting waits, from its admission

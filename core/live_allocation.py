@@ -379,14 +379,19 @@ class LiveAllocation:
                         replica_group=g, seed_profile=job.seed_profile)
 
     def target(self, job: LiveJob, alloc: Allocation, types: Mapping[int, str] | None = None) -> LiveTarget:
-        """The allocator's answer for ``job`` in whole workers (0: it waits); its GPU
-        type when every node of the allocation is of one known type (``types``: node
+        """The allocator's answer for ``job`` in whole workers (0: it waits; a running job
+        outside its worker range keeps a size from its own to the range); its
+        GPU type when every node of the allocation is of one known type (``types``: node
         index -> type)."""
         g = max(1, job.gpus_per_worker)
         lo, hi = job.worker_range
-        workers = min(alloc.replicas // g, hi)
-        if workers < lo:
-            return _WAITS
+        given, cur = alloc.replicas // g, job.workers
+        if job.nodes and (cur <= given < lo or hi < given <= cur):
+            workers = given  # a running job outside its range on its way to it (its pin moved)
+        else:
+            workers = min(given, hi)
+            if workers < lo:
+                return _WAITS
         batch = alloc.batch_size if job.bounds is not None else None
         if batch is not None and workers * g != alloc.replicas:  # rounded down: keep the per-GPU share
             batch = max(job.bounds.init_batch, alloc.atomic_bsz * workers * g * ((alloc.accum_steps or 0) + 1))

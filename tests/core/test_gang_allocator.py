@@ -184,6 +184,10 @@ def test_a_highest_job_behind_a_blocked_head_preempts_a_normal_one():
     boss = LiveJob("ns/boss", 2.0, 1, 1, gpus_per_worker=8, priority_class="highest", service_queue="urgent")
     plan = live.plan([low, waiter, boss], {0: 8}, now=10.0)
     assert plan.stop == ["ns/low"] and list(plan.start) == ["ns/boss"]
+    # of two running jobs the one of lower dynamic priority is the victim
+    high = LiveJob("ns/high", 1.0, 1, 1, gpus_per_worker=8, nodes=(1,), service_priority=0.5)
+    plan = live.plan([low, high, replace(boss, gpus_per_worker=8)], {0: 8, 1: 8}, now=10.0)
+    assert plan.stop == ["ns/low"] and list(plan.start) == ["ns/boss"]
 
 
 def test_a_gang_allocator_says_why_each_job_waits_from_its_admission_plan():
@@ -201,3 +205,30 @@ def test_a_gang_allocator_says_why_each_job_waits_from_its_admission_plan():
         "ns/next": (1, "NoRoom"), "ns/small": (2, "BehindHead"), "ns/huge": (0, "Unfittable")}
     assert "1 x 8 GPUs" in why["ns/next"].message and "0 free GPUs" in why["ns/next"].message
     assert "behind ns/next" in why["ns/small"].message
+
+
+def test_a_running_job_whose_pin_moved_goes_one_worker_per_decision_towards_it():
+    """``kubectl scale`` of a running job: one worker per decision, each a new size (the
+    none mode's pin rule), up only where a worker has room; never stopped for it."""
+    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+
+    live = LiveAllocation.named("fifo/bestfit+nobackfill")
+    up = LiveJob("ns/up", 0.0, 1, 4, nodes=(0,), pinned_workers=3)
+    assert live.plan([up], {0: 2, 1: 4}, now=10.0).resize == {"ns/up": LiveTarget(2, None)}
+    assert live.plan([replace(up, nodes=(0, 0))], {0: 2, 1: 4}, now=10.0).resize == {"ns/up": LiveTarget(3, None)}
+    full = live.plan([up, LiveJob("ns/other", 0.0, 1, 1, nodes=(0,))], {0: 2}, now=10.0)
+    assert not full.resize and not full.stop  # no room: it keeps its worker
+    down = LiveJob("ns/down", 0.0, 1, 4, nodes=(0, 0, 1), pinned_workers=1)
+    assert live.plan([down], {0: 2, 1: 4}, now=10.0).resize == {"ns/down": LiveTarget(2, None)}
+    assert live.plan([replace(down, nodes=(0, 0))], {0: 2}, now=10.0).resize == {"ns/down": LiveTarget(1, None)}
+
+
+def test_a_gang_whose_workers_no_node_can_host_by_cpu_does_not_block_the_line():
+    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+
+    live = LiveAllocation.named("fifo/bestfit+nobackfill")
+    five = LiveJob("ns/five", 0.0, 5, 5, cpu_milli=60_000)  # one worker per node by CPU: 4 nodes hold 4
+    four = LiveJob("ns/four", 1.0, 4, 4, cpu_milli=60_000)
+    offers = {i: (96_000, 1 << 20) for i in range(4)}
+    plan = live.plan([five, four], {i: 8 for i in range(4)}, now=10.0, offers=offers)
+    assert list(plan.start) == ["ns/four"] and plan.waiting["ns/five"].reason == "Unfittable"
