@@ -32,7 +32,7 @@ TRACES = Path(os.environ.get("RLSCHED_DATA_DIR") or REPO.parent / "shared" / "da
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
 
 #: the operator as ``rlsched operator run --allocator none`` starts it: --scaling auto, no --scaling-model
-DEFAULTS = dict(scaling="auto", scaling_model=resolve_scaling_model("auto", None))
+DEFAULTS = dict(allocator=None, scaling="auto", scaling_model=resolve_scaling_model("auto", None))
 
 
 def _t(ev) -> float:
