@@ -233,11 +233,13 @@ class GangAllocator:
         moved) goes one worker towards it per decision, as core's scaling planner moves a
         pinned job: down by its last worker; up by one worker on a node with room (one
         it runs on first, then the fullest), never into the GPUs the blocked head needs."""
+        moving = [j for j in jobs if j.allocation and j.id in out
+                  and not j.min_replicas <= len(j.allocation) <= j.max_replicas]
+        if not moving:
+            return
         used = Counter(i for a in out.values() for i in a.nodes)
         spare = sum(max(n.gpus - used[n.index], 0) for n in nodes) - reserved
-        for j in jobs:
-            if not j.allocation or j.id not in out or j.min_replicas <= len(j.allocation) <= j.max_replicas:
-                continue
+        for j in moving:
             g = max(1, j.replica_group)
             cur = list(j.allocation)
             if len(cur) > j.max_replicas:
@@ -294,16 +296,27 @@ class GangAllocator:
             if not j.allocation or j.id in gone:  # waiting, or preempted this cycle
                 continue
             v = state.running[j.id]
-            v.min_workers, v.max_workers = 1, max(j.max_replicas, v.workers)
-            hist = learning_score(j.metrics, j.higher_is_better)
+            own = isinstance(j.elastic, ElasticState)  # the caller's record, on the job's own β and range
+            g = max(1, j.replica_group) if own else 1
+            if own:
+                v.min_workers, v.max_workers = max(1, j.min_replicas // g), max(j.max_replicas // g, v.workers)
+                v.beta = self.beta if j.beta is None else j.beta
+                hist = list(j.metrics)  # the reported metric itself, as the caller's record reads it
+            else:
+                v.min_workers, v.max_workers = 1, max(j.max_replicas, v.workers)
+                hist = learning_score(j.metrics, j.higher_is_better)
             prog = Progress(epoch=j.epoch, accuracy=hist[-1] if hist else 0.0, history=hist)
             v.progress = prog
             if j.profile and j.atomic_bsz:
                 last = j.profile[-1]
                 v.throughput = last.atomic_bsz / max(last.step_time, 1e-9)
-            es = self._elastic.setdefault(j.id, ElasticState())
-            es.observe(prog, v.workers, j.age, self.beta, 0)
-            spec = TrainingSpec(min_workers=1, max_workers=v.max_workers, beta=self.beta, max_epochs=1 << 30,
+            if own:
+                es = j.elastic
+            else:
+                es = self._elastic.setdefault(j.id, ElasticState())
+                es.observe(prog, v.workers, j.age, self.beta, 0)
+            spec = TrainingSpec(min_workers=v.min_workers, max_workers=v.max_workers, gpus_per_worker=g,
+                                beta=v.beta if own else self.beta, max_epochs=1 << 30,
                                 batch_size=j.batch_size or None)
             running.append(RunningJob(key=j.id, spec=spec, workers=v.workers, progress=prog, state=es,
                                       submit_time=j.submit_time, start_time=now, placement=list(v.placement),
@@ -314,6 +327,7 @@ class GangAllocator:
     def _place_one(self, rj: RunningJob, state: ClusterState) -> int | None:
         v = rj.job
         grown = JobView(id=v.id, submit_time=v.submit_time, workers=v.workers + 1, min_workers=1,
+                        gpus_per_worker=rj.spec.gpus_per_worker,
                         max_workers=max(v.max_workers, v.workers + 1), placement=list(v.placement))
         place = self.placement.place(grown, state, workers=1)
         return int(place[0]) if place else None

@@ -208,6 +208,11 @@ class LiveJob:
     #: ``status.effectivePriority``: :class:`~rlsched.core.planning.DynamicPriority`)
     service_queue: str = "normal"
     service_priority: float = 0.0
+    #: a running job's β-rule record (``status.rlpto``, an
+    #: :class:`~rlsched.core.planning.ElasticState`) and its own β, for an allocator
+    #: that scales on them (the gang allocator's scaling policy); None: none given
+    elastic: Any = None
+    beta: float | None = None
     #: the team queue it is charged to (None: none)
     queue: str | None = None
     #: when it last started from the queue (its minimum run time counts from there)
@@ -374,6 +379,7 @@ class LiveAllocation:
                         epoch=job.epoch, metrics=job.metrics, higher_is_better=True,
                         priority=_rank(job.priority_class), queue=job.queue,
                         service_queue=job.service_queue, service_priority=job.service_priority,
+                        elastic=job.elastic if job.nodes else None, beta=job.beta,
                         protected=protected and bool(job.nodes), gpu_models=job.gpu_models,
                         cpu_milli=-(-max(job.cpu_milli, 0) // g), memory_mib=-(-max(job.memory_mib, 0) // g),
                         replica_group=g, seed_profile=job.seed_profile)

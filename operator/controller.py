@@ -381,12 +381,14 @@ class Controller:
         live, held = await self._allocation_inputs(c)
         self.last_plan = unfit
         if not self.decision_due(live, now):
+            await self._record_elastic(c)
             return unfit
         names = {i: n for n, i in c.snap.node_index.items()}
         models = {i: node.gpu_model for i, node in enumerate(state.topology.nodes)}
         capacity, offers = movable_room(state, held)
         plan = self.allocation.plan(live, capacity, now, names, queues=c.book, models=models, offers=offers,
                                     types=c.snap.types)
+        await self._record_elastic(c)  # as the plan left it (the evaluation a scaling policy decided on)
         if plan.error is not None:
             self.metrics.cycle_errors.inc()
             log.error("allocator %s failed; every job keeps its GPUs this cycle: %r", self.allocation.name, plan.error)
@@ -415,20 +417,10 @@ class Controller:
     async def _allocation_inputs(self, c: _Cycle) -> tuple[list[LiveJob], list[tuple[tuple[int, ...], int, int, int]]]:
         """The jobs as the allocator sees them, and what the running ones it may move
         hold. A running job whose generation still starts is not movable: its GPUs stay
-        charged where they are and only its end is judged. Each running job's elastic
-        state (``status.rlpto``) is recorded."""
+        charged where they are and only its end is judged."""
         now = c.now
         held: list[tuple[tuple[int, ...], int, int, int]] = []
         live: list[LiveJob] = []
-
-        running = c.by_running
-
-        async def record(j: Job) -> None:
-            patch = self.lifecycle.rlpto_patch(j, running[j.key])
-            if patch:
-                await self.status.patch(j, patch)
-
-        await self._each(record, [c.jobs[r.key] for r in c.running], now)
         for r in c.running:
             j = c.jobs[r.key]
             placement = tuple(c.snap.placement.get(j.key, ()))
@@ -444,6 +436,17 @@ class Controller:
             obs = observations_from_status(j.status.get("goodput"), bounds)[0] if bounds is not None else None
             live.append(self.lifecycle.live_job(j, now, (), obs))
         return live, held
+
+    async def _record_elastic(self, c: _Cycle) -> None:
+        """Each running job's elastic state (``status.rlpto``), where it changed."""
+        running = c.by_running
+
+        async def record(j: Job) -> None:
+            patch = self.lifecycle.rlpto_patch(j, running[j.key])
+            if patch:
+                await self.status.patch(j, patch)
+
+        await self._each(record, [c.jobs[r.key] for r in c.running], c.now)
 
     async def _complete(self, c: _Cycle, plan: LivePlan) -> None:
         """The jobs that ended by themselves (the plan's β stops and ``maxEpochs``)."""

@@ -232,3 +232,25 @@ def test_a_gang_whose_workers_no_node_can_host_by_cpu_does_not_block_the_line():
     offers = {i: (96_000, 1 << 20) for i in range(4)}
     plan = live.plan([five, four], {i: 8 for i in range(4)}, now=10.0, offers=offers)
     assert list(plan.start) == ["ns/four"] and plan.waiting["ns/five"].reason == "Unfittable"
+
+
+def test_a_callers_elastic_record_scales_on_the_jobs_own_beta_and_range():
+    """The operator's record (``status.rlpto``) and ``spec.beta``: a job still gaining
+    its β grows by one whole worker, the evaluation is marked decided on the record (no
+    second step on it), and a converging one gives a worker back, never below its
+    minimum."""
+    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+    from rlsched.core.planning import ElasticState
+
+    live = LiveAllocation.named("fifo/bestfit/beta+nobackfill")
+    rec = ElasticState(epoch=3, streak=0, decided_epoch=2)
+    rising = LiveJob("ns/r", 0.0, 1, 4, gpus_per_worker=8, nodes=(0,), epoch=3, metrics=(0.1, 0.3, 0.5),
+                     elastic=rec, beta=0.02)
+    plan = live.plan([rising], {0: 8, 1: 8}, now=10.0)
+    assert plan.resize == {"ns/r": LiveTarget(2, None)} and rec.decided_epoch == 3
+    assert not live.plan([rising], {0: 8, 1: 8}, now=20.0).resize  # the same evaluation: no second step
+    flat = replace(rising, nodes=(0, 1), epoch=4, metrics=(0.1, 0.3, 0.5, 0.505),
+                   elastic=ElasticState(epoch=4, streak=1, decided_epoch=3))
+    assert live.plan([flat], {0: 8, 1: 8}, now=30.0).resize == {"ns/r": LiveTarget(1, None)}
+    alone = replace(flat, nodes=(0,), min_workers=1, elastic=ElasticState(epoch=4, streak=1, decided_epoch=3))
+    assert not live.plan([alone], {0: 8, 1: 8}, now=40.0).resize  # at its minimum

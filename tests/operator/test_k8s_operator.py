@@ -22,6 +22,8 @@ pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
 
 #: the operator's old admission defaults as one allocator: FIFO, DAS placement, no backfill
 FIFO = "fifo/das+nobackfill"
+#: and with its scaling: the β rule on each job's own β and recorded state
+BETA = "fifo/das/beta+nobackfill"
 
 def delete(kapi, ns, name):
     kapi.custom.delete_namespaced_custom_object(G, V, ns, P, name)
@@ -110,7 +112,7 @@ def test_highest_preempts_lowest_and_preempted_job_resumes_first(extender, kapi,
 
 def test_converging_job_shrinks_one_per_cycle_and_waiting_job_gets_gpus(extender, fake_trainer, kapi, ns, tj, run_operator, wait_until):
     with fake_trainer(ns, tau=4.0, noise=0.0005) as th:
-        with run_operator(ns, allocator=None, patience=6):
+        with run_operator(ns, allocator=BETA, patience=6):
             tj(ns, "conv", 1, 4, gpus=8, beta=0.02, dataSize=10000)
             th.start()
             wait_until(lambda: kapi.status(ns, "conv").get("targetWorkers") == 4, 90, "conv grown to 4 workers")
@@ -243,7 +245,7 @@ def test_operator_killed_while_scaling_resumes_cleanly(extender, fake_trainer, k
         return idx
 
     with fake_trainer(ns, tau=4.0, noise=0.0005) as th:
-        with run_operator(ns, allocator=None, patience=6):
+        with run_operator(ns, allocator=BETA, patience=6):
             tj(ns, "grow", 1, 4, gpus=8, beta=0.02, dataSize=10000)
             th.start()
             wait_until(lambda: kapi.events(ns, "grow", "ScaledUp"), 60, "first scale-up")
@@ -251,7 +253,7 @@ def test_operator_killed_while_scaling_resumes_cleanly(extender, fake_trainer, k
         seen = workers_consistent()
         target = kapi.status(ns, "grow")["targetWorkers"]
         assert target >= 2 and len(seen) <= target
-        with run_operator(ns, allocator=None, patience=6):
+        with run_operator(ns, allocator=BETA, patience=6):
             wait_until(lambda: kapi.phase(ns, "grow") == "Succeeded", 120, "grow converged after restart")
             for _ in range(3):
                 workers_consistent()
