@@ -129,6 +129,9 @@ class AllocJob:
     #: its own β; None: an allocator that scales keeps its own from ``metrics``
     elastic: object | None = None
     beta: float | None = None
+    #: when it last started from the queue (None: its submit time is used); of the
+    #: victims of a preemption the most recently started goes first
+    running_since: float | None = None
     #: the GPU models its replicas may run on (a TrainingJob's worker-template
     #: constraint, :func:`rlsched.core.contract.gpu_model_rule`); None: any
     gpu_models: frozenset[str] | None = None

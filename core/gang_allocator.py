@@ -106,6 +106,8 @@ class GangAllocator:
         self._state: ClusterState | None = None
         #: why each job left waiting by the last :meth:`allocate` waits (its admission plan)
         self._waiting: dict[str, WaitReason] = {}
+        #: running jobs the last :meth:`allocate` preempted and started again
+        self._restarted: frozenset[str] = frozenset()
 
     @classmethod
     def named(cls, text: str, *, seed: int = 0, **options) -> "GangAllocator":
@@ -199,7 +201,8 @@ class GangAllocator:
         waiting = [QueueEntry(key=v.id, spec=_spec(v, by_id[v.id]), submit_time=v.submit_time,
                               priority=by_id[v.id].service_priority, queue=v.queue, job=v) for v in pending]
         holders = [RunningEntry(key=v.id, spec=_spec(v, by_id[v.id]), priority=by_id[v.id].service_priority,
-                                start_time=by_id[v.id].submit_time, placement=list(v.placement), job=v)
+                                start_time=by_id[v.id].running_since if by_id[v.id].running_since is not None
+                                else by_id[v.id].submit_time, placement=list(v.placement), job=v)
                    for v in state.running.values() if not by_id[v.id].protected]
         free = int(state.free.sum())
         plan = self.cycle.plan(waiting, holders, state, running=lambda gone: self._elastic_jobs(jobs, gone, state, now),
@@ -209,12 +212,15 @@ class GangAllocator:
         last = plan.rounds[-1].admission if plan.rounds else plan.admission  # who preempts still, after settling
         self._waiting = waiting_reasons(dataclasses.replace(plan.admission, preempt=list(last.preempt)), waiting,
                                         backfill=self.backfill, free_gpus=free)
+        released: set[str] = set()
         for rnd in plan.rounds:  # each gang started where the placement put it; victims wait (keeping their progress)
             for key, where in rnd.placed.items():
                 g = max(1, by_id[key].replica_group)
                 out[key] = Allocation(tuple(nodes[k].index for k in where for _ in range(g)))
             for key in rnd.released:
                 out.pop(key, None)
+                released.add(key)
+        self._restarted = frozenset(k for k in released if k in out)
         for jid, step in scaling_steps(plan.scaling.deltas):
             g = max(1, by_id[jid].replica_group)
             cur = list(out[jid].nodes)
@@ -261,6 +267,11 @@ class GangAllocator:
         plan (:func:`~rlsched.core.planning.waiting_reasons`: ``NoRoom``, ``BehindHead``,
         ``Preempting``, ``Unfittable``)."""
         return dict(self._waiting)
+
+    def restarted(self) -> frozenset[str]:
+        """The running jobs the last :meth:`allocate` preempted and then started again (a
+        later settle round, from the interrupt queue): a restart, not a resize."""
+        return self._restarted
 
     def next_decision(self, jobs: Sequence[AllocJob], allocations: Mapping[str, Allocation],
                       now: float) -> float | None:

@@ -331,7 +331,8 @@ class RankingAllocator(Allocator, Protocol):
 class LiveAllocation:
     """One allocator deciding the live operator's cycle (module docstring)."""
 
-    def __init__(self, allocator: RankingAllocator, name: str | None = None) -> None:
+    def __init__(self, allocator: RankingAllocator, name: str | None = None, *,
+                 restarts_as_preemptions: bool = False) -> None:
         if not isinstance(allocator, RankingAllocator):
             raise TypeError(f"{allocator!r} cannot say in which order it serves jobs (no order(jobs))")
         if allocator.clairvoyant:
@@ -342,12 +343,16 @@ class LiveAllocation:
         #: per job: its observations, GPUs per worker and bounds, and what they give
         #: the allocator (:func:`_learned`); kept while they are the same objects
         self._kept: dict[str, tuple[Any, int, Any, tuple]] = {}
+        #: a running job the allocator preempted and started again in one decision
+        #: (``restarted()``) is stopped and started in the plan, as the operator reports a
+        #: preemption and a resumption; else it is resized
+        self.restarts_as_preemptions = restarts_as_preemptions
 
     @classmethod
-    def named(cls, text: str) -> "LiveAllocation":
+    def named(cls, text: str, **options: Any) -> "LiveAllocation":
         """The allocator ``name[@options]`` (:func:`make_live_allocator`), called by its
         name (``goodput-rlpto``, not its class's) in events and waiting reasons."""
-        return cls(make_live_allocator(text), name=parse_allocator_options(text)[0])
+        return cls(make_live_allocator(text), name=parse_allocator_options(text)[0], **options)
 
     @property
     def name(self) -> str:
@@ -380,6 +385,7 @@ class LiveAllocation:
                         priority=_rank(job.priority_class), queue=job.queue,
                         service_queue=job.service_queue, service_priority=job.service_priority,
                         elastic=job.elastic if job.nodes else None, beta=job.beta,
+                        running_since=job.running_since if job.nodes else None,
                         protected=protected and bool(job.nodes), gpu_models=job.gpu_models,
                         cpu_milli=-(-max(job.cpu_milli, 0) // g), memory_mib=-(-max(job.memory_mib, 0) // g),
                         replica_group=g, seed_profile=job.seed_profile)
@@ -493,6 +499,8 @@ class LiveAllocation:
         wakes = [self.allocator.next_decision(asked, out, now)] if self._waking else []
         targets = {j.key: self.target(j, out.get(j.key, _NOTHING), types) for j in free_jobs}
         moves = bool(getattr(self.allocator, "type_aware", False))  # only a type-aware choice moves a job
+        again = self.allocator.restarted() if self.restarts_as_preemptions and hasattr(self.allocator,
+                                                                                       "restarted") else ()
         for j in free_jobs:
             t = targets[j.key]
             if not j.nodes:
@@ -500,6 +508,9 @@ class LiveAllocation:
                     plan.start[j.key] = t
             elif t.workers == 0:
                 plan.stop.append(j.key)
+            elif j.key in again:  # preempted and resumed in one decision
+                plan.stop.append(j.key)
+                plan.start[j.key] = t
             elif t.workers != j.workers or (moves and t.gpu_type is not None
                                             and t.gpu_type != one_type(j.nodes, types)):
                 plan.resize[j.key] = t

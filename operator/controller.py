@@ -111,7 +111,8 @@ class Controller:
             min_run_s=config.min_run_s,
         )
         #: the allocation policy, when one decides instead of admission + scaling
-        self.allocation = LiveAllocation.named(config.allocator) if config.allocator else None
+        self.allocation = (LiveAllocation.named(config.allocator, restarts_as_preemptions=True)
+                           if config.allocator else None)
         self.planner = None if self.allocation is not None else ScalingPlanner(
             build_scaling(config.scaling, config.scaling_model), patience=config.patience)
         #: core's cycle over the two: what every cycle decides (the simulator's allocator runs it too)

@@ -254,3 +254,25 @@ def test_a_callers_elastic_record_scales_on_the_jobs_own_beta_and_range():
     assert live.plan([flat], {0: 8, 1: 8}, now=30.0).resize == {"ns/r": LiveTarget(1, None)}
     alone = replace(flat, nodes=(0,), min_workers=1, elastic=ElasticState(epoch=4, streak=1, decided_epoch=3))
     assert not live.plan([alone], {0: 8, 1: 8}, now=40.0).resize  # at its minimum
+
+
+def test_the_last_started_job_is_the_victim_and_a_restart_is_no_resize():
+    """Of two running jobs of one class and priority the one started last is preempted
+    for a ``highest`` job; one the same decision starts again elsewhere (the preemptor
+    needs its whole node) is stopped and started in the plan (a preemption and a
+    resumption), where a plan of the same size alone would leave it on the node."""
+    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+
+    # the same submit second; second started last, so of the two it is the victim
+    first = LiveJob("ns/first", 0.0, 1, 2, gpus_per_worker=8, nodes=(0, 1), running_since=1.0)
+    second = LiveJob("ns/second", 0.0, 1, 2, gpus_per_worker=8, nodes=(2, 3), running_since=2.0)
+    boss = LiveJob("ns/boss", 3.0, 1, 1, gpus_per_worker=8, priority_class="highest", service_queue="urgent")
+    plan = LiveAllocation.named("fifo/bestfit+nobackfill").plan([first, second, boss], {i: 8 for i in range(4)},
+                                                                now=10.0)
+    assert plan.stop == ["ns/second"] and list(plan.start) == ["ns/boss"]
+    a = LiveJob("ns/a", 0.0, 1, 1, gpus_per_worker=4, nodes=(0,), running_since=2.0)
+    c = LiveJob("ns/c", 0.0, 1, 1, gpus_per_worker=4, nodes=(1,), running_since=1.0)
+    live = LiveAllocation.named("fifo/bestfit+nobackfill", restarts_as_preemptions=True)
+    plan = live.plan([a, c, boss], {0: 8, 1: 8}, now=10.0)
+    assert plan.stop == ["ns/a"] and set(plan.start) == {"ns/a", "ns/boss"} and not plan.resize
+    assert plan.allocations["ns/a"].nodes == (1,) * 4 and plan.allocations["ns/boss"].nodes == (0,) * 8
