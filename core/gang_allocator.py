@@ -25,6 +25,7 @@ from .job_goodput import job_observations
 from .planning import (
     HIGHEST_BONUS,
     Admission,
+    AdmissionPlan,
     ElasticState,
     QueueEntry,
     RunningEntry,
@@ -104,8 +105,8 @@ class GangAllocator:
         self._topo: tuple[tuple, Topology] | None = None
         self._elastic: dict[str, ElasticState] = {}
         self._state: ClusterState | None = None
-        #: why each job left waiting by the last :meth:`allocate` waits (its admission plan)
-        self._waiting: dict[str, WaitReason] = {}
+        #: what the last :meth:`allocate` left waiting and its admission plan (why they wait)
+        self._waiting: tuple = (AdmissionPlan(), [], 0)
         #: running jobs the last :meth:`allocate` preempted and started again
         self._restarted: frozenset[str] = frozenset()
 
@@ -210,8 +211,7 @@ class GangAllocator:
         if plan.scaling_error is not None:
             raise plan.scaling_error
         last = plan.rounds[-1].admission if plan.rounds else plan.admission  # who preempts still, after settling
-        self._waiting = waiting_reasons(dataclasses.replace(plan.admission, preempt=list(last.preempt)), waiting,
-                                        backfill=self.backfill, free_gpus=free)
+        self._waiting = (dataclasses.replace(plan.admission, preempt=list(last.preempt)), waiting, free)
         released: set[str] = set()
         for rnd in plan.rounds:  # each gang started where the placement put it; victims wait (keeping their progress)
             for key, where in rnd.placed.items():
@@ -266,7 +266,8 @@ class GangAllocator:
         """Why each job the last :meth:`allocate` left waiting waits, from its admission
         plan (:func:`~rlsched.core.planning.waiting_reasons`: ``NoRoom``, ``BehindHead``,
         ``Preempting``, ``Unfittable``)."""
-        return dict(self._waiting)
+        plan, waiting, free = self._waiting
+        return waiting_reasons(plan, waiting, backfill=self.backfill, free_gpus=free)
 
     def restarted(self) -> frozenset[str]:
         """The running jobs the last :meth:`allocate` preempted and then started again (a
