@@ -1,6 +1,6 @@
 """The mission with the old default admission + scaling policies (FIFO, RLPTO's
-committed weights: ``--allocator fifo/das/rlpto+nobackfill``; the served default is the
-goodput allocator,
+committed weights: ``--allocator fifo/das/rlpto+nobackfill``, the preemption test still
+``--allocator none``; the served default is the goodput allocator,
 tests/operator/test_k8s_goodput.py), against the real control plane.
 
 The other operator tests scale with the β rule and feed the fake trainer little noise
@@ -22,6 +22,7 @@ import pytest
 from rlsched.core.contract import GROUP as G
 from rlsched.core.contract import PLURAL as P
 from rlsched.core.contract import VERSION as V
+from rlsched.operator.cli import resolve_scaling_model
 
 REPO = Path(__file__).resolve().parents[2]
 TRACES = Path(os.environ.get("RLSCHED_DATA_DIR") or REPO.parent / "shared" / "data") / "pollux-osdi21" / "traces"
@@ -30,6 +31,8 @@ pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
 
 #: the old default policies as one allocator: FIFO, DAS, RLPTO's committed weights, no backfill
 RLPTO = dict(allocator="fifo/das/rlpto+nobackfill")
+#: the none mode as ``--allocator none`` starts it: --scaling auto, no --scaling-model
+DEFAULTS = dict(allocator=None, scaling="auto", scaling_model=resolve_scaling_model("auto", None))
 
 
 def _t(ev) -> float:
@@ -75,7 +78,9 @@ def test_default_policies_highest_job_preempts_and_its_victim_resumes_first(exte
                                                                             run_operator, wait_until):
     with fake_trainer(ns) as th:  # the demo's convergence and noise model (its defaults)
         assert (th.trainer.noise, th.trainer.tau) == (0.002, 6.0)
-        with run_operator(ns, grace_period_s=2, **RLPTO) as rt:
+        # the none mode: under the gang allocator RLPTO's actor is shown other features
+        # (docs/operator.md, One mode) and may shrink a job before the preemption
+        with run_operator(ns, grace_period_s=2, **DEFAULTS) as rt:
             tj(ns, "first", 1, 2, gpus=8, beta=0.001, maxEpochs=400)
             th.start()
             wait_until(lambda: kapi.phase(ns, "first") == "Running", 60, "first running")
