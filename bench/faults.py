@@ -99,7 +99,8 @@ def _poison_run(cycles: int, cycle_s: float, progress, task) -> dict:
         ns = f"poison-{uuid.uuid4().hex[:6]}"
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
         cfg = OperatorConfig(kubeconfig=str(cluster.kubeconfig), namespace=ns, cycle_s=cycle_s, metrics_port=0,
-                             forecast_interval_s=0, start_timeout_s=600, grace_period_s=1)
+                             forecast_interval_s=0, start_timeout_s=600, grace_period_s=1,
+                             allocator="fifo/das+nobackfill")  # the old admission defaults as one allocator
         rt = OperatorRuntime(cfg)
         gpu = {RESOURCE_GPU: "2M"}
         poison = {

@@ -51,7 +51,8 @@ def run(jobs: int, cycle_s: float, kubeconfig: str | None, out: Path) -> dict:
         ns = f"bench-{uuid.uuid4().hex[:6]}"
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
         cfg = OperatorConfig(kubeconfig=str(env.kubeconfig), namespace=ns, cycle_s=cycle_s, metrics_port=None,
-                             forecast_interval_s=0, start_timeout_s=600)
+                             forecast_interval_s=0, start_timeout_s=600,
+                             allocator="fifo/das+nobackfill")  # the old admission defaults as one allocator
         stop = threading.Event()
         th = threading.Thread(target=lambda: asyncio.run(operator(cfg, stop_flag=stop)), daemon=True)
         th.start()

@@ -119,6 +119,19 @@ class AllocJob:
     queue: str | None = None
     #: it may not lose any of the GPUs it holds this decision (its minimum run time)
     protected: bool = False
+    #: the service queue it waits in (``interrupt``, ``urgent``, ``normal``: RLPTO's
+    #: queues, :meth:`~rlsched.core.planning.DynamicPriority.queue`) and its dynamic
+    #: priority; allocators that rank by the queues (the gang allocator's) read them
+    service_queue: str = "normal"
+    service_priority: float = 0.0
+    #: the β rule's record of the job kept by the caller across decisions (a
+    #: :class:`~rlsched.core.planning.ElasticState`: the operator's ``status.rlpto``) and
+    #: its own β; None: an allocator that scales keeps its own from ``metrics``
+    elastic: object | None = None
+    beta: float | None = None
+    #: when it last started from the queue (None: its submit time is used); of the
+    #: victims of a preemption the most recently started goes first
+    running_since: float | None = None
     #: the GPU models its replicas may run on (a TrainingJob's worker-template
     #: constraint, :func:`rlsched.core.contract.gpu_model_rule`); None: any
     gpu_models: frozenset[str] | None = None

@@ -9,26 +9,32 @@ way. It sees no run time. Details: docs/design-notes.md.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections import Counter
 from functools import lru_cache
 from typing import Mapping, Sequence
 
 import numpy as np
 
-from .allocation import Allocation, AllocationError, AllocJob, AllocNode
+from .allocation import Allocation, AllocJob, AllocNode
 from .cluster import ClusterState, JobView, Progress
 from .contract import PRIORITY_CLASSES
 from .cycle import SchedulingCycle
 from .job_goodput import job_observations
 from .planning import (
+    HIGHEST_BONUS,
     Admission,
+    AdmissionPlan,
     ElasticState,
     QueueEntry,
     RunningEntry,
     RunningJob,
     ScalingPlanner,
     TrainingSpec,
+    WaitReason,
     scaling_steps,
+    waiting_reasons,
 )
 from .ordering import reached_threshold
 from .policy import Ordering, Placement, Scaling, make_ordering, make_placement, make_scaling
@@ -45,15 +51,17 @@ _UNCOUNTED = 1 << 40
 
 def _spec(v: JobView, j: AllocJob) -> TrainingSpec:
     """A gang of the workers the job runs with (the allocator's jobs are not elastic at
-    admission), its GPUs per worker and its service class."""
-    return _gang(v.workers, v.gpus_per_worker, j.priority, v.gpu_models)
+    admission), its GPUs, CPU and memory per worker and its service class."""
+    return _gang(v.workers, v.gpus_per_worker, j.priority, v.gpu_models, v.cpu_milli, v.memory_mib)
 
 
 @lru_cache(maxsize=4096)
-def _gang(workers: int, gpus_per_worker: int, priority: int, gpu_models: frozenset[str] | None) -> TrainingSpec:
+def _gang(workers: int, gpus_per_worker: int, priority: int, gpu_models: frozenset[str] | None,
+          cpu_milli: int = 0, memory_mib: int = 0) -> TrainingSpec:
     """:func:`_spec`'s (immutable) spec, built once per shape."""
     return TrainingSpec(min_workers=workers, max_workers=workers, gpus_per_worker=gpus_per_worker,
-                        priority_class=PRIORITY_CLASSES[len(PRIORITY_CLASSES) - 1 - priority], gpu_models=gpu_models)
+                        priority_class=PRIORITY_CLASSES[len(PRIORITY_CLASSES) - 1 - priority], gpu_models=gpu_models,
+                        cpu_milli=cpu_milli, memory_mib=memory_mib)
 
 
 def learning_score(metrics: Sequence[float], higher_is_better: bool) -> list[float]:
@@ -75,6 +83,8 @@ class GangAllocator:
 
     clairvoyant = False
     type_aware = False
+    #: team queues are the goodput allocators': given queues, this one only reports their use
+    enforces_queues = False
 
     def __init__(self, ordering: Ordering, placement: Placement, scaling: Scaling | None = None, *,
                  backfill: bool = True, preemption: bool = True, beta: float = 0.001, patience: int = 5,
@@ -95,6 +105,10 @@ class GangAllocator:
         self._topo: tuple[tuple, Topology] | None = None
         self._elastic: dict[str, ElasticState] = {}
         self._state: ClusterState | None = None
+        #: what the last :meth:`allocate` left waiting and its admission plan (why they wait)
+        self._waiting: tuple = (AdmissionPlan(), [], 0)
+        #: running jobs the last :meth:`allocate` preempted and started again
+        self._restarted: frozenset[str] = frozenset()
 
     @classmethod
     def named(cls, text: str, *, seed: int = 0, **options) -> "GangAllocator":
@@ -127,13 +141,16 @@ class GangAllocator:
 
     def _view(self, j: AllocJob) -> JobView:
         """The job as the ordering and placement see it: a gang of the workers it asks
-        for (``target_replicas`` GPUs in workers of ``replica_group`` GPUs)."""
+        for (``target_replicas`` GPUs in workers of ``replica_group`` GPUs), in its
+        service queue at its dynamic priority (a ``highest`` job before every other of
+        its queue), where every ordering ranks first."""
         g = max(1, j.replica_group)
         w = max(min(j.target_replicas or g, j.max_replicas) // g, 1)
         thresholds = getattr(self.ordering, "thresholds", ())
+        bonus = HIGHEST_BONUS if j.priority == len(PRIORITY_CLASSES) - 1 else 0.0
         return JobView(id=j.id, submit_time=j.submit_time, workers=w, min_workers=w, max_workers=w,
                        gpus_per_worker=g, gpu_models=j.gpu_models, cpu_milli=j.cpu_milli * g,
-                       memory_mib=j.memory_mib * g,
+                       memory_mib=j.memory_mib * g, queue=j.service_queue, priority=j.service_priority + bonus,
                        attained_service=reached_threshold(j.attained_service, thresholds) if thresholds
                        else j.attained_service, placement=[])
 
@@ -153,9 +170,8 @@ class GangAllocator:
         mode (admission, preemption of the jobs a preemptive ordering ranks after the
         blocked head, the victims released and admission planned again, then the scaling
         step), translated into allocations. A job inside its minimum run time
-        (``protected``) is never a victim. Team queues are the goodput allocators'."""
-        if queues is not None and queues.active:
-            raise AllocationError(f"{self.name}: team queues are decided by the goodput allocators")
+        (``protected``) is never a victim. Team queues are the goodput allocators'
+        (``enforces_queues``): ``queues`` is not read."""
         state = ClusterState(self._topology(nodes), time=now)
         self._state = state
         index = {n.index: k for k, n in enumerate(nodes)}
@@ -183,21 +199,28 @@ class GangAllocator:
             state.allocate(k, *used[k])
         state.pending = pending
         by_id = {j.id: j for j in jobs}
-        waiting = [QueueEntry(key=v.id, spec=_spec(v, by_id[v.id]), submit_time=v.submit_time, priority=0.0,
-                              job=v) for v in pending]
-        holders = [RunningEntry(key=v.id, spec=_spec(v, by_id[v.id]), priority=0.0,
-                                start_time=by_id[v.id].submit_time, placement=list(v.placement), job=v)
+        waiting = [QueueEntry(key=v.id, spec=_spec(v, by_id[v.id]), submit_time=v.submit_time,
+                              priority=by_id[v.id].service_priority, queue=v.queue, job=v) for v in pending]
+        holders = [RunningEntry(key=v.id, spec=_spec(v, by_id[v.id]), priority=by_id[v.id].service_priority,
+                                start_time=by_id[v.id].running_since if by_id[v.id].running_since is not None
+                                else by_id[v.id].submit_time, placement=list(v.placement), job=v)
                    for v in state.running.values() if not by_id[v.id].protected]
+        free = int(state.free.sum())
         plan = self.cycle.plan(waiting, holders, state, running=lambda gone: self._elastic_jobs(jobs, gone, state, now),
                                place=self._place, place_one=self._place_one, settle=True)
         if plan.scaling_error is not None:
             raise plan.scaling_error
+        last = plan.rounds[-1].admission if plan.rounds else plan.admission  # who preempts still, after settling
+        self._waiting = (dataclasses.replace(plan.admission, preempt=list(last.preempt)), waiting, free)
+        released: set[str] = set()
         for rnd in plan.rounds:  # each gang started where the placement put it; victims wait (keeping their progress)
             for key, where in rnd.placed.items():
                 g = max(1, by_id[key].replica_group)
                 out[key] = Allocation(tuple(nodes[k].index for k in where for _ in range(g)))
             for key in rnd.released:
                 out.pop(key, None)
+                released.add(key)
+        self._restarted = frozenset(k for k in released if k in out)
         for jid, step in scaling_steps(plan.scaling.deltas):
             g = max(1, by_id[jid].replica_group)
             cur = list(out[jid].nodes)
@@ -206,7 +229,50 @@ class GangAllocator:
             elif step > 0 and jid in plan.scaling.nodes:
                 cur.extend([nodes[plan.scaling.nodes[jid]].index] * g)
             out[jid] = Allocation(tuple(cur))
+        self._toward_range(jobs, out, nodes, plan.blocked.spec.gang_gpus if plan.blocked is not None else 0)
         return out
+
+    @staticmethod
+    def _toward_range(jobs: Sequence[AllocJob], out: dict[str, Allocation], nodes: Sequence[AllocNode],
+                      reserved: int) -> None:
+        """A running job outside its replica range (its pinned workers, ``spec.workers``,
+        moved) goes one worker towards it per decision, as core's scaling planner moves a
+        pinned job: down by its last worker; up by one worker on a node with room (one
+        it runs on first, then the fullest), never into the GPUs the blocked head needs."""
+        moving = [j for j in jobs if j.allocation and j.id in out
+                  and not j.min_replicas <= len(j.allocation) <= j.max_replicas]
+        if not moving:
+            return
+        used = Counter(i for a in out.values() for i in a.nodes)
+        spare = sum(max(n.gpus - used[n.index], 0) for n in nodes) - reserved
+        for j in moving:
+            g = max(1, j.replica_group)
+            cur = list(j.allocation)
+            if len(cur) > j.max_replicas:
+                del cur[-g:]
+            else:
+                room = [n for n in nodes if j.runs_on(n) and n.gpus - used[n.index] >= g]
+                if spare < g or not room:
+                    continue  # it keeps what it holds until there is room
+                on = set(cur)
+                n = min(room, key=lambda n: (n.index not in on, n.gpus - used[n.index], n.index))
+                cur.extend([n.index] * g)
+                spare -= g
+            used.subtract(out[j.id].nodes)
+            used.update(cur)
+            out[j.id] = Allocation(tuple(cur))
+
+    def why_waiting(self) -> dict[str, WaitReason]:
+        """Why each job the last :meth:`allocate` left waiting waits, from its admission
+        plan (:func:`~rlsched.core.planning.waiting_reasons`: ``NoRoom``, ``BehindHead``,
+        ``Preempting``, ``Unfittable``)."""
+        plan, waiting, free = self._waiting
+        return waiting_reasons(plan, waiting, backfill=self.backfill, free_gpus=free)
+
+    def restarted(self) -> frozenset[str]:
+        """The running jobs the last :meth:`allocate` preempted and then started again (a
+        later settle round, from the interrupt queue): a restart, not a resize."""
+        return self._restarted
 
     def next_decision(self, jobs: Sequence[AllocJob], allocations: Mapping[str, Allocation],
                       now: float) -> float | None:
@@ -242,16 +308,27 @@ class GangAllocator:
             if not j.allocation or j.id in gone:  # waiting, or preempted this cycle
                 continue
             v = state.running[j.id]
-            v.min_workers, v.max_workers = 1, max(j.max_replicas, v.workers)
-            hist = learning_score(j.metrics, j.higher_is_better)
+            own = isinstance(j.elastic, ElasticState)  # the caller's record, on the job's own β and range
+            g = max(1, j.replica_group) if own else 1
+            if own:
+                v.min_workers, v.max_workers = max(1, j.min_replicas // g), max(j.max_replicas // g, v.workers)
+                v.beta = self.beta if j.beta is None else j.beta
+                hist = list(j.metrics)  # the reported metric itself, as the caller's record reads it
+            else:
+                v.min_workers, v.max_workers = 1, max(j.max_replicas, v.workers)
+                hist = learning_score(j.metrics, j.higher_is_better)
             prog = Progress(epoch=j.epoch, accuracy=hist[-1] if hist else 0.0, history=hist)
             v.progress = prog
             if j.profile and j.atomic_bsz:
                 last = j.profile[-1]
                 v.throughput = last.atomic_bsz / max(last.step_time, 1e-9)
-            es = self._elastic.setdefault(j.id, ElasticState())
-            es.observe(prog, v.workers, j.age, self.beta, 0)
-            spec = TrainingSpec(min_workers=1, max_workers=v.max_workers, beta=self.beta, max_epochs=1 << 30,
+            if own:
+                es = j.elastic
+            else:
+                es = self._elastic.setdefault(j.id, ElasticState())
+                es.observe(prog, v.workers, j.age, self.beta, 0)
+            spec = TrainingSpec(min_workers=v.min_workers, max_workers=v.max_workers, gpus_per_worker=g,
+                                beta=v.beta if own else self.beta, max_epochs=1 << 30,
                                 batch_size=j.batch_size or None)
             running.append(RunningJob(key=j.id, spec=spec, workers=v.workers, progress=prog, state=es,
                                       submit_time=j.submit_time, start_time=now, placement=list(v.placement),
@@ -262,6 +339,7 @@ class GangAllocator:
     def _place_one(self, rj: RunningJob, state: ClusterState) -> int | None:
         v = rj.job
         grown = JobView(id=v.id, submit_time=v.submit_time, workers=v.workers + 1, min_workers=1,
+                        gpus_per_worker=rj.spec.gpus_per_worker,
                         max_workers=max(v.max_workers, v.workers + 1), placement=list(v.placement))
         place = self.placement.place(grown, state, workers=1)
         return int(place[0]) if place else None

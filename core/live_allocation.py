@@ -204,6 +204,15 @@ class LiveJob:
     restarts: int = 0
     #: ``spec.priority.class``
     priority_class: str = "normal"
+    #: the service queue it waits in and its dynamic priority (``status.queue``,
+    #: ``status.effectivePriority``: :class:`~rlsched.core.planning.DynamicPriority`)
+    service_queue: str = "normal"
+    service_priority: float = 0.0
+    #: a running job's β-rule record (``status.rlpto``, an
+    #: :class:`~rlsched.core.planning.ElasticState`) and its own β, for an allocator
+    #: that scales on them (the gang allocator's scaling policy); None: none given
+    elastic: Any = None
+    beta: float | None = None
     #: the team queue it is charged to (None: none)
     queue: str | None = None
     #: when it last started from the queue (its minimum run time counts from there)
@@ -322,7 +331,8 @@ class RankingAllocator(Allocator, Protocol):
 class LiveAllocation:
     """One allocator deciding the live operator's cycle (module docstring)."""
 
-    def __init__(self, allocator: RankingAllocator, name: str | None = None) -> None:
+    def __init__(self, allocator: RankingAllocator, name: str | None = None, *,
+                 restarts_as_preemptions: bool = False) -> None:
         if not isinstance(allocator, RankingAllocator):
             raise TypeError(f"{allocator!r} cannot say in which order it serves jobs (no order(jobs))")
         if allocator.clairvoyant:
@@ -333,12 +343,16 @@ class LiveAllocation:
         #: per job: its observations, GPUs per worker and bounds, and what they give
         #: the allocator (:func:`_learned`); kept while they are the same objects
         self._kept: dict[str, tuple[Any, int, Any, tuple]] = {}
+        #: a running job the allocator preempted and started again in one decision
+        #: (``restarted()``) is stopped and started in the plan, as the operator reports a
+        #: preemption and a resumption; else it is resized
+        self.restarts_as_preemptions = restarts_as_preemptions
 
     @classmethod
-    def named(cls, text: str) -> "LiveAllocation":
+    def named(cls, text: str, **options: Any) -> "LiveAllocation":
         """The allocator ``name[@options]`` (:func:`make_live_allocator`), called by its
         name (``goodput-rlpto``, not its class's) in events and waiting reasons."""
-        return cls(make_live_allocator(text), name=parse_allocator_options(text)[0])
+        return cls(make_live_allocator(text), name=parse_allocator_options(text)[0], **options)
 
     @property
     def name(self) -> str:
@@ -369,19 +383,27 @@ class LiveAllocation:
                         bounds=bounds, batch_size=job.batch_size or 0, grad_sqr=sqr, grad_var=var, profile=profile,
                         epoch=job.epoch, metrics=job.metrics, higher_is_better=True,
                         priority=_rank(job.priority_class), queue=job.queue,
+                        service_queue=job.service_queue, service_priority=job.service_priority,
+                        elastic=job.elastic if job.nodes else None, beta=job.beta,
+                        running_since=job.running_since if job.nodes else None,
                         protected=protected and bool(job.nodes), gpu_models=job.gpu_models,
                         cpu_milli=-(-max(job.cpu_milli, 0) // g), memory_mib=-(-max(job.memory_mib, 0) // g),
                         replica_group=g, seed_profile=job.seed_profile)
 
     def target(self, job: LiveJob, alloc: Allocation, types: Mapping[int, str] | None = None) -> LiveTarget:
-        """The allocator's answer for ``job`` in whole workers (0: it waits); its GPU
-        type when every node of the allocation is of one known type (``types``: node
+        """The allocator's answer for ``job`` in whole workers (0: it waits; a running job
+        outside its worker range keeps a size from its own to the range); its
+        GPU type when every node of the allocation is of one known type (``types``: node
         index -> type)."""
         g = max(1, job.gpus_per_worker)
         lo, hi = job.worker_range
-        workers = min(alloc.replicas // g, hi)
-        if workers < lo:
-            return _WAITS
+        given, cur = alloc.replicas // g, job.workers
+        if job.nodes and (cur <= given < lo or hi < given <= cur):
+            workers = given  # a running job outside its range on its way to it (its pin moved)
+        else:
+            workers = min(given, hi)
+            if workers < lo:
+                return _WAITS
         batch = alloc.batch_size if job.bounds is not None else None
         if batch is not None and workers * g != alloc.replicas:  # rounded down: keep the per-GPU share
             batch = max(job.bounds.init_batch, alloc.atomic_bsz * workers * g * ((alloc.accum_steps or 0) + 1))
@@ -393,6 +415,12 @@ class LiveAllocation:
         """Whether a running job is still inside its minimum run time (its queue's, else
         the scheduler's): it keeps what it holds."""
         return bool(job.nodes) and job.running_since is not None and now - job.running_since < book.min_run(job.queue)
+
+    @property
+    def enforces_queues(self) -> bool:
+        """Whether the allocator applies team queues' quotas (the goodput allocators);
+        else their use is only reported and no job waits for its queue."""
+        return bool(getattr(self.allocator, "enforces_queues", True))
 
     @staticmethod
     def barred(job: LiveJob, book: QueueBook) -> WaitReason | None:
@@ -455,7 +483,8 @@ class LiveAllocation:
         over = {i: (held[i], room.get(i, 0)) for i in held if held[i] > room.get(i, 0)}
         if over:
             raise ValueError(f"running jobs hold more GPUs than the capacity given (node: held, capacity): {over}")
-        barred = {j.key: w for j in decided if (w := self.barred(j, book)) is not None}
+        enforced = self.enforces_queues
+        barred = {j.key: w for j in decided if enforced and (w := self.barred(j, book)) is not None}
         free_jobs = [j for j in decided if j.key not in barred]
         guarded = [self.protected(j, book, now) for j in free_jobs]
         asked = [self.alloc_job(j, now, k, self._learned_of(j)) for j, k in zip(free_jobs, guarded)]
@@ -463,13 +492,15 @@ class LiveAllocation:
             live = {j.key for j in free_jobs}
             self._kept = {k: v for k, v in self._kept.items() if k in live}
         try:
-            out = dict(self.allocator.allocate(asked, nodes, now, queues=book))
+            out = dict(self.allocator.allocate(asked, nodes, now, queues=book if enforced else None))
         except Exception as exc:  # noqa: BLE001 - a broken policy keeps everyone as they are
             return LivePlan(error=exc, complete=ended)
         plan = LivePlan(allocations=out, complete=ended)
         wakes = [self.allocator.next_decision(asked, out, now)] if self._waking else []
         targets = {j.key: self.target(j, out.get(j.key, _NOTHING), types) for j in free_jobs}
         moves = bool(getattr(self.allocator, "type_aware", False))  # only a type-aware choice moves a job
+        again = self.allocator.restarted() if self.restarts_as_preemptions and hasattr(self.allocator,
+                                                                                       "restarted") else ()
         for j in free_jobs:
             t = targets[j.key]
             if not j.nodes:
@@ -477,6 +508,9 @@ class LiveAllocation:
                     plan.start[j.key] = t
             elif t.workers == 0:
                 plan.stop.append(j.key)
+            elif j.key in again:  # preempted and resumed in one decision
+                plan.stop.append(j.key)
+                plan.start[j.key] = t
             elif t.workers != j.workers or (moves and t.gpu_type is not None
                                             and t.gpu_type != one_type(j.nodes, types)):
                 plan.resize[j.key] = t
@@ -484,7 +518,10 @@ class LiveAllocation:
             use: Counter[str] = Counter()
             for j in free_jobs:
                 use[j.queue or ""] += targets[j.key].workers * max(1, j.gpus_per_worker)
-            plan.waiting = self._why(free_jobs, asked, plan, nodes, book, use)
+            plan.waiting = self._why(free_jobs, asked, plan, nodes, book if enforced else QueueBook(), use)
+            own = getattr(self.allocator, "why_waiting", None)  # the allocator's own reasons, where it has them
+            if own is not None:
+                plan.waiting.update({k: w for k, w in own().items() if k in plan.waiting})
             waits = bool(plan.waiting)
         else:  # the jobs _why would name: every one that does not run after this plan
             stopped = set(plan.stop)

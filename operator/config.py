@@ -10,6 +10,7 @@ from rlsched.core import make_ordering, make_scaling
 from rlsched.core.contract import DEFAULT_SCHEDULER_NAME, DEFAULT_TOPOLOGY_LEVELS, POD_SECURITY_BASELINE
 from rlsched.core.das import resolve_placement_model, serving_placement
 from rlsched.core.policy import ORDERINGS, SCALINGS
+from rlsched.core.served import SERVED
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +33,10 @@ class OperatorConfig:
     placement_model: str | None = None
     #: node-label keys of the topology, coarse to fine (the extender's ``--topology-levels``)
     topology_levels: tuple[str, ...] = DEFAULT_TOPOLOGY_LEVELS
-    #: an allocation policy deciding every job's workers and batch at once
-    #: (``goodput``; core/live_allocation.py) instead of admission + scaling; None: off
-    allocator: str | None = None
+    #: the allocation policy deciding every job's workers and batch at once (any name of
+    #: core/live_allocation.py's ``make_live_allocator``; default: the served one,
+    #: core/served.py); None: admission + scaling
+    allocator: str | None = SERVED.allocator
     #: when the allocation policy decides (core/decision_clock.py, as both simulator
     #: engines): on a change of the jobs it decides for, at least ``decision_gap_s``
     #: after its last decision, else every ``decision_interval_s``; None: every cycle

@@ -111,7 +111,8 @@ class Controller:
             min_run_s=config.min_run_s,
         )
         #: the allocation policy, when one decides instead of admission + scaling
-        self.allocation = LiveAllocation.named(config.allocator) if config.allocator else None
+        self.allocation = (LiveAllocation.named(config.allocator, restarts_as_preemptions=True)
+                           if config.allocator else None)
         self.planner = None if self.allocation is not None else ScalingPlanner(
             build_scaling(config.scaling, config.scaling_model), patience=config.patience)
         #: core's cycle over the two: what every cycle decides (the simulator's allocator runs it too)
@@ -129,9 +130,9 @@ class Controller:
         self.workers = Workers(self.core, self.status, self.rbac, metrics, config, clock)
         self.kueue = KueueGate(self.custom, self.status, config.namespace, clock)
         self.teams = TeamQueues(self.custom, metrics, min_run_s=config.min_run_s,
-                                enforced=self.allocation is not None)
-        self.lifecycle = Lifecycle(config, self.status, self.workers, metrics, self.priority, self.queues,
-                              self.allocation.name if self.allocation is not None else None, clock)
+                                enforced=self.allocation is not None and self.allocation.enforces_queues)
+        self.lifecycle = Lifecycle(config, self.status, self.workers, metrics, self.priority,
+                                   self.allocation.name if self.allocation is not None else None, clock)
         self.pod_security = PodSecurityGate(self.core, read_json, config)
         self.cycles = 0
         self.last_plan: AdmissionPlan | None = None
@@ -379,19 +380,23 @@ class Controller:
         await self._each(lambda j: self.lifecycle.schedulable(j, unfit.unfittable.get(j.key), now),
                          [c.jobs[e.key] for e in c.waiting], now)
         live, held = await self._allocation_inputs(c)
+        self.last_plan = unfit
         if not self.decision_due(live, now):
+            await self._record_elastic(c)
             return unfit
         names = {i: n for n, i in c.snap.node_index.items()}
         models = {i: node.gpu_model for i, node in enumerate(state.topology.nodes)}
         capacity, offers = movable_room(state, held)
         plan = self.allocation.plan(live, capacity, now, names, queues=c.book, models=models, offers=offers,
                                     types=c.snap.types)
+        await self._record_elastic(c)  # as the plan left it (the evaluation a scaling policy decided on)
         if plan.error is not None:
             self.metrics.cycle_errors.inc()
             log.error("allocator %s failed; every job keeps its GPUs this cycle: %r", self.allocation.name, plan.error)
             await self._complete(c, plan)
             return unfit
         self._decided, self._wake_at = (now, self._decision_keys(live)), plan.wake_at
+        unfit.admit = list(plan.start)  # the metrics count them as started, not queued
         await self._act_on_allocation(c, plan, [c.jobs[lj.key] for lj in live])
         return unfit
 
@@ -413,20 +418,10 @@ class Controller:
     async def _allocation_inputs(self, c: _Cycle) -> tuple[list[LiveJob], list[tuple[tuple[int, ...], int, int, int]]]:
         """The jobs as the allocator sees them, and what the running ones it may move
         hold. A running job whose generation still starts is not movable: its GPUs stay
-        charged where they are and only its end is judged. Each running job's elastic
-        state (``status.rlpto``) is recorded."""
+        charged where they are and only its end is judged."""
         now = c.now
         held: list[tuple[tuple[int, ...], int, int, int]] = []
         live: list[LiveJob] = []
-
-        running = c.by_running
-
-        async def record(j: Job) -> None:
-            patch = self.lifecycle.rlpto_patch(j, running[j.key])
-            if patch:
-                await self.status.patch(j, patch)
-
-        await self._each(record, [c.jobs[r.key] for r in c.running], now)
         for r in c.running:
             j = c.jobs[r.key]
             placement = tuple(c.snap.placement.get(j.key, ()))
@@ -442,6 +437,17 @@ class Controller:
             obs = observations_from_status(j.status.get("goodput"), bounds)[0] if bounds is not None else None
             live.append(self.lifecycle.live_job(j, now, (), obs))
         return live, held
+
+    async def _record_elastic(self, c: _Cycle) -> None:
+        """Each running job's elastic state (``status.rlpto``), where it changed."""
+        running = c.by_running
+
+        async def record(j: Job) -> None:
+            patch = self.lifecycle.rlpto_patch(j, running[j.key])
+            if patch:
+                await self.status.patch(j, patch)
+
+        await self._each(record, [c.jobs[r.key] for r in c.running], c.now)
 
     async def _complete(self, c: _Cycle, plan: LivePlan) -> None:
         """The jobs that ended by themselves (the plan's β stops and ``maxEpochs``)."""

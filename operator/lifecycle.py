@@ -23,8 +23,7 @@ from rlsched.core.live_allocation import (
     observations_to_status,
     one_type,
 )
-from rlsched.core.planning import (Admission, DynamicPriority, ElasticState, QueueEntry, RunningJob, TrainingSpec,
-                                   WaitReason)
+from rlsched.core.planning import DynamicPriority, ElasticState, QueueEntry, RunningJob, TrainingSpec, WaitReason
 
 from .job import Job, checkpoint_path, pod_generation, progress_of, requests_count
 from .status import StatusWriter, format_time, get_condition, merge_diff, parse_time, set_condition, short, stored
@@ -41,9 +40,11 @@ class Lifecycle:
     policy that sizes jobs (None: admission starts them at ``minWorkers``)."""
 
     def __init__(self, config: Any, status: StatusWriter, workers: Workers, metrics: Any, priority: DynamicPriority,
-                 admission: Admission, allocator: str | None, clock: Callable[[], float] = time.time) -> None:
+                 allocator: str | None, clock: Callable[[], float] = time.time) -> None:
+        if not config.start_timeout_s > 0:
+            raise ValueError(f"start_timeout_s must be > 0, got {config.start_timeout_s}")
         self.config, self.status, self.workers, self.metrics = config, status, workers, metrics
-        self.priority, self.admission, self.allocator, self.clock = priority, admission, allocator, clock
+        self.priority, self.allocator, self.clock = priority, allocator, clock
 
     def target(self, j: Job) -> int:
         """The worker count of the job's current generation (an allocator starts a job
@@ -149,7 +150,7 @@ class Lifecycle:
             return
         admitted = max(parse_time(j.status.get("admittedTime")) or now,
                        parse_time(j.status.get("restartAfter")) or 0.0)
-        if self.admission.start_timed_out(admitted, now):
+        if now - admitted > self.config.start_timeout_s:  # the gang goes back to its queue
             await self.status.patch(j, {
                 "phase": "Queued", "workers": 0, "readyWorkers": 0, "targetWorkers": 0,
                 "restartGeneration": gen + 1,
@@ -268,6 +269,16 @@ class Lifecycle:
         old = j.status.get("rlpto")
         return {"rlpto": merge_diff(old, rl) if isinstance(old, Mapping) else rl}
 
+    def service_queue(self, j: Job) -> tuple[str, float]:
+        """The service queue the job is ranked in and its dynamic priority: a queued
+        job's ``status.queue`` (written by :meth:`queue_entry` this cycle), else the one
+        :class:`~rlsched.core.planning.DynamicPriority` gives its class and priority."""
+        pr = self.priority_of(j)
+        queue = j.status.get("queue")
+        if j.status.get("phase") != "Queued" or queue not in ("interrupt", "urgent", "normal"):
+            queue = self.priority.queue(j.spec.priority_class, pr)
+        return queue, pr
+
     def live_job(self, j: Job, now: float, placement: tuple[int, ...], obs, *, running: RunningJob | None = None,
                  movable: bool = True, patience: int | None = None) -> LiveJob:
         """The job as the allocation policy sees it; ``running``: its elastic state
@@ -276,13 +287,16 @@ class Lifecycle:
         s = j.spec
         created = parse_time(j.body["metadata"].get("creationTimestamp")) or now
         prog = running.progress if running is not None else progress_of(j.status)
+        queue, pr = self.service_queue(j)
         end = {} if running is None else dict(epochs_done=prog.epochs_done, max_epochs=s.max_epochs,
-                                              streak=running.state.streak, patience=patience)
+                                              streak=running.state.streak, patience=patience,
+                                              elastic=running.state, beta=s.beta)
         return LiveJob(key=j.key, submit_time=created, min_workers=s.min_workers, max_workers=s.max_workers,
                        gpus_per_worker=s.gpus_per_worker, nodes=placement,
                        batch_size=j.batch_size if placement else s.batch_size, pinned_workers=s.pinned_workers,
                        bounds=s.bounds, observations=obs, attained_service=self.service(j, now),
                        restarts=j.generation, priority_class=s.priority_class, queue=j.team,
+                       service_queue=queue, service_priority=pr,
                        running_since=parse_time(j.status.get("admittedTime")) if placement else None,
                        gpu_models=s.gpu_models, cpu_milli=s.cpu_milli, memory_mib=s.memory_mib,
                        epoch=max(prog.epoch, 0), metrics=tuple(prog.history), movable=movable,

@@ -53,8 +53,8 @@ class TeamQueues:
             except QueueError as exc:
                 log.warning("TrainingQueue ignored: %s", exc)
         if specs and not self.enforced and not self._queues_unenforced:
-            log.warning("TrainingQueues exist but the operator runs without an allocator (--allocator none): "
-                        "their quotas and weights are not enforced, only their use is reported")
+            log.warning("TrainingQueues exist but the operator's allocator does not enforce them (the goodput "
+                        "allocators do): their quotas and weights are not enforced, only their use is reported")
             self._queues_unenforced = True
         return QueueBook(specs, min_run_s=self.min_run_s)
 

@@ -112,7 +112,7 @@ def test_multi_gpu_workers_stay_whole_on_a_node_and_uneven_nodes_are_used():
     assert sorted(where) != [0, 0, 0, 1]  # no worker split between a and b
 
 
-def test_heuristic_names_build_live_allocators_and_team_queues_are_refused():
+def test_heuristic_names_build_live_allocators_and_team_queues_are_only_reported():
     from rlsched.core.live_allocation import LiveAllocation, LiveJob
     from rlsched.core.queues import QueueBook, QueueSpec
 
@@ -122,8 +122,13 @@ def test_heuristic_names_build_live_allocators_and_team_queues_are_refused():
     plan = live.plan([LiveJob("ns/a", 0.0, 2, 4, gpus_per_worker=2), LiveJob("ns/b", 1.0, 1, 1, gpus_per_worker=4)],
                      {0: 4, 1: 4}, now=10.0)
     assert plan.error is None and plan.start == {"ns/a": LiveTarget(2, None), "ns/b": LiveTarget(1, None)}
-    book = QueueBook([QueueSpec("team", nominal_gpus=4)])
-    assert isinstance(live.plan([LiveJob("ns/a", 0.0, 1, 1)], {0: 4}, now=10.0, queues=book).error, ValueError)
+    # a heuristic does not enforce team queues: a job over its queue's cap, or naming no
+    # such queue, starts all the same; the queues' use is reported
+    book = QueueBook([QueueSpec("team", nominal_gpus=1, borrowing_limit=0)])
+    plan = live.plan([LiveJob("ns/a", 0.0, 2, 2, queue="team"), LiveJob("ns/b", 1.0, 1, 1, queue="gone")],
+                     {0: 4}, now=10.0, queues=book)
+    assert plan.error is None and set(plan.start) == {"ns/a", "ns/b"} and not plan.waiting
+    assert plan.queues["team"]["gpusInUse"] == 2 and not live.enforces_queues
     with pytest.raises(ValueError, match="ordering/placement"):
         LiveAllocation.named("nosuch")
 
@@ -147,3 +152,127 @@ def test_a_demoting_ordering_asks_to_decide_again_when_a_queue_changes():
     plan = LiveAllocation(gang(order="tiresias")).plan(
         [LiveJob("ns/run", 0.0, 2, 2, nodes=(0, 0), attained_service=th - 600.0)], {0: 4}, now=100.0)
     assert plan.wake_at == pytest.approx(400.0)
+
+
+def test_the_service_queues_and_dynamic_priority_order_the_gangs():
+    """RLPTO's queues: a preempted job (interrupt) before urgent before normal; inside a
+    queue the higher dynamic priority first, a ``highest`` job before every other."""
+    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+
+    live = LiveAllocation.named("fifo/bestfit+nobackfill")
+
+    def first(*jobs):
+        return list(live.plan(list(jobs), {0: 8}, now=10.0).start)
+
+    n1 = LiveJob("ns/n1", 0.0, 1, 1, gpus_per_worker=8)
+    promoted = LiveJob("ns/n2", 1.0, 1, 1, gpus_per_worker=8, service_queue="urgent", service_priority=1.0)
+    urgent = LiveJob("ns/u", 2.0, 1, 1, gpus_per_worker=8, priority_class="urgent", service_queue="urgent")
+    resumed = LiveJob("ns/r", 3.0, 1, 1, gpus_per_worker=8, service_queue="interrupt")
+    highest = LiveJob("ns/h", 4.0, 1, 1, gpus_per_worker=8, priority_class="highest", service_queue="urgent")
+    assert first(n1, promoted, urgent) == ["ns/n2"]
+    assert first(n1, urgent) == ["ns/u"]
+    assert first(n1, urgent, resumed) == ["ns/r"]
+    assert first(n1, promoted, urgent, highest) == ["ns/h"]
+
+
+def test_a_highest_job_behind_a_blocked_head_preempts_a_normal_one():
+    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+
+    live = LiveAllocation.named("fifo/bestfit+nobackfill")
+    low = LiveJob("ns/low", 0.0, 1, 1, gpus_per_worker=8, nodes=(0,))
+    waiter = LiveJob("ns/waiter", 1.0, 1, 1, gpus_per_worker=8)
+    boss = LiveJob("ns/boss", 2.0, 1, 1, gpus_per_worker=8, priority_class="highest", service_queue="urgent")
+    plan = live.plan([low, waiter, boss], {0: 8}, now=10.0)
+    assert plan.stop == ["ns/low"] and list(plan.start) == ["ns/boss"]
+    # of two running jobs the one of lower dynamic priority is the victim
+    high = LiveJob("ns/high", 1.0, 1, 1, gpus_per_worker=8, nodes=(1,), service_priority=0.5)
+    plan = live.plan([low, high, replace(boss, gpus_per_worker=8)], {0: 8, 1: 8}, now=10.0)
+    assert plan.stop == ["ns/low"] and list(plan.start) == ["ns/boss"]
+
+
+def test_a_gang_allocator_says_why_each_job_waits_from_its_admission_plan():
+    """As the operator's admission said it: the head of line does not fit the free GPUs
+    (NoRoom), a job behind it waits without backfill (BehindHead), a gang the cluster
+    can never hold has no place in the order (Unfittable)."""
+    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+
+    live = LiveAllocation.named("fifo/bestfit+nobackfill")
+    jobs = [LiveJob("ns/holder", 0.0, 1, 1, gpus_per_worker=8, nodes=(0,)),
+            LiveJob("ns/next", 1.0, 1, 1, gpus_per_worker=8), LiveJob("ns/small", 2.0, 1, 1),
+            LiveJob("ns/huge", 3.0, 2, 2, gpus_per_worker=8)]
+    why = live.plan(jobs, {0: 8}, now=10.0).waiting
+    assert {k: (w.position, w.reason) for k, w in why.items()} == {
+        "ns/next": (1, "NoRoom"), "ns/small": (2, "BehindHead"), "ns/huge": (0, "Unfittable")}
+    assert "1 x 8 GPUs" in why["ns/next"].message and "0 free GPUs" in why["ns/next"].message
+    assert "behind ns/next" in why["ns/small"].message
+
+
+def test_a_running_job_whose_pin_moved_goes_one_worker_per_decision_towards_it():
+    """``kubectl scale`` of a running job: one worker per decision, each a new size (the
+    none mode's pin rule), up only where a worker has room; never stopped for it."""
+    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+
+    live = LiveAllocation.named("fifo/bestfit+nobackfill")
+    up = LiveJob("ns/up", 0.0, 1, 4, nodes=(0,), pinned_workers=3)
+    assert live.plan([up], {0: 2, 1: 4}, now=10.0).resize == {"ns/up": LiveTarget(2, None)}
+    assert live.plan([replace(up, nodes=(0, 0))], {0: 2, 1: 4}, now=10.0).resize == {"ns/up": LiveTarget(3, None)}
+    full = live.plan([up, LiveJob("ns/other", 0.0, 1, 1, nodes=(0,))], {0: 2}, now=10.0)
+    assert not full.resize and not full.stop  # no room: it keeps its worker
+    down = LiveJob("ns/down", 0.0, 1, 4, nodes=(0, 0, 1), pinned_workers=1)
+    assert live.plan([down], {0: 2, 1: 4}, now=10.0).resize == {"ns/down": LiveTarget(2, None)}
+    assert live.plan([replace(down, nodes=(0, 0))], {0: 2}, now=10.0).resize == {"ns/down": LiveTarget(1, None)}
+
+
+def test_a_gang_whose_workers_no_node_can_host_by_cpu_does_not_block_the_line():
+    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+
+    live = LiveAllocation.named("fifo/bestfit+nobackfill")
+    five = LiveJob("ns/five", 0.0, 5, 5, cpu_milli=60_000)  # one worker per node by CPU: 4 nodes hold 4
+    four = LiveJob("ns/four", 1.0, 4, 4, cpu_milli=60_000)
+    offers = {i: (96_000, 1 << 20) for i in range(4)}
+    plan = live.plan([five, four], {i: 8 for i in range(4)}, now=10.0, offers=offers)
+    assert list(plan.start) == ["ns/four"] and plan.waiting["ns/five"].reason == "Unfittable"
+
+
+def test_a_callers_elastic_record_scales_on_the_jobs_own_beta_and_range():
+    """The operator's record (``status.rlpto``) and ``spec.beta``: a job still gaining
+    its β grows by one whole worker, the evaluation is marked decided on the record (no
+    second step on it), and a converging one gives a worker back, never below its
+    minimum."""
+    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+    from rlsched.core.planning import ElasticState
+
+    live = LiveAllocation.named("fifo/bestfit/beta+nobackfill")
+    rec = ElasticState(epoch=3, streak=0, decided_epoch=2)
+    rising = LiveJob("ns/r", 0.0, 1, 4, gpus_per_worker=8, nodes=(0,), epoch=3, metrics=(0.1, 0.3, 0.5),
+                     elastic=rec, beta=0.02)
+    plan = live.plan([rising], {0: 8, 1: 8}, now=10.0)
+    assert plan.resize == {"ns/r": LiveTarget(2, None)} and rec.decided_epoch == 3
+    assert not live.plan([rising], {0: 8, 1: 8}, now=20.0).resize  # the same evaluation: no second step
+    flat = replace(rising, nodes=(0, 1), epoch=4, metrics=(0.1, 0.3, 0.5, 0.505),
+                   elastic=ElasticState(epoch=4, streak=1, decided_epoch=3))
+    assert live.plan([flat], {0: 8, 1: 8}, now=30.0).resize == {"ns/r": LiveTarget(1, None)}
+    alone = replace(flat, nodes=(0,), min_workers=1, elastic=ElasticState(epoch=4, streak=1, decided_epoch=3))
+    assert not live.plan([alone], {0: 8, 1: 8}, now=40.0).resize  # at its minimum
+
+
+def test_the_last_started_job_is_the_victim_and_a_restart_is_no_resize():
+    """Of two running jobs of one class and priority the one started last is preempted
+    for a ``highest`` job; one the same decision starts again elsewhere (the preemptor
+    needs its whole node) is stopped and started in the plan (a preemption and a
+    resumption), where a plan of the same size alone would leave it on the node."""
+    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+
+    # the same submit second; second started last, so of the two it is the victim
+    first = LiveJob("ns/first", 0.0, 1, 2, gpus_per_worker=8, nodes=(0, 1), running_since=1.0)
+    second = LiveJob("ns/second", 0.0, 1, 2, gpus_per_worker=8, nodes=(2, 3), running_since=2.0)
+    boss = LiveJob("ns/boss", 3.0, 1, 1, gpus_per_worker=8, priority_class="highest", service_queue="urgent")
+    plan = LiveAllocation.named("fifo/bestfit+nobackfill").plan([first, second, boss], {i: 8 for i in range(4)},
+                                                                now=10.0)
+    assert plan.stop == ["ns/second"] and list(plan.start) == ["ns/boss"]
+    a = LiveJob("ns/a", 0.0, 1, 1, gpus_per_worker=4, nodes=(0,), running_since=2.0)
+    c = LiveJob("ns/c", 0.0, 1, 1, gpus_per_worker=4, nodes=(1,), running_since=1.0)
+    live = LiveAllocation.named("fifo/bestfit+nobackfill", restarts_as_preemptions=True)
+    plan = live.plan([a, c, boss], {0: 8, 1: 8}, now=10.0)
+    assert plan.stop == ["ns/a"] and set(plan.start) == {"ns/a", "ns/boss"} and not plan.resize
+    assert plan.allocations["ns/a"].nodes == (1,) * 4 and plan.allocations["ns/boss"].nodes == (0,) * 8

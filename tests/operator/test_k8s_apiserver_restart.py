@@ -53,7 +53,8 @@ def operator(kubeconfig, ns):
     from rlsched.operator.handlers import OperatorRuntime, build_registry
 
     cfg = OperatorConfig(kubeconfig=str(kubeconfig), namespace=ns, cycle_s=0.5, start_timeout_s=60.0,
-                         grace_period_s=1, metrics_port=0, forecast_interval_s=0, patience=1000)
+                         grace_period_s=1, metrics_port=0, forecast_interval_s=0, patience=1000,
+                         allocator="fifo/das+nobackfill")  # the old admission defaults as one allocator
     rt = OperatorRuntime(cfg)
     with KopfRunner(["run", "--standalone", "--namespace", ns], registry=build_registry(cfg, rt), timeout=120) as r:
         yield rt

@@ -26,6 +26,9 @@ from rlsched.core.contract import (ANNOTATION_DURATION, ANNOTATION_EXIT_CODE, AN
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
 
+#: the operator's old admission defaults as one allocator: FIFO, DAS placement, no backfill
+FIFO = "fifo/das+nobackfill"
+
 IMAGE = "registry.example/rlsched/trainer:test"
 
 
@@ -52,7 +55,7 @@ def test_the_jobs_own_account_reports_its_batch_and_nothing_else(kapi, ns, tj, r
 
     kapi.core.create_namespaced_service_account(ns, {"metadata": {"name": "team-sa"}})
     own = {"spec": {"serviceAccountName": "team-sa", "containers": [{"name": "train", "image": IMAGE}]}}
-    with run_operator(ns):
+    with run_operator(ns, allocator=FIFO):
         tj(ns, "mine", 1, gpus=1, template=own, batchSize=64)
         tj(ns, "other", 1, gpus=1)
         wait_until(lambda: kapi.phase(ns, "mine") == kapi.phase(ns, "other") == "Running", 60, "both running")
@@ -104,7 +107,7 @@ def test_an_unclean_stop_is_shown_and_not_counted_a_checkpoint_exit_is(kapi, ns,
              "spec": {"containers": [{"name": "train", "image": IMAGE}]}}
     ckpt = {"metadata": {"annotations": {ANNOTATION_DURATION: "1", ANNOTATION_EXIT_CODE: str(EXIT_CHECKPOINT)}},
             "spec": {"containers": [{"name": "train", "image": IMAGE}]}}
-    with run_operator(ns):
+    with run_operator(ns, allocator=FIFO):
         tj(ns, "stopper", 2, gpus=1, template=stops)
         tj(ns, "ckpt", 1, gpus=1, template=ckpt)
         wait_until(lambda: kapi.phase(ns, "stopper") == "Running", 60, "stopper running")

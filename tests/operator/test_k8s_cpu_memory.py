@@ -9,6 +9,9 @@ import pytest
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(240)]
 
+#: the operator's old admission defaults as one allocator: FIFO, DAS placement, no backfill
+FIFO = "fifo/das+nobackfill"
+
 
 def _template(cpu: str, memory: str = "1Gi") -> dict:
     return {"spec": {"containers": [{"name": "train", "image": "registry.example/rlsched/trainer:test",
@@ -42,7 +45,7 @@ def test_allocator_gives_no_more_workers_than_their_cpu_fits(extender, kapi, ns,
 
 
 def test_gang_admission_counts_worker_cpu(extender, kapi, ns, tj, run_operator, wait_until):
-    with run_operator(ns, allocator=None):
+    with run_operator(ns, allocator=FIFO):
         tj(ns, "five", 5, 5, template=_template("60"))  # one worker per node by CPU: 4 nodes hold 4
         tj(ns, "four", 4, 4, template=_template("60"))
         wait_until(lambda: kapi.phase(ns, "four") == "Running", 90, "the gang of four running")

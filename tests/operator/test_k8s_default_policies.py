@@ -1,16 +1,14 @@
-"""The mission with the operator's default admission + scaling policies (``rlsched
-operator run --allocator none``; the served default is now the goodput allocator,
-tests/operator/test_k8s_goodput.py), against the real control plane (issue 13 item 5:
-the live demo showed 0 scale-downs and 0 preemptions).
+"""The mission with the old default admission + scaling policies (FIFO, RLPTO's
+committed weights: ``--allocator fifo/das/rlpto+nobackfill``, the preemption test still
+``--allocator none``; the served default is the goodput allocator,
+tests/operator/test_k8s_goodput.py), against the real control plane.
 
-The other operator tests build ``OperatorConfig()`` whose ``scaling="auto"`` without a
-model is the β rule, and feed the fake trainer little noise (σ = 0.0005) against a
-large β (0.02). ``rlsched operator run`` (and the demo, and the chart) resolve
-``auto`` to the committed learned RLPTO weights, whose actor asks +1 for every job in
+The other operator tests scale with the β rule and feed the fake trainer little noise
+(σ = 0.0005) against a large β (0.02). RLPTO's committed actor asks +1 for every job in
 every state, and the demo's trainer reports with σ = 0.002 against β = 0.001. These
-tests run exactly that: the CLI's resolution of the default scaling and the fake
-trainer's default noise model. Jobs are sized in whole nodes (``gpusPerWorker: 8``,
-4 nodes) so that who fits is unambiguous.
+tests run exactly that: the committed weights and the fake trainer's default noise
+model. Jobs are sized in whole nodes (``gpusPerWorker: 8``, 4 nodes) so that who fits
+is unambiguous.
 """
 
 from __future__ import annotations
@@ -31,8 +29,10 @@ TRACES = Path(os.environ.get("RLSCHED_DATA_DIR") or REPO.parent / "shared" / "da
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
 
-#: the operator as ``rlsched operator run --allocator none`` starts it: --scaling auto, no --scaling-model
-DEFAULTS = dict(scaling="auto", scaling_model=resolve_scaling_model("auto", None))
+#: the old default policies as one allocator: FIFO, DAS, RLPTO's committed weights, no backfill
+RLPTO = dict(allocator="fifo/das/rlpto+nobackfill")
+#: the none mode as ``--allocator none`` starts it: --scaling auto, no --scaling-model
+DEFAULTS = dict(allocator=None, scaling="auto", scaling_model=resolve_scaling_model("auto", None))
 
 
 def _t(ev) -> float:
@@ -48,9 +48,9 @@ def test_default_policy_converged_job_gives_workers_to_a_waiting_job(extender, f
                                                                      run_operator, wait_until):
     with fake_trainer(ns) as th:  # the demo's convergence and noise model (its defaults)
         assert (th.trainer.noise, th.trainer.tau) == (0.002, 6.0)
-        with run_operator(ns, **DEFAULTS) as rt:
+        with run_operator(ns, **RLPTO) as rt:
             wait_until(lambda: rt.controller is not None, 30, "the operator started")
-            policy = rt.controller.planner.policy
+            policy = rt.controller.allocation.allocator.planner.policy
             assert policy.name == "rlpto" and policy.fallback_reason is None  # the learned actor serves
             tj(ns, "conv", 1, 4, gpus=8, beta=0.001, maxEpochs=200)
             th.start()
@@ -78,6 +78,8 @@ def test_default_policies_highest_job_preempts_and_its_victim_resumes_first(exte
                                                                             run_operator, wait_until):
     with fake_trainer(ns) as th:  # the demo's convergence and noise model (its defaults)
         assert (th.trainer.noise, th.trainer.tau) == (0.002, 6.0)
+        # the none mode: under the gang allocator RLPTO's actor is shown other features
+        # (docs/operator.md, One mode) and may shrink a job before the preemption
         with run_operator(ns, grace_period_s=2, **DEFAULTS) as rt:
             tj(ns, "first", 1, 2, gpus=8, beta=0.001, maxEpochs=400)
             th.start()
@@ -124,9 +126,9 @@ def test_default_scaling_policy_reads_what_the_job_reported(extender, fake_train
         pytest.skip(f"measured profiles not found at {TRACES} (../shared/data)")
     app = load_applications(TRACES, ("cifar10",))["cifar10"]
     with fake_trainer(ns, application=app) as th:
-        with run_operator(ns, **DEFAULTS) as rt:
+        with run_operator(ns, **RLPTO) as rt:
             wait_until(lambda: rt.controller is not None, 30, "the operator started")
-            policy = rt.controller.planner.policy
+            policy = rt.controller.allocation.allocator.planner.policy
             seen: list[tuple[str, float, float]] = []
             decide = policy.decide
 

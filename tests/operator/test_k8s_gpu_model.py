@@ -8,6 +8,9 @@ import pytest
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(180)]
 
+#: the operator's old admission defaults as one allocator: FIFO, DAS placement, no backfill
+FIFO = "fifo/das+nobackfill"
+
 
 def _template(model: str) -> dict:
     return {"spec": {"containers": [{"name": "train", "image": "registry.example/rlsched/trainer:test"}],
@@ -18,7 +21,7 @@ def test_a_gang_of_a_model_the_cluster_lacks_waits_unfittable(extender, kapi, ns
     model = {n.metadata.labels.get("nvidia.com/gpu.product") for n in kapi.core.list_node().items} - {None}
     assert len(model) == 1, model  # the default kwok topology: one model
     (have,) = model
-    with run_operator(ns, allocator=None):
+    with run_operator(ns, allocator=FIFO):
         tj(ns, "elsewhere", 1, 2, template=_template("NVIDIA-H100-SXM5-80GB"))
         tj(ns, "here", 1, 2, template=_template(have))
         wait_until(lambda: kapi.phase(ns, "here") == "Running", 60, "the job of the nodes' model running")

@@ -30,6 +30,9 @@ pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
 
 IMAGE = "registry.example/rlsched/trainer:test"
 
+#: the operator's old admission defaults as one allocator: FIFO, DAS placement, no backfill
+FIFO = "fifo/das+nobackfill"
+
 
 class Crash(BaseException):
     """The operator process dies here (no ``except Exception`` catches it)."""
@@ -46,7 +49,7 @@ def operator_process(kube_cluster, ns, **kw):
 
     cfg = OperatorConfig(kubeconfig=str(kube_cluster.kubeconfig), namespace=ns, cycle_s=3600.0,
                          start_timeout_s=60.0, grace_period_s=1, metrics_port=None, forecast_interval_s=0,
-                         patience=1000, **kw)
+                         patience=1000, **{"allocator": FIFO, **kw})
     loop = asyncio.new_event_loop()
     api = loop.run_until_complete(make_api_client(cfg.kubeconfig))
     try:

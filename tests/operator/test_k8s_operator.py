@@ -20,13 +20,18 @@ from rlsched.core.contract import VERSION as V
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
 
+#: the operator's old admission defaults as one allocator: FIFO, DAS placement, no backfill
+FIFO = "fifo/das+nobackfill"
+#: and with its scaling: the β rule on each job's own β and recorded state
+BETA = "fifo/das/beta+nobackfill"
+
 def delete(kapi, ns, name):
     kapi.custom.delete_namespaced_custom_object(G, V, ns, P, name)
 
 
 # ---------------------------------------------------------------------------- tests
 def test_priority_order_urgent_passes_normal_and_requests_promote(extender, kapi, ns, tj, run_operator, wait_until):
-    with run_operator(ns, forecast_interval_s=1.0) as rt:
+    with run_operator(ns, allocator=FIFO, forecast_interval_s=1.0) as rt:
         tj(ns, "blocker", 4, gpus=8)
         wait_until(lambda: kapi.phase(ns, "blocker") == "Running", 60, "blocker running")
         # every job below needs the whole cluster, so they run one at a time
@@ -84,7 +89,7 @@ def _configmap(kapi, ns, name):
 
 
 def test_highest_preempts_lowest_and_preempted_job_resumes_first(extender, kapi, ns, tj, run_operator, wait_until):
-    with run_operator(ns, grace_period_s=7):
+    with run_operator(ns, allocator=FIFO, grace_period_s=7):
         tj(ns, "low", 2, gpus=8, value=0)
         tj(ns, "high", 2, gpus=8, value=0.5)  # below the promotion threshold: stays normal
         wait_until(lambda: kapi.phase(ns, "low") == kapi.phase(ns, "high") == "Running", 60, "both running")
@@ -107,7 +112,7 @@ def test_highest_preempts_lowest_and_preempted_job_resumes_first(extender, kapi,
 
 def test_converging_job_shrinks_one_per_cycle_and_waiting_job_gets_gpus(extender, fake_trainer, kapi, ns, tj, run_operator, wait_until):
     with fake_trainer(ns, tau=4.0, noise=0.0005) as th:
-        with run_operator(ns, patience=6):
+        with run_operator(ns, allocator=BETA, patience=6):
             tj(ns, "conv", 1, 4, gpus=8, beta=0.02, dataSize=10000)
             th.start()
             wait_until(lambda: kapi.status(ns, "conv").get("targetWorkers") == 4, 90, "conv grown to 4 workers")
@@ -140,7 +145,7 @@ def test_invalid_jobs_rejected_and_no_pods(kapi, ns, tj, run_operator, wait_unti
     with pytest.raises(ApiException) as exc:
         tj(ns, "klass", 1, klass="vip")
     assert exc.value.status == 422 and "spec.priority.class" in exc.value.body
-    with run_operator(ns):
+    with run_operator(ns, allocator=FIFO):
         # passes the schema, but the template asks for GPUs that disagree with gpusPerWorker
         kapi.custom.create_namespaced_custom_object(G, V, ns, P, {
             "apiVersion": f"{G}/{V}", "kind": "TrainingJob", "metadata": {"name": "mismatch"},
@@ -161,7 +166,7 @@ def test_invalid_jobs_rejected_and_no_pods(kapi, ns, tj, run_operator, wait_unti
 def test_trainer_may_patch_only_its_own_job(kube_cluster, kapi, ns, tj, run_operator, wait_until):
     from rlsched.trainer import Reporter
 
-    with run_operator(ns):
+    with run_operator(ns, allocator=FIFO):
         tj(ns, "mine", 1, gpus=1)
         tj(ns, "other", 1, gpus=1)
         wait_until(lambda: kapi.phase(ns, "mine") == kapi.phase(ns, "other") == "Running", 60, "both running")
@@ -196,7 +201,7 @@ def test_trainer_may_patch_only_its_own_job(kube_cluster, kapi, ns, tj, run_oper
 
 
 def test_restart_mid_scaling_no_duplicates_no_orphans(kapi, ns, tj, run_operator, wait_until):
-    with run_operator(ns):
+    with run_operator(ns, allocator=FIFO):
         tj(ns, "elastic", 1, 4, gpus=8)
         wait_until(lambda: kapi.phase(ns, "elastic") == "Running", 60, "running")
     # the operator is down. Pretend it died right after recording a scale-up to 3 and
@@ -212,7 +217,7 @@ def test_restart_mid_scaling_no_duplicates_no_orphans(kapi, ns, tj, run_operator
                        0, 1, grace_period_s=1)
     del ghost["spec"]["serviceAccountName"]
     kapi.core.create_namespaced_pod(ns, ghost)
-    with run_operator(ns):
+    with run_operator(ns, allocator=FIFO):
         wait_until(lambda: len(kapi.pods(ns, "elastic")) == 3 and kapi.status(ns, "elastic").get("workers") == 3,
                    60, "three workers")
         wait_until(lambda: not kapi.pods(ns, "ghost"), 30, "orphan removed")
@@ -240,7 +245,7 @@ def test_operator_killed_while_scaling_resumes_cleanly(extender, fake_trainer, k
         return idx
 
     with fake_trainer(ns, tau=4.0, noise=0.0005) as th:
-        with run_operator(ns, patience=6):
+        with run_operator(ns, allocator=BETA, patience=6):
             tj(ns, "grow", 1, 4, gpus=8, beta=0.02, dataSize=10000)
             th.start()
             wait_until(lambda: kapi.events(ns, "grow", "ScaledUp"), 60, "first scale-up")
@@ -248,7 +253,7 @@ def test_operator_killed_while_scaling_resumes_cleanly(extender, fake_trainer, k
         seen = workers_consistent()
         target = kapi.status(ns, "grow")["targetWorkers"]
         assert target >= 2 and len(seen) <= target
-        with run_operator(ns, patience=6):
+        with run_operator(ns, allocator=BETA, patience=6):
             wait_until(lambda: kapi.phase(ns, "grow") == "Succeeded", 120, "grow converged after restart")
             for _ in range(3):
                 workers_consistent()
@@ -285,7 +290,7 @@ def test_ha_peering_only_the_leader_schedules(kube_cluster, kapi, ns, tj, wait_u
 
     def start(priority):
         cfg = OperatorConfig(kubeconfig=str(kube_cluster.kubeconfig), namespace=ns, cycle_s=0.5, metrics_port=None,
-                             forecast_interval_s=0, peering="rlsched", priority=priority)
+                             forecast_interval_s=0, peering="rlsched", priority=priority, allocator=FIFO)
         rt, stop = OperatorRuntime(cfg), threading.Event()
         th = threading.Thread(target=lambda: asyncio.run(operator(cfg, runtime=rt, stop_flag=stop)), daemon=True)
         th.start()

@@ -28,6 +28,9 @@ from rlsched.core.contract import (
 )
 from rlsched.core.contract import PLURAL as P
 from rlsched.core.contract import VERSION as V
+
+#: the operator's old admission defaults as one allocator: FIFO, DAS placement, no backfill
+FIFO = "fifo/das+nobackfill"
 from rlsched.core.podsecurity import check_pod_spec
 
 BASE, RESTR, PRIV = POD_SECURITY_BASELINE, POD_SECURITY_RESTRICTED, POD_SECURITY_PRIVILEGED
@@ -63,7 +66,7 @@ def label(kapi, ns, labels):
 @pytest.mark.k8s
 @pytest.mark.timeout(300)
 def test_exploit_is_refused_in_an_unlabelled_namespace_and_takes_no_gpu(kapi, ns, tj, run_operator, wait_until):
-    with run_operator(ns):  # defaults: baseline, Secrets refused
+    with run_operator(ns, allocator=FIFO):  # defaults: baseline, Secrets refused
         tj(ns, "evil", 1, gpus=1, template=exploit_template())
         tj(ns, "fine", 1, gpus=1)  # a plain job beside it is admitted as usual
         wait_until(lambda: kapi.status(ns, "evil").get("phase") == "Failed", 60, "evil Failed")
@@ -91,7 +94,7 @@ def test_exploit_is_refused_in_an_unlabelled_namespace_and_takes_no_gpu(kapi, ns
 @pytest.mark.timeout(300)
 def test_exploit_is_admitted_where_namespace_and_operator_allow_it(kapi, ns, tj, run_operator, wait_until):
     label(kapi, ns, {LABEL_POD_SECURITY_ENFORCE: PRIV})
-    with run_operator(ns, allow_secret_mounts=True):
+    with run_operator(ns, allocator=FIFO, allow_secret_mounts=True):
         tj(ns, "trusted", 1, gpus=1, template=exploit_template())
         wait_until(lambda: kapi.status(ns, "trusted").get("phase") in ("Starting", "Running"), 60, "admitted")
         (pod,) = wait_until(lambda: kapi.pods(ns, "trusted", terminating=True), 30, "worker pod")
@@ -103,7 +106,7 @@ def test_exploit_is_admitted_where_namespace_and_operator_allow_it(kapi, ns, tj,
 @pytest.mark.timeout(300)
 def test_secret_label_on_the_namespace_allows_secrets_but_not_the_rest(kapi, ns, tj, run_operator, wait_until):
     label(kapi, ns, {LABEL_ALLOW_SECRET_MOUNTS: "true"})
-    with run_operator(ns):
+    with run_operator(ns, allocator=FIFO):
         tpl = restricted_template()
         tpl["spec"]["containers"][0]["env"] = [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "t",
                                                                                               "key": "k"}}}]
@@ -119,7 +122,7 @@ def test_secret_label_on_the_namespace_allows_secrets_but_not_the_rest(kapi, ns,
 @pytest.mark.timeout(300)
 def test_restricted_namespace_refuses_a_root_container(kapi, ns, tj, run_operator, wait_until):
     label(kapi, ns, {LABEL_POD_SECURITY_ENFORCE: RESTR})
-    with run_operator(ns, pod_security_level=PRIV):  # the namespace's label wins over the default
+    with run_operator(ns, allocator=FIFO, pod_security_level=PRIV):  # the namespace's label wins over the default
         root = restricted_template()
         root["spec"]["containers"][0]["securityContext"]["runAsUser"] = 0
         tj(ns, "root", 1, gpus=1, template=root)
@@ -143,7 +146,7 @@ def test_restricted_namespace_refuses_a_root_container(kapi, ns, tj, run_operato
 def test_editing_the_template_of_a_running_job_fails_it(kapi, ns, tj, run_operator, wait_until):
     """Admission checked the template; a later edit must not smuggle in what it refused
     (the operator creates new workers from the template as it scales)."""
-    with run_operator(ns):
+    with run_operator(ns, allocator=FIFO):
         tj(ns, "edited", 1, 2, gpus=1)
         wait_until(lambda: kapi.status(ns, "edited").get("phase") in ("Starting", "Running"), 60, "admitted")
         kapi.custom.patch_namespaced_custom_object(G, V, ns, P, "edited", {"spec": {"template": exploit_template()}})

@@ -19,6 +19,9 @@ from rlsched.core.contract import VERSION as V
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
 
+#: the operator's old admission defaults as one allocator: FIFO, DAS placement, no backfill
+FIFO = "fifo/das+nobackfill"
+
 IMAGE = "registry.example/rlsched/trainer:test"
 
 
@@ -53,7 +56,7 @@ def stepped_controller(kube_cluster, ns, **kw):
     from rlsched.operator.metrics import OperatorMetrics
 
     cfg = OperatorConfig(kubeconfig=str(kube_cluster.kubeconfig), namespace=ns, cycle_s=3600.0, start_timeout_s=60.0,
-                         grace_period_s=1, metrics_port=None, forecast_interval_s=0, **kw)
+                         grace_period_s=1, metrics_port=None, forecast_interval_s=0, **{"allocator": FIFO, **kw})
     loop = asyncio.new_event_loop()
     api = loop.run_until_complete(make_api_client(cfg.kubeconfig))
     try:
@@ -77,7 +80,7 @@ def test_poison_objects_fail_alone_and_the_others_are_admitted_within_two_cycles
     cycles."""
     # the operator's kopf handlers enqueue new jobs; its own loop cycles once at start
     # and then sleeps: the test runs the cycles itself
-    with run_operator(ns, cycle_s=3600.0) as rt:
+    with run_operator(ns, allocator=FIFO, cycle_s=3600.0) as rt:
         wait_until(lambda: rt.controller is not None and rt.controller.cycles >= 1, 30, "operator started")
         # a pod the operator does not own, with a GPU count the parser refuses (2M > MAX_GPUS)
         node = kube_cluster.node_names[0]
@@ -139,7 +142,7 @@ def test_status_patch_cannot_grow_a_job_nor_admit_one(kapi, ns, tj, run_operator
         assert workers(kapi, ns, "hog") == [], "pods for a job that was never admitted"
         return n
 
-    with run_operator(ns) as rt:
+    with run_operator(ns, allocator=FIFO) as rt:
         tj(ns, "capped", 1, 2, gpus=1)
         wait_until(lambda: kapi.phase(ns, "capped") == "Running", 60, "capped running")
         tj(ns, "hog", 4, gpus=8)  # all 32 GPUs: blocked behind capped
@@ -157,7 +160,7 @@ def test_status_patch_cannot_grow_a_job_nor_admit_one(kapi, ns, tj, run_operator
         assert kapi.events(ns, "capped", "StatusReset") and kapi.events(ns, "hog", "StatusReset")
     # the operator restarts with no record of its own: the status is adopted within the spec
     kapi.custom.patch_namespaced_custom_object_status(G, V, ns, P, "capped", {"status": {"targetWorkers": 40}})
-    with run_operator(ns) as rt:
+    with run_operator(ns, allocator=FIFO) as rt:
         wait_until(lambda: bounded() == 2 and kapi.status(ns, "capped").get("targetWorkers") == 2, 60,
                    "capped clamped to maxWorkers")
         start = rt.controller.cycles
@@ -169,7 +172,7 @@ def test_pods_the_operator_does_not_own_are_never_touched(kapi, ns, tj, run_oper
     """A plain gang pod labelled ``rlsched.dev/job`` (as docs/extender.md suggests), one
     labelled like a worker of an existing job, and one that refers to that job without
     being controlled by it: none is deleted, none counts as a worker."""
-    with run_operator(ns) as rt:
+    with run_operator(ns, allocator=FIFO) as rt:
         body = tj(ns, "real", 1, gpus=1)
         wait_until(lambda: kapi.phase(ns, "real") == "Running", 60, "real running")
 
@@ -203,7 +206,7 @@ def test_unfittable_gang_waits_with_a_condition_and_blocks_nobody(kube_cluster, 
     total = sum(n.gpus for n in kube_cluster.topology.nodes)
     largest = max(n.gpus for n in kube_cluster.topology.nodes)
     wide = total // largest + 1  # one worker more than the nodes can host
-    with run_operator(ns):
+    with run_operator(ns, allocator=FIFO):
         tj(ns, "huge", 1024, gpus=64)
         tj(ns, "wide", wide, gpus=largest)
         tj(ns, "two-containers", 1, gpus=1, template=template(gpu_container("a", 1), gpu_container("b", 1)))

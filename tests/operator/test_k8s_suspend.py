@@ -1,7 +1,7 @@
 """``spec.suspend`` (issue 26 item 3, Kueue's field) on the real control plane: a
 suspended TrainingJob creates no pods and is never admitted; unsuspended it starts;
 suspended again while running, its workers are stopped and it waits in the queue —
-with admission + scaling and with the served goodput allocator alike."""
+with a heuristic (FIFO) and with the served goodput allocator alike."""
 
 import pytest
 
@@ -14,7 +14,7 @@ def _suspend(kapi, ns, name, value: bool) -> None:
     kapi.custom.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name, {"spec": {"suspend": value}})
 
 
-@pytest.mark.parametrize("allocator", [None, "goodput"])
+@pytest.mark.parametrize("allocator", ["fifo/das+nobackfill", "goodput"])
 def test_a_suspended_job_holds_no_pods_and_resumes_when_unsuspended(allocator, extender, kapi, ns, tj, run_operator,
                                                                      wait_until):
     with run_operator(ns, allocator=allocator):

@@ -23,6 +23,9 @@ from rlsched.core.contract import trainer_account_name
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
 
+#: the operator's old admission defaults as one allocator: FIFO, DAS placement, no backfill
+FIFO = "fifo/das+nobackfill"
+
 MAX_WORKERS = 2
 #: status fields the operator acts on, each with a value a hostile trainer would write
 ATTACKS = {
@@ -70,7 +73,7 @@ def _policy_in_force(api, ns, job) -> bool:
 def test_trainer_writes_progress_only_and_the_operator_stays_within_the_spec(kapi, ns, tj, run_operator, wait_until):
     from rlsched.trainer import Reporter
 
-    with run_operator(ns) as rt:
+    with run_operator(ns, allocator=FIFO) as rt:
         tj(ns, "small", 1, MAX_WORKERS, gpus=1)
         # the operator's own status writes pass the policy
         wait_until(lambda: kapi.status(ns, "small").get("phase") == "Running", 60, "job running")
@@ -120,7 +123,7 @@ def test_trainer_writes_progress_only_and_the_operator_stays_within_the_spec(kap
 def test_policy_matches_only_the_jobs_own_trainer(kapi, ns, tj, run_operator, wait_until):
     """Another job's trainer is stopped by RBAC before the policy; a user who may patch
     the status (here the admin) is not matched by the policy at all."""
-    with run_operator(ns):
+    with run_operator(ns, allocator=FIFO):
         tj(ns, "mine", 1, gpus=1)
         tj(ns, "other", 1, gpus=1)
         wait_until(lambda: kapi.status(ns, "mine").get("phase") == kapi.status(ns, "other").get("phase")

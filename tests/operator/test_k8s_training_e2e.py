@@ -27,6 +27,9 @@ from rlsched.core.contract import GROUP, LABEL_GENERATION, PLURAL, VERSION
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow, pytest.mark.timeout(900)]
 
+#: the operator's old admission defaults as one allocator: FIFO, DAS placement, no backfill
+FIFO = "fifo/das+nobackfill"
+
 AGENT_SELECTOR = {"rlsched.dev/node-agent": "true"}
 
 
@@ -83,7 +86,7 @@ def test_real_ddp_job_rescaled_preempted_resumed_succeeds(kube_cluster, kapi, ns
         kapi.custom.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "digits", {"spec": {"workers": n}})
 
     with agent_cluster(kube_cluster, kapi, tmp_path) as agent, \
-            run_operator(ns, patience=1000, grace_period_s=30, start_timeout_s=120.0):
+            run_operator(ns, allocator=FIFO, patience=1000, grace_period_s=30, start_timeout_s=120.0):
         tj(ns, "digits", 1, 3, gpus=1, workers=2, maxEpochs=1000,
            checkpoint={"path": str(ckpt), "volume": {"hostPath": {"path": str(ckpt), "type": "DirectoryOrCreate"}}},
            template=digits_template(tmp_path))
@@ -130,7 +133,7 @@ def test_real_ddp_job_rescaled_preempted_resumed_succeeds(kube_cluster, kapi, ns
 
 def test_crashing_script_fails_after_backoff_limit_with_its_exit_code(kube_cluster, kapi, ns, tj, run_operator,
                                                                        extender, wait_until, tmp_path):
-    with agent_cluster(kube_cluster, kapi, tmp_path), run_operator(ns):
+    with agent_cluster(kube_cluster, kapi, tmp_path), run_operator(ns, allocator=FIFO):
         tj(ns, "broken", 2, gpus=1, backoffLimit=1, template={"spec": {
             "nodeSelector": AGENT_SELECTOR,
             "containers": [{"name": "c", "image": "x", "command": [
@@ -170,7 +173,7 @@ def test_unwritable_checkpoint_counts_and_an_unclean_stop_shows(kube_cluster, ka
     def records():
         return [json.loads(x) for x in record.read_text().splitlines()] if record.exists() else []
 
-    with agent_cluster(kube_cluster, kapi, tmp_path), run_operator(ns, patience=1000, grace_period_s=30):
+    with agent_cluster(kube_cluster, kapi, tmp_path), run_operator(ns, allocator=FIFO, patience=1000, grace_period_s=30):
         tj(ns, "ckfail", 1, gpus=1, workers=1, backoffLimit=1, checkpoint={"path": str(bad_ckpt)},
            template=digits_template(tmp_path))
         tj(ns, "stopper", 1, 2, gpus=1, workers=1, template={"spec": {
@@ -218,7 +221,7 @@ def test_a_generation_that_never_ran_is_no_missing_checkpoint(kube_cluster, kapi
     ckpt = tmp_path / "ckpt"
     template = digits_template(tmp_path)
     template["spec"]["nodeSelector"] = {**AGENT_SELECTOR, "rlsched.test/late": "yes"}
-    with agent_cluster(kube_cluster, kapi, tmp_path) as agent, run_operator(ns, patience=1000, start_timeout_s=3.0):
+    with agent_cluster(kube_cluster, kapi, tmp_path) as agent, run_operator(ns, allocator=FIFO, patience=1000, start_timeout_s=3.0):
         try:
             tj(ns, "late", 1, gpus=1, workers=1, checkpoint={"path": str(ckpt)}, template=template)
             wait_until(lambda: kapi.events(ns, "late", "GangTimeout"), 60, "generation 0 timed out pending",

@@ -12,6 +12,9 @@ import pytest
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(240)]
 
+#: the operator's old admission defaults as one allocator: FIFO, DAS placement, no backfill
+FIFO = "fifo/das+nobackfill"
+
 
 def _why(kube_cluster, ns, job):
     out = subprocess.run([sys.executable, "-m", "rlsched.cli", "why", job, "-n", ns,
@@ -21,7 +24,7 @@ def _why(kube_cluster, ns, job):
 
 
 def test_waiting_jobs_say_where_they_stand_and_why(kube_cluster, extender, kapi, ns, tj, run_operator, wait_until):
-    with run_operator(ns, allocator=None):
+    with run_operator(ns, allocator=FIFO):
         tj(ns, "holder", 4, gpus=8)  # the whole 32-GPU cluster
         wait_until(lambda: kapi.phase(ns, "holder") == "Running", 60, "holder running")
         for name, workers, gpus in (("next", 1, 8), ("small", 1, 1), ("huge", 5, 8)):
