@@ -53,7 +53,8 @@ class GoodputAllocator:
                  prior: ThroughputPrior | None = None, refit_tolerance: float | None = None,
                  explore: float = 0.0, service_exponent: float = 1.0,
                  service_scale: float | None = None, growth: "GrowthWeight | None" = None,
-                 idle_horizon: float = 0.0, adaptive: float = 0.0, adaptive_jobs: float = 20) -> None:
+                 idle_horizon: float = 0.0, adaptive: float = 0.0, adaptive_jobs: float = 20,
+                 type_price: float = 1.0) -> None:
         if not math.isfinite(p):
             raise ValueError(f"p must be finite, got {p}")
         if not (math.isfinite(restart_delay) and restart_delay >= 0):
@@ -81,6 +82,11 @@ class GoodputAllocator:
         #: (:mod:`rlsched.core.demotion`); None: ``threshold`` always
         self.demotion = (ServiceThreshold(adaptive, self.threshold, min_jobs=int(adaptive_jobs))
                          if adaptive else None)
+        if not (math.isfinite(type_price) and type_price >= 0):
+            raise ValueError(f"type_price must be >= 0 (0: off), got {type_price}")
+        #: on several GPU types: a GPU of a type costs ``price^type_price`` GPUs in who
+        #: grows, its price the mean speed of the jobs there over their slowest type
+        self.type_price = float(type_price)
         #: a learned weight in place of the service weight (:mod:`rlsched.core.growth_weight`)
         self.growth = growth
         self.jobs = JobGoodput(prior, refit_tolerance=refit_tolerance)
@@ -94,7 +100,7 @@ class GoodputAllocator:
     def __repr__(self) -> str:
         return (f"GoodputAllocator(p={self.p}, restart_delay={self.restart_delay}, threshold={self.threshold}, "
                 f"service_exponent={self.service_exponent}, service_scale={self.service_scale}, "
-                f"growth={self.growth!r}, idle_horizon={self.idle_horizon}"
+                f"growth={self.growth!r}, idle_horizon={self.idle_horizon}, type_price={self.type_price}"
                 + (f", adaptive={self.demotion.q}, adaptive_jobs={self.demotion.min_jobs})" if self.demotion else ")"))
 
     # ------------------------------------------------------------------ the pieces
@@ -318,6 +324,23 @@ class GoodputAllocator:
             out[t] = w * self.utility(speed)
         return out
 
+    def prices(self, cols: Sequence[Mapping[str, np.ndarray]]) -> dict[str, float]:
+        """What a GPU of each type costs in who grows: with ``type_price = a > 0``,
+        ``m_t^a``, ``m_t`` the mean over the jobs offered type ``t`` of their one-GPU
+        goodput there over that on their slowest type, so that a fast type goes first to
+        the jobs it speeds up more than the others (comparative advantage); 1 for every
+        type at ``a = 0``."""
+        sums: dict[str, list[float]] = {}
+        for c in cols:
+            one = {t: float(g[1]) for t, g in c.items() if len(g) > 1 and g[1] > 0}
+            low = min(one.values(), default=0.0)
+            for t, x in one.items():
+                sums.setdefault(t, []).append(x / low)
+        out = {t: 1.0 for c in cols for t in c}
+        if self.type_price:
+            out.update({t: float(np.mean(x)) ** self.type_price for t, x in sums.items()})
+        return out
+
     def typed_counts(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode],
                      queues: QueueBook | None = None) -> dict[str, tuple[str, int]]:
         """Each running job's GPU type and count on nodes of several types, in the order
@@ -375,6 +398,7 @@ class GoodputAllocator:
         for (r, t), g in zip(owners, self.jobs.packed_columns(reqs)):
             cols[r][t] = g
         vals = [self.typed_values(j, cols[r], idle) for r, j in enumerate(running)]
+        price = self.prices(cols)
         gang = [count[j.id] for j in running]
         floor = []
         # a job whose gang fits one type only (its GPU models, its size, a protected job's
@@ -416,7 +440,7 @@ class GoodputAllocator:
                     if floor[r] is None:
                         gain = np.where(np.isfinite(ahead), np.inf, -np.inf)
                     else:
-                        gain = (ahead - floor[r]) / np.arange(lo, hi + 1)
+                        gain = (ahead - floor[r]) / (np.arange(lo, hi + 1) * price[t])
                     i = int(np.argmax(gain))
                     if gain[i] > 0 and (best is None or gain[i] > best[0]):
                         best = (float(gain[i]), t, lo + i)
@@ -428,7 +452,7 @@ class GoodputAllocator:
                 return None
             ahead = v[k + 1:hi + 1]
             with np.errstate(invalid="ignore"):  # -inf - -inf where it cannot train: replaced below
-                gain = (ahead - v[k]) / np.arange(1, hi - k + 1)
+                gain = (ahead - v[k]) / (np.arange(1, hi - k + 1) * price[t])
             if not np.isfinite(v[k]):
                 gain = np.where(np.isfinite(ahead), np.inf, -np.inf)
             i = int(np.argmax(gain))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
+import numpy as np
 import pytest
 
 from rlsched.core.allocation import AllocJob, AllocNode, ProfileSample, check_allocations
@@ -134,3 +135,28 @@ def test_a_job_whose_gang_fits_one_type_only_keeps_it_from_a_job_that_could_run_
     new = dataclasses.replace(_job("new", BIG, max_replicas=4, submit=1.0), min_replicas=2)
     _, got = _decide([hold, new], nodes)
     assert got == {"hold": ("fast", 8), "new": ("slow", 4)}, got
+
+
+def test_a_gpu_of_a_type_costs_the_mean_speed_of_the_jobs_there_over_their_slowest_type():
+    """Prices: one job 3x on "fast", one 1.1x: a fast GPU costs (3 + 1.1)/2 = 2.05 slow
+    ones; ``type_price = 0``: every type 1; ``a = 2``: the mean squared."""
+    cols = [{"fast": np.array([0.0, 3.0, 6.0]), "slow": np.array([0.0, 1.0, 2.0])},
+            {"fast": np.array([0.0, 2.2, 4.0]), "slow": np.array([0.0, 2.0, 3.0])}]
+    assert GoodputAllocator().prices(cols) == pytest.approx({"fast": 2.05, "slow": 1.0}, rel=1e-12)
+    assert GoodputAllocator(type_price=0.0).prices(cols) == {"fast": 1.0, "slow": 1.0}
+    assert GoodputAllocator(type_price=2.0).prices(cols) == pytest.approx({"fast": 2.05 ** 2, "slow": 1.0}, rel=1e-12)
+    with pytest.raises(ValueError, match="type_price"):
+        GoodputAllocator(type_price=-1.0)
+
+
+def test_the_fast_type_goes_to_the_job_it_speeds_up_more_than_the_others():
+    """4 slow + 4 fast GPUs; "a" scales perfectly and gains 20% on fast, "b" runs on one
+    GPU and gains 4x. Unpriced, "a" takes 3 fast GPUs (speed 3.6) and the slow ones stay
+    idle; priced (the default), "a" takes the 4 slow ones (speed 4) and "b" a fast one."""
+    nodes = _nodes(("slow", 4), ("fast", 4))
+    jobs = [_job("a", {"fast": (1.2, 0.0), "slow": (1.0, 0.0)}, submit=0.0),
+            _job("b", {"fast": (4.0, 0.02), "slow": (1.0, 0.02)}, submit=1.0)]
+    _, priced = _decide(jobs, nodes)
+    assert priced == {"a": ("slow", 4), "b": ("fast", 1)}
+    _, unpriced = _decide(jobs, nodes, GoodputAllocator(type_price=0.0))
+    assert unpriced == {"a": ("fast", 3), "b": ("fast", 1)}
