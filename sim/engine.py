@@ -639,10 +639,15 @@ class Simulator:
         if self.recorder.decisions is not None:
             self.recorder.decisions.append({"kind": "scale", "job": v.id, "t": t, "delta": delta, "workers": new,
                                             "epoch": v.progress.epoch, **self._batch_record(j)})
+        self._restarted(j, t)
+        return True
+
+    def _restarted(self, j: JobState, t: float) -> None:
+        """A running job's workers changed at ``t``: it pays the restart, then runs at its
+        new rate; its finish and its demotion are scheduled again."""
         j.resume_at = t + self.config.restart_cost
         self.dynamics.set_rate(j)
         if not j.spec.fixed:
             self.dynamics.retarget(j)
         self._schedule_finish(j, t)
         self.heuristic.schedule_demote(j, t)
-        return True

@@ -172,12 +172,7 @@ class AllocationAdapter:
             sim.recorder.decisions.append({"kind": "scale", "job": v.id, "t": t, "delta": target.workers - len(old),
                                            "workers": target.workers, "epoch": v.progress.epoch,
                                            "gpu_type": target.gpu_type, **sim._batch_record(j)})
-        j.resume_at = t + sim.config.restart_cost
-        sim.dynamics.set_rate(j)
-        if not j.spec.fixed:
-            sim.dynamics.retarget(j)
-        sim._schedule_finish(j, t)
-        sim.heuristic.schedule_demote(j, t)
+        sim._restarted(j, t)
 
     def _suspend(self, j: JobState, t: float) -> None:
         sim = self.sim
