@@ -24,7 +24,8 @@ from .planning.elastic import training_end
 from .policy import allocator_names, make_allocator
 from .queues import QueueBook
 
-__all__ = ["LiveJob", "LiveTarget", "LivePlan", "LiveAllocation", "RankingAllocator", "make_live_allocator",
+__all__ = ["LiveJob", "LiveTarget", "LivePlan", "LiveAllocation", "RankingAllocator", "AdmittingAllocator",
+           "make_live_allocator",
            "parse_allocator_options",
            "attained_service", "movable_room", "observations_from_status", "observations_to_status", "one_type"]
 
@@ -328,6 +329,20 @@ class RankingAllocator(Allocator, Protocol):
                  queues: QueueBook | None = None) -> Mapping[str, Allocation]: ...
 
 
+@runtime_checkable
+class AdmittingAllocator(RankingAllocator, Protocol):
+    """An allocator that runs admission itself (the gang allocator): after a decision it
+    says why the jobs it left waiting wait and which running jobs it preempted and
+    started again; ``enforces_queues``: whether it applies team queues' quotas (else
+    their use is only reported)."""
+
+    enforces_queues: bool
+
+    def why_waiting(self) -> dict[str, WaitReason]: ...
+
+    def restarted(self) -> frozenset[str]: ...
+
+
 class LiveAllocation:
     """One allocator deciding the live operator's cycle (module docstring)."""
 
@@ -340,6 +355,7 @@ class LiveAllocation:
         self.allocator = allocator
         self._name = name
         self._waking = isinstance(allocator, WakingAllocator)
+        self._admitting = allocator if isinstance(allocator, AdmittingAllocator) else None
         #: per job: its observations, GPUs per worker and bounds, and what they give
         #: the allocator (:func:`_learned`); kept while they are the same objects
         self._kept: dict[str, tuple[Any, int, Any, tuple]] = {}
@@ -420,7 +436,7 @@ class LiveAllocation:
     def enforces_queues(self) -> bool:
         """Whether the allocator applies team queues' quotas (the goodput allocators);
         else their use is only reported and no job waits for its queue."""
-        return bool(getattr(self.allocator, "enforces_queues", True))
+        return self._admitting is None or self._admitting.enforces_queues
 
     @staticmethod
     def barred(job: LiveJob, book: QueueBook) -> WaitReason | None:
@@ -499,8 +515,7 @@ class LiveAllocation:
         wakes = [self.allocator.next_decision(asked, out, now)] if self._waking else []
         targets = {j.key: self.target(j, out.get(j.key, _NOTHING), types) for j in free_jobs}
         moves = bool(getattr(self.allocator, "type_aware", False))  # only a type-aware choice moves a job
-        again = self.allocator.restarted() if self.restarts_as_preemptions and hasattr(self.allocator,
-                                                                                       "restarted") else ()
+        again = self._admitting.restarted() if self.restarts_as_preemptions and self._admitting is not None else ()
         for j in free_jobs:
             t = targets[j.key]
             if not j.nodes:
@@ -519,9 +534,9 @@ class LiveAllocation:
             for j in free_jobs:
                 use[j.queue or ""] += targets[j.key].workers * max(1, j.gpus_per_worker)
             plan.waiting = self._why(free_jobs, asked, plan, nodes, book if enforced else QueueBook(), use)
-            own = getattr(self.allocator, "why_waiting", None)  # the allocator's own reasons, where it has them
-            if own is not None:
-                plan.waiting.update({k: w for k, w in own().items() if k in plan.waiting})
+            if self._admitting is not None:  # the allocator's own reasons
+                own = self._admitting.why_waiting()
+                plan.waiting.update({k: w for k, w in own.items() if k in plan.waiting})
             waits = bool(plan.waiting)
         else:  # the jobs _why would name: every one that does not run after this plan
             stopped = set(plan.stop)
