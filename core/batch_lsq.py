@@ -32,11 +32,12 @@ def minimize(fun: Residuals, x0: np.ndarray, lower: np.ndarray, upper: np.ndarra
     x = np.array(x0, dtype=float, copy=True)
     if x.ndim != 2:
         raise ValueError(f"x0 must be B x P, got shape {x.shape}")
-    lower = np.broadcast_to(np.asarray(lower, dtype=float), x.shape)
-    upper = np.broadcast_to(np.asarray(upper, dtype=float), x.shape)
+    B, P = x.shape
+    lower, upper = (np.asarray(b, dtype=float) for b in (lower, upper))
+    # bounds of one shape for every problem stay one row (they broadcast)
+    lower, upper = (b if b.shape == (P,) else np.broadcast_to(b, x.shape) for b in (lower, upper))
     if np.any(x < lower) or np.any(x > upper):
         raise ValueError("x0 must lie within the bounds")
-    B, P = x.shape
     cost = np.zeros(B)
     if B == 0:
         return x, cost
@@ -54,7 +55,7 @@ def minimize(fun: Residuals, x0: np.ndarray, lower: np.ndarray, upper: np.ndarra
         if live.size == 0:
             break
         xl, gl, Hl, dl = x[live], g[live], H[live], damp[live]
-        lo, hi = lower[live], upper[live]
+        lo, hi = (b if b.ndim == 1 else b[live] for b in (lower, upper))
         held = ((xl <= lo) & (gl > 0)) | ((xl >= hi) & (gl < 0))
         free = ~held
         pg = np.where(free, gl, 0.0)
@@ -71,7 +72,7 @@ def minimize(fun: Residuals, x0: np.ndarray, lower: np.ndarray, upper: np.ndarra
         actual = cost[live] - c_new
         gain = np.where(predicted > 0, actual / np.where(predicted > 0, predicted, 1.0), -1.0)
         better = np.isfinite(c_new) & (c_new < cost[live])
-        small = (actual <= ftol * cost[live]) | (np.linalg.norm(h, axis=1) <= xtol * (xtol + np.linalg.norm(xl, axis=1)))
+        small = (actual <= ftol * cost[live]) | (_norm(h) <= xtol * (xtol + _norm(xl)))
         acc = live[better]
         x[acc] = trial[better]
         cost[acc] = c_new[better]
@@ -85,3 +86,9 @@ def minimize(fun: Residuals, x0: np.ndarray, lower: np.ndarray, upper: np.ndarra
         stop = done | (better & small) | (damp[live] > _DAMP_MAX)
         live = live[~stop]
     return x, cost
+
+
+def _norm(v: np.ndarray) -> np.ndarray:
+    """The Euclidean norm of each row: :func:`numpy.linalg.norm` with ``axis=1``, the
+    same sum, without its dispatch."""
+    return np.sqrt(np.add.reduce(v * v, axis=1))
