@@ -82,7 +82,7 @@ class JobGoodput:
             return hit[3]
         obs = observations_of(job)
         prior = self.prior_for(obs)
-        req = (obs, prior, bounds.reference_local_batch), FitProblem(obs, prior, bounds.reference_local_batch)
+        req = _Key((obs, prior, bounds.reference_local_batch)), FitProblem(obs, prior, bounds.reference_local_batch)
         _store(self._requests, id(job), (job, bounds, job.profile, req), self.cache)
         return req
 
@@ -221,6 +221,22 @@ class JobGoodput:
             good.setflags(write=False)
             _store(self._tables, key, good, self.cache)
         return good, gm
+
+
+class _Key:
+    """A cache key: the tuple ``parts``, its hash computed once (a fit's key holds every
+    observation of its job, and a decision looks it up several times)."""
+
+    __slots__ = ("parts", "_hash")
+
+    def __init__(self, parts: tuple) -> None:
+        self.parts, self._hash = parts, hash(parts)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, _Key) and self._hash == other._hash and self.parts == other.parts)
 
 
 def _column(width: int, K: np.ndarray, goodput) -> np.ndarray:
