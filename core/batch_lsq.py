@@ -76,8 +76,9 @@ def minimize(fun: Residuals, x0: np.ndarray, lower: np.ndarray, upper: np.ndarra
         acc = live[better]
         x[acc] = trial[better]
         cost[acc] = c_new[better]
-        g[acc] = np.einsum("bik,bi->bk", J_new[better], r_new[better])
-        H[acc] = np.einsum("bik,bil->bkl", J_new[better], J_new[better])
+        Jb, rb = (J_new, r_new) if acc.size == live.size else (J_new[better], r_new[better])
+        g[acc] = np.einsum("bik,bi->bk", Jb, rb)
+        H[acc] = np.einsum("bik,bil->bkl", Jb, Jb)
         scale[acc] = np.maximum(scale[acc], np.einsum("bkk->bk", H[acc]))
         # Nielsen: shrink by the gain on a success, grow geometrically on a miss
         shrink = np.maximum(1.0 / 3.0, 1.0 - (2.0 * np.clip(gain, 0.0, 1.0) - 1.0) ** 3)

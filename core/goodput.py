@@ -654,33 +654,55 @@ def _optimize_many(models: Sequence[GoodputModel], owner: np.ndarray, K: np.ndar
         eff = np.where(unknown, np.minimum(1.0, m0p / M), np.where(noise, 1.0, (ph_safe + m0p) / (ph_safe + M)))
         return M / t * eff
 
-    # integer ternary search on every range at once, over the ranges still wider than 3
     every = (ag, per_micro, ts, g, sf, unknown, noise, ph_safe, m0p)
-    live, part = np.arange(pair.size), every
-    while True:
-        wide = z[live] - a[live] > 2
-        if not wide.all():
-            live, part = live[wide], tuple(x[wide] for x in part)
-        if not live.size:
-            break
-        al_, zl = a[live], z[live]
-        third = (zl - al_) // 3
-        m1, m2 = al_ + third, zl - third
-        g1, g2 = f(np.stack([m1, m2]), *part)
-        right = g1 < g2
-        a[live] = np.where(right, m1 + 1, al_)
-        z[live] = np.where(right, zl, m2 - 1)
-    cands = np.stack([a, np.minimum(a + 1, z), np.minimum(a + 2, z)])
-    vals = f(cands, *every)
-    pick = np.argmax(vals, axis=0)
-    seg_M = cands[pick, np.arange(pair.size)]
-    seg_g = vals[pick, np.arange(pair.size)]
-    if pair.size:
-        order = np.lexsort((seg_M, -seg_g, pair))
-        lead = order[np.r_[True, pair[order][1:] != pair[order][:-1]]]
-        who = pair[lead]
-        batch[who], good[who], accum[who] = seg_M[lead], seg_g[lead], s[lead]
-        local[who] = seg_M[lead] / (K[who] * (s[lead] + 1.0))
+
+    def search(ranges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """An integer ternary search on ``ranges`` at once (each while wider than 3),
+        then the best of its last three: ``(M, goodput)`` per range."""
+        live, part = ranges, tuple(x[ranges] for x in every)
+        while True:
+            wide = z[live] - a[live] > 2
+            if not wide.all():
+                live, part = live[wide], tuple(x[wide] for x in part)
+            if not live.size:
+                break
+            al_, zl = a[live], z[live]
+            third = (zl - al_) // 3
+            m1, m2 = al_ + third, zl - third
+            g1, g2 = f(np.stack([m1, m2]), *part)
+            right = g1 < g2
+            a[live] = np.where(right, m1 + 1, al_)
+            z[live] = np.where(right, zl, m2 - 1)
+        a_, z_ = a[ranges], z[ranges]
+        cands = np.stack([a_, np.minimum(a_ + 1, z_), np.minimum(a_ + 2, z_)])
+        vals = f(cands, *(x[ranges] for x in every))
+        pick = np.argmax(vals, axis=0)
+        return cands[pick, np.arange(ranges.size)], vals[pick, np.arange(ranges.size)]
+
+    # each row's first range first; then only the ranges that could beat it: on a range
+    # of one s, M / T_iter does not fall as M grows and efficiency does not rise, so
+    # (z / T_iter(z)) · efficiency(a) bounds its goodput (a margin for rounding)
+    head = first[count > 0]
+    head_M, head_g = search(head)
+    rest = np.flatnonzero(np.arange(pair.size) != first[pair])
+    above = np.full(n, -np.inf)
+    above[pair[head]] = head_g
+    zr, ar = z[rest].astype(float), a[rest].astype(float)
+    tgz = ag[rest] + per_micro[rest] * zr
+    tz = sf[rest] * tgz + (tgz ** g[rest] + ts[rest] ** g[rest]) ** (1.0 / g[rest])
+    ph_r, m0_r = ph_safe[rest], m0p[rest]
+    eff_a = np.where(unknown[rest], np.minimum(1.0, m0_r / ar), np.where(noise[rest], 1.0, (ph_r + m0_r) / (ph_r + ar)))
+    rest = rest[~(zr / tz * eff_a * (1.0 + 1e-9) < above[pair[rest]])]
+    rest_M, rest_g = search(rest)
+    ranges = np.concatenate([head, rest])
+    seg_M, seg_g = np.concatenate([head_M, rest_M]), np.concatenate([head_g, rest_g])
+    if ranges.size:
+        owner_row = pair[ranges]
+        order = np.lexsort((seg_M, -seg_g, owner_row))
+        lead = order[np.r_[True, owner_row[order][1:] != owner_row[order][:-1]]]
+        who, sl = owner_row[lead], s[ranges[lead]]
+        batch[who], good[who], accum[who] = seg_M[lead], seg_g[lead], sl
+        local[who] = seg_M[lead] / (K[who] * (sl + 1.0))
     return batch, local, accum, good
 
 
