@@ -71,6 +71,9 @@ class JobGoodput:
         #: id(job) -> (job, bounds, profile, its fit request): a decision asks twice
         #: (prepare, model) of the same job object; held objects keep their ids unique
         self._requests: OrderedDict[int, tuple] = OrderedDict()
+        #: id(job) -> (job, fit, bounds, gradient statistics, its model): the model a held
+        #: job object was last given, while those are the same
+        self._last: OrderedDict[int, tuple] = OrderedDict()
 
     def prior_for(self, observations: tuple) -> ThroughputPrior:
         return self.prior if self._prior_for is None else self._prior_for(observations)
@@ -114,11 +117,16 @@ class JobGoodput:
             fit = _store(self._fits, key, self._fitted([problem])[0], self.cache)
         if self.refit_tolerance is not None:
             _store(self._job_fit, job.id, (problem, fit), self.cache)
+        grads = (job.grad_sqr, job.grad_var)
+        last = self._last.get(id(job))
+        if last is not None and last[0] is job and last[1] is fit and last[2] is bounds and last[3] == grads:
+            return last[4]
         eff = EfficiencyModel(bounds.init_batch, job.grad_sqr, _per_sample_var(job, bounds))
         mkey = (fit, eff, bounds)
         gm = _cached(self._models, mkey)
         if gm is None:  # kept, so its memo of best batches outlives the call
             gm = _store(self._models, mkey, GoodputModel(fit, eff, bounds), self.cache)
+        _store(self._last, id(job), (job, fit, bounds, grads, gm), self.cache)
         return gm
 
     def _still_good(self, job_id: str, problem: FitProblem) -> ThroughputModel | None:

@@ -176,6 +176,8 @@ class TypeGoodput:
         self.jobs = jobs if jobs is not None else JobGoodput()
         self.cache = int(cache)
         self._boot: OrderedDict[tuple, GoodputModel] = OrderedDict()
+        #: id(model) -> (model, ratio, its bootstrapped model): the last answer per model
+        self._boot_of: dict[int, tuple[GoodputModel, float, GoodputModel]] = {}
         #: id(seed profile) -> (that profile, its rows and curves per type): jobs of one
         #: model share their declared profile, so it is split once, not per decision
         self._seeds: OrderedDict[int, tuple[tuple, _Seeds]] = OrderedDict()
@@ -196,17 +198,28 @@ class TypeGoodput:
             return None
         gm = self.jobs.model(plan.view)
         if plan.kind == BOOTSTRAPPED:
-            key = (gm.throughput.params, plan.ratio, gm.efficiency, gm.bounds)
-            boot = self._boot.get(key)
-            if boot is None:  # kept, so its memo of best batches outlives the call
-                boot = GoodputModel(scaled(gm.throughput, 1.0 / plan.ratio), gm.efficiency, gm.bounds)
-                self._boot[key] = boot
-                while len(self._boot) > self.cache:
-                    self._boot.popitem(last=False)
-            else:
-                self._boot.move_to_end(key)
-            gm = boot
+            gm = self._bootstrapped(gm, plan.ratio)
         return TypeModel(gpu_type, gm, plan.kind, plan.source, plan.ratio)
+
+    def _bootstrapped(self, gm: GoodputModel, ratio: float) -> GoodputModel:
+        """``gm`` with every throughput ``ratio`` times, kept (so its memo of best batches
+        outlives the call) and found again from the same ``gm`` object at once."""
+        last = self._boot_of.get(id(gm))
+        if last is not None and last[0] is gm and last[1] == ratio:
+            return last[2]
+        key = (gm.throughput.params, ratio, gm.efficiency, gm.bounds)
+        boot = self._boot.get(key)
+        if boot is None:
+            boot = GoodputModel(scaled(gm.throughput, 1.0 / ratio), gm.efficiency, gm.bounds)
+            self._boot[key] = boot
+            while len(self._boot) > self.cache:
+                self._boot.popitem(last=False)
+        else:
+            self._boot.move_to_end(key)
+        self._boot_of[id(gm)] = (gm, ratio, boot)
+        while len(self._boot_of) > self.cache:
+            self._boot_of.pop(next(iter(self._boot_of)))
+        return boot
 
     def models(self, job: AllocJob, gpu_types: Iterable[str]) -> dict[str, TypeModel]:
         """:meth:`model` on each of ``gpu_types``, the types not offered left out."""
