@@ -397,8 +397,12 @@ def fit_many(problems: Iterable[FitProblem]) -> list["ThroughputModel"]:
                        pad[:, :, 5] > 0.5, pad[:, :, 6], np.array([r[1] for r in rows]),
                        np.array([r[2] for r in rows]), np.array([r[4] for r in rows]))
 
+    taken: list = [None, data]  # the rows last asked for and their data (asked again while none stop)
+
     def fun(x: np.ndarray, sel: np.ndarray):
-        return _fit_residuals(x, data.take(sel))
+        if sel is not taken[0]:
+            taken[:] = sel, data.take(sel)
+        return _fit_residuals(x, taken[1])
 
     x, cost = batch_lsq.minimize(fun, np.array(starts), _X_LOWER, _X_UPPER,
                                  ftol=_FIT_FTOL, xtol=_FIT_XTOL, gtol=_FIT_GTOL, max_iter=_FIT_MAX_ITER)

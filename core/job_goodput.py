@@ -74,6 +74,8 @@ class JobGoodput:
         #: id(job) -> (job, fit, bounds, gradient statistics, its model): the model a held
         #: job object was last given, while those are the same
         self._last: OrderedDict[int, tuple] = OrderedDict()
+        #: the fit keys of the requests made, each once (jobs that reported alike share one)
+        self._keys: OrderedDict[_Key, _Key] = OrderedDict()
 
     def prior_for(self, observations: tuple) -> ThroughputPrior:
         return self.prior if self._prior_for is None else self._prior_for(observations)
@@ -85,7 +87,12 @@ class JobGoodput:
             return hit[3]
         obs = observations_of(job)
         prior = self.prior_for(obs)
-        req = _Key((obs, prior, bounds.reference_local_batch)), FitProblem(obs, prior, bounds.reference_local_batch)
+        key = _Key((obs, prior, bounds.reference_local_batch))
+        key = self._keys.setdefault(key, key)  # one key per content: later lookups match it at once
+        self._keys.move_to_end(key)
+        while len(self._keys) > self.cache:
+            self._keys.popitem(last=False)
+        req = key, FitProblem(obs, prior, bounds.reference_local_batch)
         _store(self._requests, id(job), (job, bounds, job.profile, req), self.cache)
         return req
 
