@@ -430,6 +430,7 @@ class GoodputAllocator:
             if sole[r] is not None:
                 kept[sole[r]] = kept.get(sole[r], 0) + gang[r]
         entry = self._entry_gains(vals, floor, gang, price)
+        # per type, what ``j`` GPUs more cost (``j · price``, j = 1, 2, ...): a placed job's gain divides by it
         steps = {t: np.arange(1, max(len(v[t]) for v in vals if t in v)) * p for t, p in price.items() if t in entry}
         free = dict(cap)
         pending = sum(gang)
