@@ -12,7 +12,9 @@ its own type with room (best fit), else it waits. Per policy: one warm-up, then
 ``--repeats`` decisions on fresh instances (``median_s``: every fit from scratch), and
 ``--repeats`` steady ones (``steady_median_s``): the instance that took the fresh decision
 decides again after every running job reported one more step time, as between two
-decisions of a run (the operator and the engines keep their allocator).
+decisions of a run (the operator and the engines keep their allocator). Beside each
+wall-clock median, the median CPU time of the process (``cpu_median_s``,
+``steady_cpu_median_s``): what the decision costs when other work shares the machine.
 """
 
 from __future__ import annotations
@@ -108,20 +110,24 @@ def reported_once_more(jobs: Sequence[AllocJob], k: int) -> list[AllocJob]:
 def time_policy(name: str, jobs, nodes, now: float, repeats: int) -> dict:
     from rlsched.sim.allocators import make_allocator
 
-    fresh, steady = [], []
+    fresh, steady, fresh_cpu, steady_cpu = [], [], [], []
     for k in range(repeats + 1):
         alloc = make_allocator(name, seed=0)
         copies = [dataclasses.replace(j) for j in jobs]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         alloc.allocate(copies, nodes, now)
         if k:  # the first call warms caches and imports
             fresh.append(time.perf_counter() - t0)
+            fresh_cpu.append(time.process_time() - c0)
             again = reported_once_more(jobs, k)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             alloc.allocate(again, nodes, now + 1.0)
             steady.append(time.perf_counter() - t0)
+            steady_cpu.append(time.process_time() - c0)
     return {"policy": name, "median_s": statistics.median(fresh), "max_s": max(fresh),
-            "steady_median_s": statistics.median(steady), "steady_max_s": max(steady), "repeats": repeats}
+            "steady_median_s": statistics.median(steady), "steady_max_s": max(steady),
+            "cpu_median_s": statistics.median(fresh_cpu), "steady_cpu_median_s": statistics.median(steady_cpu),
+            "repeats": repeats}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -163,7 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in rows:
         print(f"{r['gpus']:>5} GPUs {r['jobs']:>5} jobs  {r['policy']:<16} fresh {r['median_s'] * 1e3:9.1f} ms "
               f"x{r['ratio_to_fifo']:.1f} FIFO  steady {r['steady_median_s'] * 1e3:9.1f} ms "
-              f"x{r['steady_ratio_to_fifo']:.1f} FIFO")
+              f"x{r['steady_ratio_to_fifo']:.1f} FIFO  (CPU {r['cpu_median_s'] * 1e3:.1f} / "
+              f"{r['steady_cpu_median_s'] * 1e3:.1f} ms)")
     return 0
 
 

@@ -32,35 +32,35 @@ def minimize(fun: Residuals, x0: np.ndarray, lower: np.ndarray, upper: np.ndarra
     x = np.array(x0, dtype=float, copy=True)
     if x.ndim != 2:
         raise ValueError(f"x0 must be B x P, got shape {x.shape}")
-    lower = np.broadcast_to(np.asarray(lower, dtype=float), x.shape)
-    upper = np.broadcast_to(np.asarray(upper, dtype=float), x.shape)
+    B, P = x.shape
+    lower, upper = (np.asarray(b, dtype=float) for b in (lower, upper))
+    # bounds of one shape for every problem stay one row (they broadcast)
+    lower, upper = (b if b.shape == (P,) else np.broadcast_to(b, x.shape) for b in (lower, upper))
     if np.any(x < lower) or np.any(x > upper):
         raise ValueError("x0 must lie within the bounds")
-    B, P = x.shape
     cost = np.zeros(B)
     if B == 0:
         return x, cost
-    every = np.arange(B)
-    r, J = fun(x, every)
+    # the state of the problems still running, one row each: compacted as they stop
+    live = np.arange(B)
+    r, J = fun(x, live)
     cost[:] = 0.5 * np.einsum("bi,bi->b", r, r)
-    g = np.einsum("bik,bi->bk", J, r)
-    H = np.einsum("bik,bil->bkl", J, J)
-    damp = np.full(B, _DAMP_START)
-    grow = np.full(B, 2.0)
-    scale = np.maximum(np.einsum("bkk->bk", H), 1e-12)  # Moré: the largest diag(JᵀJ) seen
-    live = every
+    xl, cl = x.copy(), cost.copy()
+    gl = np.einsum("bik,bi->bk", J, r)
+    Hl = np.einsum("bik,bil->bkl", J, J)
+    dl, gr = np.full(B, _DAMP_START), np.full(B, 2.0)
+    sl = np.maximum(np.einsum("bkk->bk", Hl), 1e-12)  # Moré: the largest diag(JᵀJ) seen
     eye = np.eye(P)
     for _ in range(max_iter):
         if live.size == 0:
             break
-        xl, gl, Hl, dl = x[live], g[live], H[live], damp[live]
-        lo, hi = lower[live], upper[live]
+        lo, hi = (b if b.ndim == 1 else b[live] for b in (lower, upper))
         held = ((xl <= lo) & (gl > 0)) | ((xl >= hi) & (gl < 0))
         free = ~held
         pg = np.where(free, gl, 0.0)
-        done = np.max(np.abs(pg), axis=1) <= gtol
+        done = np.abs(pg).max(axis=1) <= gtol
         # damped normal equations on the free parameters, identity on the held ones
-        D = np.where(free, dl[:, None] * scale[live], 1.0)
+        D = np.where(free, dl[:, None] * sl, 1.0)
         A = np.where(free[:, :, None] & free[:, None, :], Hl, 0.0) + eye * D[:, None, :]
         trial = np.clip(xl - np.linalg.solve(A, pg[:, :, None])[:, :, 0], lo, hi)
         h = trial - xl
@@ -68,20 +68,34 @@ def minimize(fun: Residuals, x0: np.ndarray, lower: np.ndarray, upper: np.ndarra
         c_new = 0.5 * np.einsum("bi,bi->b", r_new, r_new)
         # gain ratio: the actual reduction over the Gauss-Newton model's at h
         predicted = -(np.einsum("bk,bk->b", gl, h) + 0.5 * np.einsum("bk,bkl,bl->b", h, Hl, h))
-        actual = cost[live] - c_new
+        actual = cl - c_new
         gain = np.where(predicted > 0, actual / np.where(predicted > 0, predicted, 1.0), -1.0)
-        better = np.isfinite(c_new) & (c_new < cost[live])
-        small = (actual <= ftol * cost[live]) | (np.linalg.norm(h, axis=1) <= xtol * (xtol + np.linalg.norm(xl, axis=1)))
-        acc = live[better]
-        x[acc] = trial[better]
-        cost[acc] = c_new[better]
-        g[acc] = np.einsum("bik,bi->bk", J_new[better], r_new[better])
-        H[acc] = np.einsum("bik,bil->bkl", J_new[better], J_new[better])
-        scale[acc] = np.maximum(scale[acc], np.einsum("bkk->bk", H[acc]))
+        better = np.isfinite(c_new) & (c_new < cl)
+        small = (actual <= ftol * cl) | (_norm(h) <= xtol * (xtol + _norm(xl)))
+        if better.all():
+            xl, cl = trial, c_new
+            gl, Hl = np.einsum("bik,bi->bk", J_new, r_new), np.einsum("bik,bil->bkl", J_new, J_new)
+            sl = np.maximum(sl, np.einsum("bkk->bk", Hl))
+        elif better.any():
+            xl, cl = np.where(better[:, None], trial, xl), np.where(better, c_new, cl)
+            Jb = J_new[better]
+            gl, Hl, sl = gl.copy(), Hl.copy(), sl.copy()
+            gl[better] = np.einsum("bik,bi->bk", Jb, r_new[better])
+            Hl[better] = np.einsum("bik,bil->bkl", Jb, Jb)
+            sl[better] = np.maximum(sl[better], np.einsum("bkk->bk", Hl[better]))
         # Nielsen: shrink by the gain on a success, grow geometrically on a miss
         shrink = np.maximum(1.0 / 3.0, 1.0 - (2.0 * np.clip(gain, 0.0, 1.0) - 1.0) ** 3)
-        damp[live] = np.where(better, np.maximum(dl * shrink, 1e-15), dl * grow[live])
-        grow[live] = np.where(better, 2.0, grow[live] * 2.0)
-        stop = done | (better & small) | (damp[live] > _DAMP_MAX)
-        live = live[~stop]
+        dl, gr = np.where(better, np.maximum(dl * shrink, 1e-15), dl * gr), np.where(better, 2.0, gr * 2.0)
+        stop = done | (better & small) | (dl > _DAMP_MAX)
+        if stop.any():
+            x[live[stop]], cost[live[stop]] = xl[stop], cl[stop]
+            keep = ~stop
+            live, xl, cl, gl, Hl, dl, gr, sl = (a[keep] for a in (live, xl, cl, gl, Hl, dl, gr, sl))
+    x[live], cost[live] = xl, cl
     return x, cost
+
+
+def _norm(v: np.ndarray) -> np.ndarray:
+    """The Euclidean norm of each row: :func:`numpy.linalg.norm` with ``axis=1``, the
+    same sum, without its dispatch."""
+    return np.sqrt(np.add.reduce(v * v, axis=1))

@@ -150,12 +150,17 @@ _X_UPPER = np.array([math.log(1e5), math.log((1 - 1e-4) / 1e-4), *[math.log(1e3)
 _GAMMA_STARTS = (1.0, 4.0)  # extra deterministic starts once γ matters: T_iter is not convex in γ
 
 
+@functools.lru_cache(maxsize=64)
 def _prior_x(prior: ThroughputPrior) -> tuple[np.ndarray, np.ndarray]:
+    """The prior's mean and sd in fitted coordinates (read-only: shared by every fit)."""
     f = prior.overhead_fraction
     ratios = np.maximum([*prior.local_sync, *prior.node_sync], _RATIO_FLOOR)
     mean = np.array([math.log(prior.step_time), math.log(f / (1 - f)), *np.log(ratios), prior.gamma])
     sd = np.array([10.0, prior.spread, *[prior.spread] * 4, prior.gamma_spread])
-    return np.clip(mean, _X_LOWER, _X_UPPER), sd
+    mean = np.clip(mean, _X_LOWER, _X_UPPER)
+    mean.setflags(write=False)
+    sd.setflags(write=False)
+    return mean, sd
 
 
 class FitProblem(NamedTuple):
@@ -171,19 +176,51 @@ class FitProblem(NamedTuple):
     compute: tuple = ()
 
 
-def _fit_residuals(x: np.ndarray, d: dict) -> tuple[np.ndarray, np.ndarray]:
+class _FitData(NamedTuple):
+    """A batch of :func:`fit_many` as :func:`_fit_residuals` reads it, one row per
+    problem and start, observations padded with weight 0: per observation ``obs`` (``K −
+    2``, ``s``, ``u = m/m_ref``, ``1 − u``, ``log T``, weight over noise) and ``masks``
+    (``K ≥ 2``, ``N ≤ 1``, both, ``K ≥ 2`` on several nodes, a compute row); per row
+    ``prior`` (the prior's mean and sd) and ``prior_jac`` (its residuals' Jacobian,
+    ``diag(1/sd)``); ``compute``: whether any row is a compute row."""
+
+    obs: np.ndarray
+    masks: np.ndarray
+    prior: np.ndarray
+    prior_jac: np.ndarray
+    compute: bool
+
+    @classmethod
+    def of(cls, K, N, s, u, log_t, compute, weight, mean, sd, noise) -> "_FitData":
+        """From per observation ``K``, ``N``, ``s``, ``u``, ``log T``, ``compute`` (a
+        compute row) and ``weight`` (``b × rows``), per row ``mean``, ``sd`` (``b × 7``)
+        and ``noise`` (``b``)."""
+        multi, local = K >= 2, N <= 1
+        return cls(np.stack([K - 2, s, u, 1 - u, log_t, weight / noise[:, None]]),
+                   np.stack([multi, local, multi & local, multi & ~local, compute]), np.stack([mean, sd]),
+                   np.eye(7) / sd[:, None, :], bool(np.any(compute)))
+
+    def take(self, rows: np.ndarray) -> "_FitData":
+        """The batch's ``rows`` (increasing, as :func:`batch_lsq.minimize` asks them)."""
+        if rows.size == self.prior_jac.shape[0]:
+            return self
+        return _FitData(self.obs[:, rows], self.masks[:, rows], self.prior[:, rows], self.prior_jac[rows],
+                        self.compute)
+
+
+def _fit_residuals(x: np.ndarray, d: _FitData) -> tuple[np.ndarray, np.ndarray]:
     """Residuals of :func:`fit_many`'s objective and their Jacobian d r / d x,
     analytically (the chain rule through T_iter = s·T_grad + O, O = B·(1 + r^γ)^(1/γ),
     B = max(T_grad, T_sync), r = min/max), for a batch of problems: ``x`` is ``b × 7``
-    and every array of ``d`` has the batch's rows (observations padded with weight 0)."""
+    and ``d`` has the batch's rows."""
     c = np.exp(x[:, 0])[:, None]
     f = (1.0 / (1.0 + np.exp(-x[:, 1])))[:, None]
     al, bl, an, bn = (np.exp(x[:, i])[:, None] for i in (2, 3, 4, 5))
     g = x[:, 6][:, None]
-    K, N, s, u = d["K"], d["N"], d["s"], d["u"]
+    K2, s, u, one_u, log_t, scale = d.obs
+    multi, local, on_local, on_node, comp = d.masks
     tg = c * (f + (1 - f) * u)
-    multi, local = K >= 2, N <= 1
-    ts = np.where(multi, c * np.where(local, al + bl * (K - 2), an + bn * (K - 2)), 0.0)
+    ts = np.where(multi, c * np.where(local, al + bl * K2, an + bn * K2), 0.0)
     big, small = np.maximum(tg, ts), np.minimum(tg, ts)
     r = small / big
     rg = r ** g
@@ -193,25 +230,27 @@ def _fit_residuals(x: np.ndarray, d: dict) -> tuple[np.ndarray, np.ndarray]:
     d_ts = np.where(multi, (ts / o) ** (g - 1.0), 0.0)     # dT/dT_sync
     log_r = np.log(np.where(r > 0, r, 1.0))
     d_g = o * (-np.log1p(rg) / g ** 2 + rg * log_r / (g * (1.0 + rg)))
-    comp = d["compute"]
-    scale = d["w"] / d["noise"][:, None]
-    pred = np.where(comp, tg, t)
+    pred = np.where(comp, tg, t) if d.compute else t
     rows = t.shape[1]
     res = np.empty((x.shape[0], rows + 7))
-    res[:, :rows] = scale * (np.log(pred) - d["log_t"])
-    res[:, rows:] = (x - d["mean"]) / d["sd"]
-    jac = np.zeros((x.shape[0], rows + 7, 7))
-    st = np.where(comp, 0.0, scale / t)                    # d log T / dT, weighted
-    on_local, on_node = multi & local, multi & ~local
-    dtg_x1 = c * (1 - u) * f * (1 - f)
-    jac[:, :rows, 0] = np.where(comp, scale, st * (d_tg * tg + d_ts * ts))  # C scales every time
-    jac[:, :rows, 1] = np.where(comp, scale * dtg_x1 / tg, st * d_tg * dtg_x1)
-    jac[:, :rows, 2] = st * d_ts * np.where(on_local, c * al, 0.0)
-    jac[:, :rows, 3] = st * d_ts * np.where(on_local, c * bl * (K - 2), 0.0)
-    jac[:, :rows, 4] = st * d_ts * np.where(on_node, c * an, 0.0)
-    jac[:, :rows, 5] = st * d_ts * np.where(on_node, c * bn * (K - 2), 0.0)
+    res[:, :rows] = scale * (np.log(pred) - log_t)
+    res[:, rows:] = (x - d.prior[0]) / d.prior[1]
+    jac = np.empty((x.shape[0], rows + 7, 7))
+    st = np.where(comp, 0.0, scale / t) if d.compute else scale / t   # d log T / dT, weighted
+    dtg_x1 = c * one_u * f * (1 - f)
+    if d.compute:
+        jac[:, :rows, 0] = np.where(comp, scale, st * (d_tg * tg + d_ts * ts))  # C scales every time
+        jac[:, :rows, 1] = np.where(comp, scale * dtg_x1 / tg, st * d_tg * dtg_x1)
+    else:
+        jac[:, :rows, 0] = st * (d_tg * tg + d_ts * ts)
+        jac[:, :rows, 1] = st * d_tg * dtg_x1
+    sync = st * d_ts
+    jac[:, :rows, 2] = sync * np.where(on_local, c * al, 0.0)
+    jac[:, :rows, 3] = sync * np.where(on_local, c * bl * K2, 0.0)
+    jac[:, :rows, 4] = sync * np.where(on_node, c * an, 0.0)
+    jac[:, :rows, 5] = sync * np.where(on_node, c * bn * K2, 0.0)
     jac[:, :rows, 6] = st * d_g
-    jac[:, rows:, :] = np.eye(7) / d["sd"][:, None, :]
+    jac[:, rows:, :] = d.prior_jac
     return res, jac
 
 
@@ -282,7 +321,7 @@ class ThroughputModel:
 def _problem_arrays(problem: FitProblem) -> tuple[np.ndarray, np.ndarray, float]:
     """A problem's observations and compute rows as arrays, checked, and its reference
     batch (default: the geometric mean of the observed ``m``)."""
-    obs = np.array([tuple(map(float, o)) for o in problem.observations], dtype=float).reshape(-1, 5)
+    obs = np.array(problem.observations, dtype=float).reshape(-1, 5)
     comp = np.array([tuple(map(float, c)) for c in problem.compute], dtype=float).reshape(-1, 2)
     K, N, m, s, t = obs.T
     if obs.size:
@@ -354,15 +393,16 @@ def fit_many(problems: Iterable[FitProblem]) -> list["ThroughputModel"]:
     for b, (data, *_rest) in enumerate(rows):
         pad[b, :data.shape[0]] = data
     ref = np.array([r[3] for r in rows])
-    d_all = {
-        "K": pad[:, :, 0], "N": pad[:, :, 1], "m": pad[:, :, 2], "s": pad[:, :, 3], "log_t": pad[:, :, 4],
-        "compute": pad[:, :, 5] > 0.5, "w": pad[:, :, 6], "u": pad[:, :, 2] / ref[:, None],
-        "mean": np.array([r[1] for r in rows]), "sd": np.array([r[2] for r in rows]),
-        "noise": np.array([r[4] for r in rows]),
-    }
+    data = _FitData.of(pad[:, :, 0], pad[:, :, 1], pad[:, :, 3], pad[:, :, 2] / ref[:, None], pad[:, :, 4],
+                       pad[:, :, 5] > 0.5, pad[:, :, 6], np.array([r[1] for r in rows]),
+                       np.array([r[2] for r in rows]), np.array([r[4] for r in rows]))
+
+    taken: list = [None, data]  # the rows last asked for and their data (asked again while none stop)
 
     def fun(x: np.ndarray, sel: np.ndarray):
-        return _fit_residuals(x, {k: v[sel] for k, v in d_all.items()})
+        if sel is not taken[0]:
+            taken[:] = sel, data.take(sel)
+        return _fit_residuals(x, taken[1])
 
     x, cost = batch_lsq.minimize(fun, np.array(starts), _X_LOWER, _X_UPPER,
                                  ftol=_FIT_FTOL, xtol=_FIT_XTOL, gtol=_FIT_GTOL, max_iter=_FIT_MAX_ITER)
@@ -534,13 +574,22 @@ def optimize_many(models: Sequence[GoodputModel], K: Sequence, N: Sequence) -> l
     Ns = [np.asarray(n, dtype=np.int64).ravel() for n in N]
     if not (len(models) == len(Ks) == len(Ns)):
         raise ValueError("one K and one N array per model")
-    owner = np.repeat(np.arange(len(models)), [k.size for k in Ks])
-    flatK = np.concatenate(Ks) if Ks else np.zeros(0, dtype=np.int64)
-    flatN = np.concatenate(Ns) if Ns else np.zeros(0, dtype=np.int64)
+    Ns = [np.broadcast_to(n, k.shape) if n.size == 1 else n for k, n in zip(Ks, Ns)]
+    # a model's placements all remembered (as optimize_batch remembers them): no search
+    known = [0 < k.size <= 256 and all(key in gm._memo for key in zip(k.tolist(), n.tolist()))
+             for gm, k, n in zip(models, Ks, Ns)]
+    todo = [i for i, hit in enumerate(known) if not hit]
+    owner = np.repeat(np.arange(len(todo)), [Ks[i].size for i in todo])
+    flatK = np.concatenate([Ks[i] for i in todo]) if todo else np.zeros(0, dtype=np.int64)
+    flatN = np.concatenate([Ns[i] for i in todo]) if todo else np.zeros(0, dtype=np.int64)
     flatK, flatN = np.broadcast_arrays(flatK, flatN)
-    out = _optimize_many(models, owner, flatK, flatN)
+    out = _optimize_many([models[i] for i in todo], owner, flatK, flatN)
     answers, start = [], 0
-    for gm, k, n in zip(models, Ks, Ns):
+    for gm, k, n, hit in zip(models, Ks, Ns, known):
+        if hit:
+            rows = [gm._memo[key] for key in zip(k.tolist(), n.tolist())]
+            answers.append(BatchChoice(*(np.array(v, dtype=a.dtype) for v, a in zip(zip(*rows), out))))
+            continue
         part = [a[start:start + k.size] for a in out]
         start += k.size
         if k.size <= 256:  # as optimize_batch remembers them
@@ -601,7 +650,7 @@ def _optimize_many(models: Sequence[GoodputModel], owner: np.ndarray, K: np.ndar
     unknown, noise = np.isnan(ph), np.isinf(ph)
     ph_safe = np.where(unknown | noise, 0.0, ph)
 
-    def f(M: np.ndarray) -> np.ndarray:
+    def f(M: np.ndarray, ag, per_micro, ts, g, sf, unknown, noise, ph_safe, m0p) -> np.ndarray:
         M = M.astype(float)
         tg = ag + per_micro * M
         big, small = np.maximum(tg, ts), np.minimum(tg, ts)
@@ -609,27 +658,55 @@ def _optimize_many(models: Sequence[GoodputModel], owner: np.ndarray, K: np.ndar
         eff = np.where(unknown, np.minimum(1.0, m0p / M), np.where(noise, 1.0, (ph_safe + m0p) / (ph_safe + M)))
         return M / t * eff
 
-    while True:  # integer ternary search on every range at once
-        live = z - a > 2
-        if not live.any():
-            break
-        third = (z - a) // 3
-        m1, m2 = a + third, z - third
-        g1, g2 = f(np.stack([m1, m2]))
-        right = g1 < g2
-        a = np.where(live & right, m1 + 1, a)
-        z = np.where(live & ~right, m2 - 1, z)
-    cands = np.stack([a, np.minimum(a + 1, z), np.minimum(a + 2, z)])
-    vals = f(cands)
-    pick = np.argmax(vals, axis=0)
-    seg_M = cands[pick, np.arange(pair.size)]
-    seg_g = vals[pick, np.arange(pair.size)]
-    if pair.size:
-        order = np.lexsort((seg_M, -seg_g, pair))
-        lead = order[np.r_[True, pair[order][1:] != pair[order][:-1]]]
-        who = pair[lead]
-        batch[who], good[who], accum[who] = seg_M[lead], seg_g[lead], s[lead]
-        local[who] = seg_M[lead] / (K[who] * (s[lead] + 1.0))
+    every = (ag, per_micro, ts, g, sf, unknown, noise, ph_safe, m0p)
+
+    def search(ranges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """An integer ternary search on ``ranges`` at once (each while wider than 3),
+        then the best of its last three: ``(M, goodput)`` per range."""
+        live, part = ranges, tuple(x[ranges] for x in every)
+        while True:
+            wide = z[live] - a[live] > 2
+            if not wide.all():
+                live, part = live[wide], tuple(x[wide] for x in part)
+            if not live.size:
+                break
+            al_, zl = a[live], z[live]
+            third = (zl - al_) // 3
+            m1, m2 = al_ + third, zl - third
+            g1, g2 = f(np.stack([m1, m2]), *part)
+            right = g1 < g2
+            a[live] = np.where(right, m1 + 1, al_)
+            z[live] = np.where(right, zl, m2 - 1)
+        a_, z_ = a[ranges], z[ranges]
+        cands = np.stack([a_, np.minimum(a_ + 1, z_), np.minimum(a_ + 2, z_)])
+        vals = f(cands, *(x[ranges] for x in every))
+        pick = np.argmax(vals, axis=0)
+        return cands[pick, np.arange(ranges.size)], vals[pick, np.arange(ranges.size)]
+
+    # each row's first range first; then only the ranges that could beat it: on a range
+    # of one s, M / T_iter does not fall as M grows and efficiency does not rise, so
+    # (z / T_iter(z)) · efficiency(a) bounds its goodput (a margin for rounding)
+    head = first[count > 0]
+    head_M, head_g = search(head)
+    rest = np.flatnonzero(np.arange(pair.size) != first[pair])
+    above = np.full(n, -np.inf)
+    above[pair[head]] = head_g
+    zr, ar = z[rest].astype(float), a[rest].astype(float)
+    tgz = ag[rest] + per_micro[rest] * zr
+    tz = sf[rest] * tgz + (tgz ** g[rest] + ts[rest] ** g[rest]) ** (1.0 / g[rest])
+    ph_r, m0_r = ph_safe[rest], m0p[rest]
+    eff_a = np.where(unknown[rest], np.minimum(1.0, m0_r / ar), np.where(noise[rest], 1.0, (ph_r + m0_r) / (ph_r + ar)))
+    rest = rest[~(zr / tz * eff_a * (1.0 + 1e-9) < above[pair[rest]])]
+    rest_M, rest_g = search(rest)
+    ranges = np.concatenate([head, rest])
+    seg_M, seg_g = np.concatenate([head_M, rest_M]), np.concatenate([head_g, rest_g])
+    if ranges.size:
+        owner_row = pair[ranges]
+        order = np.lexsort((seg_M, -seg_g, owner_row))
+        lead = order[np.r_[True, owner_row[order][1:] != owner_row[order][:-1]]]
+        who, sl = owner_row[lead], s[ranges[lead]]
+        batch[who], good[who], accum[who] = seg_M[lead], seg_g[lead], sl
+        local[who] = seg_M[lead] / (K[who] * (sl + 1.0))
     return batch, local, accum, good
 
 

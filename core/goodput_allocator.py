@@ -301,28 +301,45 @@ class GoodputAllocator:
         return out
 
     # ------------------------------------------------------------------ several GPU types
-    def typed_values(self, job: AllocJob, cols: Mapping[str, np.ndarray], idle: bool = False) -> dict[str, np.ndarray]:
-        """``u`` of the job's speedup on ``K`` GPUs of each type of ``cols`` (its packed
-        goodput columns there), the speedup over its goodput on one GPU of its slowest
-        type; the restart factor applied at every ``(type, K)`` but the one it holds (a
-        move between types is a restart, as a resize is); ``−inf`` where it cannot
-        train."""
-        bases = [next((x for x in g[1:] if x > 0), 0.0) for g in cols.values()]
-        base = min((b for b in bases if b > 0), default=0.0)
-        held = len(job.allocation)
-        f = self.factor(job, idle) if held else 1.0
-        home = self._home.get(job.id)
-        w = self.weight(job)
-        out = {}
-        for t, g in cols.items():
-            K = np.arange(len(g))
-            speed = g / base if base > 0 else np.zeros(len(g))
-            if held:
-                speed = np.where((K == held) & (t == home), speed, speed * f)
-            if job.replica_group > 1:
-                speed = np.where(K % job.replica_group == 0, speed, 0.0)
-            out[t] = w * self.utility(speed)
-        return out
+    def typed_values(self, jobs: Sequence[AllocJob], cols: Sequence[Mapping[str, np.ndarray]],
+                     idle: bool = False) -> list[dict[str, np.ndarray]]:
+        """``u`` of each job's speedup on ``K`` GPUs of each type of its ``cols`` (its
+        packed goodput columns there), the speedup over its goodput on one GPU of its
+        slowest type; the restart factor applied at every ``(type, K)`` but the one it
+        holds (a move between types is a restart, as a resize is); ``−inf`` where it
+        cannot train. One array per type, a row per job offered it (rows padded with
+        ``−inf`` beyond the job's column)."""
+        n = len(jobs)
+        held = np.array([len(j.allocation) for j in jobs], dtype=np.int64)
+        f = np.array([self.factor(j, idle) if j.allocation else 1.0 for j in jobs])
+        w = np.array([self.weight(j) for j in jobs])
+        group = np.array([max(j.replica_group, 1) for j in jobs], dtype=np.int64)
+        base = np.full(n, np.inf)  # per job: the least of its first positive goodput per type
+        tables: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for t in dict.fromkeys(t for c in cols for t in c):
+            rows = np.array([r for r in range(n) if t in cols[r]], dtype=np.int64)
+            good = np.zeros((rows.size, max(len(cols[r][t]) for r in rows)))
+            for i, r in enumerate(rows):
+                good[i, :len(cols[r][t])] = cols[r][t]
+            pos = good[:, 1:] > 0
+            first = np.where(pos.any(axis=1), good[np.arange(rows.size), 1 + pos.argmax(axis=1)], 0.0) \
+                if pos.shape[1] else np.zeros(rows.size)
+            base[rows] = np.minimum(base[rows], np.where(first > 0, first, np.inf))
+            tables[t] = (rows, good)
+        base = np.where(np.isfinite(base), base, 0.0)
+        util: dict[str, np.ndarray] = {}
+        for t, (rows, good) in tables.items():
+            b = base[rows][:, None]
+            speed = np.where(b > 0, good / np.where(b > 0, b, 1.0), 0.0)
+            K = np.arange(good.shape[1])
+            h = held[rows][:, None]
+            home = np.array([self._home.get(jobs[r].id) == t for r in rows])[:, None]
+            speed = np.where((h == 0) | ((K == h) & home), speed, speed * f[rows][:, None])
+            g = group[rows][:, None]
+            speed = np.where((g == 1) | (K % g == 0), speed, 0.0)
+            util[t] = w[rows][:, None] * self.utility(speed)
+        at = {t: {r: i for i, r in enumerate(rows.tolist())} for t, (rows, _) in tables.items()}
+        return [{t: util[t][at[t][r]] for t in c} for r, c in enumerate(cols)]
 
     def prices(self, cols: Sequence[Mapping[str, np.ndarray]]) -> dict[str, float]:
         """What a GPU of each type costs in who grows: with ``type_price = a > 0``,
@@ -392,12 +409,12 @@ class GoodputAllocator:
             self._typed_models[j.id] = models
             jcap.append({t: room[t] for t in models})
             for t, gm in models.items():
-                reqs.append((gm, room[t], cap[t] + 1, per_node[t]))
+                reqs.append((gm, room[t], room[t] + 1, per_node[t]))
                 owners.append((r, t))
         cols: list[dict[str, np.ndarray]] = [{} for _ in running]
         for (r, t), g in zip(owners, self.jobs.packed_columns(reqs)):
             cols[r][t] = g
-        vals = [self.typed_values(j, cols[r], idle) for r, j in enumerate(running)]
+        vals = self.typed_values(running, cols, idle)
         price = self.prices(cols)
         gang = [count[j.id] for j in running]
         floor = []
@@ -412,6 +429,9 @@ class GoodputAllocator:
             sole.append(next(iter(at)) if len(at) == 1 else None)
             if sole[r] is not None:
                 kept[sole[r]] = kept.get(sole[r], 0) + gang[r]
+        entry = self._entry_gains(vals, floor, gang, price)
+        # per type, what ``j`` GPUs more cost (``j · price``, j = 1, 2, ...): a placed job's gain divides by it
+        steps = {t: np.arange(1, max(len(v[t]) for v in vals if t in v)) * p for t, p in price.items() if t in entry}
         free = dict(cap)
         pending = sum(gang)
         state: list[tuple[str, int] | None] = [None] * len(running)
@@ -432,18 +452,14 @@ class GoodputAllocator:
             best = None
             if state[r] is None:
                 lo = gang[r]
-                for t, v in vals[r].items():
+                for t in vals[r]:
                     hi = int(min(jcap[r][t], room_on(r, t), lo + spare(), lo + room))
                     if hi < lo:
                         continue
-                    ahead = v[lo:hi + 1]
-                    if floor[r] is None:
-                        gain = np.where(np.isfinite(ahead), np.inf, -np.inf)
-                    else:
-                        gain = (ahead - floor[r]) / (np.arange(lo, hi + 1) * price[t])
-                    i = int(np.argmax(gain))
-                    if gain[i] > 0 and (best is None or gain[i] > best[0]):
-                        best = (float(gain[i]), t, lo + i)
+                    row, gains, first = entry[t]
+                    gain = float(gains[row[r], hi])
+                    if gain > 0 and (best is None or gain > best[0]):
+                        best = (gain, t, int(first[row[r], hi]))
                 return best
             t, k = state[r]
             v = vals[r][t]
@@ -452,7 +468,7 @@ class GoodputAllocator:
                 return None
             ahead = v[k + 1:hi + 1]
             with np.errstate(invalid="ignore"):  # -inf - -inf where it cannot train: replaced below
-                gain = (ahead - v[k]) / (np.arange(1, hi - k + 1) * price[t])
+                gain = (ahead - v[k]) / steps[t][:hi - k]
             if not np.isfinite(v[k]):
                 gain = np.where(np.isfinite(ahead), np.inf, -np.inf)
             i = int(np.argmax(gain))
@@ -499,6 +515,30 @@ class GoodputAllocator:
                 if sole[r] is not None:
                     kept[sole[r]] -= gang[r]
         return {running[r].id: state[r] for r in range(len(running)) if state[r] is not None}
+
+    @staticmethod
+    def _entry_gains(vals: Sequence[Mapping[str, np.ndarray]], floor: Sequence[float | None], gang: Sequence[int],
+                     price: Mapping[str, float]) -> dict[str, tuple[dict[int, int], np.ndarray, np.ndarray]]:
+        """What a job not yet placed gains per GPU by entering on a type with at most
+        ``K`` GPUs, for every ``K``: ``entry[t] = (row, best, first)``, job ``r``'s
+        ``best[row[r], K]`` the best of ``(u(K') − floor)/(K'·price)`` over ``gang <= K' <=
+        K`` (``inf`` where it can train and has no floor; ``−inf``: none) and
+        ``first[row[r], K]`` the first ``K'`` that reaches it."""
+        entry: dict[str, tuple[dict[int, int], np.ndarray, np.ndarray]] = {}
+        for t in dict.fromkeys(t for v in vals for t in v):
+            rows = [r for r, v in enumerate(vals) if t in v]
+            u = np.stack([vals[r][t] for r in rows])
+            K = np.arange(u.shape[1])
+            lo = np.array([gang[r] for r in rows])[:, None]
+            low = np.array([np.nan if floor[r] is None else floor[r] for r in rows])[:, None]
+            with np.errstate(divide="ignore", invalid="ignore"):  # K = 0 and -inf - -inf: masked below
+                gain = np.where(np.isnan(low), np.where(np.isfinite(u), np.inf, -np.inf), (u - low) / (K * price[t]))
+            gain = np.where(K < lo, -np.inf, gain)
+            best = np.maximum.accumulate(gain, axis=1)
+            before = np.concatenate([np.full((len(rows), 1), -np.inf), best[:, :-1]], axis=1)
+            first = np.maximum.accumulate(np.where(gain > before, K, lo), axis=1)
+            entry[t] = ({r: i for i, r in enumerate(rows)}, best, first)
+        return entry
 
     def _allocate_typed(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], queues: QueueBook | None,
                         types: Sequence[str]) -> Mapping[str, Allocation]:

@@ -43,17 +43,16 @@ def curve_pace(metrics, higher_is_better: bool, window: int = CURVE_WINDOW) -> f
     the first epoch, clipped to [−2, 2]. About 1 while the curve keeps its pace, near 0
     where it has flattened, below 0 where it got worse. 1 (no evidence of convergence)
     before three epochs are reported, or when the metric has not moved at all."""
-    m = np.asarray(metrics, dtype=float)
-    m = m[np.isfinite(m)]
-    if m.size < 3:
+    m = [x for x in map(float, metrics) if math.isfinite(x)]  # a few numbers: plain floats
+    if len(m) < 3:
         return 1.0
     sign = 1.0 if higher_is_better else -1.0
-    k = min(window, m.size - 1)
+    k = min(window, len(m) - 1)
     recent = sign * (m[-1] - m[-1 - k]) / k
-    overall = abs(m[-1] - m[0]) / (m.size - 1)
+    overall = abs(m[-1] - m[0]) / (len(m) - 1)
     if overall <= 1e-12:
         return 1.0
-    return float(np.clip(recent / overall, -2.0, 2.0))
+    return min(max(recent / overall, -2.0), 2.0)
 
 
 def growth_features(job: AllocJob, service_scale: float = POLLUX_THRESHOLD, hour: float = 3600.0) -> np.ndarray:

@@ -71,6 +71,11 @@ class JobGoodput:
         #: id(job) -> (job, bounds, profile, its fit request): a decision asks twice
         #: (prepare, model) of the same job object; held objects keep their ids unique
         self._requests: OrderedDict[int, tuple] = OrderedDict()
+        #: id(job) -> (job, fit, bounds, gradient statistics, its model): the model a held
+        #: job object was last given, while those are the same
+        self._last: OrderedDict[int, tuple] = OrderedDict()
+        #: the fit keys of the requests made, each once (jobs that reported alike share one)
+        self._keys: OrderedDict[_Key, _Key] = OrderedDict()
 
     def prior_for(self, observations: tuple) -> ThroughputPrior:
         return self.prior if self._prior_for is None else self._prior_for(observations)
@@ -82,7 +87,12 @@ class JobGoodput:
             return hit[3]
         obs = observations_of(job)
         prior = self.prior_for(obs)
-        req = (obs, prior, bounds.reference_local_batch), FitProblem(obs, prior, bounds.reference_local_batch)
+        key = _Key((obs, prior, bounds.reference_local_batch))
+        key = self._keys.setdefault(key, key)  # one key per content: later lookups match it at once
+        self._keys.move_to_end(key)
+        while len(self._keys) > self.cache:
+            self._keys.popitem(last=False)
+        req = key, FitProblem(obs, prior, bounds.reference_local_batch)
         _store(self._requests, id(job), (job, bounds, job.profile, req), self.cache)
         return req
 
@@ -114,11 +124,16 @@ class JobGoodput:
             fit = _store(self._fits, key, self._fitted([problem])[0], self.cache)
         if self.refit_tolerance is not None:
             _store(self._job_fit, job.id, (problem, fit), self.cache)
+        grads = (job.grad_sqr, job.grad_var)
+        last = self._last.get(id(job))
+        if last is not None and last[0] is job and last[1] is fit and last[2] is bounds and last[3] == grads:
+            return last[4]
         eff = EfficiencyModel(bounds.init_batch, job.grad_sqr, _per_sample_var(job, bounds))
         mkey = (fit, eff, bounds)
         gm = _cached(self._models, mkey)
         if gm is None:  # kept, so its memo of best batches outlives the call
             gm = _store(self._models, mkey, GoodputModel(fit, eff, bounds), self.cache)
+        _store(self._last, id(job), (job, fit, bounds, grads, gm), self.cache)
         return gm
 
     def _still_good(self, job_id: str, problem: FitProblem) -> ThroughputModel | None:
@@ -221,6 +236,22 @@ class JobGoodput:
             good.setflags(write=False)
             _store(self._tables, key, good, self.cache)
         return good, gm
+
+
+class _Key:
+    """A cache key: the tuple ``parts``, its hash computed once (a fit's key holds every
+    observation of its job, and a decision looks it up several times)."""
+
+    __slots__ = ("parts", "_hash")
+
+    def __init__(self, parts: tuple) -> None:
+        self.parts, self._hash = parts, hash(parts)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, _Key) and self._hash == other._hash and self.parts == other.parts)
 
 
 def _column(width: int, K: np.ndarray, goodput) -> np.ndarray:

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from collections import OrderedDict
 from typing import Iterable, NamedTuple
 
 import numpy as np
 
 from .allocation import AllocJob, ProfileSample
+from .batch import BatchBounds
 from .goodput import GoodputModel, ThroughputModel, ThroughputParams
 from .job_goodput import JobGoodput
 
@@ -107,17 +109,26 @@ def _ratio(a: tuple[np.ndarray, np.ndarray] | None, b: tuple[np.ndarray, np.ndar
 
 
 class _Seeds(NamedTuple):
-    """A seed profile split by GPU type: its rows and its one-GPU curve per type."""
+    """A seed profile split by GPU type: its rows and its one-GPU curve per type, and
+    the ratios asked of it (``(source, target, largest micro-batch)`` -> ratio)."""
 
     rows: dict[str, tuple[ProfileSample, ...]]
     curves: dict[str, tuple[np.ndarray, np.ndarray] | None]
+    ratios: dict[tuple[str, str, int], float | None]
 
     @classmethod
     def of(cls, seed_profile: tuple[ProfileSample, ...]) -> "_Seeds":
         rows: dict[str, list[ProfileSample]] = {}
         for s in seed_profile:
             rows.setdefault(s.gpu_type, []).append(s)
-        return cls({t: tuple(v) for t, v in rows.items()}, {t: _one_gpu_curve(v) for t, v in rows.items()})
+        return cls({t: tuple(v) for t, v in rows.items()}, {t: _one_gpu_curve(v) for t, v in rows.items()}, {})
+
+    def ratio(self, source: str, target: str, largest_local: int) -> float | None:
+        """:func:`seed_ratio` of ``target`` over ``source``, computed once."""
+        key = (source, target, largest_local)
+        if key not in self.ratios:
+            self.ratios[key] = _ratio(self.curves.get(source), self.curves.get(target), largest_local)
+        return self.ratios[key]
 
 
 def scaled(model: ThroughputModel, factor: float) -> ThroughputModel:
@@ -165,34 +176,50 @@ class TypeGoodput:
         self.jobs = jobs if jobs is not None else JobGoodput()
         self.cache = int(cache)
         self._boot: OrderedDict[tuple, GoodputModel] = OrderedDict()
+        #: id(model) -> (model, ratio, its bootstrapped model): the last answer per model
+        self._boot_of: dict[int, tuple[GoodputModel, float, GoodputModel]] = {}
         #: id(seed profile) -> (that profile, its rows and curves per type): jobs of one
         #: model share their declared profile, so it is split once, not per decision
         self._seeds: OrderedDict[int, tuple[tuple, _Seeds]] = OrderedDict()
-        #: (id(job), type) -> (job, its reports, its seeds, its plan), from the last
-        #: :meth:`prepare` (read back only for the same, unchanged job object)
-        self._plans: dict[tuple[int, str], tuple] = {}
+        #: job id -> its plans per type and the facts they were made from, kept across
+        #: decisions while those facts are the same (:class:`_Known`)
+        self._known: OrderedDict[str, _Known] = OrderedDict()
 
     def model(self, job: AllocJob, gpu_type: str) -> TypeModel | None:
         """The job's goodput model on ``gpu_type`` (class docstring); None when not
         offered."""
-        hit = self._plans.get((id(job), gpu_type))
-        fresh = hit is not None and hit[0] is job and hit[1] is job.profile and hit[2] is job.seed_profile
-        plan = hit[3] if fresh else self._plan(job, gpu_type)
+        known = self._known.get(job.id)
+        if (known is not None and known.job is job and known.profile is job.profile
+                and known.seed_profile is job.seed_profile and gpu_type in known.plans):
+            plan = known.plans[gpu_type]
+        else:
+            plan = self._plan(job, gpu_type)
         if plan is None:
             return None
         gm = self.jobs.model(plan.view)
         if plan.kind == BOOTSTRAPPED:
-            key = (gm.throughput.params, plan.ratio, gm.efficiency, gm.bounds)
-            boot = self._boot.get(key)
-            if boot is None:  # kept, so its memo of best batches outlives the call
-                boot = GoodputModel(scaled(gm.throughput, 1.0 / plan.ratio), gm.efficiency, gm.bounds)
-                self._boot[key] = boot
-                while len(self._boot) > self.cache:
-                    self._boot.popitem(last=False)
-            else:
-                self._boot.move_to_end(key)
-            gm = boot
+            gm = self._bootstrapped(gm, plan.ratio)
         return TypeModel(gpu_type, gm, plan.kind, plan.source, plan.ratio)
+
+    def _bootstrapped(self, gm: GoodputModel, ratio: float) -> GoodputModel:
+        """``gm`` with every throughput ``ratio`` times, kept (so its memo of best batches
+        outlives the call) and found again from the same ``gm`` object at once."""
+        last = self._boot_of.get(id(gm))
+        if last is not None and last[0] is gm and last[1] == ratio:
+            return last[2]
+        key = (gm.throughput.params, ratio, gm.efficiency, gm.bounds)
+        boot = self._boot.get(key)
+        if boot is None:
+            boot = GoodputModel(scaled(gm.throughput, 1.0 / ratio), gm.efficiency, gm.bounds)
+            self._boot[key] = boot
+            while len(self._boot) > self.cache:
+                self._boot.popitem(last=False)
+        else:
+            self._boot.move_to_end(key)
+        self._boot_of[id(gm)] = (gm, ratio, boot)
+        while len(self._boot_of) > self.cache:
+            self._boot_of.pop(next(iter(self._boot_of)))
+        return boot
 
     def models(self, job: AllocJob, gpu_types: Iterable[str]) -> dict[str, TypeModel]:
         """:meth:`model` on each of ``gpu_types``, the types not offered left out."""
@@ -207,12 +234,25 @@ class TypeGoodput:
         """Run, in one batch (:meth:`JobGoodput.prepare`), every fit that :meth:`model`
         of these jobs on these types needs and has not cached."""
         types = tuple(gpu_types)
-        self._plans = {}
+        views = []
         for j in jobs:
-            reported = _reported(j)
+            known = self._known.get(j.id)
+            if known is not None and known.holds(j):
+                known = known._replace(job=j, profile=j.profile, seed_profile=j.seed_profile)
+                self._known.move_to_end(j.id)
+            else:
+                known = _Known(j, j.profile, j.seed_profile, j.bounds, (j.grad_sqr, j.grad_var), {})
+            self._known[j.id] = known
+            reported = None
             for t in types:
-                self._plans[id(j), t] = (j, j.profile, j.seed_profile, self._plan(j, t, reported))
-        self.jobs.prepare([h[3].view for h in self._plans.values() if h[3] is not None])
+                if t not in known.plans:
+                    reported = _reported(j) if reported is None else reported
+                    known.plans[t] = self._plan(j, t, reported)
+                if known.plans[t] is not None:
+                    views.append(known.plans[t].view)
+        while len(self._known) > self.cache:
+            self._known.popitem(last=False)
+        self.jobs.prepare(views)
 
     # ------------------------------------------------------------------ internals
     def _seed(self, job: AllocJob) -> _Seeds:
@@ -238,13 +278,32 @@ class TypeGoodput:
         seeds = sd.rows.get(gpu_type, ())
         if seeds:
             for source in sorted(reported, key=lambda u: (-len(reported[u]), u)):
-                ratio = _ratio(sd.curves.get(source), sd.curves[gpu_type], job.bounds.largest_local)
+                ratio = sd.ratio(source, gpu_type, job.bounds.largest_local)
                 if ratio is not None:
                     return _Plan(_only(job, source, reported), BOOTSTRAPPED, source, ratio)
             return _Plan(_view(job, seeds, f"seed {gpu_type}"), SEEDED)
         if not reported and not job.seed_profile:
             return _Plan(job, PRIOR)
         return None
+
+
+class _Known(NamedTuple):
+    """A job's plans per GPU type (None: not offered) and what they were made from: its
+    reports, its seed profile, its batch bounds and gradient statistics (all a plan and
+    its view's fit read). ``job``: the object of the last :meth:`TypeGoodput.prepare`."""
+
+    job: AllocJob
+    profile: tuple[ProfileSample, ...]
+    seed_profile: tuple[ProfileSample, ...]
+    bounds: BatchBounds
+    grad: tuple[float | None, float | None]
+    plans: dict[str, _Plan | None]
+
+    def holds(self, job: AllocJob) -> bool:
+        """Whether ``job`` has the facts these plans were made from (a job that reported
+        again, or whose gradient statistics moved, is planned and fitted anew)."""
+        return (self.profile == job.profile and self.seed_profile == job.seed_profile
+                and self.bounds == job.bounds and self.grad == (job.grad_sqr, job.grad_var))
 
 
 def _reported(job: AllocJob) -> dict[str, tuple[ProfileSample, ...]]:
@@ -264,7 +323,14 @@ def _only(job: AllocJob, gpu_type: str, reported: dict[str, tuple[ProfileSample,
     return _view(job, reported[gpu_type], gpu_type)
 
 
+#: every field of a job, in the order its constructor takes them (a view is a copy:
+#: :func:`dataclasses.replace` takes six times as long)
+_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(AllocJob)))
+
+
 def _view(job: AllocJob, profile: tuple[ProfileSample, ...], tag: str) -> AllocJob:
     """``job`` with only ``profile`` as its reports, under an id of its own (a
     :class:`JobGoodput` keeps per-id fit state; one per type here)."""
-    return dataclasses.replace(job, id=f"{job.id}\x00{tag}", profile=profile)
+    view = AllocJob(*_FIELDS(job))
+    view.id, view.profile = f"{job.id}\x00{tag}", profile
+    return view

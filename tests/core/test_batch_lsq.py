@@ -18,6 +18,7 @@ from rlsched.core.goodput import (
     ThroughputPrior,
     _X_LOWER,
     _X_UPPER,
+    _FitData,
     _fit_residuals,
     _params_of,
     _prior_x,
@@ -110,10 +111,9 @@ def _objective(problem: FitProblem, params: ThroughputParams) -> float:
 def _residuals(problem: FitProblem, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     obs = np.array(problem.observations, dtype=float)
     mean, sd = _prior_x(problem.prior)
-    d = {"K": obs[None, :, 0], "N": obs[None, :, 1], "m": obs[None, :, 2], "s": obs[None, :, 3],
-         "log_t": np.log(obs[None, :, 4]), "compute": np.zeros((1, len(obs)), bool), "w": np.ones((1, len(obs))),
-         "u": obs[None, :, 2] / problem.reference_batch, "mean": mean[None], "sd": sd[None],
-         "noise": np.array([problem.prior.step_time_noise])}
+    d = _FitData.of(obs[None, :, 0], obs[None, :, 1], obs[None, :, 3], obs[None, :, 2] / problem.reference_batch,
+                    np.log(obs[None, :, 4]), np.zeros((1, len(obs)), bool), np.ones((1, len(obs))), mean[None],
+                    sd[None], np.array([problem.prior.step_time_noise]))
     r, J = _fit_residuals(np.asarray(x, dtype=float)[None], d)
     return r[0], J[0]
 

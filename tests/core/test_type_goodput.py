@@ -5,6 +5,7 @@ single-type path exactly as before."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -153,3 +154,39 @@ def test_the_bootstrap_source_is_the_type_with_most_reports_and_prepare_batches_
     assert (c.kind, c.source) == (BOOTSTRAPPED, "B") and c.ratio == pytest.approx(0.5, rel=1e-12)
     assert [tg.model(job, t).kind for t in ("A", "B")] == [FITTED, FITTED]
     assert len(jobs._fits) == 2
+
+
+def test_a_later_decision_refits_only_the_job_that_reported_again():
+    """Plans and fits are kept across decisions while a job's facts hold: copies of the
+    jobs with the same reports are fitted by nothing and get the same models; a job
+    that reported one more step time on A is fitted anew on A (and its model on B,
+    bootstrapped from A, follows) while the other job keeps its models; new gradient
+    statistics keep the fit and change the efficiency."""
+    jobs = JobGoodput()
+    fitted: list[int] = []
+    fit = jobs._fitted
+    jobs._fitted = lambda problems: (problems and fitted.append(len(problems)), fit(problems))[1]
+    tg = TypeGoodput(jobs)
+    a = _job(_samples("A", SHAPES[:3]), SEED_A + SEED_B, jid="a")
+    b = _job(_samples("B", SHAPES[:2]), SEED_A + SEED_B, jid="b")
+
+    def decide(*js):
+        tg.prepare(js, ["A", "B"])
+        return {(j.id, t): tg.model(j, t).goodput for j in js for t in ("A", "B")}
+
+    first = decide(a, b)
+    assert fitted == [2]
+    again = decide(dataclasses.replace(a), dataclasses.replace(b))
+    assert fitted == [2] and all(again[k] is first[k] for k in first)
+    last = a.profile[-1]
+    a3 = dataclasses.replace(a, profile=a.profile + (dataclasses.replace(last, step_time=last.step_time * 1.5),))
+    moved = decide(a3, dataclasses.replace(b))
+    assert fitted == [2, 1]
+    assert moved["a", "A"].throughput.params != first["a", "A"].throughput.params
+    assert moved["a", "B"].throughput.params != first["a", "B"].throughput.params
+    assert moved["b", "A"] is first["b", "A"] and moved["b", "B"] is first["b", "B"]
+    a4 = dataclasses.replace(a3, grad_sqr=3.0)
+    grads = decide(a4, b)
+    assert fitted == [2, 1]
+    assert grads["a", "A"].throughput is moved["a", "A"].throughput
+    assert grads["a", "A"].efficiency != moved["a", "A"].efficiency
