@@ -209,9 +209,10 @@ class LiveJob:
     #: ``status.effectivePriority``: :class:`~rlsched.core.planning.DynamicPriority`)
     service_queue: str = "normal"
     service_priority: float = 0.0
-    #: a running job's β-rule record (``status.rlpto``, an
-    #: :class:`~rlsched.core.planning.ElasticState`) and its own β, for an allocator
-    #: that scales on them (the gang allocator's scaling policy); None: none given
+    #: a running job as the scaling planner sees it (a
+    #: :class:`~rlsched.core.planning.RunningJob` with its β-rule record, ``status.rlpto``)
+    #: and its own β, for an allocator that scales on them (the gang allocator's scaling
+    #: policy); None: none given
     elastic: Any = None
     beta: float | None = None
     #: the team queue it is charged to (None: none)

@@ -290,7 +290,7 @@ class Lifecycle:
         queue, pr = self.service_queue(j)
         end = {} if running is None else dict(epochs_done=prog.epochs_done, max_epochs=s.max_epochs,
                                               streak=running.state.streak, patience=patience,
-                                              elastic=running.state, beta=s.beta)
+                                              elastic=running, beta=s.beta)
         return LiveJob(key=j.key, submit_time=created, min_workers=s.min_workers, max_workers=s.max_workers,
                        gpus_per_worker=s.gpus_per_worker, nodes=placement,
                        batch_size=j.batch_size if placement else s.batch_size, pinned_workers=s.pinned_workers,
