@@ -94,6 +94,8 @@ class GangAllocator:
         self.backfill = backfill
         self.beta = beta
         self.planner = ScalingPlanner(scaling, patience=patience) if scaling is not None else None
+        #: it scales running jobs (on the caller's record of each, AllocJob.elastic, where given)
+        self.scales = self.planner is not None
         #: core's admission: the operator's queue rules (preemption under preemptive orderings)
         self.admission = Admission(ordering, backfill=backfill, preemption=preemption)
         #: the one cycle the operator runs too: admission, then the planner

@@ -335,9 +335,11 @@ class AdmittingAllocator(RankingAllocator, Protocol):
     """An allocator that runs admission itself (the gang allocator): after a decision it
     says why the jobs it left waiting wait and which running jobs it preempted and
     started again; ``enforces_queues``: whether it applies team queues' quotas (else
-    their use is only reported)."""
+    their use is only reported); ``scales``: whether it scales running jobs on the
+    caller's record of each (:attr:`LiveJob.elastic`)."""
 
     enforces_queues: bool
+    scales: bool
 
     def why_waiting(self) -> dict[str, WaitReason]: ...
 
@@ -438,6 +440,12 @@ class LiveAllocation:
         """Whether the allocator applies team queues' quotas (the goodput allocators);
         else their use is only reported and no job waits for its queue."""
         return self._admitting is None or self._admitting.enforces_queues
+
+    @property
+    def scales(self) -> bool:
+        """Whether the allocator scales running jobs on the caller's record of each
+        (:attr:`LiveJob.elastic`: a caller with one passes it)."""
+        return self._admitting is not None and self._admitting.scales
 
     @staticmethod
     def barred(job: LiveJob, book: QueueBook) -> WaitReason | None:
