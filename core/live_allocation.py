@@ -26,7 +26,7 @@ from .queues import QueueBook
 
 __all__ = ["LiveJob", "LiveTarget", "LivePlan", "LiveAllocation", "RankingAllocator", "AdmittingAllocator",
            "make_live_allocator",
-           "parse_allocator_options",
+           "parse_allocator_options", "check_live_allocator",
            "attained_service", "movable_room", "observations_from_status", "observations_to_status", "one_type"]
 
 
@@ -92,6 +92,24 @@ def make_live_allocator(text: str) -> Allocator:
         raise ValueError(f"{text!r}: {exc}") from None
     raise ValueError(f"unknown live allocator {name!r}; choose one of {', '.join(live)} "
                      f"or ordering/placement[/scaling][+backfill|+nobackfill]")
+
+
+def check_live_allocator(text: str) -> str:
+    """``text`` when it names an allocator :func:`make_live_allocator` builds (without
+    building it: no weights read); ValueError naming the choices otherwise."""
+    from .served import parse_policy_name
+
+    live = allocator_names(live=True)
+    choices = (f"choose one of {', '.join(live)} or a heuristic as "
+               "ordering/placement[/scaling][+backfill|+nobackfill], e.g. fifo/das/rlpto+nobackfill")
+    try:
+        name = parse_allocator_options(text)[0].strip()
+        heuristic = "/" in name and parse_policy_name(name).ordering is not None
+    except ValueError as exc:
+        raise ValueError(f"{exc}; {choices}") from None
+    if name in live or heuristic:
+        return text
+    raise ValueError(f"{text!r} is not an allocation policy; {choices}")
 
 
 def attained_service(stored: Any, since: float | None, gpus: int, now: float) -> float:
