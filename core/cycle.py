@@ -223,7 +223,7 @@ class SchedulingCycle:
     ) -> tuple[AdmissionPlan, QueueEntry | None, list[SettleRound]]:
         """Admission rounds until nobody is preempted (or ``rounds`` ran): each round's
         gangs are placed on ``state`` and hold GPUs in the next round, its victims are
-        released and wait again."""
+        released and wait again; the jobs left waiting are ``state.pending``."""
         place = place or best_fit_gang
         waiting, holders = list(waiting), list(holders)
         limit = 2 * (len(waiting) + len(holders)) + 2 if rounds is None else int(rounds)
@@ -268,6 +268,8 @@ class SchedulingCycle:
                 # operator nominates it: else the victims, resuming first, would take
                 # their GPUs back and it would preempt them again
                 waiting = [dataclasses.replace(e, nominated=True) if e is blocked else e for e in waiting]
+        # the jobs still waiting are its pending jobs, as after_admission leaves them
+        state.pending = [e.view() for e in waiting]
         if plan is None:  # rounds=0: nothing planned
             return AdmissionPlan(), None, done
         merged = AdmissionPlan(

@@ -94,6 +94,8 @@ class GangAllocator:
         self.backfill = backfill
         self.beta = beta
         self.planner = ScalingPlanner(scaling, patience=patience) if scaling is not None else None
+        #: it scales running jobs (on the caller's record of each, AllocJob.elastic, where given)
+        self.scales = self.planner is not None
         #: core's admission: the operator's queue rules (preemption under preemptive orderings)
         self.admission = Admission(ordering, backfill=backfill, preemption=preemption)
         #: the one cycle the operator runs too: admission, then the planner
@@ -299,8 +301,12 @@ class GangAllocator:
 
     def _elastic_jobs(self, jobs: Sequence[AllocJob], gone: set, state: ClusterState, now: float) -> list[RunningJob]:
         """The jobs that were running and keep their GPUs (not in ``gone``), as core's
-        planner sees them: each one's reported learning curve folded into its
-        :class:`~rlsched.core.planning.ElasticState`."""
+        planner sees them. A job with the caller's record (``AllocJob.elastic``: its
+        :class:`~rlsched.core.planning.RunningJob`) is shown to the scaling policy as
+        that job's :meth:`~rlsched.core.planning.RunningJob.measured_view` (its reported
+        progress and loss, the remaining time estimated from the seconds it trained, its
+        own reports' speed-up), on its own β and range; any other has its reported
+        learning curve folded into an :class:`~rlsched.core.planning.ElasticState` kept here."""
         live = {j.id for j in jobs}
         self._elastic = {k: v for k, v in self._elastic.items() if k in live}
         running = []
@@ -308,33 +314,42 @@ class GangAllocator:
             if not j.allocation or j.id in gone:  # waiting, or preempted this cycle
                 continue
             v = state.running[j.id]
-            own = isinstance(j.elastic, ElasticState)  # the caller's record, on the job's own β and range
-            g = max(1, j.replica_group) if own else 1
-            if own:
-                v.min_workers, v.max_workers = max(1, j.min_replicas // g), max(j.max_replicas // g, v.workers)
-                v.beta = self.beta if j.beta is None else j.beta
-                hist = list(j.metrics)  # the reported metric itself, as the caller's record reads it
-            else:
-                v.min_workers, v.max_workers = 1, max(j.max_replicas, v.workers)
-                hist = learning_score(j.metrics, j.higher_is_better)
+            rec = j.elastic if isinstance(j.elastic, RunningJob) else None
+            if rec is not None:
+                running.append(self._callers_job(j, rec, v))
+                continue
+            v.min_workers, v.max_workers = 1, max(j.max_replicas, v.workers)
+            hist = learning_score(j.metrics, j.higher_is_better)
             prog = Progress(epoch=j.epoch, accuracy=hist[-1] if hist else 0.0, history=hist)
             v.progress = prog
             if j.profile and j.atomic_bsz:
                 last = j.profile[-1]
                 v.throughput = last.atomic_bsz / max(last.step_time, 1e-9)
-            if own:
-                es = j.elastic
-            else:
-                es = self._elastic.setdefault(j.id, ElasticState())
-                es.observe(prog, v.workers, j.age, self.beta, 0)
-            spec = TrainingSpec(min_workers=v.min_workers, max_workers=v.max_workers, gpus_per_worker=g,
-                                beta=v.beta if own else self.beta, max_epochs=1 << 30,
-                                batch_size=j.batch_size or None)
+            es = self._elastic.setdefault(j.id, ElasticState())
+            es.observe(prog, v.workers, j.age, self.beta, 0)
+            spec = TrainingSpec(min_workers=v.min_workers, max_workers=v.max_workers, gpus_per_worker=1,
+                                beta=self.beta, max_epochs=1 << 30, batch_size=j.batch_size or None)
             running.append(RunningJob(key=j.id, spec=spec, workers=v.workers, progress=prog, state=es,
                                       submit_time=j.submit_time, start_time=now, placement=list(v.placement),
                                       patience=1 << 30, job=v,  # completion is the target, never a β stop
                                       observations=job_observations(j)))
         return running
+
+    def _callers_job(self, j: AllocJob, rec: RunningJob, v: JobView) -> RunningJob:
+        """The caller's running job ``rec`` on this decision's view ``v`` (its nodes in
+        this allocator's indices): ``v`` takes what ``rec``'s view says of the job, the
+        range is the job's own in whole workers (a pin is :meth:`_toward_range`'s)."""
+        g = max(1, j.replica_group)
+        mine = rec.view()
+        v.min_workers, v.max_workers = max(1, j.min_replicas // g), max(j.max_replicas // g, v.workers)
+        v.beta = self.beta if j.beta is None else j.beta
+        v.progress, v.remaining, v.est_runtime = mine.progress, mine.remaining, mine.est_runtime
+        v.start_time = mine.start_time
+        spec = TrainingSpec(min_workers=v.min_workers, max_workers=v.max_workers, gpus_per_worker=g, beta=v.beta,
+                            max_epochs=1 << 30, batch_size=rec.spec.batch_size)
+        # completion is the plan's (the caller judges it), never this planner's β stop
+        return dataclasses.replace(rec, spec=spec, workers=v.workers, placement=list(v.placement), patience=1 << 30,
+                                   job=v)
 
     def _place_one(self, rj: RunningJob, state: ClusterState) -> int | None:
         v = rj.job

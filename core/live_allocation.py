@@ -26,7 +26,7 @@ from .queues import QueueBook
 
 __all__ = ["LiveJob", "LiveTarget", "LivePlan", "LiveAllocation", "RankingAllocator", "AdmittingAllocator",
            "make_live_allocator",
-           "parse_allocator_options",
+           "parse_allocator_options", "check_live_allocator",
            "attained_service", "movable_room", "observations_from_status", "observations_to_status", "one_type"]
 
 
@@ -92,6 +92,24 @@ def make_live_allocator(text: str) -> Allocator:
         raise ValueError(f"{text!r}: {exc}") from None
     raise ValueError(f"unknown live allocator {name!r}; choose one of {', '.join(live)} "
                      f"or ordering/placement[/scaling][+backfill|+nobackfill]")
+
+
+def check_live_allocator(text: str) -> str:
+    """``text`` when it names an allocator :func:`make_live_allocator` builds (without
+    building it: no weights read); ValueError naming the choices otherwise."""
+    from .served import parse_policy_name
+
+    live = allocator_names(live=True)
+    choices = (f"choose one of {', '.join(live)} or a heuristic as "
+               "ordering/placement[/scaling][+backfill|+nobackfill], e.g. fifo/das/rlpto+nobackfill")
+    try:
+        name = parse_allocator_options(text)[0].strip()
+        heuristic = "/" in name and parse_policy_name(name).ordering is not None
+    except ValueError as exc:
+        raise ValueError(f"{exc}; {choices}") from None
+    if name in live or heuristic:
+        return text
+    raise ValueError(f"{text!r} is not an allocation policy; {choices}")
 
 
 def attained_service(stored: Any, since: float | None, gpus: int, now: float) -> float:
@@ -209,9 +227,10 @@ class LiveJob:
     #: ``status.effectivePriority``: :class:`~rlsched.core.planning.DynamicPriority`)
     service_queue: str = "normal"
     service_priority: float = 0.0
-    #: a running job's β-rule record (``status.rlpto``, an
-    #: :class:`~rlsched.core.planning.ElasticState`) and its own β, for an allocator
-    #: that scales on them (the gang allocator's scaling policy); None: none given
+    #: a running job as the scaling planner sees it (a
+    #: :class:`~rlsched.core.planning.RunningJob` with its β-rule record, ``status.rlpto``)
+    #: and its own β, for an allocator that scales on them (the gang allocator's scaling
+    #: policy); None: none given
     elastic: Any = None
     beta: float | None = None
     #: the team queue it is charged to (None: none)
@@ -334,9 +353,11 @@ class AdmittingAllocator(RankingAllocator, Protocol):
     """An allocator that runs admission itself (the gang allocator): after a decision it
     says why the jobs it left waiting wait and which running jobs it preempted and
     started again; ``enforces_queues``: whether it applies team queues' quotas (else
-    their use is only reported)."""
+    their use is only reported); ``scales``: whether it scales running jobs on the
+    caller's record of each (:attr:`LiveJob.elastic`)."""
 
     enforces_queues: bool
+    scales: bool
 
     def why_waiting(self) -> dict[str, WaitReason]: ...
 
@@ -437,6 +458,12 @@ class LiveAllocation:
         """Whether the allocator applies team queues' quotas (the goodput allocators);
         else their use is only reported and no job waits for its queue."""
         return self._admitting is None or self._admitting.enforces_queues
+
+    @property
+    def scales(self) -> bool:
+        """Whether the allocator scales running jobs on the caller's record of each
+        (:attr:`LiveJob.elastic`: a caller with one passes it)."""
+        return self._admitting is not None and self._admitting.scales
 
     @staticmethod
     def barred(job: LiveJob, book: QueueBook) -> WaitReason | None:

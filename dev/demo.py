@@ -21,7 +21,7 @@ spare GPUs, take a worker back from each job whose accuracy has converged (RLPTO
 β rule) and give it to the waiting jobs, and stop converged jobs. One job is of the
 ``highest`` class (the demo's team queue allows the class, as an admin grants it): the
 demo submits it once the cluster cannot start its gang (fewer GPUs free or being
-released than it needs; under an allocator, which first shrinks jobs that grew: once the
+released than it needs; under a goodput allocator, which first shrinks jobs that grew: once the
 running jobs' gangs leave no room for it, or as the last jobs arrive, its gang raised
 until it does), so it preempts lower-class jobs, which wait in the interrupt queue and
 resume first. The summary names every job that did not finish with its waiting reason.
@@ -119,17 +119,24 @@ class DemoOptions:
     extender_model: str | None = None
     chart: Path = DEFAULT_CHART
     prometheus: str | None = None  # the executable; default: prometheus on PATH
-    #: the operator's ``--allocator`` (default: the served policy, core/served.py; ``none``:
-    #: admission + scaling). Its restart delay is the demo's: one epoch (``epoch_s``), as a
-    #: demo job lives about 30 epochs of ``epoch_s`` (a real restart costs ~30 s of a job
-    #: whose epochs take minutes), unless the name gives options (``goodput@...``)
-    allocator: str = SERVED.allocator or "none"
+    #: the operator's ``--allocator`` (default: the served policy, core/served.py; a
+    #: heuristic as ``ordering/placement[/scaling]``). A goodput allocator's restart delay
+    #: is the demo's: one epoch (``epoch_s``), as a demo job lives about 30 epochs of
+    #: ``epoch_s`` (a real restart costs ~30 s of a job whose epochs take minutes), unless
+    #: the name gives options (``goodput@...``)
+    allocator: str = SERVED.allocator
+
+    @property
+    def heuristic(self) -> bool:
+        """Whether :attr:`allocator` is a heuristic (``ordering/placement[/scaling]``): it
+        admits gangs as they fit, where a goodput allocator shrinks grown jobs first."""
+        return "/" in self.allocator.split("@")[0]
 
     def live_allocator(self) -> str:
         """The operator's ``--allocator`` for this demo (see :attr:`allocator`)."""
         a = self.allocator
-        if a in ("", "none") or "@" in a:
-            return a or "none"
+        if "@" in a or self.heuristic:
+            return a
         return f"{a}@restart_delay={self.epoch_s:g}"
 
     def __post_init__(self) -> None:
@@ -439,13 +446,24 @@ def held_gangs(jobs: Iterable[Mapping]) -> int:
     return held
 
 
-def preemptor_due(jobs: Iterable[Mapping], free: int, gang: int, total: int, allocator: bool) -> bool:
+def allocator_arg(text: str) -> str:
+    """``--allocator``: a name core's live allocation builds, else a usage error naming
+    the choices."""
+    from rlsched.core.live_allocation import check_live_allocator
+
+    try:
+        return check_live_allocator(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def preemptor_due(jobs: Iterable[Mapping], free: int, gang: int, total: int, shrinks_first: bool) -> bool:
     """Whether the demo's preemptor (a gang of ``gang`` GPUs) can start only by taking
-    GPUs from running jobs. Admission (``allocator`` False) preempts when the gang
-    does not fit the ``free`` GPUs (free or being released); an allocator shrinks grown
-    jobs first and stops a job only when the gangs of the jobs holding GPUs
-    (:func:`held_gangs`) leave no room for it in the ``total`` GPUs."""
-    if not allocator:
+    GPUs from running jobs. A heuristic (``shrinks_first`` False) preempts when the gang
+    does not fit the ``free`` GPUs (free or being released); a goodput allocator
+    shrinks grown jobs first and stops a job only when the gangs of the jobs holding
+    GPUs (:func:`held_gangs`) leave no room for it in the ``total`` GPUs."""
+    if not shrinks_first:
         return free < gang
     return held_gangs(jobs) + gang > total
 
@@ -938,16 +956,16 @@ class Demo:
         with Live(console=self.console, refresh_per_second=4, transient=False, auto_refresh=interactive) as live:
             while True:
                 now = time.monotonic() - t0
-                allocator = opts.live_allocator() != "none"
+                shrinks_first = not opts.heuristic
                 for job in [j for j in pending if j.at_s <= now]:
-                    busy = preemptor_due(jobs, free, job.gang_gpus, topo.total_gpus, allocator)
+                    busy = preemptor_due(jobs, free, job.gang_gpus, topo.total_gpus, shrinks_first)
                     deadline = min(job.at_s + opts.full_wait_s, opts.duration_s / 2)
-                    if allocator:  # the cluster is busiest as the last jobs arrive
+                    if shrinks_first:  # the cluster is busiest as the last jobs arrive
                         deadline = min(deadline, max(job.at_s, opts.duration_s * opts.submit_fraction))
                     if job.when_full and not busy and now < deadline:
                         continue  # the preemptor waits until the cluster cannot start it
                     pending.remove(job)
-                    if job.when_full and allocator:
+                    if job.when_full and shrinks_first:
                         job = sized_preemptor(job, jobs, topo.total_gpus)
                     try:
                         custom.create_namespaced_custom_object(GROUP, VERSION, opts.namespace, PLURAL, job.manifest)
@@ -1147,8 +1165,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--chart", default=str(DEFAULT_CHART),
                     help=f"the rlsched Helm chart (alert rules, metrics relay; default {DEFAULT_CHART})")
     up.add_argument("--prometheus", default=None, help="Prometheus executable (default: prometheus on PATH)")
-    up.add_argument("--allocator", default=SERVED.allocator or "none",
-                    help="the operator's allocation policy (default: the served one; none: admission + scaling)")
+    up.add_argument("--allocator", default=SERVED.allocator, type=allocator_arg,
+                    help="the operator's allocation policy (default: the served one; a heuristic as "
+                    "ordering/placement[/scaling][+backfill|+nobackfill])")
     up.set_defaults(func=_up)
     dn = sub.add_parser("down", help="stop everything a demo started")
     dn.add_argument("--state-dir", default=".run/demo")

@@ -3,12 +3,13 @@
 One seeded job set (:func:`twin_jobs`) runs twice:
 
 * **simulated** (:func:`simulate`): :class:`rlsched.sim.Simulator` on the topology of
-  the kwok nodes, with the operator's policies built the way the operator builds them
-  (ordering ``fifo``, scaling ``auto`` → RLPTO with the committed weights, placement
-  DAS with the committed weights as the extender serves it), recording its decisions
-  (``SimConfig.record_decisions``). The engine plans admission, preemption and
-  elastic scaling with core's planning objects (``Admission``, ``ScalingPlanner``), the
-  ones the operator runs, so nothing of the operator is re-implemented here;
+  the kwok nodes with the operator's allocator (``TwinConfig.allocator``, by default
+  ``fifo/das/fcfs+nobackfill``: FIFO, DAS, grow while there is room, give back when
+  converging) deciding, new
+  workers placed by DAS with the committed weights as the extender serves it,
+  recording its decisions (``SimConfig.record_decisions``). The engine makes the same
+  call into core (``LiveAllocation.plan``) the operator makes, so nothing of the
+  operator is re-implemented here;
 * **live** (:func:`run_live`): the operator and the extender as processes, the real
   kube-scheduler and kwok of the local control plane, and :class:`ReplayTrainer`
   standing in for every job's chief: it advances each job whose gang runs exactly as
@@ -68,7 +69,7 @@ __all__ = [
     "t4_nodes",
     "batch_sequences",
     "manifest",
-    "operator_policies",
+    "sim_placement",
     "simulate",
     "ReplayTrainer",
     "run_live",
@@ -96,10 +97,17 @@ class TwinConfig:
     ``restart_cost_sim``: the engine's restart cost, paid live by the trainer on every
     resume and resize.
     ``patience``: the operator's β-stop patience; every job's ``JobSpec.patience``.
-    ``allocator``: an allocation policy deciding instead of ordering + scaling (the
-    operator's ``--allocator``; the engine's ``allocation``), e.g. ``goodput``. Its
-    time constants are in simulated seconds; the live operator gets them divided by
-    ``time_scale`` (:meth:`live_allocator`), as its clock is the wall clock.
+    ``allocator``: the allocation policy deciding on both sides (the operator's
+    ``--allocator``; the engine's ``allocation``): by default FIFO admission without
+    backfill, the extender's DAS placement, and scaling that grows every job while a
+    node has room and takes a worker back from each converging one (``fcfs`` under
+    core's planner: what RLPTO's committed actor did on the operator's old admission +
+    scaling path, where it ranked every job first; ranked among the running jobs, it
+    shrinks the one with the most work left, a near-tie the live clock decides,
+    docs/twin.md); else e.g. ``goodput``. A goodput
+    allocator's time constants are in simulated seconds; the live operator gets them
+    divided by ``time_scale`` (:meth:`live_allocator`), as its clock is the wall clock.
+    ``placement``: where the engine puts new workers (the extender's policy).
     """
 
     jobs: int = 8
@@ -109,10 +117,8 @@ class TwinConfig:
     tick_s: float = 0.1
     restart_cost_sim: float = 30.0
     patience: int = 5
-    ordering: str = "fifo"
-    scaling: str = "auto"
     placement: str = "das"
-    allocator: str | None = None
+    allocator: str = "fifo/das/fcfs+nobackfill"
     grace_period_s: int = 0
     max_wall_s: float = 600.0
     #: kwok nodes of 4 ``Tesla-T4`` added beside the cluster's for the check (and deleted
@@ -136,17 +142,17 @@ class TwinConfig:
         return {} if self.t4_nodes else None
 
     def sim_allocator(self):
-        """The engine's allocation policy (None: ordering + scaling)."""
+        """The engine's allocation policy."""
         from rlsched.core.live_allocation import LiveAllocation, make_live_allocator
 
-        return LiveAllocation(make_live_allocator(self.allocator)) if self.allocator else None
+        return LiveAllocation(make_live_allocator(self.allocator))
 
-    def live_allocator(self) -> str | None:
+    def live_allocator(self) -> str:
         """``--allocator`` of the live operator: the same policy with its time constants
-        (restart delay, the attained-service threshold, a learned weight's units of
-        service and age) in wall seconds."""
-        if not self.allocator:
-            return None
+        (a goodput allocator's restart delay, attained-service threshold, a learned
+        weight's units of service and age) in wall seconds; a heuristic has none."""
+        if "/" in self.allocator.split("@")[0]:  # ordering/placement[/scaling]: no time constants
+            return self.allocator
         a = self.sim_allocator().allocator
         out = (f"{self.allocator.split('@')[0]}@restart_delay={a.restart_delay / self.time_scale:g},"
                f"threshold={a.threshold / self.time_scale:g},service_scale={a.service_scale / self.time_scale:g},"
@@ -356,8 +362,8 @@ def mixed_scenario() -> list[JobSpec]:
 def separate_arrivals(jobs: Sequence[JobSpec], topology: Topology, cfg: TwinConfig, window: float,
                       *, max_rounds: int = 200) -> list[JobSpec]:
     """``jobs`` with submit times moved later until no job arrives within ``window``
-    simulated seconds of another job's decision in the simulated run (its own
-    preemption victims aside).
+    simulated seconds of another job's decision in the simulated run (the victims its
+    own admission preempted aside).
 
     An arrival that close to another decision is a race the live clock decides: a
     scale-up one cycle before or after the arrival takes the GPUs the new gang needs
@@ -369,7 +375,10 @@ def separate_arrivals(jobs: Sequence[JobSpec], topology: Topology, cfg: TwinConf
         decisions = simulate(jobs, topology, cfg).decisions
         for k, s in enumerate(jobs[1:], 1):
             t = s.submit_time
-            near = [d["t"] for d in decisions if d["job"] != s.id and d.get("by") != s.id and abs(d["t"] - t) < window]
+            # its own victims: stopped by the decision that started it (the allocator's plan)
+            started = {d["t"] for d in decisions if d["kind"] == "admit" and d["job"] == s.id}
+            near = [d["t"] for d in decisions if d["job"] != s.id and abs(d["t"] - t) < window
+                    and not (d["kind"] == "preempt" and d["t"] in started)]
             if near:
                 shift = max(near) + window - t + 0.01  # past the window, whatever the rounding
                 jobs = jobs[:k] + [j.with_(submit_time=round(j.submit_time + shift, 3)) for j in jobs[k:]]
@@ -481,19 +490,12 @@ def manifest(spec: JobSpec, namespace: str, gpu_types: Iterable[str] = ()) -> di
 
 
 # --------------------------------------------------------------------------- simulated
-def operator_policies(cfg: TwinConfig):
-    """(ordering, placement, scaling) as the operator and the extender build them by
-    default: the operator's ``build_ordering``/``build_scaling`` with the scaling model
-    ``rlsched operator run`` resolves, DAS with the weights ``rlsched extender serve``
-    loads."""
+def sim_placement(cfg: TwinConfig):
+    """Where the engine puts new workers: the extender's placement as ``rlsched extender
+    serve`` builds it (DAS with its committed weights)."""
     from rlsched.core.das import DEFAULT_MODEL
-    from rlsched.operator.cli import resolve_scaling_model
-    from rlsched.operator.controller import build_ordering, build_scaling
 
-    ordering = build_ordering(cfg.ordering, None)
-    scaling = build_scaling(cfg.scaling, resolve_scaling_model(cfg.scaling, None))
-    placement = make_placement(cfg.placement, model=DEFAULT_MODEL) if cfg.placement == "das" else make_placement(cfg.placement)
-    return ordering, placement, scaling
+    return make_placement(cfg.placement, model=DEFAULT_MODEL) if cfg.placement == "das" else make_placement(cfg.placement)
 
 
 @dataclass
@@ -509,15 +511,12 @@ class SimRun:
 def make_simulator(jobs: Sequence[JobSpec], topology: Topology, cfg: TwinConfig) -> Simulator:
     """The simulator of the twin check (also the source of the convergence models the
     live trainer replays)."""
-    ordering, placement, scaling = operator_policies(cfg)
     # the operator decides every cycle: so does the engine, each interval of one cycle
     conf = SimConfig(scaling_interval=cfg.scaling_interval_sim, restart_cost=cfg.restart_cost_sim,
                      record_series=False, record_decisions=True, allocate_on_events=False, gpu_types=cfg.gpu_types)
-    allocation = cfg.sim_allocator()
-    if allocation is not None:  # the policy decides alone; new workers go where the extender puts them
-        return Simulator(jobs, topology, placement=placement, allocation=allocation, seed=cfg.seed, config=conf)
-    return Simulator(jobs, topology, ordering=ordering, placement=placement, scaling=scaling,
-                     seed=cfg.seed, config=conf)
+    # the policy decides alone; new workers go where the extender puts them
+    return Simulator(jobs, topology, placement=sim_placement(cfg), allocation=cfg.sim_allocator(), seed=cfg.seed,
+                     config=conf)
 
 
 def simulate(jobs: Sequence[JobSpec], topology: Topology, cfg: TwinConfig) -> SimRun:
@@ -528,6 +527,8 @@ def simulate(jobs: Sequence[JobSpec], topology: Topology, cfg: TwinConfig) -> Si
     decisions = []
     for d in res.decisions:
         d = dict(d)
+        if "by" in d:  # the allocator that preempted, named as the operator's event reads
+            d["by"] = str(d["by"]).rsplit("/", 1)[-1]
         if "nodes" in d:
             d["nodes"] = sorted(names[i] for i in d["nodes"])
         decisions.append(d)
@@ -981,8 +982,7 @@ def run_live(jobs: Sequence[JobSpec], env, cfg: TwinConfig, workdir: Path, *,
             sys.executable, "-m", "rlsched.cli", "operator", "run", "--kubeconfig", kc, "--namespace", ns,
             "--cycle", f"{cfg.cycle_s:g}", "--start-timeout", "60", "--grace-period", str(cfg.grace_period_s),
             "--metrics-port", str(mport), "--forecast-interval", "0", "--patience", str(cfg.patience),
-            "--ordering", cfg.ordering, "--scaling", cfg.scaling]
-            + ["--allocator", cfg.live_allocator() if cfg.allocator else "none"], workdir / "operator.log")
+            "--allocator", cfg.live_allocator()], workdir / "operator.log")
         op.start(workdir, pyenv)
         procs.append(op)
         wait_for(lambda: http_ok(f"http://127.0.0.1:{mport}/metrics"), 60, "operator /metrics", op, every=0.2)

@@ -12,7 +12,7 @@ from rlsched.core.contract import POD_SECURITY_BASELINE, POD_SECURITY_LEVELS
 from rlsched.core.policy import allocator_names
 from rlsched.core.served import SERVED
 
-__all__ = ["register"]
+__all__ = ["register", "allocator_arg"]
 
 
 def register(subparsers) -> None:
@@ -33,21 +33,12 @@ def register(subparsers) -> None:
     r.add_argument("--grace-period", type=int, default=30, help="termination grace period of preempted/removed workers")
     r.add_argument("--scheduler-name", default=DEFAULT_SCHEDULER_NAME,
                    help=f"schedulerName of worker pods (default {DEFAULT_SCHEDULER_NAME})")
-    r.add_argument("--ordering", default="fifo", help="core ordering policy inside a queue (fifo, sjf, das, ...)")
-    r.add_argument("--ordering-model", help="weights file of a learned ordering (DAS)")
-    r.add_argument("--placement", default="das",
-                   help="the extender's placement policy (das, bestfit, topology, ...): admission checks room "
-                   "by placing each gang as the extender will (default das)")
-    r.add_argument("--placement-model", default=None,
-                   help="weights of the DAS placement (default: the committed core/weights/das.safetensors, "
-                   "as the extender)")
-    r.add_argument("--allocator", default=SERVED.allocator or "none",
-                   help="an allocation policy deciding every job's workers and global batch at once "
+    r.add_argument("--allocator", default=SERVED.allocator, type=allocator_arg,
+                   help="the allocation policy deciding every job's workers and global batch at once "
                    f"({', '.join(allocator_names(live=True))}: core's live allocation policies, "
                    "core/live_allocation.py; options as goodput@restart_delay=60,p=0.5; or a heuristic "
-                   "as one allocator: ordering/placement[/scaling][+backfill|+nobackfill]), "
-                   "or none: admission (--ordering) + scaling (--scaling); "
-                   f"default: the served policy ({SERVED.allocator or 'none'}, core/served.py)")
+                   "as one allocator: ordering/placement[/scaling][+backfill|+nobackfill], e.g. "
+                   f"fifo/das/rlpto+nobackfill); default: the served policy ({SERVED.allocator}, core/served.py)")
     r.add_argument("--min-run-time", type=float, default=0.0,
                    help="seconds a job runs before it may be preempted (default 0: none)")
     r.add_argument("--gpu-types", default="",
@@ -55,17 +46,10 @@ def register(subparsers) -> None:
                         "(an unmapped product is its own type; the chart's gpuTypes)")
     r.add_argument("--topology-levels", default=",".join(DEFAULT_TOPOLOGY_LEVELS),
                    help="node-label keys of the topology, coarse to fine (last: hostname), as the extender's")
-    r.add_argument("--scaling", default="auto",
-                   help="core scaling policy (auto: rlpto with --scaling-model, else beta; fs, optimus, none, ...)")
-    r.add_argument("--scaling-model", default=None,
-                   help="weights file of the learned scaling policy (RLPTO PPO; default: the committed "
-                   "core/weights/rlpto.safetensors; 'none': the beta rule)")
     r.add_argument("--patience", type=int, default=5, help="evaluations with gain < beta before a job converged")
     r.add_argument("--mu", type=float, default=0.1, help="priority step per user request (RLPTO mu)")
     r.add_argument("--promote-at", type=float, default=1.0, help="priority at which a normal job becomes urgent")
     r.add_argument("--demote-at", type=float, default=-1.0, help="priority at which an urgent job becomes normal")
-    r.add_argument("--backfill", action="store_true", help="let smaller jobs start behind a blocked queue head")
-    r.add_argument("--no-preemption", action="store_true", help="highest-priority jobs never preempt")
     r.add_argument("--metrics-port", type=int, default=9090, help="Prometheus port (-1: off)")
     r.add_argument("--peering", help="kopf peering object name for HA (default: standalone)")
     r.add_argument("--priority", type=int, default=0, help="peering priority of this replica")
@@ -93,6 +77,17 @@ def register(subparsers) -> None:
     w.set_defaults(func=_why)
 
 
+def allocator_arg(text: str) -> str:
+    """``--allocator``: a name core's live allocation builds; anything else, ``none``
+    among them, is a usage error naming the choices."""
+    from rlsched.core.live_allocation import check_live_allocator
+
+    try:
+        return check_live_allocator(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _run(args: argparse.Namespace) -> int:
     import kopf
 
@@ -100,17 +95,14 @@ def _run(args: argparse.Namespace) -> int:
     from .main import run
 
     kopf.configure(verbose=args.verbose)
-    scaling_model = resolve_scaling_model(args.scaling, args.scaling_model)
     cfg = OperatorConfig(
         kubeconfig=args.kubeconfig, namespace=args.namespace, cycle_s=args.cycle, decision_gap_s=args.decision_gap,
         decision_interval_s=args.decision_interval,
         start_timeout_s=args.start_timeout, grace_period_s=args.grace_period,
-        scheduler_name=args.scheduler_name, ordering=args.ordering, ordering_model=args.ordering_model,
-        placement=args.placement, placement_model=args.placement_model,
-        allocator=None if args.allocator in ("none", "") else args.allocator, scaling=args.scaling,
-        topology_levels=parse_topology_levels(args.topology_levels), min_run_s=args.min_run_time, scaling_model=scaling_model, patience=args.patience, mu=args.mu,
-        promote_at=args.promote_at, demote_at=args.demote_at, backfill=args.backfill,
-        preemption=not args.no_preemption, metrics_port=None if args.metrics_port < 0 else args.metrics_port,
+        scheduler_name=args.scheduler_name, allocator=args.allocator,
+        topology_levels=parse_topology_levels(args.topology_levels), min_run_s=args.min_run_time,
+        patience=args.patience, mu=args.mu, promote_at=args.promote_at, demote_at=args.demote_at,
+        metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         peering=args.peering, priority=args.priority, forecast_interval_s=args.forecast_interval,
         gru_model=args.gru_model, pod_security_level=args.pod_security_level,
         allow_secret_mounts=args.allow_secret_mounts, gpu_types=parse_gpu_types(args.gpu_types, "--gpu-types"),
@@ -126,16 +118,6 @@ def _crd(args: argparse.Namespace) -> int:
     if args.peering:
         sys.stdout.write("---\n" + peering_crd_path().read_text())
     return 0
-
-
-def resolve_scaling_model(scaling: str, model: str | None) -> str | None:
-    """The scaling model the operator uses: ``--scaling-model`` as given, the committed
-    trained RLPTO weights for ``auto``/``rlpto`` without one, nothing for ``none``."""
-    from ..core.learned import DEFAULT_WEIGHTS
-
-    if model is not None:
-        return None if model.lower() == "none" else model
-    return str(DEFAULT_WEIGHTS) if scaling in ("auto", "rlpto") else None
 
 
 def _why(args) -> int:

@@ -1,4 +1,5 @@
-"""The control loop: one cycle reads the cluster, decides with the pure planners, acts.
+"""The control loop: one cycle reads the cluster, decides with one call into core's
+allocation policy, acts.
 
 State lives in the API server, not in this process (phase, queue, target workers,
 priority and RLPTO state in the TrainingJob's status; deterministic pod names), so an
@@ -19,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from rlsched.core import ClusterState, JobView, make_placement
+from rlsched.core import ClusterState
 from rlsched.core.contract import (
     GROUP,
     LABEL_MANAGED_BY,
@@ -28,25 +29,13 @@ from rlsched.core.contract import (
     VERSION,
     ShapeError,
 )
-from rlsched.core.cycle import CyclePlan, SchedulingCycle
 from rlsched.core.decision_clock import DecisionClock
 from rlsched.core.live_allocation import LiveAllocation, LiveJob, LivePlan, movable_room, observations_from_status
-from rlsched.core.planning import (
-    Admission,
-    AdmissionPlan,
-    DynamicPriority,
-    QueueEntry,
-    RunningEntry,
-    RunningJob,
-    ScalingPlan,
-    ScalingPlanner,
-    gang_unfittable,
-    waiting_reasons,
-)
+from rlsched.core.planning import DynamicPriority, QueueEntry, RunningJob, gang_unfittable
 from rlsched.core.queues import QueueBook
 
 from .api import JobRejected, api_error, read_json
-from .config import OperatorConfig, build_ordering, build_placement, build_scaling
+from .config import OperatorConfig
 from .job import ACTIVE, Job, job_key, with_gpu_models
 from .kueue_gate import KueueGate
 from .lifecycle import Lifecycle
@@ -56,12 +45,21 @@ from .queues import TeamQueues
 from .rbac import Rbac
 from .snapshot import build_snapshot
 from .spec import SpecError, parse_spec
-from .status import StatusWriter, get_condition, parse_time, set_condition
+from .status import StatusWriter, get_condition, set_condition
 from .workers import Workers, hold_restarting
 
-__all__ = ["OperatorConfig", "Controller", "build_ordering", "build_placement", "build_scaling"]
+__all__ = ["OperatorConfig", "Controller", "CyclePlanSummary"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class CyclePlanSummary:
+    """What one decision started (``admit``, in the plan's order) and the waiting gangs
+    that can never fit (key -> why): the metrics and the team queues' report."""
+
+    admit: list[str] = field(default_factory=list)
+    unfittable: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -76,8 +74,6 @@ class _Cycle:
     queue_bodies: list[dict]
     waiting: list[QueueEntry] = field(default_factory=list)
     running: list[RunningJob] = field(default_factory=list)
-    #: every job holding GPUs, visible to preemption even when its step failed
-    holders: list[RunningEntry] = field(default_factory=list)
 
     @property
     def by_running(self) -> dict[str, RunningJob]:
@@ -103,39 +99,26 @@ class Controller:
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.priority = DynamicPriority(config.mu, config.promote_at, config.demote_at)
-        self.queues = Admission(
-            build_ordering(config.ordering, config.ordering_model),
-            backfill=config.backfill,
-            preemption=config.preemption,
-            start_timeout_s=config.start_timeout_s,
-            min_run_s=config.min_run_s,
-        )
-        #: the allocation policy, when one decides instead of admission + scaling
-        self.allocation = (LiveAllocation.named(config.allocator, restarts_as_preemptions=True)
-                           if config.allocator else None)
-        self.planner = None if self.allocation is not None else ScalingPlanner(
-            build_scaling(config.scaling, config.scaling_model), patience=config.patience)
-        #: core's cycle over the two: what every cycle decides (the simulator's allocator runs it too)
-        self.scheduling = SchedulingCycle(self.queues, self.planner)
+        #: the allocation policy: every decision is one call into it
+        self.allocation = LiveAllocation.named(config.allocator, restarts_as_preemptions=True)
         self.decision_clock = (None if config.decision_interval_s is None
                                else DecisionClock(config.decision_gap_s, config.decision_interval_s))
         #: when the allocation policy last decided, and the jobs it decided for
         self._decided: tuple[float, frozenset[str]] | None = None
         #: when the policy asked to decide again though nothing happens (LivePlan.wake_at)
         self._wake_at: float | None = None
-        self.placement = build_placement(config.placement, config.placement_model)
-        self._fallback_placement = make_placement("bestfit")
         self.status = StatusWriter(self.custom, self.core, metrics, clock)
         self.rbac = Rbac(self.core, client.RbacAuthorizationV1Api(api), config.namespace)
         self.workers = Workers(self.core, self.status, self.rbac, metrics, config, clock)
         self.kueue = KueueGate(self.custom, self.status, config.namespace, clock)
         self.teams = TeamQueues(self.custom, metrics, min_run_s=config.min_run_s,
-                                enforced=self.allocation is not None and self.allocation.enforces_queues)
+                                enforced=self.allocation.enforces_queues)
         self.lifecycle = Lifecycle(config, self.status, self.workers, metrics, self.priority,
-                                   self.allocation.name if self.allocation is not None else None, clock)
+                                   self.allocation.name, clock)
         self.pod_security = PodSecurityGate(self.core, read_json, config)
         self.cycles = 0
-        self.last_plan: AdmissionPlan | None = None
+        #: what the last cycle's decision started and found unfittable (metrics, team queues)
+        self.last_plan: CyclePlanSummary | None = None
         #: unreadable objects already logged (each is logged once while it lasts)
         self._reported: set[str] = set()
         #: job uid -> the unexpected error last reported on it by an event
@@ -176,16 +159,13 @@ class Controller:
 
     async def cycle(self) -> None:
         """One cycle: 1. list, 2. observe, 3. decide with one call into core and act on
-        its plan (the allocator's, or admission and scaling's), 4. upkeep and report."""
+        its plan, 4. upkeep and report."""
         now = self.clock()
         self.cycles += 1
         self.metrics.cycles.inc()
         c = await self._list(now)
         await self._observe(c)
-        if self.allocation is not None:
-            plan = await self._allocate(c)
-        else:
-            plan = await self._schedule(c)
+        plan = await self._allocate(c)
         await self._sweep(c.by_uid)
         self._metrics(c.jobs, plan)
         await self.teams.report(c.book, c.queue_bodies, c.jobs, self.lifecycle.target, now, plan.admit)
@@ -249,21 +229,20 @@ class Controller:
         await self._each(lambda j: self._observe_job(c, j), c.jobs.values(), c.now)
         hold_restarting(c.jobs.values(), listed, c.snap.state, self.lifecycle.target, c.snap.node_index)
         order = {k: i for i, k in enumerate(c.jobs)}
-        for lst in (c.waiting, c.running, c.holders):
+        for lst in (c.waiting, c.running):
             lst.sort(key=lambda e: order[e.key])
 
     async def _observe_job(self, c: _Cycle, j: Job) -> None:
         """One job: stopped workers released, its status trusted, its holds applied, its
-        phase's step taken (workers judged and reconciled); what waits, runs and holds
-        GPUs goes into ``c``."""
+        phase's step taken (workers judged and reconciled); what waits and runs goes
+        into ``c``."""
         now = c.now
         await self.workers.release_stopped(j, now)
         if not j.status.get("phase") and j.uid not in self.status.record:
             if j.spec is None:
                 await self.lifecycle.fail(j, "InvalidSpec", j.error or "invalid spec", now)
             return  # a valid job: the create handler has not enqueued it yet
-        await self.status.trust(j, now, start_at_min=self.allocation is None,
-                                start_timeout_s=self.config.start_timeout_s)
+        await self.status.trust(j, now, start_timeout_s=self.config.start_timeout_s)
         phase = j.status.get("phase")
         if phase not in ACTIVE or phase == "Queued":
             # a finished or queued job holds no workers: these are left over from a
@@ -290,93 +269,24 @@ class Controller:
             await self.status.patch(j, {"conditions": set_condition(
                 j.status.get("conditions"), "Suspended", "False", "Resumed", why, now)})
             await self.status.event(j.body, "Resumed", f"{why}: the job waits for admission")
-        try:
-            if phase == "Queued":
-                c.waiting.append(await self.lifecycle.queue_entry(j, now))
-            elif phase == "Starting":
-                await self.lifecycle.starting(j, now)
-            if j.status.get("phase") == "Running":
-                rj = await self.lifecycle.running(j, c.snap.placement.get(j.key, []), now)
-                if rj is not None:
-                    c.running.append(rj)
-        finally:
-            # a job holding GPUs stays visible to preemption even when a step failed
-            if j.status.get("phase") in ("Starting", "Running"):
-                c.holders.append(RunningEntry(
-                    key=j.key, spec=j.spec, priority=self.lifecycle.priority_of(j),
-                    start_time=parse_time(j.status.get("admittedTime")) or now,
-                    placement=c.snap.placement.get(j.key, []),
-                ))
+        if phase == "Queued":
+            c.waiting.append(await self.lifecycle.queue_entry(j, now))
+        elif phase == "Starting":
+            await self.lifecycle.starting(j, now)
+        if j.status.get("phase") == "Running":
+            rj = await self.lifecycle.running(j, c.snap.placement.get(j.key, []), now)
+            if rj is not None:
+                c.running.append(rj)
 
-    # ------------------------------------------------------------------ 3. decide and act: admission + scaling
-    async def _schedule(self, c: _Cycle) -> AdmissionPlan:
-        """Core's cycle decides on the whole picture at once (admission, then scaling
-        on the state after it); its plan is carried out."""
-        cplan = self.scheduling.plan(c.waiting, c.holders, c.snap.state, running=c.running,
-                                     releasing=c.snap.releasing, place=self._place)
-        self.last_plan = cplan.admission
-        await self._act_on_schedule(c, cplan)
-        return cplan.admission
-
-    async def _act_on_schedule(self, c: _Cycle, cplan: CyclePlan) -> None:
-        """Carry out core's cycle plan: waiting reasons and conditions, preemptions, the
-        admissions one gang after another, then each running job's scaling step."""
-        jobs, waiting, now, plan = c.jobs, c.waiting, c.now, cplan.admission
-        why = waiting_reasons(plan, waiting, backfill=self.config.backfill, free_gpus=int(c.snap.state.free.sum()))
-        await self._each(lambda j: self.lifecycle.waiting(j, why.get(j.key)), [jobs[k] for k in why], now)
-        await self._each(lambda j: self.lifecycle.schedulable(j, plan.unfittable.get(j.key), now),
-                         [jobs[e.key] for e in waiting], now)
-        await self._each(lambda j: self.lifecycle.preempt(j, plan.blocked or "", now),
-                         [jobs[k] for k in plan.preempt], now)
-        if plan.preempt and plan.blocked:
-            # the preemptor is served before every queue until it starts (like a nominated pod)
-            await self._each(lambda j: self.status.patch(j, {"nominated": True}), [jobs[plan.blocked]], now)
-        # one gang after the other, in the order admission planned them: kube-scheduler
-        # takes pods of equal priority in the order they arrive, so the gangs are placed
-        # in that order too, each around the ones before it, as admission's room check
-        # (the extender's placement) assumed; created concurrently, a later gang could
-        # take the nodes planned for an earlier one (found by the twin check)
-        for k in plan.admit:
-            await self._contain(jobs[k], lambda j: self.lifecycle.admit(j, now), now)
-        if cplan.scaling_error is not None:  # a broken scaling policy: admissions are done, the cycle fails here
-            raise cplan.scaling_error
-        by_key = {r.key: r for r in cplan.running}
-        await self._each(lambda j: self._scale(j, by_key[j.key], cplan.scaling, now),
-                         [jobs[r.key] for r in cplan.running], now)
-
-    async def _scale(self, j: Job, rj: RunningJob, splan: ScalingPlan, now: float) -> None:
-        """One running job's step of the scaling plan: complete, resize (a new
-        generation at the new size) or only record its elastic state."""
-        if rj.key in splan.finished:
-            await self.lifecycle.complete(j, splan.finished[rj.key], now, rj=rj)
-            return
-        d = splan.deltas.get(rj.key, 0)
-        patch = self.lifecycle.rlpto_patch(j, rj)
-        if d:
-            target = j.spec.clamp_workers(rj.workers + d)
-            # a new world size is a new generation: every worker restarts from the
-            # checkpoint at the new size (recorded before the old workers are stopped)
-            patch["targetWorkers"] = target
-            patch["restartGeneration"] = j.generation + 1
-            self.metrics.scaling_decisions.labels(direction="up" if d > 0 else "down").inc()
-            self.metrics.restarts.labels(reason="Rescaled").inc()
-            await self.status.patch(j, patch)
-            await self.status.event(j.body, "ScaledUp" if d > 0 else "ScaledDown",
-                                    f"workers {rj.workers} -> {target} (generation {j.generation}, "
-                                    f"accuracy gain {rj.state.gain:.4g}, beta {rj.spec.beta})")
-            await self.workers.reconcile(j, target)
-        elif patch:
-            await self.status.patch(j, patch)
-
-    # ------------------------------------------------------------------ 3. decide and act: the allocator
-    async def _allocate(self, c: _Cycle) -> AdmissionPlan:
+    # ------------------------------------------------------------------ 3. decide and act
+    async def _allocate(self, c: _Cycle) -> CyclePlanSummary:
         """One call into the allocation policy (core/live_allocation.py) and its plan
         carried out. The policy moves only jobs whose current generation runs whole
         (every worker bound); the GPUs of the others stay charged where they are. A gang
-        that can never fit is reported as admission reports it (condition, event, gauge)."""
+        that can never fit is reported (condition, event, gauge)."""
         state, now = c.snap.state, c.now
-        unfit = AdmissionPlan(unfittable={e.key: why for e in c.waiting
-                                          if (why := gang_unfittable(e.spec, state)) is not None})
+        unfit = CyclePlanSummary(unfittable={e.key: why for e in c.waiting
+                                             if (why := gang_unfittable(e.spec, state)) is not None})
         await self._each(lambda j: self.lifecycle.schedulable(j, unfit.unfittable.get(j.key), now),
                          [c.jobs[e.key] for e in c.waiting], now)
         live, held = await self._allocation_inputs(c)
@@ -480,7 +390,7 @@ class Controller:
                 self.metrics.job_errors.labels(kind="transient").inc()
                 log.warning("RBAC sweep failed, retried later: %r", exc)
 
-    def _metrics(self, jobs: Mapping[str, Job], plan: AdmissionPlan) -> None:
+    def _metrics(self, jobs: Mapping[str, Job], plan: CyclePlanSummary) -> None:
         m = self.metrics
         phases: dict[str, int] = {p: 0 for p in ("Queued", "Starting", "Running", "Succeeded", "Failed")}
         queues = {"interrupt": 0, "urgent": 0, "normal": 0}
@@ -499,17 +409,6 @@ class Controller:
             m.queue_length.labels(queue=q).set(n)
         m.workers.set(workers)
         m.unfittable.set(len(plan.unfittable))
-
-    def _place(self, job: JobView, state: ClusterState) -> list[int] | None:
-        """Admission's room check: the gang's nodes as the extender's placement would
-        choose them; a placement that fails (a policy bug) must not stop admission, so
-        best fit decides instead and the error is logged."""
-        try:
-            return self.placement.place(job, state)
-        except Exception:  # noqa: BLE001 - any policy bug; logged with its traceback
-            log.exception("placement %s failed on job %s; admission checks room with bestfit",
-                          self.placement.name, job.id)
-            return self._fallback_placement.place(job, state)
 
     async def _each(self, fn, jobs, now: float) -> None:
         """Run ``fn(job)`` for every job, at most ``config.parallelism`` at a time; an

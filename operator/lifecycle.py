@@ -37,20 +37,18 @@ SUSPENDED = WaitReason(0, "Suspended", "spec.suspend is true: rlsched does not a
 
 class Lifecycle:
     """Carries out one job's transitions; ``allocator``: the name of the allocation
-    policy that sizes jobs (None: admission starts them at ``minWorkers``)."""
+    policy that sizes jobs (named in events)."""
 
     def __init__(self, config: Any, status: StatusWriter, workers: Workers, metrics: Any, priority: DynamicPriority,
-                 allocator: str | None, clock: Callable[[], float] = time.time) -> None:
+                 allocator: str, clock: Callable[[], float] = time.time) -> None:
         if not config.start_timeout_s > 0:
             raise ValueError(f"start_timeout_s must be > 0, got {config.start_timeout_s}")
         self.config, self.status, self.workers, self.metrics = config, status, workers, metrics
         self.priority, self.allocator, self.clock = priority, allocator, clock
 
     def target(self, j: Job) -> int:
-        """The worker count of the job's current generation (an allocator starts a job
-        at the size it chose; admission at ``minWorkers``)."""
-        if j.status.get("phase") == "Starting" and self.allocator is None:
-            return j.spec.min_workers
+        """The worker count of the job's current generation (the allocator starts a job
+        at the size it chose)."""
         return j.spec.clamp_workers(j.status.get("targetWorkers"))
 
     def service(self, j: Job, now: float) -> float:
@@ -290,7 +288,7 @@ class Lifecycle:
         queue, pr = self.service_queue(j)
         end = {} if running is None else dict(epochs_done=prog.epochs_done, max_epochs=s.max_epochs,
                                               streak=running.state.streak, patience=patience,
-                                              elastic=running.state, beta=s.beta)
+                                              elastic=running, beta=s.beta)
         return LiveJob(key=j.key, submit_time=created, min_workers=s.min_workers, max_workers=s.max_workers,
                        gpus_per_worker=s.gpus_per_worker, nodes=placement,
                        batch_size=j.batch_size if placement else s.batch_size, pinned_workers=s.pinned_workers,
@@ -348,8 +346,7 @@ class Lifecycle:
         if j.status.get("phase") in ("Starting", "Running"):
             patch.update({"phase": "Queued", "targetWorkers": 0, "workers": 0, "readyWorkers": 0,
                           "restartGeneration": j.generation + 1, "queuedTime": format_time(now)})
-            if self.allocator is not None:
-                patch.update({"attainedGpuSeconds": self.service(j, now), "attainedSince": None, "batchSize": None})
+            patch.update({"attainedGpuSeconds": self.service(j, now), "attainedSince": None, "batchSize": None})
         if not old or old.get("status") != "True" or old.get("reason") != hold.reason:
             patch["conditions"] = set_condition(j.status.get("conditions"), "Suspended", "True", hold.reason,
                                                 hold.message, now)
@@ -364,20 +361,18 @@ class Lifecycle:
 
     async def admit(self, j: Job, now: float, *, target: int | None = None, batch: int | None = None,
                     gpu_type: str | None = None) -> None:
-        """Start the job's gang: ``minWorkers`` workers, or (an allocator) ``target``
-        workers at global batch ``batch`` on nodes of ``gpu_type`` (None: any)."""
+        """Start the job's gang: ``target`` workers (default ``minWorkers``) at global
+        batch ``batch`` on nodes of ``gpu_type`` (None: any)."""
         target = j.spec.min_workers if target is None else target
         queued = parse_time(j.status.get("queuedTime")) or parse_time(j.body["metadata"].get("creationTimestamp")) or now
         self.metrics.admission_wait.observe(max(0.0, now - queued))
         resumed = j.status.get("queue") == "interrupt"
         patch: dict[str, Any] = {
             "phase": "Starting", "targetWorkers": target, "admittedTime": format_time(now), "nominated": False,
-            "waiting": None,
+            "waiting": None, "batchSize": batch, "attainedSince": format_time(now), "gpuType": gpu_type,
             "conditions": set_condition(j.status.get("conditions"), "Admitted", "True", "GangFits",
                                         f"{target} x {j.spec.gpus_per_worker} GPUs free", now),
         }
-        if self.allocator is not None:
-            patch.update({"batchSize": batch, "attainedSince": format_time(now), "gpuType": gpu_type})
         await self.status.patch(j, patch)
         if resumed:  # a preempted job back from the interrupt queue (counted once the status says so)
             self.metrics.resumes.inc()
@@ -420,23 +415,6 @@ class Lifecycle:
         await self.workers.stop(j)
         await self.status.event(j.body, "Preempted", f"preempted by {self.allocator}: its GPUs go to jobs ranked "
                                               f"before it; workers get {self.config.grace_period_s}s to checkpoint",
-                         "Warning")
-
-    async def preempt(self, j: Job, by: str, now: float) -> None:
-        """Back to the interrupt queue: the next generation is recorded first, then the
-        workers get SIGTERM with the grace period to checkpoint."""
-        self.metrics.preemptions.inc()
-        before = j.status.get("preemptions")
-        count = before if isinstance(before, int) and not isinstance(before, bool) and before >= 0 else 0
-        await self.status.patch(j, {
-            "phase": "Queued", "queue": "interrupt", "targetWorkers": 0, "workers": 0, "readyWorkers": 0,
-            "preemptions": count + 1, "queuedTime": format_time(now), "restartGeneration": j.generation + 1,
-            "conditions": set_condition(j.status.get("conditions"), "Running", "False", "Preempted",
-                                        f"preempted by {by}; resumes first from the interrupt queue", now),
-        })
-        await self.workers.stop(j)
-        await self.status.event(j.body, "Preempted",
-                         f"preempted by highest-priority job {by}; workers get {self.config.grace_period_s}s to checkpoint",
                          "Warning")
 
     async def complete(self, j: Job, why: str, now: float, *, message: str = "",

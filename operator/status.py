@@ -111,7 +111,6 @@ def guard_status(
     created: float | None,
     now: float,
     live_workers: int | None = None,
-    start_at_min: bool = True,
     start_timeout_s: float | None = None,
 ) -> tuple[dict, dict]:
     """The status the operator acts on, and the fields it must write back.
@@ -120,8 +119,7 @@ def guard_status(
     :data:`OWNED_FIELDS` (None when it has none: adopt ``status``). Returns
     ``(trusted, changed)``: ``trusted`` is ``status`` with every owned field as
     recorded, then bounded by the spec (``targetWorkers`` in ``[minWorkers,
-    maxWorkers]``, exactly ``minWorkers`` while ``Starting`` unless not ``start_at_min``
-    (an allocator starts jobs at any size); ``batchSize`` a whole number >= 1 (else
+    maxWorkers]``, ``Starting`` too: the allocator starts jobs at any size in it); ``batchSize`` a whole number >= 1 (else
     the spec's); ``attainedGpuSeconds`` a finite number >= 0; ``nominated`` only on a
     queued ``highest`` job unless recorded; times within ``[creation, now]`` give or
     take :data:`SKEW_S`); adopted without a record, ``Starting``/``Running`` needs a
@@ -146,9 +144,7 @@ def guard_status(
             st["phase"], st["targetWorkers"] = "Queued", 0
     phase = st.get("phase")
     if spec is not None:
-        if phase == "Starting" and start_at_min:
-            st["targetWorkers"] = spec.min_workers
-        elif phase in ("Starting", "Running"):
+        if phase in ("Starting", "Running"):
             st["targetWorkers"] = spec.clamp_workers(st.get("targetWorkers"))
         if st.get("nominated") and record is None and not (phase == "Queued" and spec.priority_class == "highest"):
             st["nominated"] = False
@@ -250,7 +246,7 @@ class StatusWriter:
         log.log(logging.WARNING if type_ == "Warning" else logging.INFO,
                 "%s/%s %s: %s", md["namespace"], md["name"], reason, message)
 
-    async def trust(self, j: Job, now: float, *, start_at_min: bool, start_timeout_s: float) -> None:
+    async def trust(self, j: Job, now: float, *, start_timeout_s: float) -> None:
         """Replace the job's status by what the operator may act on
         (:func:`guard_status`); write back and report fields someone else changed."""
         rec = self.record.get(j.uid)
@@ -267,7 +263,6 @@ class StatusWriter:
                 and j.generation > started):
             ran += 1
         trusted, changed = guard_status(j.status, rec, j.spec, created=created, now=now, live_workers=ran,
-                                        start_at_min=start_at_min,
                                         start_timeout_s=start_timeout_s)
         if rec is None:
             self.record[j.uid] = {k: stored(trusted.get(k)) for k in OWNED_FIELDS}

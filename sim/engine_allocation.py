@@ -88,11 +88,16 @@ class AllocationAdapter:
         sim._allocated_at = t
         st = sim.state
         jobs: list[LiveJob] = []
-        for v in list(st.running.values()):
-            j = sim._by_id[v.id]
-            sim.dynamics.sync(j, t)
-            sim.dynamics.report(j)
-            jobs.append(self.live_job(j, tuple(v.placement)))
+        if sim.allocation.scales:  # each running job with its record, as the operator passes it
+            for rj in sim.elastic.jobs():  # synced, its report folded in
+                j = sim._by_id[rj.key]
+                jobs.append(dataclasses.replace(self.live_job(j, tuple(rj.placement)), elastic=rj, beta=j.spec.beta))
+        else:
+            for v in list(st.running.values()):
+                j = sim._by_id[v.id]
+                sim.dynamics.sync(j, t)
+                sim.dynamics.report(j)
+                jobs.append(self.live_job(j, tuple(v.placement)))
         capacity, offers = movable_room(st, ((v.placement, v.gpus_per_worker, v.cpu_milli, v.memory_mib)
                                              for v in st.running.values()))
         jobs += [self.live_job(sim._by_id[v.id], ()) for v in st.pending]

@@ -234,6 +234,18 @@ def test_a_gang_whose_workers_no_node_can_host_by_cpu_does_not_block_the_line():
     assert list(plan.start) == ["ns/four"] and plan.waiting["ns/five"].reason == "Unfittable"
 
 
+def _callers(key, workers, history, *, beta, rec, mn=1, mx=4, g=8, **spec):
+    """The caller's running job (the operator's ``lifecycle.running``): its spec, the
+    reported progress and its ``status.rlpto`` record."""
+    from rlsched.core.cluster import Progress
+    from rlsched.core.planning import RunningJob, TrainingSpec
+
+    ts = TrainingSpec(min_workers=mn, max_workers=mx, gpus_per_worker=g, beta=beta, **spec)
+    prog = Progress(epoch=len(history), accuracy=history[-1], history=list(history), loss=0.5, max_loss=2.0)
+    return RunningJob(key=key, spec=ts, workers=workers, progress=prog, state=rec, submit_time=0.0, start_time=5.0,
+                      placement=list(range(workers)))
+
+
 def test_a_callers_elastic_record_scales_on_the_jobs_own_beta_and_range():
     """The operator's record (``status.rlpto``) and ``spec.beta``: a job still gaining
     its β grows by one whole worker, the evaluation is marked decided on the record (no
@@ -245,15 +257,61 @@ def test_a_callers_elastic_record_scales_on_the_jobs_own_beta_and_range():
     live = LiveAllocation.named("fifo/bestfit/beta+nobackfill")
     rec = ElasticState(epoch=3, streak=0, decided_epoch=2)
     rising = LiveJob("ns/r", 0.0, 1, 4, gpus_per_worker=8, nodes=(0,), epoch=3, metrics=(0.1, 0.3, 0.5),
-                     elastic=rec, beta=0.02)
+                     elastic=_callers("ns/r", 1, (0.1, 0.3, 0.5), beta=0.02, rec=rec), beta=0.02)
     plan = live.plan([rising], {0: 8, 1: 8}, now=10.0)
     assert plan.resize == {"ns/r": LiveTarget(2, None)} and rec.decided_epoch == 3
     assert not live.plan([rising], {0: 8, 1: 8}, now=20.0).resize  # the same evaluation: no second step
-    flat = replace(rising, nodes=(0, 1), epoch=4, metrics=(0.1, 0.3, 0.5, 0.505),
-                   elastic=ElasticState(epoch=4, streak=1, decided_epoch=3))
+    hist = (0.1, 0.3, 0.5, 0.505)
+    flat = replace(rising, nodes=(0, 1), epoch=4, metrics=hist,
+                   elastic=_callers("ns/r", 2, hist, beta=0.02, rec=ElasticState(epoch=4, streak=1, decided_epoch=3)))
     assert live.plan([flat], {0: 8, 1: 8}, now=30.0).resize == {"ns/r": LiveTarget(1, None)}
-    alone = replace(flat, nodes=(0,), min_workers=1, elastic=ElasticState(epoch=4, streak=1, decided_epoch=3))
+    alone = replace(flat, nodes=(0,), min_workers=1,
+                    elastic=_callers("ns/r", 1, hist, beta=0.02, rec=ElasticState(epoch=4, streak=1, decided_epoch=3)))
     assert not live.plan([alone], {0: 8, 1: 8}, now=40.0).resize  # at its minimum
+
+
+def test_a_scaling_policy_sees_the_callers_measured_view():
+    """RLPTO's network is shown a job with the caller's record as core's planner shows
+    it the caller's job (:meth:`RunningJob.measured_view`): its reported loss, the
+    remaining time estimated from the seconds it trained and its ``maxEpochs``, β, its
+    workers and the speed-up its own reports give; and the jobs still waiting after the
+    decision's admissions as pending. Alone on the cluster, its RLPTO features are the
+    ones the planner computes on a cluster state of the same nodes."""
+    from rlsched.core.cluster import ClusterState, JobView
+    from rlsched.core.learned import job_observation
+    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+    from rlsched.core.planning import ElasticState
+    from rlsched.core.topology import NodeSpec, Topology
+
+    hist = (0.1, 0.3, 0.5)
+    rec = ElasticState(epoch=3, decided_epoch=2, trained_s=120.0)
+    mine = _callers("ns/r", 2, hist, beta=0.004, rec=rec, max_epochs=30, estimated_runtime=3600.0)
+    live = LiveAllocation.named("fifo/das/rlpto+nobackfill")
+    policy = live.allocator.planner.policy
+    seen = []
+    decide = policy.decide
+
+    def spy(running, state):
+        seen.extend((v, job_observation(v, state), len(state.pending)) for v in running)
+        return decide(running, state)
+
+    policy.decide = spy
+    run = LiveJob("ns/r", 0.0, 1, 4, gpus_per_worker=8, nodes=(0, 1), epoch=3, metrics=hist, elastic=mine, beta=0.004)
+    start = LiveJob("ns/s", 1.0, 1, 1, gpus_per_worker=8)  # admitted by the same decision
+    wait = LiveJob("ns/w", 2.0, 3, 3, gpus_per_worker=8)  # does not fit: still pending
+    live.plan([run, start, wait], {i: 8 for i in range(4)}, now=10.0)
+    (v, feats, pending), = seen
+    state = ClusterState(Topology([NodeSpec(f"node-{i}", 8) for i in range(4)]), time=10.0)
+    want = mine.measured_view(state)
+    assert (v.progress.loss, v.progress.max_loss, v.progress.history) == (0.5, 2.0, list(hist))
+    assert v.remaining == want.remaining > 0 and v.est_runtime == 3600.0
+    assert (v.beta, v.workers, v.speedup, v.stat_efficiency) == (want.beta, want.workers, want.speedup,
+                                                                 want.stat_efficiency)
+    assert pending == 1  # ns/s was admitted, ns/w waits
+    for i in (0, 1, 2):  # ns/r on nodes 0 and 1, ns/s admitted to node 2
+        state.allocate(i, 8)
+    state.pending = [JobView("ns/w", 2.0, gpus_per_worker=8, workers=3, min_workers=3, max_workers=3)]
+    assert feats.tolist() == job_observation(want, state).tolist()
 
 
 def test_the_last_started_job_is_the_victim_and_a_restart_is_no_resize():

@@ -433,8 +433,8 @@ def test_operator_pod_security_flags(render):
 
 
 def test_operator_serves_the_served_allocator(render):
-    """The chart's default is core/served.py's policy; `none` turns it off, and every
-    value the schema allows is one the operator's CLI takes."""
+    """The chart's default is core/served.py's policy, a heuristic is one allocator,
+    and every value the schema allows is one the operator's CLI takes."""
     from rlsched.core.live_allocation import make_live_allocator
     from rlsched.core.served import SERVED
 
@@ -444,8 +444,7 @@ def test_operator_serves_the_served_allocator(render):
         return flag.split("=", 1)[1]
 
     assert allocator() == SERVED.allocator == "goodput-rlpto"
-    assert allocator("operator.allocator=none") == "none"
-    assert allocator("operator.allocator=") == "none"
+    assert allocator("operator.allocator=fifo/das/rlpto+nobackfill") == "fifo/das/rlpto+nobackfill"
     value = allocator("operator.allocator=goodput@restart_delay=10")
     assert make_live_allocator(value).restart_delay == 10.0
 
@@ -458,13 +457,13 @@ def test_the_schema_admits_every_live_allocator_and_nothing_else():
     schema = json.loads((CHART / "values.schema.json").read_text())
     pattern = schema["properties"]["operator"]["properties"]["allocator"]["pattern"]
     live = allocator_names(live=True)
-    for name in (*live, "none", ""):
+    for name in live:
         assert re.fullmatch(pattern, name), name
     for name in live:
         assert re.fullmatch(pattern, f"{name}@restart_delay=10,p=0.5"), name
     for name in ("tiresias/topology+backfill", "fifo/bestfit/beta", "srtf/das+nobackfill"):  # gang allocators
         assert re.fullmatch(pattern, name), name
-    for bad in ("goodput-nope", "fifo", "goodput@p", "goodput-learned@", "fifo/", "fifo/bestfit+fill",
+    for bad in ("none", "", "goodput-nope", "fifo", "goodput@p", "goodput-learned@", "fifo/", "fifo/bestfit+fill",
                 *set(allocator_names()) - set(live)):
         assert not re.fullmatch(pattern, bad), bad
 

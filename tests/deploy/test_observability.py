@@ -140,11 +140,12 @@ def stack(kube_cluster, tmp_path_factory):
                        state_dir=work / "state", epoch_s=0.5, cycle_s=1, scrape_interval_s=1,
                        namespace=f"obs-{uuid.uuid4().hex[:6]}", extender_model=str(bad_model),
                        chart=CHART, prometheus=prometheus,
-                       # admission + scaling: a 30 s run of 6 small jobs that all fit at once gives
-                       # the goodput allocator (the demo's default) nothing to resize or stop, and
-                       # every rule here needs a scaling decision and a preemption to have data
-                       # (goodput's live decisions: tests/operator/test_k8s_goodput.py, the twin)
-                       allocator="none")
+                       # the old admission + scaling defaults as one allocator: a 30 s run of 6
+                       # small jobs that all fit at once gives the goodput allocator (the demo's
+                       # default) nothing to resize or stop, and every rule here needs a scaling
+                       # decision and a preemption to have data (goodput's live decisions:
+                       # tests/operator/test_k8s_goodput.py, the twin)
+                       allocator="fifo/das/rlpto+nobackfill")
     demo = Demo(opts, Console(file=io.StringIO(), width=150))
     try:
         demo.start(env=kube_cluster)

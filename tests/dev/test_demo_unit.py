@@ -240,7 +240,14 @@ def test_the_demo_runs_the_served_allocator_on_its_own_clock():
 
     assert DemoOptions().allocator == SERVED.allocator == "goodput-rlpto"
     assert DemoOptions(epoch_s=0.5).live_allocator() == "goodput-rlpto@restart_delay=0.5"
-    assert DemoOptions(allocator="none").live_allocator() == "none"
+    assert DemoOptions(allocator="fifo/das/rlpto+nobackfill").live_allocator() == "fifo/das/rlpto+nobackfill"
+    import argparse
+
+    p = argparse.ArgumentParser()
+    demo.register(p.add_subparsers(dest="cmd"))
+    assert p.parse_args(["demo", "up", "--allocator", "fifo/das"]).allocator == "fifo/das"
+    with pytest.raises(SystemExit):  # no second mode: a usage error naming the choices
+        p.parse_args(["demo", "up", "--allocator", "none"])
     assert DemoOptions(allocator="goodput@p=0").live_allocator() == "goodput@p=0"
 
 
@@ -331,7 +338,7 @@ def test_the_demo_preemptor_runs_preempts_and_its_victims_resume_under_the_serve
         if pre.name not in submitted and now >= pre.at_s:
             used = sum(len(n) * submitted[k][0].manifest["spec"]["gpusPerWorker"] for k, n in nodes.items())
             if job is None or demo.preemptor_due([as_object(k) for k in submitted], total - used, pre.gang_gpus,
-                                                 total, allocator=True):
+                                                 total, shrinks_first=True):
                 pre = demo.sized_preemptor(pre, [as_object(k) for k in submitted], total)
                 submitted[pre.name] = (pre, now)
                 p = decide(now)
@@ -372,7 +379,7 @@ def test_the_summary_names_every_waiting_job_with_its_reason(tmp_path):
         {"name": "q", "class": "highest", "phase": "Queued", "reason": "PriorityNotAllowed",
          "message": "queue 'x' allows normal"},
         {"name": "r", "class": "normal", "phase": "Running", "reason": "", "message": ""}]
-    s.update({"trace": "t", "seed": 1, "gpu_allocation_mean": None, "prometheus": {}, "allocator": "none"})
+    s.update({"trace": "t", "seed": 1, "gpu_allocation_mean": None, "prometheus": {}, "allocator": "fifo/das"})
     fake = SimpleNamespace(console=Console(record=True, width=200), opts=demo.DemoOptions(out=tmp_path))
     demo.Demo._print_summary(fake, s)
     assert "not finished: q (highest) Queued, waiting PriorityNotAllowed: queue 'x' allows normal" in \

@@ -28,7 +28,8 @@ from rlsched_dev.twin import (
 
 TOPO = Topology.uniform(4, gpus_per_node=8, racks=2, blocks=1, prefix="kwok-gpu")
 #: the k8s check's job set (tests/dev/test_twin_k8s.py): seed 9 of 7 jobs has scale-ups,
-#: give-backs, early β stops and a preemption
+#: give-backs, early β stops and a preemption, under the default allocator
+#: (fifo/das/fcfs+nobackfill) on both sides
 CFG = TwinConfig(jobs=7, seed=9)
 
 
@@ -58,7 +59,10 @@ def test_simulated_run_preempts_converges_early_scales_and_gives_back(jobs, sim)
     kinds = [d["kind"] for d in sim["decisions"]]
     assert kinds.count("preempt") == 1
     (p,) = [d for d in sim["decisions"] if d["kind"] == "preempt"]
-    assert dict((j.id, j.priority_class) for j in jobs)[p["by"]] == "highest"
+    # by the allocator, in the decision that started the highest-class job
+    started = {d["job"] for d in sim["decisions"] if d["kind"] == "admit" and d["t"] == p["t"]}
+    assert {dict((j.id, j.priority_class) for j in jobs)[k] for k in started} == {"highest"}
+    assert p["by"] == CFG.allocator.rsplit("/", 1)[-1]
     resume = [d for d in sim["decisions"] if d["kind"] == "admit" and d["resume"]]
     assert [d["job"] for d in resume] == [p["job"]]
     assert "scale" in kinds and not sim["unfinished"]
@@ -91,7 +95,9 @@ def test_arrivals_stay_clear_of_other_decisions(jobs):
     w = 1.5 * CFG.latency_sim
     decisions = simulate(jobs, TOPO, CFG).decisions
     for j in jobs[1:]:
-        assert all(abs(d["t"] - j.submit_time) >= w for d in decisions if d["job"] != j.id and d.get("by") != j.id)
+        started = {d["t"] for d in decisions if d["kind"] == "admit" and d["job"] == j.id}
+        assert all(abs(d["t"] - j.submit_time) >= w for d in decisions
+                   if d["job"] != j.id and not (d["kind"] == "preempt" and d["t"] in started))
 
 
 def test_comparison_passes_on_identical_logs(sim):
@@ -109,7 +115,9 @@ def _perturbed(sim, fn):
 def test_comparison_flags_another_victim(sim):
     def other_victim(live):
         p = next(d for d in live["decisions"] if d["kind"] == "preempt")
-        p["job"] = next(d["job"] for d in live["decisions"] if d["kind"] == "admit" and d["job"] not in (p["job"], p["by"]))
+        started = {d["job"] for d in live["decisions"] if d["kind"] == "admit" and d["t"] == p["t"]}
+        p["job"] = next(d["job"] for d in live["decisions"] if d["kind"] == "admit" and d["job"] != p["job"]
+                        and d["job"] not in started)
 
     rep = _perturbed(sim, other_victim)
     assert not rep["ok"] and not rep["preemptions"]["ok"] and rep["admissions"]["ok"]

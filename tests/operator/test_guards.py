@@ -78,7 +78,7 @@ def test_target_workers_is_clamped_to_the_spec_without_a_record():
     trusted, changed = guard_status(status(targetWorkers=40), None, SPEC, created=CREATED, now=NOW)
     assert trusted["targetWorkers"] == 2 and changed == {"targetWorkers": (40, 2)}
     trusted, changed = guard_status(status(phase="Starting", targetWorkers=40), None, SPEC, created=CREATED, now=NOW)
-    assert trusted["targetWorkers"] == 1 and changed == {"targetWorkers": (40, 1)}
+    assert trusted["targetWorkers"] == 2 and changed == {"targetWorkers": (40, 2)}
     trusted, changed = guard_status(status(targetWorkers=-3), None, SPEC, created=CREATED, now=NOW)
     assert trusted["targetWorkers"] == 1
 
@@ -86,11 +86,9 @@ def test_target_workers_is_clamped_to_the_spec_without_a_record():
 def test_allocator_fields_are_bounded_without_a_record():
     """An allocator starts a job at any size within the spec; a chief cannot give
     itself a batch the allocator did not choose, nor erase its attained service."""
-    trusted, _ = guard_status(status(phase="Starting", targetWorkers=2), None, SPEC, created=CREATED, now=NOW,
-                              start_at_min=False)
+    trusted, _ = guard_status(status(phase="Starting", targetWorkers=2), None, SPEC, created=CREATED, now=NOW)
     assert trusted["targetWorkers"] == 2
-    trusted, _ = guard_status(status(phase="Starting", targetWorkers=40), None, SPEC, created=CREATED, now=NOW,
-                              start_at_min=False)
+    trusted, _ = guard_status(status(phase="Starting", targetWorkers=40), None, SPEC, created=CREATED, now=NOW)
     assert trusted["targetWorkers"] == 2
     trusted, changed = guard_status(status(batchSize=0, attainedGpuSeconds=-1e9, goodput="x"), None, SPEC,
                                     created=CREATED, now=NOW)

@@ -1,14 +1,14 @@
-"""The mission with the old default admission + scaling policies (FIFO, RLPTO's
-committed weights: ``--allocator fifo/das/rlpto+nobackfill``, the preemption test still
-``--allocator none``; the served default is the goodput allocator,
-tests/operator/test_k8s_goodput.py), against the real control plane.
+"""The mission with the old default admission + scaling policies as one allocator
+(``--allocator fifo/das/rlpto+nobackfill``: FIFO, DAS, RLPTO's committed weights; the
+served default is the goodput allocator, tests/operator/test_k8s_goodput.py), against
+the real control plane.
 
 The other operator tests scale with the β rule and feed the fake trainer little noise
-(σ = 0.0005) against a large β (0.02). RLPTO's committed actor asks +1 for every job in
-every state, and the demo's trainer reports with σ = 0.002 against β = 0.001. These
-tests run exactly that: the committed weights and the fake trainer's default noise
-model. Jobs are sized in whole nodes (``gpusPerWorker: 8``, 4 nodes) so that who fits
-is unambiguous.
+(σ = 0.0005) against a large β (0.02). These run RLPTO's committed actor and the fake
+trainer's default noise model (σ = 0.002 against β = 0.001), as the demo does. The actor
+grows the running job with the least work left and shrinks the one with the most (its
+rank feature). Jobs are sized in whole nodes (``gpusPerWorker: 8``, 4 nodes) so that
+who fits is unambiguous.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import pytest
 from rlsched.core.contract import GROUP as G
 from rlsched.core.contract import PLURAL as P
 from rlsched.core.contract import VERSION as V
-from rlsched.operator.cli import resolve_scaling_model
 
 REPO = Path(__file__).resolve().parents[2]
 TRACES = Path(os.environ.get("RLSCHED_DATA_DIR") or REPO.parent / "shared" / "data") / "pollux-osdi21" / "traces"
@@ -31,8 +30,6 @@ pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
 
 #: the old default policies as one allocator: FIFO, DAS, RLPTO's committed weights, no backfill
 RLPTO = dict(allocator="fifo/das/rlpto+nobackfill")
-#: the none mode as ``--allocator none`` starts it: --scaling auto, no --scaling-model
-DEFAULTS = dict(allocator=None, scaling="auto", scaling_model=resolve_scaling_model("auto", None))
 
 
 def _t(ev) -> float:
@@ -78,16 +75,15 @@ def test_default_policies_highest_job_preempts_and_its_victim_resumes_first(exte
                                                                             run_operator, wait_until):
     with fake_trainer(ns) as th:  # the demo's convergence and noise model (its defaults)
         assert (th.trainer.noise, th.trainer.tau) == (0.002, 6.0)
-        # the none mode: under the gang allocator RLPTO's actor is shown other features
-        # (docs/operator.md, One mode) and may shrink a job before the preemption
-        with run_operator(ns, grace_period_s=2, **DEFAULTS) as rt:
-            tj(ns, "first", 1, 2, gpus=8, beta=0.001, maxEpochs=400)
+        with run_operator(ns, grace_period_s=2, **RLPTO) as rt:
+            # first holds two nodes and has the most work left (the actor would shrink it,
+            # its range does not let it); second, with less, grows into the spare nodes
+            tj(ns, "first", 2, 2, gpus=8, beta=0.001, maxEpochs=4000)
             th.start()
             wait_until(lambda: kapi.phase(ns, "first") == "Running", 60, "first running")
             tj(ns, "second", 1, 2, gpus=8, beta=0.001, maxEpochs=400)
-            # the learned policy grows both into the spare nodes: the cluster is full
             wait_until(lambda: kapi.status(ns, "first").get("workers") == 2
-                       and kapi.status(ns, "second").get("workers") == 2, 90, "both grown to 2 nodes")
+                       and kapi.status(ns, "second").get("workers") == 2, 90, "the cluster full")
             tj(ns, "waiter", 1, gpus=8)
             wait_until(lambda: kapi.status(ns, "waiter").get("queue") == "normal", 20, "waiter queued")
             tj(ns, "boss", 1, gpus=8, klass="highest", maxEpochs=400)

@@ -1,10 +1,11 @@
 """The cycle that strings admission, preemption and scaling together lives once, in
-``core/cycle.py`` (``SchedulingCycle``): the operator, the gang allocator and the
-discrete-event engine call it and only translate its plan. Checked on the source: none
+``core/cycle.py`` (``SchedulingCycle``): the gang allocator (which the operator calls
+through its one decision call) and the discrete-event engine call it and only translate
+its plan. Checked on the source: none
 may reach core's ``Admission.plan`` or ``ScalingPlanner.plan`` itself, nor decide a
-preemption with admission's ``may_preempt``/``may_evict``/``choose_victims``; the operator
-and the gang allocator call ``SchedulingCycle.plan`` once, the engine the cycle's
-preemption rounds and scaling step."""
+preemption with admission's ``may_preempt``/``may_evict``/``choose_victims``; the gang
+allocator calls ``SchedulingCycle.plan`` once, the operator its allocator once, the engine
+the cycle's preemption rounds and scaling step."""
 
 from __future__ import annotations
 
@@ -168,9 +169,13 @@ def test_the_training_environments_start_jobs_only_through_the_cycle():
                                                                                 "<src>:2 sim.advance"]
 
 
-def test_the_operator_and_the_gang_allocator_call_the_cycle_once():
-    for rel in ("operator/controller.py", "core/gang_allocator.py"):
-        assert cycle_calls((ROOT / rel).read_text()) == 1, rel
+def test_the_gang_allocator_calls_the_cycle_once_and_the_operator_the_allocator_once():
+    assert cycle_calls((ROOT / "core/gang_allocator.py").read_text()) == 1
+    src = (ROOT / "operator/controller.py").read_text()
+    assert cycle_calls(src) == 0 and "SchedulingCycle" not in src
+    calls = [node for node in ast.walk(ast.parse(src)) if isinstance(node, ast.Call)
+             and _dotted(node.func) == "self.allocation.plan"]
+    assert len(calls) == 1  # its one decision call
 
 
 def test_the_checker_catches_direct_calls():

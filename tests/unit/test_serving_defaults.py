@@ -1,9 +1,8 @@
 """The live components serve the committed trained models by default (issue 6)."""
 
-from rlsched.core import make_scaling
 from rlsched.core.das import DASPlacement, DASParams
+from rlsched.core.live_allocation import make_live_allocator
 from rlsched.extender.cli import resolve_model
-from rlsched.operator.cli import resolve_scaling_model
 
 
 def test_extender_serves_the_trained_das_weights_by_default():
@@ -17,9 +16,6 @@ def test_extender_serves_the_trained_das_weights_by_default():
     assert resolve_model("das", "/x/y.safetensors") == "/x/y.safetensors"
 
 
-def test_operator_scales_with_the_trained_rlpto_weights_by_default():
-    path = resolve_scaling_model("auto", None)
-    policy = make_scaling("rlpto", path=path)
-    assert getattr(policy, "fallback_reason", None) is None
-    assert resolve_scaling_model("auto", "none") is None
-    assert resolve_scaling_model("beta", None) is None
+def test_an_allocator_naming_rlpto_scales_with_the_trained_weights():
+    policy = make_live_allocator("fifo/das/rlpto+nobackfill").planner.policy
+    assert policy.name == "rlpto" and policy.fallback_reason is None
