@@ -541,7 +541,7 @@ class GoodputAllocator:
             take = k_new if then is None else extra
             if take <= room_on(r, t) and extra <= min(spare(), book.room(used, q)):
                 if claims is not None:
-                    claims.take(r, t, room_on(r, t), take)
+                    claims.take(r, t, room_on(r, t), take, (t, k_new))
                 free[t] -= take
                 if then is None:
                     pending -= gang[r]
@@ -644,6 +644,8 @@ class _Claims:
                                 * alloc.stall(j, alloc.measured_restart))
                 self.on.setdefault(t, []).append(r)
         self.charged = any(self.cost)
+        #: every claim left on each type
+        self.total = {t: sum(self.left(r, t) for r in rs) for t, rs in self.on.items()}
 
     def left(self, r: int, t: str) -> int:
         """What is left of job ``r``'s claim on ``t`` beyond the GPUs it holds in the
@@ -657,7 +659,7 @@ class _Claims:
 
     def unclaimed(self, r: int, t: str, room: int) -> int:
         """Of the ``room`` GPUs of ``t`` job ``r`` may take, those no other job claims."""
-        return max(room - sum(self.left(v, t) for v in self.on.get(t, ()) if v != r), 0)
+        return max(room - (self.total.get(t, 0) - self.left(r, t)), 0)
 
     def most(self, r: int, t: str, room: int, k: int) -> int:
         """The most GPUs of ``t`` job ``r``, at ``k`` there now (0: not placed), may reach."""
@@ -678,23 +680,33 @@ class _Claims:
         if not self.charged:
             return 0.0
         short = np.maximum(takes - self.unclaimed(r, t, room), 0)
+        if not short.any():
+            return 0.0
         vs = self._victims(r, t)
-        if not vs or not short.any():
+        if not vs:
             return 0.0
         claimed = np.cumsum([x[1] for x in vs])
         cost = np.cumsum([x[0] for x in vs])
         i = np.minimum(np.searchsorted(claimed, short), len(vs) - 1)
         return np.where(short > 0, cost[i], 0.0)
 
-    def take(self, r: int, t: str, room: int, take: int) -> None:
-        """Job ``r`` takes ``take`` more GPUs of ``t``: the claims it needs shrink."""
+    def take(self, r: int, t: str, room: int, take: int, now: tuple[str, int]) -> None:
+        """Job ``r`` takes ``take`` more GPUs of ``t``, to hold ``now``: the claims it
+        needs shrink."""
         short = take - self.unclaimed(r, t, room)
-        for _, left, v in self._victims(r, t):
-            if short <= 0:
-                break
-            x = min(left, short)
-            self.cut[v] += x
-            short -= x
+        if short > 0:
+            for _, left, v in self._victims(r, t):
+                x = min(left, short)
+                self.cut[v] += x
+                self.total[t] -= x
+                short -= x
+                if short <= 0:
+                    break
+        home = self.home[r]
+        if home is not None:
+            self.total[home] -= self.left(r, home)
+            self.state[r] = now
+            self.total[home] += self.left(r, home)
 
 
 def gpu_types(nodes: Sequence[AllocNode]) -> list[str]:
