@@ -54,8 +54,8 @@ class GoodputAllocator:
                  explore: float = 0.0, service_exponent: float = 1.0,
                  service_scale: float | None = None, growth: "GrowthWeight | None" = None,
                  idle_horizon: float = 0.0, adaptive: float = 0.0, adaptive_jobs: float = 20,
-                 type_price: float = 1.0, measured_restart: bool = False, displace: str = "any",
-                 take_charge: float = 0.0) -> None:
+                 type_price: float = 1.0, measured_restart: bool = True, displace: str = "any",
+                 take_charge: float = 0.01) -> None:
         if not math.isfinite(p):
             raise ValueError(f"p must be finite, got {p}")
         if not (math.isfinite(restart_delay) and restart_delay >= 0):
@@ -89,7 +89,9 @@ class GoodputAllocator:
         #: grows, its price the mean speed of the jobs there over their slowest type
         self.type_price = float(type_price)
         #: on several GPU types: the restart factor charges a job the stall it measured
-        #: (``AllocJob.restart_s``) in place of ``restart_delay`` once it has one
+        #: (``AllocJob.restart_s``) in place of ``restart_delay`` once it has one (on by
+        #: default with ``take_charge = 0.01``, chosen on validation seeds only:
+        #: docs/results/sia_gap.md)
         self.measured_restart = bool(measured_restart)
         if displace not in ("any", "waiting"):
             raise ValueError(f"displace must be 'any' or 'waiting', got {displace!r}")
