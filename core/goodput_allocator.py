@@ -517,6 +517,8 @@ class GoodputAllocator:
             mv = best_move(r)
             if mv is not None:
                 heapq.heappush(heaps.setdefault(running[r].queue or NO_QUEUE, []), (-mv[0], r, state[r], mv[1], mv[2]))
+                if claims is not None:
+                    claims.pushed[r] = claims.moves
 
         def next_queue() -> str | None:
             best = None
@@ -531,12 +533,14 @@ class GoodputAllocator:
             push(r)
         while (q := next_queue()) is not None:
             key, r, then, t, k_new = heapq.heappop(heaps[q])
-            if claims is not None:  # the claims it takes from may have changed since it was pushed
+            if claims is not None and claims.pushed.get(r) != claims.moves:
+                # moves since it was pushed may have changed what it pays: weighed again
                 mv = best_move(r)
                 if mv is None:
                     continue
                 if (-mv[0], mv[1], mv[2]) != (key, t, k_new):
                     heapq.heappush(heaps[q], (-mv[0], r, state[r], mv[1], mv[2]))
+                    claims.pushed[r] = claims.moves
                     continue
             k_then = gang[r] if then is None else then[1]
             extra = k_new - k_then
@@ -648,6 +652,10 @@ class _Claims:
         self.charged = any(self.cost)
         #: every claim left on each type
         self.total = {t: sum(self.left(r, t) for r in rs) for t, rs in self.on.items()}
+        self._tables: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        #: moves taken so far, and how many had been when each job's move was last pushed
+        self.moves = 0
+        self.pushed: dict[int, int] = {}
 
     def left(self, r: int, t: str) -> int:
         """What is left of job ``r``'s claim on ``t`` beyond the GPUs it holds in the
@@ -670,12 +678,19 @@ class _Claims:
         extra = self.gang[r] if self.state[r] is None and self.home[r] is None else 0
         return k + self.unclaimed(r, t, room) + extra
 
-    def _victims(self, r: int, t: str) -> list[tuple[float, int, int]]:
-        """(what taking from it costs, its claim left, job) of the others claiming ``t``,
-        the cheapest first (one already taken from costs nothing more); of equals, the
-        last in the order of who runs."""
-        out = [(0.0 if self.cut[v] else self.cost[v], self.left(v, t), v) for v in self.on.get(t, ()) if v != r]
-        return sorted((x for x in out if x[1] > 0), key=lambda x: (x[0], -x[2]))
+    def _table(self, t: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(what taking from it costs, its claim left, job) of every job claiming ``t``
+        with a claim left, the cheapest first (one already taken from costs nothing
+        more); of equals, the last in the order of who runs. Kept until a move changes
+        the claims on ``t``."""
+        tab = self._tables.get(t)
+        if tab is None:
+            out = [(0.0 if self.cut[v] else self.cost[v], self.left(v, t), v) for v in self.on.get(t, ())]
+            out = sorted((x for x in out if x[1] > 0), key=lambda x: (x[0], -x[2]))
+            tab = (np.array([x[0] for x in out], dtype=float), np.array([x[1] for x in out], dtype=np.int64),
+                   np.array([x[2] for x in out], dtype=np.int64))
+            self._tables[t] = tab
+        return tab
 
     def charge(self, r: int, t: str, room: int, takes: np.ndarray) -> np.ndarray | float:
         """What job ``r`` pays to take each of ``takes`` more GPUs of ``t``."""
@@ -684,31 +699,38 @@ class _Claims:
         short = np.maximum(takes - self.unclaimed(r, t, room), 0)
         if not short.any():
             return 0.0
-        vs = self._victims(r, t)
-        if not vs:
+        cost, left, ids = self._table(t)
+        others = ids != r
+        if not others.any():
             return 0.0
-        claimed = np.cumsum([x[1] for x in vs])
-        cost = np.cumsum([x[0] for x in vs])
-        i = np.minimum(np.searchsorted(claimed, short), len(vs) - 1)
-        return np.where(short > 0, cost[i], 0.0)
+        claimed = np.cumsum(left[others])
+        paid = np.cumsum(cost[others])
+        i = np.minimum(np.searchsorted(claimed, short), claimed.size - 1)
+        return np.where(short > 0, paid[i], 0.0)
 
     def take(self, r: int, t: str, room: int, take: int, now: tuple[str, int]) -> None:
         """Job ``r`` takes ``take`` more GPUs of ``t``, to hold ``now``: the claims it
         needs shrink."""
+        self.moves += 1
         short = take - self.unclaimed(r, t, room)
         if short > 0:
-            for _, left, v in self._victims(r, t):
+            _, lefts, ids = self._table(t)
+            for left, v in zip(lefts.tolist(), ids.tolist()):
+                if v == r:
+                    continue
                 x = min(left, short)
                 self.cut[v] += x
                 self.total[t] -= x
                 short -= x
                 if short <= 0:
                     break
+            self._tables.pop(t, None)
         home = self.home[r]
         if home is not None:
             self.total[home] -= self.left(r, home)
             self.state[r] = now
             self.total[home] += self.left(r, home)
+            self._tables.pop(home, None)
 
 
 def gpu_types(nodes: Sequence[AllocNode]) -> list[str]:
