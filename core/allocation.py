@@ -147,6 +147,9 @@ class AllocJob:
     #: the one-GPU seed profile of the known model it names, as Sia bootstraps a new job's
     #: throughput on each type; () none
     seed_profile: tuple[ProfileSample, ...] = ()
+    #: seconds its last new allocation stalled it, as the caller measured it: from the
+    #: allocation to the first step it reported after it (None: not measured yet)
+    restart_s: float | None = None
 
     def runs_on(self, node: "AllocNode") -> bool:
         """Whether its replicas may run on ``node`` (its GPU model is allowed)."""

@@ -54,7 +54,8 @@ class GoodputAllocator:
                  explore: float = 0.0, service_exponent: float = 1.0,
                  service_scale: float | None = None, growth: "GrowthWeight | None" = None,
                  idle_horizon: float = 0.0, adaptive: float = 0.0, adaptive_jobs: float = 20,
-                 type_price: float = 1.0) -> None:
+                 type_price: float = 1.0, measured_restart: bool = True, displace: str = "any",
+                 take_charge: float = 0.01) -> None:
         if not math.isfinite(p):
             raise ValueError(f"p must be finite, got {p}")
         if not (math.isfinite(restart_delay) and restart_delay >= 0):
@@ -87,6 +88,20 @@ class GoodputAllocator:
         #: on several GPU types: a GPU of a type costs ``price^type_price`` GPUs in who
         #: grows, its price the mean speed of the jobs there over their slowest type
         self.type_price = float(type_price)
+        #: on several GPU types: the restart factor charges a job the stall it measured
+        #: (``AllocJob.restart_s``) in place of ``restart_delay`` once it has one (on by
+        #: default with ``take_charge = 0.01``, chosen on validation seeds only:
+        #: docs/results/sia_gap.md)
+        self.measured_restart = bool(measured_restart)
+        if displace not in ("any", "waiting"):
+            raise ValueError(f"displace must be 'any' or 'waiting', got {displace!r}")
+        if not (math.isfinite(take_charge) and take_charge >= 0):
+            raise ValueError(f"take_charge must be >= 0 (0: off), got {take_charge}")
+        #: on several GPU types, who may take the GPUs a running job holds (``"any"``, or
+        #: ``"waiting"``: only a job that holds none, for its gang), and what a move that
+        #: takes them pays: ``take_charge`` × the job's weight × its GPUs × its restart
+        #: stall (:meth:`typed_counts`)
+        self.displace, self.take_charge = displace, float(take_charge)
         #: a learned weight in place of the service weight (:mod:`rlsched.core.growth_weight`)
         self.growth = growth
         self.jobs = JobGoodput(prior, refit_tolerance=refit_tolerance)
@@ -100,7 +115,8 @@ class GoodputAllocator:
     def __repr__(self) -> str:
         return (f"GoodputAllocator(p={self.p}, restart_delay={self.restart_delay}, threshold={self.threshold}, "
                 f"service_exponent={self.service_exponent}, service_scale={self.service_scale}, "
-                f"growth={self.growth!r}, idle_horizon={self.idle_horizon}, type_price={self.type_price}"
+                f"growth={self.growth!r}, idle_horizon={self.idle_horizon}, type_price={self.type_price}, "
+                f"measured_restart={self.measured_restart}, displace={self.displace!r}, take_charge={self.take_charge}"
                 + (f", adaptive={self.demotion.q}, adaptive_jobs={self.demotion.min_jobs})" if self.demotion else ")"))
 
     # ------------------------------------------------------------------ the pieces
@@ -124,11 +140,19 @@ class GoodputAllocator:
                 return np.log(s)
         return np.where(s > 0, (np.power(np.where(s > 0, s, 1.0), self.p) - 1.0) / self.p, -np.inf)
 
-    def factor(self, job: AllocJob, idle: bool = False) -> float:
-        """Pollux's re-allocation factor ``max(T − R·δ, 0)/(T + δ)`` (1 without a delay).
-        ``idle``: the GPUs a change would add are otherwise idle (nobody waits): the
-        horizon ``T`` is at least ``idle_horizon`` (see :meth:`counts`)."""
-        d = self.restart_delay
+    def stall(self, job: AllocJob, measured: bool = False) -> float:
+        """The seconds a restart costs ``job``: with ``measured``, the stall it measured
+        after its last new allocation (``AllocJob.restart_s``) once it has one, else
+        ``restart_delay``."""
+        if measured and job.restart_s is not None and self.restart_delay > 0:
+            return max(float(job.restart_s), 0.0)
+        return self.restart_delay
+
+    def factor(self, job: AllocJob, idle: bool = False, measured: bool = False) -> float:
+        """Pollux's re-allocation factor ``max(T − R·δ, 0)/(T + δ)`` (1 without a delay),
+        ``δ`` = :meth:`stall`. ``idle``: the GPUs a change would add are otherwise idle
+        (nobody waits): the horizon ``T`` is at least ``idle_horizon`` (see :meth:`counts`)."""
+        d = self.stall(job, measured)
         if d <= 0:
             return 1.0
         age = max(job.age, self.idle_horizon if idle else 0.0, 0.0)
@@ -311,7 +335,7 @@ class GoodputAllocator:
         ``−inf`` beyond the job's column)."""
         n = len(jobs)
         held = np.array([len(j.allocation) for j in jobs], dtype=np.int64)
-        f = np.array([self.factor(j, idle) if j.allocation else 1.0 for j in jobs])
+        f = np.array([self.factor(j, idle, self.measured_restart) if j.allocation else 1.0 for j in jobs])
         w = np.array([self.weight(j) for j in jobs])
         group = np.array([max(j.replica_group, 1) for j in jobs], dtype=np.int64)
         base = np.full(n, np.inf)  # per job: the least of its first positive goodput per type
@@ -436,6 +460,7 @@ class GoodputAllocator:
         pending = sum(gang)
         state: list[tuple[str, int] | None] = [None] * len(running)
         heaps: dict[str, list[tuple[float, int, tuple | None, str, int]]] = {}
+        claims = _Claims(self, running, gang, sole, state) if self.displace != "any" or self.take_charge else None
 
         def spare() -> int:
             return sum(free.values()) - pending
@@ -454,21 +479,35 @@ class GoodputAllocator:
                 lo = gang[r]
                 for t in vals[r]:
                     hi = int(min(jcap[r][t], room_on(r, t), lo + spare(), lo + room))
+                    if claims is not None:
+                        hi = min(hi, claims.most(r, t, room_on(r, t), 0))
                     if hi < lo:
                         continue
-                    row, gains, first = entry[t]
-                    gain = float(gains[row[r], hi])
+                    paid = 0.0 if claims is None or floor[r] is None else \
+                        claims.charge(r, t, room_on(r, t), np.arange(lo, hi + 1))
+                    if np.any(paid):  # the entry's gains, less what it pays for each count
+                        K = np.arange(lo, hi + 1)
+                        with np.errstate(invalid="ignore"):
+                            gains_k = (vals[r][t][lo:hi + 1] - floor[r] - paid) / (K * price[t])
+                        i = int(np.argmax(gains_k))
+                        gain, at = float(gains_k[i]), lo + i
+                    else:
+                        row, gains, first = entry[t]
+                        gain, at = float(gains[row[r], hi]), int(first[row[r], hi])
                     if gain > 0 and (best is None or gain > best[0]):
-                        best = (gain, t, int(first[row[r], hi]))
+                        best = (gain, t, at)
                 return best
             t, k = state[r]
             v = vals[r][t]
             hi = int(min(jcap[r][t], k + room_on(r, t), k + spare(), k + room))
+            if claims is not None:
+                hi = min(hi, claims.most(r, t, room_on(r, t), k))
             if hi <= k:
                 return None
             ahead = v[k + 1:hi + 1]
+            paid = 0.0 if claims is None else claims.charge(r, t, room_on(r, t), np.arange(1, hi - k + 1))
             with np.errstate(invalid="ignore"):  # -inf - -inf where it cannot train: replaced below
-                gain = (ahead - v[k]) / steps[t][:hi - k]
+                gain = (ahead - v[k] - paid) / steps[t][:hi - k]
             if not np.isfinite(v[k]):
                 gain = np.where(np.isfinite(ahead), np.inf, -np.inf)
             i = int(np.argmax(gain))
@@ -478,6 +517,8 @@ class GoodputAllocator:
             mv = best_move(r)
             if mv is not None:
                 heapq.heappush(heaps.setdefault(running[r].queue or NO_QUEUE, []), (-mv[0], r, state[r], mv[1], mv[2]))
+                if claims is not None:
+                    claims.pushed[r] = claims.moves
 
         def next_queue() -> str | None:
             best = None
@@ -491,11 +532,22 @@ class GoodputAllocator:
         for r in range(len(running)):
             push(r)
         while (q := next_queue()) is not None:
-            _, r, then, t, k_new = heapq.heappop(heaps[q])
+            key, r, then, t, k_new = heapq.heappop(heaps[q])
+            if claims is not None and claims.pushed.get(r) != claims.moves:
+                # moves since it was pushed may have changed what it pays: weighed again
+                mv = best_move(r)
+                if mv is None:
+                    continue
+                if (-mv[0], mv[1], mv[2]) != (key, t, k_new):
+                    heapq.heappush(heaps[q], (-mv[0], r, state[r], mv[1], mv[2]))
+                    claims.pushed[r] = claims.moves
+                    continue
             k_then = gang[r] if then is None else then[1]
             extra = k_new - k_then
             take = k_new if then is None else extra
             if take <= room_on(r, t) and extra <= min(spare(), book.room(used, q)):
+                if claims is not None:
+                    claims.take(r, t, room_on(r, t), take, (t, k_new))
                 free[t] -= take
                 if then is None:
                     pending -= gang[r]
@@ -570,6 +622,115 @@ class GoodputAllocator:
             batch, accum = int(choice.batch[0]), int(choice.accumulation[0])
             out[v.id] = Allocation(p, *split_batch(v, len(p), batch, accum))
         return out
+
+
+class _Claims:
+    """The GPUs each running job holds on its type as a typed decision begins (its
+    claim), while it may still keep them (:meth:`GoodputAllocator.typed_counts`).
+    Another job's move takes claimed GPUs only where the type's unclaimed ones do not
+    suffice: with ``displace="waiting"`` only a job that holds none, and only for its
+    gang; with ``take_charge`` the first move that takes from a job pays its restart,
+    ``take_charge`` × its weight × its GPUs × its restart stall in the heap's utility
+    (the cheapest jobs taken from first). A claim ends where its job is placed on
+    another type, and shrinks by what others take."""
+
+    def __init__(self, alloc: GoodputAllocator, running: Sequence[AllocJob], gang: Sequence[int],
+                 sole: Sequence[str | None], state: list) -> None:
+        self.waiting_only = alloc.displace == "waiting"
+        self.gang, self.sole, self.state = gang, sole, state
+        n = len(running)
+        self.home: list[str | None] = [None] * n
+        self.held, self.cut, self.cost = [0] * n, [0] * n, [0.0] * n
+        self.on: dict[str, list[int]] = {}
+        for r, j in enumerate(running):
+            t = alloc._home.get(j.id)
+            if j.allocation and t is not None:
+                self.home[r], self.held[r] = t, len(j.allocation)
+                self.cost[r] = (alloc.take_charge * alloc.weight(j) * len(j.allocation)
+                                * alloc.stall(j, alloc.measured_restart))
+                self.on.setdefault(t, []).append(r)
+        self.charged = any(self.cost)
+        #: every claim left on each type
+        self.total = {t: sum(self.left(r, t) for r in rs) for t, rs in self.on.items()}
+        self._tables: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        #: moves taken so far, and how many had been when each job's move was last pushed
+        self.moves = 0
+        self.pushed: dict[int, int] = {}
+
+    def left(self, r: int, t: str) -> int:
+        """What is left of job ``r``'s claim on ``t`` beyond the GPUs it holds in the
+        decision so far (its gang, kept for it already, when it fits ``t`` only)."""
+        if self.home[r] != t:
+            return 0
+        st = self.state[r]
+        if st is None:
+            return max(self.held[r] - self.cut[r] - (self.gang[r] if self.sole[r] == t else 0), 0)
+        return max(self.held[r] - self.cut[r] - st[1], 0) if st[0] == t else 0
+
+    def unclaimed(self, r: int, t: str, room: int) -> int:
+        """Of the ``room`` GPUs of ``t`` job ``r`` may take, those no other job claims."""
+        return max(room - (self.total.get(t, 0) - self.left(r, t)), 0)
+
+    def most(self, r: int, t: str, room: int, k: int) -> int:
+        """The most GPUs of ``t`` job ``r``, at ``k`` there now (0: not placed), may reach."""
+        if not self.waiting_only:
+            return k + room
+        extra = self.gang[r] if self.state[r] is None and self.home[r] is None else 0
+        return k + self.unclaimed(r, t, room) + extra
+
+    def _table(self, t: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(what taking from it costs, its claim left, job) of every job claiming ``t``
+        with a claim left, the cheapest first (one already taken from costs nothing
+        more); of equals, the last in the order of who runs. Kept until a move changes
+        the claims on ``t``."""
+        tab = self._tables.get(t)
+        if tab is None:
+            out = [(0.0 if self.cut[v] else self.cost[v], self.left(v, t), v) for v in self.on.get(t, ())]
+            out = sorted((x for x in out if x[1] > 0), key=lambda x: (x[0], -x[2]))
+            tab = (np.array([x[0] for x in out], dtype=float), np.array([x[1] for x in out], dtype=np.int64),
+                   np.array([x[2] for x in out], dtype=np.int64))
+            self._tables[t] = tab
+        return tab
+
+    def charge(self, r: int, t: str, room: int, takes: np.ndarray) -> np.ndarray | float:
+        """What job ``r`` pays to take each of ``takes`` more GPUs of ``t``."""
+        if not self.charged:
+            return 0.0
+        short = np.maximum(takes - self.unclaimed(r, t, room), 0)
+        if not short.any():
+            return 0.0
+        cost, left, ids = self._table(t)
+        others = ids != r
+        if not others.any():
+            return 0.0
+        claimed = np.cumsum(left[others])
+        paid = np.cumsum(cost[others])
+        i = np.minimum(np.searchsorted(claimed, short), claimed.size - 1)
+        return np.where(short > 0, paid[i], 0.0)
+
+    def take(self, r: int, t: str, room: int, take: int, now: tuple[str, int]) -> None:
+        """Job ``r`` takes ``take`` more GPUs of ``t``, to hold ``now``: the claims it
+        needs shrink."""
+        self.moves += 1
+        short = take - self.unclaimed(r, t, room)
+        if short > 0:
+            _, lefts, ids = self._table(t)
+            for left, v in zip(lefts.tolist(), ids.tolist()):
+                if v == r:
+                    continue
+                x = min(left, short)
+                self.cut[v] += x
+                self.total[t] -= x
+                short -= x
+                if short <= 0:
+                    break
+            self._tables.pop(t, None)
+        home = self.home[r]
+        if home is not None:
+            self.total[home] -= self.left(r, home)
+            self.state[r] = now
+            self.total[home] += self.left(r, home)
+            self._tables.pop(home, None)
 
 
 def gpu_types(nodes: Sequence[AllocNode]) -> list[str]:

@@ -97,7 +97,7 @@ class _Job:
     __slots__ = (
         "spec", "app", "progress", "epoch", "attained", "restarts", "nodes", "placement", "atomic", "accum",
         "delay", "end", "start", "profile", "grad", "preemptions", "w0", "ideal", "metrics", "queued",
-        "since", "fixed_batch", "bounds", "gpu_type", "home",
+        "since", "fixed_batch", "bounds", "gpu_type", "home", "stall_from", "restart_s",
     )
 
     def __init__(self, spec: MeasuredJobSpec, app: Application, bounds: BatchBounds) -> None:
@@ -125,6 +125,10 @@ class _Job:
         self.metrics: list[float] = []
         self.queued = 0.0  # seconds with no GPUs since submission
         self.since: float | None = None  # when it last got GPUs after holding none
+        #: when its last new allocation began while it has not stepped since (None: it
+        #: has), and the seconds its last completed stall took (None: none yet)
+        self.stall_from: float | None = None
+        self.restart_s: float | None = None
         #: its batch stays its own whatever the allocator asks (:data:`~.measured.FIXED_BATCH`)
         self.fixed_batch = app.name in FIXED_BATCH
         #: the batch limits the allocator sees: the application's on every GPU type of
@@ -325,7 +329,7 @@ class IntervalSimulator:
             atomic_bsz=j.atomic, accum_steps=j.accum, epoch=j.epoch, progress=j.progress,
             grad_sqr=j.grad[0] if j.grad else None, grad_var=j.grad[1] if j.grad else None,
             profile=tuple(j.profile.values()), metrics=tuple(j.metrics), higher_is_better=j.app.higher_is_better,
-            seed_profile=self._seeds.get(spec.application, ()),
+            seed_profile=self._seeds.get(spec.application, ()), restart_s=j.restart_s,
         )
         if self.queues is not None:
             v.queue = spec.tenant
@@ -418,6 +422,7 @@ class IntervalSimulator:
             j.nodes, j.placement, j.atomic, j.accum, j.delay = (), (), 0, 0, 0.0
             j.since = None
             j.gpu_type = None
+            j.stall_from = None
             return
         if not j.nodes:
             j.since = self.now
@@ -429,6 +434,7 @@ class IntervalSimulator:
         if sorted(nodes) != sorted(j.nodes):  # a move between types changes every node: a restart
             j.restarts += 1
             j.delay = (self.config.restart_costs or {}).get(j.app.name, self.config.restart_cost)
+            j.stall_from = self.now
             if j.start is None:
                 j.start = self.now
                 j.w0 = len(nodes)
@@ -448,6 +454,9 @@ class IntervalSimulator:
         j.attained += wait * r
         left = dt - wait
         t = self.now + wait
+        if j.stall_from is not None and left > 0:  # it steps again: the stall it saw, as a live job sees it
+            j.restart_s = t - j.stall_from
+            j.stall_from = None
         app = j.app
         gpu_type = j.gpu_type
         cost, step, sync = self._update_time(j, j.placement, j.atomic, j.accum, gpu_type)

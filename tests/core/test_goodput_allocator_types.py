@@ -160,3 +160,51 @@ def test_the_fast_type_goes_to_the_job_it_speeds_up_more_than_the_others():
     assert priced == {"a": ("slow", 4), "b": ("fast", 1)}
     _, unpriced = _decide(jobs, nodes, GoodputAllocator(type_price=0.0))
     assert unpriced == {"a": ("fast", 3), "b": ("fast", 1)}
+
+
+def test_the_restart_factor_charges_the_stall_the_job_measured():
+    """``measured_restart``: ``δ`` is the job's own measured stall (``restart_s``) once it
+    has one, ``restart_delay`` before; a one-GPU job 20% faster on a free fast GPU moves
+    at δ = 60 s (factor 1000/1060) and stays at its measured 250 s (1000/1250)."""
+    a, m = GoodputAllocator(measured_restart=False), GoodputAllocator()
+    j = _job("j", {"fast": (1.2, 0.0), "slow": (1.0, 0.0)}, max_replicas=1, alloc=(0,), age=1000.0)
+    slow = dataclasses.replace(j, restart_s=250.0)
+    assert m.factor(j, measured=True) == pytest.approx(1000 / 1060, rel=1e-12)  # unmeasured: restart_delay
+    assert m.factor(slow, measured=True) == pytest.approx(1000 / 1250, rel=1e-12)
+    assert a.factor(slow) == m.factor(slow) == pytest.approx(1000 / 1060, rel=1e-12)
+    twice = dataclasses.replace(slow, num_restarts=2)
+    assert m.factor(twice, measured=True) == pytest.approx(500 / 1250, rel=1e-12)
+    nodes = _nodes(("slow", 4), ("fast", 4))
+    assert _decide([j], nodes, m)[1] == {"j": ("fast", 1)}
+    assert _decide([slow], nodes, a)[1] == {"j": ("fast", 1)}
+    assert _decide([slow], nodes, m)[1] == {"j": ("slow", 1)}
+
+
+def test_a_running_jobs_gpus_go_to_a_job_that_would_wait_or_to_one_that_pays_its_restart():
+    """A long-running job holds the 4 fast GPUs; a new job limited to them arrives.
+    Uncharged, the new one takes 3 of them; ``displace="waiting"``: only its gang of 1.
+    ``take_charge``: it pays the old job's weight × 4 GPUs × its 250 s, and takes 3 only
+    while that is small."""
+    nodes = _nodes(("slow", 4), ("fast", 4))
+    old = dataclasses.replace(_job("old", BIG, alloc=(1,) * 4, restarts=1), attained_service=1e6, restart_s=250.0)
+    new = dataclasses.replace(_job("new", BIG, submit=1.0, age=600.0), gpu_models=frozenset({"fast"}))
+    grab, keep = {"old": ("fast", 1), "new": ("fast", 3)}, {"old": ("fast", 3), "new": ("fast", 1)}
+    assert _decide([old, new], nodes, GoodputAllocator(take_charge=0.0))[1] == grab
+    assert _decide([old, new], nodes, GoodputAllocator(take_charge=0.0, displace="waiting"))[1] == keep
+    assert _decide([old, new], nodes, GoodputAllocator(take_charge=1e-3))[1] == grab
+    assert _decide([old, new], nodes)[1] == keep  # the default, take_charge = 0.01
+    for bad in ({"displace": "never"}, {"take_charge": -1.0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            GoodputAllocator(**bad)
+
+
+def test_the_restart_options_leave_the_single_type_decision_as_it_is():
+    rng = random.Random(5)
+    nodes = [AllocNode(i, 4, f"n{i}") for i in range(4)]
+    jobs = [dataclasses.replace(
+        _job(f"j{i}", {"": (rng.uniform(0.5, 2.0), rng.choice([0.0, 0.02, 0.3]))}, max_replicas=rng.randint(1, 16),
+             submit=float(i), age=rng.uniform(10, 1e4), alloc=(i % 4,) * (i % 3), restarts=i % 2),
+        restart_s=rng.choice([None, 250.0])) for i in range(10)]
+    opts = GoodputAllocator(measured_restart=True, displace="waiting", take_charge=1.0)
+    off = GoodputAllocator(measured_restart=False, take_charge=0.0)
+    assert _decide(jobs, nodes, opts)[0] == _decide(jobs, nodes, off)[0] == _decide(jobs, nodes)[0]

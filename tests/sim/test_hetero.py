@@ -145,6 +145,26 @@ def test_moving_between_types_is_a_restart_and_keeps_both_types_reports(cifar10)
     assert sim.views()[0].num_restarts == 1
 
 
+def test_a_job_shows_the_restart_stall_it_lived_through_not_the_engine_table(cifar10):
+    """The engine's table says 90 s per restart; a job shows ``restart_s`` only once it
+    has stepped after a new allocation (from the allocation to that step), keeps it
+    while a later stall is under way, and a job stopped mid-stall shows none."""
+    pin = Pin([{"c0": (0,) * 4, "c1": (1,) * 4}, {"c0": (0,) * 4}, {"c0": (1,) * 4}, {"c0": (1,) * 4}])
+    sim = IntervalSimulator([_job(0), _job(1)], cifar10, pin, cluster=SMALL, config=IntervalConfig(restart_cost=90.0))
+    sim.step()
+    sim.step()
+    sim.config = IntervalConfig(restart_cost=150.0)  # the move at 120 s stalls 150 s
+    for _ in range(3):
+        sim.step()
+    seen = [{j.id: j.restart_s for j in jobs} for jobs, _ in pin.seen]
+    assert seen[0] == {"c0": None, "c1": None}
+    assert seen[1] == {"c0": None, "c1": None}  # 60 s into a 90 s stall: nothing measured yet
+    assert seen[2] == {"c0": 90.0, "c1": None}  # c0 stepped at 90 s; c1 was stopped mid-stall
+    assert seen[3] == {"c0": 90.0, "c1": None}  # the move's stall is under way: the last one
+    assert seen[4] == {"c0": 90.0, "c1": None}
+    assert sim.views()[0].restart_s == 150.0  # it stepped at 270 s: the move's 150 s
+
+
 # ------------------------------------------------------------------ one type per job
 def test_an_allocation_across_types_is_refused(cifar10):
     sim = IntervalSimulator([_job(0)], cifar10, Pin([{"c0": (0, 0, 1, 1)}]), cluster=SMALL)
