@@ -55,7 +55,9 @@ def _free_port() -> int:
 def _events(path: Path) -> list[dict]:
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    # read while workers append: a line still being written has no newline yet
+    *complete, _partial = path.read_text().split("\n")
+    return [json.loads(line) for line in complete if line.strip()]
 
 
 class Job:
