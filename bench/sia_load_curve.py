@@ -57,12 +57,12 @@ def table(runs: dict[str, dict], loads: list[float], n: int, policies: list[str]
 
     rows = []
     for L in loads:
-        # the policies that ran at this load (a slow peer may be left out at one), on
-        # the seeds every one of them ran, so each mean is over the same workloads
-        here = [p for p in policies if any(_key(L, s, p) in runs for s in seeds("test", n))]
-        ss = [s for s in seeds("test", n) if all(_key(L, s, p) in runs for p in here)]
+        # the policies that ran on all n seeds at this load (a slow peer may be left
+        # out at one), so each mean is over the same workloads
+        ss = seeds("test", n)
+        here = [p for p in policies if all(_key(L, s, p) in runs for s in ss)]
         jct = {p: [runs[_key(L, s, p)]["jct_mean"] for s in ss] for p in here}
-        row = {"load": L, "seeds": len(ss), "mean": {p: float(np.mean(v)) for p, v in jct.items() if v}}
+        row = {"load": L, "seeds": len(ss), "mean": {p: float(np.mean(v)) for p, v in jct.items()}}
         if len(ss) >= 2 and candidate in here:
             row["vs"] = {p: paired_bootstrap(jct[candidate], jct[p]).to_dict() for p in here if p != candidate}
         rows.append(row)

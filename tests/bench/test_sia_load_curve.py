@@ -1,5 +1,5 @@
-"""bench/sia_load_curve.py: means over the seeds every policy ran at a load, the
-candidate's paired interval against each, a peer missing at one load left out there."""
+"""bench/sia_load_curve.py: means over the same seeds, the candidate's paired interval
+against each policy, a peer that did not run every seed at a load left out there."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ def test_the_table_pairs_the_same_seeds_and_drops_a_missing_peer(bench_module):
     rows = []
     for k, s in enumerate(range(20000, 20004)):
         rows += [(1.0, s, "served", 100.0 + k), (1.0, s, "sia", 110.0 + k), (1.0, s, "gavel", 200.0 + k)]
-        rows += [(1.5, s, "served", 150.0 + k), (1.5, s, "sia", 140.0 + k)]  # gavel not run at 1.5
-    rows.append((1.0, 20004, "served", 1.0))  # a seed only the candidate ran: left out
-    t = bench.table(_runs(rows), [1.0, 1.5], 5, ["served", "sia", "gavel"], "served")
+        rows += [(1.5, s, "served", 150.0 + k), (1.5, s, "sia", 140.0 + k)]
+    rows.append((1.0, 20004, "served", 1.0))  # beyond the 4 seeds asked for: not read
+    rows.append((1.5, 20000, "gavel", 1.0))  # one seed of 4 at 1.5: gavel left out there
+    t = bench.table(_runs(rows), [1.0, 1.5], 4, ["served", "sia", "gavel"], "served")
     one, high = t
     assert one["seeds"] == 4 and one["mean"] == {"served": 101.5, "sia": 111.5, "gavel": 201.5}
     assert one["vs"]["sia"]["rel_hi"] < 0 and one["vs"]["gavel"]["rel_hi"] < 0
