@@ -49,6 +49,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
+        self.wfile.flush()
+        time.sleep(getattr(self.server, "linger_s", 0.0))  # the answer sent, the connection kept a while
 
     do_HEAD = do_GET
     do_POST = do_GET
@@ -191,6 +193,15 @@ def test_relays_the_read_endpoints_and_nothing_else(upstream, relay):
     text = log.read_text()
     assert "POST /filter: 405" in text and "GET /prioritize: 404" in text, text  # one line per refusal
     assert "at stop:" in text and "refused: path" in text, text  # and a summary
+
+
+def test_a_stop_lets_an_answer_under_way_finish_and_counts_it(upstream, relay):
+    base, proc, log = relay(_url(upstream))
+    assert _get(f"{base}/filter")[0] == 404
+    upstream.linger_s = 1.5  # the client has its answer; the relay still waits for the extender to close
+    assert _get(f"{base}/metrics")[:2] == (200, METRICS)
+    _stop(proc)
+    assert re.search(r"at stop: 1 relayed; 1 refused: path; 0 connections open", log.read_text()), log.read_text()
 
 
 def test_extender_unreachable_or_slow_is_a_gateway_error(relay):

@@ -78,11 +78,14 @@ def test_the_jobs_own_account_reports_its_batch_and_nothing_else(kapi, ns, tj, r
                        30, "BatchSizeIgnored=True")
             cond = kapi.condition(ns, "mine", "BatchSizeIgnored")
             assert "reports global batch 32, rlsched set 64" in cond["message"], cond
+            # kopf posts events from a queue, after the status patch: wait for it
+            wait_until(lambda: kapi.events(ns, "mine", "BatchSizeIgnored"), 30, "a BatchSizeIgnored event")
             assert [e.type for e in kapi.events(ns, "mine", "BatchSizeIgnored")] == ["Warning"]
             Reporter("mine", ns, api=api).report(epoch=2, loss=1.5, accuracy=0.5, generation=0,
                                                  global_batch_size=64)
             wait_until(lambda: kapi.condition(ns, "mine", "BatchSizeIgnored")["status"] == "False",
                        30, "BatchSizeIgnored=False")
+            wait_until(lambda: kapi.events(ns, "mine", "BatchSizeFollowed"), 30, "a BatchSizeFollowed event")
             assert len(kapi.events(ns, "mine", "BatchSizeFollowed")) == 1
             # the same account: nothing of another job's status (RBAC), nothing but progress of its own
             with pytest.raises(ApiException) as other:

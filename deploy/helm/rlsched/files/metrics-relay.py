@@ -229,6 +229,14 @@ class Relay:
         async with asyncio.timeout(self.idle_timeout):
             await writer.drain()
 
+    async def finish_answers(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until every open connection is one still
+        waiting for its request head: answers under way end and are counted."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while len(self.clients) > len(self.waiting) and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+
     async def close_all(self, timeout_s: float = 5.0) -> None:
         """Drop every client connection and wait (at most ``timeout_s``) for their
         handlers to end."""
@@ -314,6 +322,7 @@ async def serve(args: argparse.Namespace) -> int:
         await stop.wait()
         server.close()
         reporter.cancel()
+        await relay.finish_answers(args.timeout + args.idle_timeout)
         relay.summary("at stop")
         await relay.close_all()
     log.warning("stopped")
