@@ -477,15 +477,17 @@ class GoodputAllocator:
             best = None
             if state[r] is None:
                 lo = gang[r]
+                ahead = lo + min(spare(), room)
                 for t in vals[r]:
-                    hi = int(min(jcap[r][t], room_on(r, t), lo + spare(), lo + room))
+                    on = room_on(r, t)
+                    hi = int(min(jcap[r][t], on, ahead))
                     if claims is not None:
-                        hi = min(hi, claims.most(r, t, room_on(r, t), 0))
+                        hi = min(hi, claims.most(r, t, on, 0))
                     if hi < lo:
                         continue
                     paid = 0.0 if claims is None or floor[r] is None else \
-                        claims.charge(r, t, room_on(r, t), np.arange(lo, hi + 1))
-                    if np.any(paid):  # the entry's gains, less what it pays for each count
+                        claims.charge(r, t, on, np.arange(lo, hi + 1))
+                    if isinstance(paid, np.ndarray) and paid.any():  # the entry's gains, less what it pays
                         K = np.arange(lo, hi + 1)
                         with np.errstate(invalid="ignore"):
                             gains_k = (vals[r][t][lo:hi + 1] - floor[r] - paid) / (K * price[t])
@@ -499,13 +501,14 @@ class GoodputAllocator:
                 return best
             t, k = state[r]
             v = vals[r][t]
-            hi = int(min(jcap[r][t], k + room_on(r, t), k + spare(), k + room))
+            on = room_on(r, t)
+            hi = int(min(jcap[r][t], k + on, k + spare(), k + room))
             if claims is not None:
-                hi = min(hi, claims.most(r, t, room_on(r, t), k))
+                hi = min(hi, claims.most(r, t, on, k))
             if hi <= k:
                 return None
             ahead = v[k + 1:hi + 1]
-            paid = 0.0 if claims is None else claims.charge(r, t, room_on(r, t), np.arange(1, hi - k + 1))
+            paid = 0.0 if claims is None else claims.charge(r, t, on, np.arange(1, hi - k + 1))
             with np.errstate(invalid="ignore"):  # -inf - -inf where it cannot train: replaced below
                 gain = (ahead - v[k] - paid) / steps[t][:hi - k]
             if not np.isfinite(v[k]):
@@ -678,33 +681,38 @@ class _Claims:
         extra = self.gang[r] if self.state[r] is None and self.home[r] is None else 0
         return k + self.unclaimed(r, t, room) + extra
 
-    def _table(self, t: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _table(self, t: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, frozenset]:
         """(what taking from it costs, its claim left, job) of every job claiming ``t``
         with a claim left, the cheapest first (one already taken from costs nothing
-        more); of equals, the last in the order of who runs. Kept until a move changes
-        the claims on ``t``."""
+        more); of equals, the last in the order of who runs; with the running sums of
+        claims and costs and the set of jobs. Kept until a move changes the claims on
+        ``t``."""
         tab = self._tables.get(t)
         if tab is None:
             out = [(0.0 if self.cut[v] else self.cost[v], self.left(v, t), v) for v in self.on.get(t, ())]
             out = sorted((x for x in out if x[1] > 0), key=lambda x: (x[0], -x[2]))
-            tab = (np.array([x[0] for x in out], dtype=float), np.array([x[1] for x in out], dtype=np.int64),
-                   np.array([x[2] for x in out], dtype=np.int64))
+            cost, left = np.array([x[0] for x in out], dtype=float), np.array([x[1] for x in out], dtype=np.int64)
+            tab = (cost, left, np.array([x[2] for x in out], dtype=np.int64), np.cumsum(left), np.cumsum(cost),
+                   frozenset(x[2] for x in out))
             self._tables[t] = tab
         return tab
 
     def charge(self, r: int, t: str, room: int, takes: np.ndarray) -> np.ndarray | float:
-        """What job ``r`` pays to take each of ``takes`` more GPUs of ``t``."""
+        """What job ``r`` pays to take each of ``takes`` (ascending) more GPUs of ``t``."""
         if not self.charged:
             return 0.0
-        short = np.maximum(takes - self.unclaimed(r, t, room), 0)
-        if not short.any():
+        free = self.unclaimed(r, t, room)
+        if takes[-1] <= free:
             return 0.0
-        cost, left, ids = self._table(t)
-        others = ids != r
-        if not others.any():
+        short = np.maximum(takes - free, 0)
+        cost, left, ids, claimed, paid, members = self._table(t)
+        if r in members:  # the sums over the others
+            others = ids != r
+            if not others.any():
+                return 0.0
+            claimed, paid = np.cumsum(left[others]), np.cumsum(cost[others])
+        elif not ids.size:
             return 0.0
-        claimed = np.cumsum(left[others])
-        paid = np.cumsum(cost[others])
         i = np.minimum(np.searchsorted(claimed, short), claimed.size - 1)
         return np.where(short > 0, paid[i], 0.0)
 
@@ -714,7 +722,7 @@ class _Claims:
         self.moves += 1
         short = take - self.unclaimed(r, t, room)
         if short > 0:
-            _, lefts, ids = self._table(t)
+            _, lefts, ids, *_ = self._table(t)
             for left, v in zip(lefts.tolist(), ids.tolist()):
                 if v == r:
                     continue
