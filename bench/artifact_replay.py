@@ -60,7 +60,7 @@ def run_ours(policy: str, workload: int, data_dir: str | None) -> dict:
     log: list[dict] = []
 
     class Logged:
-        name, clairvoyant = inner.name, bool(getattr(inner, "clairvoyant", False))
+        name, clairvoyant, type_aware = inner.name, inner.clairvoyant, inner.type_aware
 
         def allocate(self, jobs, nodes, now):
             out = inner.allocate(jobs, nodes, now)
@@ -86,7 +86,7 @@ def replay_theirs_in_ours(log_file: str, workload: int, data_dir: str | None) ->
     trace = _trace(workload, data_dir)
 
     class Replay:
-        name, clairvoyant = "artifact-replay", False
+        name, clairvoyant, type_aware = "artifact-replay", False, False
 
         def allocate(self, jobs, nodes, now):
             r = by_t.get(int(round(now)))

@@ -159,8 +159,8 @@ class _Recorder:
 
     def __init__(self, inner, every: int, start: float) -> None:
         self.inner, self.every, self.start = inner, every, start
-        self.name = getattr(inner, "name", "driver")
-        self.clairvoyant = bool(getattr(inner, "clairvoyant", False))
+        self.name = inner.name
+        self.clairvoyant, self.type_aware = inner.clairvoyant, inner.type_aware
         self.calls = 0
         self.snapshots: list[tuple[float, list[AllocJob]]] = []
 

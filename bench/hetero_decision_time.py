@@ -41,7 +41,7 @@ class _Recorder:
     def __init__(self, inner, every: int, start: float) -> None:
         self.inner, self.every, self.start = inner, every, start
         self.name, self.clairvoyant = inner.name, inner.clairvoyant
-        self.type_aware = bool(getattr(inner, "type_aware", False))
+        self.type_aware = inner.type_aware
         self.calls, self.snapshots = 0, []
 
     def allocate(self, jobs, nodes, now):

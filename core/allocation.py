@@ -232,15 +232,16 @@ class Allocator(Protocol):
 
     ``name``: how results and tables name it. ``clairvoyant``: it reads
     :attr:`AllocJob.oracle` (a labelled reference run, never a baseline).
-    ``allocate`` returns an :class:`Allocation` per job id; a job left out gets no
-    GPUs. It may keep state between calls (it is called once per interval, in time
-    order, by one engine). On nodes of several GPU types (:attr:`AllocNode.gpu_type`) a
-    job runs on one type at a time: an allocator that sets ``type_aware = True`` keeps
-    to that itself; for one that does not, the engine does (the simulator's
-    ``one_type_per_job``)."""
+    ``type_aware``: on nodes of several GPU types (:attr:`AllocNode.gpu_type`) it
+    chooses each job's type and keeps the job on one type at a time; for one that is
+    not, the engine pins each job to one type (the simulator's ``one_type_per_job``) and
+    the live adapter moves no job between types. ``allocate`` returns an
+    :class:`Allocation` per job id; a job left out gets no GPUs. It may keep state
+    between calls (it is called once per interval, in time order, by one engine)."""
 
     name: str
     clairvoyant: bool
+    type_aware: bool
 
     def allocate(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], now: float) -> Mapping[str, Allocation]: ...
 

@@ -541,7 +541,7 @@ class LiveAllocation:
         plan = LivePlan(allocations=out, complete=ended)
         wakes = [self.allocator.next_decision(asked, out, now)] if self._waking else []
         targets = {j.key: self.target(j, out.get(j.key, _NOTHING), types) for j in free_jobs}
-        moves = bool(getattr(self.allocator, "type_aware", False))  # only a type-aware choice moves a job
+        moves = bool(self.allocator.type_aware)  # only a type-aware choice moves a job
         again = self._admitting.restarted() if self.restarts_as_preemptions and self._admitting is not None else ()
         for j in free_jobs:
             t = targets[j.key]

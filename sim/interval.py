@@ -173,7 +173,7 @@ class IntervalSimulator:
 
     The cluster: ``cluster`` (:class:`~.measured.MeasuredCluster`), or ``nodes`` ×
     ``gpus_per_node`` GPUs of the default type (16 × 4 unless given). On a cluster of
-    several types an allocator that does not declare ``type_aware = True`` decides
+    several types an allocator that is not ``type_aware`` decides
     through :func:`one_type_per_job`; one that does must keep each job on one type (an
     allocation across types raises :class:`~rlsched.core.allocation.AllocationError`).
     ``seeds``: per application, the one-GPU step times per type a job of it declares
@@ -194,7 +194,7 @@ class IntervalSimulator:
         seeds: Mapping[str, Sequence[ProfileSample]] | None = None,
     ) -> None:
         if not isinstance(allocator, Allocator):
-            raise TypeError(f"{type(allocator).__name__} is not an Allocator (name, clairvoyant, allocate)")
+            raise TypeError(f"{type(allocator).__name__} is not an Allocator (name, clairvoyant, type_aware, allocate)")
         if queues is not None:
             _check_queues(allocator, queues, jobs)
         if cluster is None:
@@ -234,9 +234,9 @@ class IntervalSimulator:
         self.total_gpus = cluster.total_gpus
         #: the most GPUs one job can hold: all of one type
         self._job_cap = max(self._type_gpus.values())
-        self.clairvoyant = bool(getattr(allocator, "clairvoyant", False))
+        self.clairvoyant = bool(allocator.clairvoyant)
         #: decisions go through :func:`one_type_per_job` (several types, an allocator unaware of them)
-        self._pin_types = not cluster.homogeneous and not getattr(allocator, "type_aware", False)
+        self._pin_types = not cluster.homogeneous and not allocator.type_aware
         envelope = {name: _envelope(apps[name], cluster.gpu_types) for name in {j.application for j in jobs}}
         self._jobs = [_Job(s, apps[s.application], envelope[s.application])
                       for s in sorted(jobs, key=lambda s: (s.submit_time, s.id))]

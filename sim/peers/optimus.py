@@ -28,6 +28,7 @@ class OptimusOracle:
 
     name = "optimus-oracle"
     clairvoyant = True
+    type_aware = False
 
     def oracle(self, job: AllocJob) -> Oracle:
         """The job's oracle, checked: :class:`MissingOracleError` when it has none,

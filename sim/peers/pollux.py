@@ -226,6 +226,7 @@ class PolluxAllocator:
 
     name = "pollux"
     clairvoyant = False
+    type_aware = False
 
     def __init__(self, python: str | os.PathLike | None = None, *, seed: int = 0,
                  pinned: Mapping[str, tuple[int, int]] = PAPER_PINNED, cluster: str = "fixed",

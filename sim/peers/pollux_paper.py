@@ -28,6 +28,7 @@ class PolluxPaperAllocator:
 
     name = "pollux-paper"
     clairvoyant = False
+    type_aware = False
     #: fitted throughput models kept (least recently used dropped)
     FIT_CACHE = 4096
 

@@ -24,6 +24,7 @@ class TiresiasAllocator:
 
     name = "tiresias-2q"
     clairvoyant = False
+    type_aware = False
 
     def __init__(self, threshold: float = POLLUX_THRESHOLD, starvation_factor: float = 0.0) -> None:
         if not math.isfinite(threshold):

@@ -26,6 +26,7 @@ class Fixed:
 
     name = "fixed"
     clairvoyant = False
+    type_aware = False
 
     def __init__(self, answer):
         self.answer = answer

@@ -177,7 +177,7 @@ def test_a_type_unaware_allocator_is_kept_to_one_type_per_job(cifar10):
     the engine re-places it on the one type with room for all six (the 8 A100s)."""
 
     class Spread:
-        name, clairvoyant = "spread", False
+        name, clairvoyant, type_aware = "spread", False, False
 
         def allocate(self, jobs, nodes, now):
             return {j.id: Allocation((0, 0, 0, 1, 1, 1)) for j in jobs}

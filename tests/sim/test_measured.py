@@ -45,6 +45,7 @@ class Pin:
 
     name = "pin"
     clairvoyant = False
+    type_aware = False
 
     def __init__(self, plan, atomic=None):
         self.plan, self.atomic, self.calls = plan, atomic, 0
