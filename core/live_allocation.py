@@ -261,6 +261,9 @@ class LiveJob:
     #: the one-GPU seed profile it declared (``spec.seedProfile``, each row's GPU type
     #: as the nodes' types are named; :attr:`AllocJob.seed_profile`)
     seed_profile: tuple[ProfileSample, ...] = ()
+    #: seconds its last new allocation stalled it, from the allocation to its first
+    #: report after it (``status.restartStall``; :attr:`AllocJob.restart_s`)
+    restart_s: float | None = None
 
     def end(self) -> str | None:
         """``"MaxEpochs"``, ``"Converged"`` or None: whether a running job ended by itself."""
@@ -425,7 +428,7 @@ class LiveAllocation:
                         running_since=job.running_since if job.nodes else None,
                         protected=protected and bool(job.nodes), gpu_models=job.gpu_models,
                         cpu_milli=-(-max(job.cpu_milli, 0) // g), memory_mib=-(-max(job.memory_mib, 0) // g),
-                        replica_group=g, seed_profile=job.seed_profile)
+                        replica_group=g, seed_profile=job.seed_profile, restart_s=job.restart_s)
 
     def target(self, job: LiveJob, alloc: Allocation, types: Mapping[int, str] | None = None) -> LiveTarget:
         """The allocator's answer for ``job`` in whole workers (0: it waits; a running job

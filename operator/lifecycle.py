@@ -26,7 +26,8 @@ from rlsched.core.live_allocation import (
 from rlsched.core.planning import DynamicPriority, ElasticState, QueueEntry, RunningJob, TrainingSpec, WaitReason
 
 from .job import Job, checkpoint_path, pod_generation, progress_of, requests_count
-from .status import StatusWriter, format_time, get_condition, merge_diff, parse_time, set_condition, short, stored
+from .status import (StatusWriter, format_time, get_condition, merge_diff, parse_time, restart_stall, set_condition,
+                     short, stall_seconds, stored)
 from .workers import Workers
 
 log = logging.getLogger(__name__)
@@ -184,6 +185,9 @@ class Lifecycle:
             patch.update({"workers": len(live), "readyWorkers": ready})
         if complete and j.status.get("startedGeneration") != gen:
             patch["startedGeneration"] = gen  # every worker of the generation exists: a loss is now a restart
+        stall = restart_stall(j.status, gen, now)
+        if stall is not None:
+            patch["restartStall"] = stall
         if patch:
             await self.status.patch(j, patch)
         prog = progress_of(j.status)
@@ -298,7 +302,8 @@ class Lifecycle:
                        running_since=parse_time(j.status.get("admittedTime")) if placement else None,
                        gpu_models=s.gpu_models, cpu_milli=s.cpu_milli, memory_mib=s.memory_mib,
                        epoch=max(prog.epoch, 0), metrics=tuple(prog.history), movable=movable,
-                       seed_profile=self.seed_profile(s), **end)
+                       seed_profile=self.seed_profile(s), restart_s=stall_seconds(j.status.get("restartStall")),
+                       **end)
 
     def seed_profile(self, s: TrainingSpec) -> tuple[ProfileSample, ...]:
         """``spec.seedProfile`` as one-GPU profile samples, each row's type read through
@@ -369,6 +374,7 @@ class Lifecycle:
         resumed = j.status.get("queue") == "interrupt"
         patch: dict[str, Any] = {
             "phase": "Starting", "targetWorkers": target, "admittedTime": format_time(now), "nominated": False,
+            "allocatedGeneration": j.generation,
             "waiting": None, "batchSize": batch, "attainedSince": format_time(now), "gpuType": gpu_type,
             "conditions": set_condition(j.status.get("conditions"), "Admitted", "True", "GangFits",
                                         f"{target} x {j.spec.gpus_per_worker} GPUs free", now),
@@ -387,7 +393,7 @@ class Lifecycle:
         old, old_batch = self.target(j), j.batch_size
         await self.status.patch(j, {
             "targetWorkers": t.workers, "restartGeneration": j.generation + 1, "batchSize": t.batch_size,
-            "gpuType": t.gpu_type,
+            "gpuType": t.gpu_type, "allocatedGeneration": j.generation + 1,
             "attainedGpuSeconds": self.service(j, now), "attainedSince": format_time(now),
         })
         up = t.workers > old

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import math
 import time
 import uuid
 from datetime import datetime, timezone
@@ -30,7 +31,8 @@ log = logging.getLogger(__name__)
 #: trusts" in docs/design-notes.md); its last written value of each is its record
 OWNED_FIELDS = ("phase", "targetWorkers", "queue", "nominated", "queuedTime", "admittedTime", "startTime", "rlpto",
                 "restartGeneration", "startedGeneration", "failures", "restartAfter", "batchSize",
-                "attainedGpuSeconds", "attainedSince", "goodput", "queueName")
+                "attainedGpuSeconds", "attainedSince", "goodput", "queueName", "allocatedGeneration",
+                "restartStall")
 TIME_FIELDS = ("queuedTime", "admittedTime", "startTime", "attainedSince")
 #: clock skew tolerated between the operator, the API server and earlier operators
 SKEW_S = 300.0
@@ -148,7 +150,7 @@ def guard_status(
             st["targetWorkers"] = spec.clamp_workers(st.get("targetWorkers"))
         if st.get("nominated") and record is None and not (phase == "Queued" and spec.priority_class == "highest"):
             st["nominated"] = False
-    for k in ("restartGeneration", "startedGeneration", "failures"):
+    for k in ("restartGeneration", "startedGeneration", "failures", "allocatedGeneration"):
         v = st.get(k)
         if k in st and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
             st[k] = 0
@@ -160,6 +162,8 @@ def guard_status(
         st["attainedGpuSeconds"] = 0.0
     if "goodput" in st and not isinstance(st["goodput"], Mapping):
         st.pop("goodput")
+    if "restartStall" in st and stall_seconds(st["restartStall"]) is None:
+        st.pop("restartStall")
     if "restartAfter" in st:
         t = _time(st["restartAfter"])
         if t is None:
@@ -178,6 +182,41 @@ def guard_status(
             st[k] = format_time(created)
     changed = {k: (status.get(k), st.get(k)) for k in OWNED_FIELDS if stored(status.get(k)) != stored(st.get(k))}
     return st, changed
+
+
+def stall_seconds(record: Any) -> float | None:
+    """The seconds of a ``status.restartStall`` record (``{generation, seconds}``);
+    None when it is not one."""
+    if not isinstance(record, Mapping):
+        return None
+    gen, sec = record.get("generation"), record.get("seconds")
+    if isinstance(gen, bool) or not isinstance(gen, int) or gen < 0:
+        return None
+    if isinstance(sec, bool) or not isinstance(sec, (int, float)) or not (math.isfinite(sec) and sec >= 0):
+        return None
+    return float(sec)
+
+
+def restart_stall(status: Mapping, generation: int, now: float) -> dict | None:
+    """The ``status.restartStall`` to write, or None (nothing new): the seconds from
+    the job's last new allocation (``attainedSince``, for the generation in
+    ``allocatedGeneration``) to the first progress report of that generation, the
+    stall the allocator charges a move of it. The report's time is the trainer's;
+    taken at most ``now`` (when the operator saw it), a trainer can only understate
+    its own stall."""
+    if status.get("allocatedGeneration") != generation:
+        return None
+    old = status.get("restartStall")
+    if isinstance(old, Mapping) and old.get("generation") == generation:
+        return None
+    prog = status.get("progress")
+    since = _time(status.get("attainedSince"))
+    if not isinstance(prog, Mapping) or prog.get("generation") != generation or since is None:
+        return None
+    seen = _time(prog.get("updateTime"))
+    if seen is None:
+        return None
+    return {"generation": generation, "seconds": round(max(0.0, min(seen, now) - since), 3)}
 
 
 def short(v: Any) -> str:

@@ -139,3 +139,23 @@ def test_a_job_moves_to_a_faster_type_that_frees_up_only_with_the_seed_profile_i
     assert plan(running).resize == {} and plan(running).stop == []
     moved = plan(replace(running, seed_profile=seed))
     assert moved.resize == {"ns/a": LiveTarget(2, 128, "dgx-ext")}, moved
+
+
+def test_the_stall_a_job_measured_live_weighs_its_move():
+    """``LiveJob.restart_s`` (the operator's ``status.restartStall``) reaches the
+    allocator: the same move to the faster type is made after a short measured stall and
+    not after a long one."""
+    from rlsched.core.allocation import ProfileSample
+
+    types = {0: "aws", 1: "dgx-ext"}
+    obs = JobObservations(B).record(2, 1, 128, 0.4, "aws")
+    seed = (ProfileSample(1, 1, 64, 0.4, 0.0, gpu_type="aws"), ProfileSample(1, 1, 64, 0.1, 0.0, gpu_type="dgx-ext"))
+    running = LiveJob("ns/a", 0.0, 1, 2, nodes=(0, 0), batch_size=128, bounds=B, observations=obs,
+                      running_since=10.0, restarts=0, seed_profile=seed)
+    assert LiveAllocation.alloc_job(replace(running, restart_s=7.0), now=1.0).restart_s == 7.0
+
+    def plan(job):
+        return LiveAllocation.named("goodput").plan([job], {0: 4, 1: 8}, now=100.0, types=types)
+
+    assert plan(replace(running, restart_s=5.0)).resize == {"ns/a": LiveTarget(2, 128, "dgx-ext")}
+    assert plan(replace(running, restart_s=1e5)).resize == {}

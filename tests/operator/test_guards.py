@@ -11,7 +11,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from rlsched.core.contract import API_VERSION, ShapeError, controlling_job, dns_label
 from rlsched.core.planning import TrainingSpec
 from rlsched.operator.api import api_error, permanent_rejection
-from rlsched.operator.status import OWNED_FIELDS, format_time, guard_status, merge_diff, merge_patch, set_condition
+from rlsched.operator.status import (OWNED_FIELDS, format_time, guard_status, merge_diff, merge_patch, restart_stall,
+                                     set_condition, stall_seconds)
 
 SPEC = TrainingSpec(min_workers=1, max_workers=2)
 HIGHEST = TrainingSpec(min_workers=1, max_workers=2, priority_class="highest")
@@ -98,6 +99,33 @@ def test_allocator_fields_are_bounded_without_a_record():
     trusted, changed = guard_status(status(batchSize=4096, attainedGpuSeconds=0.0, goodput={}), record(mine), SPEC,
                                     created=CREATED, now=NOW)
     assert (trusted["batchSize"], trusted["attainedGpuSeconds"], trusted["goodput"]) == (256, 10.0, {"shapes": []})
+
+
+def test_the_restart_stall_is_measured_once_per_new_allocation_from_the_first_report():
+    """From the last new allocation (``attainedSince``) to the first report of the
+    generation it started, taken at most when the operator saw it."""
+    since = NOW - 50
+    st = status(allocatedGeneration=3, restartGeneration=3, attainedSince=format_time(since),
+                progress={"generation": 3, "epoch": 0, "updateTime": format_time(since + 21)})
+    assert restart_stall(st, 3, NOW) == {"generation": 3, "seconds": 21.0}
+    assert restart_stall(st, 3, since + 10) == {"generation": 3, "seconds": 10.0}  # a report dated later than seen
+    assert restart_stall({**st, "restartStall": {"generation": 3, "seconds": 21.0}}, 3, NOW) is None  # once
+    assert restart_stall({**st, "progress": {**st["progress"], "generation": 2}}, 3, NOW) is None  # an old report
+    # a restart after a failure is no new allocation: nothing measured from the old one
+    assert restart_stall({**st, "restartGeneration": 4}, 4, NOW) is None
+    assert restart_stall({**st, "attainedSince": None}, 3, NOW) is None
+    assert restart_stall({**st, "progress": {"generation": 3, "updateTime": format_time(since - 5)}}, 3, NOW) == \
+        {"generation": 3, "seconds": 0.0}  # a trainer clock behind: no negative stall
+
+
+@pytest.mark.parametrize("bad", ["x", {"generation": -1, "seconds": 3.0}, {"generation": 1, "seconds": -2.0},
+                                 {"generation": 1, "seconds": float("nan")}, {"generation": True, "seconds": 1.0},
+                                 {"seconds": 1.0}])
+def test_a_malformed_restart_stall_is_dropped(bad):
+    assert stall_seconds(bad) is None
+    trusted, changed = guard_status(status(restartStall=bad), None, SPEC, created=CREATED, now=NOW)
+    assert "restartStall" not in trusted and "restartStall" in changed
+    assert stall_seconds({"generation": 2, "seconds": 7}) == 7.0
 
 
 def test_recorded_fields_are_restored_whoever_changed_them():

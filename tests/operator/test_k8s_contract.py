@@ -23,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 
 from rlsched.core.contract import (ANNOTATION_DURATION, ANNOTATION_EXIT_CODE, ANNOTATION_STOP_EXIT_CODE,
                                    EXIT_CHECKPOINT, GROUP, PLURAL, VERSION)
+from rlsched.operator.status import parse_time
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
 
@@ -74,6 +75,12 @@ def test_the_jobs_own_account_reports_its_batch_and_nothing_else(kapi, ns, tj, r
             Reporter("mine", ns, api=api).report(epoch=1, loss=2.0, accuracy=0.25, generation=0,
                                                  global_batch_size=32)
             assert kapi.status(ns, "mine")["progress"]["globalBatchSize"] == 32
+            # the first report of the generation its admission started: the stall it measured
+            wait_until(lambda: "restartStall" in kapi.status(ns, "mine"), 30, "status.restartStall")
+            st = kapi.status(ns, "mine")
+            assert st["allocatedGeneration"] == 0 and st["restartStall"]["generation"] == 0
+            admitted, reported = (parse_time(x) for x in (st["attainedSince"], st["progress"]["updateTime"]))
+            assert 0.0 <= st["restartStall"]["seconds"] <= reported - admitted + 1.0, st
             wait_until(lambda: (kapi.condition(ns, "mine", "BatchSizeIgnored") or {}).get("status") == "True",
                        30, "BatchSizeIgnored=True")
             cond = kapi.condition(ns, "mine", "BatchSizeIgnored")

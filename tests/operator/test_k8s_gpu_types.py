@@ -115,3 +115,8 @@ def test_a_generation_lands_on_one_type_and_moves_to_the_faster_type_when_it_fre
             assert moved["restartGeneration"] > st.get("restartGeneration", 0), moved
             rec = step_time_row("dgx-ext", pods)
             assert rec["gpuType"] == "dgx-ext" and {r[6] for r in rec["shapes"]} == {"aws", "dgx-ext"}, rec
+            # the move's stall, from the decision to the first report of the new generation
+            gen = moved["restartGeneration"]
+            stall = wait_until(lambda: (kapi.status(ns, "typed").get("restartStall") or {}).get("generation") == gen
+                               and kapi.status(ns, "typed")["restartStall"], 30, "the move's stall measured")
+            assert kapi.status(ns, "typed")["allocatedGeneration"] == gen and 0.0 <= stall["seconds"] < 120.0, stall
