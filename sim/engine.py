@@ -539,11 +539,12 @@ class Simulator:
                               "workers": len(nodes), "resume": j.first_start is not None,
                               **self._batch_record(j)})
         self.heuristic.started(j)
-        if j.first_start is None:
+        if j.first_start is None:  # this engine charges a first start no stall: it measures none
             j.first_start = t
             j.resume_at = t
             j.level0 = self.dynamics.set_rate(j)
         else:  # a resume from a checkpoint
+            j.alloc_at = t
             j.resume_at = t + self.config.restart_cost
             v.queue = j.spec.queue
             self.dynamics.set_rate(j)
@@ -646,6 +647,7 @@ class Simulator:
         """A running job's workers changed at ``t``: it pays the restart, then runs at its
         new rate; its finish and its demotion are scheduled again."""
         j.resume_at = t + self.config.restart_cost
+        j.alloc_at = t
         self.dynamics.set_rate(j)
         if not j.spec.fixed:
             self.dynamics.retarget(j)

@@ -59,7 +59,7 @@ class JobState:
         "spec", "view", "conv", "status", "work_total", "work_done", "rate", "seg_start",
         "resume_at", "eff", "fee", "fee_rate", "version", "accs", "acc_first", "ideal",
         "level0", "rescales", "w0", "first_start", "preemptions", "elastic", "ran", "obs", "reported", "batch",
-        "gpu_type",
+        "gpu_type", "alloc_at", "restart_s",
     )
 
     def __init__(self, spec: JobSpec, conv: ConvergenceModel | None) -> None:
@@ -72,6 +72,10 @@ class JobState:
         self.rate = 0.0
         self.seg_start = 0.0
         self.resume_at = 0.0
+        #: when it was last given new GPUs, and the stall that cost it once it has passed
+        #: (the operator's ``status.restartStall``; :attr:`AllocJob.restart_s`)
+        self.alloc_at: float | None = None
+        self.restart_s: float | None = None
         self.eff = 0.0
         self.fee = 0.0
         self.fee_rate = 0.0
