@@ -387,10 +387,8 @@ class IntervalSimulator:
         allocate = self.allocator.allocate
         if self._pin_types:
             allocate = one_type_per_job(allocate, {j.spec.id: j.home for j in self._active})
-        if self.queues is None:
-            result = allocate(views, self.nodes, self.now)
-        else:
-            result = allocate(views, self.nodes, self.now, queues=self.queues)
+        # an allocator without queues is called without the keyword (:func:`_check_queues`)
+        result = allocate(views, self.nodes, self.now, **({} if self.queues is None else {"queues": self.queues}))
         check_allocations(views, self.nodes, result)
         for jid, a in result.items():
             types = {self._type_of[i] for i in a.nodes}

@@ -178,6 +178,22 @@ def test_the_gang_allocator_calls_the_cycle_once_and_the_operator_the_allocator_
     assert len(calls) == 1  # its one decision call
 
 
+def test_each_engine_adapter_makes_one_decision_call():
+    """The interval engine calls its allocator once per decision, the event engine's
+    allocation adapter its live allocation once: each only translates around it."""
+    def calls(path: str, *names: str, within: str | None = None) -> int:
+        tree = ast.parse((ROOT / path).read_text())
+        if within is not None:
+            tree = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == within)
+        return sum(1 for node in ast.walk(tree) if isinstance(node, ast.Call) and _dotted(node.func) in names)
+
+    # the engine's one call, through the one local name (the allocator's, or its
+    # one-type-per-job wrapper's for an allocator unaware of GPU types)
+    assert calls("sim/interval.py", "allocate", "self.allocator.allocate", within="IntervalSimulator") == 1
+    assert calls("sim/engine_allocation.py", "sim.allocation.plan", "self.sim.allocation.plan") == 1
+    assert calls("sim/engine.py", "self.allocation.plan") == 0
+
+
 def test_the_checker_catches_direct_calls():
     src = '''
 class Controller:
