@@ -544,8 +544,7 @@ class Simulator:
             j.resume_at = t
             j.level0 = self.dynamics.set_rate(j)
         else:  # a resume from a checkpoint
-            j.alloc_at = t
-            j.resume_at = t + self.config.restart_cost
+            j.restarted(t, t + self.config.restart_cost)
             v.queue = j.spec.queue
             self.dynamics.set_rate(j)
         if (v.workers != j.w0 or j.spec.batch_size is not None) and not j.spec.fixed:
@@ -646,8 +645,7 @@ class Simulator:
     def _restarted(self, j: JobState, t: float) -> None:
         """A running job's workers changed at ``t``: it pays the restart, then runs at its
         new rate; its finish and its demotion are scheduled again."""
-        j.resume_at = t + self.config.restart_cost
-        j.alloc_at = t
+        j.restarted(t, t + self.config.restart_cost)
         self.dynamics.set_rate(j)
         if not j.spec.fixed:
             self.dynamics.retarget(j)

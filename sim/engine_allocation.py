@@ -36,13 +36,12 @@ class AllocationAdapter:
             batch = j.batch if nodes and j.batch is not None else spec.batch_size
         p = v.progress
         since = float(v.start_time) if nodes and v.start_time is not None else None
-        if j.alloc_at is not None and self.sim.now >= j.resume_at:  # its last stall, once over
-            j.restart_s = j.resume_at - j.alloc_at
+        stall = j.stall(self.sim.now)
         types = self.sim.dynamics.types
         same = (spec, j.obs, p.history, types)  # immutable (the history only grows)
         equal = (nodes, batch, v.attained_service, j.rescales + j.preemptions, since, p.epoch, len(p.history),
                  v.min_workers, v.max_workers, v.gpus_per_worker, v.gpu_models, v.cpu_milli, v.memory_mib,
-                 v.submit_time, j.restart_s)
+                 v.submit_time, stall)
         hit = self._kept.get(v.id)
         metrics = seeds = None
         if hit is not None:
@@ -62,7 +61,7 @@ class AllocationAdapter:
                        gpu_models=v.gpu_models, cpu_milli=v.cpu_milli, memory_mib=v.memory_mib,
                        epoch=p.epoch, metrics=tuple(p.history) if metrics is None else metrics,
                        start_workers=spec.workers, seed_profile=self._seeds(spec) if seeds is None else seeds,
-                       restart_s=j.restart_s)
+                       restart_s=stall)
         self._kept[v.id] = (same, equal, live)
         return live
 

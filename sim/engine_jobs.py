@@ -72,9 +72,9 @@ class JobState:
         self.rate = 0.0
         self.seg_start = 0.0
         self.resume_at = 0.0
-        #: when it was last given new GPUs, and the stall that cost it once it has passed
-        #: (the operator's ``status.restartStall``; :attr:`AllocJob.restart_s`)
+        #: when it was last given new GPUs that it pays a restart for (:meth:`stall`)
         self.alloc_at: float | None = None
+        #: the last such stall over before that
         self.restart_s: float | None = None
         self.eff = 0.0
         self.fee = 0.0
@@ -99,6 +99,18 @@ class JobState:
         self.batch: int | None = None
         #: the GPU type of its nodes while it runs on one type (``""``: none, or no types)
         self.gpu_type = ""
+
+    def restarted(self, t: float, resume_at: float) -> None:
+        """New GPUs at ``t``, stepping again from ``resume_at``."""
+        self.restart_s = self.stall(t)
+        self.alloc_at, self.resume_at = t, resume_at
+
+    def stall(self, now: float) -> float | None:
+        """Its last restart stall over by ``now``, as the operator's
+        ``status.restartStall`` shows it (:attr:`AllocJob.restart_s`); None: none yet."""
+        if self.alloc_at is not None and now >= self.resume_at:
+            return self.resume_at - self.alloc_at
+        return self.restart_s
 
 
 def build_jobs(specs, rng: np.random.Generator) -> tuple[list[JobState], np.ndarray, list[int]]:

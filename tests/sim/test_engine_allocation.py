@@ -166,6 +166,6 @@ def test_on_nodes_of_two_gpu_types_a_job_runs_reports_and_moves_by_its_type():
     b = s._by_id["mx-b"]
     assert {r.gpu_type for r in b.obs.shapes} == {"Tesla-T4", "A100"} and not res.unfinished
     # the move's stall, as the operator's status.restartStall: the restart it paid
-    assert b.restart_s == conf["restart_cost"] and s._by_id["mx-a"].restart_s is None  # a first start: none
+    assert b.stall(s.now) == conf["restart_cost"] and s._by_id["mx-a"].stall(s.now) is None  # a first start: none
     _, plain = run(None)  # no types: the allocator sees one kind of GPU
     assert not [d for d in plain.decisions if d["kind"] == "scale"]
