@@ -37,9 +37,14 @@ def _setting(text: str) -> tuple[str, str, dict]:
 
 
 def _spec(seed: int, jobs: int, load: float) -> str:
+    """The sia suite's trace for ``seed``: its published Philly workload (1..8) or a
+    ``pollux-gen`` draw (``rlsched eval protocol --suite sia``)."""
+    from rlsched.sim.evaluate import SUITES
+
+    suite = SUITES["sia"]
     if seed < 100:
-        return f"sia:workloads/philly/workload-{seed}"
-    return f"pollux-gen:seed={seed},jobs={jobs},load={load:g},cluster=sia-64"
+        return suite.published[0][1].format(w=seed)
+    return suite._spec(load, seed, jobs)
 
 
 def run_one(spec: str, policy: str, options: dict) -> dict:
