@@ -70,6 +70,9 @@ class Suite:
     published: tuple[tuple[float, str], ...] = ()
     #: the cluster its generated workloads are drawn for (``cluster=`` of pollux-gen; "": Pollux's)
     cluster: str = ""
+    #: pollux-gen options of the setting its generated workloads run in, as its
+    #: published ones do ("": Pollux's)
+    setting: str = ""
 
     def published_spec(self, load: float) -> str | None:
         return dict(self.published).get(load)
@@ -94,7 +97,8 @@ class Suite:
         if self.name == "alibaba":
             return f"alibaba2023:default,nodes=30,window={jobs},load={load:g},tail=0.9"
         if self.engine == "interval":
-            return f"pollux-gen:seed={seed},jobs={jobs},load={load:g}" + (f",cluster={self.cluster}" if self.cluster else "")
+            return (f"pollux-gen:seed={seed},jobs={jobs},load={load:g}" + (f",cluster={self.cluster}" if self.cluster else "")
+                    + (f",{self.setting}" if self.setting else ""))
         raise ProtocolError(f"suite {self.name!r} has no trace")
 
 
@@ -116,9 +120,10 @@ SUITES: dict[str, Suite] = {
                     published=tuple((L, f"pollux:{folder}/workload-{{w}}") for L, folder in PUBLISHED_FOLDERS.items())),
     "sia": Suite("sia", "interval", (0.5, 1.0, 1.5), ("none",), also=("sia", "gavel", "pollux-paper", "tiresias-2q"),
                  allocators=("sia", "gavel", "pollux-paper", "tiresias-2q"), cluster="sia-64",
+                 setting="calibration=sia,restart=sia",
                  describe="Sia SOSP'23 benchmark on the interval engine, its 64-GPU mix of three types (6 x 4 T4, "
                  "2 x 8 A100, 3 x 8 RTX): the paper's 8 Philly workloads, and held-out pollux-gen workloads "
-                 "drawn for the same mix; Sia, Gavel, the heterogeneity-unaware paper Pollux and Tiresias-2q "
+                 "drawn for the same mix, in the same setting (the artifact's calibration and restart costs); Sia, Gavel, the heterogeneity-unaware paper Pollux and Tiresias-2q "
                  "always reported",
                  published=((1.0, "sia:workloads/philly/workload-{w}"),)),
 }

@@ -67,7 +67,8 @@ __all__ = [
 
 FORM = "pollux:<folder>/<file>[,cluster=NAME]"
 SIA_FORM = "sia:<folder>/<file>[,cluster=NAME][,calibration=sia|none][,restart=sia|SECONDS]"
-GEN_FORM = "pollux-gen:seed=N[,jobs=160,hours=8,load=1.0,start=2][,cluster=NAME]"
+GEN_FORM = ("pollux-gen:seed=N[,jobs=160,hours=8,load=1.0,start=2][,cluster=NAME]"
+            "[,calibration=sia|none][,restart=sia|SECONDS]")
 #: the data's folder under the data folder
 DATA_SUBDIR = "pollux-osdi21"
 #: the Sia data's folder (step times per GPU type; the ``aws`` ones are Pollux's)
@@ -306,6 +307,27 @@ def with_cluster(trace: MeasuredTrace, cluster: MeasuredCluster, data_dir: Path 
     return trace
 
 
+def _sia_setting(trace: MeasuredTrace, kind: str, cal: str, restart: str) -> None:
+    """Put ``trace`` in the Sia artifact's setting where asked: its calibration of step
+    times per application (``cal="sia"``, or ``"none"``) and its restart cost per
+    application (``restart="sia"``, or seconds for one for all)."""
+    if cal not in ("sia", "none"):
+        raise TraceError(f"{kind}: calibration={cal!r}: expected sia or none")
+    trace.calibration = {a: SIA_CALIBRATION[a] for a in trace.apps} if cal == "sia" else None
+    if restart == "sia":
+        trace.restart_costs = {a: SIA_RESTART_COST[a] for a in trace.apps}
+    else:
+        try:
+            trace.restart_cost = float(restart)
+        except ValueError:
+            raise TraceError(f"{kind}: restart={restart!r}: expected sia or seconds") from None
+        if not (math.isfinite(trace.restart_cost) and trace.restart_cost >= 0):
+            raise TraceError(f"{kind}: restart={restart!r} must be >= 0 seconds")
+    trace.notes.append(
+        "the Sia artifact's setting: step times x " + ("its calibration per application" if trace.calibration else "1")
+        + ", restart " + ("its cost per application" if trace.restart_costs else f"{trace.restart_cost:g} s"))
+
+
 def load(arg: str, data_dir: Path | None, skip_bad: bool = False) -> MeasuredTrace:
     """The workload ``<data>/pollux-osdi21/<file>[.csv]`` on Pollux's cluster, or the
     one ``cluster=NAME`` names (the rules are in the module docstring)."""
@@ -320,27 +342,11 @@ def load_sia(arg: str, data_dir: Path | None, skip_bad: bool = False) -> Measure
     to drop it) and its restart cost per application (``restart=SECONDS`` for one for
     all)."""
     arg, opts = _file_options(arg, SIA_FORM, ("cluster", "calibration", "restart"))
-    cal = opts.get("calibration", "sia")
-    if cal not in ("sia", "none"):
-        raise TraceError(f"sia: calibration={cal!r}: expected sia or none")
-    restart = opts.get("restart", "sia")
     trace = _load_file(arg, data_dir, skip_bad, SIA_SUBDIR, "sia", _cluster_option(opts, _named("sia-64")))
-    trace.calibration = {a: SIA_CALIBRATION[a] for a in trace.apps} if cal == "sia" else None
-    if restart == "sia":
-        trace.restart_costs = {a: SIA_RESTART_COST[a] for a in trace.apps}
-    else:
-        try:
-            trace.restart_cost = float(restart)
-        except ValueError:
-            raise TraceError(f"sia: restart={restart!r}: expected sia or seconds") from None
-        if not (math.isfinite(trace.restart_cost) and trace.restart_cost >= 0):
-            raise TraceError(f"sia: restart={restart!r} must be >= 0 seconds")
+    _sia_setting(trace, "sia", opts.get("calibration", "sia"), opts.get("restart", "sia"))
     for k in ("cluster", "calibration", "restart"):
         if k in opts:
             trace.name += f",{k}={opts[k]}"
-    trace.notes.append(
-        "the Sia artifact's setting: step times x " + ("its calibration per application" if trace.calibration else "1")
-        + ", restart " + ("its cost per application" if trace.restart_costs else f"{trace.restart_cost:g} s"))
     return trace
 
 
@@ -427,7 +433,8 @@ def _setting_note(trace: MeasuredTrace) -> None:
     c = trace.cluster
     where = (f"the paper's setting: {trace.nodes} nodes x {trace.gpus_per_node} GPUs" if c == DEFAULT_CLUSTER
              else f"{_SETTING}cluster {c.name} ({c.describe()})")
-    trace.notes.append(f"{where}, {trace.interval:g} s scheduling interval, {trace.restart_cost:g} s restart per re-allocation")
+    restart = "a restart cost per application" if trace.restart_costs else f"{trace.restart_cost:g} s restart"
+    trace.notes.append(f"{where}, {trace.interval:g} s scheduling interval, {restart} per re-allocation")
     cap = max(g.nodes * g.gpus_per_node for g in c.groups)
     big = sum(j.num_replicas > cap for j in trace.jobs)
     if big:
@@ -436,10 +443,11 @@ def _setting_note(trace: MeasuredTrace) -> None:
 
 
 # ------------------------------------------------------------------ pollux-gen:seed=N,...
-def _gen_options(arg: str, seed: int) -> tuple[int, dict[str, float], MeasuredCluster]:
+def _gen_options(arg: str, seed: int) -> tuple[int, dict[str, float], MeasuredCluster, dict[str, str]]:
     opts = dict(_GEN_DEFAULTS)
     given_seed: int | None = None
     cluster = DEFAULT_CLUSTER
+    setting: dict[str, str] = {}
     for item in (p.strip() for p in arg.split(",")):
         if not item:
             continue
@@ -447,6 +455,9 @@ def _gen_options(arg: str, seed: int) -> tuple[int, dict[str, float], MeasuredCl
         k = k.strip()
         if k == "cluster" and eq:
             cluster = _cluster_option({"cluster": v.strip()}, DEFAULT_CLUSTER)
+            continue
+        if k in ("calibration", "restart") and eq:
+            setting[k] = v.strip()
             continue
         if not eq or (k != "seed" and k not in opts):
             raise TraceError(f"pollux-gen: unknown option {item!r}; form: {GEN_FORM}")
@@ -474,7 +485,7 @@ def _gen_options(arg: str, seed: int) -> tuple[int, dict[str, float], MeasuredCl
         if seed < 0:
             raise TraceError(f"pollux-gen: seed {seed} must be >= 0")
         given_seed = int(seed)
-    return given_seed, opts, cluster
+    return given_seed, opts, cluster, setting
 
 
 def philly_pool(path: Path, start: int = WINDOW_START, hours: float = 8.0, *,
@@ -524,11 +535,12 @@ def philly_pool(path: Path, start: int = WINDOW_START, hours: float = 8.0, *,
 
 def generate(arg: str, data_dir: Path | None, seed: int = 0) -> MeasuredTrace:
     """A new workload from ``traces/philly.csv`` (the rule is in the module docstring);
-    ``arg`` = ``seed=N[,jobs=160][,hours=8][,load=1.0][,start=2][,cluster=NAME]``.
+    ``arg`` = ``seed=N[,jobs=160][,hours=8][,load=1.0][,start=2][,cluster=NAME]``, and
+    ``calibration=``/``restart=`` as for ``sia:`` (default: Pollux's setting).
     ``jobs`` is for Pollux's 64 GPUs: on a cluster of G GPUs ``jobs × load × G / 64``
     are drawn (the same arrival rate per GPU), the same seed giving the same jobs in
     the same order (a prefix or superset)."""
-    seed, o, cluster = _gen_options(arg, seed)
+    seed, o, cluster, setting = _gen_options(arg, seed)
     jobs, hours, load_x, start = int(o["jobs"]), o["hours"], o["load"], int(o["start"])
     root = need_dir(data_dir, DATA_SUBDIR)
     traces = _profiles(root)
@@ -560,6 +572,7 @@ def generate(arg: str, data_dir: Path | None, seed: int = 0) -> MeasuredTrace:
     name = f"pollux-gen:seed={seed},jobs={jobs},hours={hours:g},load={load_x:g},start={start}"
     if cluster != DEFAULT_CLUSTER:
         name += f",cluster={cluster.name}"
+    name += "".join(f",{k}={setting[k]}" for k in ("calibration", "restart") if k in setting)
     trace = MeasuredTrace(
         name,
         [MeasuredJobSpec(f"{app}-{i}", float(t), app, reps, bsz, vc)
@@ -580,5 +593,7 @@ def generate(arg: str, data_dir: Path | None, seed: int = 0) -> MeasuredTrace:
         f"(duration >= {MIN_DURATION:g} s, < {MAX_GPU_HOURS:g} GPU-hours); model by GPU-time bucket; "
         f"tenant: the Philly job's virtual cluster ({len(set(j.tenant for j in trace.jobs))} tenants)"
     )
+    if setting:
+        _sia_setting(trace, "pollux-gen", setting.get("calibration", "none"), setting.get("restart", f"{trace.restart_cost:g}"))
     _setting_note(trace)
     return trace

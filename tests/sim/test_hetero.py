@@ -22,6 +22,7 @@ from rlsched.sim.interval import IntervalConfig, IntervalSimulator
 from rlsched.sim.measured import (
     CLUSTERS,
     SIA_CALIBRATION,
+    SIA_RESTART_COST,
     Application,
     MeasuredCluster,
     MeasuredJobSpec,
@@ -31,7 +32,7 @@ from rlsched.sim.measured import (
     load_seed_profile,
     parse_cluster,
 )
-from rlsched.sim.traces import load_trace
+from rlsched.sim.traces import TraceError, load_trace
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(os.environ.get("RLSCHED_DATA_DIR") or REPO.parent / "shared" / "data")
@@ -104,6 +105,24 @@ def test_pollux_gen_draws_are_the_same_on_any_64_gpu_cluster_and_scale_with_gpus
     assert mix.cluster is CLUSTERS["sia-64"] and set(mix.apps["cifar10"].gpu_types) == {"aws", "dgx-ext", "rtx"}
     key = lambda t: Counter((j.submit_time, j.application, j.num_replicas, j.batch_size, j.tenant) for j in t.jobs)  # noqa: E731
     assert len(big.jobs) == 320 and not key(base) - key(big)  # the same seed: a superset
+
+
+def test_pollux_gen_runs_in_the_sia_setting_when_asked_and_in_pollux_otherwise():
+    """``calibration=``/``restart=`` put a draw in the Sia artifact's setting, as
+    ``sia:`` workloads are; the jobs are the same draw; bad values are refused."""
+    base = load_trace("pollux-gen:seed=3,cluster=sia-64", data_dir=DATA)
+    sia = load_trace("pollux-gen:seed=3,cluster=sia-64,calibration=sia,restart=sia", data_dir=DATA)
+    assert [j.to_dict() for j in sia.jobs] == [j.to_dict() for j in base.jobs]
+    assert base.calibration is None and base.restart_costs is None and base.restart_cost == 30.0
+    cfg = sia.interval_config()
+    assert cfg.restart_costs == {a: SIA_RESTART_COST[a] for a in sia.apps}
+    assert cfg.calibration == {a: SIA_CALIBRATION[a] for a in sia.apps}
+    assert sia.name.endswith(",cluster=sia-64,calibration=sia,restart=sia")
+    one = load_trace("pollux-gen:seed=3,cluster=sia-64,restart=45", data_dir=DATA)
+    assert one.restart_cost == 45.0 and one.restart_costs is None and one.calibration is None
+    for bad, match in (("calibration=x", "calibration='x'"), ("restart=-1", "must be >= 0"), ("restart=fast", "expected sia")):
+        with pytest.raises(TraceError, match=match):
+            load_trace(f"pollux-gen:seed=3,cluster=sia-64,{bad}", data_dir=DATA)
 
 
 # ------------------------------------------------------------------ speed by type

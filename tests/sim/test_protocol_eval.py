@@ -363,13 +363,15 @@ def test_tail_clips_the_durations_that_set_the_load():
 
 def test_sia_suite_cells_on_the_mixed_cluster_and_a_tiny_run():
     """The sia suite: the paper's 8 Philly workloads at load 1.0, pollux-gen workloads
-    drawn for the 64-GPU mix of three types at every load, disjoint seeds."""
+    drawn for the 64-GPU mix of three types at every load in the same setting (the Sia
+    artifact's calibration and restart costs), disjoint seeds."""
     suite = ev.SUITES["sia"]
     assert suite.test_cells(1.0) == ["published", "generated"] and suite.test_cells(0.5) == ["generated"]
     units = suite.test_units(1.0, "published", 20, 160)
     assert [u.spec for u in units] == [f"sia:workloads/philly/workload-{w}" for w in range(1, 9)]
     gen = suite.test_units(0.5, "generated", 2, 160)
-    assert [u.spec for u in gen] == [f"pollux-gen:seed={s},jobs=160,load=0.5,cluster=sia-64" for s in (20000, 20001)]
+    assert [u.spec for u in gen] == [f"pollux-gen:seed={s},jobs=160,load=0.5,cluster=sia-64,calibration=sia,restart=sia"
+                                     for s in (20000, 20001)]
     assert {u.seed for u in suite.validation_units(0.5, 2, 160)}.isdisjoint(u.seed for u in gen)
     assert {"sia", "gavel", "pollux-paper", "tiresias-2q"} <= set(suite.also)
     ev.check_pool(ev.baseline_pool("sia"), suite)  # every peer registered and runnable
