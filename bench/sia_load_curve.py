@@ -36,14 +36,19 @@ def run(loads: list[float], n: int, policies: list[str], path: Path, data_dir: s
 
     suite = SUITES["sia"]
     runs: dict[str, dict] = json.loads(path.read_text()) if path.exists() else {}
+    spec = {(L, s): suite._spec(L, s, DEFAULT_JOBS["sia"]) for L in loads for s in seeds("test", n)}
+    other = sorted({r.get("spec", "?") for r in runs.values() if (r["load"], r["seed"]) in spec}
+                   - set(spec.values()))
+    if other:  # runs of another setting of the suite are not mixed in
+        raise SystemExit(f"{path} holds runs of other workloads than the suite's now, e.g. {other[0]}")
     todo = [(L, s, p) for L in loads for s in seeds("test", n) for p in policies if _key(L, s, p) not in runs]
     with Progress() as bar:
         task = bar.add_task("sia suite runs", total=len(todo))
         for L, s, p in todo:
-            row = run_unit(suite._spec(L, s, DEFAULT_JOBS["sia"]), s, [(p, False)], "interval", data_dir)[0]
+            row = run_unit(spec[L, s], s, [(p, False)], "interval", data_dir)[0]
             if row["jobs_unfinished"]:
                 raise SystemExit(f"{p} left {row['jobs_unfinished']} jobs unfinished at load {L:g}, seed {s}")
-            runs[_key(L, s, p)] = {"load": L, "seed": s, "policy": p, "jct_mean": row["jct_mean"],
+            runs[_key(L, s, p)] = {"load": L, "seed": s, "policy": p, "spec": spec[L, s], "jct_mean": row["jct_mean"],
                                    "wall_s": round(row["wall_s"], 2)}
             path.write_text(json.dumps(runs, indent=1, sort_keys=True))
             bar.advance(task)

@@ -38,6 +38,12 @@ class GrowthWeight(Protocol):
 
     def prepare(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode]) -> None: ...
 
+    def typed_weight(self, job: AllocJob) -> float:
+        """:meth:`weight` on several GPU types: the service weight unless ``typed_growth``."""
+        if self.growth is not None and not self.typed_growth:
+            return self.service_weight(job)
+        return self.weight(job)
+
     def weight(self, job: AllocJob) -> float: ...
 
 
@@ -55,7 +61,7 @@ class GoodputAllocator:
                  service_scale: float | None = None, growth: "GrowthWeight | None" = None,
                  idle_horizon: float = 0.0, adaptive: float = 0.0, adaptive_jobs: float = 20,
                  type_price: float = 1.0, measured_restart: bool = True, displace: str = "any",
-                 take_charge: float = 0.01) -> None:
+                 take_charge: float = 0.01, typed_growth: bool = True) -> None:
         if not math.isfinite(p):
             raise ValueError(f"p must be finite, got {p}")
         if not (math.isfinite(restart_delay) and restart_delay >= 0):
@@ -104,6 +110,9 @@ class GoodputAllocator:
         self.displace, self.take_charge = displace, float(take_charge)
         #: a learned weight in place of the service weight (:mod:`rlsched.core.growth_weight`)
         self.growth = growth
+        #: on several GPU types: the learned weight too (``False``: the service weight
+        #: there; the learned weights were trained on clusters of one type)
+        self.typed_growth = bool(typed_growth)
         self.jobs = JobGoodput(prior, refit_tolerance=refit_tolerance)
         #: each job's model per GPU type, over ``jobs`` (its fits and caches)
         self.types = TypeGoodput(self.jobs)
@@ -116,7 +125,8 @@ class GoodputAllocator:
         return (f"GoodputAllocator(p={self.p}, restart_delay={self.restart_delay}, threshold={self.threshold}, "
                 f"service_exponent={self.service_exponent}, service_scale={self.service_scale}, "
                 f"growth={self.growth!r}, idle_horizon={self.idle_horizon}, type_price={self.type_price}, "
-                f"measured_restart={self.measured_restart}, displace={self.displace!r}, take_charge={self.take_charge}"
+                f"measured_restart={self.measured_restart}, displace={self.displace!r}, take_charge={self.take_charge}, "
+                f"typed_growth={self.typed_growth}"
                 + (f", adaptive={self.demotion.q}, adaptive_jobs={self.demotion.min_jobs})" if self.demotion else ")"))
 
     # ------------------------------------------------------------------ the pieces
@@ -175,6 +185,12 @@ class GoodputAllocator:
             speed = np.where(K % job.replica_group == 0, speed, 0.0)
         return self.weight(job) * self.utility(speed)
 
+    def typed_weight(self, job: AllocJob) -> float:
+        """:meth:`weight` on several GPU types: the service weight unless ``typed_growth``."""
+        if self.growth is not None and not self.typed_growth:
+            return self.service_weight(job)
+        return self.weight(job)
+
     def weight(self, job: AllocJob) -> float:
         """How much a job's utility counts in who grows: ``(1 + A/θ)^−a`` of its attained
         service ``A`` (GPU-seconds; ``θ`` = ``service_scale``, the queue threshold unless
@@ -187,6 +203,10 @@ class GoodputAllocator:
         instead."""
         if self.growth is not None:
             return self.growth.weight(job)
+        return self.service_weight(job)
+
+    def service_weight(self, job: AllocJob) -> float:
+        """``(1 + A/θ)^−a`` (:meth:`weight`); 1 at ``a = 0``."""
         if not self.service_exponent:
             return 1.0
         return (1.0 + max(job.attained_service, 0.0) / self.service_scale) ** -self.service_exponent
@@ -336,7 +356,7 @@ class GoodputAllocator:
         n = len(jobs)
         held = np.array([len(j.allocation) for j in jobs], dtype=np.int64)
         f = np.array([self.factor(j, idle, self.measured_restart) if j.allocation else 1.0 for j in jobs])
-        w = np.array([self.weight(j) for j in jobs])
+        w = np.array([self.typed_weight(j) for j in jobs])
         group = np.array([max(j.replica_group, 1) for j in jobs], dtype=np.int64)
         base = np.full(n, np.inf)  # per job: the least of its first positive goodput per type
         tables: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -600,7 +620,7 @@ class GoodputAllocator:
         """:meth:`allocate` on nodes of several GPU types: every job's type, count, nodes
         (all of one type) and batch in the one decision (:meth:`typed_counts`)."""
         self.types.prepare(jobs, types)  # every fit the models per type need, in one batch
-        if self.growth is not None:
+        if self.growth is not None and self.typed_growth:
             self.growth.prepare(jobs, nodes)
         on_type = {t: [n for n in nodes if n.gpu_type == t] for t in types}
         views = within_room(self.explored(jobs), nodes)
@@ -649,7 +669,7 @@ class _Claims:
             t = alloc._home.get(j.id)
             if j.allocation and t is not None:
                 self.home[r], self.held[r] = t, len(j.allocation)
-                self.cost[r] = (alloc.take_charge * alloc.weight(j) * len(j.allocation)
+                self.cost[r] = (alloc.take_charge * alloc.typed_weight(j) * len(j.allocation)
                                 * alloc.stall(j, alloc.measured_restart))
                 self.on.setdefault(t, []).append(r)
         self.charged = any(self.cost)

@@ -38,3 +38,17 @@ def test_the_plot_and_the_no_run_path(bench_module, tmp_path, capsys):
     assert png.stat().st_size > 1000
     out = capsys.readouterr().out
     assert "load 0.5 (3 seeds): served 51.0, sia 56.0" in out and "served vs sia: -" in out
+
+
+def test_runs_of_another_setting_are_not_mixed_in(bench_module, tmp_path):
+    """A runs file from before the suite's workloads changed (no spec, or another one)
+    stops the run before anything is run or written."""
+    import pytest
+
+    bench = bench_module("sia_load_curve")
+    path = tmp_path / "runs.json"
+    old = _runs([(1.0, 20000, "served", 100.0)])
+    path.write_text(json.dumps(old))
+    with pytest.raises(SystemExit, match="other workloads"):
+        bench.run([1.0], 1, ["served", "sia"], path, None)
+    assert json.loads(path.read_text()) == old

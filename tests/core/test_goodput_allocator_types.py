@@ -208,3 +208,44 @@ def test_the_restart_options_leave_the_single_type_decision_as_it_is():
     opts = GoodputAllocator(measured_restart=True, displace="waiting", take_charge=1.0)
     off = GoodputAllocator(measured_restart=False, take_charge=0.0)
     assert _decide(jobs, nodes, opts)[0] == _decide(jobs, nodes, off)[0] == _decide(jobs, nodes)[0]
+
+
+class _Favour:
+    """A growth weight that favours one job a hundredfold."""
+
+    def __init__(self, favoured: str) -> None:
+        self.favoured, self.prepared = favoured, 0
+
+    def prepare(self, jobs, nodes) -> None:
+        self.prepared += 1
+
+    def weight(self, job: AllocJob) -> float:
+        return 100.0 if job.id == self.favoured else 0.01
+
+
+def test_on_several_types_the_learned_weight_gives_way_to_the_service_weight_when_asked():
+    """``typed_growth=False``: on several GPU types the decision is the one without a
+    learned weight, which is not even prepared; on one type the learned weight stays."""
+    rng = random.Random(7)
+    nodes = _nodes(("slow", 4), ("slow", 4), ("fast", 4))
+    jobs = [dataclasses.replace(
+        _job(f"j{i}", {"fast": (rng.uniform(1.0, 4.0), rng.choice([0.0, 0.02])), "slow": (1.0, 0.02)},
+             max_replicas=rng.randint(1, 8), submit=float(i), age=rng.uniform(100, 1e4),
+             alloc=(i % 3,) * (i % 2), restarts=i % 2),
+        attained_service=rng.uniform(0, 1e5)) for i in range(9)]
+    plain = _decide(jobs, nodes)[0]
+    off = GoodputAllocator(typed_growth=False)
+    off.growth = _Favour("j8")
+    assert _decide(jobs, nodes, off)[0] == plain and off.growth.prepared == 0
+    assert off.typed_weight(jobs[8]) == GoodputAllocator().weight(jobs[8]) != off.weight(jobs[8])
+    on = GoodputAllocator()
+    on.growth = _Favour("j8")
+    assert on.typed_weight(jobs[8]) == 100.0
+    favoured = _decide(jobs, nodes, on)[1]
+    assert favoured != _decide(jobs, nodes)[1] and on.growth.prepared == 1
+    one = [AllocNode(i, 4, f"n{i}") for i in range(3)]
+    flat = [dataclasses.replace(j, profile=tuple(dataclasses.replace(s, gpu_type="") for s in j.profile
+                                                 if s.gpu_type == "slow")) for j in jobs]
+    single = GoodputAllocator(typed_growth=False)
+    single.growth = _Favour("j8")
+    assert single.allocate(flat, one, 0.0) == on.allocate(flat, one, 1.0)
