@@ -38,12 +38,6 @@ class GrowthWeight(Protocol):
 
     def prepare(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode]) -> None: ...
 
-    def typed_weight(self, job: AllocJob) -> float:
-        """:meth:`weight` on several GPU types: the service weight unless ``typed_growth``."""
-        if self.growth is not None and not self.typed_growth:
-            return self.service_weight(job)
-        return self.weight(job)
-
     def weight(self, job: AllocJob) -> float: ...
 
 

@@ -123,8 +123,8 @@ SUITES: dict[str, Suite] = {
                  setting="calibration=sia,restart=sia",
                  describe="Sia SOSP'23 benchmark on the interval engine, its 64-GPU mix of three types (6 x 4 T4, "
                  "2 x 8 A100, 3 x 8 RTX): the paper's 8 Philly workloads, and held-out pollux-gen workloads "
-                 "drawn for the same mix, in the same setting (the artifact's calibration and restart costs); Sia, Gavel, the heterogeneity-unaware paper Pollux and Tiresias-2q "
-                 "always reported",
+                 "drawn for the same mix, in the same setting (the artifact's calibration and restart costs); "
+                 "Sia, Gavel, the heterogeneity-unaware paper Pollux and Tiresias-2q always reported",
                  published=((1.0, "sia:workloads/philly/workload-{w}"),)),
 }
 
