@@ -307,16 +307,16 @@ def with_cluster(trace: MeasuredTrace, cluster: MeasuredCluster, data_dir: Path 
     return trace
 
 
-def _sia_setting(trace: MeasuredTrace, kind: str, cal: str, restart: str) -> None:
+def _sia_setting(trace: MeasuredTrace, kind: str, cal: str, restart: str | None) -> None:
     """Put ``trace`` in the Sia artifact's setting where asked: its calibration of step
     times per application (``cal="sia"``, or ``"none"``) and its restart cost per
-    application (``restart="sia"``, or seconds for one for all)."""
+    application (``restart="sia"``, or seconds for one for all; None: the trace's own)."""
     if cal not in ("sia", "none"):
         raise TraceError(f"{kind}: calibration={cal!r}: expected sia or none")
     trace.calibration = {a: SIA_CALIBRATION[a] for a in trace.apps} if cal == "sia" else None
     if restart == "sia":
         trace.restart_costs = {a: SIA_RESTART_COST[a] for a in trace.apps}
-    else:
+    elif restart is not None:
         try:
             trace.restart_cost = float(restart)
         except ValueError:
@@ -594,6 +594,6 @@ def generate(arg: str, data_dir: Path | None, seed: int = 0) -> MeasuredTrace:
         f"tenant: the Philly job's virtual cluster ({len(set(j.tenant for j in trace.jobs))} tenants)"
     )
     if setting:
-        _sia_setting(trace, "pollux-gen", setting.get("calibration", "none"), setting.get("restart", f"{trace.restart_cost:g}"))
+        _sia_setting(trace, "pollux-gen", setting.get("calibration", "none"), setting.get("restart"))
     _setting_note(trace)
     return trace
