@@ -55,7 +55,7 @@ class GoodputAllocator:
                  service_scale: float | None = None, growth: "GrowthWeight | None" = None,
                  idle_horizon: float = 0.0, adaptive: float = 0.0, adaptive_jobs: float = 20,
                  type_price: float = 1.0, measured_restart: bool = True, displace: str = "any",
-                 take_charge: float = 0.01, typed_growth: bool = True) -> None:
+                 take_charge: float = 1.0, typed_growth: bool = True) -> None:
         if not math.isfinite(p):
             raise ValueError(f"p must be finite, got {p}")
         if not (math.isfinite(restart_delay) and restart_delay >= 0):
@@ -90,8 +90,7 @@ class GoodputAllocator:
         self.type_price = float(type_price)
         #: on several GPU types: the restart factor charges a job the stall it measured
         #: (``AllocJob.restart_s``) in place of ``restart_delay`` once it has one (on by
-        #: default with ``take_charge = 0.01``, chosen on validation seeds only:
-        #: docs/results/sia_gap.md)
+        #: default, chosen on validation seeds only: docs/results/sia_gap.md)
         self.measured_restart = bool(measured_restart)
         if displace not in ("any", "waiting"):
             raise ValueError(f"displace must be 'any' or 'waiting', got {displace!r}")
@@ -100,7 +99,8 @@ class GoodputAllocator:
         #: on several GPU types, who may take the GPUs a running job holds (``"any"``, or
         #: ``"waiting"``: only a job that holds none, for its gang), and what a move that
         #: takes them pays: ``take_charge`` × the job's weight × its GPUs × its restart
-        #: stall (:meth:`typed_counts`)
+        #: stall (:meth:`typed_counts`); 1 by default, the whole of the restart it causes,
+        #: chosen on validation seeds only (docs/results/sia_gap.md)
         self.displace, self.take_charge = displace, float(take_charge)
         #: a learned weight in place of the service weight (:mod:`rlsched.core.growth_weight`)
         self.growth = growth

@@ -192,7 +192,8 @@ def test_a_running_jobs_gpus_go_to_a_job_that_would_wait_or_to_one_that_pays_its
     assert _decide([old, new], nodes, GoodputAllocator(take_charge=0.0))[1] == grab
     assert _decide([old, new], nodes, GoodputAllocator(take_charge=0.0, displace="waiting"))[1] == keep
     assert _decide([old, new], nodes, GoodputAllocator(take_charge=1e-3))[1] == grab
-    assert _decide([old, new], nodes)[1] == keep  # the default, take_charge = 0.01
+    assert _decide([old, new], nodes, GoodputAllocator(take_charge=0.01))[1] == keep
+    assert _decide([old, new], nodes)[1] == keep  # the default, take_charge = 1
     for bad in ({"displace": "never"}, {"take_charge": -1.0}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             GoodputAllocator(**bad)
