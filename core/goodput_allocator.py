@@ -4,8 +4,9 @@ Each interval it decides every job's GPUs, nodes and batch at once from what a l
 scheduler knows: fairness by attained service decides who runs (Tiresias' 2D-LAS, Gu et
 al., NSDI'19), goodput per GPU who grows (Pollux, Qiao et al., OSDI'21), and Pollux's
 re-allocation factor charges every change its restart. Never reads ``AllocJob.oracle``.
-On nodes of several GPU types it also chooses each job's type, scoring (type, GPUs) by
-the job's goodput model on each type (Sia's idea, Jayaram Subramanya et al., SOSP'23).
+On nodes of several GPU types it also chooses each job's type: Sia's binary program
+over configurations (type, GPUs), scored by the job's goodput model on each type
+(Jayaram Subramanya et al., SOSP'23; core/type_program.py).
 The steps and how the defaults were chosen: docs/design-notes.md.
 """
 
@@ -26,6 +27,7 @@ from .ordering import POLLUX_THRESHOLD
 from .packing import keep_or_pack
 from .queues import NO_QUEUE, QueueBook
 from .type_goodput import TypeGoodput
+from .type_program import Config, ProgramError, configurations, cost, solve
 
 __all__ = ["GoodputAllocator", "GrowthWeight", "gpu_types"]
 
@@ -55,7 +57,7 @@ class GoodputAllocator:
                  service_scale: float | None = None, growth: "GrowthWeight | None" = None,
                  idle_horizon: float = 0.0, adaptive: float = 0.0, adaptive_jobs: float = 20,
                  type_price: float = 1.0, measured_restart: bool = True, displace: str = "any",
-                 take_charge: float = 1.0, typed_growth: bool = True) -> None:
+                 take_charge: float = 1.0, typed_growth: bool = True, typed: str = "program") -> None:
         if not math.isfinite(p):
             raise ValueError(f"p must be finite, got {p}")
         if not (math.isfinite(restart_delay) and restart_delay >= 0):
@@ -107,6 +109,14 @@ class GoodputAllocator:
         #: on several GPU types: the learned weight too (``False``: the service weight
         #: there; the learned weights were trained on clusters of one type)
         self.typed_growth = bool(typed_growth)
+        if typed not in ("program", "heap"):
+            raise ValueError(f"typed must be 'program' or 'heap', got {typed!r}")
+        #: on several GPU types, how type and count are chosen: ``"program"``, Sia's binary
+        #: program over configurations (:meth:`program_counts`, chosen on validation seeds
+        #: only: docs/results/sia_program.md); ``"heap"``, the growth heap (:meth:`typed_counts`)
+        self.typed = typed
+        #: job id -> when its allocation last changed (the program keeps it while it restarts)
+        self._changed: dict[str, float] = {}
         self.jobs = JobGoodput(prior, refit_tolerance=refit_tolerance)
         #: each job's model per GPU type, over ``jobs`` (its fits and caches)
         self.types = TypeGoodput(self.jobs)
@@ -120,7 +130,7 @@ class GoodputAllocator:
                 f"service_exponent={self.service_exponent}, service_scale={self.service_scale}, "
                 f"growth={self.growth!r}, idle_horizon={self.idle_horizon}, type_price={self.type_price}, "
                 f"measured_restart={self.measured_restart}, displace={self.displace!r}, take_charge={self.take_charge}, "
-                f"typed_growth={self.typed_growth}"
+                f"typed_growth={self.typed_growth}, typed={self.typed!r}"
                 + (f", adaptive={self.demotion.q}, adaptive_jobs={self.demotion.min_jobs})" if self.demotion else ")"))
 
     # ------------------------------------------------------------------ the pieces
@@ -221,10 +231,12 @@ class GoodputAllocator:
         return out
 
     # ------------------------------------------------------------------ decision
-    def _who_runs(self, jobs: Sequence[AllocJob], total: int, queues: QueueBook | None):
-        """Who runs: protected jobs keep what they hold, then the smallest gangs in the
-        fairness order, under the teams' quotas when there are queues (core/queues.py).
-        ``(order, book, service per queue, GPUs per job, GPUs per queue)``."""
+    def _who_runs(self, jobs: Sequence[AllocJob], total: int, queues: QueueBook | None,
+                  keep: frozenset[str] | set[str] = frozenset()):
+        """Who runs: protected jobs (and those in ``keep``) keep what they hold, then the
+        smallest gangs in the fairness order, under the teams' quotas when there are
+        queues (core/queues.py). ``(order, book, service per queue, GPUs per job, GPUs
+        per queue)``."""
         order = self.order(jobs)
         book = queues or QueueBook()
         service: dict[str, float] = {}
@@ -234,7 +246,8 @@ class GoodputAllocator:
         count, used = book.who_runs(
             order, total=total, queue=lambda j: j.queue, key=lambda j: j.id,
             gang=lambda j: max(j.min_replicas, 1) if max(j.min_replicas, 1) <= j.max_replicas else 0,
-            kept={j.id: len(j.allocation) for j in jobs if j.protected and j.allocation}, service=service)
+            kept={j.id: len(j.allocation) for j in jobs if (j.protected or j.id in keep) and j.allocation},
+            service=service)
         return order, book, service, count, used
 
     def counts(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode],
@@ -396,18 +409,13 @@ class GoodputAllocator:
             out.update({t: float(np.mean(x)) ** self.type_price for t, x in sums.items()})
         return out
 
-    def typed_counts(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode],
-                     queues: QueueBook | None = None) -> dict[str, tuple[str, int]]:
-        """Each running job's GPU type and count on nodes of several types, in the order
-        of who runs (docs/design-notes.md, "The allocator on several GPU types").
-
-        Who runs is decided as on one type (fairness order, gangs, quotas). Then one
-        heap of moves, by utility gained per GPU: a job not yet placed may take ``K`` at
-        least its gang on any type it is offered on (its gain: over its utility at its
-        gang on its worst type, per GPU it takes there); a placed job grows on its type
-        (its gain per GPU added). GPUs beyond the gangs of the jobs not yet placed are
-        never taken. A job left without a gainful move is placed last at its gang on the
-        type where it is worth most that still has room (none: it waits)."""
+    def _typed_columns(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], queues: QueueBook | None,
+                       keep: frozenset[str] | set[str] = frozenset()):
+        """What both typed decisions start from: who runs (as on one type, ``keep`` as
+        in :meth:`_who_runs`), and each running job's cap and packed goodput column per
+        GPU type it may run on (its models there kept in ``_typed_models``). ``(running,
+        GPUs per job, book, service per queue, GPUs per queue, GPUs per type, caps,
+        columns)``; None: nobody runs."""
         type_of = {n.index: n.gpu_type for n in nodes}
         self._home = {j.id: type_of.get(j.allocation[0]) for j in jobs if j.allocation}
         cap: dict[str, int] = {}
@@ -416,14 +424,11 @@ class GoodputAllocator:
             cap[n.gpu_type] = cap.get(n.gpu_type, 0) + n.gpus
             per_node[n.gpu_type] = max(per_node.get(n.gpu_type, 0), n.gpus)
         types = list(cap)
-        total = sum(cap.values())
-        order, book, service, count, used = self._who_runs(jobs, total, queues)
+        order, book, service, count, used = self._who_runs(jobs, sum(cap.values()), queues, keep)
         running = [j for j in order if count.get(j.id, 0) > 0]
         self._typed_models = {}
         if not running:
-            return {}
-        idle = bool(self.idle_horizon) and all(count.get(j.id, 0) > 0 or max(j.min_replicas, 1) > j.max_replicas
-                                               for j in jobs)
+            return None
         # each job's cap per type it may run on: its replicas, and what the nodes of the
         # type could hold of it (GPU models, CPU, memory, whole workers)
         jcap: list[dict[str, int]] = []
@@ -452,6 +457,94 @@ class GoodputAllocator:
         cols: list[dict[str, np.ndarray]] = [{} for _ in running]
         for (r, t), g in zip(owners, self.jobs.packed_columns(reqs)):
             cols[r][t] = g
+        return running, count, book, service, used, cap, jcap, cols
+
+    def program_counts(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode],
+                       queues: QueueBook | None = None) -> dict[str, tuple[str, int]]:
+        """Each running job's GPU type and count on nodes of several types by Sia's
+        binary program (:mod:`rlsched.core.type_program`), in the order of who runs.
+
+        Who runs is decided as on one type, a job that restarts keeping what it holds
+        (as a protected one does), and each job that runs gets a configuration where the
+        types' GPUs can hold them all. Its goodput on each comes from its model on that
+        type; it may take any count its model scores (Sia lets it at most double what it
+        ran on); a change is damped by :meth:`factor` (Pollux's, with the stall the job
+        measured); a team's jobs together stay within the team's cap."""
+        kept = {j.id for j in jobs if j.allocation and (
+            j.protected or self._now - self._changed.get(j.id, -math.inf) < self.stall(j, self.measured_restart))}
+        w = self._typed_columns(jobs, nodes, queues, kept)
+        if w is None:
+            return {}
+        running, _, book, _, _, cap, jcap, cols = w
+        configs = configurations(nodes)
+        index = {c: i for i, c in enumerate(configs)}
+        of_type = {t: (np.array([i for i, c in enumerate(configs) if c.gpu_type == t]),
+                       np.array([c.gpus for c in configs if c.gpu_type == t])) for t in cap}
+        rows, at, vals, forced = [], [], [], []
+        for r, j in enumerate(running):
+            home, held = self._home.get(j.id), len(j.allocation)
+            lo, group = max(j.min_replicas, 1), max(j.replica_group, 1)
+            cur = None
+            if home in cols[r] and lo <= held <= jcap[r][home]:
+                holds = Config(home, len(set(j.allocation)), held)
+                cur = index.setdefault(holds, len(configs))
+                if cur == len(configs):
+                    configs.append(holds)
+            ids, good = [], []
+            for t, g in cols[r].items():
+                idx, k = of_type[t]
+                ok = (k >= lo) & (k <= jcap[r][t]) & (k % group == 0)
+                ok[ok] = g[k[ok]] > 0
+                ids.append(idx[ok])
+                good.append(g[k[ok]])
+            ids, good = np.concatenate(ids) if ids else np.zeros(0, int), np.concatenate(good) if good else np.zeros(0)
+            if cur is not None and cur not in ids:  # what it holds has no estimate now: still possible
+                ids, good = np.append(ids, cur), np.append(good, good.min() if good.size else 1.0)
+            if not ids.size:
+                continue
+            damp = np.where(ids == cur, 1.0, self.factor(j, measured=self.measured_restart))
+            rows.extend([r] * ids.size)
+            at.extend(ids.tolist())
+            vals.extend(cost(good / good.min() * damp).tolist())
+            if cur is not None and j.id in kept:
+                forced.append((r, cur))
+        groups = []
+        if queues is not None:
+            for q in dict.fromkeys(j.queue or NO_QUEUE for j in running):
+                most = book.spec_of(q).cap
+                if most < sum(cap.values()):
+                    groups.append(([r for r, j in enumerate(running) if (j.queue or NO_QUEUE) == q], most))
+        chosen: dict[int, int] = {}
+        # every job that runs gets a configuration, what is kept kept; where the types'
+        # GPUs cannot hold them all, the program chooses who runs too, then keeps nothing
+        for keep, must in ((forced, sorted(set(rows))), (forced, []), ([], [])):
+            try:
+                chosen, _ = solve(len(running), configs, cap, rows, at, vals, keep, groups, must=must, presolve=False)
+                break
+            except ProgramError:
+                continue
+        return {running[r].id: (configs[chosen[r]].gpu_type, configs[chosen[r]].gpus)
+                for r in range(len(running)) if r in chosen}
+
+    def typed_counts(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode],
+                     queues: QueueBook | None = None) -> dict[str, tuple[str, int]]:
+        """Each running job's GPU type and count on nodes of several types, in the order
+        of who runs (docs/design-notes.md, "The allocator on several GPU types").
+
+        Who runs is decided as on one type (fairness order, gangs, quotas). Then one
+        heap of moves, by utility gained per GPU: a job not yet placed may take ``K`` at
+        least its gang on any type it is offered on (its gain: over its utility at its
+        gang on its worst type, per GPU it takes there); a placed job grows on its type
+        (its gain per GPU added). GPUs beyond the gangs of the jobs not yet placed are
+        never taken. A job left without a gainful move is placed last at its gang on the
+        type where it is worth most that still has room (none: it waits)."""
+        w = self._typed_columns(jobs, nodes, queues)
+        if w is None:
+            return {}
+        running, count, book, service, used, cap, jcap, cols = w
+        types = list(cap)
+        idle = bool(self.idle_horizon) and all(count.get(j.id, 0) > 0 or max(j.min_replicas, 1) > j.max_replicas
+                                               for j in jobs)
         vals = self.typed_values(running, cols, idle)
         price = self.prices(cols)
         gang = [count[j.id] for j in running]
@@ -614,12 +707,12 @@ class GoodputAllocator:
         """:meth:`allocate` on nodes of several GPU types: every job's type, count, nodes
         (all of one type) and batch in the one decision (:meth:`typed_counts`)."""
         self.types.prepare(jobs, types)  # every fit the models per type need, in one batch
-        if self.growth is not None and self.typed_growth:
+        if self.growth is not None and self.typed_growth and self.typed == "heap":  # the program reads no weight
             self.growth.prepare(jobs, nodes)
         on_type = {t: [n for n in nodes if n.gpu_type == t] for t in types}
         views = within_room(self.explored(jobs), nodes)
         for _ in range(_ROOM_ROUNDS):
-            plan = self.typed_counts(views, nodes, queues)
+            plan = (self.program_counts if self.typed == "program" else self.typed_counts)(views, nodes, queues)
             by_id = {v.id: v for v in views}
             where: dict[str, tuple[int, ...]] = {}
             for t in types:
@@ -638,6 +731,8 @@ class GoodputAllocator:
         for (v, _, p), choice in zip(placed, choices):
             batch, accum = int(choice.batch[0]), int(choice.accumulation[0])
             out[v.id] = Allocation(p, *split_batch(v, len(p), batch, accum))
+        self._changed = {j.id: (self._now if sorted(out[j.id].nodes) != sorted(j.allocation)
+                                else self._changed.get(j.id, -math.inf)) for j in jobs}
         return out
 
 

@@ -343,20 +343,20 @@ def batch_scenario() -> list[JobSpec]:
 
 def mixed_scenario() -> list[JobSpec]:
     """Two jobs for a type-aware allocation policy on the 32 A100s of the twin cluster
-    and two nodes of 4 T4s (``TwinConfig.t4_nodes``): ``mx-a`` (1–8 workers × 4 GPUs,
-    3 times faster on an A100) starts on every A100; ``mx-b`` (1–2 workers × 4 GPUs,
+    and two nodes of 4 T4s (``TwinConfig.t4_nodes``): ``mx-a`` (8 workers × 4 GPUs, its
+    gang, 3 times faster on an A100) holds every A100; ``mx-b`` (1–2 workers × 4 GPUs,
     1.2 times faster on an A100) arrives and lands on the T4s; after ``mx-a`` ends it
     moves to the A100s (a new generation of the same size there) once the gain pays
     for the restart (the allocator's restart factor grows with its age). Each declares
     its seed profile on both types (``JobSpec.seed_profile``)."""
     conv = {"tau": 6.0, "noise": 0.002, "acc_max": 0.9}
 
-    def job(jid: str, t: float, hi: int, spe: int, epochs: int, a100: float) -> JobSpec:
-        return JobSpec(id=jid, submit_time=t, workers=1, gpus_per_worker=4, min_workers=1, max_workers=hi,
+    def job(jid: str, t: float, lo: int, hi: int, spe: int, epochs: int, a100: float) -> JobSpec:
+        return JobSpec(id=jid, submit_time=t, workers=lo, gpus_per_worker=4, min_workers=lo, max_workers=hi,
                        compute_time=0.25, grad_gb=0.05, batch_per_worker=32, samples_per_epoch=spe,
                        max_epochs=epochs, beta=0.001, patience=5, convergence=conv, gpu_speed={"A100": a100})
 
-    return [job("mx-a", 0.0, 8, 60_000, 6, 3.0), job("mx-b", 121.3, 2, 12_000, 4, 1.2)]
+    return [job("mx-a", 0.0, 8, 8, 60_000, 8, 3.0), job("mx-b", 121.3, 1, 2, 12_000, 4, 1.2)]
 
 
 def separate_arrivals(jobs: Sequence[JobSpec], topology: Topology, cfg: TwinConfig, window: float,

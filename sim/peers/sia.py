@@ -14,57 +14,21 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Mapping, Sequence
-
-import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import coo_matrix
 
 from rlsched.core.allocation import AllocJob, Allocation, AllocNode, ProfileSample, checked_call
 from rlsched.core.goodput import GoodputModel
 from rlsched.core.job_goodput import split_batch
+from rlsched.core.type_program import Config, configurations, solve
 
 from .pollux_paper import PolluxPaperAllocator
 
-__all__ = ["SiaAllocator", "SiaError", "Config", "configurations", "one_gpu_throughput"]
+__all__ = ["SiaAllocator", "Config", "configurations", "one_gpu_throughput"]
 
 #: seconds a restart costs, per application, as the policy assumes them (the artifact's
 #: ``get_restart_penalty``; 30 s for any other)
 RESTART_PENALTY = {"deepspeech2": 25.0, "imagenet": 250.0, "cifar10": 30.0, "bert": 120.0, "yolov3": 45.0}
-
-
-class SiaError(RuntimeError):
-    """The solver found no optimal assignment (it always has one: nothing allocated)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Config:
-    """A configuration: ``gpus`` GPUs of ``gpu_type`` over ``nodes`` nodes."""
-
-    gpu_type: str
-    nodes: int
-    gpus: int
-
-
-def configurations(nodes: Sequence[AllocNode]) -> list[Config]:
-    """The paper's configuration set (§3.2) of each GPU type: powers of two up to a node's
-    GPUs on one node, then whole nodes (2, 3 ... all of that type). Types in order of
-    first appearance; a type's node size is its largest node's."""
-    out: list[Config] = []
-    by_type: dict[str, list[int]] = {}
-    for n in nodes:
-        by_type.setdefault(n.gpu_type, []).append(n.gpus)
-    for t, sizes in by_type.items():
-        r = max(sizes)
-        k = 1
-        while k < r:
-            out.append(Config(t, 1, k))
-            k *= 2
-        out.append(Config(t, 1, r))
-        for m in range(2, len(sizes) + 1):
-            out.append(Config(t, m, m * r))
-    return out
 
 
 def one_gpu_throughput(samples: Sequence[ProfileSample]) -> float | None:
@@ -215,7 +179,7 @@ class SiaAllocator:
                 forced.append((i, cur))  # still in checkpoint-restore: keep it (the artifact's rule)
             plan.append(how)
         capacity = {t: sum(n.gpus for n in nodes if n.gpu_type == t) for t in types}
-        chosen, solve_s = self._solve(len(jobs), configs, capacity, rows, cols, vals, forced)
+        chosen, solve_s = solve(len(jobs), configs, capacity, rows, cols, vals, forced, mip_rel_gap=self.mip_rel_gap)
         result = self._place(jobs, nodes, configs, chosen, plan, type_of)
         for job in jobs:
             a = result.get(job.id, Allocation())
@@ -245,37 +209,6 @@ class SiaAllocator:
         if age < s:
             return 1.0
         return max(age - job.num_restarts * s, 0.0) / (age + s)
-
-    def _solve(self, J: int, configs: list[Config], capacity: Mapping[str, int], rows, cols, vals,
-               forced) -> tuple[dict[int, int], float]:
-        """Eq. (1) as a binary program: one variable per (job, configuration) estimated,
-        costing ``u - λ_n`` (``p < 0``: minimised; else ``-(u + λ_n)``), ``u`` the job's
-        damped, normalised goodput there to the power ``p``; at most one per job; per
-        type, GPUs within ``capacity``; ``forced`` (job, configuration) pairs fixed at 1.
-        Returns job row -> configuration index, and the solver's seconds."""
-        if not vals:
-            return {}, 0.0
-        n = len(vals)
-        rows_a, cols_a = np.asarray(rows), np.asarray(cols)
-        types = list(capacity)
-        t_of = np.array([types.index(c.gpu_type) for c in configs])
-        gpus = np.array([c.gpus for c in configs], dtype=float)
-        one = coo_matrix((np.ones(n), (rows_a, np.arange(n))), shape=(J, n)).tocsr()
-        use = coo_matrix((gpus[cols_a], (t_of[cols_a], np.arange(n))), shape=(len(types), n)).tocsr()
-        lb = np.zeros(n)
-        where = {(r, c): k for k, (r, c) in enumerate(zip(rows, cols))}
-        for key in forced:
-            lb[where[key]] = 1.0
-        cons = [LinearConstraint(one, -np.inf, 1.0),
-                LinearConstraint(use, -np.inf, np.array([capacity[t] for t in types], dtype=float))]
-        t0 = time.perf_counter()
-        res = milp(np.asarray(vals, dtype=float), integrality=np.ones(n), bounds=Bounds(lb, np.ones(n)),
-                   constraints=cons, options={"mip_rel_gap": self.mip_rel_gap})
-        dt = time.perf_counter() - t0
-        if res.x is None or res.status != 0:
-            raise SiaError(f"sia: the solver found no optimal assignment ({res.message})")
-        x = np.round(res.x).astype(int)
-        return {int(rows_a[k]): int(cols_a[k]) for k in np.nonzero(x)[0]}, dt
 
     # ------------------------------------------------------------------ placement
     def _place(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], configs: list[Config],

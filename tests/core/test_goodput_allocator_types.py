@@ -151,14 +151,15 @@ def test_a_gpu_of_a_type_costs_the_mean_speed_of_the_jobs_there_over_their_slowe
 
 def test_the_fast_type_goes_to_the_job_it_speeds_up_more_than_the_others():
     """4 slow + 4 fast GPUs; "a" scales perfectly and gains 20% on fast, "b" runs on one
-    GPU and gains 4x. Unpriced, "a" takes 3 fast GPUs (speed 3.6) and the slow ones stay
-    idle; priced (the default), "a" takes the 4 slow ones (speed 4) and "b" a fast one."""
+    GPU and gains 4x. In the growth heap (``typed="heap"``), unpriced, "a" takes 3 fast
+    GPUs (speed 3.6) and the slow ones stay idle; priced (its default), "a" takes the 4
+    slow ones (speed 4) and "b" a fast one."""
     nodes = _nodes(("slow", 4), ("fast", 4))
     jobs = [_job("a", {"fast": (1.2, 0.0), "slow": (1.0, 0.0)}, submit=0.0),
             _job("b", {"fast": (4.0, 0.02), "slow": (1.0, 0.02)}, submit=1.0)]
-    _, priced = _decide(jobs, nodes)
+    _, priced = _decide(jobs, nodes, GoodputAllocator(typed="heap"))
     assert priced == {"a": ("slow", 4), "b": ("fast", 1)}
-    _, unpriced = _decide(jobs, nodes, GoodputAllocator(type_price=0.0))
+    _, unpriced = _decide(jobs, nodes, GoodputAllocator(type_price=0.0, typed="heap"))
     assert unpriced == {"a": ("fast", 3), "b": ("fast", 1)}
 
 
@@ -181,19 +182,19 @@ def test_the_restart_factor_charges_the_stall_the_job_measured():
 
 
 def test_a_running_jobs_gpus_go_to_a_job_that_would_wait_or_to_one_that_pays_its_restart():
-    """A long-running job holds the 4 fast GPUs; a new job limited to them arrives.
-    Uncharged, the new one takes 3 of them; ``displace="waiting"``: only its gang of 1.
+    """In the growth heap (``typed="heap"``): a long-running job holds the 4 fast GPUs; a
+    new job limited to them arrives. Uncharged, the new one takes 3 of them; ``displace="waiting"``: only its gang of 1.
     ``take_charge``: it pays the old job's weight × 4 GPUs × its 250 s, and takes 3 only
     while that is small."""
     nodes = _nodes(("slow", 4), ("fast", 4))
     old = dataclasses.replace(_job("old", BIG, alloc=(1,) * 4, restarts=1), attained_service=1e6, restart_s=250.0)
     new = dataclasses.replace(_job("new", BIG, submit=1.0, age=600.0), gpu_models=frozenset({"fast"}))
     grab, keep = {"old": ("fast", 1), "new": ("fast", 3)}, {"old": ("fast", 3), "new": ("fast", 1)}
-    assert _decide([old, new], nodes, GoodputAllocator(take_charge=0.0))[1] == grab
-    assert _decide([old, new], nodes, GoodputAllocator(take_charge=0.0, displace="waiting"))[1] == keep
-    assert _decide([old, new], nodes, GoodputAllocator(take_charge=1e-3))[1] == grab
-    assert _decide([old, new], nodes, GoodputAllocator(take_charge=0.01))[1] == keep
-    assert _decide([old, new], nodes)[1] == keep  # the default, take_charge = 1
+    assert _decide([old, new], nodes, GoodputAllocator(take_charge=0.0, typed="heap"))[1] == grab
+    assert _decide([old, new], nodes, GoodputAllocator(take_charge=0.0, displace="waiting", typed="heap"))[1] == keep
+    assert _decide([old, new], nodes, GoodputAllocator(take_charge=1e-3, typed="heap"))[1] == grab
+    assert _decide([old, new], nodes, GoodputAllocator(take_charge=0.01, typed="heap"))[1] == keep
+    assert _decide([old, new], nodes, GoodputAllocator(typed="heap"))[1] == keep  # take_charge = 1
     for bad in ({"displace": "never"}, {"take_charge": -1.0}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             GoodputAllocator(**bad)
@@ -225,8 +226,8 @@ class _Favour:
 
 
 def test_on_several_types_the_learned_weight_gives_way_to_the_service_weight_when_asked():
-    """``typed_growth=False``: on several GPU types the decision is the one without a
-    learned weight, which is not even prepared; on one type the learned weight stays."""
+    """In the growth heap (``typed="heap"``), ``typed_growth=False``: on several GPU types
+    the decision is the one without a learned weight, which is not even prepared; on one type the learned weight stays."""
     rng = random.Random(7)
     nodes = _nodes(("slow", 4), ("slow", 4), ("fast", 4))
     jobs = [dataclasses.replace(
@@ -234,19 +235,19 @@ def test_on_several_types_the_learned_weight_gives_way_to_the_service_weight_whe
              max_replicas=rng.randint(1, 8), submit=float(i), age=rng.uniform(100, 1e4),
              alloc=(i % 3,) * (i % 2), restarts=i % 2),
         attained_service=rng.uniform(0, 1e5)) for i in range(9)]
-    plain = _decide(jobs, nodes)[0]
-    off = GoodputAllocator(typed_growth=False)
+    plain = _decide(jobs, nodes, GoodputAllocator(typed="heap"))[0]
+    off = GoodputAllocator(typed_growth=False, typed="heap")
     off.growth = _Favour("j8")
     assert _decide(jobs, nodes, off)[0] == plain and off.growth.prepared == 0
-    assert off.typed_weight(jobs[8]) == GoodputAllocator().weight(jobs[8]) != off.weight(jobs[8])
-    on = GoodputAllocator()
+    assert off.typed_weight(jobs[8]) == GoodputAllocator(typed="heap").weight(jobs[8]) != off.weight(jobs[8])
+    on = GoodputAllocator(typed="heap")
     on.growth = _Favour("j8")
     assert on.typed_weight(jobs[8]) == 100.0
     favoured = _decide(jobs, nodes, on)[1]
-    assert favoured != _decide(jobs, nodes)[1] and on.growth.prepared == 1
+    assert favoured != _decide(jobs, nodes, GoodputAllocator(typed="heap"))[1] and on.growth.prepared == 1
     one = [AllocNode(i, 4, f"n{i}") for i in range(3)]
     flat = [dataclasses.replace(j, profile=tuple(dataclasses.replace(s, gpu_type="") for s in j.profile
                                                  if s.gpu_type == "slow")) for j in jobs]
-    single = GoodputAllocator(typed_growth=False)
+    single = GoodputAllocator(typed_growth=False, typed="heap")
     single.growth = _Favour("j8")
     assert single.allocate(flat, one, 0.0) == on.allocate(flat, one, 1.0)
