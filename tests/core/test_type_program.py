@@ -104,3 +104,23 @@ def test_a_job_keeps_its_configuration_while_it_restarts():
     assert kept == {"big": ("fast", 4), "rival": ("slow", 4)}
     _, later = _decide([held, rival], nodes, alloc, now=300.0)
     assert later == {"big": ("fast", 2), "rival": ("fast", 2)}
+
+
+def test_a_teams_jobs_stay_within_its_cap_on_several_types():
+    """Team ``a`` may hold 4 GPUs (2 nominal + 2 borrowed) of 16: its two jobs, each able
+    to use 8, hold 4 together, and both run; without queues they hold more."""
+    from rlsched.core.queues import QueueBook, QueueSpec
+
+    nodes = _nodes(("slow", 8), ("fast", 8))
+    jobs = [dataclasses.replace(_job("a1", BIG, submit=0.0), queue="a"),
+            dataclasses.replace(_job("a2", BIG, submit=1.0), queue="a"),
+            dataclasses.replace(_job("b1", BIG, submit=2.0), queue="b")]
+    book = QueueBook([QueueSpec("a", 2, borrowing_limit=2), QueueSpec("b", 8)])
+
+    def held(queues):
+        out = _program().allocate(jobs, nodes, 0.0, queues=queues)
+        return {jid: len(a.nodes) for jid, a in out.items()}
+
+    capped, free = held(book), held(None)
+    assert capped["a1"] + capped["a2"] == 4 and min(capped.values()) > 0
+    assert free["a1"] + free["a2"] > 4
