@@ -27,7 +27,8 @@ SIA_LAMBDA = 1.1
 
 
 class ProgramError(RuntimeError):
-    """The solver found no optimal assignment (one always exists: nothing allocated)."""
+    """The solver found no assignment that meets the constraints (configurations kept,
+    jobs that must run); without them one always exists: nothing allocated."""
 
 
 @dataclass(frozen=True, slots=True)
