@@ -731,8 +731,9 @@ class GoodputAllocator:
         for (v, _, p), choice in zip(placed, choices):
             batch, accum = int(choice.batch[0]), int(choice.accumulation[0])
             out[v.id] = Allocation(p, *split_batch(v, len(p), batch, accum))
-        self._changed = {j.id: (self._now if sorted(out[j.id].nodes) != sorted(j.allocation)
-                                else self._changed.get(j.id, -math.inf)) for j in jobs}
+        if self.typed == "program":
+            self._changed = {j.id: (self._now if sorted(out[j.id].nodes) != sorted(j.allocation)
+                                    else self._changed.get(j.id, -math.inf)) for j in jobs}
         return out
 
 

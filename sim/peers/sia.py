@@ -17,10 +17,12 @@ import time
 from dataclasses import replace
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from rlsched.core.allocation import AllocJob, Allocation, AllocNode, ProfileSample, checked_call
 from rlsched.core.goodput import GoodputModel
 from rlsched.core.job_goodput import split_batch
-from rlsched.core.type_program import Config, configurations, solve
+from rlsched.core.type_program import Config, configurations, cost, solve
 
 from .pollux_paper import PolluxPaperAllocator
 
@@ -169,12 +171,10 @@ class SiaAllocator:
                 continue
             base = min(good.values())
             r = self._realloc_factor(job)
-            for c, g in good.items():
-                v = g / base * (r if cur is not None and c != cur else 1.0)
-                u = min(max(v, 1e-12) ** self.p, self.clip)
-                rows.append(i)
-                cols.append(c)
-                vals.append(u - self.lambda_n if self.p < 0 else -(u + self.lambda_n))
+            v = np.array([g / base * (r if cur is not None and c != cur else 1.0) for c, g in good.items()])
+            rows.extend([i] * len(good))
+            cols.extend(good)
+            vals.extend(cost(v, self.p, self.lambda_n, self.clip).tolist())
             if cur is not None and cur in good and now - self._changed.get(job.id, -math.inf) < self.penalty(job):
                 forced.append((i, cur))  # still in checkpoint-restore: keep it (the artifact's rule)
             plan.append(how)
