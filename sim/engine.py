@@ -406,31 +406,26 @@ class Simulator:
         fold the operator does each cycle), its own β patience, and its live view."""
         return self.elastic.jobs()
 
-    def scaling_cycle(self, policy: Scaling | None = None) -> ScalingPlan:
+    def scaling_cycle(self) -> ScalingPlan:
         """One elastic-scaling cycle now, as the operator's cycle runs it: core's
-        :class:`ScalingPlanner` over :meth:`elastic_jobs` with ``policy`` (default the
-        engine's scaling policy), GPUs reserved for the blocked head of the queue, room
-        checked with the placement policy; the plan is applied (:meth:`apply_scaling`)
-        and GPUs freed by it go to waiting jobs at once. Returns the plan."""
+        :class:`ScalingPlanner` over :meth:`elastic_jobs` with the engine's scaling
+        policy, GPUs reserved for the blocked head of the queue, room checked with the
+        placement policy; the plan's one-worker changes are applied (removals first,
+        each added worker on the node the planner found for it, every resize paying
+        ``restart_cost``) and GPUs freed by it go to waiting jobs at once. Returns the plan."""
+        if self.planner is None:
+            raise ValueError("no scaling policy: build the simulator with scaling=")
         if self.ordering is not None and self._dirty:
             self._schedule()
-        if policy is None and self.planner is None:
-            raise ValueError("no scaling policy: give one, or build the simulator with scaling=")
-        cycle = self.cycle if policy is None else SchedulingCycle(self.admission, ScalingPlanner(policy))
         running = self.elastic_jobs()
         if not running:
             return ScalingPlan()
-        plan = cycle.scale(running, self.state, blocked=self.heuristic.blocked_head(), place_one=self.elastic.place_one)
-        self.apply_scaling(plan)
+        plan = self.cycle.scale(running, self.state, blocked=self.heuristic.blocked_head(),
+                                place_one=self.elastic.place_one)
+        self.elastic.apply(plan)
         if self.ordering is not None and self._dirty:
             self._schedule()
         return plan
-
-    def apply_scaling(self, plan: ScalingPlan) -> dict[str, int]:
-        """Apply a plan's one-worker changes now, removals first, each added worker on
-        the node the planner found for it (``plan.nodes``; the placement policy's choice
-        when absent). Every resize pays ``restart_cost``. Returns the changes made."""
-        return self.elastic.apply(plan)
 
     # ================================================================== the heap
     def _push(self, t: float, kind: int, payload) -> None:

@@ -45,7 +45,9 @@ class ElasticScaling:
         return out
 
     def apply(self, plan: ScalingPlan) -> dict[str, int]:
-        """:meth:`Simulator.apply_scaling <rlsched.sim.engine.Simulator.apply_scaling>`."""
+        """Apply a plan's one-worker changes now, removals first, each added worker on
+        the node the planner found for it (``plan.nodes``; the placement policy's choice
+        when absent). Every resize pays ``restart_cost``. Returns the changes made."""
         sim = self.sim
         done: dict[str, int] = {}
         for jid, step in scaling_steps(plan.deltas):

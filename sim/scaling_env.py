@@ -1,15 +1,17 @@
 """RLPTO's elastic-scaling environment: a PettingZoo ``ParallelEnv`` on the simulator engine.
 
-The environment is the discrete-event :class:`~rlsched.sim.engine.Simulator` driven in
-scaling cycles (the engine's clock, admission, throughput, placement and β stop); every
-running job is an agent of one shared policy over RLPTO's eleven features, acting
-``−1/0/+1`` worker (Lu et al., IEEE TPDS 34(12), 2023). Rewards: the paper's, or the
-cluster's JCT. Interface and rewards: docs/design-notes.md.
+The event engine decides with core's gang allocator through the one call the operator
+makes; its planner asks every running job with a new evaluation, an agent of one shared
+policy over RLPTO's eleven features, for ``−1/0/+1`` worker (Lu et al., IEEE TPDS
+34(12), 2023). Rewards: the paper's, or the cluster's JCT. Interface and rewards:
+docs/design-notes.md.
 """
 
 from __future__ import annotations
 
 import math
+import queue
+import threading
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
@@ -17,15 +19,17 @@ import numpy as np
 from gymnasium import spaces
 from pettingzoo import ParallelEnv
 
-from rlsched.core import Bandwidth, ClusterState, JobView, Topology, make_ordering, make_placement, make_scaling
+from rlsched.core import Bandwidth, ClusterState, JobView, Scaling, Topology, make_ordering, make_placement
+from rlsched.core.gang_allocator import GangAllocator
 from rlsched.core.learned import RLPTO_FEATURES, job_observation
-from rlsched.core.planning import ScalingPlan, ScalingPlanner
+from rlsched.core.live_allocation import LiveAllocation
 
 from .convergence import ConvergenceModel
 from .engine import SimConfig, Simulator
 from .job import JobSpec
 
-__all__ = ["ScalingJob", "ScalingEnvConfig", "ScalingEnv", "make_jobs", "EpisodeResult", "K_W", "BUDGETS", "ACTIONS"]
+__all__ = ["ScalingJob", "ScalingEnvConfig", "ScalingEnv", "make_jobs", "EpisodeResult", "K_W", "BUDGETS", "ACTIONS",
+           "scaling_allocator", "engine_config"]
 
 #: RLPTO's worker-cost coefficient k_w
 K_W = 0.000625
@@ -84,7 +88,7 @@ class ScalingEnvConfig:
 
     nodes: int = 12
     gpus_per_node: int = 1
-    #: seconds of simulated time per decision cycle
+    #: seconds between the allocator's decisions on its interval (it decides on events too)
     interval: float = 60.0
     #: GB/s of the links between nodes (every level above the node)
     bandwidth_gbps: float = 12.5
@@ -131,6 +135,20 @@ class ScalingEnvConfig:
         bw = self.bandwidth_gbps
         return Topology.uniform(self.nodes, gpus_per_node=self.gpus_per_node,
                                 bandwidth=Bandwidth(rack=bw, block=bw, cluster=bw))
+
+
+def scaling_allocator(config: ScalingEnvConfig, scaling: Scaling) -> GangAllocator:
+    """The environment's one decision: core's gang allocator with the configured
+    admission ordering and placement, and ``scaling`` answering its planner."""
+    return GangAllocator(make_ordering(config.ordering), make_placement(config.placement), scaling,
+                         backfill=config.backfill)
+
+
+def engine_config(config: ScalingEnvConfig, max_time: float = math.inf) -> SimConfig:
+    """The engine's settings of the environment: the allocator decides at every event
+    time (an arrival, a job's end) and every ``interval`` seconds."""
+    return SimConfig(scaling_interval=config.interval, decision_gap=0.0, restart_cost=config.restart_cost,
+                     max_time=max_time, record_series=False, clairvoyant=config.clairvoyant)
 
 
 def make_jobs(
@@ -212,7 +230,7 @@ class EpisodeResult:
 
 class _Actions:
     """Agents' actions as a core scaling policy: the planner asks it about the jobs it
-    decides on this cycle and applies its invariants to the answer."""
+    decides on and applies its invariants to the answer."""
 
     name = "actions"
 
@@ -221,6 +239,42 @@ class _Actions:
 
     def decide(self, running: Sequence[JobView], state: ClusterState) -> dict[str, int]:
         return {v.id: self.deltas[v.id] for v in running if self.deltas.get(v.id)}
+
+
+class _Closed(Exception):
+    """The environment closed or reset while its engine waited for the agents."""
+
+
+class _Agents:
+    """The scaling policy of the environment's allocator. The engine runs in a thread of
+    its own; each time core's planner asks this policy (the running jobs with a new
+    evaluation, and the cluster as the allocator sees it after admitting), the question
+    goes to the environment and the engine waits for the agents' answer."""
+
+    name = "agents"
+
+    def __init__(self) -> None:
+        self.questions: queue.Queue = queue.Queue(maxsize=1)
+        self.answers: queue.Queue = queue.Queue(maxsize=1)
+
+    def decide(self, running: Sequence[JobView], state: ClusterState) -> dict[str, int]:
+        self.questions.put(("ask", (list(running), state)))
+        answer = self.answers.get()
+        if answer is None:
+            raise _Closed()
+        return answer
+
+    def drive(self, sim: Simulator) -> None:
+        """Run ``sim`` to its end (the thread's target); its end or its error is the last
+        message the environment gets."""
+        try:
+            sim.run()
+        except _Closed:
+            return
+        except BaseException as exc:  # noqa: BLE001 - handed to the environment, which raises it
+            self.questions.put(("error", exc))
+            return
+        self.questions.put(("done", None))
 
 
 class ScalingEnv(ParallelEnv):
@@ -236,17 +290,21 @@ class ScalingEnv(ParallelEnv):
         self.topology = self.config.topology()
         self._obs_space = spaces.Box(OBS_LOW, OBS_HIGH, shape=(len(RLPTO_FEATURES),), dtype=np.float32)
         self._act_space = spaces.Discrete(len(ACTIONS))
-        #: asks nothing: only its rule of which jobs a cycle decides on is used
-        self._probe = ScalingPlanner(make_scaling("none"))
         self.sim: Simulator | None = None
         self.jobs: dict[str, ScalingJob] = {}
         self.possible_agents: list[str] = [j.id for j in self._fixed_jobs] if self._fixed_jobs is not None else []
         self.agents: list[str] = []
-        self.last_plan = ScalingPlan()
         self.t0 = 0.0
         self.engine_seed = 0
-        #: the last cycle's cluster reward −(jobs in system × seconds)/3600 (both rewards)
+        #: the last step's cluster reward −(jobs in system × seconds)/3600 (both rewards)
         self.last_cluster_reward = 0.0
+        #: jobs in system × seconds up to the last step (the first step counts from the start)
+        self._system_s = 0.0
+        self._agents_policy: _Agents | None = None
+        self._thread: threading.Thread | None = None
+        #: the planner's question the engine waits on: the jobs it decides on and the
+        #: cluster as the allocator sees it (None: the episode is over)
+        self._turn: tuple[list[JobView], ClusterState] | None = None
 
     # ------------------------------------------------------------------ spaces
     def observation_space(self, agent: str) -> spaces.Box:
@@ -257,6 +315,7 @@ class ScalingEnv(ParallelEnv):
 
     # ------------------------------------------------------------------ episode
     def reset(self, seed: int | None = None, options: dict | None = None):
+        self.close()
         rng = np.random.default_rng(seed)
         cfg = self.config
         if self._fixed_jobs is not None:
@@ -273,26 +332,44 @@ class ScalingEnv(ParallelEnv):
         self.t0 = specs[0].submit_time
         #: the engine's seed (evaluation noise), drawn after the workload: same jobs as before for a seed
         self.engine_seed = int(rng.integers(2**31))
+        agents = _Agents()
         self.sim = Simulator(
             [s.job_spec(nodes=cfg.nodes, gpus_per_node=cfg.gpus_per_node, beta=cfg.beta, stop=cfg.stop) for s in specs],
             self.topology,
-            ordering=make_ordering(cfg.ordering),
             placement=make_placement(cfg.placement),
+            allocation=LiveAllocation(scaling_allocator(cfg, agents)),
             seed=self.engine_seed,
-            config=SimConfig(backfill=cfg.backfill, restart_cost=cfg.restart_cost, max_time=self.t0 + cfg.max_time,
-                             record_series=False, clairvoyant=cfg.clairvoyant),
+            config=engine_config(cfg, max_time=self.t0 + cfg.max_time),
         )
-        self.last_plan = ScalingPlan()
+        self._agents_policy = agents
+        self._thread = threading.Thread(target=agents.drive, args=(self.sim,), name="scaling-env-engine", daemon=True)
+        self._thread.start()
         self.last_cluster_reward = 0.0
-        self._until_someone_runs()
-        self.agents = [v.id for v in self.sim.running]
+        self._system_s = 0.0
+        self._wait()
+        self.agents = [v.id for v in self.sim.running] if self._turn is not None else []
         deciding = self._deciding()
         return self._observations(self.agents), {a: self._info(a, deciding) for a in self.agents}
 
+    def close(self) -> None:
+        """Stop the engine's thread of an episode under way."""
+        if self._thread is not None and self._thread.is_alive() and self._turn is not None:
+            self._agents_policy.answers.put(None)
+        if self._thread is not None:
+            self._thread.join()
+        self._thread, self._turn = None, None
+
     @property
     def cluster(self) -> ClusterState:
-        """The engine's cluster snapshot (what a policy decides on)."""
-        return self.sim.state
+        """The cluster as the allocator sees it at this decision (what a policy decides
+        on); the engine's once the episode is over."""
+        return self._turn[1] if self._turn is not None else self.sim.state
+
+    @property
+    def asked(self) -> list[JobView]:
+        """The jobs this decision asks (those with a new evaluation), as the planner shows
+        them to its policy; none once the episode is over."""
+        return list(self._turn[0]) if self._turn is not None else []
 
     @property
     def time(self) -> float:
@@ -312,7 +389,8 @@ class ScalingEnv(ParallelEnv):
     # ------------------------------------------------------------------ stepping
     def step(self, actions: Mapping[str, int]):
         """Apply action indices ``{job: 0|1|2}`` meaning ``(−1, 0, +1)`` workers (only
-        deciding agents' count), then run the engine for one cycle."""
+        deciding agents' count) in this decision, then run the engine to the next
+        decision that asks an agent."""
         deltas = {}
         for jid, a in actions.items():
             if isinstance(a, (bool, np.bool_)) or not isinstance(a, (int, np.integer)) or not 0 <= int(a) < len(ACTIONS):
@@ -322,8 +400,8 @@ class ScalingEnv(ParallelEnv):
         return self._cycle(_Actions(deltas))
 
     def step_policy(self, policy):
-        """One cycle with a :class:`~rlsched.core.policy.Scaling` policy deciding (through
-        the planner, like the operator) on the live snapshot."""
+        """One decision with a :class:`~rlsched.core.policy.Scaling` policy answering the
+        planner (as in the operator), on the jobs and cluster the planner shows it."""
         return self._cycle(policy)
 
     def run_policy(self, policy, max_steps: int | None = None) -> EpisodeResult:
@@ -343,12 +421,12 @@ class ScalingEnv(ParallelEnv):
         prev = list(self.agents)
         if not prev:
             return {}, {}, {}, {}, {}
-        sys0 = self.system_seconds()
-        self.last_plan = sim.scaling_cycle(policy)
         before = {a: self._meter(a) for a in prev}
-        sim.advance_until(sim.now + cfg.interval)
-        self._until_someone_runs()
-        self.last_cluster_reward = -(self.system_seconds() - sys0) / 3600.0
+        running, state = self._turn
+        self._agents_policy.answers.put(dict(policy.decide(running, state)))
+        self._wait()
+        sys0, self._system_s = self._system_s, self.system_seconds()
+        self.last_cluster_reward = -(self._system_s - sys0) / 3600.0
         rewards = {}
         if cfg.reward == "cluster":
             share = self.last_cluster_reward / len(prev)
@@ -361,10 +439,10 @@ class ScalingEnv(ParallelEnv):
                 va = acc1 - acc0
                 worker_min = (att1 - att0) / (g * 60.0)
                 rewards[a] = va + float(np.sign(va - beta0)) * worker_min * cfg.k_w
-        running = {v.id for v in sim.running}
+        running_now = {v.id for v in sim.running}
         waiting = {v.id for v in sim.pending}
-        ended = {a for a in prev if a not in running and a not in waiting}
-        truncated = sim.now >= sim.config.max_time and bool(running or waiting)
+        ended = {a for a in prev if a not in running_now and a not in waiting}
+        truncated = self._turn is None and bool(running_now or waiting)  # the engine stopped at max_time
         seen = set(prev)
         new = [v.id for v in sim.running if v.id not in seen]
         keys = prev + new
@@ -377,12 +455,16 @@ class ScalingEnv(ParallelEnv):
         return self._observations(keys), rewards, terms, truncs, {a: self._info(a, deciding) for a in keys}
 
     # ------------------------------------------------------------------ internals
-    def _until_someone_runs(self) -> None:
-        """An idle cluster (nothing running): jump to the next event (an arrival)."""
-        sim = self.sim
-        while not sim.running and not sim.done:
-            if not sim.step():
-                break
+    def _wait(self) -> None:
+        """Wait for the engine's next question to the agents, or for its end."""
+        kind, payload = self._agents_policy.questions.get()
+        if kind == "ask":
+            self._turn = payload
+            return
+        self._turn = None
+        self._thread.join()
+        if kind == "error":
+            raise RuntimeError(f"scaling env: the engine failed: {payload}") from payload
 
     def system_seconds(self) -> float:
         """Seconds jobs have spent in the system (submitted, not finished) up to now,
@@ -394,17 +476,9 @@ class ScalingEnv(ParallelEnv):
         return float(done + live)
 
     def _deciding(self) -> set[str]:
-        """The agents the next cycle decides on; on the way, each running job's view gets
-        what one more worker is worth to it from its own reports
-        (:meth:`~rlsched.core.planning.RunningJob.measured_view`, as the planner fills it
-        for the policy), so observations carry what the operator's policy would see."""
-        st = self.sim.state
-        out = set()
-        for rj in self.sim.elastic_jobs():
-            rj.measured_view(st)
-            if self._probe.decides(rj):
-                out.add(rj.key)
-        return out
+        """The agents this decision asks: the running jobs with an evaluation newer than
+        their last decision (core's planner chooses them)."""
+        return {v.id for v in self._turn[0]} if self._turn is not None else set()
 
     def _info(self, agent: str, deciding: set[str]) -> dict:
         v = self.sim.job(agent)
@@ -416,8 +490,15 @@ class ScalingEnv(ParallelEnv):
         return float(conv.accuracy_at(eff)), float(self.sim.job(agent).attained_service)
 
     def _observations(self, agents: Sequence[str]) -> dict[str, np.ndarray]:
-        st = self.sim.state
-        return {a: job_observation(self.sim.job(a), st) for a in agents}
+        """Each agent's features on what the planner shows its policy: a job it asks, as
+        it is shown (with what one more worker is worth to it, from its own reports);
+        any other on the allocator's cluster, or the engine's once the episode is over."""
+        if self._turn is None:
+            st = self.sim.state
+            return {a: job_observation(self.sim.job(a), st) for a in agents}
+        running, st = self._turn
+        asked = {v.id: v for v in running}
+        return {a: job_observation(asked.get(a) or st.running.get(a) or self.sim.job(a), st) for a in agents}
 
     def result(self) -> EpisodeResult:
         sim = self.sim

@@ -29,18 +29,18 @@ def test_reward_is_rlpto_formula_on_a_hand_case():
     env = ScalingEnv(ScalingEnvConfig(nodes=2, beta=0.0003, n_jobs=1), jobs=[one_job()])
     obs, infos = env.reset(seed=0)
     assert list(obs) == ["a"] and env.agents == ["a"] and env.possible_agents == ["a"]
-    assert not infos["a"]["decides"]  # no evaluation yet: nothing to decide on
-    _, rew, term, trunc, infos = env.step({"a": 1})  # keep 1 worker; epoch 1 at t = 60
-    va = 0.8 * (1 - math.exp(-1 / 6))  # accuracy gained in the first epoch
+    assert infos["a"]["decides"] and env.time == 60.0  # first asked after its first evaluation
+    _, rew, term, trunc, infos = env.step({"a": 1})  # keep 1 worker; epoch 2 at t = 120
+    va = 0.8 * (math.exp(-1 / 6) - math.exp(-2 / 6))  # accuracy gained in the second epoch
     assert rew["a"] == pytest.approx(va + 1.0 * 1 * K_W, abs=1e-12)  # v_a > beta0: + T w k_w
-    assert not term["a"] and not trunc["a"] and infos["a"]["decides"] and env.time == 60.0
+    assert not term["a"] and not trunc["a"] and infos["a"]["decides"] and env.time == 120.0
     # +1 worker: the engine charges its 30 s restart, then 2 workers (no communication,
-    # gamma 0) do the other 30 s at 320 samples/s: one epoch in this cycle, not two
+    # gamma 0) do the other 30 s at 320 samples/s: one epoch in this step, not two
     _, rew, _, _, infos = env.step({"a": 2})
     v = env.sim.job("a")
-    assert v.workers == 2 and v.progress.epoch == 2 and infos["a"]["epoch"] == 2
-    va2 = 0.8 * (math.exp(-1 / 6) - math.exp(-2 / 6))
-    assert rew["a"] == pytest.approx(va2 + 1.0 * 2 * K_W, abs=1e-12)  # 2 workers held for 1 minute
+    assert v.workers == 2 and v.progress.epoch == 3 and infos["a"]["epoch"] == 3 and env.time == 180.0
+    va3 = 0.8 * (math.exp(-2 / 6) - math.exp(-3 / 6))
+    assert rew["a"] == pytest.approx(va3 + 1.0 * 2 * K_W, abs=1e-12)  # 2 workers held for 1 minute
     # beta0 above any gain: the worker term turns into a cost
     env2 = ScalingEnv(ScalingEnvConfig(nodes=2, beta=0.0003, beta0=1.0, n_jobs=1), jobs=[one_job()])
     env2.reset(seed=0)
@@ -69,22 +69,22 @@ def test_beta_rule_and_epoch_budget_stop_at_hand_computed_times():
 def test_actions_respect_bounds_capacity_and_one_decision_per_evaluation():
     jobs = [one_job(id="a", workers=2), one_job(id="b", submit_time=0.0, workers=1)]
     env = ScalingEnv(ScalingEnvConfig(nodes=3, n_jobs=2), jobs=jobs)
-    env.reset(seed=0)
-    assert env.cluster.free_gpus == 0 and env.agents == ["a", "b"]
-    _, _, _, _, infos = env.step({"a": 2, "b": 2})  # t = 0: no evaluation, nobody decides
+    _, infos = env.reset(seed=0)  # admitted at t = 0; first asked at the 60 s decision
+    assert env.time == 60.0 and env.cluster.free_gpus == 0 and env.agents == ["a", "b"]
+    assert infos["a"]["decides"] and infos["b"]["decides"]  # a at epoch 2, b at epoch 1
+    assert [v.id for v in env.asked] == ["a", "b"]
+    _, _, _, _, infos = env.step({"a": 2, "b": 2})  # no free node: +1 is a no-op
     assert env.sim.job("a").workers == 2 and env.sim.job("b").workers == 1
-    assert infos["a"]["decides"] and infos["b"]["decides"]  # t = 60: a at epoch 2, b at epoch 1
-    env.step({"a": 2, "b": 2})  # no free node: +1 is a no-op
-    assert env.sim.job("a").workers == 2 and env.sim.job("b").workers == 1
-    assert env.last_plan.decided == ["a", "b"] and env.last_plan.deltas == {}
+    assert env.time == 120.0 and [v.id for v in env.asked] == ["a", "b"]
     _, _, _, _, infos = env.step({"a": 0, "b": 0})  # b is at min_workers: stays; a gives one back
     assert env.sim.job("a").workers == 1 and env.sim.job("b").workers == 1
     assert env.cluster.free_gpus == 1
     # a lost 30 s to the restart: half an epoch at 1 worker by t = 180, no new evaluation,
     # so its +1 is not acted on although a node is free
-    assert not infos["a"]["decides"] and infos["b"]["decides"]
+    assert env.time == 180.0 and not infos["a"]["decides"] and infos["b"]["decides"]
+    assert [v.id for v in env.asked] == ["b"]
     env.step({"a": 2})
-    assert env.sim.job("a").workers == 1 and env.last_plan.decided == ["b"]
+    assert env.sim.job("a").workers == 1
     with pytest.raises(ValueError, match="0, 1 or 2"):
         env.step({"a": 3})
 

@@ -141,8 +141,9 @@ def test_queue_aware_grow_is_a_function_of_the_observation():
     pol = R.QueueAwareGrow()
     shrinks = 0
     while env.agents:
-        views = {v.id: v for v in env.running()}
+        views = {v.id: v for v in env.asked}  # as the planner shows them to its policy
         ids = [j for j in env.agents if infos[j]["decides"]]
+        assert set(ids) == set(views)
         if ids:
             t = R.teacher_actions(np.stack([obs[j] for j in ids]))
             d = pol.decide([views[j] for j in ids], env.cluster)

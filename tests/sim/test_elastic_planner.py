@@ -118,16 +118,16 @@ def test_added_workers_go_where_the_placement_policy_put_them():
                 samples_per_epoch=3200, max_epochs=50, beta=1e-6, convergence=curve),
     ]
     sim = Simulator(jobs, topo, ordering=make_ordering("fifo"), placement=make_placement("loadbalance"),
-                    config=SimConfig())
+                    scaling=make_scaling("fcfs"), config=SimConfig(scaling_interval=1e6))
     sim.step()
     before = {v.id: list(v.placement) for v in sim.running}
     sim.advance_until(200.0)  # e reports its first evaluations
     free = sim.state.free.copy()
     want = make_placement("loadbalance").place(sim.job("e"), sim.state, workers=1)[0]
-    plan = sim.scaling_cycle(make_scaling("fcfs"))
+    plan = sim.scaling_cycle()
     assert plan.decided == ["big", "e"] or plan.decided == ["e", "big"]
     assert plan.deltas.get("e") == 1 and plan.nodes["e"] == want == int(free.argmax())
     assert sim.job("e").placement == before["e"] + [want]
     assert sim.job("e").workers == 2 and sim.state.free[want] == free[want] - 1
     # the next cycle at the same instant has no new evaluation: nothing is decided
-    assert sim.scaling_cycle(make_scaling("fcfs")).decided == []
+    assert sim.scaling_cycle().decided == []

@@ -1,6 +1,6 @@
 """The RLPTO scaling environment: its workload's epoch-budget models (make_jobs), the
-PettingZoo parallel API, and that it is the simulator engine run through core's
-planner (one clock, the engine's admission, reservation for the blocked head)."""
+PettingZoo parallel API, and that it is the event engine deciding through the one call
+(core's gang allocator: admission, reservation for the blocked head, the planner)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ import math
 import numpy as np
 import pytest
 
-from rlsched.core import make_ordering, make_placement, make_scaling
+from rlsched.core import make_placement, make_scaling
+from rlsched.core.live_allocation import LiveAllocation
 from rlsched.sim.convergence import ConvergenceModel
-from rlsched.sim.engine import SimConfig, Simulator
-from rlsched.sim.scaling_env import OVERPROVISION, ScalingEnv, ScalingEnvConfig, ScalingJob, make_jobs
+from rlsched.sim.engine import Simulator
+from rlsched.sim.scaling_env import (OVERPROVISION, ScalingEnv, ScalingEnvConfig, ScalingJob, engine_config, make_jobs,
+                                     scaling_allocator)
 
 # make_jobs(default_rng(3), 16) before the budget parameter existed (commit 6614f21):
 # the "oracle" model must keep giving exactly these jobs
@@ -117,10 +119,11 @@ def test_agents_join_when_they_start_and_leave_when_they_finish():
     assert ended == seen == set(env.jobs)
 
 
-def test_the_env_is_the_engine_running_the_planner():
-    """One clock: an episode run with a core scaling policy is the engine's own run with
-    that policy as its scaling (a cycle of the environment is a scaling tick of the
-    engine), job for job: same starts, ends, epochs and resizes."""
+def test_the_env_is_the_engine_making_the_one_decision_call():
+    """An episode run with a core scaling policy is the event engine's own run with core's
+    gang allocator (FIFO, first fit, that policy answering its planner) through the one
+    decision call, job for job: same starts, ends, epochs and resizes. The environment
+    only hands the planner's questions to its agents."""
     for policy, stop in (("beta", "beta"), ("fs", "epochs")):
         cfg = ScalingEnvConfig(nodes=8, beta=0.0005, n_jobs=8, mean_interarrival=60.0, stop=stop)
         env = ScalingEnv(cfg)
@@ -128,11 +131,38 @@ def test_the_env_is_the_engine_running_the_planner():
         res = env.run_policy(make_scaling(policy))
         assert res.rescales > 0
         mine = sorted((r.id, r.start, r.end, r.epochs, r.rescales, r.workers) for r in env.sim.result().records)
-        sim = Simulator([env.sim.spec(j) for j in env.jobs], cfg.topology(), ordering=make_ordering("fifo"),
-                        placement=make_placement("firstfit"), scaling=make_scaling(policy), seed=env.engine_seed,
-                        config=SimConfig(scaling_interval=cfg.interval, restart_cost=cfg.restart_cost))
+        sim = Simulator([env.sim.spec(j) for j in env.jobs], cfg.topology(), placement=make_placement("firstfit"),
+                        allocation=LiveAllocation(scaling_allocator(cfg, make_scaling(policy))),
+                        seed=env.engine_seed, config=engine_config(cfg))
         ref = sorted((r.id, r.start, r.end, r.epochs, r.rescales, r.workers) for r in sim.run().records)
         assert mine == ref
+
+
+def test_an_episode_closed_midway_stops_its_engine():
+    env = ScalingEnv(ScalingEnvConfig(nodes=6, beta=0.001, n_jobs=5, mean_interarrival=200.0))
+    env.reset(seed=4)
+    env.step({a: 2 for a in env.agents})
+    thread = env._thread
+    assert thread.is_alive() and env.agents
+    env.reset(seed=5)  # a new episode: the old engine is stopped, not left waiting
+    assert not thread.is_alive() and env._thread.is_alive()
+    env.close()
+    assert env._thread is None and not thread.is_alive()
+
+
+def test_a_failing_policy_is_a_clear_error_and_stops_the_engine():
+    class Broken:
+        name = "broken"
+
+        def decide(self, running, state):
+            raise ZeroDivisionError("the policy's bug")
+
+    env = ScalingEnv(ScalingEnvConfig(nodes=6, beta=0.001, n_jobs=5, mean_interarrival=200.0))
+    env.reset(seed=4)
+    with pytest.raises(ZeroDivisionError, match="the policy's bug"):
+        env.step_policy(Broken())
+    env.reset(seed=4)  # the environment is usable again
+    assert env.run_policy(make_scaling("fs")).finish
 
 
 def _head_blocking_jobs(with_blocker: bool):
@@ -203,8 +233,8 @@ def _grower(restart_cost: float):
     a = ScalingJob(id="a", submit_time=0.0, workers=1, min_workers=1, max_workers=2, compute_time=0.2, grad_gb=0.0,
                    samples_per_epoch=9600, max_epochs=4, convergence=curve)
     env = ScalingEnv(ScalingEnvConfig(nodes=2, beta=0.001, n_jobs=1, restart_cost=restart_cost), jobs=[a])
-    env.reset(seed=0)
-    env.step({})  # t = 0 -> 60: epoch 1 at 160 samples/s
+    env.reset(seed=0)  # the first decision that asks a: its epoch 1 ended at 60 s (160 samples/s)
+    assert env.time == pytest.approx(60.0) and env.asked[0].id == "a"
     env.step({"a": 2})  # +1 at t = 60
     while env.agents:
         env.step({})
@@ -220,50 +250,45 @@ def test_a_resize_costs_the_engines_restart():
     assert paid.rescales == 1 and paid.gpu_seconds - free.gpu_seconds == pytest.approx(2 * 30.0)
 
 
-def test_shrinking_admits_the_waiting_job_in_the_same_cycle():
+def test_a_shrink_admits_the_waiting_job_at_the_next_decision():
     """a holds 2 of 3 nodes, b waits for 2 (FIFO head, blocked). a gives a worker back at
-    its first evaluation (t = 60): the GPUs freed go to b at once, in that cycle."""
+    its first evaluation (t = 60); the GPUs it frees go to b at the allocator's next
+    decision (its interval, at 120 s), as the operator admits into GPUs a shrink frees."""
     curve = {"acc_max": 0.9, "acc0": 0.1, "tau": 6.0, "gamma": 0.0, "noise": 0.0}
     a = ScalingJob(id="a", submit_time=0.0, workers=2, min_workers=1, max_workers=3, compute_time=0.2, grad_gb=0.0,
                    samples_per_epoch=19200, max_epochs=20, convergence=curve)
     b = ScalingJob(id="b", submit_time=1.0, workers=2, min_workers=2, max_workers=2, compute_time=0.2, grad_gb=0.0,
                    samples_per_epoch=9600, max_epochs=5, convergence=curve)
     env = ScalingEnv(ScalingEnvConfig(nodes=3, beta=0.001, n_jobs=2), jobs=[a, b])
-    env.reset(seed=0)
-    _, _, _, _, infos = env.step({})  # 0 -> 60: a (2 x 160 samples/s) finishes epoch 1; b arrived and waits
-    assert [v.id for v in env.sim.pending] == ["b"] and infos["a"]["decides"]
-    obs, _, _, _, _ = env.step({"a": 0})  # -1 at t = 60
-    assert env.last_plan.deltas == {"a": -1}
-    assert env.sim.job("b").start_time == pytest.approx(60.0) and env.sim.job("a").workers == 1
-    assert set(env.agents) == {"a", "b"} and not env.sim.pending
-    # the queue is in the observation: before, 2 GPUs of 3 were asked by the waiting job
-    env2 = ScalingEnv(ScalingEnvConfig(nodes=3, beta=0.001, n_jobs=2), jobs=[a, b])
-    env2.reset(seed=0)
-    obs, _, _, _, _ = env2.step({})
+    obs, infos = env.reset(seed=0)  # a (2 x 160 samples/s) finished epoch 1 at 60 s; b arrived and waits
+    assert env.time == pytest.approx(60.0) and [v.id for v in env.sim.pending] == ["b"] and infos["a"]["decides"]
+    # the queue is in the observation: 2 GPUs of 3 are asked by the waiting job
     assert obs["a"][3] == pytest.approx(1 / 3) and obs["a"][10] == pytest.approx((2 / 3) / 2)
+    env.step({"a": 0})  # -1 at t = 60
+    assert env.sim.job("a").workers == 1
+    assert env.sim.job("b").start_time == pytest.approx(120.0)
+    assert set(env.agents) == {"a", "b"} and not env.sim.pending
 
 
 def test_views_carry_what_each_job_reported_and_nothing_else():
     """s and x come from the job's own reports through core (the operator's path):
     speed-up from a model fitted to the step times it reported, efficiency from its
-    reported noise scale; unknown (0) for a job that has not reported yet."""
+    reported noise scale, as the planner shows each job it asks."""
     env = ScalingEnv(ScalingEnvConfig(nodes=12, beta=0.0003))
     env.reset(seed=3)
-    for _ in range(5):
-        env.step_policy(make_scaling("fs"))
-    st = env.sim.state
     checked = 0
-    for rj in env.sim.elastic_jobs():
-        v = rj.view()
-        if rj.observations is None:
-            assert v.speedup == 0.0 and v.stat_efficiency == 0.0
-            continue
-        w = v.workers
-        s, x = rj.observations.marginal(w, v.gpus_per_worker, st.max_gpus, local_batch=rj.local_batch)
-        assert (v.speedup, v.stat_efficiency) == (s, x)
-        true = env.sim.ideal_throughput(v.id, w + 1) / env.sim.ideal_throughput(v.id, w)
-        assert v.speedup == pytest.approx(true, rel=0.2) and v.speedup > 1
-        conv, _ = env.sim.training_curve(v.id)  # the reported noise scale is the curve's
-        assert v.stat_efficiency == pytest.approx(conv.efficiency(w + 1) / conv.efficiency(w))
-        checked += 1
-    assert checked >= 2
+    for _ in range(40):
+        records = {rj.key: rj for rj in env.sim.elastic_jobs()}
+        for v in env.asked:
+            rj = records[v.id]
+            assert rj.observations is not None  # a job is asked after an evaluation, which it reported
+            w = v.workers
+            s, x = rj.observations.marginal(w, v.gpus_per_worker, env.cluster.max_gpus, local_batch=rj.local_batch)
+            assert (v.speedup, v.stat_efficiency) == (s, x)
+            true = env.sim.ideal_throughput(v.id, w + 1) / env.sim.ideal_throughput(v.id, w)
+            assert v.speedup == pytest.approx(true, rel=0.2) and v.speedup > 1
+            conv, _ = env.sim.training_curve(v.id)  # the reported noise scale is the curve's
+            assert v.stat_efficiency == pytest.approx(conv.efficiency(w + 1) / conv.efficiency(w))
+            checked += 1
+        env.step_policy(make_scaling("fs"))
+    assert checked >= 10

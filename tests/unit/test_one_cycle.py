@@ -194,6 +194,19 @@ def test_each_engine_adapter_makes_one_decision_call():
     assert calls("sim/engine.py", "self.allocation.plan") == 0
 
 
+def test_the_scaling_environment_decides_through_the_one_call():
+    """RLPTO's environment runs the event engine to its end with core's gang allocator
+    (``allocation=``) and calls none of the engine's step methods: its agents only
+    answer the questions of the allocator's planner."""
+    tree = ast.parse((ROOT / "sim/scaling_env.py").read_text())
+    called = {name for node in ast.walk(tree) if isinstance(node, ast.Call) and (name := _dotted(node.func))}
+    step_api = {"start", "advance", "advance_until", "decide", "step", "scale", "scaling_cycle", "allocation_cycle"}
+    assert sorted(c for c in called if c.split(".")[0] in ("sim", "self") and ".sim." in f".{c}."
+                  and c.rsplit(".", 1)[-1] in step_api) == []
+    assert "sim.run" in called and "GangAllocator" in called and "LiveAllocation" in called
+    assert "ScalingPlanner" not in (ROOT / "sim/scaling_env.py").read_text()
+
+
 def test_the_checker_catches_direct_calls():
     src = '''
 class Controller:
