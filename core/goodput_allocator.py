@@ -124,6 +124,8 @@ class GoodputAllocator:
         self._home: dict[str, str | None] = {}
         self._typed_models: dict[str, dict[str, GoodputModel]] = {}
         self._now: float | None = None
+        #: the nodes of the last decision and the room they give per job shape (within_room)
+        self._rooms: tuple[tuple[AllocNode, ...], dict] = ((), {})
 
     def __repr__(self) -> str:
         return (f"GoodputAllocator(p={self.p}, restart_delay={self.restart_delay}, threshold={self.threshold}, "
@@ -328,7 +330,7 @@ class GoodputAllocator:
         self.jobs.prepare(jobs)  # every job's throughput fit, in one batch
         if self.growth is not None:
             self.growth.prepare(jobs, nodes)
-        views = within_room(self.explored(jobs), nodes)
+        views = within_room(self.explored(jobs), nodes, self._rooms_on(nodes))
         for _ in range(_ROOM_ROUNDS):
             count = self.counts(views, nodes, queues)
             by_id = {v.id: v for v in views}
@@ -702,6 +704,14 @@ class GoodputAllocator:
             entry[t] = ({r: i for i, r in enumerate(rows)}, best, first)
         return entry
 
+    def _rooms_on(self, nodes: Sequence[AllocNode]) -> dict:
+        """The room per job shape on ``nodes`` known so far: kept while the nodes are
+        the same as at the last decision."""
+        key = tuple(nodes)
+        if key != self._rooms[0]:
+            self._rooms = (key, {})
+        return self._rooms[1]
+
     def _allocate_typed(self, jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], queues: QueueBook | None,
                         types: Sequence[str]) -> Mapping[str, Allocation]:
         """:meth:`allocate` on nodes of several GPU types: every job's type, count, nodes
@@ -710,7 +720,7 @@ class GoodputAllocator:
         if self.growth is not None and self.typed_growth and self.typed == "heap":  # the program reads no weight
             self.growth.prepare(jobs, nodes)
         on_type = {t: [n for n in nodes if n.gpu_type == t] for t in types}
-        views = within_room(self.explored(jobs), nodes)
+        views = within_room(self.explored(jobs), nodes, self._rooms_on(nodes))
         for _ in range(_ROOM_ROUNDS):
             plan = (self.program_counts if self.typed == "program" else self.typed_counts)(views, nodes, queues)
             by_id = {v.id: v for v in views}
@@ -892,17 +902,22 @@ class ModelRoom:
 _ROOM_ROUNDS = 3
 
 
-def within_room(jobs: Sequence[AllocJob], nodes: Sequence[AllocNode]) -> list[AllocJob]:
+def within_room(jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], rooms: dict | None = None) -> list[AllocJob]:
     """``jobs`` as the allocator weighs them: a job limited to some GPU models
     (``AllocJob.gpu_models``), whose replicas ask for CPU or memory or come in groups
     of several GPUs (whole workers per node) may grow at most to the replicas the nodes
     could hold of it alone (:meth:`AllocJob.room_on`; none: it
-    cannot run); the others unchanged (the same objects)."""
+    cannot run); the others unchanged (the same objects). ``rooms``: that room per job
+    shape on these ``nodes``, filled in as it is found (jobs of one shape share it)."""
+    rooms = {} if rooms is None else rooms
     out = []
     for j in jobs:
         if j.gpu_models is None and not j.node_by_node:
             out.append(j)
             continue
-        room = sum(j.room_on(n) for n in nodes)
+        shape = (j.gpu_models, j.cpu_milli, j.memory_mib, j.replica_group)
+        room = rooms.get(shape)
+        if room is None:
+            room = rooms[shape] = sum(j.room_on(n) for n in nodes)
         out.append(dataclasses.replace(j, max_replicas=min(j.max_replicas, room)) if room < j.max_replicas else j)
     return out
