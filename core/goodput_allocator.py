@@ -57,7 +57,8 @@ class GoodputAllocator:
                  service_scale: float | None = None, growth: "GrowthWeight | None" = None,
                  idle_horizon: float = 0.0, adaptive: float = 0.0, adaptive_jobs: float = 20,
                  type_price: float = 1.0, measured_restart: bool = True, displace: str = "any",
-                 take_charge: float = 1.0, typed_growth: bool = True, typed: str = "program") -> None:
+                 take_charge: float = 1.0, typed_growth: bool = True, typed: str = "program",
+                 room_rounds: int = 3) -> None:
         if not math.isfinite(p):
             raise ValueError(f"p must be finite, got {p}")
         if not (math.isfinite(restart_delay) and restart_delay >= 0):
@@ -115,6 +116,12 @@ class GoodputAllocator:
         #: program over configurations (:meth:`program_counts`, chosen on validation seeds
         #: only: docs/results/sia_program.md); ``"heap"``, the growth heap (:meth:`typed_counts`)
         self.typed = typed
+        if not (room_rounds >= 1 and float(room_rounds).is_integer()):
+            raise ValueError(f"room_rounds must be a whole number >= 1, got {room_rounds}")
+        #: decisions at most, when jobs limited to some GPU models, or by CPU and memory,
+        #: or in whole workers of several GPUs, do not fit their nodes: each round gives
+        #: the GPUs such a job could not be placed on to the others
+        self.room_rounds = int(room_rounds)
         #: job id -> when its allocation last changed (the program keeps it while it restarts)
         self._changed: dict[str, float] = {}
         self.jobs = JobGoodput(prior, refit_tolerance=refit_tolerance)
@@ -331,7 +338,7 @@ class GoodputAllocator:
         if self.growth is not None:
             self.growth.prepare(jobs, nodes)
         views = within_room(self.explored(jobs), nodes, self._rooms_on(nodes))
-        for _ in range(_ROOM_ROUNDS):
+        for _ in range(self.room_rounds):
             count = self.counts(views, nodes, queues)
             by_id = {v.id: v for v in views}
             demand = [(by_id[jid], k) for jid, k in count.items() if k > 0]  # in the order of who runs
@@ -721,7 +728,7 @@ class GoodputAllocator:
             self.growth.prepare(jobs, nodes)
         on_type = {t: [n for n in nodes if n.gpu_type == t] for t in types}
         views = within_room(self.explored(jobs), nodes, self._rooms_on(nodes))
-        for _ in range(_ROOM_ROUNDS):
+        for _ in range(self.room_rounds):
             plan = (self.program_counts if self.typed == "program" else self.typed_counts)(views, nodes, queues)
             by_id = {v.id: v for v in views}
             where: dict[str, tuple[int, ...]] = {}
@@ -895,11 +902,6 @@ class ModelRoom:
         a = self.allowed.get(job.id)
         if a is not None:
             self.charge_set(a, gpus)
-
-
-#: decisions at most, when jobs limited to some GPU models, or by CPU and memory, do not
-#: fit their nodes
-_ROOM_ROUNDS = 3
 
 
 def within_room(jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], rooms: dict | None = None) -> list[AllocJob]:

@@ -196,9 +196,25 @@ def test_rejects_calls_out_of_time_order_and_bad_settings():
     decide([make_job("a")], nodes_of(4), a, now=60.0)
     with pytest.raises(ValueError):
         a.allocate([make_job("a")], nodes_of(4), 0.0)
-    for bad in ({"p": float("nan")}, {"restart_delay": -1.0}, {"threshold": 0.0}):
+    for bad in ({"p": float("nan")}, {"restart_delay": -1.0}, {"threshold": 0.0}, {"room_rounds": 0},
+                {"room_rounds": 2.5}):
         with pytest.raises(ValueError):
             GoodputAllocator(**bad)
+
+
+def test_gpus_no_whole_worker_fits_on_go_to_the_others_round_after_round():
+    """Two nodes of 4 GPUs; a holds 2 on each and keeps them (protected). Four waiting
+    jobs of one 4-GPU worker each cannot be placed: no node has 4 GPUs free. Each round
+    of the decision admits the next of them, finds it cannot be placed and decides the
+    GPUs again without it: after 3 rounds the 4 free GPUs are still offered to a whole
+    worker and stay idle; with 5, every such job has been tried and a takes them."""
+    a = replace(make_job("a", alloc=(0, 0, 1, 1), max_replicas=8), protected=True)
+    whole = [replace(make_job(f"w{k}", submit=float(k + 1), min_replicas=4, max_replicas=4), replica_group=4)
+             for k in range(4)]
+    few = counts(decide([a, *whole], nodes_of(4, 4), GoodputAllocator(room_rounds=3)))
+    many = counts(decide([a, *whole], nodes_of(4, 4), GoodputAllocator(room_rounds=5)))
+    assert few == {"a": 4, "w0": 0, "w1": 0, "w2": 0, "w3": 0}
+    assert many == {"a": 8, "w0": 0, "w1": 0, "w2": 0, "w3": 0}
 
 
 @pytest.mark.parametrize("p", [1.0, 0.0, -1.0])
