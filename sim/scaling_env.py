@@ -464,6 +464,7 @@ class ScalingEnv(ParallelEnv):
         self._turn = None
         self._thread.join()
         if kind == "error":
+            self.agents = []  # the episode is over; reset() starts another
             raise RuntimeError(f"scaling env: the engine failed: {payload}") from payload
 
     def system_seconds(self) -> float:

@@ -150,6 +150,22 @@ def test_an_episode_closed_midway_stops_its_engine():
     assert env._thread is None and not thread.is_alive()
 
 
+def test_an_error_in_the_engine_is_raised_by_the_step_that_met_it():
+    class Broken:
+        name = "broken"
+
+        def place(self, job, state, workers=None):
+            raise ZeroDivisionError("the placement's bug")
+
+    env = ScalingEnv(ScalingEnvConfig(nodes=6, beta=0.001, n_jobs=5, mean_interarrival=200.0))
+    env.reset(seed=4)
+    env.sim.placement = Broken()  # the engine waits for the agents: nothing runs meanwhile
+    with pytest.raises(RuntimeError, match="the engine failed: the placement's bug"):
+        for _ in range(200):
+            env.step({a: 2 for a in env.agents})
+    assert env.done and not env._thread.is_alive()
+
+
 def test_a_failing_policy_is_a_clear_error_and_stops_the_engine():
     class Broken:
         name = "broken"
