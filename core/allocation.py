@@ -160,6 +160,12 @@ class AllocJob:
         return None if self.gpu_models is None else frozenset(n.index for n in nodes if self.runs_on(n))
 
     @property
+    def shape(self) -> tuple:
+        """What its room on a node depends on besides the node: GPU models, CPU and
+        memory per replica, replicas per worker (jobs of one shape fit alike)."""
+        return self.gpu_models, self.cpu_milli, self.memory_mib, self.replica_group
+
+    @property
     def needs_offers(self) -> bool:
         """Whether its replicas ask for CPU or memory (placed where that is left)."""
         return self.cpu_milli > 0 or self.memory_mib > 0

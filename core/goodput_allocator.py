@@ -917,9 +917,8 @@ def within_room(jobs: Sequence[AllocJob], nodes: Sequence[AllocNode], rooms: dic
         if j.gpu_models is None and not j.node_by_node:
             out.append(j)
             continue
-        shape = (j.gpu_models, j.cpu_milli, j.memory_mib, j.replica_group)
-        room = rooms.get(shape)
+        room = rooms.get(j.shape)
         if room is None:
-            room = rooms[shape] = sum(j.room_on(n) for n in nodes)
+            room = rooms[j.shape] = sum(j.room_on(n) for n in nodes)
         out.append(dataclasses.replace(j, max_replicas=min(j.max_replicas, room)) if room < j.max_replicas else j)
     return out

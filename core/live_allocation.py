@@ -589,7 +589,7 @@ class LiveAllocation:
         running = {k for k, j in by_key.items() if j.nodes and k not in plan.stop} | set(plan.start)
         kept = [a for a in asked if a.protected]
         out: dict[str, WaitReason] = {}
-        room: dict[tuple[frozenset[str] | None, int, int, int], int] = {}
+        room: dict[tuple, int] = {}  # job shape -> GPUs its nodes could hold
         pos = before = 0
         for a in self.allocator.order(asked):
             key = a.id
@@ -600,10 +600,9 @@ class LiveAllocation:
             pos += 1
             gang = j.worker_range[0] * max(1, j.gpus_per_worker)
             q = book.spec_of(j.queue) if book.active else None
-            shape = (a.gpu_models, a.cpu_milli, a.memory_mib, a.replica_group)
-            if shape not in room:  # the GPUs of the nodes that could hold it, once per shape
-                room[shape] = sum(a.room_on(n) for n in nodes)
-            total = room[shape]
+            if a.shape not in room:  # the GPUs of the nodes that could hold it, once per shape
+                room[a.shape] = sum(a.room_on(n) for n in nodes)
+            total = room[a.shape]
             if gang > total:
                 on = ("" if j.gpu_models is None else f" on nodes of GPU model {', '.join(sorted(j.gpu_models))}"
                       if j.gpu_models else " on nodes of a GPU model its workers allow (the cluster has none)")
