@@ -48,10 +48,12 @@ SERVED = ServedPolicy(
     ordering="",
     placement="das",
     scaling="",
-    allocator="goodput-rlpto",
+    allocator="goodput-rlpto@adaptive=0.8,room_rounds=30",
     reason=(
-        "rlsched's goodput allocator with RLPTO's network as its growth weight, new workers "
-        "placed by DAS; the protocol's figures that chose it: docs/results/served.md"
+        "rlsched's goodput allocator with RLPTO's network as its growth weight, a demotion "
+        "threshold learnt from the service of the jobs that left and thirty rounds for GPUs "
+        "no node can hold a job's workers on, new workers placed by DAS; the protocol's "
+        "figures that chose it: docs/results/served.md"
     ),
 )
 

@@ -55,6 +55,7 @@ from rlsched.core.contract import (ANNOTATION_TRACE_JOB, API_VERSION, GROUP, KIN
                                      VERSION, pod_gpus)
 
 from rlsched.core.served import SERVED
+from rlsched.core.live_allocation import parse_allocator_options
 
 from .nodes import default_topology
 from .probe import http_ok
@@ -123,7 +124,7 @@ class DemoOptions:
     #: heuristic as ``ordering/placement[/scaling]``). A goodput allocator's restart delay
     #: is the demo's: one epoch (``epoch_s``), as a demo job lives about 30 epochs of
     #: ``epoch_s`` (a real restart costs ~30 s of a job whose epochs take minutes), unless
-    #: the name gives options (``goodput@...``)
+    #: the name gives one (``goodput@restart_delay=...``); its other options are kept
     allocator: str = SERVED.allocator
 
     @property
@@ -135,9 +136,9 @@ class DemoOptions:
     def live_allocator(self) -> str:
         """The operator's ``--allocator`` for this demo (see :attr:`allocator`)."""
         a = self.allocator
-        if "@" in a or self.heuristic:
+        if self.heuristic or "restart_delay" in parse_allocator_options(a)[1]:
             return a
-        return f"{a}@restart_delay={self.epoch_s:g}"
+        return f"{a}{',' if '@' in a else '@'}restart_delay={self.epoch_s:g}"
 
     def __post_init__(self) -> None:
         if self.duration_s <= 0 or self.jobs < 1:

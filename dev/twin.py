@@ -54,6 +54,7 @@ import numpy as np
 
 from rlsched.core import Topology, make_placement
 from rlsched.core.contract import gpu_type_of
+from rlsched.core.live_allocation import LiveAllocation, make_live_allocator, parse_allocator_options
 from rlsched.core.planning import CONVERGENCE_WINDOW, convergence_gain
 from rlsched.sim import JobSpec
 from rlsched.sim.engine import SimConfig, Simulator
@@ -143,8 +144,6 @@ class TwinConfig:
 
     def sim_allocator(self):
         """The engine's allocation policy."""
-        from rlsched.core.live_allocation import LiveAllocation, make_live_allocator
-
         return LiveAllocation(make_live_allocator(self.allocator))
 
     def live_allocator(self) -> str:
@@ -154,12 +153,15 @@ class TwinConfig:
         if "/" in self.allocator.split("@")[0]:  # ordering/placement[/scaling]: no time constants
             return self.allocator
         a = self.sim_allocator().allocator
-        out = (f"{self.allocator.split('@')[0]}@restart_delay={a.restart_delay / self.time_scale:g},"
-               f"threshold={a.threshold / self.time_scale:g},service_scale={a.service_scale / self.time_scale:g},"
-               f"p={a.p:g}")
+        name, options = parse_allocator_options(self.allocator)
+        k = self.time_scale
+        options.update(restart_delay=a.restart_delay / k, threshold=a.threshold / k,
+                       service_scale=a.service_scale / k, p=a.p)  # counts and quantiles are kept as given
+        if a.idle_horizon:
+            options["idle_horizon"] = a.idle_horizon / k
         if a.growth is not None:  # a learned weight's unit of age (core/growth_weight.py)
-            out += f",hour={a.growth.hour / self.time_scale:g}"
-        return out
+            options["hour"] = a.growth.hour / k
+        return f"{name}@" + ",".join(f"{key}={'none' if v is None else format(v, 'g')}" for key, v in options.items())
 
     @property
     def scaling_interval_sim(self) -> float:

@@ -443,7 +443,7 @@ def test_operator_serves_the_served_allocator(render):
         (flag,) = [a for a in _pod_spec(dep)["containers"][0]["args"] if a.startswith("--allocator=")]
         return flag.split("=", 1)[1]
 
-    assert allocator() == SERVED.allocator == "goodput-rlpto"
+    assert allocator() == SERVED.allocator == "goodput-rlpto@adaptive=0.8,room_rounds=30"
     assert allocator("operator.allocator=fifo/das/rlpto+nobackfill") == "fifo/das/rlpto+nobackfill"
     value = allocator("operator.allocator=goodput@restart_delay=10")
     assert make_live_allocator(value).restart_delay == 10.0

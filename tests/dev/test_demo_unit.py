@@ -238,8 +238,9 @@ def test_the_demo_runs_the_served_allocator_on_its_own_clock():
     from rlsched.core.served import SERVED
     from rlsched_dev.demo import DemoOptions
 
-    assert DemoOptions().allocator == SERVED.allocator == "goodput-rlpto"
-    assert DemoOptions(epoch_s=0.5).live_allocator() == "goodput-rlpto@restart_delay=0.5"
+    assert DemoOptions().allocator == SERVED.allocator == "goodput-rlpto@adaptive=0.8,room_rounds=30"
+    assert DemoOptions(epoch_s=0.5).live_allocator() == f"{SERVED.allocator},restart_delay=0.5"
+    assert DemoOptions(allocator="goodput-rlpto", epoch_s=0.5).live_allocator() == "goodput-rlpto@restart_delay=0.5"
     assert DemoOptions(allocator="fifo/das/rlpto+nobackfill").live_allocator() == "fifo/das/rlpto+nobackfill"
     import argparse
 
@@ -248,7 +249,8 @@ def test_the_demo_runs_the_served_allocator_on_its_own_clock():
     assert p.parse_args(["demo", "up", "--allocator", "fifo/das"]).allocator == "fifo/das"
     with pytest.raises(SystemExit):  # no second mode: a usage error naming the choices
         p.parse_args(["demo", "up", "--allocator", "none"])
-    assert DemoOptions(allocator="goodput@p=0").live_allocator() == "goodput@p=0"
+    assert DemoOptions(allocator="goodput@p=0").live_allocator() == "goodput@p=0,restart_delay=1"  # options kept
+    assert DemoOptions(allocator="goodput@restart_delay=4").live_allocator() == "goodput@restart_delay=4"
 
 
 def test_the_summary_names_the_operators_allocator(tmp_path):
@@ -266,7 +268,7 @@ def test_the_summary_names_the_operators_allocator(tmp_path):
     fake = SimpleNamespace(console=Console(record=True, width=200), opts=opts)
     demo.Demo._print_summary(fake, s)
     text = fake.console.export_text()
-    assert f"{SERVED.allocator}@restart_delay=0.5" in text and "operator's --allocator" in text
+    assert f"{SERVED.allocator},restart_delay=0.5" in text and "operator's --allocator" in text
 
 
 def test_the_demo_team_queue_allows_its_preemptor():

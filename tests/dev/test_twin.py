@@ -496,6 +496,18 @@ def test_live_log_reads_the_new_batch_of_an_allocator_resize():
     assert dec[1]["batch"] == 190 and dec[1]["delta"] == -3 and dec[1]["epoch"] == 2 and "batch" not in dec[0]
 
 
+def test_live_allocator_keeps_the_options_free_of_time_and_scales_the_others():
+    """The served name's options reach the live operator: the adaptive threshold's quantile
+    and the room rounds as given, the times (here an idle horizon) over ``time_scale``."""
+    from rlsched.core.live_allocation import make_live_allocator
+
+    cfg = TwinConfig(jobs=2, seed=1, allocator="goodput-rlpto@adaptive=0.8,room_rounds=30,idle_horizon=600")
+    live, sim = make_live_allocator(cfg.live_allocator()), cfg.sim_allocator().allocator
+    assert (live.demotion.q, live.room_rounds) == (sim.demotion.q, sim.room_rounds) == (0.8, 30)
+    assert live.idle_horizon == pytest.approx(600 / cfg.time_scale)
+    assert live.demotion.prior == pytest.approx(sim.demotion.prior / cfg.time_scale)
+
+
 @pytest.mark.parametrize("allocator", ["goodput-learned", "goodput-rlpto"])
 def test_live_allocator_of_a_learned_weight_keeps_its_weights_on_the_compressed_clock(allocator):
     """A learned allocator live (the served one among them), on a clock ``time_scale``

@@ -11,7 +11,7 @@ def test_the_operator_cli_serves_the_served_allocator():
 
     p = argparse.ArgumentParser()
     register(p.add_subparsers(dest="cmd"))
-    assert p.parse_args(["operator", "run"]).allocator == SERVED.allocator == "goodput-rlpto"
+    assert p.parse_args(["operator", "run"]).allocator == SERVED.allocator == "goodput-rlpto@adaptive=0.8,room_rounds=30"
     assert p.parse_args(["operator", "run", "--allocator", "fifo/das/rlpto+nobackfill"]).allocator == \
         "fifo/das/rlpto+nobackfill"
 

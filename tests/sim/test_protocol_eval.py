@@ -28,7 +28,7 @@ from rlsched.sim.traces.spec import parse_options, scale_for_load, window_jobs
 # --------------------------------------------------------------------------- names
 def test_rlsched_resolves_to_the_served_policy():
     pol = parse_policy_name("rlsched")
-    assert (pol.allocator, pol.placement) == (SERVED.allocator, SERVED.placement) == ("goodput-rlpto", "das")
+    assert (pol.allocator, pol.placement) == (SERVED.allocator, SERVED.placement) == ("goodput-rlpto@adaptive=0.8,room_rounds=30", "das")
     assert not pol.ordering and pol.scaling is None
     assert pol.label == "rlsched" and pol.served and pol.backfill is None
     assert SERVED.reason  # the record says why
