@@ -255,15 +255,13 @@ class Simulator:
         self._record(self.now)
         return True
     def decide(self) -> None:
-        """Let the policies decide now, without moving the clock: one pass of core's
-        cycle (admission, then preemption rounds) over the waiting jobs — what
-        :meth:`step` runs after an event time's events. The scheduling environments call
-        it with the agents' pick as the ordering and placement
+        """Let the allocation policy decide now, without moving the clock: one call, as
+        :meth:`step` makes after an event time's events. The scheduling environments
+        call it with the agents' pick as the policy's ordering and placement
         (:class:`rlsched.sim.envs.AgentTurn`)."""
-        if self.ordering is None:
-            raise ValueError("decide() needs ordering and placement policies")
-        self._schedule()
-        self._record(self.now)
+        if self.allocation is None:
+            raise ValueError("decide() needs an allocation policy")
+        self.allocation_cycle()
 
     def advance(self) -> bool:
         """Process every event of the next event time (no policy decisions).

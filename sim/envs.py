@@ -2,14 +2,15 @@
 
 :class:`SchedulingEnv` (Gymnasium) and :class:`DualAgentSchedulingEnv` (PettingZoo: the
 DAS ordering and placement agents taking turns) drive a
-:class:`~rlsched.sim.engine.Simulator` one start at a time through core's scheduling
-cycle; the reward is DAS's JCT-and-fee objective (Xing et al., KDD 2023). All randomness
+:class:`~rlsched.sim.engine.Simulator` one start at a time through the engine's one
+allocator call (core's gang allocator over the agents' pick); the reward is DAS's JCT-and-fee objective (Xing et al., KDD 2023). All randomness
 comes from the seed given to ``reset``. Decision points, spaces and reward:
 docs/design-notes.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -23,6 +24,8 @@ from rlsched.core.policy import Placement
 from rlsched.core.das import PLACEMENT_FEATURES
 from rlsched.core.placement import worker_slots
 from rlsched.core.estimate import estimate_remaining
+from rlsched.core.gang_allocator import GangAllocator
+from rlsched.core.live_allocation import LiveAllocation
 from rlsched.core.das_agent import (
     CLUSTER_FEATURES,
     JOB_FEATURES,
@@ -178,6 +181,13 @@ class AgentTurn(Placement):
         return self._cycle.score(job, candidates, state)
 
 
+def agents_allocation(turn: AgentTurn, config: SimConfig) -> LiveAllocation:
+    """The agents' turn as the one allocator call the engine makes: core's gang
+    allocator over the pick (ordering and placement), with the engine's queue rules."""
+    return LiveAllocation(GangAllocator(turn, turn, backfill=config.backfill, preemption=config.preemption,
+                                        name=turn.name))
+
+
 class SchedulingCore:
     """One episode of decision-by-decision scheduling on the simulator.
 
@@ -204,12 +214,17 @@ class SchedulingCore:
                                                                                    rng=self.rng)
         by_id = {j.id: j for j in jobs}
         self.turn = AgentTurn(lambda job_id: by_id[job_id].priority_class, cycle)
-        self.sim = Simulator(jobs, topology, ordering=self.turn, placement=self.turn, seed=sim_seed,
-                             config=self.config.sim)
+        self.sim = Simulator(jobs, topology, placement=self.turn, seed=sim_seed, config=self._sim_config(),
+                             allocation=agents_allocation(self.turn, self.config.sim))
         self._price = np.array([n.price_per_gpu_hour for n in topology.nodes]) / 3600.0
         self.returns = 0.0
         self.decisions = 0
         self._advance()
+
+    def _sim_config(self) -> SimConfig:
+        """The engine deciding at every event time (no spacing), as an agent decides
+        whenever a job it may start fits."""
+        return dataclasses.replace(self.config.sim, decision_gap=0.0, allocate_on_events=True)
 
     @property
     def done(self) -> bool:
@@ -251,22 +266,19 @@ class SchedulingCore:
 
     def start(self, slot: int, nodes: Sequence[int]) -> float:
         """The agents' decision: the job in ``slot`` on ``nodes``, admitted by the engine's
-        cycle (:class:`AgentTurn`); advance; return the reward. ValueError when the
-        cycle could not start it there (a job that does not fit now, nodes that cannot
-        hold its workers, a worker count outside its bounds)."""
+        allocator call (:class:`AgentTurn`); advance; return the reward. ValueError when
+        it could not start there (a job that does not fit now, nodes that cannot hold
+        its workers, another worker count than the gang it asks for)."""
         job = self.window_jobs()[slot]
         nodes = list(nodes)
-        if not (job.min_workers <= len(nodes) <= job.max_workers):
-            raise ValueError(f"job {job.id}: {len(nodes)} workers outside [{job.min_workers}, {job.max_workers}]")
-        asked = job.workers
-        job.workers = len(nodes)  # the gang the agents chose, within its bounds
+        if len(nodes) != job.workers:
+            raise ValueError(f"job {job.id}: {len(nodes)} workers, not the gang of {job.workers} it asks for")
         self.turn.pick = (job.id, nodes)
         try:
             self.sim.decide()
         finally:
             self.turn.pick = None
         if job.start_time is None:
-            job.workers = asked
             raise ValueError(f"job {job.id} could not start on nodes {nodes} now")
         self.decisions += 1
         r = self._advance()

@@ -140,21 +140,26 @@ def _first_fit_agent(core: SchedulingCore) -> None:
 def test_env_decisions_go_through_the_engines_cycle_and_match_its_own_run():
     """The env only translates: an agent starting the oldest job that fits, first fit,
     gives exactly the episode of the engine's own FIFO + backfill run (the window holds
-    every waiting job here), as every start is core's admission over the agent's pick."""
+    every waiting job here), as every start is the engine's one allocator call (core's
+    gang allocator) over the agent's pick."""
     from rlsched.core import make_ordering, make_placement
     from rlsched.sim import SimConfig, Simulator
 
     for seed in (0, 3):
         core = SchedulingCore(small_workload, EnvConfig(window=16))
         core.reset(seed)
-        assert core.sim.ordering is core.turn and core.sim.placement is core.turn
+        alloc = core.sim.allocation.allocator
+        assert core.sim.ordering is None and alloc.ordering is core.turn and alloc.placement is core.turn
         _first_fit_agent(core)
         jobs, topo = small_workload(np.random.default_rng(seed))
         ref = Simulator(jobs, topo, ordering=make_ordering("fifo"), placement=make_placement("firstfit"),
                         seed=0, config=SimConfig(backfill=True, record_series=False)).run()
-        got = {r.id: (r.start, r.end, r.level, r.fee) for r in core.sim.result().records}
-        want = {r.id: (r.start, r.end, r.level, r.fee) for r in ref.records}
+        got = {r.id: (r.start, r.end, r.level) for r in core.sim.result().records}
+        want = {r.id: (r.start, r.end, r.level) for r in ref.records}
         assert got == want and len(got) == 12
+        # the fee is summed over event times, and the allocator's interval adds some
+        fees = {r.id: r.fee for r in ref.records}
+        assert all(r.fee == pytest.approx(fees[r.id], rel=1e-12) for r in core.sim.result().records)
 
 
 def test_highest_job_preempts_in_the_env_as_live():
@@ -185,7 +190,7 @@ def test_start_refuses_a_pick_the_cycle_cannot_start_and_keeps_the_job():
     core = SchedulingCore(lambda _rng: (jobs, Topology.uniform(2, 4)), EnvConfig(window=4))
     core.reset(0)
     job = core.window_jobs()[0]
-    with pytest.raises(ValueError, match="workers outside"):
+    with pytest.raises(ValueError, match="not the gang of 2"):
         core.start(0, [0, 1, 1])
     with pytest.raises(ValueError, match="could not start"):
         core.start(0, [0, 0])

@@ -159,12 +159,17 @@ def engine_bypasses(source: str, filename: str = "<src>") -> list[str]:
 
 
 def test_the_training_environments_start_jobs_only_through_the_cycle():
-    """The DAS environment's agents are the cycle's ordering and placement for one pass
-    (``Simulator.decide``); neither environment starts a job or moves the clock around
-    the engine's cycle."""
+    """The DAS environment's agents are the ordering and placement of core's gang
+    allocator, the engine's one allocator call (``Simulator.decide`` takes it now);
+    neither environment starts a job or moves the clock around the engine's cycle."""
     assert [hit for rel in TRAINING_ENVS for hit in engine_bypasses((ROOT / rel).read_text(), rel)] == []
-    src = (ROOT / "sim/envs.py").read_text()
-    assert ".sim.decide()" in src and "ordering=self.turn, placement=self.turn" in src
+    tree = ast.parse((ROOT / "sim/envs.py").read_text())
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
+    (engine,) = [c for c in calls if _callee(c) == "Simulator"]
+    assert {k.arg for k in engine.keywords} >= {"allocation", "placement"}
+    assert not {"ordering", "scaling"} & {k.arg for k in engine.keywords}  # no passes of its own
+    assert {"GangAllocator", "LiveAllocation"} <= {_callee(c) for c in calls}
+    assert {_dotted(c.func) for c in calls} >= {"self.sim.decide"}
     assert engine_bypasses("self.sim.start(job.id, nodes)\nsim.advance()\n") == ["<src>:1 self.sim.start",
                                                                                 "<src>:2 sim.advance"]
 
