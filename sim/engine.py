@@ -117,8 +117,8 @@ def _check_policies(jobs: Sequence[JobSpec], ordering, placement, scaling, alloc
         if ordering is not None or scaling is not None or placement is None:
             raise ValueError("an allocation policy decides alone: give it the placement policy that puts new "
                              "workers on nodes (the extender's, live), and no ordering or scaling")
-    elif (ordering is None) != (placement is None):
-        raise ValueError("give both an ordering and a placement policy, or neither")
+    elif ordering is None or placement is None:
+        raise ValueError("give an allocation policy, or an ordering and a placement policy")
     if scaling is not None and placement is None:
         raise ValueError("a scaling policy needs a placement policy to add workers")
     ids = set()
@@ -263,14 +263,6 @@ class Simulator:
             raise ValueError("decide() needs an allocation policy")
         self.allocation_cycle()
 
-    def advance(self) -> bool:
-        """Process every event of the next event time (no policy decisions).
-        Returns False when there is no event left or max_time is reached."""
-        if not self._advance():
-            return False
-        self._record(self.now)
-        return True
-
     def _advance(self) -> bool:
         t = self._next_time()
         if t is None:
@@ -317,50 +309,16 @@ class Simulator:
         return True
 
     def advance_until(self, t: float) -> None:
-        """Process every event up to time ``t`` (the policies decide, if set), then
-        move the clock to ``t`` — for agents acting on a fixed time step."""
+        """Process every event up to time ``t``, the policies deciding, then move the
+        clock to ``t``."""
         while (nt := self._next_time()) is not None and nt <= t and nt <= self.config.max_time:
-            if self.ordering is not None:
-                self.step()
-            else:
-                self.advance()
+            self.step()
         if t > self.now:
             self.now = self.state.time = min(t, self.config.max_time)
-
-    def start(self, job_id: str, nodes: Sequence[int]) -> None:
-        """Start pending job ``job_id`` with one worker on each of ``nodes`` (gang:
-        ``len(nodes)`` must be between its min and max workers)."""
-        j = self._by_id[job_id]
-        if j.status != _PENDING:
-            raise ValueError(f"job {job_id} is not pending")
-        v = j.view
-        if not (v.min_workers <= len(nodes) <= v.max_workers):
-            raise ValueError(f"job {job_id}: {len(nodes)} workers outside [{v.min_workers}, {v.max_workers}]")
-        self._start(j, list(nodes), self.now)
-        self.state.pending = [p for p in self.state.pending if p is not v]
-        self._record(self.now)
-
-    def scale(self, job_id: str, delta: int, nodes: Sequence[int] | None = None) -> bool:
-        """Add (``delta`` > 0, on ``nodes`` or where the placement policy says) or
-        remove (``delta`` < 0, the newest) workers of a running job. The job pays the
-        restart cost. Returns False when nothing changed."""
-        j = self._by_id[job_id]
-        if j.status != _RUNNING or delta == 0:
-            return False
-        ok = self._rescale(j, delta, nodes, self.now)
-        if ok:
-            self._record(self.now)
-        return ok
 
     def preemptions(self, job_id: str) -> int:
         """How many times the job was suspended so far."""
         return self._by_id[job_id].preemptions
-
-    def fits_now(self, job_id: str) -> bool:
-        """Whether the job's current gang could be placed right now (slot count)."""
-        v = self._by_id[job_id].view
-        c = self.state.candidates(v.gpus_per_worker, v.gpu_models)
-        return int((self.state.free[c] // v.gpus_per_worker).sum()) >= v.workers
 
     def result(self) -> SimResult:
         unfinished = [j.spec.id for j in self._jobs if j.status in (_PENDING, _RUNNING, _FUTURE)]

@@ -103,7 +103,10 @@ def test_an_added_worker_is_placed_as_the_extender_places_its_pod():
     old count), which counts the gang's GPUs one worker short in DAS's room and learned
     terms and picks another node on such a state (job j: 2 × 4 GPUs on gpu-2 and gpu-0;
     free 2, 8, 0, 6)."""
+    from hand_policies import Pinned
+    from rlsched.core import make_ordering
     from rlsched.sim import Simulator
+    from rlsched.sim.engine_jobs import grown
     from rlsched.sim.job import JobSpec
 
     topo = default_topology()
@@ -114,16 +117,13 @@ def test_an_added_worker_is_placed_as_the_extender_places_its_pod():
              JobSpec("j", workers=2, gpus_per_worker=4, min_workers=2, max_workers=3, **fixed)]
     where = {"f0": [0], "f2": [2], "f3": [3], "j": [2, 0]}
 
-    sim = Simulator(specs, topo)  # no policies: the test starts the jobs where it wants
+    sim = Simulator(specs, topo, ordering=make_ordering("fifo"), placement=Pinned(where))  # where the test wants
     sim.advance_until(0.0)
-    for s in specs:
-        sim.start(s.id, where[s.id])
     sim.placement = serving_placement("das", DEFAULT_MODEL)  # then DAS places added workers
     assert sim.state.free.tolist() == [2, 8, 0, 6]
     (rj,) = [r for r in sim.elastic_jobs() if r.key == "j"]
     planned = sim.elastic.place_one(rj, sim.state)  # the scaling planner's room check
-    assert sim.scale("j", 1)  # and the engine's own choice
-    engine = sim.job("j").placement[-1]
+    (engine,) = sim.placement.place(grown(sim.job("j"), 1), sim.state, workers=1)  # the engine's own, as it grows
     assert planned == engine
 
     ext = build_extender("das", DEFAULT_MODEL)

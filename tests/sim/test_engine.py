@@ -8,7 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hand_policies import ByHand, Pinned
 from rlsched.core import Bandwidth, Level, NodeSpec, Topology, make_ordering, make_placement
+from rlsched.core.live_allocation import LiveAllocation
 from rlsched.core.planning import convergence_gain
 from rlsched.sim import JobSpec, SimConfig, Simulator, compute_metrics
 from rlsched.sim.job import step_time
@@ -104,12 +106,8 @@ def test_placement_changes_step_time():
     assert step_time(spec, 2, Level.RACK, bw) == pytest.approx(0.27)
     assert step_time(spec, 2, Level.BLOCK, bw) == pytest.approx(0.34)
     for nodes, expect in (([0, 1], 270.0), ([0, 2], 340.0)):
-        sim = Simulator([spec], _two_racks())
-        sim.advance()  # arrival
-        sim.start("j", nodes)
-        while sim.advance():
-            pass
-        (rec,) = sim.result().records
+        sim = Simulator([spec], _two_racks(), ordering=make_ordering("fifo"), placement=Pinned({"j": nodes}))
+        (rec,) = sim.run().records
         assert rec.end - rec.start == pytest.approx(expect)
         assert rec.level == (Level.RACK if nodes == [0, 1] else Level.BLOCK)
 
@@ -154,15 +152,10 @@ def test_elastic_scale_pays_restart_cost():
     # work done by then = 10 s; no progress 10-40; then 2 workers on one NVLink
     # domain run at 2x (grad_gb = 0: no communication) -> remaining 90 s takes 45 s.
     spec = JobSpec(id="e", submit_time=0, workers=1, max_workers=2, gpus_per_worker=1, grad_gb=0.0, duration=100)
-    sim = Simulator([spec], ONE_NODE, config=SimConfig(restart_cost=30))
-    sim.advance()
-    sim.start("e", [0])
-    sim.advance_until(10.0)
-    assert sim.now == 10.0
-    assert sim.scale("e", +1, nodes=[0])
-    while sim.advance():
-        pass
-    (rec,) = sim.result().records
+    grow = ByHand(lambda now: {"e": [0] if now < 10 else [0, 0]})  # decides at 0 and every 10 s
+    sim = Simulator([spec], ONE_NODE, placement=Pinned({"e": [0]}, more={"e": [0]}), allocation=LiveAllocation(grow),
+                    config=SimConfig(restart_cost=30, scaling_interval=10))
+    (rec,) = sim.run().records
     assert rec.end == pytest.approx(10 + 30 + 45)
     assert rec.rescales == 1
 
@@ -258,29 +251,13 @@ def test_same_seed_same_metrics_different_seed_different():
     assert run(3) != run(4)
 
 
-def test_step_by_step_external_decisions():
-    # an external agent (what the RL envs do): start whatever fits, first-fit by hand
-    sim = Simulator(HAND, ONE_NODE)
-    order = []
-    while not sim.done:
-        started = False
-        for v in sorted(sim.pending, key=lambda v: v.submit_time):
-            if sim.fits_now(v.id):
-                sim.start(v.id, [0])
-                order.append(v.id)
-                started = True
-                break
-        if not started:
-            sim.advance()
-    assert order == ["A", "B", "C"]
-    assert {r.id: r.end for r in sim.result().records} == pytest.approx({"A": 10, "B": 16, "C": 18})
-
-
 def test_bad_arguments():
     with pytest.raises(ValueError):
         Simulator(HAND, ONE_NODE, ordering=make_ordering("fifo"))  # placement missing
+    with pytest.raises(ValueError, match="allocation policy, or an ordering"):
+        Simulator(HAND, ONE_NODE)  # nothing decides
     with pytest.raises(ValueError):
-        Simulator(HAND + [HAND[0]], ONE_NODE)  # duplicate id
+        _sim(HAND + [HAND[0]], ONE_NODE)  # duplicate id
     with pytest.raises(ValueError):
         JobSpec(id="x", submit_time=0, workers=2, max_workers=1)
     assert math.isinf(SimConfig().max_time)
@@ -328,11 +305,8 @@ def test_span_level_matches_topology(workers, gpw, nodes):
     # nodes of 8 GPUs in two NVLink islands of 4; n0, n1 in rack r0, n2 in rack r1
     topo = Topology([NodeSpec(f"n{i}", 8, rack=f"r{i // 2}", nvlink_domain_size=4) for i in range(3)])
     spec = JobSpec(id="j", submit_time=0, workers=workers, gpus_per_worker=gpw, duration=10)
-    sim = Simulator([spec], topo)
-    sim.advance()
-    sim.start("j", nodes)
-    while sim.advance():
-        pass
+    sim = Simulator([spec], topo, ordering=make_ordering("fifo"), placement=Pinned({"j": nodes}))
+    sim.run()
     counts: dict[int, int] = {}
     for i in nodes:
         counts[i] = counts.get(i, 0) + gpw

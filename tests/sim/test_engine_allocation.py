@@ -86,10 +86,12 @@ def test_the_engine_gives_the_allocator_each_nodes_cpu_and_memory():
     node's 96 cores is planned at most two workers per node (the GPUs alone would
     allow 32); one asking for as much memory as a node has, one per node."""
     s = sim([job("cpu", 0.0, hi=32, cpu_milli=40_000), job("mem", 0.0, hi=32, memory_mib=786_432)])
-    s.advance_until(1.0)
-    plan = s.allocation_cycle()
-    assert 2 <= plan.start["cpu"].workers <= 8 and 1 <= plan.start["mem"].workers <= 4
-    s.advance_until(600.0)  # and the engine's placement carries the plans out
+    s.advance_until(0.0)  # the decision on their arrival, carried out by the engine's placement
+    assert 2 <= s.job("cpu").workers <= 8 and 1 <= s.job("mem").workers <= 4
+    plan = s.allocation_cycle()  # and the next decision keeps them there
+    assert set(plan.start) == set(plan.stop) == set() and all(
+        t.workers <= (8 if k == "cpu" else 4) for k, t in plan.resize.items())
+    s.advance_until(600.0)
     assert 2 <= s.job("cpu").workers <= 8 and 1 <= s.job("mem").workers <= 4
 
 

@@ -187,7 +187,7 @@ def test_training_progress_is_kept_across_suspend_and_resume():
     the same epoch with the same accuracy, and ends exactly B's run time + the
     restart cost later than without preemption."""
     a = JobSpec(id="A", submit_time=0, gpus_per_worker=8, samples_per_epoch=20_000, max_epochs=20)
-    probe = Simulator([a], ONE_NODE, seed=3)
+    probe = Simulator([a], ONE_NODE, ordering=make_ordering("fifo"), placement=make_placement("firstfit"), seed=3)
     half = round(probe.ideal_runtime("A") / 2)
     jobs = [a, JobSpec(id="B", submit_time=half, gpus_per_worker=8, duration=40, priority_class="highest")]
     sim = Simulator(jobs, ONE_NODE, ordering=make_ordering("fifo"), placement=make_placement("firstfit"), seed=3)

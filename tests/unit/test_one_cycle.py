@@ -305,3 +305,12 @@ class Simulator:
 '''
     assert direct_preemption(old) == ["<src>:12 self.admission.may_preempt", "<src>:14 self.admission.choose_victims"]
     assert direct_plans(old) == ["<src>:18 planner.plan"] and cycle_calls(old, "preemption_rounds") == 0
+
+
+def test_the_engine_starts_and_resizes_jobs_only_through_its_policies():
+    """The event engine has no hand-driven steps left: no caller starts, resizes or
+    moves a job, or advances the clock without the policies deciding."""
+    from rlsched.sim.engine import Simulator
+
+    assert not {"start", "scale", "advance", "fits_now"} & set(vars(Simulator))
+    assert {"step", "decide", "run", "advance_until"} <= set(vars(Simulator))
