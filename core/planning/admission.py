@@ -282,6 +282,15 @@ class Admission:
         self.preemption = preemption
         self.start_timeout_s = start_timeout_s
         self.min_run_s = float(min_run_s)
+        self._verdicts_on: object = None  # the Topology the kept verdicts are of
+        self._verdict: dict[tuple, str | None] = {}
+
+    def _verdicts(self, state: ClusterState) -> dict:
+        """:func:`gang_unfittable`'s verdict per gang shape on ``state``'s nodes, kept
+        while they are the same :class:`Topology` (the verdict reads only capacities)."""
+        if self._verdicts_on is not state.topology:
+            self._verdicts_on, self._verdict = state.topology, {}
+        return self._verdict
 
     def start_timed_out(self, admitted_at: float, now: float) -> bool:
         """An admitted gang whose workers are not all running ``start_timeout_s`` after
@@ -326,8 +335,11 @@ class Admission:
         order = self.order(waiting, state)
         plan.order = [e.key for e in order]
         fitting = []
+        verdicts = self._verdicts(state)
         for e in order:
-            why = gang_unfittable(e.spec, state)
+            sp = e.spec
+            shape = (sp.gpus_per_worker, sp.min_workers, sp.gpu_models, sp.cpu_milli, sp.memory_mib)
+            why = verdicts[shape] if shape in verdicts else verdicts.setdefault(shape, gang_unfittable(sp, state))
             if why is None:
                 fitting.append(e)
             else:
