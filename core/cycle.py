@@ -234,7 +234,13 @@ class SchedulingCycle:
             plan = self.admission.plan(waiting, holders, state, releasing, place=place)
             by_key = {e.key: e for e in waiting}
             rnd = SettleRound(plan)
-            for key in plan.admit:
+            admit = plan.admit
+            if plan.preempt:  # the head goes first onto what its victims free, as the event engine starts
+                # it: the jobs behind it wait for the next round (backfilled now, they took
+                # those GPUs and the head evicted them in turn, round after round)
+                ahead = set(plan.order[:plan.order.index(plan.blocked)])
+                admit = [k for k in admit if k in ahead]
+            for key in admit:
                 e = by_key[key]
                 v = e.view()
                 where = place(v, state)

@@ -334,3 +334,26 @@ def test_the_last_started_job_is_the_victim_and_a_restart_is_no_resize():
     plan = live.plan([a, c, boss], {0: 8, 1: 8}, now=10.0)
     assert plan.stop == ["ns/a"] and set(plan.start) == {"ns/a", "ns/boss"} and not plan.resize
     assert plan.allocations["ns/a"].nodes == (1,) * 4 and plan.allocations["ns/boss"].nodes == (0,) * 8
+
+
+def test_a_preempting_head_starts_before_the_jobs_behind_it_backfill(monkeypatch):
+    """One node of 8 GPUs under Tiresias with backfill: v (2 GPUs, running) and w (2
+    GPUs, waiting) have run past the first threshold, the boss (8 GPUs) has not. The
+    boss preempts v and starts on the node in the next round, before w may backfill, as
+    the event engine starts a preempting head; w waits. Backfilled in the round that
+    preempted, w took GPUs the boss needed, and the boss evicted w, then v, in turn
+    until the round limit."""
+    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+
+    live = LiveAllocation.named("tiresias/firstfit+backfill")
+    served = 10 * 3600.0
+    jobs = [LiveJob("ns/v", 0.0, 1, 1, gpus_per_worker=2, nodes=(0,), attained_service=served),
+            LiveJob("ns/boss", 1.0, 1, 1, gpus_per_worker=8),
+            LiveJob("ns/w", 2.0, 1, 1, gpus_per_worker=2, attained_service=served)]
+    cycle, seen = live.allocator.cycle, []
+    settle = cycle.plan
+    monkeypatch.setattr(cycle, "plan", lambda *a, **k: seen.append(settle(*a, **k)) or seen[-1])
+    plan = live.plan(jobs, {0: 8}, now=10.0, why=True)
+    (one,) = seen
+    assert [(list(r.placed), r.released) for r in one.rounds] == [([], ["ns/v"]), (["ns/boss"], [])]
+    assert plan.stop == ["ns/v"] and list(plan.start) == ["ns/boss"] and "ns/w" in plan.waiting
