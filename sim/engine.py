@@ -254,6 +254,7 @@ class Simulator:
                 self._push(due, _WAKE, None)
         self._record(self.now)
         return True
+
     def decide(self) -> None:
         """Let the allocation policy decide now, without moving the clock: one call, as
         :meth:`step` makes after an event time's events. The scheduling environments
