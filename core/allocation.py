@@ -150,6 +150,12 @@ class AllocJob:
     #: seconds its last new allocation stalled it, as the caller measured it: from the
     #: allocation to the first step it reported after it (None: not measured yet)
     restart_s: float | None = None
+    #: the user's run-time estimate in seconds (``spec.estimatedRuntime``; 0: none) and
+    #: the caller's estimate of the time it has left from it and its reported progress
+    #: (:func:`rlsched.core.estimate.estimate_remaining`; 0: unknown): what SJF and SRTF
+    #: sort on, never a true run time
+    est_runtime: float = 0.0
+    remaining: float = 0.0
 
     def runs_on(self, node: "AllocNode") -> bool:
         """Whether its replicas may run on ``node`` (its GPU model is allowed)."""

@@ -154,7 +154,7 @@ class GangAllocator:
                        gpus_per_worker=g, gpu_models=j.gpu_models, cpu_milli=j.cpu_milli * g,
                        memory_mib=j.memory_mib * g, queue=j.service_queue, priority=j.service_priority + bonus,
                        attained_service=reached_threshold(j.attained_service, thresholds) if thresholds
-                       else j.attained_service, placement=[])
+                       else j.attained_service, est_runtime=j.est_runtime, remaining=j.remaining, placement=[])
 
     def order(self, jobs: Sequence[AllocJob]) -> list[AllocJob]:
         """The jobs in the order the ordering serves them (on the last cluster state

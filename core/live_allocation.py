@@ -264,6 +264,10 @@ class LiveJob:
     #: seconds its last new allocation stalled it, from the allocation to its first
     #: report after it (``status.restartStall``; :attr:`AllocJob.restart_s`)
     restart_s: float | None = None
+    #: the user's run-time estimate and the time it has left by it and its progress
+    #: (:attr:`AllocJob.est_runtime`, :attr:`AllocJob.remaining`; 0: none, unknown)
+    est_runtime: float = 0.0
+    remaining: float = 0.0
 
     def end(self) -> str | None:
         """``"MaxEpochs"``, ``"Converged"`` or None: whether a running job ended by itself."""
@@ -428,7 +432,8 @@ class LiveAllocation:
                         running_since=job.running_since if job.nodes else None,
                         protected=protected and bool(job.nodes), gpu_models=job.gpu_models,
                         cpu_milli=-(-max(job.cpu_milli, 0) // g), memory_mib=-(-max(job.memory_mib, 0) // g),
-                        replica_group=g, seed_profile=job.seed_profile, restart_s=job.restart_s)
+                        replica_group=g, seed_profile=job.seed_profile, restart_s=job.restart_s,
+                        est_runtime=job.est_runtime, remaining=job.remaining)
 
     def target(self, job: LiveJob, alloc: Allocation, types: Mapping[int, str] | None = None) -> LiveTarget:
         """The allocator's answer for ``job`` in whole workers (0: it waits; a running job

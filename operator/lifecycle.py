@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 from rlsched.core.allocation import ProfileSample
 from rlsched.core.contract import gpu_type_of, judge_batch
 from rlsched.core.lifecycle import FAIL, RESTART, SUCCEED, Verdict, judge
+from rlsched.core.estimate import estimate_remaining
 from rlsched.core.batch import UNIT_BATCH
 from rlsched.core.live_allocation import (
     LiveJob,
@@ -293,17 +294,22 @@ class Lifecycle:
         end = {} if running is None else dict(epochs_done=prog.epochs_done, max_epochs=s.max_epochs,
                                               streak=running.state.streak, patience=patience,
                                               elastic=running, beta=s.beta)
+        service = self.service(j, now)
+        # seconds run, at the size it runs at (its gang's while it waits): what SRTF's
+        # remaining time counts down from the user's estimate
+        ran = service / (s.gpus_per_worker * max(len(placement), s.min_workers, 1))
         return LiveJob(key=j.key, submit_time=created, min_workers=s.min_workers, max_workers=s.max_workers,
                        gpus_per_worker=s.gpus_per_worker, nodes=placement,
                        batch_size=j.batch_size if placement else s.batch_size, pinned_workers=s.pinned_workers,
-                       bounds=s.bounds, observations=obs, attained_service=self.service(j, now),
+                       bounds=s.bounds, observations=obs, attained_service=service,
                        restarts=j.generation, priority_class=s.priority_class, queue=j.team,
                        service_queue=queue, service_priority=pr,
                        running_since=parse_time(j.status.get("admittedTime")) if placement else None,
                        gpu_models=s.gpu_models, cpu_milli=s.cpu_milli, memory_mib=s.memory_mib,
                        epoch=max(prog.epoch, 0), metrics=tuple(prog.history), movable=movable,
                        seed_profile=self.seed_profile(s), restart_s=stall_seconds(j.status.get("restartStall")),
-                       **end)
+                       est_runtime=s.estimated_runtime,
+                       remaining=estimate_remaining(s.estimated_runtime, ran, prog.epochs_done, s.max_epochs), **end)
 
     def seed_profile(self, s: TrainingSpec) -> tuple[ProfileSample, ...]:
         """``spec.seedProfile`` as one-GPU profile samples, each row's type read through

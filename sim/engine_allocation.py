@@ -41,7 +41,7 @@ class AllocationAdapter:
         same = (spec, j.obs, p.history, types)  # immutable (the history only grows)
         equal = (nodes, batch, v.attained_service, j.rescales + j.preemptions, since, p.epoch, len(p.history),
                  v.min_workers, v.max_workers, v.gpus_per_worker, v.gpu_models, v.cpu_milli, v.memory_mib,
-                 v.submit_time, stall)
+                 v.submit_time, stall, v.est_runtime, v.remaining)
         hit = self._kept.get(v.id)
         metrics = seeds = None
         if hit is not None:
@@ -61,7 +61,7 @@ class AllocationAdapter:
                        gpu_models=v.gpu_models, cpu_milli=v.cpu_milli, memory_mib=v.memory_mib,
                        epoch=p.epoch, metrics=tuple(p.history) if metrics is None else metrics,
                        start_workers=spec.workers, seed_profile=self._seeds(spec) if seeds is None else seeds,
-                       restart_s=stall)
+                       restart_s=stall, est_runtime=v.est_runtime, remaining=v.remaining)
         self._kept[v.id] = (same, equal, live)
         return live
 

@@ -357,3 +357,20 @@ def test_a_preempting_head_starts_before_the_jobs_behind_it_backfill(monkeypatch
     (one,) = seen
     assert [(list(r.placed), r.released) for r in one.rounds] == [([], ["ns/v"]), (["ns/boss"], [])]
     assert plan.stop == ["ns/v"] and list(plan.start) == ["ns/boss"] and "ns/w" in plan.waiting
+
+
+def test_srtf_as_one_allocator_preempts_on_the_users_estimates():
+    """SRTF as the operator's one allocator: A (8 GPUs, 70 s of its estimate left) runs,
+    B (8 GPUs, estimate 20 s) waits: B preempts A. With no estimates nothing is known,
+    SRTF has nothing to compare and nobody is preempted."""
+    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+
+    live = LiveAllocation.named("srtf/firstfit")
+    a = LiveJob("ns/a", 0.0, 1, 1, gpus_per_worker=8, nodes=(0,), est_runtime=100.0, remaining=70.0,
+                attained_service=240.0, running_since=0.0)
+    b = LiveJob("ns/b", 30.0, 1, 1, gpus_per_worker=8, est_runtime=20.0, remaining=20.0)
+    plan = live.plan([a, b], {0: 8}, now=30.0)
+    assert plan.stop == ["ns/a"] and list(plan.start) == ["ns/b"]
+    plan = live.plan([replace(a, est_runtime=0.0, remaining=0.0), replace(b, est_runtime=0.0, remaining=0.0)],
+                     {0: 8}, now=30.0)
+    assert plan.stop == [] and plan.start == {}

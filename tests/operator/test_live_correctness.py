@@ -180,3 +180,18 @@ def test_the_allocator_decides_on_a_change_of_its_jobs_and_else_on_its_interval(
     ctl._wake_at = NOW + 100  # the policy asked (a Tiresias demotion)
     assert not ctl.decision_due(jobs("a"), NOW + 99) and ctl.decision_due(jobs("a"), NOW + 100)
     assert ctl.decision_due(jobs("a"), NOW + 300)  # the interval
+
+
+def test_a_heuristic_allocator_sees_the_users_estimate_less_the_time_run(controller):
+    """``spec.estimatedRuntime`` reaches the allocator (SJF and SRTF sort on it): a job
+    of 2 x 1 GPU that attained 200 GPU-s has run 100 s of its 1,000 s estimate, 900 s
+    left; with no estimate nothing is known."""
+    told = parse_spec({"minWorkers": 2, "maxWorkers": 4, "gpusPerWorker": 1, "template": TEMPLATE,
+                       "estimatedRuntime": 1000})
+    ctl = controller(allocator="srtf/firstfit")
+    body = {"metadata": {"name": "j", "namespace": "ns", "uid": "u", "creationTimestamp": format_time(NOW - 600)},
+            "spec": {}, "status": {"phase": "Queued", "attainedGpuSeconds": 200.0}}
+    live = ctl.lifecycle.live_job(Job(body, told, None), NOW, (), None)
+    assert (live.est_runtime, live.remaining) == (1000.0, pytest.approx(900.0))
+    unknown = ctl.lifecycle.live_job(_job({"phase": "Queued"}), NOW, (), None)
+    assert (unknown.est_runtime, unknown.remaining) == (0.0, 0.0)
