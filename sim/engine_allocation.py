@@ -41,7 +41,7 @@ class AllocationAdapter:
         same = (spec, j.obs, p.history, types)  # immutable (the history only grows)
         equal = (nodes, batch, v.attained_service, j.rescales + j.preemptions, since, p.epoch, len(p.history),
                  v.min_workers, v.max_workers, v.gpus_per_worker, v.gpu_models, v.cpu_milli, v.memory_mib,
-                 v.submit_time, stall, v.est_runtime, v.remaining)
+                 v.submit_time, stall, v.remaining)  # the estimate is the spec's (``same``)
         hit = self._kept.get(v.id)
         metrics = seeds = None
         if hit is not None:

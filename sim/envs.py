@@ -3,15 +3,15 @@
 :class:`SchedulingEnv` (Gymnasium) and :class:`DualAgentSchedulingEnv` (PettingZoo: the
 DAS ordering and placement agents taking turns) drive a
 :class:`~rlsched.sim.engine.Simulator` one start at a time through the engine's one
-allocator call (core's gang allocator over the agents' pick); the reward is DAS's JCT-and-fee objective (Xing et al., KDD 2023). All randomness
-comes from the seed given to ``reset``. Decision points, spaces and reward:
+allocator call (core's gang allocator over the agents' pick); the reward is DAS's
+JCT-and-fee objective (Xing et al., KDD 2023). All randomness comes from the seed given
+to ``reset``. Decision points, spaces and reward:
 docs/design-notes.md.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import gymnasium as gym
@@ -224,7 +224,7 @@ class SchedulingCore:
     def _sim_config(self) -> SimConfig:
         """The engine deciding at every event time (no spacing), as an agent decides
         whenever a job it may start fits."""
-        return dataclasses.replace(self.config.sim, decision_gap=0.0, allocate_on_events=True)
+        return replace(self.config.sim, decision_gap=0.0, allocate_on_events=True)
 
     @property
     def done(self) -> bool:

@@ -339,7 +339,9 @@ class Admission:
         for e in order:
             sp = e.spec
             shape = (sp.gpus_per_worker, sp.min_workers, sp.gpu_models, sp.cpu_milli, sp.memory_mib)
-            why = verdicts[shape] if shape in verdicts else verdicts.setdefault(shape, gang_unfittable(sp, state))
+            if shape not in verdicts:
+                verdicts[shape] = gang_unfittable(sp, state)
+            why = verdicts[shape]
             if why is None:
                 fitting.append(e)
             else:
