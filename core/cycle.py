@@ -22,7 +22,6 @@ from .planning import (
     Admission,
     AdmissionPlan,
     QueueEntry,
-    RunningEntry,
     RunningJob,
     ScalingPlan,
     ScalingPlanner,
@@ -40,7 +39,7 @@ PlaceGang = Callable[[JobView, ClusterState], Union[Sequence[int], None]]
 PlaceOne = Callable[[RunningJob, ClusterState], Union[int, None]]
 #: the event engine's translation of a live view into core's entries
 AsEntry = Callable[[JobView], QueueEntry]
-AsHolder = Callable[[JobView], RunningEntry]
+AsHolder = Callable[[JobView], RunningJob]
 #: the elastic jobs, or a callable building them once admission is decided: it gets the
 #: keys preempted for good this cycle (the gang allocator folds each job's reported curve
 #: into the live view that admission reads too, so it builds them only afterwards)
@@ -169,7 +168,7 @@ class SchedulingCycle:
     def plan(
         self,
         waiting: Sequence[QueueEntry],
-        holders: Sequence[RunningEntry],
+        holders: Sequence[RunningJob],
         state: ClusterState,
         *,
         running: Elastic = (),
@@ -215,7 +214,7 @@ class SchedulingCycle:
     def _settle(
         self,
         waiting: Sequence[QueueEntry],
-        holders: Sequence[RunningEntry],
+        holders: Sequence[RunningJob],
         state: ClusterState,
         releasing: np.ndarray | None,
         place: PlaceGang | None,
@@ -250,8 +249,8 @@ class SchedulingCycle:
                 v.placement = list(where)
                 state.running[v.id] = v
                 rnd.placed[key] = [int(i) for i in where]
-                holders.append(RunningEntry(key=e.key, spec=e.spec, priority=e.priority, start_time=state.time,
-                                            placement=list(v.placement), job=e.job))
+                holders.append(RunningJob(key=e.key, spec=e.spec, workers=len(v.placement), priority=e.priority,
+                                          start_time=state.time, placement=list(v.placement), job=e.job))
             waiting = [e for e in waiting if e.key not in rnd.placed]
             blocked = by_key.get(plan.blocked) if plan.blocked else None
             done.append(rnd)
@@ -326,7 +325,7 @@ class SchedulingCycle:
         no restart cost paid for nothing). A head below ``highest`` evicts only jobs the
         ordering ranks strictly after it (``outranked``/``preempts``; admission checks
         them again, with the classes). ``holder(view)`` is the caller's translation of a
-        candidate into a :class:`~rlsched.core.planning.RunningEntry` (called only for
+        candidate into a :class:`~rlsched.core.planning.RunningJob` (called only for
         the candidates left by those two filters, in order)."""
         adm = self.admission
         if adm is None or not adm.may_preempt(head):

@@ -28,7 +28,6 @@ from .planning import (
     AdmissionPlan,
     ElasticState,
     QueueEntry,
-    RunningEntry,
     RunningJob,
     ScalingPlanner,
     TrainingSpec,
@@ -203,9 +202,10 @@ class GangAllocator:
         by_id = {j.id: j for j in jobs}
         waiting = [QueueEntry(key=v.id, spec=_spec(v, by_id[v.id]), submit_time=v.submit_time,
                               priority=by_id[v.id].service_priority, queue=v.queue, job=v) for v in pending]
-        holders = [RunningEntry(key=v.id, spec=_spec(v, by_id[v.id]), priority=by_id[v.id].service_priority,
-                                start_time=by_id[v.id].running_since if by_id[v.id].running_since is not None
-                                else by_id[v.id].submit_time, placement=list(v.placement), job=v)
+        holders = [RunningJob(key=v.id, spec=_spec(v, by_id[v.id]), workers=v.workers,
+                              priority=by_id[v.id].service_priority,
+                              start_time=by_id[v.id].running_since if by_id[v.id].running_since is not None
+                              else by_id[v.id].submit_time, placement=list(v.placement), job=v)
                    for v in state.running.values() if not by_id[v.id].protected]
         free = int(state.free.sum())
         plan = self.cycle.plan(waiting, holders, state, running=lambda gone: self._elastic_jobs(jobs, gone, state, now),

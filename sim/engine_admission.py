@@ -15,7 +15,7 @@ import math
 from rlsched.core import JobView, PlacementError
 from rlsched.core.cycle import Preemption
 from rlsched.core.ordering import reached_threshold
-from rlsched.core.planning import QueueEntry, RunningEntry, TrainingSpec
+from rlsched.core.planning import QueueEntry, RunningJob, TrainingSpec
 
 from .engine_jobs import DEMOTE, WAKE, JobState
 
@@ -123,9 +123,9 @@ class HeuristicPath:
         return QueueEntry(key=v.id, spec=self._gang_spec(v), submit_time=v.submit_time, priority=v.priority,
                           queue=v.queue, job=v)
 
-    def running_entry(self, v: JobView) -> RunningEntry:
-        return RunningEntry(key=v.id, spec=self._gang_spec(v), priority=v.priority, start_time=float(v.start_time),
-                            placement=list(v.placement), job=v)
+    def running_entry(self, v: JobView) -> RunningJob:
+        return RunningJob(key=v.id, spec=self._gang_spec(v), workers=v.workers, priority=v.priority,
+                          start_time=float(v.start_time), placement=list(v.placement), job=v)
 
     def blocked_head(self) -> QueueEntry | None:
         """The job at the head of the waiting queue (core's

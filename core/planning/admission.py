@@ -16,10 +16,11 @@ import numpy as np
 from ..cluster import ClusterState, JobView
 from ..contract import class_rank
 from ..policy import Ordering
+from .elastic import RunningJob
 from .spec import TrainingSpec
 
 __all__ = [
-    "DynamicPriority", "QueueEntry", "RunningEntry", "AdmissionPlan", "Admission", "HIGHEST_BONUS",
+    "DynamicPriority", "QueueEntry", "AdmissionPlan", "Admission", "HIGHEST_BONUS",
     "WaitReason", "waiting_reasons", "admit_in_order", "gang_fits", "gang_unfittable", "take_gang", "unfittable_reason",
 ]
 
@@ -91,19 +92,6 @@ class QueueEntry:
         bonus = HIGHEST_BONUS if self.spec.priority_class == "highest" else 0.0
         return self.spec.view(self.key, submit_time=self.submit_time, workers=self.spec.min_workers,
                               priority=self.priority + bonus, queue=self.queue)
-
-
-@dataclass(slots=True)
-class RunningEntry:
-    """A job holding GPUs: its class, priority, start time and node of each worker."""
-
-    key: str
-    spec: TrainingSpec
-    priority: float
-    start_time: float
-    placement: list[int] = field(default_factory=list)
-    #: the job's live view, when the caller has one (policy-driven preemption)
-    job: JobView | None = None
 
 
 @dataclass(slots=True)
@@ -312,7 +300,7 @@ class Admission:
     def plan(
         self,
         waiting: Sequence[QueueEntry],
-        running: Sequence[RunningEntry],
+        running: Sequence[RunningJob],
         state: ClusterState,
         releasing: np.ndarray | None = None,
         place: Callable[[JobView, ClusterState], Sequence[int] | None] | None = None,
@@ -394,7 +382,7 @@ class Admission:
         """Whether blocked head-of-line ``job`` may evict anyone at all."""
         return self.preemption and (job.spec.priority_class == "highest" or self.preemptive_ordering)
 
-    def may_evict(self, job: QueueEntry, victim: RunningEntry, state: ClusterState | None) -> bool:
+    def may_evict(self, job: QueueEntry, victim: RunningJob, state: ClusterState | None) -> bool:
         """Whether waiting ``job`` may evict running ``victim``: a ``highest`` job any
         job of a lower class; under a preemptive ordering, any job of the same class or
         lower that the ordering ranks strictly after ``job`` (live views needed)."""
@@ -407,11 +395,11 @@ class Admission:
             return bool(self.ordering.preempts(job.view(), victim.job, state))
         return False
 
-    def protected(self, victim: RunningEntry, now: float) -> bool:
+    def protected(self, victim: RunningJob, now: float) -> bool:
         """Whether ``victim`` has run less than ``min_run_s`` by ``now``: not evictable yet."""
         return self.min_run_s > 0 and now - victim.start_time < self.min_run_s
 
-    def _evictable(self, job: QueueEntry, victim: RunningEntry, state: ClusterState | None, outranked: set | None) -> bool:
+    def _evictable(self, job: QueueEntry, victim: RunningJob, state: ClusterState | None, outranked: set | None) -> bool:
         if state is not None and self.protected(victim, state.time):
             return False
         if outranked is None or job.spec.priority_class == "highest":
@@ -421,7 +409,7 @@ class Admission:
     def choose_victims(
         self,
         job: QueueEntry,
-        running: Sequence[RunningEntry],
+        running: Sequence[RunningJob],
         free: np.ndarray,
         total: np.ndarray,
         state: ClusterState | None = None,
@@ -455,7 +443,7 @@ class Admission:
         return []
 
     @staticmethod
-    def _prune(chosen: list[str], cands: Sequence[RunningEntry], start: "_Room", s: TrainingSpec) -> list[str]:
+    def _prune(chosen: list[str], cands: Sequence[RunningJob], start: "_Room", s: TrainingSpec) -> list[str]:
         """Drop victims (highest priority first) that are not needed after all."""
         by_key = {r.key: r for r in cands}
         keep = list(chosen)
@@ -502,7 +490,7 @@ class _Room:
                      None if self.mem is None else self.mem.copy(), self.cpu_total, self.mem_total,
                      self.cpu_need, self.mem_need)
 
-    def release(self, r: RunningEntry) -> None:
+    def release(self, r: RunningJob) -> None:
         g = r.spec.gpus_per_worker
         v = r.job
         for i in r.placement:

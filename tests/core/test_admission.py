@@ -6,7 +6,7 @@ from rlsched.core.planning import (
     Admission,
     DynamicPriority,
     QueueEntry,
-    RunningEntry,
+    RunningJob,
     admit_in_order,
     gang_fits,
     take_gang,
@@ -110,8 +110,8 @@ def test_urgent_job_passes_normal_ones(qm, make_cluster, make_spec):
 
 # ---------------------------------------------------------------- preemption
 def running(make_spec, key, klass, pr, start, placement, gpw=1):
-    return RunningEntry(key=key, spec=make_spec(mn=len(placement), mx=len(placement), gpw=gpw, klass=klass), priority=pr,
-                        start_time=start, placement=placement)
+    return RunningJob(key=key, spec=make_spec(mn=len(placement), mx=len(placement), gpw=gpw, klass=klass),
+                      workers=len(placement), priority=pr, start_time=start, placement=placement)
 
 
 def full_cluster(make_cluster, holders):
@@ -280,7 +280,7 @@ def _live(entry_or_running, *, remaining=0.0, attained=0.0, submit=0.0):
     from rlsched.core import JobView
 
     s = entry_or_running.spec
-    workers = len(entry_or_running.placement) if isinstance(entry_or_running, RunningEntry) else s.min_workers
+    workers = len(entry_or_running.placement) if isinstance(entry_or_running, RunningJob) else s.min_workers
     entry_or_running.job = JobView(id=entry_or_running.key, submit_time=submit, gpus_per_worker=s.gpus_per_worker,
                                    workers=workers, min_workers=workers, max_workers=workers,
                                    remaining=remaining, attained_service=attained)

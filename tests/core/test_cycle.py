@@ -13,7 +13,6 @@ from rlsched.core.planning import (
     Admission,
     ElasticState,
     QueueEntry,
-    RunningEntry,
     RunningJob,
     ScalingPlanner,
     TrainingSpec,
@@ -43,8 +42,10 @@ def elastic(key, workers, gpw, history, placement, mx=4):
 def holder(rj_or_key, s=None, placement=(), priority=0.0, start=0.0):
     if isinstance(rj_or_key, RunningJob):
         rj = rj_or_key
-        return RunningEntry(key=rj.key, spec=rj.spec, priority=priority, start_time=start, placement=list(rj.placement))
-    return RunningEntry(key=rj_or_key, spec=s, priority=priority, start_time=start, placement=list(placement))
+        return RunningJob(key=rj.key, spec=rj.spec, workers=rj.workers, priority=priority, start_time=start,
+                          placement=list(rj.placement))
+    return RunningJob(key=rj_or_key, spec=s, workers=len(placement), priority=priority, start_time=start,
+                      placement=list(placement))
 
 
 def cycle(backfill=True, scaling="beta", preemption=True):
@@ -241,8 +242,8 @@ def _live(key, gpw, node, *, start, priority=0.0, remaining=0.0, workers=1, mode
 def _holder(calls):
     def holder(v):
         calls.append(v.id)
-        return RunningEntry(key=v.id, spec=spec(v.workers, v.gpus_per_worker), priority=v.priority,
-                            start_time=float(v.start_time), placement=list(v.placement), job=v)
+        return RunningJob(key=v.id, spec=spec(v.workers, v.gpus_per_worker), workers=v.workers, priority=v.priority,
+                          start_time=float(v.start_time), placement=list(v.placement), job=v)
     return holder
 
 
