@@ -449,6 +449,26 @@ def test_operator_serves_the_served_allocator(render):
     assert make_live_allocator(value).restart_delay == 10.0
 
 
+def test_the_operator_decides_as_the_protocol_measured(render):
+    """The chart's operator decides on events at least the engines' gap apart and on
+    their interval (the cadence the served policy was chosen under); a null interval
+    gives the CLI's every cycle."""
+    from rlsched.core.decision_clock import DecisionClock
+    from rlsched.sim.engine import SimConfig
+
+    def flags(*sets):
+        dep = next(o for o in render(*sets) if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-operator"))
+        args = _pod_spec(dep)["containers"][0]["args"]
+        return {a.split("=", 1)[0]: float(a.split("=", 1)[1]) for a in args if a.startswith("--decision-")}
+
+    clock, engine = DecisionClock(), SimConfig()
+    assert flags() == {"--decision-gap": clock.gap, "--decision-interval": clock.interval}
+    assert (clock.gap, clock.interval) == (engine.decision_gap, engine.scaling_interval)
+    assert flags("operator.decisionGapSeconds=5", "operator.decisionIntervalSeconds=60") == {
+        "--decision-gap": 5.0, "--decision-interval": 60.0}
+    assert flags("operator.decisionIntervalSeconds=null") == {}
+
+
 def test_the_schema_admits_every_live_allocator_and_nothing_else():
     """Core's live allocators with options, and any ordering/placement[/scaling]."""
     import rlsched.sim.allocators  # noqa: F401  (registers the peers: none may pass the schema)
