@@ -339,9 +339,7 @@ class SchedulingCycle:
         by_class = head.spec.priority_class == "highest"
         if not by_class:
             ordering = adm.ordering
-            outranked = getattr(ordering, "outranked", None)
-            views = (outranked(v, views, state) if outranked is not None
-                     else [r for r in views if ordering.preempts(v, r, state)])
+            views = ordering.outranked(v, views, state)
             if not views:
                 return None
         entries = [holder(r) for r in views]

@@ -147,7 +147,7 @@ class GangAllocator:
         its queue), where every ordering ranks first."""
         g = max(1, j.replica_group)
         w = max(min(j.target_replicas or g, j.max_replicas) // g, 1)
-        thresholds = getattr(self.ordering, "thresholds", ())
+        thresholds = self.ordering.thresholds
         bonus = HIGHEST_BONUS if j.priority == len(PRIORITY_CLASSES) - 1 else 0.0
         return JobView(id=j.id, submit_time=j.submit_time, workers=w, min_workers=w, max_workers=w,
                        gpus_per_worker=g, gpu_models=j.gpu_models, cpu_milli=j.cpu_milli * g,
@@ -281,8 +281,7 @@ class GangAllocator:
         """Under a preemptive ordering that demotes by attained service (Tiresias), the
         first time a job running on what it was just given reaches its next threshold:
         its queue changes then, and with it who may preempt whom."""
-        demotes_at = getattr(self.ordering, "demotes_at", None)
-        if demotes_at is None or not (self.admission.preemption and self.admission.preemptive_ordering):
+        if not (self.ordering.thresholds and self.admission.preemption and self.admission.preemptive_ordering):
             return None
         times = []
         for j in jobs:
@@ -291,7 +290,7 @@ class GangAllocator:
                 continue
             v = self._view(j)
             v.workers = v.min_workers = v.max_workers = max(1, len(given.nodes) // v.gpus_per_worker)
-            t = demotes_at(v, now)
+            t = self.ordering.demotes_at(v, now)
             if t is not None:
                 times.append(t)
         return max(min(times), math.nextafter(now, math.inf)) if times else None

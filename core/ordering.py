@@ -78,6 +78,8 @@ class _KeyOrdering:
     #: whether a waiting job may evict a running one this policy ranks strictly after
     #: it (SRTF, Tiresias); the planning layer (``Admission``) decides the victims
     preemptive = False
+    #: attained-service thresholds that demote a job (Tiresias); none by default
+    thresholds: tuple[float, ...] = ()
 
     def __init__(self, *, rng: np.random.Generator | None = None) -> None:
         # ``rng`` is accepted so callers can build every ordering the same way;
@@ -97,6 +99,10 @@ class _KeyOrdering:
         keys = self._keys([job, *others], state)
         kj = keys[0]
         return [o for o, k in zip(others, keys[1:]) if kj < k]
+
+    def demotes_at(self, job: JobView, now: float) -> float | None:
+        """Never: no thresholds (Tiresias overrides)."""
+        return None
 
     def _keys(self, pending: Sequence[JobView], state: ClusterState) -> list[tuple]:
         raise NotImplementedError

@@ -45,11 +45,29 @@ __all__ = [
 
 @runtime_checkable
 class Ordering(Protocol):
-    """Ranks pending jobs: the first is started first."""
+    """Ranks pending jobs: the first is started first. A preemptive ordering (SRTF,
+    Tiresias) also says whom a waiting job outranks; admission decides the victims."""
 
     name: str
+    #: whether a waiting job may evict running jobs it outranks
+    preemptive: bool
+    #: attained-service thresholds (GPU-seconds) at which a job moves down a queue; ()
+    thresholds: tuple[float, ...]
 
     def rank(self, pending: Sequence[JobView], state: ClusterState) -> list[JobView]: ...
+
+    def preempts(self, job: JobView, victim: JobView, state: ClusterState) -> bool:
+        """Whether waiting ``job`` strictly outranks running ``victim`` on the policy's key."""
+        ...
+
+    def outranked(self, job: JobView, others: Sequence[JobView], state: ClusterState) -> list[JobView]:
+        """The jobs of ``others`` that :meth:`preempts` says ``job`` outranks."""
+        ...
+
+    def demotes_at(self, job: JobView, now: float) -> float | None:
+        """When ``job``, running on its GPUs from ``now``, reaches its next threshold
+        (None: never)."""
+        ...
 
 
 # An ordering may also offer ``rank_for_start(pending, state)``: :meth:`Ordering.rank`,

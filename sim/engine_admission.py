@@ -37,7 +37,7 @@ class HeuristicPath:
         ordering, placement, config = sim.ordering, sim.placement, sim.config
         #: the ordering preempts by itself (SRTF, Tiresias), so every pass looks for victims
         self.policy_preempts = sim.admission is not None and config.preemption and sim.admission.preemptive_ordering
-        self._demotes_at = getattr(ordering, "demotes_at", None) if self.policy_preempts else None
+        self._demotes_at = ordering.demotes_at if self.policy_preempts and ordering.thresholds else None
         self.highest_pending = 0  # pending ``highest`` jobs (they may preempt)
         self._new: list[JobView] = []  # arrivals since the last policy pass
         self.full_pass_needed = True  # GPUs were released since the last pass
@@ -79,7 +79,7 @@ class HeuristicPath:
         sim = self.sim
         sim.dynamics.sync(j, t)
         v = j.view
-        v.attained_service = reached_threshold(v.attained_service, getattr(sim.ordering, "thresholds", ()))
+        v.attained_service = reached_threshold(v.attained_service, sim.ordering.thresholds)
         if sim.state.pending:
             sim._dirty = True
         self.schedule_demote(j, t)

@@ -150,6 +150,9 @@ class AgentTurn(Placement):
     """
 
     name = "agent-turn"
+    #: the agents' pick never preempts; a ``highest`` job does, by the cycle's class rule
+    preemptive = False
+    thresholds: tuple[float, ...] = ()
 
     def __init__(self, klass, cycle) -> None:
         self._klass = klass  # job id -> its service class
@@ -165,6 +168,15 @@ class AgentTurn(Placement):
         for v in pending:
             (first if v.id == picked else highest if self._highest(v) else rest).append(v)
         return first + sorted(highest, key=lambda v: (v.submit_time, v.id)) + rest
+
+    def preempts(self, job: JobView, victim: JobView, state: ClusterState) -> bool:
+        return False
+
+    def outranked(self, job: JobView, others, state: ClusterState) -> list[JobView]:
+        return []
+
+    def demotes_at(self, job: JobView, now: float) -> float | None:
+        return None
 
     def place(self, job: JobView, state: ClusterState, workers: int | None = None) -> list[int] | None:
         if self.pick is not None and job.id == self.pick[0]:

@@ -376,7 +376,7 @@ class Admission:
     @property
     def preemptive_ordering(self) -> bool:
         """Whether the ordering itself preempts (SRTF, Tiresias)."""
-        return bool(getattr(self.ordering, "preemptive", False))
+        return bool(self.ordering.preemptive)
 
     def may_preempt(self, job: QueueEntry) -> bool:
         """Whether blocked head-of-line ``job`` may evict anyone at all."""
@@ -422,8 +422,7 @@ class Admission:
         least work). Returns ``[]`` if even evicting all of them would not help.
         """
         outranked = None
-        if self.preemption and self.preemptive_ordering and state is not None and job.job is not None \
-                and hasattr(self.ordering, "outranked"):
+        if self.preemption and self.preemptive_ordering and state is not None and job.job is not None:
             # one key computation for all, same answer as may_evict's pairwise one
             outranked = {v.id for v in self.ordering.outranked(job.view(), [r.job for r in running if r.job is not None], state)}
         cands = [r for r in running if self._evictable(job, r, state, outranked)]

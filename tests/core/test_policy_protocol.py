@@ -4,7 +4,8 @@ registered policy (the extender and the operator call it without hasattr)."""
 import numpy as np
 import pytest
 
-from rlsched.core import PLACEMENTS, SCALINGS, ClusterState, JobView, Topology, make_placement, make_scaling
+from rlsched.core import (ORDERINGS, PLACEMENTS, SCALINGS, ClusterState, JobView, Topology, make_ordering,
+                          make_placement, make_scaling)
 from rlsched.core.policy import Placement, Scaling
 
 make_placement("firstfit"), make_scaling("none")  # load the builtin policy modules
@@ -25,6 +26,24 @@ def test_every_placement_answers_the_protocol(name):
     assert policy.observe("node-00", 1.0) is None
     params = policy.parameters()
     assert params is None or isinstance(params, dict)
+
+
+@pytest.mark.parametrize("name", sorted(ORDERINGS))
+def test_every_ordering_answers_the_protocol(name):
+    """Admission and the gang allocator ask every ordering whom a job outranks and when a
+    running job is demoted, without hasattr (admission reads ``preemptive`` to decide
+    whether to ask): ``outranked`` answers as ``preempts`` does pairwise, and only an
+    ordering with thresholds demotes, later than now."""
+    policy = make_ordering(name, rng=np.random.default_rng(0))
+    state = ClusterState(Topology.uniform(2, 4))
+    new = JobView("new", 10.0, remaining=10.0, est_runtime=10.0)
+    old = JobView("old", 0.0, remaining=1e6, est_runtime=1e6, attained_service=1e6, start_time=0.0, placement=[0])
+    outranked = policy.outranked(new, [old], state)
+    assert outranked == [old] * policy.preempts(new, old, state)
+    assert isinstance(policy.preemptive, bool)
+    assert isinstance(policy.thresholds, tuple)
+    t = policy.demotes_at(JobView("run", 0.0, placement=[0]), 100.0)
+    assert (t is not None) == bool(policy.thresholds) and (t is None or t > 100.0)
 
 
 def test_das_shows_its_terms_and_parameters():

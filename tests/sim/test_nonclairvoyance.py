@@ -59,7 +59,7 @@ class _Log:
 class SpyOrdering:
     def __init__(self, inner, log: _Log) -> None:
         self.inner, self.log = inner, log
-        self.name, self.preemptive = inner.name, getattr(inner, "preemptive", False)
+        self.name, self.preemptive, self.thresholds = inner.name, inner.preemptive, inner.thresholds
 
     def rank(self, pending, state):
         self.log.record("rank", pending, state)
@@ -72,6 +72,9 @@ class SpyOrdering:
     def outranked(self, job, others, state):
         self.log.record("outranked", [job, *others], state)
         return self.inner.outranked(job, others, state)
+
+    def demotes_at(self, job, now):  # the job's attained service and GPUs, no more
+        return self.inner.demotes_at(job, now)
 
 
 class SpyPlacement:
