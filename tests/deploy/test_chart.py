@@ -453,6 +453,7 @@ def test_the_operator_decides_as_the_protocol_measured(render):
     """The chart's operator decides on events at least the engines' gap apart and on
     their interval (the cadence the served policy was chosen under); a null interval
     gives the CLI's every cycle."""
+    from rlsched.cli import build_parser
     from rlsched.core.decision_clock import DecisionClock
     from rlsched.sim.engine import SimConfig
 
@@ -463,6 +464,9 @@ def test_the_operator_decides_as_the_protocol_measured(render):
 
     clock, engine = DecisionClock(), SimConfig()
     assert flags() == {"--decision-gap": clock.gap, "--decision-interval": clock.interval}
+    dep = next(o for o in render() if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-operator"))
+    args = build_parser("operator").parse_args(_pod_spec(dep)["containers"][0]["args"])  # the operator's own CLI
+    assert (args.decision_gap, args.decision_interval) == (clock.gap, clock.interval)
     assert (clock.gap, clock.interval) == (engine.decision_gap, engine.scaling_interval)
     assert flags("operator.decisionGapSeconds=5", "operator.decisionIntervalSeconds=60") == {
         "--decision-gap": 5.0, "--decision-interval": 60.0}
