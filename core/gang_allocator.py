@@ -99,9 +99,7 @@ class GangAllocator:
         self.admission = Admission(ordering, backfill=backfill, preemption=preemption)
         #: the one cycle the operator runs too: admission, then the planner
         self.cycle = SchedulingCycle(self.admission, self.planner)
-        parts = [getattr(ordering, "name", "ordering"), getattr(placement, "name", "placement")]
-        if scaling is not None:
-            parts.append(getattr(scaling, "name", "scaling"))
+        parts = [ordering.name, placement.name] + ([scaling.name] if scaling is not None else [])
         self.name = name or "/".join(parts)
         self._topo: tuple[tuple, Topology] | None = None
         self._elastic: dict[str, ElasticState] = {}

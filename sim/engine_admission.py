@@ -42,8 +42,9 @@ class HeuristicPath:
         self._new: list[JobView] = []  # arrivals since the last policy pass
         self.full_pass_needed = True  # GPUs were released since the last pass
         inc = config.incremental_ranking
-        self._incremental = (getattr(ordering, "name", "") in KEY_ORDERINGS) if inc is None else inc
-        self._static = self._incremental and getattr(ordering, "name", "") in STATIC_ORDERINGS
+        name = ordering.name if ordering is not None else ""  # none: the allocation path decides
+        self._incremental = (name in KEY_ORDERINGS) if inc is None else inc
+        self._static = self._incremental and name in STATIC_ORDERINGS
         self._order: list[JobView] | None = None  # last full ranking (static orderings)
         self._pos = 0
         self._side: list[JobView] = []  # arrivals since that ranking
