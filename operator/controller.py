@@ -31,7 +31,7 @@ from rlsched.core.contract import (
 )
 from rlsched.core.decision_clock import DecisionClock
 from rlsched.core.live_allocation import LiveAllocation, LiveJob, LivePlan, movable_room, observations_from_status
-from rlsched.core.planning import DynamicPriority, QueueEntry, RunningJob, gang_unfittable
+from rlsched.core.planning import DynamicPriority, RunningJob, gang_unfittable
 from rlsched.core.queues import QueueBook
 
 from .api import JobRejected, api_error, read_json
@@ -72,7 +72,7 @@ class _Cycle:
     snap: Any
     book: QueueBook
     queue_bodies: list[dict]
-    waiting: list[QueueEntry] = field(default_factory=list)
+    waiting: list[Job] = field(default_factory=list)
     running: list[RunningJob] = field(default_factory=list)
 
     @property
@@ -229,8 +229,8 @@ class Controller:
         await self._each(lambda j: self._observe_job(c, j), c.jobs.values(), c.now)
         hold_restarting(c.jobs.values(), listed, c.snap.state, self.lifecycle.target, c.snap.node_index)
         order = {k: i for i, k in enumerate(c.jobs)}
-        for lst in (c.waiting, c.running):
-            lst.sort(key=lambda e: order[e.key])
+        c.waiting.sort(key=lambda j: order[j.key])
+        c.running.sort(key=lambda r: order[r.key])
 
     async def _observe_job(self, c: _Cycle, j: Job) -> None:
         """One job: stopped workers released, its status trusted, its holds applied, its
@@ -270,7 +270,8 @@ class Controller:
                 j.status.get("conditions"), "Suspended", "False", "Resumed", why, now)})
             await self.status.event(j.body, "Resumed", f"{why}: the job waits for admission")
         if phase == "Queued":
-            c.waiting.append(await self.lifecycle.queue_entry(j, now))
+            await self.lifecycle.queued(j)
+            c.waiting.append(j)
         elif phase == "Starting":
             await self.lifecycle.starting(j, now)
         if j.status.get("phase") == "Running":
@@ -285,10 +286,10 @@ class Controller:
         (every worker bound); the GPUs of the others stay charged where they are. A gang
         that can never fit is reported (condition, event, gauge)."""
         state, now = c.snap.state, c.now
-        unfit = CyclePlanSummary(unfittable={e.key: why for e in c.waiting
-                                             if (why := gang_unfittable(e.spec, state)) is not None})
+        unfit = CyclePlanSummary(unfittable={j.key: why for j in c.waiting
+                                             if (why := gang_unfittable(j.spec, state)) is not None})
         await self._each(lambda j: self.lifecycle.schedulable(j, unfit.unfittable.get(j.key), now),
-                         [c.jobs[e.key] for e in c.waiting], now)
+                         c.waiting, now)
         live, held = await self._allocation_inputs(c)
         self.last_plan = unfit
         if not self.decision_due(live, now):
@@ -341,8 +342,7 @@ class Controller:
                 held.append((placement, j.spec.gpus_per_worker, j.spec.cpu_milli, j.spec.memory_mib))
             live.append(self.lifecycle.live_job(j, now, placement, obs, running=r, movable=movable,
                                                 patience=self.config.patience))
-        for e in c.waiting:
-            j = c.jobs[e.key]
+        for j in c.waiting:
             bounds = j.spec.bounds
             obs = observations_from_status(j.status.get("goodput"), bounds)[0] if bounds is not None else None
             live.append(self.lifecycle.live_job(j, now, (), obs))

@@ -1,8 +1,8 @@
 """What happens to one job: its phase transitions (admitted, started, resized,
 preempted, suspended, restarted, completed, failed), each recorded in its status
-before its workers are touched, and the job as core's planners see it
-(:class:`~rlsched.core.planning.QueueEntry`, :class:`~rlsched.core.planning.RunningJob`,
-:class:`~rlsched.core.live_allocation.LiveJob`). Its workers' exits are judged by
+before its workers are touched, and the job as core sees it
+(:class:`~rlsched.core.live_allocation.LiveJob`, with the scaling record of a running
+one, :class:`~rlsched.core.planning.RunningJob`). Its workers' exits are judged by
 :func:`rlsched.core.lifecycle.judge`; nothing here decides who runs."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from rlsched.core.live_allocation import (
     observations_to_status,
     one_type,
 )
-from rlsched.core.planning import DynamicPriority, ElasticState, QueueEntry, RunningJob, TrainingSpec, WaitReason
+from rlsched.core.planning import DynamicPriority, ElasticState, RunningJob, TrainingSpec, WaitReason
 
 from .job import Job, checkpoint_path, pod_generation, progress_of, requests_count
 from .status import (StatusWriter, format_time, get_condition, merge_diff, parse_time, restart_stall, set_condition,
@@ -63,7 +63,9 @@ class Lifecycle:
         """The job's dynamic priority from its spec and request counter (never its status)."""
         return self.priority.expected(j.spec.priority_value, requests_count(j.body))
 
-    async def queue_entry(self, j: Job, now: float) -> QueueEntry:
+    async def queued(self, j: Job) -> None:
+        """A waiting job's service queue and dynamic priority in its status (events when
+        it is promoted or demoted), as :meth:`service_queue` reads them."""
         st = j.status
         total = requests_count(j.body)
         pr = self.priority_of(j)
@@ -83,9 +85,6 @@ class Lifecycle:
             if old and queue != old:
                 await self.status.event(j.body, "Promoted" if queue == "urgent" else "Demoted",
                                  f"priority {pr:.3g}: queue {old} -> {queue}")
-        submit = parse_time(st.get("queuedTime")) or parse_time(j.body["metadata"].get("creationTimestamp")) or now
-        return QueueEntry(key=j.key, spec=j.spec, submit_time=submit, priority=pr, queue=queue,
-                          nominated=bool(st.get("nominated")))
 
     async def judge(self, j: Job, now: float) -> str:
         """Judge the current generation's workers (:func:`rlsched.core.lifecycle.judge`)
@@ -274,7 +273,7 @@ class Lifecycle:
 
     def service_queue(self, j: Job) -> tuple[str, float]:
         """The service queue the job is ranked in and its dynamic priority: a queued
-        job's ``status.queue`` (written by :meth:`queue_entry` this cycle), else the one
+        job's ``status.queue`` (written by :meth:`queued` this cycle), else the one
         :class:`~rlsched.core.planning.DynamicPriority` gives its class and priority."""
         pr = self.priority_of(j)
         queue = j.status.get("queue")
