@@ -122,6 +122,9 @@ class JobView:
     #: ``workers + 1`` over that at ``workers`` (as a gradient-noise-scale monitor
     #: measures it); 0 when unknown
     stat_efficiency: float = 0.0
+    #: its service class (a TrainingJob's ``spec.priority.class``): a ``highest`` job may
+    #: preempt jobs of lower classes
+    priority_class: str = "normal"
 
     @property
     def gpus(self) -> int:

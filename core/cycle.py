@@ -10,7 +10,6 @@ Design notes: docs/design-notes.md.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence, Union
@@ -19,12 +18,13 @@ import numpy as np
 
 from .cluster import ClusterState, JobView
 from .planning import (
+    HIGHEST_BONUS,
     Admission,
     AdmissionPlan,
-    QueueEntry,
     RunningJob,
     ScalingPlan,
     ScalingPlanner,
+    gang_spec,
     reserved_gpus,
     take_gang,
 )
@@ -37,8 +37,7 @@ log = logging.getLogger(__name__)
 PlaceGang = Callable[[JobView, ClusterState], Union[Sequence[int], None]]
 #: the scaling step's room check: a node for one more worker of a running job, or None
 PlaceOne = Callable[[RunningJob, ClusterState], Union[int, None]]
-#: the event engine's translation of a live view into core's entries
-AsEntry = Callable[[JobView], QueueEntry]
+#: the event engine's translation of a running job's live view into a holder of GPUs
 AsHolder = Callable[[JobView], RunningJob]
 #: the elastic jobs, or a callable building them once admission is decided: it gets the
 #: keys preempted for good this cycle (the gang allocator folds each job's reported curve
@@ -46,7 +45,7 @@ AsHolder = Callable[[JobView], RunningJob]
 Elastic = Union[Sequence[RunningJob], Callable[[set], Sequence[RunningJob]]]
 
 
-def after_admission(state: ClusterState, waiting: Sequence[QueueEntry], plan: AdmissionPlan) -> ClusterState:
+def after_admission(state: ClusterState, waiting: Sequence[JobView], plan: AdmissionPlan) -> ClusterState:
     """``state`` as the scaling planner must see it after this cycle's admissions: the
     gangs admitted hold their GPUs (where :meth:`Admission.plan` counted them, best fit;
     their pods do not exist yet, so the snapshot still shows the GPUs free) and the jobs
@@ -55,20 +54,28 @@ def after_admission(state: ClusterState, waiting: Sequence[QueueEntry], plan: Ad
     Starting until its start timeout; the simulator admits before it scales, on one
     state. Mutates and returns ``state``."""
     admitted = set(plan.admit)
-    by_key = {e.key: e for e in waiting}
+    by_key = {v.id: v for v in waiting}
     for key in plan.admit:  # in the order the plan took their GPUs
-        e = by_key[key]
+        v = by_key[key]
         free = np.maximum(state.free.astype(np.int64), 0)
         after = free.copy()
         try:
-            take_gang(after, e.spec.gpus_per_worker, e.spec.min_workers)
+            take_gang(after, v.gpus_per_worker, v.workers)
         except ValueError:  # it fitted when planned; a snapshot cannot shrink in between
-            log.warning("%s: admitted gang no longer fits the snapshot; scaling sees its GPUs free", e.key)
+            log.warning("%s: admitted gang no longer fits the snapshot; scaling sees its GPUs free", key)
             continue
         for i in np.flatnonzero(free - after):
             state.allocate(int(i), int(free[i] - after[i]))
-    state.pending = [e.view() for e in waiting if e.key not in admitted]
+    state.pending = [v for v in waiting if v.id not in admitted]
     return state
+
+
+def _requeued(r: RunningJob) -> JobView:
+    """A victim without a live view, waiting again: its gang in the interrupt queue,
+    since its start."""
+    bonus = HIGHEST_BONUS if r.spec.priority_class == "highest" else 0.0
+    return r.spec.view(r.key, submit_time=r.start_time, workers=r.spec.min_workers, priority=r.priority + bonus,
+                       queue="interrupt")
 
 
 def best_fit_gang(job: JobView, state: ClusterState) -> list[int] | None:
@@ -109,7 +116,7 @@ class CyclePlan:
     jobs (``finished``). ``state``: the cluster after admission, as scaling saw it (the
     caller's object, mutated). ``running``: the elastic jobs the scaling step decided
     on (victims dropped; empty without a planner). ``rounds``: the settle mode's rounds
-    (empty otherwise). ``blocked``: the waiting entry of the blocked head, if any.
+    (empty otherwise). ``blocked``: the live view of the blocked head, if any.
 
     ``scaling_error``: what the scaling step raised, if anything (then ``scaling`` is
     empty). Admission stands on its own: a caller acts on it, then raises this where it
@@ -120,7 +127,7 @@ class CyclePlan:
     scaling: ScalingPlan
     state: ClusterState
     running: list[RunningJob] = field(default_factory=list)
-    blocked: QueueEntry | None = None
+    blocked: JobView | None = None
     rounds: list[SettleRound] = field(default_factory=list)
     scaling_error: Exception | None = None
 
@@ -146,7 +153,7 @@ class Preemption:
     ordering in the interrupt queue would resume ahead of its preemptor's peers only to
     be preempted again)."""
 
-    head: QueueEntry
+    head: JobView
     victims: list[str] = field(default_factory=list)
     interrupt: list[str] = field(default_factory=list)
 
@@ -167,7 +174,7 @@ class SchedulingCycle:
 
     def plan(
         self,
-        waiting: Sequence[QueueEntry],
+        waiting: Sequence[JobView],
         holders: Sequence[RunningJob],
         state: ClusterState,
         *,
@@ -181,7 +188,7 @@ class SchedulingCycle:
         """One cycle over ``state`` (mutated: the admissions stay on it, see
         :class:`CyclePlan`).
 
-        ``waiting``: the queued jobs; ``holders``: every job holding GPUs (the
+        ``waiting``: the queued jobs' live views (a gang of their ``workers``); ``holders``: every job holding GPUs (the
         preemption candidates); ``running``: the elastic jobs the scaling step decides on
         (or a callable building them, :data:`Elastic`); ``releasing``: per-node GPUs of
         pods already being deleted (a blocked head waits for them rather than preempting
@@ -195,7 +202,7 @@ class SchedulingCycle:
             admission, blocked, settled = self._settle(waiting, holders, state, releasing, place, rounds)
         else:
             admission = self.admission.plan(waiting, holders, state, releasing, place=place)
-            by_key = {e.key: e for e in waiting}
+            by_key = {v.id: v for v in waiting}
             blocked = by_key[admission.blocked] if admission.blocked else None
             settled = []
             state = after_admission(state, waiting, admission)
@@ -213,13 +220,13 @@ class SchedulingCycle:
 
     def _settle(
         self,
-        waiting: Sequence[QueueEntry],
+        waiting: Sequence[JobView],
         holders: Sequence[RunningJob],
         state: ClusterState,
         releasing: np.ndarray | None,
         place: PlaceGang | None,
         rounds: int | None,
-    ) -> tuple[AdmissionPlan, QueueEntry | None, list[SettleRound]]:
+    ) -> tuple[AdmissionPlan, JobView | None, list[SettleRound]]:
         """Admission rounds until nobody is preempted (or ``rounds`` ran): each round's
         gangs are placed on ``state`` and hold GPUs in the next round, its victims are
         released and wait again; the jobs left waiting are ``state.pending``."""
@@ -228,10 +235,11 @@ class SchedulingCycle:
         limit = 2 * (len(waiting) + len(holders)) + 2 if rounds is None else int(rounds)
         done: list[SettleRound] = []
         plan: AdmissionPlan | None = None
-        blocked: QueueEntry | None = None
+        blocked: JobView | None = None
+        nominated: set[str] = set()
         for _ in range(limit):
-            plan = self.admission.plan(waiting, holders, state, releasing, place=place)
-            by_key = {e.key: e for e in waiting}
+            plan = self.admission.plan(waiting, holders, state, releasing, place=place, nominated=nominated)
+            by_key = {v.id: v for v in waiting}
             rnd = SettleRound(plan)
             admit = plan.admit
             if plan.preempt:  # the head goes first onto what its victims free, as the event engine starts
@@ -240,8 +248,7 @@ class SchedulingCycle:
                 ahead = set(plan.order[:plan.order.index(plan.blocked)])
                 admit = [k for k in admit if k in ahead]
             for key in admit:
-                e = by_key[key]
-                v = e.view()
+                v = by_key[key]
                 where = place(v, state)
                 if where is None:  # the room check said it fits: a placement that disagrees waits
                     continue
@@ -249,9 +256,9 @@ class SchedulingCycle:
                 v.placement = list(where)
                 state.running[v.id] = v
                 rnd.placed[key] = [int(i) for i in where]
-                holders.append(RunningJob(key=e.key, spec=e.spec, workers=len(v.placement), priority=e.priority,
-                                          start_time=state.time, placement=list(v.placement), job=e.job))
-            waiting = [e for e in waiting if e.key not in rnd.placed]
+                holders.append(RunningJob(key=key, spec=gang_spec(v), workers=len(v.placement), priority=v.priority,
+                                          start_time=state.time, placement=list(v.placement), job=v))
+            waiting = [v for v in waiting if v.id not in rnd.placed]
             blocked = by_key.get(plan.blocked) if plan.blocked else None
             done.append(rnd)
             if not plan.preempt:
@@ -265,16 +272,15 @@ class SchedulingCycle:
                 state.release_job(v, r.placement)
                 v.placement = []
                 rnd.released.append(key)
-                waiting.append(QueueEntry(key=key, spec=r.spec, priority=r.priority, queue="interrupt", job=r.job,
-                                          submit_time=r.job.submit_time if r.job is not None else r.start_time))
+                waiting.append(r.job if r.job is not None else _requeued(r))
             holders = [r for r in holders if r.key not in victims]
-            if blocked is not None and not blocked.nominated:
+            if blocked is not None:
                 # the preemptor is served before every queue until it starts, as the
                 # operator nominates it: else the victims, resuming first, would take
                 # their GPUs back and it would preempt them again
-                waiting = [dataclasses.replace(e, nominated=True) if e is blocked else e for e in waiting]
+                nominated.add(blocked.id)
         # the jobs still waiting are its pending jobs, as after_admission leaves them
-        state.pending = [e.view() for e in waiting]
+        state.pending = list(waiting)
         if plan is None:  # rounds=0: nothing planned
             return AdmissionPlan(), None, done
         merged = AdmissionPlan(
@@ -309,14 +315,13 @@ class SchedulingCycle:
 
     def preempt(
         self,
-        head: QueueEntry,
+        head: JobView,
         running: Iterable[JobView],
         state: ClusterState,
         now: float,
         holder: AsHolder,
     ) -> Preemption | None:
-        """One preemption decision for blocked head of line ``head`` (its ``job``, the
-        live view, when it has one), given the running jobs' live views: the victims
+        """One preemption decision for blocked head of line ``head`` (its live view), given the running jobs' live views: the victims
         :meth:`Admission.choose_victims <rlsched.core.planning.Admission.choose_victims>`
         picks on the nodes that can host the head's workers (its GPU models), or None.
 
@@ -330,13 +335,13 @@ class SchedulingCycle:
         adm = self.admission
         if adm is None or not adm.may_preempt(head):
             return None
-        v = head.view()
+        v = head
         mask = np.zeros(len(state.total), dtype=bool)
         mask[state.candidates_total(v.gpus_per_worker, v.gpu_models)] = True
         free = np.where(mask, state.free, 0).astype(np.int64)
         total = np.where(mask, state.total, 0).astype(np.int64)
         views = [r for r in running if r.start_time < now]
-        by_class = head.spec.priority_class == "highest"
+        by_class = head.priority_class == "highest"
         if not by_class:
             ordering = adm.ordering
             views = ordering.outranked(v, views, state)
@@ -355,7 +360,6 @@ class SchedulingCycle:
         state: ClusterState,
         now: float,
         *,
-        entry: AsEntry,
         holder: AsHolder,
         apply: Callable[[Preemption], bool],
         admit: Callable[[], object],
@@ -363,7 +367,7 @@ class SchedulingCycle:
     ) -> list[Preemption]:
         """The event engine's preemption, after an admission pass left jobs waiting on
         ``state`` (its live cluster: ``pending`` and ``running`` views): the head of
-        line (:meth:`head`, as ``entry(view)``) asks for victims among
+        line (:meth:`head`) asks for victims among
         ``state.running`` (:meth:`preempt`); ``apply(decision)`` suspends them and
         starts the head (False when the head's placement failed: it waits and the
         rounds end); ``admit()`` passes over the waiting jobs again. Rounds go on until
@@ -376,7 +380,7 @@ class SchedulingCycle:
         for _ in range(limit):
             if not state.pending:
                 return done
-            d = self.preempt(entry(self.head(state.pending, state)), state.running.values(), state, now, holder)
+            d = self.preempt(self.head(state.pending, state), state.running.values(), state, now, holder)
             if d is None:
                 return done
             done.append(d)
@@ -390,7 +394,7 @@ class SchedulingCycle:
         self,
         running: Sequence[RunningJob],
         state: ClusterState,
-        blocked: QueueEntry | None = None,
+        blocked: JobView | None = None,
         place_one: PlaceOne | None = None,
     ) -> ScalingPlan:
         """The scaling step: :meth:`ScalingPlanner.plan
@@ -401,5 +405,4 @@ class SchedulingCycle:
         policy raises; ValueError without a planner."""
         if self.planner is None:
             raise ValueError("no scaling planner in this cycle")
-        return self.planner.plan(running, state, reserved_gpus=reserved_gpus(
-            blocked.spec if blocked is not None else None), place=place_one)
+        return self.planner.plan(running, state, reserved_gpus=reserved_gpus(blocked), place=place_one)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
-from functools import lru_cache
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -27,11 +26,11 @@ from .planning import (
     Admission,
     AdmissionPlan,
     ElasticState,
-    QueueEntry,
     RunningJob,
     ScalingPlanner,
     TrainingSpec,
     WaitReason,
+    gang_spec,
     scaling_steps,
     waiting_reasons,
 )
@@ -46,21 +45,6 @@ __all__ = ["GangAllocator", "learning_score"]
 
 #: CPU or memory of a node where the allocation does not count them
 _UNCOUNTED = 1 << 40
-
-
-def _spec(v: JobView, j: AllocJob) -> TrainingSpec:
-    """A gang of the workers the job runs with (the allocator's jobs are not elastic at
-    admission), its GPUs, CPU and memory per worker and its service class."""
-    return _gang(v.workers, v.gpus_per_worker, j.priority, v.gpu_models, v.cpu_milli, v.memory_mib)
-
-
-@lru_cache(maxsize=4096)
-def _gang(workers: int, gpus_per_worker: int, priority: int, gpu_models: frozenset[str] | None,
-          cpu_milli: int = 0, memory_mib: int = 0) -> TrainingSpec:
-    """:func:`_spec`'s (immutable) spec, built once per shape."""
-    return TrainingSpec(min_workers=workers, max_workers=workers, gpus_per_worker=gpus_per_worker,
-                        priority_class=PRIORITY_CLASSES[len(PRIORITY_CLASSES) - 1 - priority], gpu_models=gpu_models,
-                        cpu_milli=cpu_milli, memory_mib=memory_mib)
 
 
 def learning_score(metrics: Sequence[float], higher_is_better: bool) -> list[float]:
@@ -146,10 +130,12 @@ class GangAllocator:
         g = max(1, j.replica_group)
         w = max(min(j.target_replicas or g, j.max_replicas) // g, 1)
         thresholds = self.ordering.thresholds
-        bonus = HIGHEST_BONUS if j.priority == len(PRIORITY_CLASSES) - 1 else 0.0
+        klass = PRIORITY_CLASSES[len(PRIORITY_CLASSES) - 1 - j.priority]
+        bonus = HIGHEST_BONUS if klass == "highest" else 0.0
         return JobView(id=j.id, submit_time=j.submit_time, workers=w, min_workers=w, max_workers=w,
                        gpus_per_worker=g, gpu_models=j.gpu_models, cpu_milli=j.cpu_milli * g,
                        memory_mib=j.memory_mib * g, queue=j.service_queue, priority=j.service_priority + bonus,
+                       priority_class=klass,
                        attained_service=reached_threshold(j.attained_service, thresholds) if thresholds
                        else j.attained_service, est_runtime=j.est_runtime, remaining=j.remaining, placement=[])
 
@@ -198,20 +184,18 @@ class GangAllocator:
             state.allocate(k, *used[k])
         state.pending = pending
         by_id = {j.id: j for j in jobs}
-        waiting = [QueueEntry(key=v.id, spec=_spec(v, by_id[v.id]), submit_time=v.submit_time,
-                              priority=by_id[v.id].service_priority, queue=v.queue, job=v) for v in pending]
-        holders = [RunningJob(key=v.id, spec=_spec(v, by_id[v.id]), workers=v.workers,
+        holders = [RunningJob(key=v.id, spec=gang_spec(v), workers=v.workers,
                               priority=by_id[v.id].service_priority,
                               start_time=by_id[v.id].running_since if by_id[v.id].running_since is not None
                               else by_id[v.id].submit_time, placement=list(v.placement), job=v)
                    for v in state.running.values() if not by_id[v.id].protected]
         free = int(state.free.sum())
-        plan = self.cycle.plan(waiting, holders, state, running=lambda gone: self._elastic_jobs(jobs, gone, state, now),
+        plan = self.cycle.plan(pending, holders, state, running=lambda gone: self._elastic_jobs(jobs, gone, state, now),
                                place=self._place, place_one=self._place_one, settle=True)
         if plan.scaling_error is not None:
             raise plan.scaling_error
         last = plan.rounds[-1].admission if plan.rounds else plan.admission  # who preempts still, after settling
-        self._waiting = (dataclasses.replace(plan.admission, preempt=list(last.preempt)), waiting, free)
+        self._waiting = (dataclasses.replace(plan.admission, preempt=list(last.preempt)), pending, free)
         released: set[str] = set()
         for rnd in plan.rounds:  # each gang started where the placement put it; victims wait (keeping their progress)
             for key, where in rnd.placed.items():
@@ -229,7 +213,7 @@ class GangAllocator:
             elif step > 0 and jid in plan.scaling.nodes:
                 cur.extend([nodes[plan.scaling.nodes[jid]].index] * g)
             out[jid] = Allocation(tuple(cur))
-        self._toward_range(jobs, out, nodes, plan.blocked.spec.gang_gpus if plan.blocked is not None else 0)
+        self._toward_range(jobs, out, nodes, plan.blocked.gpus if plan.blocked is not None else 0)
         return out
 
     @staticmethod

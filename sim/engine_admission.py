@@ -15,7 +15,7 @@ import math
 from rlsched.core import JobView, PlacementError
 from rlsched.core.cycle import Preemption
 from rlsched.core.ordering import reached_threshold
-from rlsched.core.planning import QueueEntry, RunningJob, TrainingSpec
+from rlsched.core.planning import RunningJob, gang_spec
 
 from .engine_jobs import DEMOTE, WAKE, JobState
 
@@ -110,31 +110,18 @@ class HeuristicPath:
             sim._wake_at = end
             sim._push(end, WAKE, None)
 
-    # ------------------------------------------------------------ core's entries
-    def _gang_spec(self, v: JobView) -> TrainingSpec:
-        """The job as core's admission sees it: its gang is the workers it has (or
-        starts with), its class and priority."""
-        return TrainingSpec(
-            min_workers=v.workers, max_workers=max(v.workers, v.max_workers), gpus_per_worker=v.gpus_per_worker,
-            priority_class=self.sim._by_id[v.id].spec.priority_class, priority_value=v.priority,
-        )
-
-    def entry(self, v: JobView) -> QueueEntry:
-        """The waiting job as core's admission sees it (its gang: the workers it starts with)."""
-        return QueueEntry(key=v.id, spec=self._gang_spec(v), submit_time=v.submit_time, priority=v.priority,
-                          queue=v.queue, job=v)
-
+    # ------------------------------------------------------------ core's holders
     def running_entry(self, v: JobView) -> RunningJob:
-        return RunningJob(key=v.id, spec=self._gang_spec(v), workers=v.workers, priority=v.priority,
+        """A running job as core's admission holds it: its gang is the workers it has."""
+        return RunningJob(key=v.id, spec=gang_spec(v), workers=v.workers, priority=v.priority,
                           start_time=float(v.start_time), placement=list(v.placement), job=v)
 
-    def blocked_head(self) -> QueueEntry | None:
+    def blocked_head(self) -> JobView | None:
         """The job at the head of the waiting queue (core's
         :meth:`SchedulingCycle.head <rlsched.core.cycle.SchedulingCycle.head>`; after a
-        policy pass every waiting job is blocked or behind it), as admission sees it."""
+        policy pass every waiting job is blocked or behind it)."""
         sim = self.sim
-        head = sim.cycle.head(sim.state.pending, sim.state)
-        return None if head is None else self.entry(head)
+        return sim.cycle.head(sim.state.pending, sim.state)
 
     def apply_preemption(self, d: Preemption) -> bool:
         """Apply core's decision (:meth:`SchedulingCycle.preempt
@@ -142,7 +129,7 @@ class HeuristicPath:
         interrupt queue where it says), then start the head where the placement says.
         Returns False when the head's placement failed (it waits)."""
         sim = self.sim
-        head = d.head.job
+        head = d.head
         interrupt = set(d.interrupt)
         decisions = sim.recorder.decisions
         for key in d.victims:

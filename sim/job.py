@@ -225,6 +225,7 @@ class JobSpec:
             cpu_milli=self.cpu_milli,
             memory_mib=self.memory_mib,
             beta=self.beta,
+            priority_class=self.priority_class,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -12,7 +12,6 @@ from .admission import (
     Admission,
     AdmissionPlan,
     DynamicPriority,
-    QueueEntry,
     WaitReason,
     admit_in_order,
     gang_fits,
@@ -34,7 +33,7 @@ from .elastic import (
     scaling_steps,
     training_end,
 )
-from .spec import TrainingSpec
+from .spec import TrainingSpec, gang_spec
 from .topology import TopologyRule, required_topology
 
 __all__ = [
@@ -42,7 +41,6 @@ __all__ = [
     "Admission",
     "AdmissionPlan",
     "DynamicPriority",
-    "QueueEntry",
     "WaitReason",
     "waiting_reasons",
     "admit_in_order",
@@ -62,6 +60,7 @@ __all__ = [
     "convergence_gain",
     "convergence_gains",
     "TrainingSpec",
+    "gang_spec",
     "TopologyRule",
     "required_topology",
 ]

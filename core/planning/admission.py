@@ -20,7 +20,7 @@ from .elastic import RunningJob
 from .spec import TrainingSpec
 
 __all__ = [
-    "DynamicPriority", "QueueEntry", "AdmissionPlan", "Admission", "HIGHEST_BONUS",
+    "DynamicPriority", "AdmissionPlan", "Admission", "HIGHEST_BONUS",
     "WaitReason", "waiting_reasons", "admit_in_order", "gang_fits", "gang_unfittable", "take_gang", "unfittable_reason",
 ]
 
@@ -72,29 +72,6 @@ class DynamicPriority:
 
 
 @dataclass(slots=True)
-class QueueEntry:
-    """A waiting job."""
-
-    key: str
-    spec: TrainingSpec
-    submit_time: float
-    priority: float
-    queue: str = "normal"
-    #: it preempted others and is served before every queue until it starts
-    nominated: bool = False
-    #: the job's live view (attained service, remaining time), when the caller has one;
-    #: policy-driven preemption compares these
-    job: JobView | None = None
-
-    def view(self) -> JobView:
-        if self.job is not None:
-            return self.job
-        bonus = HIGHEST_BONUS if self.spec.priority_class == "highest" else 0.0
-        return self.spec.view(self.key, submit_time=self.submit_time, workers=self.spec.min_workers,
-                              priority=self.priority + bonus, queue=self.queue)
-
-
-@dataclass(slots=True)
 class AdmissionPlan:
     """What one cycle does: start ``admit`` (in order), preempt ``preempt``; ``blocked``
     is the first job that had to wait (head-of-line), ``waiting_gpus`` what it needs."""
@@ -122,7 +99,7 @@ class WaitReason:
         return {"position": self.position, "reason": self.reason, "message": self.message}
 
 
-def waiting_reasons(plan: AdmissionPlan, waiting: Sequence[QueueEntry], *, backfill: bool,
+def waiting_reasons(plan: AdmissionPlan, waiting: Sequence[JobView], *, backfill: bool,
                     free_gpus: int) -> dict[str, WaitReason]:
     """Why each job of ``waiting`` still waits after ``plan`` (the admitted ones are
     left out), from the plan's own decisions: ``Unfittable`` (its gang cannot fit the
@@ -130,15 +107,15 @@ def waiting_reasons(plan: AdmissionPlan, waiting: Sequence[QueueEntry], *, backf
     preempted), ``NoRoom`` (its gang does not fit the free GPUs now: the head of line, or
     any job with backfill), ``BehindHead`` (without backfill, behind a head of line
     that does not fit). Positions count the jobs still waiting, in service order."""
-    by_key = {e.key: e for e in waiting}
+    by_key = {v.id: v for v in waiting}
     admitted = set(plan.admit)
     out: dict[str, WaitReason] = {}
     pos = 0
     for key in plan.order:
-        e = by_key.get(key)
-        if e is None or key in admitted:
+        v = by_key.get(key)
+        if v is None or key in admitted:
             continue
-        gang = f"{e.spec.min_workers} x {e.spec.gpus_per_worker} GPUs"
+        gang = f"{v.workers} x {v.gpus_per_worker} GPUs"
         if key in plan.unfittable:  # no place in the queue until nodes make it fit
             out[key] = WaitReason(0, "Unfittable", f"its gang of {gang} cannot fit this cluster: {plan.unfittable[key]}")
             continue
@@ -156,8 +133,8 @@ def waiting_reasons(plan: AdmissionPlan, waiting: Sequence[QueueEntry], *, backf
 
 
 def admit_in_order(
-    candidates: Iterable[JobView | QueueEntry],
-    try_start: Callable[[JobView | QueueEntry], bool],
+    candidates: Iterable[JobView],
+    try_start: Callable[[JobView], bool],
     *,
     backfill: bool,
 ) -> tuple[list, object | None]:
@@ -204,12 +181,15 @@ def unfittable_reason(total: np.ndarray, gpus_per_worker: int, workers: int) -> 
     return None
 
 
-def gang_unfittable(spec: TrainingSpec, state: ClusterState) -> str | None:
-    """Why ``spec``'s gang (``minWorkers`` workers) can never fit the nodes of ``state``
-    even with every GPU free, counting only nodes of a GPU model its workers allow and
-    the workers each node can host by CPU and memory; None when it can. The same
-    verdict for admission and for an allocator (the operator's ``Schedulable``)."""
+def gang_unfittable(spec: TrainingSpec | JobView, state: ClusterState, workers: int | None = None) -> str | None:
+    """Why a gang of ``workers`` of ``spec``'s workers (default its ``minWorkers``) can
+    never fit the nodes of ``state`` even with every GPU free, counting only nodes of a
+    GPU model its workers allow and the workers each node can host by CPU and memory;
+    None when it can. ``spec`` may be a job's view (its GPUs, models, CPU and memory per
+    worker). The same verdict for admission and for an allocator (the operator's
+    ``Schedulable``)."""
     models, g = spec.gpu_models, max(1, spec.gpus_per_worker)
+    workers = spec.min_workers if workers is None else workers
     total = state.total.astype(np.int64)
     cpu, mem = spec.cpu_milli, spec.memory_mib
     if cpu > 0:  # a node hosts no more workers than its CPU and memory hold
@@ -223,7 +203,7 @@ def gang_unfittable(spec: TrainingSpec, state: ClusterState) -> str | None:
         only[ok] = total[ok]
         total = only
     why = ("no node of the cluster has a GPU model its worker template allows" if ok is not None and not ok.size
-           else unfittable_reason(total, spec.gpus_per_worker, spec.min_workers))
+           else unfittable_reason(total, spec.gpus_per_worker, workers))
     if why is not None and ok is not None and ok.size:
         why += f" (on nodes of GPU model {', '.join(sorted(models))})"
     if why is not None and (cpu > 0 or mem > 0):
@@ -290,22 +270,26 @@ class Admission:
         simulator starts its ranked pending jobs through it."""
         return admit_in_order(candidates, try_start, backfill=self.backfill)
 
-    def order(self, waiting: Sequence[QueueEntry], state: ClusterState) -> list[QueueEntry]:
-        """Service order: nominated preemptors, then interrupt, urgent, normal; inside a
-        queue the ordering policy."""
-        by_key = {e.key: e for e in waiting}
-        ranked = [by_key[v.id] for v in self.ordering.rank([e.view() for e in waiting], state)]
-        return [e for e in ranked if e.nominated] + [e for e in ranked if not e.nominated]
+    def order(self, waiting: Sequence[JobView], state: ClusterState,
+              nominated: frozenset[str] | set[str] = frozenset()) -> list[JobView]:
+        """Service order: ``nominated`` preemptors, then interrupt, urgent, normal; inside
+        a queue the ordering policy."""
+        ranked = self.ordering.rank(list(waiting), state)
+        return [v for v in ranked if v.id in nominated] + [v for v in ranked if v.id not in nominated]
 
     def plan(
         self,
-        waiting: Sequence[QueueEntry],
+        waiting: Sequence[JobView],
         running: Sequence[RunningJob],
         state: ClusterState,
         releasing: np.ndarray | None = None,
         place: Callable[[JobView, ClusterState], Sequence[int] | None] | None = None,
+        nominated: frozenset[str] | set[str] = frozenset(),
     ) -> AdmissionPlan:
-        """Admissions and preemptions given per-node free GPUs in ``state``.
+        """Admissions and preemptions given per-node free GPUs in ``state``. A waiting
+        job is its live view; its gang is the workers it starts with (``workers``).
+        ``nominated``: the waiting jobs served before every queue (a preemptor until it
+        starts).
 
         ``releasing`` holds per-node GPUs of pods already being deleted: a blocked job
         that fits once they are gone waits for them instead of preempting again.
@@ -320,49 +304,46 @@ class Admission:
         free = state.free.astype(np.int64).copy()
         releasing = np.zeros_like(free) if releasing is None else np.asarray(releasing, dtype=np.int64)
         plan = AdmissionPlan()
-        order = self.order(waiting, state)
-        plan.order = [e.key for e in order]
+        order = self.order(waiting, state, nominated)
+        plan.order = [v.id for v in order]
         fitting = []
         verdicts = self._verdicts(state)
-        for e in order:
-            sp = e.spec
-            shape = (sp.gpus_per_worker, sp.min_workers, sp.gpu_models, sp.cpu_milli, sp.memory_mib)
+        for v in order:
+            shape = (v.gpus_per_worker, v.workers, v.gpu_models, v.cpu_milli, v.memory_mib)
             if shape not in verdicts:
-                verdicts[shape] = gang_unfittable(sp, state)
+                verdicts[shape] = gang_unfittable(v, state, v.workers)
             why = verdicts[shape]
             if why is None:
-                fitting.append(e)
+                fitting.append(v)
             else:
-                plan.unfittable[e.key] = why
+                plan.unfittable[v.id] = why
 
         taken: list[tuple[int, int, int, int]] = []
 
-        def fits(entry: QueueEntry) -> bool:
-            s = entry.spec
-            if not gang_fits(free, s.gpus_per_worker, s.min_workers):
+        def fits(v: JobView) -> bool:
+            g = v.gpus_per_worker
+            if not gang_fits(free, g, v.workers):
                 return False
             if place is None:
-                take_gang(free, s.gpus_per_worker, s.min_workers)
+                take_gang(free, g, v.workers)
                 return True
-            v = entry.view()
             nodes = place(v, state)
             if nodes is None:
                 return False
             for i in nodes:
-                state.allocate(int(i), s.gpus_per_worker, v.cpu_milli, v.memory_mib)
-                taken.append((int(i), s.gpus_per_worker, v.cpu_milli, v.memory_mib))
-                free[int(i)] -= s.gpus_per_worker
+                state.allocate(int(i), g, v.cpu_milli, v.memory_mib)
+                taken.append((int(i), g, v.cpu_milli, v.memory_mib))
+                free[int(i)] -= g
             return True
 
-        def try_start(entry: QueueEntry) -> bool:
-            s = entry.spec
-            if fits(entry):
+        def try_start(v: JobView) -> bool:
+            if fits(v):
                 return True
             if plan.blocked is None:  # the head of line: it may preempt (GPUs as of now)
-                plan.blocked = entry.key
-                plan.waiting_gpus = s.gang_gpus
-                if self.may_preempt(entry) and not gang_fits(free + releasing, s.gpus_per_worker, s.min_workers):
-                    plan.preempt.extend(self.choose_victims(entry, running, free + releasing, state.total, state))
+                plan.blocked = v.id
+                plan.waiting_gpus = v.gpus
+                if self.may_preempt(v) and not gang_fits(free + releasing, v.gpus_per_worker, v.workers):
+                    plan.preempt.extend(self.choose_victims(v, running, free + releasing, state.total, state))
             return False
 
         try:
@@ -370,7 +351,7 @@ class Admission:
         finally:
             for i, g, cpu, mem in reversed(taken):
                 state.release(i, g, cpu, mem)
-        plan.admit = [e.key for e in started]
+        plan.admit = [v.id for v in started]
         return plan
 
     @property
@@ -378,37 +359,37 @@ class Admission:
         """Whether the ordering itself preempts (SRTF, Tiresias)."""
         return bool(self.ordering.preemptive)
 
-    def may_preempt(self, job: QueueEntry) -> bool:
+    def may_preempt(self, job: JobView) -> bool:
         """Whether blocked head-of-line ``job`` may evict anyone at all."""
-        return self.preemption and (job.spec.priority_class == "highest" or self.preemptive_ordering)
+        return self.preemption and (job.priority_class == "highest" or self.preemptive_ordering)
 
-    def may_evict(self, job: QueueEntry, victim: RunningJob, state: ClusterState | None) -> bool:
+    def may_evict(self, job: JobView, victim: RunningJob, state: ClusterState | None) -> bool:
         """Whether waiting ``job`` may evict running ``victim``: a ``highest`` job any
         job of a lower class; under a preemptive ordering, any job of the same class or
         lower that the ordering ranks strictly after ``job`` (live views needed)."""
         if not self.preemption:
             return False
-        jr, vr = class_rank(job.spec.priority_class), class_rank(victim.spec.priority_class)
-        if job.spec.priority_class == "highest" and vr < jr:
+        jr, vr = class_rank(job.priority_class), class_rank(victim.spec.priority_class)
+        if job.priority_class == "highest" and vr < jr:
             return True
-        if self.preemptive_ordering and vr <= jr and victim.job is not None and job.job is not None and state is not None:
-            return bool(self.ordering.preempts(job.view(), victim.job, state))
+        if self.preemptive_ordering and vr <= jr and victim.job is not None and state is not None:
+            return bool(self.ordering.preempts(job, victim.job, state))
         return False
 
     def protected(self, victim: RunningJob, now: float) -> bool:
         """Whether ``victim`` has run less than ``min_run_s`` by ``now``: not evictable yet."""
         return self.min_run_s > 0 and now - victim.start_time < self.min_run_s
 
-    def _evictable(self, job: QueueEntry, victim: RunningJob, state: ClusterState | None, outranked: set | None) -> bool:
+    def _evictable(self, job: JobView, victim: RunningJob, state: ClusterState | None, outranked: set | None) -> bool:
         if state is not None and self.protected(victim, state.time):
             return False
-        if outranked is None or job.spec.priority_class == "highest":
+        if outranked is None or job.priority_class == "highest":
             return self.may_evict(job, victim, state)
-        return victim.key in outranked and class_rank(victim.spec.priority_class) <= class_rank(job.spec.priority_class)
+        return victim.key in outranked and class_rank(victim.spec.priority_class) <= class_rank(job.priority_class)
 
     def choose_victims(
         self,
-        job: QueueEntry,
+        job: JobView,
         running: Sequence[RunningJob],
         free: np.ndarray,
         total: np.ndarray,
@@ -422,9 +403,9 @@ class Admission:
         least work). Returns ``[]`` if even evicting all of them would not help.
         """
         outranked = None
-        if self.preemption and self.preemptive_ordering and state is not None and job.job is not None:
+        if self.preemption and self.preemptive_ordering and state is not None:
             # one key computation for all, same answer as may_evict's pairwise one
-            outranked = {v.id for v in self.ordering.outranked(job.view(), [r.job for r in running if r.job is not None], state)}
+            outranked = {v.id for v in self.ordering.outranked(job, [r.job for r in running if r.job is not None], state)}
         cands = [r for r in running if self._evictable(job, r, state, outranked)]
         last = {}
         if self.preemptive_ordering and state is not None:
@@ -433,16 +414,15 @@ class Admission:
         cands.sort(key=lambda r: (class_rank(r.spec.priority_class), r.priority, last.get(r.key, 0), -r.start_time, r.key))
         room = _Room.of(job, free, total, state)
         chosen: list[str] = []
-        s = job.spec
         for r in cands:
             room.release(r)
             chosen.append(r.key)
-            if room.fits(s):
-                return self._prune(chosen, cands, _Room.of(job, free, total, state), s)
+            if room.fits(job):
+                return self._prune(chosen, cands, _Room.of(job, free, total, state), job)
         return []
 
     @staticmethod
-    def _prune(chosen: list[str], cands: Sequence[RunningJob], start: "_Room", s: TrainingSpec) -> list[str]:
+    def _prune(chosen: list[str], cands: Sequence[RunningJob], start: "_Room", job: JobView) -> list[str]:
         """Drop victims (highest priority first) that are not needed after all."""
         by_key = {r.key: r for r in cands}
         keep = list(chosen)
@@ -451,7 +431,7 @@ class Admission:
             room = start.copy()
             for k in trial:
                 room.release(by_key[k])
-            if room.fits(s):
+            if room.fits(job):
                 keep = trial
         return keep
 
@@ -474,10 +454,9 @@ class _Room:
     mem_need: int = 0
 
     @classmethod
-    def of(cls, job: QueueEntry, free: np.ndarray, total: np.ndarray, state: ClusterState | None) -> "_Room":
+    def of(cls, view: JobView, free: np.ndarray, total: np.ndarray, state: ClusterState | None) -> "_Room":
         room = cls(np.array(free, dtype=np.int64), np.asarray(total, dtype=np.int64))
-        view = job.job
-        if state is None or view is None or not (view.cpu_milli > 0 or view.memory_mib > 0):
+        if state is None or not (view.cpu_milli > 0 or view.memory_mib > 0):
             return room
         room.cpu, room.mem = state.cpu_free.astype(np.int64), state.mem_free.astype(np.int64)
         room.cpu_total, room.mem_total = state.cpu_total, state.mem_total
@@ -498,11 +477,12 @@ class _Room:
                 self.cpu[i] = min(self.cpu[i] + v.cpu_milli, self.cpu_total[i])
                 self.mem[i] = min(self.mem[i] + v.memory_mib, self.mem_total[i])
 
-    def fits(self, s: TrainingSpec) -> bool:
-        per = np.maximum(self.gpus, 0) // s.gpus_per_worker
+    def fits(self, job: JobView) -> bool:
+        """Whether ``job``'s gang (its ``workers``) fits."""
+        per = np.maximum(self.gpus, 0) // job.gpus_per_worker
         if self.cpu is not None:
             if self.cpu_need > 0:
                 per = np.minimum(per, np.maximum(self.cpu, 0) // self.cpu_need)
             if self.mem_need > 0:
                 per = np.minimum(per, np.maximum(self.mem, 0) // self.mem_need)
-        return int(per.sum()) >= s.min_workers
+        return int(per.sum()) >= job.workers

@@ -71,13 +71,11 @@ def convergence_gains(accs: np.ndarray, window: int = CONVERGENCE_WINDOW) -> np.
     return out
 
 
-def reserved_gpus(blocked: TrainingSpec | None) -> int:
+def reserved_gpus(blocked: JobView | None) -> int:
     """GPUs scale-ups must leave free: the gang of the blocked head of the waiting
-    queue (``minWorkers x gpusPerWorker``; the simulator's gang is the workers the job
-    starts with), 0 when no waiting job is blocked. The operator and the simulator both
-    call this with the head core's :class:`~rlsched.core.planning.Admission` left
-    waiting."""
-    return 0 if blocked is None else int(blocked.gang_gpus)
+    queue (its live view: the workers it starts with), 0 when no waiting job is
+    blocked, as core's :class:`~rlsched.core.planning.Admission` left it waiting."""
+    return 0 if blocked is None else int(blocked.gpus)
 
 
 def scaling_steps(decisions: Mapping[str, int]) -> list[tuple[str, int]]:

@@ -7,13 +7,14 @@ The operator parses a TrainingJob's ``spec`` into a :class:`TrainingSpec`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..batch import BatchBounds
 from ..cluster import JobView, Progress
 from ..contract import DEFAULT_BACKOFF_LIMIT
 from ..estimate import estimate_remaining
 
-__all__ = ["TrainingSpec"]
+__all__ = ["TrainingSpec", "gang_spec"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,5 +105,21 @@ class TrainingSpec:
             gpu_models=self.gpu_models,
             cpu_milli=self.cpu_milli,
             memory_mib=self.memory_mib,
+            priority_class=self.priority_class,
             **state,
         )
+
+
+def gang_spec(v: JobView) -> TrainingSpec:
+    """The spec of ``v``'s gang as admission holds it: its ``workers`` (no more, no
+    fewer), their GPUs, GPU models, CPU and memory, and its service class. One object
+    per shape."""
+    return _gang(v.workers, v.gpus_per_worker, v.priority_class, v.gpu_models, v.cpu_milli, v.memory_mib)
+
+
+@lru_cache(maxsize=4096)
+def _gang(workers: int, gpus_per_worker: int, priority_class: str, gpu_models: frozenset[str] | None,
+          cpu_milli: int, memory_mib: int) -> TrainingSpec:
+    return TrainingSpec(min_workers=workers, max_workers=workers, gpus_per_worker=gpus_per_worker,
+                        priority_class=priority_class, gpu_models=gpu_models, cpu_milli=cpu_milli,
+                        memory_mib=memory_mib)

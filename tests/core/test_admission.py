@@ -5,7 +5,7 @@ from rlsched.core import make_ordering
 from rlsched.core.planning import (
     Admission,
     DynamicPriority,
-    QueueEntry,
+    HIGHEST_BONUS,
     RunningJob,
     admit_in_order,
     gang_fits,
@@ -19,9 +19,12 @@ def qm():
     return Admission(make_ordering("fifo"))
 
 
-def entry(make_spec, key, t, *, queue="normal", pr=0.0, nominated=False, **spec):
+def entry(make_spec, key, t, *, queue="normal", pr=0.0, **spec):
+    """A waiting job's view: a gang of its spec's minimum workers, a ``highest`` one
+    ranked before every other of its queue."""
     s = make_spec(**spec)
-    return QueueEntry(key=key, spec=s, submit_time=t, priority=pr, queue=queue, nominated=nominated)
+    bonus = HIGHEST_BONUS if s.priority_class == "highest" else 0.0
+    return s.view(key, submit_time=t, workers=s.min_workers, priority=pr + bonus, queue=queue)
 
 
 # ---------------------------------------------------------------- dynamic priority
@@ -66,13 +69,14 @@ def test_order_interrupt_then_urgent_then_normal_then_fifo(qm, make_cluster, mak
         entry(make_spec, "h", 5.0, queue="urgent", klass="highest"),
         entry(make_spec, "i", 6.0, queue="interrupt"),
     ]
-    assert [e.key for e in qm.order(es, st)] == ["i", "h", "u", "n-prio", "n-old", "n-new"]
+    assert [v.id for v in qm.order(es, st)] == ["i", "h", "u", "n-prio", "n-old", "n-new"]
 
 
 def test_nominated_preemptor_goes_first(qm, make_cluster, make_spec):
     st = make_cluster(8)
-    es = [entry(make_spec, "i", 1.0, queue="interrupt"), entry(make_spec, "h", 2.0, queue="urgent", klass="highest", nominated=True)]
-    assert [e.key for e in qm.order(es, st)] == ["h", "i"]
+    es = [entry(make_spec, "i", 1.0, queue="interrupt"), entry(make_spec, "h", 2.0, queue="urgent", klass="highest")]
+    assert [v.id for v in qm.order(es, st, nominated={"h"})] == ["h", "i"]
+    assert [v.id for v in qm.order(es, st)] == ["i", "h"]
 
 
 # ---------------------------------------------------------------- admission
@@ -275,16 +279,22 @@ def test_unfittable_highest_job_preempts_nobody(qm, make_cluster, make_spec):
 
 
 # ---------------------------------------------------------------- policy-driven preemption
-def _live(entry_or_running, *, remaining=0.0, attained=0.0, submit=0.0):
-    """Attach a live view (what the simulator passes) to a queue or running entry."""
+def _live(job, *, remaining=0.0, attained=0.0, submit=0.0):
+    """A running job with a live view (what the simulator passes) attached, or a waiting
+    job's view with those live values."""
     from rlsched.core import JobView
 
-    s = entry_or_running.spec
-    workers = len(entry_or_running.placement) if isinstance(entry_or_running, RunningJob) else s.min_workers
-    entry_or_running.job = JobView(id=entry_or_running.key, submit_time=submit, gpus_per_worker=s.gpus_per_worker,
-                                   workers=workers, min_workers=workers, max_workers=workers,
-                                   remaining=remaining, attained_service=attained)
-    return entry_or_running
+    if isinstance(job, RunningJob):
+        s, key, workers = job.spec, job.key, len(job.placement)
+    else:
+        s, key, workers = job, job.id, job.workers
+    view = JobView(id=key, submit_time=submit, gpus_per_worker=s.gpus_per_worker, workers=workers,
+                   min_workers=workers, max_workers=workers, remaining=remaining, attained_service=attained,
+                   priority_class=s.priority_class)
+    if isinstance(job, RunningJob):
+        job.job = view
+        return job
+    return view
 
 
 def test_srtf_head_evicts_the_longest_remaining_job_only(make_cluster, make_spec):
@@ -392,7 +402,7 @@ def test_admission_with_a_core_placement_policy(qm, make_cluster, make_spec):
     x = entry(make_spec, "x", 0.0, mn=2, gpw=4)
     y = entry(make_spec, "y", 1.0, mn=1, gpw=8)
     packing = make_placement("topology")
-    nodes = packing.place(x.view(), st)
+    nodes = packing.place(x, st)
     plan = qm.plan([x, y], [], st, place=packing.place)
     # whatever packing picks for x decides whether y still fits the rest
     rest = st.free.copy()

@@ -19,7 +19,7 @@ from rlsched.core.contract import ShapeError, node_shape, pod_requests
 from rlsched.core.goodput_allocator import GoodputAllocator, within_room
 from rlsched.core.live_allocation import LiveAllocation, LiveJob
 from rlsched.core.packing import keep_or_pack
-from rlsched.core.planning import Admission, QueueEntry, TrainingSpec
+from rlsched.core.planning import Admission, TrainingSpec
 
 
 
@@ -73,7 +73,9 @@ def test_gang_admission_reports_a_gang_unfittable_by_cpu():
     adm = Admission(make_ordering("fifo"))
     heavy = TrainingSpec(min_workers=3, max_workers=3, cpu_milli=10_000)  # one per node by CPU: 2 fit
     light = TrainingSpec(min_workers=3, max_workers=3, cpu_milli=5_000)  # three per node
-    plan = adm.plan([QueueEntry("heavy", heavy, 0.0, 0.0), QueueEntry("light", light, 1.0, 0.0)], [], state)
+    waiting = [s.view(k, submit_time=t, workers=s.min_workers, priority=0.0) for k, s, t in
+               (("heavy", heavy, 0.0), ("light", light, 1.0))]
+    plan = adm.plan(waiting, [], state)
     assert "heavy" in plan.unfittable and "light" not in plan.unfittable
     assert "10000m CPU" in plan.unfittable["heavy"] and "the cluster has 2" in plan.unfittable["heavy"]
 

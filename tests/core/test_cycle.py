@@ -12,7 +12,7 @@ from rlsched.core.cycle import CyclePlan, SchedulingCycle, after_admission, best
 from rlsched.core.planning import (
     Admission,
     ElasticState,
-    QueueEntry,
+    HIGHEST_BONUS,
     RunningJob,
     ScalingPlanner,
     TrainingSpec,
@@ -48,6 +48,12 @@ def holder(rj_or_key, s=None, placement=(), priority=0.0, start=0.0):
                       placement=list(placement))
 
 
+def queued(key, s, t, priority=0.0):
+    """A waiting job's view: a gang of its spec's minimum workers in the normal queue."""
+    bonus = HIGHEST_BONUS if s.priority_class == "highest" else 0.0
+    return s.view(key, submit_time=t, workers=s.min_workers, priority=priority + bonus)
+
+
 def cycle(backfill=True, scaling="beta", preemption=True):
     planner = ScalingPlanner(make_scaling(scaling), patience=5) if scaling else None
     return SchedulingCycle(Admission(make_ordering("fifo"), backfill=backfill, preemption=preemption), planner)
@@ -63,8 +69,8 @@ def test_admission_preemption_and_scaling_in_one_plan():
     conv = elastic("conv", 2, 2, [0.5, 0.5, 0.5], [1, 1])
     rise = elastic("rise", 1, 2, [0.1, 0.3, 0.5], [2])
     holders = [holder("low", spec(1, 16), [0], priority=-5.0), holder(conv), holder(rise)]
-    waiting = [QueueEntry("vip", spec(1, 16, "highest"), submit_time=1.0, priority=0.0),
-               QueueEntry("small", spec(1, 2), submit_time=2.0, priority=0.0)]
+    waiting = [queued("vip", spec(1, 16, "highest"), 1.0),
+               queued("small", spec(1, 2), 2.0)]
     plan = cycle().plan(waiting, holders, st, running=[conv, rise])
     assert isinstance(plan, CyclePlan) and plan.scaling_error is None
     a = plan.admission
@@ -83,7 +89,7 @@ def test_a_victim_is_never_scaled():
     vic = elastic("vic", 4, 2, [0.1, 0.3, 0.5], [0, 0, 0, 0], mx=8)
     other = elastic("other", 4, 2, [0.1, 0.3, 0.5], [1, 1, 1, 1])
     holders = [holder(vic, priority=-1.0), holder(other, priority=1.0)]
-    waiting = [QueueEntry("vip", spec(1, 8, "highest"), submit_time=1.0, priority=0.0)]
+    waiting = [queued("vip", spec(1, 8, "highest"), 1.0)]
     plan = cycle().plan(waiting, holders, st, running=[vic, other])
     assert plan.admission.preempt == ["vic"] and [r.key for r in plan.running] == ["other"]
     assert vic.state.decided_epoch == 0 and other.state.decided_epoch == 3  # only other was decided on
@@ -100,7 +106,7 @@ def test_scaling_reserves_the_blocked_heads_gang():
         holders = [holder(a), holder(b)]
         return cycle(preemption=False).plan(waiting, holders, st, running=[a, b])
 
-    head = QueueEntry("head", spec(1, 8), submit_time=1.0, priority=0.0)
+    head = queued("head", spec(1, 8), 1.0)
     blocked = run([head])
     assert blocked.admission.blocked == "head" and blocked.admission.preempt == []
     assert blocked.scaling.asked == {"a": 1, "b": 1}
@@ -112,7 +118,7 @@ def test_scaling_reserves_the_blocked_heads_gang():
 def test_no_planner_no_scaling_step():
     st = cluster(1, 8, {})
     called = []
-    plan = cycle(scaling=None).plan([QueueEntry("j", spec(2, 2), submit_time=0.0, priority=0.0)], [], st,
+    plan = cycle(scaling=None).plan([queued("j", spec(2, 2), 0.0)], [], st,
                                     running=lambda gone: called.append(gone) or [])
     assert plan.admission.admit == ["j"] and plan.scaling.deltas == {} and called == []
     assert st.free.tolist() == [4]
@@ -130,7 +136,7 @@ def test_a_failing_scaling_policy_leaves_admission_standing():
     st = cluster(1, 8, {0: 2})
     rj = elastic("r", 1, 2, [0.1, 0.3], [0])
     cyc = SchedulingCycle(Admission(make_ordering("fifo")), ScalingPlanner(_Broken()))
-    plan = cyc.plan([QueueEntry("j", spec(1, 4), submit_time=0.0, priority=0.0)], [holder(rj)], st, running=[rj])
+    plan = cyc.plan([queued("j", spec(1, 4), 0.0)], [holder(rj)], st, running=[rj])
     assert plan.admission.admit == ["j"]
     assert isinstance(plan.scaling_error, RuntimeError) and plan.scaling.deltas == {}
     assert st.free.tolist() == [2]  # the gang's 4 GPUs held; nothing of the failed step left allocated
@@ -138,8 +144,8 @@ def test_a_failing_scaling_policy_leaves_admission_standing():
 
 def test_after_admission_charges_best_fit_and_sets_pending():
     st = cluster(3, 8, {0: 6, 1: 2})
-    waiting = [QueueEntry("a", spec(2, 2), submit_time=0.0, priority=0.0),
-               QueueEntry("b", spec(1, 8), submit_time=1.0, priority=0.0)]
+    waiting = [queued("a", spec(2, 2), 0.0),
+               queued("b", spec(1, 8), 1.0)]
     plan = Admission(make_ordering("fifo"), backfill=True).plan(waiting, [], st)
     assert plan.admit == ["a", "b"]
     after_admission(st, waiting, plan)
@@ -155,7 +161,7 @@ def _settle_setup():
     holders = [holder("low", spec(2, 4), [0, 1], priority=-1.0, start=1.0),
                holder("a", spec(1, 4), [0], start=2.0),
                holder("b", spec(1, 4), [1], priority=0.5, start=3.0)]
-    waiting = [QueueEntry("vip", spec(1, 8, "highest"), submit_time=5.0, priority=0.0)]
+    waiting = [queued("vip", spec(1, 8, "highest"), 5.0)]
     return st, holders, waiting
 
 
@@ -193,8 +199,8 @@ def test_settle_rounds_are_bounded():
 
 def test_settle_without_preemption_is_one_round_and_a_refused_gang_waits():
     st = cluster(2, 8, {0: 4})
-    waiting = [QueueEntry("a", spec(1, 4), submit_time=0.0, priority=0.0),
-               QueueEntry("b", spec(1, 4), submit_time=1.0, priority=0.0)]
+    waiting = [queued("a", spec(1, 4), 0.0),
+               queued("b", spec(1, 4), 1.0)]
     asked: list[str] = []
 
     def place(job, state):  # refuses b the second time it is asked
@@ -223,7 +229,7 @@ def test_the_same_call_in_both_modes_without_preemption(settle):
     places the gangs (here where best fit counts them) instead of charging them."""
     st = cluster(2, 8, {0: 2})
     rj = elastic("r", 1, 2, [0.1, 0.3], [0])
-    waiting = [QueueEntry("j", spec(2, 4), submit_time=0.0, priority=0.0)]
+    waiting = [queued("j", spec(2, 4), 0.0)]
     plan = cycle().plan(waiting, [holder(rj)], st, running=[rj], settle=settle)
     assert plan.admission.admit == ["j"] and plan.admission.preempt == []
     assert st.free.tolist() == [2, 4]
@@ -248,8 +254,9 @@ def _holder(calls):
 
 
 def _waiting(v, klass="normal"):
-    return QueueEntry(key=v.id, spec=spec(v.workers, v.gpus_per_worker, klass), submit_time=v.submit_time,
-                      priority=v.priority, queue=v.queue, job=v)
+    """A waiting job's live view, of service class ``klass``."""
+    v.priority_class = klass
+    return v
 
 
 def _running_state(topology, views):
@@ -291,7 +298,7 @@ def test_preempt_a_highest_head_on_the_nodes_of_its_gpu_model():
     assert calls == ["a", "h"]  # every job started before now is a candidate of the class rule
     assert st.free.tolist() == [0, 0, 0]  # a decision only
     # a normal head under FIFO never preempts
-    assert cycle().preempt(_waiting(vip.job), st.running.values(), st, 100.0, _holder([])) is None
+    assert cycle().preempt(_waiting(vip), st.running.values(), st, 100.0, _holder([])) is None
 
 
 def test_preempt_under_srtf_evicts_only_what_the_ordering_ranks_after_the_head():
@@ -322,7 +329,7 @@ def _rounds_setup():
 def _apply(st, log, ok=True):
     """The engine's part: suspend the victims (they wait again), start the head on their node."""
     def apply(d):
-        log.append(("apply", d.head.key, list(d.victims)))
+        log.append(("apply", d.head.id, list(d.victims)))
         for key in d.victims:
             v = st.running.pop(key)
             st.release_job(v, v.placement)
@@ -330,7 +337,7 @@ def _apply(st, log, ok=True):
             st.pending.append(v)
         if not ok:
             return False
-        head = d.head.job
+        head = d.head
         nodes = best_fit_gang(head, st)
         st.allocate_job(head, nodes)
         head.placement, head.start_time = nodes, st.time
@@ -345,9 +352,9 @@ def test_preemption_rounds_until_nobody_preempts():
     started now: no victim); round 3: long, then mid, outrank nobody running before now."""
     st, cyc = _rounds_setup()
     log = []
-    done = cyc.preemption_rounds(st, 100.0, entry=_waiting, holder=_holder([]), apply=_apply(st, log),
+    done = cyc.preemption_rounds(st, 100.0, holder=_holder([]), apply=_apply(st, log),
                                  admit=lambda: log.append("admit"))
-    assert [(d.head.key, d.victims, d.interrupt) for d in done] == [("p1", ["long"], []), ("p2", ["mid"], [])]
+    assert [(d.head.id, d.victims, d.interrupt) for d in done] == [("p1", ["long"], []), ("p2", ["mid"], [])]
     assert log == [("apply", "p1", ["long"]), "admit", ("apply", "p2", ["mid"]), "admit"]
     assert sorted(st.running) == ["p1", "p2"] and [v.id for v in st.pending] == ["long", "mid"]
 
@@ -356,13 +363,13 @@ def test_preemption_rounds_are_bounded_and_end_when_the_head_cannot_start(caplog
     st, cyc = _rounds_setup()
     log = []
     with caplog.at_level("WARNING", logger="rlsched.core.cycle"):
-        done = cyc.preemption_rounds(st, 100.0, entry=_waiting, holder=_holder([]), apply=_apply(st, log),
+        done = cyc.preemption_rounds(st, 100.0, holder=_holder([]), apply=_apply(st, log),
                                      admit=lambda: log.append("admit"), rounds=1)
-    assert [d.head.key for d in done] == ["p1"] and log == [("apply", "p1", ["long"]), "admit"]
+    assert [d.head.id for d in done] == ["p1"] and log == [("apply", "p1", ["long"]), "admit"]
     assert "preemption did not settle" in caplog.text
     st, cyc = _rounds_setup()
     log = []
-    done = cyc.preemption_rounds(st, 100.0, entry=_waiting, holder=_holder([]), apply=_apply(st, log, ok=False),
+    done = cyc.preemption_rounds(st, 100.0, holder=_holder([]), apply=_apply(st, log, ok=False),
                                  admit=lambda: log.append("admit"))
     assert [d.victims for d in done] == [["long"]] and log == [("apply", "p1", ["long"])]  # no pass after a failed start
 
@@ -376,7 +383,7 @@ def test_scale_is_the_cycles_scaling_step():
         b = elastic("b", 1, 2, [0.1, 0.2, 0.3], [1])
         return cycle().scale([a, b], st, blocked), st
 
-    plan, st = run(QueueEntry("head", spec(1, 8), submit_time=1.0, priority=0.0))
+    plan, st = run(queued("head", spec(1, 8), 1.0))
     assert plan.asked == {"a": 1, "b": 1} and plan.deltas == {"a": 1} and plan.nodes == {"a": 0}
     assert st.free.tolist() == [4, 6]  # trial allocations released
     assert run(None)[0].deltas == {"a": 1, "b": 1}

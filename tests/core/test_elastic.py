@@ -137,7 +137,7 @@ def test_reserved_gpus_is_the_blocked_heads_gang(make_spec):
     from rlsched.core.planning import reserved_gpus
 
     assert reserved_gpus(None) == 0
-    assert reserved_gpus(make_spec(3, 5, gpw=2)) == 6
+    assert reserved_gpus(make_spec(3, 5, gpw=2).view("head", submit_time=0.0, workers=3, priority=0.0)) == 6
 
 
 def test_place_hook_decides_room_and_the_node(planner, make_cluster, make_spec):

@@ -5,15 +5,15 @@ engine alike; once it has run that long it is. Times computed by hand."""
 import pytest
 
 from rlsched.core import ClusterState, Topology, make_ordering, make_placement
-from rlsched.core.planning import Admission, QueueEntry, RunningJob, TrainingSpec
+from rlsched.core.planning import HIGHEST_BONUS, Admission, RunningJob, TrainingSpec
 from rlsched.sim import JobSpec, SimConfig, Simulator
 
 
 def test_admission_spares_a_job_younger_than_the_minimum_run_time():
     state = ClusterState(Topology.uniform(1, gpus_per_node=8, racks=1, blocks=1))
     state.allocate(0, 8)
-    boss = QueueEntry(key="boss", spec=TrainingSpec(1, 1, gpus_per_worker=8, priority_class="highest"),
-                      submit_time=140.0, priority=0.0, queue="urgent")
+    boss = TrainingSpec(1, 1, gpus_per_worker=8, priority_class="highest").view(
+        "boss", submit_time=140.0, workers=1, priority=HIGHEST_BONUS, queue="urgent")
     low = RunningJob(key="low", spec=TrainingSpec(1, 1, gpus_per_worker=8), workers=1, priority=0.0,
                      start_time=100.0, placement=[0])
     adm = Admission(make_ordering("fifo"), min_run_s=60.0)

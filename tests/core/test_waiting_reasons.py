@@ -3,12 +3,12 @@ service order after this cycle's admissions, reason code and numbers, on a case 
 enough to compute by hand."""
 
 from rlsched.core import ClusterState, Topology, make_ordering
-from rlsched.core.planning import Admission, QueueEntry, TrainingSpec, waiting_reasons
+from rlsched.core.planning import Admission, TrainingSpec, waiting_reasons
 
 
 def entry(key, workers, t):
-    return QueueEntry(key=key, spec=TrainingSpec(min_workers=workers, max_workers=workers), submit_time=t,
-                      priority=0.0, queue="normal")
+    return TrainingSpec(min_workers=workers, max_workers=workers).view(key, submit_time=t, workers=workers,
+                                                                       priority=0.0)
 
 
 def test_reasons_and_positions_with_and_without_backfill():

@@ -10,7 +10,7 @@ before it scales, on one state."""
 from __future__ import annotations
 
 from rlsched.core import ClusterState, Progress, Topology, make_scaling
-from rlsched.core.planning import Admission, ElasticState, QueueEntry, RunningJob, ScalingPlanner, TrainingSpec
+from rlsched.core.planning import Admission, ElasticState, RunningJob, ScalingPlanner, TrainingSpec
 from rlsched.core.policy import make_ordering
 from rlsched.core.cycle import after_admission
 
@@ -24,9 +24,9 @@ def _setup():
     running = RunningJob(key="ns/run", spec=elastic, workers=2, state=ElasticState(),
                          progress=Progress(epoch=1, accuracy=0.5, history=[0.5]), placement=[0, 0])
     gang = TrainingSpec(min_workers=2, max_workers=2, gpus_per_worker=4)
-    waiting = [QueueEntry(key="ns/new", spec=gang, submit_time=1.0, priority=0.0),
-               QueueEntry(key="ns/later", spec=TrainingSpec(min_workers=1, max_workers=1, gpus_per_worker=8),
-                          submit_time=2.0, priority=0.0)]
+    later = TrainingSpec(min_workers=1, max_workers=1, gpus_per_worker=8)
+    waiting = [gang.view("ns/new", submit_time=1.0, workers=gang.min_workers, priority=0.0),
+               later.view("ns/later", submit_time=2.0, workers=1, priority=0.0)]
     holders = [RunningJob(key="ns/run", spec=elastic, workers=2, priority=0.0, start_time=0.0, placement=[0, 0])]
     return state, running, waiting, holders
 

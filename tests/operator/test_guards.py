@@ -218,7 +218,7 @@ def test_admission_checks_room_only_on_the_gpu_models_the_template_allows():
     import dataclasses
 
     from rlsched.core import ClusterState, Topology, make_ordering, make_placement
-    from rlsched.core.planning import Admission, QueueEntry
+    from rlsched.core.planning import Admission
     from rlsched.operator.job import with_gpu_models
 
     tmpl = {"template": {"spec": {"containers": [{"name": "t"}], "nodeSelector": {"nvidia.com/gpu.product": "H100"}}}}
@@ -233,6 +233,6 @@ def test_admission_checks_room_only_on_the_gpu_models_the_template_allows():
     place = make_placement("bestfit")
     for models, admitted in ((frozenset({"H100"}), False), (frozenset({"A100"}), True), (None, True)):
         s = dataclasses.replace(SPEC, gpu_models=models)
-        plan = adm.plan([QueueEntry(key="ns/j", spec=s, submit_time=0.0, priority=0.0, queue="normal")], [], state,
+        plan = adm.plan([s.view("ns/j", submit_time=0.0, workers=s.min_workers, priority=0.0)], [], state,
                         place=place.place)
         assert (plan.admit == ["ns/j"]) == admitted and (("ns/j" in plan.unfittable) != admitted)
