@@ -188,12 +188,13 @@ class SchedulingCycle:
         """One cycle over ``state`` (mutated: the admissions stay on it, see
         :class:`CyclePlan`).
 
-        ``waiting``: the queued jobs' live views (a gang of their ``workers``); ``holders``: every job holding GPUs (the
-        preemption candidates); ``running``: the elastic jobs the scaling step decides on
-        (or a callable building them, :data:`Elastic`); ``releasing``: per-node GPUs of
-        pods already being deleted (a blocked head waits for them rather than preempting
-        again); ``place(job, state)``: admission's room check (the placement that
-        follows), and the settle mode's placement (default :func:`best_fit_gang`);
+        ``waiting``: the queued jobs' live views (a gang of their ``workers``);
+        ``holders``: every job holding GPUs (the preemption candidates); ``running``: the
+        elastic jobs the scaling step decides on (or a callable building them,
+        :data:`Elastic`); ``releasing``: per-node GPUs of pods already being deleted (a
+        blocked head waits for them rather than preempting again); ``place(job,
+        state)``: admission's room check (the placement that follows), and the settle
+        mode's placement (default :func:`best_fit_gang`);
         ``place_one(job, state)``: the scaling step's room check for one more worker
         (default best fit). ``settle``: release the victims and plan admission again in
         this call, at most ``rounds`` rounds (default ``2 x (waiting + holders) + 2``).
