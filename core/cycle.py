@@ -268,12 +268,12 @@ class SchedulingCycle:
             victims = {r.key: r for r in holders if r.key in evict}
             for key in plan.preempt:
                 r = victims[key]
-                v = state.running.pop(key, None) or r.job or r.spec.view(
-                    key, submit_time=r.start_time, workers=max(len(r.placement), 1), priority=r.priority)
+                back = r.job if r.job is not None else _requeued(r)  # as it waits again
+                v = state.running.pop(key, None) or back
                 state.release_job(v, r.placement)
                 v.placement = []
                 rnd.released.append(key)
-                waiting.append(r.job if r.job is not None else _requeued(r))
+                waiting.append(back)
             holders = [r for r in holders if r.key not in victims]
             if blocked is not None:
                 # the preemptor is served before every queue until it starts, as the
