@@ -12,11 +12,16 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from .topology import Level, Topology
+
+if TYPE_CHECKING:
+    from .allocation import ProfileSample
+    from .batch import BatchBounds
+    from .goodput import JobObservations
 
 __all__ = ["Progress", "progress_from_report", "JobView", "ClusterState", "FitIndex", "QUEUES", "PlacementError"]
 
@@ -125,10 +130,52 @@ class JobView:
     #: its service class (a TrainingJob's ``spec.priority.class``): a ``highest`` job may
     #: preempt jobs of lower classes
     priority_class: str = "normal"
+    # What an allocation policy reads besides (core's ``LiveAllocation`` turns the view
+    # into the allocator's terms); a running job's workers are its ``placement``.
+    #: the workers it asks to start with (``spec.workers``; None: its minimum) and the
+    #: count it is pinned to (``spec.workers`` of a job without a range; None: none)
+    asked_workers: int | None = None
+    pinned_workers: int | None = None
+    #: its generation's global batch (None: the spec's, or none) and the batch sizes the
+    #: scheduler may choose from (None: a fixed per-GPU batch)
+    batch_size: int | None = None
+    bounds: BatchBounds | None = None
+    #: the step times and gradient statistics it reported (None: nothing measured)
+    observations: JobObservations | None = None
+    #: its generations restarted so far (resizes and preemptions)
+    restarts: int = 0
+    #: the team queue it is charged to (:mod:`rlsched.core.queues`; None: none)
+    team: str | None = None
+    #: a running job as the scaling planner records it (a
+    #: :class:`~rlsched.core.planning.RunningJob`, ``status.rlpto``), for an allocator that
+    #: scales on it; None: none given
+    elastic: Any = None
+    #: what its own end is judged on besides its progress
+    #: (:func:`~rlsched.core.planning.training_end`): ``spec.maxEpochs``, evaluations in a
+    #: row gaining less than β and the β stop's patience (None: no β stop)
+    max_epochs: float = math.inf
+    streak: int = 0
+    patience: int | None = None
+    #: False for a running job whose generation is still starting: it keeps its GPUs and
+    #: only its end is judged
+    movable: bool = True
+    #: the one-GPU step times it declared per GPU type (``spec.seedProfile``)
+    seed_profile: tuple[ProfileSample, ...] = ()
+    #: seconds its last new allocation stalled it, to its first report after it
+    #: (``status.restartStall``; None: not measured yet)
+    restart_s: float | None = None
 
     @property
     def gpus(self) -> int:
         return self.workers * self.gpus_per_worker
+
+    @property
+    def worker_range(self) -> tuple[int, int]:
+        """The worker counts it may run at: ``pinned_workers`` when pinned, else
+        ``[min_workers, max_workers]``."""
+        if self.pinned_workers:
+            return self.pinned_workers, self.pinned_workers
+        return self.min_workers, self.max_workers
 
     def __post_init__(self) -> None:
         if self.gpus_per_worker < 1:

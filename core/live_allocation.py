@@ -1,9 +1,10 @@
 """An allocation policy deciding for the live operator: jobs in, one call, actions out.
 
 :class:`LiveAllocation` gives the allocator what the operator knows of each TrainingJob
-(:class:`LiveJob`) and the nodes' GPU capacity, makes one call to the allocator's pure
-``allocate`` (AdaptDL's shape) and returns a :class:`LivePlan` of starts, resizes and
-stops that the operator only carries out; a policy that raises keeps every job as it is.
+(its live view, :class:`~rlsched.core.cluster.JobView`) and the nodes' GPU capacity,
+makes one call to the allocator's pure ``allocate`` (AdaptDL's shape) and returns a
+:class:`LivePlan` of starts, resizes and stops that the operator only carries out; a
+policy that raises keeps every job as it is.
 Translation of workers, batch sizes and reports: docs/design-notes.md.
 """
 
@@ -17,6 +18,7 @@ from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 from .allocation import AllocJob, Allocation, Allocator, AllocNode, ProfileSample, WakingAllocator
 from .batch import BatchBounds
+from .cluster import JobView
 from .contract import class_rank
 from .goodput import JobObservations, ShapeRecord
 from .planning.admission import WaitReason
@@ -24,7 +26,7 @@ from .planning.elastic import training_end
 from .policy import allocator_names, make_allocator
 from .queues import QueueBook
 
-__all__ = ["LiveJob", "LiveTarget", "LivePlan", "LiveAllocation", "RankingAllocator", "AdmittingAllocator",
+__all__ = ["LiveTarget", "LivePlan", "LiveAllocation", "RankingAllocator", "AdmittingAllocator",
            "make_live_allocator",
            "parse_allocator_options", "check_live_allocator",
            "attained_service", "movable_room", "observations_from_status", "observations_to_status", "one_type"]
@@ -204,91 +206,6 @@ def _learned(obs: JobObservations | None, g: int, b: BatchBounds | None
 
 
 @dataclass(frozen=True)
-class LiveJob:
-    """A TrainingJob as the live operator knows it. ``nodes``: the node index of each
-    worker of a job the policy may move (empty: it waits); ``batch_size``: its
-    generation's global batch (None: the spec's, or none)."""
-
-    key: str
-    submit_time: float
-    min_workers: int
-    max_workers: int
-    gpus_per_worker: int = 1
-    nodes: tuple[int, ...] = ()
-    batch_size: int | None = None
-    pinned_workers: int | None = None
-    bounds: BatchBounds | None = None
-    observations: JobObservations | None = None
-    attained_service: float = 0.0
-    restarts: int = 0
-    #: ``spec.priority.class``
-    priority_class: str = "normal"
-    #: the service queue it waits in and its dynamic priority (``status.queue``,
-    #: ``status.effectivePriority``: :class:`~rlsched.core.planning.DynamicPriority`)
-    service_queue: str = "normal"
-    service_priority: float = 0.0
-    #: a running job as the scaling planner sees it (a
-    #: :class:`~rlsched.core.planning.RunningJob` with its β-rule record, ``status.rlpto``)
-    #: and its own β, for an allocator that scales on them (the gang allocator's scaling
-    #: policy); None: none given
-    elastic: Any = None
-    beta: float | None = None
-    #: the team queue it is charged to (None: none)
-    queue: str | None = None
-    #: when it last started from the queue (its minimum run time counts from there)
-    running_since: float | None = None
-    #: the GPU models its workers may run on (``TrainingSpec.gpu_models``); None: any
-    gpu_models: frozenset[str] | None = None
-    #: what one worker asks for besides GPUs (``TrainingSpec.cpu_milli``/``memory_mib``)
-    cpu_milli: int = 0
-    memory_mib: int = 0
-    #: epochs completed and the metric after each (``status.progress``: ``epoch`` and
-    #: ``history``, the accuracy the trainer library reports; higher is better)
-    epoch: int = 0
-    metrics: tuple[float, ...] = ()
-    #: what its own end is judged on (:func:`~rlsched.core.planning.training_end`): the
-    #: epochs of work done, ``spec.maxEpochs``, evaluations in a row gaining less than β
-    #: and the β stop's patience (None: no β stop)
-    epochs_done: float = 0.0
-    max_epochs: float = math.inf
-    streak: int = 0
-    patience: int | None = None
-    #: the workers it asks to start with (a gang allocator's gang; None: its minimum)
-    start_workers: int | None = None
-    #: False for a running job whose generation is still starting: it keeps its GPUs
-    #: (the caller does not offer them) and only its end is judged
-    movable: bool = True
-    #: the one-GPU seed profile it declared (``spec.seedProfile``, each row's GPU type
-    #: as the nodes' types are named; :attr:`AllocJob.seed_profile`)
-    seed_profile: tuple[ProfileSample, ...] = ()
-    #: seconds its last new allocation stalled it, from the allocation to its first
-    #: report after it (``status.restartStall``; :attr:`AllocJob.restart_s`)
-    restart_s: float | None = None
-    #: the user's run-time estimate and the time it has left by it and its progress
-    #: (:attr:`AllocJob.est_runtime`, :attr:`AllocJob.remaining`; 0: none, unknown)
-    est_runtime: float = 0.0
-    remaining: float = 0.0
-
-    def end(self) -> str | None:
-        """``"MaxEpochs"``, ``"Converged"`` or None: whether a running job ended by itself."""
-        if not self.nodes:
-            return None
-        return training_end(self.epochs_done, self.max_epochs, self.streak, self.patience)
-
-    @property
-    def workers(self) -> int:
-        return len(self.nodes)
-
-    @property
-    def worker_range(self) -> tuple[int, int]:
-        """The worker counts it may run at: ``spec.workers`` when pinned, else
-        ``[minWorkers, maxWorkers]``."""
-        if self.pinned_workers:
-            return self.pinned_workers, self.pinned_workers
-        return self.min_workers, self.max_workers
-
-
-@dataclass(frozen=True)
 class LiveTarget:
     """Workers and global batch (None: the scheduler sets none) of a job's next
     generation, and the GPU type its workers are pinned to (None: any node)."""
@@ -304,15 +221,15 @@ def _rank(priority_class: str) -> int:
     return class_rank(priority_class)
 
 
-def _gpus_on(jobs: Iterable[LiveJob]) -> Counter[int]:
+def _gpus_on(jobs: Iterable[JobView]) -> Counter[int]:
     """Node index -> GPUs ``jobs`` hold there."""
     out: Counter[int] = Counter()
     for j in jobs:
         g = max(1, j.gpus_per_worker)
         if g == 1:
-            out.update(j.nodes)
+            out.update(j.placement)
         else:
-            for n in j.nodes:
+            for n in j.placement:
                 out[n] += g
     return out
 
@@ -361,7 +278,7 @@ class AdmittingAllocator(RankingAllocator, Protocol):
     says why the jobs it left waiting wait and which running jobs it preempted and
     started again; ``enforces_queues``: whether it applies team queues' quotas (else
     their use is only reported); ``scales``: whether it scales running jobs on the
-    caller's record of each (:attr:`LiveJob.elastic`)."""
+    caller's record of each (:attr:`JobView.elastic`)."""
 
     enforces_queues: bool
     scales: bool
@@ -405,7 +322,7 @@ class LiveAllocation:
 
     # ------------------------------------------------------------------ translation
     @staticmethod
-    def alloc_job(job: LiveJob, now: float, protected: bool = False,
+    def alloc_job(job: JobView, now: float, protected: bool = False,
                   learned: tuple[tuple[ProfileSample, ...], float | None, float | None] | None = None) -> AllocJob:
         """``job`` in the allocator's terms (replicas are GPUs); ``protected``: it keeps
         the GPUs it holds (its minimum run time). ``learned``: what :func:`_learned`
@@ -418,32 +335,35 @@ class LiveAllocation:
         else:  # no per-GPU limit: the largest global batch (the goodput model's reference share)
             bounds = b if b.max_local_batch is not None else _capped(b)
         profile, sqr, var = learned if learned is not None else _learned(job.observations, g, b)
-        held = tuple(job.nodes) if g == 1 else tuple(n for n in job.nodes for _ in range(g))
-        return AllocJob(id=job.key, submit_time=job.submit_time, application=job.key,
+        nodes = job.placement
+        held = tuple(nodes) if g == 1 else tuple(n for n in nodes for _ in range(g))
+        prog = job.progress
+        return AllocJob(id=job.id, submit_time=job.submit_time, application=job.id,
                         age=max(0.0, now - job.submit_time), attained_service=job.attained_service,
                         num_restarts=max(0, job.restarts), allocation=held,
-                        target_replicas=min(max(job.start_workers or lo, lo), hi) * g,
+                        target_replicas=min(max(job.asked_workers or lo, lo), hi) * g,
                         target_batch_size=bounds.init_batch, min_replicas=lo * g, max_replicas=hi * g,
                         bounds=bounds, batch_size=job.batch_size or 0, grad_sqr=sqr, grad_var=var, profile=profile,
-                        epoch=job.epoch, metrics=job.metrics, higher_is_better=True,
-                        priority=_rank(job.priority_class), queue=job.queue,
-                        service_queue=job.service_queue, service_priority=job.service_priority,
-                        elastic=job.elastic if job.nodes else None, beta=job.beta,
-                        running_since=job.running_since if job.nodes else None,
-                        protected=protected and bool(job.nodes), gpu_models=job.gpu_models,
+                        epoch=max(prog.epoch, 0), metrics=tuple(prog.history), higher_is_better=True,
+                        priority=_rank(job.priority_class), queue=job.team,
+                        service_queue=job.queue, service_priority=job.priority,
+                        elastic=job.elastic if nodes else None,
+                        beta=job.beta if nodes and job.elastic is not None else None,
+                        running_since=job.start_time if nodes else None,
+                        protected=protected and bool(nodes), gpu_models=job.gpu_models,
                         cpu_milli=-(-max(job.cpu_milli, 0) // g), memory_mib=-(-max(job.memory_mib, 0) // g),
                         replica_group=g, seed_profile=job.seed_profile, restart_s=job.restart_s,
                         est_runtime=job.est_runtime, remaining=job.remaining)
 
-    def target(self, job: LiveJob, alloc: Allocation, types: Mapping[int, str] | None = None) -> LiveTarget:
+    def target(self, job: JobView, alloc: Allocation, types: Mapping[int, str] | None = None) -> LiveTarget:
         """The allocator's answer for ``job`` in whole workers (0: it waits; a running job
         outside its worker range keeps a size from its own to the range); its
         GPU type when every node of the allocation is of one known type (``types``: node
         index -> type)."""
         g = max(1, job.gpus_per_worker)
         lo, hi = job.worker_range
-        given, cur = alloc.replicas // g, job.workers
-        if job.nodes and (cur <= given < lo or hi < given <= cur):
+        given, cur = alloc.replicas // g, len(job.placement)
+        if job.placement and (cur <= given < lo or hi < given <= cur):
             workers = given  # a running job outside its range on its way to it (its pin moved)
         else:
             workers = min(given, hi)
@@ -456,10 +376,18 @@ class LiveAllocation:
 
     # ------------------------------------------------------------------ decision
     @staticmethod
-    def protected(job: LiveJob, book: QueueBook, now: float) -> bool:
+    def ended(job: JobView) -> str | None:
+        """``"MaxEpochs"``, ``"Converged"`` or None: whether a running job ended by itself
+        (:func:`~rlsched.core.planning.training_end` on its progress)."""
+        if not job.placement:
+            return None
+        return training_end(job.progress.epochs_done, job.max_epochs, job.streak, job.patience)
+
+    @staticmethod
+    def protected(job: JobView, book: QueueBook, now: float) -> bool:
         """Whether a running job is still inside its minimum run time (its queue's, else
         the scheduler's): it keeps what it holds."""
-        return bool(job.nodes) and job.running_since is not None and now - job.running_since < book.min_run(job.queue)
+        return bool(job.placement) and job.start_time is not None and now - job.start_time < book.min_run(job.team)
 
     @property
     def enforces_queues(self) -> bool:
@@ -470,50 +398,50 @@ class LiveAllocation:
     @property
     def scales(self) -> bool:
         """Whether the allocator scales running jobs on the caller's record of each
-        (:attr:`LiveJob.elastic`: a caller with one passes it)."""
+        (:attr:`JobView.elastic`: a caller with one passes it)."""
         return self._admitting is not None and self._admitting.scales
 
     @staticmethod
-    def barred(job: LiveJob, book: QueueBook) -> WaitReason | None:
+    def barred(job: JobView, book: QueueBook) -> WaitReason | None:
         """Why a waiting job may not run at all under its queue: a queue that does not
         exist, or a service class its queue does not allow. Running jobs are never barred
         (a queue edited or deleted under them does not evict them)."""
-        if job.nodes or not job.queue:
+        if job.placement or not job.team:
             return None
-        q = book.get(job.queue)
+        q = book.get(job.team)
         if q is None:
-            return WaitReason(0, "NoSuchQueue", f"its queue {job.queue!r} does not exist (kubectl get trainingqueues)")
+            return WaitReason(0, "NoSuchQueue", f"its queue {job.team!r} does not exist (kubectl get trainingqueues)")
         if not q.allows(job.priority_class):
             return WaitReason(0, "PriorityNotAllowed", f"queue {q.name!r} allows the classes "
                                                         f"{', '.join(sorted(q.priority_classes))}, not {job.priority_class!r}")
         return None
 
-    def _learned_of(self, job: LiveJob) -> tuple[tuple[ProfileSample, ...], float | None, float | None]:
+    def _learned_of(self, job: JobView) -> tuple[tuple[ProfileSample, ...], float | None, float | None]:
         """:func:`_learned` for ``job``, kept while its observations and bounds are the
         same (immutable) objects."""
         g, obs, b = max(1, job.gpus_per_worker), job.observations, job.bounds
-        hit = self._kept.get(job.key)
+        hit = self._kept.get(job.id)
         if hit is not None and hit[0] is obs and hit[1] == g and hit[2] is b:
             return hit[3]
         out = _learned(obs, g, b)
-        self._kept[job.key] = (obs, g, b, out)
+        self._kept[job.id] = (obs, g, b, out)
         return out
 
-    def plan(self, jobs: Sequence[LiveJob], capacity: Mapping[int, int], now: float,
+    def plan(self, jobs: Sequence[JobView], capacity: Mapping[int, int], now: float,
              names: Mapping[int, str] | None = None, queues: QueueBook | None = None,
              models: Mapping[int, str] | None = None,
              offers: Mapping[int, tuple[int, int]] | None = None,
              types: Mapping[int, str] | None = None, why: bool = True) -> LivePlan:
         """Decide for ``jobs``: those with ``nodes`` run (and may move, unless not
         ``movable``), the others wait; a running job whose own end came
-        (:meth:`LiveJob.end`) is in ``complete`` and its GPUs are not given this time.
+        (:meth:`ended`) is in ``complete`` and its GPUs are not given this time.
         ``capacity``: node index -> GPUs the allocator may give (free GPUs plus those the
         running ``jobs`` hold there). ``queues``: the teams' queues and the minimum run
         time (:mod:`rlsched.core.queues`; None: neither). ``models``: node index -> its
-        GPU model (a job limited to some models, ``LiveJob.gpu_models``, gets GPUs only
+        GPU model (a job limited to some models, ``JobView.gpu_models``, gets GPUs only
         on nodes of those models). ``offers``: node index -> ``(millicores, MiB)`` the
         allocator may give, as ``capacity`` counts GPUs (None: CPU and memory not
-        counted); a job's workers (``LiveJob.cpu_milli``/``memory_mib``) get GPUs only
+        counted); a job's workers (``JobView.cpu_milli``/``memory_mib``) get GPUs only
         where their CPU and memory fit. ``types``: node index -> its GPU type
         (:func:`~rlsched.core.contract.gpu_type_of`; absent or ``""``: one type), given
         to the allocator as ``AllocNode.gpu_type``; a target whose nodes are all of one
@@ -523,9 +451,9 @@ class LiveAllocation:
         (``LivePlan.waiting``; False: left empty, nothing else changes)."""
         names, models, offers, types = names or {}, models or {}, offers or {}, types or {}
         book = queues or QueueBook()
-        ended = {j.key: end for j in jobs if (end := j.end()) is not None}
-        decided = [j for j in jobs if j.movable and j.key not in ended]
-        gone = _gpus_on(j for j in jobs if j.movable and j.key in ended)
+        ended = {j.id: end for j in jobs if (end := self.ended(j)) is not None}
+        decided = [j for j in jobs if j.movable and j.id not in ended]
+        gone = _gpus_on(j for j in jobs if j.movable and j.id in ended)
         room = {i: int(c) - gone[i] for i, c in capacity.items()}  # an ended job's GPUs free next decision
         nodes = [AllocNode(i, c, names.get(i, ""), models.get(i, ""),
                            *(offers[i] if i in offers else (None, None)), types.get(i, ""))
@@ -535,12 +463,12 @@ class LiveAllocation:
         if over:
             raise ValueError(f"running jobs hold more GPUs than the capacity given (node: held, capacity): {over}")
         enforced = self.enforces_queues
-        barred = {j.key: w for j in decided if enforced and (w := self.barred(j, book)) is not None}
-        free_jobs = [j for j in decided if j.key not in barred]
+        barred = {j.id: w for j in decided if enforced and (w := self.barred(j, book)) is not None}
+        free_jobs = [j for j in decided if j.id not in barred]
         guarded = [self.protected(j, book, now) for j in free_jobs]
         asked = [self.alloc_job(j, now, k, self._learned_of(j)) for j, k in zip(free_jobs, guarded)]
         if len(self._kept) > 2 * len(free_jobs) + 64:  # forget the jobs that left
-            live = {j.key for j in free_jobs}
+            live = {j.id for j in free_jobs}
             self._kept = {k: v for k, v in self._kept.items() if k in live}
         try:
             out = dict(self.allocator.allocate(asked, nodes, now, queues=book if enforced else None))
@@ -548,26 +476,26 @@ class LiveAllocation:
             return LivePlan(error=exc, complete=ended)
         plan = LivePlan(allocations=out, complete=ended)
         wakes = [self.allocator.next_decision(asked, out, now)] if self._waking else []
-        targets = {j.key: self.target(j, out.get(j.key, _NOTHING), types) for j in free_jobs}
+        targets = {j.id: self.target(j, out.get(j.id, _NOTHING), types) for j in free_jobs}
         moves = bool(self.allocator.type_aware)  # only a type-aware choice moves a job
         again = self._admitting.restarted() if self.restarts_as_preemptions and self._admitting is not None else ()
         for j in free_jobs:
-            t = targets[j.key]
-            if not j.nodes:
+            t = targets[j.id]
+            if not j.placement:
                 if t.workers:
-                    plan.start[j.key] = t
+                    plan.start[j.id] = t
             elif t.workers == 0:
-                plan.stop.append(j.key)
-            elif j.key in again:  # preempted and resumed in one decision
-                plan.stop.append(j.key)
-                plan.start[j.key] = t
-            elif t.workers != j.workers or (moves and t.gpu_type is not None
-                                            and t.gpu_type != one_type(j.nodes, types)):
-                plan.resize[j.key] = t
+                plan.stop.append(j.id)
+            elif j.id in again:  # preempted and resumed in one decision
+                plan.stop.append(j.id)
+                plan.start[j.id] = t
+            elif t.workers != len(j.placement) or (moves and t.gpu_type is not None
+                                                   and t.gpu_type != one_type(j.placement, types)):
+                plan.resize[j.id] = t
         if why:
             use: Counter[str] = Counter()
             for j in free_jobs:
-                use[j.queue or ""] += targets[j.key].workers * max(1, j.gpus_per_worker)
+                use[j.team or ""] += targets[j.id].workers * max(1, j.gpus_per_worker)
             plan.waiting = self._why(free_jobs, asked, plan, nodes, book if enforced else QueueBook(), use)
             if self._admitting is not None:  # the allocator's own reasons
                 own = self._admitting.why_waiting()
@@ -575,23 +503,23 @@ class LiveAllocation:
             waits = bool(plan.waiting)
         else:  # the jobs _why would name: every one that does not run after this plan
             stopped = set(plan.stop)
-            waits = any(not (j.nodes and j.key not in stopped) and j.key not in plan.start for j in free_jobs)
+            waits = any(not (j.placement and j.id not in stopped) and j.id not in plan.start for j in free_jobs)
         if waits:  # a protection from preemption that ends may let a waiting job in
-            wakes += [j.running_since + book.min_run(j.queue) for j, k in zip(free_jobs, guarded) if k]
+            wakes += [j.start_time + book.min_run(j.team) for j, k in zip(free_jobs, guarded) if k]
         plan.wake_at = min((w for w in wakes if w is not None), default=None)
         plan.waiting.update(barred)
         if book.active:
-            plan.queues = book.usage((j.queue, targets[j.key].workers * max(1, j.gpus_per_worker)
-                                      if j.key in targets else 0) for j in decided)
+            plan.queues = book.usage((j.team, targets[j.id].workers * max(1, j.gpus_per_worker)
+                                      if j.id in targets else 0) for j in decided)
         return plan
 
-    def _why(self, jobs: Sequence[LiveJob], asked: Sequence[AllocJob], plan: LivePlan,
+    def _why(self, jobs: Sequence[JobView], asked: Sequence[AllocJob], plan: LivePlan,
              nodes: Sequence[AllocNode], book: QueueBook, use: Mapping[str, int]) -> dict[str, WaitReason]:
         """Why each job left without GPUs waits: its place in the allocator's order among
         them, and the jobs served before it; under queues, its queue's cap, or the
         minimum run time of the jobs holding its queue's guarantee."""
-        by_key = {j.key: j for j in jobs}
-        running = {k for k, j in by_key.items() if j.nodes and k not in plan.stop} | set(plan.start)
+        by_key = {j.id: j for j in jobs}
+        running = {k for k, j in by_key.items() if j.placement and k not in plan.stop} | set(plan.start)
         kept = [a for a in asked if a.protected]
         out: dict[str, WaitReason] = {}
         room: dict[tuple, int] = {}  # job shape -> GPUs its nodes could hold
@@ -604,7 +532,7 @@ class LiveAllocation:
             j = by_key[key]
             pos += 1
             gang = j.worker_range[0] * max(1, j.gpus_per_worker)
-            q = book.spec_of(j.queue) if book.active else None
+            q = book.spec_of(j.team) if book.active else None
             if a.shape not in room:  # the GPUs of the nodes that could hold it, once per shape
                 room[a.shape] = sum(a.room_on(n) for n in nodes)
             total = room[a.shape]

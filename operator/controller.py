@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from rlsched.core import ClusterState
+from rlsched.core import ClusterState, JobView
 from rlsched.core.contract import (
     GROUP,
     LABEL_MANAGED_BY,
@@ -30,7 +30,7 @@ from rlsched.core.contract import (
     ShapeError,
 )
 from rlsched.core.decision_clock import DecisionClock
-from rlsched.core.live_allocation import LiveAllocation, LiveJob, LivePlan, movable_room, observations_from_status
+from rlsched.core.live_allocation import LiveAllocation, LivePlan, movable_room, observations_from_status
 from rlsched.core.planning import DynamicPriority, RunningJob, gang_unfittable
 from rlsched.core.queues import QueueBook
 
@@ -308,10 +308,10 @@ class Controller:
             return unfit
         self._decided, self._wake_at = (now, self._decision_keys(live)), plan.wake_at
         unfit.admit = list(plan.start)  # the metrics count them as started, not queued
-        await self._act_on_allocation(c, plan, [c.jobs[lj.key] for lj in live])
+        await self._act_on_allocation(c, plan, [c.jobs[lj.id] for lj in live])
         return unfit
 
-    def decision_due(self, live: Sequence[LiveJob], now: float) -> bool:
+    def decision_due(self, live: Sequence[JobView], now: float) -> bool:
         """Whether the allocation policy decides this cycle (core's DecisionClock; every
         cycle without one): a job it decides for that came, went, became movable or
         ended, and the time the policy asked to decide again, are events."""
@@ -319,20 +319,20 @@ class Controller:
             return True
         last, keys = self._decided if self._decided is not None else (None, None)
         woke = self._wake_at is not None and now >= self._wake_at
-        changed = keys != self._decision_keys(live) or any(lj.end() for lj in live) or woke
+        changed = keys != self._decision_keys(live) or any(LiveAllocation.ended(lj) for lj in live) or woke
         return self.decision_clock.next_due(last, now, changed) <= now
 
     @staticmethod
-    def _decision_keys(live: Sequence[LiveJob]) -> frozenset[tuple[str, bool]]:
-        return frozenset((lj.key, lj.movable) for lj in live)
+    def _decision_keys(live: Sequence[JobView]) -> frozenset[tuple[str, bool]]:
+        return frozenset((lj.id, lj.movable) for lj in live)
 
-    async def _allocation_inputs(self, c: _Cycle) -> tuple[list[LiveJob], list[tuple[tuple[int, ...], int, int, int]]]:
+    async def _allocation_inputs(self, c: _Cycle) -> tuple[list[JobView], list[tuple[tuple[int, ...], int, int, int]]]:
         """The jobs as the allocator sees them, and what the running ones it may move
         hold. A running job whose generation still starts is not movable: its GPUs stay
         charged where they are and only its end is judged."""
         now = c.now
         held: list[tuple[tuple[int, ...], int, int, int]] = []
-        live: list[LiveJob] = []
+        live: list[JobView] = []
         for r in c.running:
             j = c.jobs[r.key]
             placement = tuple(c.snap.placement.get(j.key, ()))

@@ -1,8 +1,8 @@
 """What happens to one job: its phase transitions (admitted, started, resized,
 preempted, suspended, restarted, completed, failed), each recorded in its status
 before its workers are touched, and the job as core sees it
-(:class:`~rlsched.core.live_allocation.LiveJob`, with the scaling record of a running
-one, :class:`~rlsched.core.planning.RunningJob`). Its workers' exits are judged by
+(:class:`~rlsched.core.cluster.JobView`, with the scaling record of a running one,
+:class:`~rlsched.core.planning.RunningJob`). Its workers' exits are judged by
 :func:`rlsched.core.lifecycle.judge`; nothing here decides who runs."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from rlsched.core.contract import gpu_type_of, judge_batch
 from rlsched.core.lifecycle import FAIL, RESTART, SUCCEED, Verdict, judge
 from rlsched.core.estimate import estimate_remaining
 from rlsched.core.batch import UNIT_BATCH
+from rlsched.core.cluster import JobView
 from rlsched.core.live_allocation import (
-    LiveJob,
     LiveTarget,
     attained_service,
     observations_from_status,
@@ -282,7 +282,7 @@ class Lifecycle:
         return queue, pr
 
     def live_job(self, j: Job, now: float, placement: tuple[int, ...], obs, *, running: RunningJob | None = None,
-                 movable: bool = True, patience: int | None = None) -> LiveJob:
+                 movable: bool = True, patience: int | None = None) -> JobView:
         """The job as the allocation policy sees it; ``running``: its elastic state
         this cycle (a running job's end is judged on it, with the β stop's ``patience``),
         with the seed profile it declared (:meth:`seed_profile`)."""
@@ -290,24 +290,21 @@ class Lifecycle:
         created = parse_time(j.body["metadata"].get("creationTimestamp")) or now
         prog = running.progress if running is not None else progress_of(j.status)
         queue, pr = self.service_queue(j)
-        end = {} if running is None else dict(epochs_done=prog.epochs_done, max_epochs=s.max_epochs,
-                                              streak=running.state.streak, patience=patience,
-                                              elastic=running, beta=s.beta)
+        end = {} if running is None else dict(max_epochs=s.max_epochs, streak=running.state.streak,
+                                              patience=patience, elastic=running)
         service = self.service(j, now)
         # seconds run, at the size it runs at (its gang's while it waits): what SRTF's
         # remaining time counts down from the user's estimate
         ran = service / (s.gpus_per_worker * max(len(placement), s.min_workers, 1))
-        return LiveJob(key=j.key, submit_time=created, min_workers=s.min_workers, max_workers=s.max_workers,
-                       gpus_per_worker=s.gpus_per_worker, nodes=placement,
-                       batch_size=j.batch_size if placement else s.batch_size, pinned_workers=s.pinned_workers,
-                       bounds=s.bounds, observations=obs, attained_service=service,
-                       restarts=j.generation, priority_class=s.priority_class, queue=j.team,
-                       service_queue=queue, service_priority=pr,
-                       running_since=parse_time(j.status.get("admittedTime")) if placement else None,
-                       gpu_models=s.gpu_models, cpu_milli=s.cpu_milli, memory_mib=s.memory_mib,
-                       epoch=max(prog.epoch, 0), metrics=tuple(prog.history), movable=movable,
-                       seed_profile=self.seed_profile(s), restart_s=stall_seconds(j.status.get("restartStall")),
-                       est_runtime=s.estimated_runtime,
+        return JobView(id=j.key, submit_time=created, min_workers=s.min_workers, max_workers=s.max_workers,
+                       gpus_per_worker=s.gpus_per_worker, workers=len(placement) or s.min_workers,
+                       placement=list(placement), batch_size=j.batch_size if placement else s.batch_size,
+                       pinned_workers=s.pinned_workers, bounds=s.bounds, observations=obs, attained_service=service,
+                       restarts=j.generation, priority_class=s.priority_class, team=j.team, queue=queue, priority=pr,
+                       start_time=parse_time(j.status.get("admittedTime")) if placement else None,
+                       gpu_models=s.gpu_models, cpu_milli=s.cpu_milli, memory_mib=s.memory_mib, beta=s.beta,
+                       progress=prog, movable=movable, seed_profile=self.seed_profile(s),
+                       restart_s=stall_seconds(j.status.get("restartStall")), est_runtime=s.estimated_runtime,
                        remaining=estimate_remaining(s.estimated_runtime, ran, prog.epochs_done, s.max_epochs), **end)
 
     def seed_profile(self, s: TrainingSpec) -> tuple[ProfileSample, ...]:

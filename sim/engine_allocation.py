@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 
 from rlsched.core.allocation import ProfileSample
-from rlsched.core.live_allocation import LiveJob, LivePlan, movable_room
+from rlsched.core.cluster import JobView
+from rlsched.core.live_allocation import LivePlan, movable_room
 
 from .engine_jobs import WAKE, JobState, grown
 
@@ -22,13 +23,14 @@ class AllocationAdapter:
     def __init__(self, sim) -> None:  # the Simulator it is a part of
         self.sim = sim
         #: per job: the inputs of its last translation (those compared by identity, those
-        #: by value) and the LiveJob they gave
-        self._kept: dict[str, tuple[tuple, tuple, LiveJob]] = {}
+        #: by value) and the view they gave
+        self._kept: dict[str, tuple[tuple, tuple, JobView]] = {}
 
-    def live_job(self, j: JobState, nodes: tuple[int, ...]) -> LiveJob:
+    def live_job(self, j: JobState, nodes: tuple[int, ...]) -> JobView:
         """The job as the allocation policy sees it, on ``nodes`` (none: waiting), with
         the seed profile it declares on the cluster's GPU types (``JobSpec.seed_profile``).
-        The same LiveJob while nothing it is made of changed (a waiting job's)."""
+        The same view while nothing it is made of changed (a waiting job's); its
+        progress is the engine's own record, read at the decision."""
         v = j.view
         spec = j.spec
         batch = None  # the scheduler sets none
@@ -38,29 +40,24 @@ class AllocationAdapter:
         since = float(v.start_time) if nodes and v.start_time is not None else None
         stall = j.stall(self.sim.now)
         types = self.sim.dynamics.types
-        same = (spec, j.obs, p.history, types)  # immutable (the history only grows)
-        equal = (nodes, batch, v.attained_service, j.rescales + j.preemptions, since, p.epoch, len(p.history),
+        same = (spec, j.obs, p, types)  # compared by identity
+        equal = (nodes, batch, v.attained_service, j.rescales + j.preemptions, since,
                  v.min_workers, v.max_workers, v.gpus_per_worker, v.gpu_models, v.cpu_milli, v.memory_mib,
                  v.submit_time, stall, v.remaining)  # the estimate is the spec's (``same``)
         hit = self._kept.get(v.id)
-        metrics = seeds = None
-        if hit is not None:
-            old = hit[2]
-            if hit[0][0] is spec and hit[0][3] is types:
-                seeds = old.seed_profile
-            if hit[0][2] is p.history and len(old.metrics) == len(p.history):
-                metrics = old.metrics
-                if seeds is not None and hit[0][1] is j.obs and hit[1] == equal:
-                    return old
-        live = LiveJob(key=v.id, submit_time=v.submit_time, min_workers=v.min_workers, max_workers=v.max_workers,
-                       gpus_per_worker=v.gpus_per_worker, nodes=nodes, observations=j.obs,
-                       batch_size=batch, bounds=spec.bounds,
+        seeds = None
+        if hit is not None and hit[0][0] is spec and hit[0][3] is types:
+            seeds = hit[2].seed_profile
+            if all(a is b for a, b in zip(hit[0], same)) and hit[1] == equal:
+                return hit[2]
+        live = JobView(id=v.id, submit_time=v.submit_time, min_workers=v.min_workers, max_workers=v.max_workers,
+                       gpus_per_worker=v.gpus_per_worker, workers=len(nodes) or v.workers, placement=list(nodes),
+                       observations=j.obs, batch_size=batch, bounds=spec.bounds,
                        attained_service=v.attained_service, restarts=j.rescales + j.preemptions,
-                       priority_class=j.spec.priority_class or "normal", queue=j.spec.tenant,
-                       running_since=since,
-                       gpu_models=v.gpu_models, cpu_milli=v.cpu_milli, memory_mib=v.memory_mib,
-                       epoch=p.epoch, metrics=tuple(p.history) if metrics is None else metrics,
-                       start_workers=spec.workers, seed_profile=self._seeds(spec) if seeds is None else seeds,
+                       priority_class=j.spec.priority_class or "normal", team=j.spec.tenant, start_time=since,
+                       gpu_models=v.gpu_models, cpu_milli=v.cpu_milli, memory_mib=v.memory_mib, progress=p,
+                       asked_workers=spec.workers, beta=spec.beta,
+                       seed_profile=self._seeds(spec) if seeds is None else seeds,
                        restart_s=stall, est_runtime=v.est_runtime, remaining=v.remaining)
         self._kept[v.id] = (same, equal, live)
         return live
@@ -89,7 +86,7 @@ class AllocationAdapter:
         t = sim.now
         sim._allocated_at = t
         st = sim.state
-        jobs: list[LiveJob] = []
+        jobs: list[JobView] = []
         if sim.allocation.scales:  # each running job with its record, as the operator passes it
             for rj in sim.elastic.jobs():  # synced, its report folded in
                 j = sim._by_id[rj.key]

@@ -17,9 +17,11 @@ from rlsched.core.allocation import AllocJob, AllocNode, AllocationError, Alloca
 from rlsched.core.batch import BatchBounds
 from rlsched.core.contract import ShapeError, node_shape, pod_requests
 from rlsched.core.goodput_allocator import GoodputAllocator, within_room
-from rlsched.core.live_allocation import LiveAllocation, LiveJob
+from rlsched.core.live_allocation import LiveAllocation
 from rlsched.core.packing import keep_or_pack
 from rlsched.core.planning import Admission, TrainingSpec
+
+from .views import view
 
 
 
@@ -137,8 +139,8 @@ def test_goodput_allocator_never_gives_more_than_cpu_and_memory_hold():
 
 def test_live_plan_counts_worker_cpu_and_says_why_a_job_cannot_run():
     alloc = LiveAllocation(GoodputAllocator())
-    wide = LiveJob(key="ns/wide", submit_time=0.0, min_workers=1, max_workers=8, gpus_per_worker=2, cpu_milli=5_000)
-    huge = LiveJob(key="ns/huge", submit_time=1.0, min_workers=1, max_workers=1, gpus_per_worker=1, cpu_milli=9_000)
+    wide = view(id="ns/wide", submit_time=0.0, min_workers=1, max_workers=8, gpus_per_worker=2, cpu_milli=5_000)
+    huge = view(id="ns/huge", submit_time=1.0, min_workers=1, max_workers=1, gpus_per_worker=1, cpu_milli=9_000)
     plan = alloc.plan([wide, huge], {0: 4, 1: 4}, 10.0, offers={0: (8_000, 32_768), 1: (2_000, 32_768)})
     assert plan.start["ns/wide"].workers == 1  # 2 GPUs at 2,500m each: node 0 holds one worker, node 1 none
     assert plan.waiting["ns/huge"].reason == "Unfittable"
@@ -167,7 +169,7 @@ def test_a_worker_of_several_gpus_is_placed_whole_on_one_node():
 
 def test_live_plan_starts_whole_workers_only():
     alloc = LiveAllocation(GoodputAllocator())
-    quad = LiveJob(key="ns/quad", submit_time=0.0, min_workers=1, max_workers=4, gpus_per_worker=4)
+    quad = view(id="ns/quad", submit_time=0.0, min_workers=1, max_workers=4, gpus_per_worker=4)
     plan = alloc.plan([quad], {0: 3, 1: 3, 2: 6}, 10.0)
     assert plan.start["ns/quad"].workers == 1  # the 6-GPU node holds one 4-GPU worker; 3 + 3 hold none
 
@@ -177,9 +179,9 @@ def test_why_a_job_waits_counts_its_own_worker_size():
     nodes of 3 GPUs each: the 1-GPU job is ranked behind, the 4-GPU one can never fit
     (the room the reason counts is per worker size, not shared between them)."""
     alloc = LiveAllocation(GoodputAllocator())
-    big = LiveJob(key="ns/big", submit_time=0.0, min_workers=2, max_workers=2, gpus_per_worker=3)
-    one = LiveJob(key="ns/one", submit_time=1.0, min_workers=1, max_workers=1, gpus_per_worker=1)
-    quad = LiveJob(key="ns/quad", submit_time=2.0, min_workers=1, max_workers=1, gpus_per_worker=4)
+    big = view(id="ns/big", submit_time=0.0, min_workers=2, max_workers=2, gpus_per_worker=3)
+    one = view(id="ns/one", submit_time=1.0, min_workers=1, max_workers=1, gpus_per_worker=1)
+    quad = view(id="ns/quad", submit_time=2.0, min_workers=1, max_workers=1, gpus_per_worker=4)
     plan = alloc.plan([big, one, quad], {0: 3, 1: 3}, 10.0)
     assert plan.start["ns/big"].workers == 2
     assert plan.waiting["ns/one"].reason == "Ranked"

@@ -10,8 +10,11 @@ import pytest
 from rlsched.core import make_ordering, make_placement
 from rlsched.core.allocation import AllocJob, AllocNode, check_allocations
 from rlsched.core.batch import BatchBounds
+from rlsched.core.cluster import Progress
 from rlsched.core.gang_allocator import GangAllocator
 from rlsched.core.live_allocation import LiveTarget
+
+from .views import view
 
 LIM = BatchBounds(128, 4096, 32, 1024)
 NODES = [AllocNode(i, 4) for i in range(2)]
@@ -113,19 +116,19 @@ def test_multi_gpu_workers_stay_whole_on_a_node_and_uneven_nodes_are_used():
 
 
 def test_heuristic_names_build_live_allocators_and_team_queues_are_only_reported():
-    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+    from rlsched.core.live_allocation import LiveAllocation
     from rlsched.core.queues import QueueBook, QueueSpec
 
     live = LiveAllocation.named("tiresias/firstfit+nobackfill")
     assert isinstance(live.allocator, GangAllocator) and not live.allocator.backfill
     assert live.allocator.name == "tiresias/firstfit+nobackfill"
-    plan = live.plan([LiveJob("ns/a", 0.0, 2, 4, gpus_per_worker=2), LiveJob("ns/b", 1.0, 1, 1, gpus_per_worker=4)],
+    plan = live.plan([view("ns/a", 0.0, 2, 4, gpus_per_worker=2), view("ns/b", 1.0, 1, 1, gpus_per_worker=4)],
                      {0: 4, 1: 4}, now=10.0)
     assert plan.error is None and plan.start == {"ns/a": LiveTarget(2, None), "ns/b": LiveTarget(1, None)}
     # a heuristic does not enforce team queues: a job over its queue's cap, or naming no
     # such queue, starts all the same; the queues' use is reported
     book = QueueBook([QueueSpec("team", nominal_gpus=1, borrowing_limit=0)])
-    plan = live.plan([LiveJob("ns/a", 0.0, 2, 2, queue="team"), LiveJob("ns/b", 1.0, 1, 1, queue="gone")],
+    plan = live.plan([view("ns/a", 0.0, 2, 2, team="team"), view("ns/b", 1.0, 1, 1, team="gone")],
                      {0: 4}, now=10.0, queues=book)
     assert plan.error is None and set(plan.start) == {"ns/a", "ns/b"} and not plan.waiting
     assert plan.queues["team"]["gpusInUse"] == 2 and not live.enforces_queues
@@ -137,7 +140,7 @@ def test_a_demoting_ordering_asks_to_decide_again_when_a_queue_changes():
     """Tiresias: the job just given 2 GPUs, 600 GPU-s short of the first threshold, is
     demoted 300 s later; who may preempt whom changes then. FIFO, or Tiresias without
     preemption, never asks."""
-    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+    from rlsched.core.live_allocation import LiveAllocation
 
     th = make_ordering("tiresias").thresholds[0]
     run = job("run", 0, 2, (0, 0))
@@ -150,25 +153,25 @@ def test_a_demoting_ordering_asks_to_decide_again_when_a_queue_changes():
     keep = GangAllocator(make_ordering("tiresias"), make_placement("bestfit"), preemption=False)
     assert keep.next_decision([run], out, 100.0) is None
     plan = LiveAllocation(gang(order="tiresias")).plan(
-        [LiveJob("ns/run", 0.0, 2, 2, nodes=(0, 0), attained_service=th - 600.0)], {0: 4}, now=100.0)
+        [view("ns/run", 0.0, 2, 2, placement=(0, 0), attained_service=th - 600.0)], {0: 4}, now=100.0)
     assert plan.wake_at == pytest.approx(400.0)
 
 
 def test_the_service_queues_and_dynamic_priority_order_the_gangs():
     """RLPTO's queues: a preempted job (interrupt) before urgent before normal; inside a
     queue the higher dynamic priority first, a ``highest`` job before every other."""
-    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+    from rlsched.core.live_allocation import LiveAllocation
 
     live = LiveAllocation.named("fifo/bestfit+nobackfill")
 
     def first(*jobs):
         return list(live.plan(list(jobs), {0: 8}, now=10.0).start)
 
-    n1 = LiveJob("ns/n1", 0.0, 1, 1, gpus_per_worker=8)
-    promoted = LiveJob("ns/n2", 1.0, 1, 1, gpus_per_worker=8, service_queue="urgent", service_priority=1.0)
-    urgent = LiveJob("ns/u", 2.0, 1, 1, gpus_per_worker=8, priority_class="urgent", service_queue="urgent")
-    resumed = LiveJob("ns/r", 3.0, 1, 1, gpus_per_worker=8, service_queue="interrupt")
-    highest = LiveJob("ns/h", 4.0, 1, 1, gpus_per_worker=8, priority_class="highest", service_queue="urgent")
+    n1 = view("ns/n1", 0.0, 1, 1, gpus_per_worker=8)
+    promoted = view("ns/n2", 1.0, 1, 1, gpus_per_worker=8, queue="urgent", priority=1.0)
+    urgent = view("ns/u", 2.0, 1, 1, gpus_per_worker=8, priority_class="urgent", queue="urgent")
+    resumed = view("ns/r", 3.0, 1, 1, gpus_per_worker=8, queue="interrupt")
+    highest = view("ns/h", 4.0, 1, 1, gpus_per_worker=8, priority_class="highest", queue="urgent")
     assert first(n1, promoted, urgent) == ["ns/n2"]
     assert first(n1, urgent) == ["ns/u"]
     assert first(n1, urgent, resumed) == ["ns/r"]
@@ -176,16 +179,16 @@ def test_the_service_queues_and_dynamic_priority_order_the_gangs():
 
 
 def test_a_highest_job_behind_a_blocked_head_preempts_a_normal_one():
-    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+    from rlsched.core.live_allocation import LiveAllocation
 
     live = LiveAllocation.named("fifo/bestfit+nobackfill")
-    low = LiveJob("ns/low", 0.0, 1, 1, gpus_per_worker=8, nodes=(0,))
-    waiter = LiveJob("ns/waiter", 1.0, 1, 1, gpus_per_worker=8)
-    boss = LiveJob("ns/boss", 2.0, 1, 1, gpus_per_worker=8, priority_class="highest", service_queue="urgent")
+    low = view("ns/low", 0.0, 1, 1, gpus_per_worker=8, placement=(0,))
+    waiter = view("ns/waiter", 1.0, 1, 1, gpus_per_worker=8)
+    boss = view("ns/boss", 2.0, 1, 1, gpus_per_worker=8, priority_class="highest", queue="urgent")
     plan = live.plan([low, waiter, boss], {0: 8}, now=10.0)
     assert plan.stop == ["ns/low"] and list(plan.start) == ["ns/boss"]
     # of two running jobs the one of lower dynamic priority is the victim
-    high = LiveJob("ns/high", 1.0, 1, 1, gpus_per_worker=8, nodes=(1,), service_priority=0.5)
+    high = view("ns/high", 1.0, 1, 1, gpus_per_worker=8, placement=(1,), priority=0.5)
     plan = live.plan([low, high, replace(boss, gpus_per_worker=8)], {0: 8, 1: 8}, now=10.0)
     assert plan.stop == ["ns/low"] and list(plan.start) == ["ns/boss"]
 
@@ -194,12 +197,12 @@ def test_a_gang_allocator_says_why_each_job_waits_from_its_admission_plan():
     """As the operator's admission said it: the head of line does not fit the free GPUs
     (NoRoom), a job behind it waits without backfill (BehindHead), a gang the cluster
     can never hold has no place in the order (Unfittable)."""
-    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+    from rlsched.core.live_allocation import LiveAllocation
 
     live = LiveAllocation.named("fifo/bestfit+nobackfill")
-    jobs = [LiveJob("ns/holder", 0.0, 1, 1, gpus_per_worker=8, nodes=(0,)),
-            LiveJob("ns/next", 1.0, 1, 1, gpus_per_worker=8), LiveJob("ns/small", 2.0, 1, 1),
-            LiveJob("ns/huge", 3.0, 2, 2, gpus_per_worker=8)]
+    jobs = [view("ns/holder", 0.0, 1, 1, gpus_per_worker=8, placement=(0,)),
+            view("ns/next", 1.0, 1, 1, gpus_per_worker=8), view("ns/small", 2.0, 1, 1),
+            view("ns/huge", 3.0, 2, 2, gpus_per_worker=8)]
     why = live.plan(jobs, {0: 8}, now=10.0).waiting
     assert {k: (w.position, w.reason) for k, w in why.items()} == {
         "ns/next": (1, "NoRoom"), "ns/small": (2, "BehindHead"), "ns/huge": (0, "Unfittable")}
@@ -210,25 +213,25 @@ def test_a_gang_allocator_says_why_each_job_waits_from_its_admission_plan():
 def test_a_running_job_whose_pin_moved_goes_one_worker_per_decision_towards_it():
     """``kubectl scale`` of a running job: one worker per decision, each a new size (the
     none mode's pin rule), up only where a worker has room; never stopped for it."""
-    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+    from rlsched.core.live_allocation import LiveAllocation
 
     live = LiveAllocation.named("fifo/bestfit+nobackfill")
-    up = LiveJob("ns/up", 0.0, 1, 4, nodes=(0,), pinned_workers=3)
+    up = view("ns/up", 0.0, 1, 4, placement=(0,), pinned_workers=3)
     assert live.plan([up], {0: 2, 1: 4}, now=10.0).resize == {"ns/up": LiveTarget(2, None)}
-    assert live.plan([replace(up, nodes=(0, 0))], {0: 2, 1: 4}, now=10.0).resize == {"ns/up": LiveTarget(3, None)}
-    full = live.plan([up, LiveJob("ns/other", 0.0, 1, 1, nodes=(0,))], {0: 2}, now=10.0)
+    assert live.plan([replace(up, placement=(0, 0))], {0: 2, 1: 4}, now=10.0).resize == {"ns/up": LiveTarget(3, None)}
+    full = live.plan([up, view("ns/other", 0.0, 1, 1, placement=(0,))], {0: 2}, now=10.0)
     assert not full.resize and not full.stop  # no room: it keeps its worker
-    down = LiveJob("ns/down", 0.0, 1, 4, nodes=(0, 0, 1), pinned_workers=1)
+    down = view("ns/down", 0.0, 1, 4, placement=(0, 0, 1), pinned_workers=1)
     assert live.plan([down], {0: 2, 1: 4}, now=10.0).resize == {"ns/down": LiveTarget(2, None)}
-    assert live.plan([replace(down, nodes=(0, 0))], {0: 2}, now=10.0).resize == {"ns/down": LiveTarget(1, None)}
+    assert live.plan([replace(down, placement=(0, 0))], {0: 2}, now=10.0).resize == {"ns/down": LiveTarget(1, None)}
 
 
 def test_a_gang_whose_workers_no_node_can_host_by_cpu_does_not_block_the_line():
-    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+    from rlsched.core.live_allocation import LiveAllocation
 
     live = LiveAllocation.named("fifo/bestfit+nobackfill")
-    five = LiveJob("ns/five", 0.0, 5, 5, cpu_milli=60_000)  # one worker per node by CPU: 4 nodes hold 4
-    four = LiveJob("ns/four", 1.0, 4, 4, cpu_milli=60_000)
+    five = view("ns/five", 0.0, 5, 5, cpu_milli=60_000)  # one worker per node by CPU: 4 nodes hold 4
+    four = view("ns/four", 1.0, 4, 4, cpu_milli=60_000)
     offers = {i: (96_000, 1 << 20) for i in range(4)}
     plan = live.plan([five, four], {i: 8 for i in range(4)}, now=10.0, offers=offers)
     assert list(plan.start) == ["ns/four"] and plan.waiting["ns/five"].reason == "Unfittable"
@@ -251,21 +254,22 @@ def test_a_callers_elastic_record_scales_on_the_jobs_own_beta_and_range():
     its β grows by one whole worker, the evaluation is marked decided on the record (no
     second step on it), and a converging one gives a worker back, never below its
     minimum."""
-    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+    from rlsched.core.live_allocation import LiveAllocation
     from rlsched.core.planning import ElasticState
 
     live = LiveAllocation.named("fifo/bestfit/beta+nobackfill")
     rec = ElasticState(epoch=3, streak=0, decided_epoch=2)
-    rising = LiveJob("ns/r", 0.0, 1, 4, gpus_per_worker=8, nodes=(0,), epoch=3, metrics=(0.1, 0.3, 0.5),
+    rising = view("ns/r", 0.0, 1, 4, gpus_per_worker=8, placement=(0,),
+                  progress=Progress(epoch=3, history=[0.1, 0.3, 0.5]),
                      elastic=_callers("ns/r", 1, (0.1, 0.3, 0.5), beta=0.02, rec=rec), beta=0.02)
     plan = live.plan([rising], {0: 8, 1: 8}, now=10.0)
     assert plan.resize == {"ns/r": LiveTarget(2, None)} and rec.decided_epoch == 3
     assert not live.plan([rising], {0: 8, 1: 8}, now=20.0).resize  # the same evaluation: no second step
     hist = (0.1, 0.3, 0.5, 0.505)
-    flat = replace(rising, nodes=(0, 1), epoch=4, metrics=hist,
+    flat = replace(rising, placement=(0, 1), progress=Progress(epoch=4, history=list(hist)),
                    elastic=_callers("ns/r", 2, hist, beta=0.02, rec=ElasticState(epoch=4, streak=1, decided_epoch=3)))
     assert live.plan([flat], {0: 8, 1: 8}, now=30.0).resize == {"ns/r": LiveTarget(1, None)}
-    alone = replace(flat, nodes=(0,), min_workers=1,
+    alone = replace(flat, placement=(0,), min_workers=1,
                     elastic=_callers("ns/r", 1, hist, beta=0.02, rec=ElasticState(epoch=4, streak=1, decided_epoch=3)))
     assert not live.plan([alone], {0: 8, 1: 8}, now=40.0).resize  # at its minimum
 
@@ -279,7 +283,7 @@ def test_a_scaling_policy_sees_the_callers_measured_view():
     ones the planner computes on a cluster state of the same nodes."""
     from rlsched.core.cluster import ClusterState, JobView
     from rlsched.core.learned import job_observation
-    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+    from rlsched.core.live_allocation import LiveAllocation
     from rlsched.core.planning import ElasticState
     from rlsched.core.topology import NodeSpec, Topology
 
@@ -296,9 +300,10 @@ def test_a_scaling_policy_sees_the_callers_measured_view():
         return decide(running, state)
 
     policy.decide = spy
-    run = LiveJob("ns/r", 0.0, 1, 4, gpus_per_worker=8, nodes=(0, 1), epoch=3, metrics=hist, elastic=mine, beta=0.004)
-    start = LiveJob("ns/s", 1.0, 1, 1, gpus_per_worker=8)  # admitted by the same decision
-    wait = LiveJob("ns/w", 2.0, 3, 3, gpus_per_worker=8)  # does not fit: still pending
+    run = view("ns/r", 0.0, 1, 4, gpus_per_worker=8, placement=(0, 1),
+               progress=Progress(epoch=3, history=list(hist)), elastic=mine, beta=0.004)
+    start = view("ns/s", 1.0, 1, 1, gpus_per_worker=8)  # admitted by the same decision
+    wait = view("ns/w", 2.0, 3, 3, gpus_per_worker=8)  # does not fit: still pending
     live.plan([run, start, wait], {i: 8 for i in range(4)}, now=10.0)
     (v, feats, pending), = seen
     state = ClusterState(Topology([NodeSpec(f"node-{i}", 8) for i in range(4)]), time=10.0)
@@ -319,17 +324,17 @@ def test_the_last_started_job_is_the_victim_and_a_restart_is_no_resize():
     for a ``highest`` job; one the same decision starts again elsewhere (the preemptor
     needs its whole node) is stopped and started in the plan (a preemption and a
     resumption), where a plan of the same size alone would leave it on the node."""
-    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+    from rlsched.core.live_allocation import LiveAllocation
 
     # the same submit second; second started last, so of the two it is the victim
-    first = LiveJob("ns/first", 0.0, 1, 2, gpus_per_worker=8, nodes=(0, 1), running_since=1.0)
-    second = LiveJob("ns/second", 0.0, 1, 2, gpus_per_worker=8, nodes=(2, 3), running_since=2.0)
-    boss = LiveJob("ns/boss", 3.0, 1, 1, gpus_per_worker=8, priority_class="highest", service_queue="urgent")
+    first = view("ns/first", 0.0, 1, 2, gpus_per_worker=8, placement=(0, 1), start_time=1.0)
+    second = view("ns/second", 0.0, 1, 2, gpus_per_worker=8, placement=(2, 3), start_time=2.0)
+    boss = view("ns/boss", 3.0, 1, 1, gpus_per_worker=8, priority_class="highest", queue="urgent")
     plan = LiveAllocation.named("fifo/bestfit+nobackfill").plan([first, second, boss], {i: 8 for i in range(4)},
                                                                 now=10.0)
     assert plan.stop == ["ns/second"] and list(plan.start) == ["ns/boss"]
-    a = LiveJob("ns/a", 0.0, 1, 1, gpus_per_worker=4, nodes=(0,), running_since=2.0)
-    c = LiveJob("ns/c", 0.0, 1, 1, gpus_per_worker=4, nodes=(1,), running_since=1.0)
+    a = view("ns/a", 0.0, 1, 1, gpus_per_worker=4, placement=(0,), start_time=2.0)
+    c = view("ns/c", 0.0, 1, 1, gpus_per_worker=4, placement=(1,), start_time=1.0)
     live = LiveAllocation.named("fifo/bestfit+nobackfill", restarts_as_preemptions=True)
     plan = live.plan([a, c, boss], {0: 8, 1: 8}, now=10.0)
     assert plan.stop == ["ns/a"] and set(plan.start) == {"ns/a", "ns/boss"} and not plan.resize
@@ -343,13 +348,13 @@ def test_a_preempting_head_starts_before_the_jobs_behind_it_backfill(monkeypatch
     the event engine starts a preempting head; w waits. Backfilled in the round that
     preempted, w took GPUs the boss needed, and the boss evicted w, then v, in turn
     until the round limit."""
-    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+    from rlsched.core.live_allocation import LiveAllocation
 
     live = LiveAllocation.named("tiresias/firstfit+backfill")
     served = 10 * 3600.0
-    jobs = [LiveJob("ns/v", 0.0, 1, 1, gpus_per_worker=2, nodes=(0,), attained_service=served),
-            LiveJob("ns/boss", 1.0, 1, 1, gpus_per_worker=8),
-            LiveJob("ns/w", 2.0, 1, 1, gpus_per_worker=2, attained_service=served)]
+    jobs = [view("ns/v", 0.0, 1, 1, gpus_per_worker=2, placement=(0,), attained_service=served),
+            view("ns/boss", 1.0, 1, 1, gpus_per_worker=8),
+            view("ns/w", 2.0, 1, 1, gpus_per_worker=2, attained_service=served)]
     cycle, seen = live.allocator.cycle, []
     settle = cycle.plan
     monkeypatch.setattr(cycle, "plan", lambda *a, **k: seen.append(settle(*a, **k)) or seen[-1])
@@ -363,12 +368,12 @@ def test_srtf_as_one_allocator_preempts_on_the_users_estimates():
     """SRTF as the operator's one allocator: A (8 GPUs, 70 s of its estimate left) runs,
     B (8 GPUs, estimate 20 s) waits: B preempts A. With no estimates nothing is known,
     SRTF has nothing to compare and nobody is preempted."""
-    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+    from rlsched.core.live_allocation import LiveAllocation
 
     live = LiveAllocation.named("srtf/firstfit")
-    a = LiveJob("ns/a", 0.0, 1, 1, gpus_per_worker=8, nodes=(0,), est_runtime=100.0, remaining=70.0,
-                attained_service=240.0, running_since=0.0)
-    b = LiveJob("ns/b", 30.0, 1, 1, gpus_per_worker=8, est_runtime=20.0, remaining=20.0)
+    a = view("ns/a", 0.0, 1, 1, gpus_per_worker=8, placement=(0,), est_runtime=100.0, remaining=70.0,
+                attained_service=240.0, start_time=0.0)
+    b = view("ns/b", 30.0, 1, 1, gpus_per_worker=8, est_runtime=20.0, remaining=20.0)
     plan = live.plan([a, b], {0: 8}, now=30.0)
     assert plan.stop == ["ns/a"] and list(plan.start) == ["ns/b"]
     plan = live.plan([replace(a, est_runtime=0.0, remaining=0.0), replace(b, est_runtime=0.0, remaining=0.0)],

@@ -8,17 +8,19 @@ import pytest
 
 from rlsched.core.allocation import Allocation
 from rlsched.core.batch import BatchBounds
+from rlsched.core.cluster import Progress
 from rlsched.core.goodput import JobObservations
 from rlsched.core.goodput_allocator import GoodputAllocator
 from rlsched.core.live_allocation import (
     LiveAllocation,
-    LiveJob,
     LiveTarget,
     attained_service,
     observations_from_status,
     observations_to_status,
 )
 from rlsched.core.planning import TrainingSpec
+
+from .views import view
 
 
 class Fixed:
@@ -82,7 +84,7 @@ def test_batch_bounds_from_the_spec():
 def test_a_job_in_the_allocators_terms_replicas_are_gpus():
     b = BatchBounds(128, 1024, 16, 256)
     obs = JobObservations(b, (), 2.0, 900.0).record(2, 1, 256, 0.2)
-    j = LiveJob("ns/a", submit_time=100.0, min_workers=1, max_workers=4, gpus_per_worker=2, nodes=(0, 3),
+    j = view("ns/a", submit_time=100.0, min_workers=1, max_workers=4, gpus_per_worker=2, placement=(0, 3),
                 batch_size=256, bounds=b, observations=obs, attained_service=50.0, restarts=2)
     a = LiveAllocation.alloc_job(j, now=160.0)
     assert (a.id, a.age, a.attained_service, a.num_restarts) == ("ns/a", 60.0, 50.0, 2)
@@ -93,22 +95,22 @@ def test_a_job_in_the_allocators_terms_replicas_are_gpus():
     assert (a.grad_sqr, a.grad_var) == (2.0, 900.0 / 128)
     (p,) = a.profile
     assert (p.num_nodes, p.num_replicas, p.atomic_bsz, p.step_time, p.accum_steps) == (1, 4, 64, 0.2, 0)
-    pinned = LiveAllocation.alloc_job(LiveJob("ns/p", 0.0, 1, 8, pinned_workers=3), now=0.0)
+    pinned = LiveAllocation.alloc_job(view("ns/p", 0.0, 1, 8, pinned_workers=3), now=0.0)
     assert (pinned.min_replicas, pinned.max_replicas) == (3, 3)
     # no batch size: one sample per GPU per step, never accumulated — goodput is throughput
-    free = LiveAllocation.alloc_job(LiveJob("ns/f", 0.0, 2, 6), now=0.0)
+    free = LiveAllocation.alloc_job(view("ns/f", 0.0, 2, 6), now=0.0)
     assert (free.bounds.min_local_batch, free.bounds.largest_local) == (1, 1)
     assert (free.grad_sqr, free.grad_var) == (0.0, 1.0)  # efficiency 1: goodput is throughput
 
 
 def test_the_answer_becomes_starts_resizes_and_stops_in_whole_workers():
     jobs = [
-        LiveJob("ns/wait", 0.0, 1, 4, bounds=BatchBounds(64, 512)),
-        LiveJob("ns/grow", 1.0, 1, 4, nodes=(0,), batch_size=64, bounds=BatchBounds(64, 512)),
-        LiveJob("ns/stop", 2.0, 1, 4, nodes=(1,)),
-        LiveJob("ns/same", 3.0, 1, 4, nodes=(1,), bounds=BatchBounds(64, 512)),
-        LiveJob("ns/pair", 4.0, 2, 2, gpus_per_worker=2),  # 3 GPUs are one worker: below its gang
-        LiveJob("ns/left", 5.0, 1, 1),
+        view("ns/wait", 0.0, 1, 4, bounds=BatchBounds(64, 512)),
+        view("ns/grow", 1.0, 1, 4, placement=(0,), batch_size=64, bounds=BatchBounds(64, 512)),
+        view("ns/stop", 2.0, 1, 4, placement=(1,)),
+        view("ns/same", 3.0, 1, 4, placement=(1,), bounds=BatchBounds(64, 512)),
+        view("ns/pair", 4.0, 2, 2, gpus_per_worker=2),  # 3 GPUs are one worker: below its gang
+        view("ns/left", 5.0, 1, 1),
     ]
     answer = {
         "ns/wait": Allocation((2, 2), 64, 1),
@@ -129,12 +131,12 @@ def test_the_answer_becomes_starts_resizes_and_stops_in_whole_workers():
     assert "2 job(s) ranked before it" in plan.waiting["ns/stop"].message  # wait (starts) and grow run before it
     seen_jobs, seen_nodes, now = live.allocator.seen
     assert [n.gpus for n in seen_nodes] == [4, 4, 4, 4] and now == 10.0
-    assert [j.id for j in seen_jobs] == [j.key for j in jobs]
+    assert [j.id for j in seen_jobs] == [j.id for j in jobs]
 
 
 def test_a_policy_that_raises_keeps_everyone_and_starts_nobody():
     live = LiveAllocation(Broken({}))
-    plan = live.plan([LiveJob("ns/a", 0.0, 1, 2), LiveJob("ns/b", 0.0, 1, 2, nodes=(0,))], {0: 2}, now=0.0)
+    plan = live.plan([view("ns/a", 0.0, 1, 2), view("ns/b", 0.0, 1, 2, placement=(0,))], {0: 2}, now=0.0)
     assert isinstance(plan.error, RuntimeError)
     assert (plan.start, plan.resize, plan.stop) == ({}, {}, [])
 
@@ -145,12 +147,14 @@ def test_a_job_that_ended_by_itself_is_completed_in_the_plan_and_its_gpus_wait_a
     the next decision (its workers are still stopping); a job whose generation still
     starts (not movable) is judged too, but never allocated."""
     jobs = [
-        LiveJob("ns/epochs", 0.0, 1, 2, nodes=(0, 0), epochs_done=10.0, max_epochs=10),
-        LiveJob("ns/beta", 1.0, 1, 2, nodes=(1,), streak=3, patience=3),
-        LiveJob("ns/learning", 2.0, 1, 2, nodes=(1,), streak=2, patience=3, epochs_done=9.5, max_epochs=10),
-        LiveJob("ns/settling", 3.0, 1, 2, nodes=(2,), streak=5, patience=None, movable=False),
-        LiveJob("ns/starting", 4.0, 1, 2, nodes=(3,), epochs_done=10.0, max_epochs=10, movable=False),
-        LiveJob("ns/wait", 5.0, 1, 2),
+        view("ns/epochs", 0.0, 1, 2, placement=(0, 0), progress=Progress(scale_invariant_epochs=10.0), max_epochs=10),
+        view("ns/beta", 1.0, 1, 2, placement=(1,), streak=3, patience=3),
+        view("ns/learning", 2.0, 1, 2, placement=(1,), streak=2, patience=3,
+             progress=Progress(scale_invariant_epochs=9.5), max_epochs=10),
+        view("ns/settling", 3.0, 1, 2, placement=(2,), streak=5, patience=None, movable=False),
+        view("ns/starting", 4.0, 1, 2, placement=(3,), progress=Progress(scale_invariant_epochs=10.0),
+             max_epochs=10, movable=False),
+        view("ns/wait", 5.0, 1, 2),
     ]
     fixed = Fixed({"ns/learning": Allocation((1,), None, None), "ns/wait": Allocation((1,), None, None)})
     plan = LiveAllocation(fixed).plan(jobs, {0: 2, 1: 3}, now=20.0)  # node 2, 3: the starting jobs'
@@ -165,7 +169,7 @@ def test_a_job_that_ended_by_itself_is_completed_in_the_plan_and_its_gpus_wait_a
 
 def test_capacity_must_hold_the_running_jobs():
     with pytest.raises(ValueError, match="more GPUs than the capacity"):
-        LiveAllocation(Fixed({})).plan([LiveJob("ns/a", 0.0, 1, 2, gpus_per_worker=2, nodes=(0,))], {0: 1}, now=0.0)
+        LiveAllocation(Fixed({})).plan([view("ns/a", 0.0, 1, 2, gpus_per_worker=2, placement=(0,))], {0: 1}, now=0.0)
 
 
 def test_clairvoyant_allocators_are_refused():
@@ -190,8 +194,8 @@ def test_goodput_live_shrinks_a_running_job_to_start_a_queued_one():
     GPUs, a second is queued — the running one shrinks (a resize) and the queued one
     starts, together using every GPU, each at a batch within its bounds."""
     b = BatchBounds(128, 2048, 16, 256)
-    run = LiveJob("ns/run", 0.0, 1, 4, nodes=(0, 0, 0, 0), batch_size=512, bounds=b, attained_service=10.0)
-    new = LiveJob("ns/new", 50.0, 1, 4, bounds=b)
+    run = view("ns/run", 0.0, 1, 4, placement=(0, 0, 0, 0), batch_size=512, bounds=b, attained_service=10.0)
+    new = view("ns/new", 50.0, 1, 4, bounds=b)
     plan = LiveAllocation(GoodputAllocator()).plan([run, new], {0: 4}, now=1e5)
     assert set(plan.start) == {"ns/new"} and set(plan.resize) == {"ns/run"} and plan.stop == []
     assert plan.start["ns/new"].workers + plan.resize["ns/run"].workers == 4
@@ -220,7 +224,7 @@ def test_allocator_names_and_options():
 
 
 def test_service_classes_reach_the_allocator():
-    ranks = [LiveAllocation.alloc_job(LiveJob("ns/a", 0.0, 1, 2, priority_class=c), now=0.0).priority
+    ranks = [LiveAllocation.alloc_job(view("ns/a", 0.0, 1, 2, priority_class=c), now=0.0).priority
              for c in ("highest", "urgent", "normal")]
     assert ranks == [2, 1, 0]
 
@@ -230,8 +234,8 @@ def test_gpu_models_reach_the_allocator_and_an_unplaceable_gang_waits_unfittable
     A100s starts on at most the 8 A100 GPUs; a job whose template allows a model the
     cluster lacks waits ``Unfittable``, its message naming the GPU model rule."""
     live = LiveAllocation(GoodputAllocator())
-    a100 = LiveJob("ns/a100", 0.0, 1, 16, gpu_models=frozenset({"A100"}))
-    lost = LiveJob("ns/lost", 1.0, 1, 2, gpu_models=frozenset())
+    a100 = view("ns/a100", 0.0, 1, 16, gpu_models=frozenset({"A100"}))
+    lost = view("ns/lost", 1.0, 1, 2, gpu_models=frozenset())
     models = {0: "A100", 1: "A100", 2: "V100", 3: "V100"}
     plan = live.plan([a100, lost], {i: 4 for i in range(4)}, 100.0, models=models)
     assert set(plan.allocations["ns/a100"].nodes) <= {0, 1} and 1 <= plan.start["ns/a100"].workers <= 8
@@ -239,7 +243,7 @@ def test_gpu_models_reach_the_allocator_and_an_unplaceable_gang_waits_unfittable
     w = plan.waiting["ns/lost"]
     assert w.reason == "Unfittable" and "GPU model" in w.message and "0 are the allocator's" in w.message
     # without the models (every node unlabelled) the same jobs are not told apart
-    blind = LiveAllocation(GoodputAllocator()).plan([LiveJob("ns/a100", 0.0, 1, 16)], {i: 4 for i in range(4)}, 100.0)
+    blind = LiveAllocation(GoodputAllocator()).plan([view("ns/a100", 0.0, 1, 16)], {i: 4 for i in range(4)}, 100.0)
     assert blind.start["ns/a100"].workers == 16 and max(blind.allocations["ns/a100"].nodes) >= 2
 
 
@@ -249,10 +253,11 @@ def test_the_learning_curve_reaches_the_allocator_as_in_the_interval_engine():
     (core/growth_weight.py) sees live what it saw in training."""
     from rlsched.core.growth_weight import curve_pace
 
-    a = LiveAllocation.alloc_job(LiveJob("ns/a", 0.0, 1, 2, epoch=5, metrics=(0.2, 0.5, 0.6, 0.6, 0.62)), now=10.0)
+    curve = Progress(epoch=5, history=[0.2, 0.5, 0.6, 0.6, 0.62])
+    a = LiveAllocation.alloc_job(view("ns/a", 0.0, 1, 2, progress=curve), now=10.0)
     assert (a.epoch, a.metrics, a.higher_is_better) == (5, (0.2, 0.5, 0.6, 0.6, 0.62), True)
     assert curve_pace(a.metrics, a.higher_is_better) == pytest.approx((0.12 / 3) / (0.42 / 4))
-    fresh = LiveAllocation.alloc_job(LiveJob("ns/b", 0.0, 1, 2), now=0.0)
+    fresh = LiveAllocation.alloc_job(view("ns/b", 0.0, 1, 2), now=0.0)
     assert (fresh.epoch, fresh.metrics) == (0, ())
 
 
@@ -262,8 +267,8 @@ def test_the_end_of_a_protection_wakes_the_decision_while_a_job_waits():
     from rlsched.core.queues import QueueBook
 
     book = QueueBook(min_run_s=600.0)
-    run = LiveJob("ns/run", 0.0, 1, 1, nodes=(0,), running_since=100.0)
-    wait = LiveJob("ns/wait", 50.0, 1, 1)
+    run = view("ns/run", 0.0, 1, 1, placement=(0,), start_time=100.0)
+    wait = view("ns/wait", 50.0, 1, 1)
     plan = LiveAllocation(Fixed({"ns/run": Allocation((0,), None, None)})).plan([run, wait], {0: 1}, now=300.0,
                                                                                queues=book)
     assert "ns/wait" in plan.waiting and plan.wake_at == 700.0
@@ -277,8 +282,8 @@ def test_a_plan_without_reasons_decides_the_same():
     from rlsched.core.queues import QueueBook
 
     book = QueueBook(min_run_s=600.0)
-    run = LiveJob("ns/run", 0.0, 1, 1, nodes=(0,), running_since=100.0)
-    jobs = [run, LiveJob("ns/wait", 50.0, 1, 1), LiveJob("ns/new", 60.0, 1, 1)]
+    run = view("ns/run", 0.0, 1, 1, placement=(0,), start_time=100.0)
+    jobs = [run, view("ns/wait", 50.0, 1, 1), view("ns/new", 60.0, 1, 1)]
     answer = {"ns/run": Allocation((0,), None, None), "ns/new": Allocation((1,), None, None)}
     full = LiveAllocation(Fixed(answer)).plan(jobs, {0: 1, 1: 1}, now=300.0, queues=book)
     bare = LiveAllocation(Fixed(answer)).plan(jobs, {0: 1, 1: 1}, now=300.0, queues=book, why=False)
@@ -298,8 +303,8 @@ def test_a_kept_profile_follows_new_observations():
     live = LiveAllocation(Fixed({}))
     seen = []
     for obs in (first, first, later):
-        live.plan([LiveJob("ns/a", 0.0, 1, 4, bounds=b, observations=obs)], {0: 4}, now=10.0)
+        live.plan([view("ns/a", 0.0, 1, 4, bounds=b, observations=obs)], {0: 4}, now=10.0)
         seen.append(live.allocator.seen[0][0].profile)
     assert seen[0] is seen[1] and len(seen[0]) == 1
     assert [(p.num_replicas, p.num_nodes) for p in seen[2]] == [(2, 1), (4, 2)]
-    assert seen[2] == LiveAllocation.alloc_job(LiveJob("ns/a", 0.0, 1, 4, bounds=b, observations=later), 10.0).profile
+    assert seen[2] == LiveAllocation.alloc_job(view("ns/a", 0.0, 1, 4, bounds=b, observations=later), 10.0).profile

@@ -11,8 +11,10 @@ from rlsched.core.allocation import Allocation
 from rlsched.core.batch import BatchBounds
 from rlsched.core.contract import gpu_type_of, parse_gpu_types, products_of_type
 from rlsched.core.goodput import JobObservations
-from rlsched.core.live_allocation import (LiveAllocation, LiveJob, LiveTarget, observations_from_status,
+from rlsched.core.live_allocation import (LiveAllocation, LiveTarget, observations_from_status,
                                           observations_to_status)
+
+from .views import view
 
 B = BatchBounds(128, 1024, 16, 256)
 
@@ -87,14 +89,14 @@ def test_the_goodput_record_keeps_shapes_per_type_and_reads_rows_written_before_
 
 def test_the_rows_reach_the_allocator_as_profile_samples_of_their_type():
     obs = JobObservations(B).record(2, 1, 256, 0.4, "aws").record(1, 1, 128, 0.1, "dgx-ext")
-    a = LiveAllocation.alloc_job(LiveJob("ns/a", 0.0, 1, 4, nodes=(0,), bounds=B, observations=obs), now=1.0)
+    a = LiveAllocation.alloc_job(view("ns/a", 0.0, 1, 4, placement=(0,), bounds=B, observations=obs), now=1.0)
     assert sorted((p.gpu_type, p.num_replicas, p.step_time) for p in a.profile) == [("aws", 2, 0.4),
                                                                                    ("dgx-ext", 1, 0.1)]
 
 
 def test_each_nodes_type_reaches_the_allocator_and_a_one_type_answer_pins_the_generation():
     types = {0: "aws", 1: "aws", 2: "dgx-ext", 3: "dgx-ext"}
-    jobs = [LiveJob("ns/t4", 0.0, 1, 4), LiveJob("ns/a100", 1.0, 1, 4), LiveJob("ns/both", 2.0, 1, 4)]
+    jobs = [view("ns/t4", 0.0, 1, 4), view("ns/a100", 1.0, 1, 4), view("ns/both", 2.0, 1, 4)]
     answer = {"ns/t4": Allocation((0, 1)), "ns/a100": Allocation((2, 2, 3)), "ns/both": Allocation((1, 3))}
     live = LiveAllocation(Fixed(answer))
     plan = live.plan(jobs, {0: 4, 1: 4, 2: 8, 3: 8}, now=5.0, types=types)
@@ -111,7 +113,7 @@ def test_each_nodes_type_reaches_the_allocator_and_a_one_type_answer_pins_the_ge
 @pytest.mark.parametrize("type_aware", [True, False])
 def test_a_move_to_another_type_at_the_same_size_is_a_new_generation_only_when_the_allocator_chose_it(type_aware):
     types = {0: "aws", 1: "dgx-ext"}
-    running = LiveJob("ns/a", 0.0, 1, 4, nodes=(0, 0))
+    running = view("ns/a", 0.0, 1, 4, placement=(0, 0))
     plan = LiveAllocation(Fixed({"ns/a": Allocation((1, 1))}, type_aware)).plan(
         [running], {0: 4, 1: 8}, now=5.0, types=types)
     assert plan.resize == ({"ns/a": LiveTarget(2, None, "dgx-ext")} if type_aware else {})
@@ -129,8 +131,8 @@ def test_a_job_moves_to_a_faster_type_that_frees_up_only_with_the_seed_profile_i
     types = {0: "aws", 1: "dgx-ext"}
     obs = JobObservations(B).record(2, 1, 128, 0.4, "aws")
     seed = (ProfileSample(1, 1, 64, 0.4, 0.0, gpu_type="aws"), ProfileSample(1, 1, 64, 0.1, 0.0, gpu_type="dgx-ext"))
-    running = LiveJob("ns/a", 0.0, 1, 2, nodes=(0, 0), batch_size=128, bounds=B, observations=obs,
-                      running_since=10.0, restarts=0)
+    running = view("ns/a", 0.0, 1, 2, placement=(0, 0), batch_size=128, bounds=B, observations=obs,
+                      start_time=10.0, restarts=0)
     assert LiveAllocation.alloc_job(replace(running, seed_profile=seed), now=1.0).seed_profile == seed
 
     def plan(job):
@@ -142,7 +144,7 @@ def test_a_job_moves_to_a_faster_type_that_frees_up_only_with_the_seed_profile_i
 
 
 def test_the_stall_a_job_measured_live_weighs_its_move():
-    """``LiveJob.restart_s`` (the operator's ``status.restartStall``) reaches the
+    """``JobView.restart_s`` (the operator's ``status.restartStall``) reaches the
     allocator: the same move to the faster type is made after a short measured stall and
     not after a long one."""
     from rlsched.core.allocation import ProfileSample
@@ -150,8 +152,8 @@ def test_the_stall_a_job_measured_live_weighs_its_move():
     types = {0: "aws", 1: "dgx-ext"}
     obs = JobObservations(B).record(2, 1, 128, 0.4, "aws")
     seed = (ProfileSample(1, 1, 64, 0.4, 0.0, gpu_type="aws"), ProfileSample(1, 1, 64, 0.1, 0.0, gpu_type="dgx-ext"))
-    running = LiveJob("ns/a", 0.0, 1, 2, nodes=(0, 0), batch_size=128, bounds=B, observations=obs,
-                      running_since=10.0, restarts=0, seed_profile=seed)
+    running = view("ns/a", 0.0, 1, 2, placement=(0, 0), batch_size=128, bounds=B, observations=obs,
+                      start_time=10.0, restarts=0, seed_profile=seed)
     assert LiveAllocation.alloc_job(replace(running, restart_s=7.0), now=1.0).restart_s == 7.0
 
     def plan(job):

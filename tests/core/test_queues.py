@@ -5,13 +5,15 @@ minimum run time is over, weighted fair share, caps, barred classes and queues."
 import pytest
 
 from rlsched.core.goodput_allocator import GoodputAllocator
-from rlsched.core.live_allocation import LiveAllocation, LiveJob
+from rlsched.core.live_allocation import LiveAllocation
 from rlsched.core.queues import QueueBook, QueueError, QueueSpec
+
+from .views import view
 
 
 def rigid(key, submit, gpus, queue, *, nodes=(), since=None, cls="normal", served=0.0):
     """A job of one worker of ``gpus`` GPUs (min = max = 1 worker: no elastic growth)."""
-    return LiveJob(key, submit, 1, 1, gpus_per_worker=gpus, nodes=nodes, queue=queue, running_since=since,
+    return view(key, submit, 1, 1, gpus_per_worker=gpus, placement=nodes, team=queue, start_time=since,
                    priority_class=cls, attained_service=served)
 
 
@@ -32,7 +34,7 @@ def test_the_busy_team_borrows_and_the_owner_reclaims_after_the_minimum_run_time
     assert plan.queues["team-b"] == {"gpusInUse": 0, "borrowedGpus": 0, "pendingJobs": 0, "runningJobs": 0}
 
     running = [rigid(f"a/{i}", float(i), 4, "team-a", nodes=(i,), since=10.0, served=4 * 90.0) for i in range(4)]
-    b = LiveJob("b/0", 100.0, 2, 2, gpus_per_worker=4, queue="team-b")  # a gang of two 4-GPU workers
+    b = view("b/0", 100.0, 2, 2, gpus_per_worker=4, team="team-b")  # a gang of two 4-GPU workers
     # at t = 100 team-a's jobs have run 90 s < 600 s: they keep their GPUs, b waits
     plan = decide(running + [b], [4, 4, 4, 4], 100.0, book)
     assert (plan.start, plan.stop, plan.resize) == ({}, [], {})
@@ -51,7 +53,7 @@ def test_the_busy_team_borrows_and_the_owner_reclaims_after_the_minimum_run_time
 def test_without_a_minimum_run_time_the_owner_reclaims_at_once():
     book = QueueBook([QueueSpec("team-a", 8), QueueSpec("team-b", 8)])
     running = [rigid(f"a/{i}", float(i), 4, "team-a", nodes=(i,), since=10.0) for i in range(4)]
-    b = LiveJob("b/0", 100.0, 2, 2, gpus_per_worker=4, queue="team-b")
+    b = view("b/0", 100.0, 2, 2, gpus_per_worker=4, team="team-b")
     plan = decide(running + [b], [4, 4, 4, 4], 11.0, book)
     assert sorted(plan.stop) == ["a/2", "a/3"] and list(plan.start) == ["b/0"]
 
@@ -59,7 +61,7 @@ def test_without_a_minimum_run_time_the_owner_reclaims_at_once():
 def test_a_queue_minimum_run_time_overrides_the_default():
     book = QueueBook([QueueSpec("team-a", 8, min_run_s=0.0), QueueSpec("team-b", 8)], min_run_s=600.0)
     running = [rigid(f"a/{i}", float(i), 4, "team-a", nodes=(i,), since=10.0) for i in range(4)]
-    b = LiveJob("b/0", 100.0, 2, 2, gpus_per_worker=4, queue="team-b")
+    b = view("b/0", 100.0, 2, 2, gpus_per_worker=4, team="team-b")
     assert sorted(decide(running + [b], [4, 4, 4, 4], 100.0, book).stop) == ["a/2", "a/3"]
 
 
@@ -77,7 +79,7 @@ def test_weights_two_to_one_share_the_contended_gpus_two_to_one():
     assert sorted(plan.start) == sorted([f"x/{i}" for i in range(8)] + [f"y/{i}" for i in range(4)])
     assert plan.waiting["y/4"].reason == "Ranked" and "fair share" in plan.waiting["y/4"].message
     # the same weights, one team alone: it takes all 12 (idle GPUs are shared)
-    plan = decide([j for j in jobs if j.queue == "x"], [4, 4, 4], 50.0, book)
+    plan = decide([j for j in jobs if j.team == "x"], [4, 4, 4], 50.0, book)
     assert len(plan.start) == 12
 
 
@@ -92,7 +94,7 @@ def test_a_borrowing_limit_caps_the_queue_even_with_idle_gpus():
 
 def test_elastic_growth_stays_within_the_queue_cap():
     book = QueueBook([QueueSpec("e", nominal_gpus=4, borrowing_limit=2)])
-    job = LiveJob("e/0", 0.0, 1, 16, queue="e")
+    job = view("e/0", 0.0, 1, 16, team="e")
     plan = decide([job], [4, 4, 4, 4], 10.0, book)
     assert plan.start["e/0"].workers <= 6
 
@@ -150,7 +152,7 @@ def test_namespaces_default_to_their_queue_and_manifests_parse():
 def test_growth_reaches_a_guarantee_before_anyone_borrows():
     # one node of 8 GPUs; a is guaranteed 6, b nothing; one elastic job each (1..8 GPUs)
     book = QueueBook([QueueSpec("a", 6), QueueSpec("b")])
-    jobs = [LiveJob("a/0", 0.0, 1, 8, queue="a"), LiveJob("b/0", 1.0, 1, 8, queue="b")]
+    jobs = [view("a/0", 0.0, 1, 8, team="a"), view("b/0", 1.0, 1, 8, team="b")]
     plan = decide(jobs, [8], 10.0, book)
     assert (plan.start["a/0"].workers, plan.start["b/0"].workers) == (6, 2)
     assert plan.queues["a"]["gpusInUse"] == 6 and plan.queues["b"]["borrowedGpus"] == 2
@@ -160,7 +162,7 @@ def test_weights_split_the_growth_too():
     # no guarantees, weights 3 : 1, one elastic job each on 8 GPUs: each queue grows in
     # turn by GPUs per unit of weight (x 1/3 < y 1/1 -> x; ...; ties by name), 6 : 2
     book = QueueBook([QueueSpec("x", weight=3.0), QueueSpec("y", weight=1.0)])
-    jobs = [LiveJob("x/0", 0.0, 1, 8, queue="x"), LiveJob("y/0", 1.0, 1, 8, queue="y")]
+    jobs = [view("x/0", 0.0, 1, 8, team="x"), view("y/0", 1.0, 1, 8, team="y")]
     plan = decide(jobs, [8], 10.0, book)
     assert (plan.start["x/0"].workers, plan.start["y/0"].workers) == (6, 2)
     # equal weights: 4 : 4

@@ -290,7 +290,8 @@ def test_the_demo_preemptor_runs_preempts_and_its_victims_resume_under_the_serve
     import os
     from collections import Counter
 
-    from rlsched.core.live_allocation import LiveAllocation, LiveJob
+    from rlsched.core.cluster import JobView
+    from rlsched.core.live_allocation import LiveAllocation
     from rlsched.core.queues import QueueBook, QueueSpec
     from rlsched_dev.nodes import default_topology
 
@@ -313,10 +314,10 @@ def test_the_demo_preemptor_runs_preempts_and_its_victims_resume_under_the_serve
         live = []
         for name, (j, at) in submitted.items():
             s = j.manifest["spec"]
-            live.append(LiveJob(key=name, submit_time=at, min_workers=s["minWorkers"], max_workers=s["maxWorkers"],
-                                gpus_per_worker=s["gpusPerWorker"], nodes=nodes.get(name, ()),
-                                priority_class=s["priority"]["class"], queue=opts.namespace,
-                                restarts=restarts[name], running_since=since.get(name)))
+            live.append(JobView(id=name, submit_time=at, min_workers=s["minWorkers"], max_workers=s["maxWorkers"],
+                                gpus_per_worker=s["gpusPerWorker"], placement=list(nodes.get(name, ())),
+                                priority_class=s["priority"]["class"], team=opts.namespace,
+                                restarts=restarts[name], start_time=since.get(name)))
         p = alloc.plan(live, capacity, now, queues=book)
         assert p.error is None, p.error
         for name, t in {**p.start, **p.resize}.items():

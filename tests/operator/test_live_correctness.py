@@ -161,10 +161,10 @@ def test_the_allocator_decides_on_a_change_of_its_jobs_and_else_on_its_interval(
     change of the jobs it decides for (one came, went, became movable or ended by
     itself) is decided at least ``decision_gap_s`` after the last decision, and no
     change waits the interval."""
-    from rlsched.core.live_allocation import LiveJob
+    from rlsched.core.cluster import JobView, Progress
 
     def jobs(*keys, **kw):
-        return [LiveJob(k, 0.0, 1, 1, **kw) for k in keys]
+        return [JobView(id=k, submit_time=0.0, min_workers=1, max_workers=1, **kw) for k in keys]
 
     assert controller(allocator="goodput").decision_due(jobs("a"), NOW)
     ctl = controller(allocator="goodput", decision_gap_s=30.0, decision_interval_s=300.0)
@@ -175,8 +175,9 @@ def test_the_allocator_decides_on_a_change_of_its_jobs_and_else_on_its_interval(
     assert ctl.decision_due(jobs("a", "b"), NOW + 30)
     assert ctl.decision_due(jobs(), NOW + 30)  # a went
     assert ctl.decision_due(jobs("a", movable=False), NOW + 30)  # a restarts its generation
-    assert not ctl.decision_due(jobs("a", nodes=(0,), epochs_done=3, max_epochs=10), NOW + 30)
-    assert ctl.decision_due(jobs("a", nodes=(0,), epochs_done=10, max_epochs=10), NOW + 30)  # a ended
+    three, ten = Progress(scale_invariant_epochs=3), Progress(scale_invariant_epochs=10)
+    assert not ctl.decision_due(jobs("a", placement=(0,), progress=three, max_epochs=10), NOW + 30)
+    assert ctl.decision_due(jobs("a", placement=(0,), progress=ten, max_epochs=10), NOW + 30)  # a ended
     ctl._wake_at = NOW + 100  # the policy asked (a Tiresias demotion)
     assert not ctl.decision_due(jobs("a"), NOW + 99) and ctl.decision_due(jobs("a"), NOW + 100)
     assert ctl.decision_due(jobs("a"), NOW + 300)  # the interval

@@ -1,7 +1,7 @@
 """Core describes a training job with few types: the spec, the live view (what the
-policies and admission read of a job, waiting or running), the job holding GPUs
-(admission's victims and the scaling planner's jobs alike), the live allocation's input
-and the allocators' view. A new
+policies, admission and the live allocation read of a job, waiting or running), the job
+holding GPUs (admission's victims and the scaling planner's jobs alike) and the
+allocators' view. A new
 class that carries a job's submit time, gang or spec is one more translation on every
 decision path: this test fails until it replaces one of these."""
 
@@ -12,7 +12,7 @@ import ast
 from .test_no_history_in_code import ROOT
 
 #: the job types of core, one per role
-JOB_TYPES = {"TrainingSpec", "JobView", "RunningJob", "LiveJob", "AllocJob"}
+JOB_TYPES = {"TrainingSpec", "JobView", "RunningJob", "AllocJob"}
 #: fields only a class describing a training job declares
 JOB_FIELDS = {"submit_time", "min_workers", "gpus_per_worker"}
 
