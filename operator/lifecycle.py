@@ -375,7 +375,7 @@ class Lifecycle:
         self.metrics.admission_wait.observe(max(0.0, now - queued))
         resumed = j.status.get("queue") == "interrupt"
         patch: dict[str, Any] = {
-            "phase": "Starting", "targetWorkers": target, "admittedTime": format_time(now), "nominated": False,
+            "phase": "Starting", "targetWorkers": target, "admittedTime": format_time(now),
             "allocatedGeneration": j.generation,
             "waiting": None, "batchSize": batch, "attainedSince": format_time(now), "gpuType": gpu_type,
             "conditions": set_condition(j.status.get("conditions"), "Admitted", "True", "GangFits",
@@ -455,7 +455,7 @@ class Lifecycle:
         (their GPUs freed), and a Warning Event."""
         await self.status.patch(j, {
             "phase": "Failed", "reason": reason, "message": message, "queue": "", "targetWorkers": 0,
-            "workers": 0, "readyWorkers": 0, "nominated": False, **(extra or {}),
+            "workers": 0, "readyWorkers": 0, **(extra or {}),
             "conditions": set_condition(j.status.get("conditions"), ctype, cstatus, reason, message, now),
         })
         await self.workers.stop(j, 0)

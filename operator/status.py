@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 #: status fields only the operator writes and then acts on (see "What the operator
 #: trusts" in docs/design-notes.md); its last written value of each is its record
-OWNED_FIELDS = ("phase", "targetWorkers", "queue", "nominated", "queuedTime", "admittedTime", "startTime", "rlpto",
+OWNED_FIELDS = ("phase", "targetWorkers", "queue", "queuedTime", "admittedTime", "startTime", "rlpto",
                 "restartGeneration", "startedGeneration", "failures", "restartAfter", "batchSize",
                 "attainedGpuSeconds", "attainedSince", "goodput", "queueName", "allocatedGeneration",
                 "restartStall")
@@ -121,10 +121,9 @@ def guard_status(
     :data:`OWNED_FIELDS` (None when it has none: adopt ``status``). Returns
     ``(trusted, changed)``: ``trusted`` is ``status`` with every owned field as
     recorded, then bounded by the spec (``targetWorkers`` in ``[minWorkers,
-    maxWorkers]``, ``Starting`` too: the allocator starts jobs at any size in it); ``batchSize`` a whole number >= 1 (else
-    the spec's); ``attainedGpuSeconds`` a finite number >= 0; ``nominated`` only on a
-    queued ``highest`` job unless recorded; times within ``[creation, now]`` give or
-    take :data:`SKEW_S`); adopted without a record, ``Starting``/``Running`` needs a
+    maxWorkers]``, ``Starting`` too: the allocator starts jobs at any size in it);
+    ``batchSize`` a whole number >= 1 (else the spec's); ``attainedGpuSeconds`` a finite
+    number >= 0; times within ``[creation, now]`` give or take :data:`SKEW_S`); adopted without a record, ``Starting``/``Running`` needs a
     worker pod the job controls, running, terminating or exited, or a generation being
     replaced (``live_workers``), else the job is ``Queued`` again (admitted anew: at
     worst a delay) — except ``Starting`` admitted less than ``start_timeout_s`` ago: an
@@ -148,8 +147,6 @@ def guard_status(
     if spec is not None:
         if phase in ("Starting", "Running"):
             st["targetWorkers"] = spec.clamp_workers(st.get("targetWorkers"))
-        if st.get("nominated") and record is None and not (phase == "Queued" and spec.priority_class == "highest"):
-            st["nominated"] = False
     for k in ("restartGeneration", "startedGeneration", "failures", "allocatedGeneration"):
         v = st.get(k)
         if k in st and (isinstance(v, bool) or not isinstance(v, int) or v < 0):

@@ -15,7 +15,6 @@ from rlsched.operator.status import (OWNED_FIELDS, format_time, guard_status, me
                                      set_condition, stall_seconds)
 
 SPEC = TrainingSpec(min_workers=1, max_workers=2)
-HIGHEST = TrainingSpec(min_workers=1, max_workers=2, priority_class="highest")
 NOW = 1_800_000_000.0
 CREATED = NOW - 3600
 
@@ -130,11 +129,11 @@ def test_a_malformed_restart_stall_is_dropped(bad):
 
 def test_recorded_fields_are_restored_whoever_changed_them():
     mine = status()
-    hostile = status(targetWorkers=2, phase="Running", queue="interrupt", nominated=True,
+    hostile = status(targetWorkers=2, phase="Running", queue="interrupt",
                      queuedTime=format_time(CREATED - 10 * 86400), rlpto={"decidedEpoch": 0, "streak": -100})
     trusted, changed = guard_status(hostile, record(mine), SPEC, created=CREATED, now=NOW)
-    assert {k: trusted.get(k) for k in OWNED_FIELDS} == record(mine) | {"nominated": None, "rlpto": None}
-    assert set(changed) == {"targetWorkers", "queue", "nominated", "queuedTime", "rlpto"}
+    assert {k: trusted.get(k) for k in OWNED_FIELDS} == record(mine) | {"rlpto": None}
+    assert set(changed) == {"targetWorkers", "queue", "queuedTime", "rlpto"}
     # a queued (preempted) job whose chief flips it to Running gets no pods
     queued = status(phase="Queued", targetWorkers=0, queue="interrupt")
     trusted, changed = guard_status(status(phase="Running", targetWorkers=2), record(queued), SPEC,
@@ -142,13 +141,6 @@ def test_recorded_fields_are_restored_whoever_changed_them():
     assert trusted["phase"] == "Queued" and trusted["targetWorkers"] == 0 and "phase" in changed
     # nothing changed: nothing to write
     assert guard_status(mine, record(mine), SPEC, created=CREATED, now=NOW)[1] == {}
-
-
-def test_nominated_counts_only_on_a_queued_highest_job_without_a_record():
-    q = status(phase="Queued", targetWorkers=0, nominated=True)
-    assert guard_status(q, None, SPEC, created=CREATED, now=NOW)[0]["nominated"] is False
-    assert guard_status(q, None, HIGHEST, created=CREATED, now=NOW)[0]["nominated"] is True
-    assert guard_status(status(nominated=True), None, HIGHEST, created=CREATED, now=NOW)[0]["nominated"] is False
 
 
 def test_times_are_bounded_by_creation_and_now():

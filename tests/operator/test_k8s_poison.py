@@ -133,8 +133,7 @@ def test_status_patch_cannot_grow_a_job_nor_admit_one(kapi, ns, tj, run_operator
     """``{"status": {"targetWorkers": 40}}`` on a maxWorkers-2 job (as admin, so no
     admission policy stops it): never more than 2 pods; a queued job flipped to
     Running with a top priority gets no pods and is put back."""
-    hostile_queued = {"phase": "Running", "targetWorkers": 4, "effectivePriority": 1000.0, "queue": "interrupt",
-                      "nominated": True}
+    hostile_queued = {"phase": "Running", "targetWorkers": 4, "effectivePriority": 1000.0, "queue": "interrupt"}
 
     def bounded():
         n = len(workers(kapi, ns, "capped"))
@@ -155,7 +154,7 @@ def test_status_patch_cannot_grow_a_job_nor_admit_one(kapi, ns, tj, run_operator
         wait_until(lambda: bounded() is not None and rt.controller.cycles >= start + 6, 60, "six cycles")
         assert kapi.status(ns, "capped")["targetWorkers"] == 1 and bounded() == 1
         st = kapi.status(ns, "hog")
-        assert (st["phase"], st["queue"], st["effectivePriority"], st.get("nominated", False)) == ("Queued", "normal", 0, False)
+        assert (st["phase"], st["queue"], st["effectivePriority"]) == ("Queued", "normal", 0)
         assert st.get("targetWorkers", 0) == 0
         assert kapi.events(ns, "capped", "StatusReset") and kapi.events(ns, "hog", "StatusReset")
     # the operator restarts with no record of its own: the status is adopted within the spec

@@ -33,7 +33,6 @@ ATTACKS = {
     "phase": "Succeeded",
     "queue": "interrupt",
     "effectivePriority": 999.0,
-    "nominated": True,
     "conditions": [{"type": "Admitted", "status": "False", "reason": "SetByTrainer", "message": "x"}],
 }
 
@@ -135,7 +134,7 @@ def test_policy_matches_only_the_jobs_own_trainer(kapi, ns, tj, run_operator, wa
         assert exc.status == 403 and "ValidatingAdmissionPolicy" not in _message(exc)  # RBAC said no
     finally:
         api.close()
-    kapi.custom.patch_namespaced_custom_object_status(G, V, ns, P, "mine", {"status": {"nominated": True,
+    kapi.custom.patch_namespaced_custom_object_status(G, V, ns, P, "mine", {"status": {"queue": "urgent",
                                                                                       "progress": {"epoch": 2}}})
     st = kapi.status(ns, "mine")
-    assert st["nominated"] is True and st["progress"]["epoch"] == 2
+    assert st["queue"] == "urgent" and st["progress"]["epoch"] == 2
