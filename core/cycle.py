@@ -29,7 +29,8 @@ from .planning import (
     take_gang,
 )
 
-__all__ = ["SchedulingCycle", "CyclePlan", "SettleRound", "Preemption", "after_admission", "best_fit_gang"]
+__all__ = ["SchedulingCycle", "CyclePlan", "SettleRound", "Preemption", "after_admission", "best_fit_gang",
+           "interrupts"]
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +98,22 @@ def best_fit_gang(job: JobView, state: ClusterState) -> list[int] | None:
 @dataclass(slots=True)
 class SettleRound:
     """One admission round of the settle mode: the plan, the gangs placed (key -> node
-    per worker, in the order they were placed) and the victims released afterwards."""
+    per worker, in the order they were placed), the victims released afterwards and
+    those of them that wait in the interrupt queue (:func:`interrupts`)."""
 
     admission: AdmissionPlan
     placed: dict[str, list[int]] = field(default_factory=dict)
     released: list[str] = field(default_factory=list)
+    interrupt: list[str] = field(default_factory=list)
+
+
+def interrupts(head_class: str, victim_class: str) -> bool:
+    """Whether a victim of class ``victim_class`` preempted by a head of ``head_class``
+    waits in the interrupt queue and resumes first: RLPTO's class rule, a ``highest``
+    head's lower-class victims. A victim of a preemptive ordering goes back to its own
+    queue, where the ordering ranks it (from the interrupt queue it would resume ahead
+    of its preemptor's peers only to be preempted again)."""
+    return head_class == "highest" and victim_class != "highest"
 
 
 @dataclass(slots=True)
@@ -148,10 +160,7 @@ class Preemption:
     """One preemption decision (:meth:`SchedulingCycle.preempt`): the blocked head of
     line ``head`` evicts ``victims`` (in the order the caller listed the running jobs:
     the order to suspend them in); those in ``interrupt`` go to the interrupt queue and
-    resume first (the class rule: a ``highest`` head's lower-class victims), the others
-    back to their own queue, where the ordering ranks them (a victim of a preemptive
-    ordering in the interrupt queue would resume ahead of its preemptor's peers only to
-    be preempted again)."""
+    resume first (:func:`interrupts`), the others back to their own queue."""
 
     head: JobView
     victims: list[str] = field(default_factory=list)
@@ -273,6 +282,8 @@ class SchedulingCycle:
                 state.release_job(v, r.placement)
                 v.placement = []
                 rnd.released.append(key)
+                if blocked is not None and interrupts(blocked.priority_class, r.spec.priority_class):
+                    rnd.interrupt.append(key)
                 waiting.append(back)
             holders = [r for r in holders if r.key not in victims]
             if blocked is not None:
@@ -354,7 +365,7 @@ class SchedulingCycle:
             return None
         victims = [r for r in entries if r.key in chosen]
         return Preemption(head=head, victims=[r.key for r in victims],
-                          interrupt=[r.key for r in victims if by_class and r.spec.priority_class != "highest"])
+                          interrupt=[r.key for r in victims if interrupts(head.priority_class, r.spec.priority_class)])
 
     def preemption_rounds(
         self,

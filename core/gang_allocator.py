@@ -92,6 +92,7 @@ class GangAllocator:
         self._waiting: tuple = (AdmissionPlan(), [], 0)
         #: running jobs the last :meth:`allocate` preempted and started again
         self._restarted: frozenset[str] = frozenset()
+        self._interrupted: frozenset[str] = frozenset()
 
     @classmethod
     def named(cls, text: str, *, seed: int = 0, **options) -> "GangAllocator":
@@ -205,6 +206,7 @@ class GangAllocator:
                 out.pop(key, None)
                 released.add(key)
         self._restarted = frozenset(k for k in released if k in out)
+        self._interrupted = frozenset(k for rnd in plan.rounds for k in rnd.interrupt)
         for jid, step in scaling_steps(plan.scaling.deltas):
             g = max(1, by_id[jid].replica_group)
             cur = list(out[jid].nodes)
@@ -252,6 +254,12 @@ class GangAllocator:
         ``Preempting``, ``Unfittable``)."""
         plan, waiting, free = self._waiting
         return waiting_reasons(plan, waiting, backfill=self.backfill, free_gpus=free)
+
+    def interrupted(self) -> frozenset[str]:
+        """The running jobs the last :meth:`allocate` preempted that wait in the
+        interrupt queue (:func:`~rlsched.core.cycle.interrupts`: a ``highest`` head's
+        lower-class victims); the others wait in their own queue."""
+        return self._interrupted
 
     def restarted(self) -> frozenset[str]:
         """The running jobs the last :meth:`allocate` preempted and then started again (a

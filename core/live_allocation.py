@@ -250,6 +250,10 @@ class LivePlan:
     complete: dict[str, str] = field(default_factory=dict)
     resize: dict[str, LiveTarget] = field(default_factory=dict)
     stop: list[str] = field(default_factory=list)
+    #: the stopped jobs that wait in the interrupt queue and resume first: those an
+    #: admitting allocator says (RLPTO's class rule), every one for any other allocator;
+    #: the others wait in their own queue
+    interrupt: list[str] = field(default_factory=list)
     allocations: dict[str, Allocation] = field(default_factory=dict)
     error: Exception | None = None
     #: why each job that waits after this plan waits (``status.waiting``)
@@ -275,10 +279,11 @@ class RankingAllocator(Allocator, Protocol):
 @runtime_checkable
 class AdmittingAllocator(RankingAllocator, Protocol):
     """An allocator that runs admission itself (the gang allocator): after a decision it
-    says why the jobs it left waiting wait and which running jobs it preempted and
-    started again; ``enforces_queues``: whether it applies team queues' quotas (else
-    their use is only reported); ``scales``: whether it scales running jobs on the
-    caller's record of each (:attr:`JobView.elastic`)."""
+    says why the jobs it left waiting wait, which running jobs it preempted and started
+    again, and which of those it preempted wait in the interrupt queue;
+    ``enforces_queues``: whether it applies team queues' quotas (else their use is only
+    reported); ``scales``: whether it scales running jobs on the caller's record of each
+    (:attr:`JobView.elastic`)."""
 
     enforces_queues: bool
     scales: bool
@@ -286,6 +291,8 @@ class AdmittingAllocator(RankingAllocator, Protocol):
     def why_waiting(self) -> dict[str, WaitReason]: ...
 
     def restarted(self) -> frozenset[str]: ...
+
+    def interrupted(self) -> frozenset[str]: ...
 
 
 class LiveAllocation:
@@ -492,6 +499,8 @@ class LiveAllocation:
             elif t.workers != len(j.placement) or (moves and t.gpu_type is not None
                                                    and t.gpu_type != one_type(j.placement, types)):
                 plan.resize[j.id] = t
+        said = self._admitting.interrupted() if self._admitting is not None else None
+        plan.interrupt = [k for k in plan.stop if said is None or k in said]
         if why:
             use: Counter[str] = Counter()
             for j in free_jobs:

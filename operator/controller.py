@@ -374,7 +374,9 @@ class Controller:
                          [j for j in considered if j.team != j.status.get("queueName")], now)
         await self._each(lambda j: self.lifecycle.waiting(j, plan.waiting.get(j.key)),
                          [jobs[k] for k in plan.waiting if k not in plan.stop], now)
-        await self._each(lambda j: self.lifecycle.stop_reallocated(j, now), [jobs[k] for k in plan.stop], now)
+        back = set(plan.interrupt)
+        await self._each(lambda j: self.lifecycle.stop_reallocated(j, now, interrupt=j.key in back),
+                         [jobs[k] for k in plan.stop], now)
         await self._each(lambda j: self.lifecycle.resize(j, plan.resize[j.key], now),
                          [jobs[k] for k in plan.resize], now)
         for k, t in plan.start.items():

@@ -407,14 +407,16 @@ class Lifecycle:
                          f"at epoch {progress_of(j.status).epoch})")
         await self.workers.reconcile(j, t.workers)
 
-    async def stop_reallocated(self, j: Job, now: float) -> None:
+    async def stop_reallocated(self, j: Job, now: float, interrupt: bool = True) -> None:
         """The allocator gave the job no GPUs (others rank before it): back to the
-        queue, recorded first, then its workers get the grace period to checkpoint."""
+        interrupt queue (``interrupt``, the plan's word) or its own, recorded first, then
+        its workers get the grace period to checkpoint."""
         self.metrics.preemptions.inc()
         before = j.status.get("preemptions")
         count = before if isinstance(before, int) and not isinstance(before, bool) and before >= 0 else 0
+        queue = "interrupt" if interrupt else self.priority.queue(j.spec.priority_class, self.priority_of(j))
         await self.status.patch(j, {
-            "phase": "Queued", "queue": "interrupt", "targetWorkers": 0, "workers": 0, "readyWorkers": 0,
+            "phase": "Queued", "queue": queue, "targetWorkers": 0, "workers": 0, "readyWorkers": 0,
             "preemptions": count + 1, "restartGeneration": j.generation + 1, "batchSize": None,
             "attainedGpuSeconds": self.service(j, now), "attainedSince": None,
             "conditions": set_condition(j.status.get("conditions"), "Running", "False", "Reallocated",

@@ -43,7 +43,7 @@ class AllocationAdapter:
         same = (spec, j.obs, p, types)  # compared by identity
         equal = (nodes, batch, v.attained_service, j.rescales + j.preemptions, since,
                  v.min_workers, v.max_workers, v.gpus_per_worker, v.gpu_models, v.cpu_milli, v.memory_mib,
-                 v.submit_time, stall, v.remaining)  # the estimate is the spec's (``same``)
+                 v.submit_time, stall, v.remaining, v.queue)  # the estimate is the spec's (``same``)
         hit = self._kept.get(v.id)
         seeds = None
         if hit is not None and hit[0][0] is spec and hit[0][3] is types:
@@ -55,6 +55,7 @@ class AllocationAdapter:
                        observations=j.obs, batch_size=batch, bounds=spec.bounds,
                        attained_service=v.attained_service, restarts=j.rescales + j.preemptions,
                        priority_class=j.spec.priority_class or "normal", team=j.spec.tenant, start_time=since,
+                       queue=v.queue, priority=spec.priority,
                        gpu_models=v.gpu_models, cpu_milli=v.cpu_milli, memory_mib=v.memory_mib, progress=p,
                        asked_workers=spec.workers, beta=spec.beta,
                        seed_profile=self._seeds(spec) if seeds is None else seeds,
@@ -120,8 +121,9 @@ class AllocationAdapter:
         place waits for the next decision)."""
         sim = self.sim
         st = sim.state
+        back = set(plan.interrupt)
         for jid in plan.stop:
-            self._suspend(sim._by_id[jid], t)
+            self._suspend(sim._by_id[jid], t, jid in back)
         grows = []
         for jid, target in plan.resize.items():
             j = sim._by_id[jid]
@@ -178,8 +180,9 @@ class AllocationAdapter:
                                            "gpu_type": target.gpu_type, **sim._batch_record(j)})
         sim._restarted(j, t)
 
-    def _suspend(self, j: JobState, t: float) -> None:
+    def _suspend(self, j: JobState, t: float, interrupt: bool) -> None:
+        """A job the plan stops, to the interrupt queue where the plan says, else its own."""
         sim = self.sim
         if sim.recorder.decisions is not None:
             sim.recorder.decisions.append({"kind": "preempt", "job": j.view.id, "by": sim.allocation.name, "t": t})
-        sim._suspend(j, t, interrupt=True)
+        sim._suspend(j, t, interrupt=interrupt)

@@ -82,6 +82,23 @@ def test_a_preemptive_ordering_evicts_through_cores_admission():
     assert set(keep.allocate([old, new], NODES, 600.0)) == {"old"}
 
 
+def test_only_a_highest_heads_victims_wait_in_the_interrupt_queue():
+    """A victim of a preemptive ordering goes back to its own queue, where Tiresias ranks
+    it after its preemptor's peers; a ``highest`` head's normal victim waits in the
+    interrupt queue and resumes first (core's one rule, as the engine's passes apply it).
+    The live plan says which, so the operator and the engine requeue them alike."""
+    from rlsched.core.live_allocation import LiveAllocation
+
+    live = LiveAllocation.named("tiresias/firstfit+nobackfill")
+    old = view("ns/old", 0.0, 8, 8, placement=(0,) * 4 + (1,) * 4, attained_service=10_000.0)
+    plan = live.plan([old, view("ns/new", 5.0, 4, 4)], {0: 4, 1: 4}, now=600.0)
+    assert plan.stop == ["ns/old"] and plan.interrupt == [] and not live.allocator.interrupted()
+    boss = view("ns/boss", 5.0, 4, 4, priority_class="highest", queue="urgent")
+    plan = live.plan([replace(old, attained_service=0.0), boss], {0: 4, 1: 4}, now=600.0)
+    assert plan.stop == ["ns/old"] and plan.interrupt == ["ns/old"]
+    assert live.allocator.interrupted() == {"ns/old"}
+
+
 def test_a_job_preempted_this_cycle_is_not_resized():
     from rlsched.core import make_scaling
 
@@ -187,6 +204,7 @@ def test_a_highest_job_behind_a_blocked_head_preempts_a_normal_one():
     boss = view("ns/boss", 2.0, 1, 1, gpus_per_worker=8, priority_class="highest", queue="urgent")
     plan = live.plan([low, waiter, boss], {0: 8}, now=10.0)
     assert plan.stop == ["ns/low"] and list(plan.start) == ["ns/boss"]
+    assert plan.interrupt == ["ns/low"]  # RLPTO's class rule: it resumes first
     # of two running jobs the one of lower dynamic priority is the victim
     high = view("ns/high", 1.0, 1, 1, gpus_per_worker=8, placement=(1,), priority=0.5)
     plan = live.plan([low, high, replace(boss, gpus_per_worker=8)], {0: 8, 1: 8}, now=10.0)

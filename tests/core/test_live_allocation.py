@@ -124,7 +124,7 @@ def test_the_answer_becomes_starts_resizes_and_stops_in_whole_workers():
     assert plan.error is None
     assert plan.start == {"ns/wait": LiveTarget(2, 256)}
     assert plan.resize == {"ns/grow": LiveTarget(3, 96)}
-    assert plan.stop == ["ns/stop"]
+    assert plan.stop == ["ns/stop"] and plan.interrupt == ["ns/stop"]  # it resumes first
     # who waits, and why: ns/stop (given nothing), ns/pair (3 GPUs are no gang of 2 x 2), ns/left
     assert {k: (w.position, w.reason) for k, w in plan.waiting.items()} == \
         {"ns/stop": (1, "Ranked"), "ns/pair": (2, "Ranked"), "ns/left": (3, "Ranked")}

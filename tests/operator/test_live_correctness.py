@@ -130,6 +130,23 @@ def test_the_plans_end_of_a_job_completes_it(controller):
     assert [call[1] for call in ctl.calls if call[0] == "event"] == ["Completed"]
 
 
+def test_a_stopped_job_waits_in_the_queue_the_plan_names(controller):
+    """The plan's ``interrupt`` (RLPTO's class rule, core's word): that job resumes
+    first; another stopped job waits in its own queue, as in the engine."""
+    from rlsched.core.live_allocation import LivePlan
+    from rlsched.core.queues import QueueBook
+    from rlsched.operator.controller import _Cycle
+
+    ctl = controller(allocator="tiresias/das+nobackfill")
+    a, b = (Job({**_job({"phase": "Running", "targetWorkers": 2}).body, "metadata": {
+        "name": n, "namespace": "ns", "uid": n, "creationTimestamp": format_time(NOW - 600)}}, SPEC, None)
+        for n in ("a", "b"))
+    c = _Cycle(NOW, {a.key: a, b.key: b}, {a.uid: a, b.uid: b}, None, QueueBook(), [])
+    ctl.run(ctl._act_on_allocation(c, LivePlan(stop=[a.key, b.key], interrupt=[a.key]), [a, b]))
+    queues = [call[1]["queue"] for call in ctl.calls if call[0] == "patch" and call[1].get("phase") == "Queued"]
+    assert sorted(queues) == ["interrupt", "normal"]
+
+
 def test_events_name_the_allocator_that_runs(controller):
     ctl = controller(allocator="goodput-rlpto@restart_delay=30")
     assert ctl.allocation.name == "goodput-rlpto"
