@@ -245,6 +245,8 @@ class LivePlan:
     """What the operator does this cycle. ``allocations``: the allocator's answer, for
     the record (empty after a policy error)."""
 
+    #: the jobs to start, in the order to start them (an admitting allocator's: the
+    #: order it placed their gangs in)
     start: dict[str, LiveTarget] = field(default_factory=dict)
     #: running jobs that ended by themselves (β stop, ``maxEpochs``): job -> reason
     complete: dict[str, str] = field(default_factory=dict)
@@ -298,8 +300,7 @@ class AdmittingAllocator(RankingAllocator, Protocol):
 class LiveAllocation:
     """One allocator deciding the live operator's cycle (module docstring)."""
 
-    def __init__(self, allocator: RankingAllocator, name: str | None = None, *,
-                 restarts_as_preemptions: bool = False) -> None:
+    def __init__(self, allocator: RankingAllocator, name: str | None = None) -> None:
         if not isinstance(allocator, RankingAllocator):
             raise TypeError(f"{allocator!r} cannot say in which order it serves jobs (no order(jobs))")
         if allocator.clairvoyant:
@@ -311,10 +312,6 @@ class LiveAllocation:
         #: per job: its observations, GPUs per worker and bounds, and what they give
         #: the allocator (:func:`_learned`); kept while they are the same objects
         self._kept: dict[str, tuple[Any, int, Any, tuple]] = {}
-        #: a running job the allocator preempted and started again in one decision
-        #: (``restarted()``) is stopped and started in the plan, as the operator reports a
-        #: preemption and a resumption; else it is resized
-        self.restarts_as_preemptions = restarts_as_preemptions
 
     @classmethod
     def named(cls, text: str, **options: Any) -> "LiveAllocation":
@@ -485,7 +482,10 @@ class LiveAllocation:
         wakes = [self.allocator.next_decision(asked, out, now)] if self._waking else []
         targets = {j.id: self.target(j, out.get(j.id, _NOTHING), types) for j in free_jobs}
         moves = bool(self.allocator.type_aware)  # only a type-aware choice moves a job
-        again = self._admitting.restarted() if self.restarts_as_preemptions and self._admitting is not None else ()
+        # a running job the allocator preempted and started again in one decision is
+        # stopped and started: its workers go where the new gang's placement puts them,
+        # after its preemptor's, as the event engine's passes resume it
+        again = self._admitting.restarted() if self._admitting is not None else ()
         for j in free_jobs:
             t = targets[j.id]
             if not j.placement:
@@ -499,6 +499,8 @@ class LiveAllocation:
             elif t.workers != len(j.placement) or (moves and t.gpu_type is not None
                                                    and t.gpu_type != one_type(j.placement, types)):
                 plan.resize[j.id] = t
+        if self._admitting is not None and len(plan.start) > 1:  # in the order it placed them
+            plan.start = {k: plan.start[k] for k in out if k in plan.start}
         said = self._admitting.interrupted() if self._admitting is not None else None
         plan.interrupt = [k for k in plan.stop if said is None or k in said]
         if why:

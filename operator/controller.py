@@ -100,7 +100,7 @@ class Controller:
         self.custom = client.CustomObjectsApi(api)
         self.priority = DynamicPriority(config.mu, config.promote_at, config.demote_at)
         #: the allocation policy: every decision is one call into it
-        self.allocation = LiveAllocation.named(config.allocator, restarts_as_preemptions=True)
+        self.allocation = LiveAllocation.named(config.allocator)
         self.decision_clock = (None if config.decision_interval_s is None
                                else DecisionClock(config.decision_gap_s, config.decision_interval_s))
         #: when the allocation policy last decided, and the jobs it decided for

@@ -340,8 +340,9 @@ def test_a_scaling_policy_sees_the_callers_measured_view():
 def test_the_last_started_job_is_the_victim_and_a_restart_is_no_resize():
     """Of two running jobs of one class and priority the one started last is preempted
     for a ``highest`` job; one the same decision starts again elsewhere (the preemptor
-    needs its whole node) is stopped and started in the plan (a preemption and a
-    resumption), where a plan of the same size alone would leave it on the node."""
+    needs its whole node) is stopped and started in the plan after its preemptor (a
+    preemption and a resumption), where a plan of the same size alone would leave it on
+    the node."""
     from rlsched.core.live_allocation import LiveAllocation
 
     # the same submit second; second started last, so of the two it is the victim
@@ -353,9 +354,9 @@ def test_the_last_started_job_is_the_victim_and_a_restart_is_no_resize():
     assert plan.stop == ["ns/second"] and list(plan.start) == ["ns/boss"]
     a = view("ns/a", 0.0, 1, 1, gpus_per_worker=4, placement=(0,), start_time=2.0)
     c = view("ns/c", 0.0, 1, 1, gpus_per_worker=4, placement=(1,), start_time=1.0)
-    live = LiveAllocation.named("fifo/bestfit+nobackfill", restarts_as_preemptions=True)
+    live = LiveAllocation.named("fifo/bestfit+nobackfill")
     plan = live.plan([a, c, boss], {0: 8, 1: 8}, now=10.0)
-    assert plan.stop == ["ns/a"] and set(plan.start) == {"ns/a", "ns/boss"} and not plan.resize
+    assert plan.stop == ["ns/a"] and list(plan.start) == ["ns/boss", "ns/a"] and not plan.resize  # boss first
     assert plan.allocations["ns/a"].nodes == (1,) * 4 and plan.allocations["ns/boss"].nodes == (0,) * 8
 
 
