@@ -342,6 +342,7 @@ class LiveAllocation:
         nodes = job.placement
         held = tuple(nodes) if g == 1 else tuple(n for n in nodes for _ in range(g))
         prog = job.progress
+        elastic = job.elastic if nodes else None  # the caller's record of a running job, and its β
         return AllocJob(id=job.id, submit_time=job.submit_time, application=job.id,
                         age=max(0.0, now - job.submit_time), attained_service=job.attained_service,
                         num_restarts=max(0, job.restarts), allocation=held,
@@ -351,8 +352,7 @@ class LiveAllocation:
                         epoch=max(prog.epoch, 0), metrics=tuple(prog.history), higher_is_better=True,
                         priority=_rank(job.priority_class), queue=job.team,
                         service_queue=job.queue, service_priority=job.priority,
-                        elastic=job.elastic if nodes else None,
-                        beta=job.beta if nodes and job.elastic is not None else None,
+                        elastic=elastic, beta=job.beta if elastic is not None else None,
                         running_since=job.start_time if nodes else None,
                         protected=protected and bool(nodes), gpu_models=job.gpu_models,
                         cpu_milli=-(-max(job.cpu_milli, 0) // g), memory_mib=-(-max(job.memory_mib, 0) // g),

@@ -414,7 +414,7 @@ class Lifecycle:
         self.metrics.preemptions.inc()
         before = j.status.get("preemptions")
         count = before if isinstance(before, int) and not isinstance(before, bool) and before >= 0 else 0
-        queue = "interrupt" if interrupt else self.priority.queue(j.spec.priority_class, self.priority_of(j))
+        queue = "interrupt" if interrupt else self.service_queue(j)[0]
         await self.status.patch(j, {
             "phase": "Queued", "queue": queue, "targetWorkers": 0, "workers": 0, "readyWorkers": 0,
             "preemptions": count + 1, "restartGeneration": j.generation + 1, "batchSize": None,
