@@ -5,6 +5,9 @@ gang allocator, as the operator's ``--allocator ordering/placement``).
     python bench/one_allocator.py --trace synthetic:small --policy fifo/bestfit+backfill \\
         --seeds 10000,10001 --out out/one_allocator.json
 
+A scaling heuristic (``ordering/placement/scaling``) scales on the engine's scaling ticks
+in its passes; ``--scale-every 300`` gives the allocator the same cadence.
+
 Per seed: both mean JCTs, their difference, the preemptions and the wall-time and
 CPU-time ratios (allocator over passes, same process; CPU time is steadier on a shared
 machine). Validation seeds only.
@@ -17,10 +20,10 @@ import json
 import time
 
 
-def compare(spec: str, policy: str, seed: int, data_dir: str | None = None) -> dict:
+def compare(spec: str, policy: str, seed: int, data_dir: str | None = None, scale_every: float | None = None) -> dict:
     import numpy as np
 
-    from rlsched.core import make_ordering, make_placement
+    from rlsched.core import make_ordering, make_placement, make_scaling
     from rlsched.core.live_allocation import LiveAllocation
     from rlsched.core.served import parse_policy_name
     from rlsched.sim.engine import SimConfig, Simulator
@@ -28,22 +31,24 @@ def compare(spec: str, policy: str, seed: int, data_dir: str | None = None) -> d
     from rlsched.sim.traces import default_topology, load_trace
 
     pol = parse_policy_name(policy)
-    if pol.allocator or pol.scaling:
-        raise SystemExit(f"{policy!r}: give ordering/placement[+backfill|+nobackfill]")
+    if pol.allocator or not pol.ordering:
+        raise SystemExit(f"{policy!r}: give ordering/placement[/scaling][+backfill|+nobackfill]")
     trace = load_trace(spec, data_dir=data_dir, seed=seed)
     topo = trace.topology if trace.topology is not None else default_topology(trace.jobs)
     cfg = SimConfig(backfill=pol.backfill is not False, decision_gap=0.0)
     out = {"trace": spec, "policy": policy, "seed": seed}
     for path in ("passes", "allocator"):
-        so, sp = np.random.SeedSequence(seed).spawn(3)[:2]
+        so, sp, ss = np.random.SeedSequence(seed).spawn(3)
+        scaling = make_scaling(pol.scaling, rng=np.random.default_rng(ss)) if pol.scaling else None
         placement = make_placement(pol.placement, rng=np.random.default_rng(sp))
         t0, c0 = time.perf_counter(), time.process_time()
         if path == "passes":
             sim = Simulator(trace.jobs, topo, ordering=make_ordering(pol.ordering, rng=np.random.default_rng(so)),
-                            placement=placement, seed=seed, config=cfg)
+                            placement=placement, scaling=scaling, seed=seed, config=cfg)
         else:
             sim = Simulator(trace.jobs, topo, placement=placement, seed=seed, config=cfg,
-                            allocation=LiveAllocation.named(policy))
+                            allocation=LiveAllocation.named(policy if scale_every is None or not pol.scaling
+                                                            else f"{policy}@scale_every={scale_every:g}"))
         m = compute_metrics(sim.run())
         out[path] = {"jct_mean": m["jct_mean"], "preemptions": m["preemptions_total"],
                      "completed": m["jobs_completed"], "wall_s": time.perf_counter() - t0,
@@ -60,11 +65,13 @@ def main(argv=None) -> None:
     p.add_argument("--policy", required=True, help="ordering/placement[+backfill|+nobackfill]")
     p.add_argument("--seeds", default="10000", help="comma-separated validation seeds")
     p.add_argument("--data-dir", default=None)
+    p.add_argument("--scale-every", type=float, default=None,
+                   help="the allocator's seconds between scaling steps (default: every decision)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     from tqdm import tqdm
 
-    rows = [compare(args.trace, args.policy, int(s), args.data_dir) for s in tqdm(args.seeds.split(","), desc="seeds")]
+    rows = [compare(args.trace, args.policy, int(s), args.data_dir, args.scale_every) for s in tqdm(args.seeds.split(","), desc="seeds")]
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=2)
     for r in rows:

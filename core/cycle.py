@@ -193,6 +193,7 @@ class SchedulingCycle:
         place_one: PlaceOne | None = None,
         settle: bool = False,
         rounds: int | None = None,
+        scale: bool = True,
     ) -> CyclePlan:
         """One cycle over ``state`` (mutated: the admissions stay on it, see
         :class:`CyclePlan`).
@@ -207,6 +208,8 @@ class SchedulingCycle:
         ``place_one(job, state)``: the scaling step's room check for one more worker
         (default best fit). ``settle``: release the victims and plan admission again in
         this call, at most ``rounds`` rounds (default ``2 x (waiting + holders) + 2``).
+        ``scale``: run the scaling step (False: admission only, as between the event
+        engine's scaling ticks).
         """
         if settle:
             admission, blocked, settled = self._settle(waiting, holders, state, releasing, place, rounds)
@@ -217,7 +220,7 @@ class SchedulingCycle:
             settled = []
             state = after_admission(state, waiting, admission)
         out = CyclePlan(admission=admission, scaling=ScalingPlan(), state=state, blocked=blocked, rounds=settled)
-        if self.planner is None:
+        if self.planner is None or not scale:
             return out
         gone = set(out.preempted)
         jobs = running(gone) if callable(running) else running

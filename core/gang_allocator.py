@@ -71,7 +71,9 @@ class GangAllocator:
 
     def __init__(self, ordering: Ordering, placement: Placement, scaling: Scaling | None = None, *,
                  backfill: bool = True, preemption: bool = True, beta: float = 0.001, patience: int = 5,
-                 name: str | None = None) -> None:
+                 scale_every: float | None = None, name: str | None = None) -> None:
+        if scale_every is not None and not scale_every > 0:
+            raise ValueError(f"scale_every must be > 0 seconds, got {scale_every}")
         self.ordering = ordering
         self.placement = placement
         self.backfill = backfill
@@ -79,6 +81,10 @@ class GangAllocator:
         self.planner = ScalingPlanner(scaling, patience=patience) if scaling is not None else None
         #: it scales running jobs (on the caller's record of each, AllocJob.elastic, where given)
         self.scales = self.planner is not None
+        #: seconds between two scaling steps (None: every decision), the first one
+        #: interval after the first decision, as the event engine's scaling ticks
+        self.scale_every = scale_every
+        self._next_scale: float | None = None
         #: core's admission: the operator's queue rules (preemption under preemptive orderings)
         self.admission = Admission(ordering, backfill=backfill, preemption=preemption)
         #: the one cycle the operator runs too: admission, then the planner
@@ -192,7 +198,8 @@ class GangAllocator:
                    for v in state.running.values() if not by_id[v.id].protected]
         free = int(state.free.sum())
         plan = self.cycle.plan(pending, holders, state, running=lambda gone: self._elastic_jobs(jobs, gone, state, now),
-                               place=self._place, place_one=self._place_one, settle=True)
+                               place=self._place, place_one=self._place_one, settle=True,
+                               scale=self._scaling_due(now))
         if plan.scaling_error is not None:
             raise plan.scaling_error
         last = plan.rounds[-1].admission if plan.rounds else plan.admission  # who preempts still, after settling
@@ -212,11 +219,23 @@ class GangAllocator:
             cur = list(out[jid].nodes)
             if step < 0 and len(cur) > g:
                 del cur[-g:]
-            elif step > 0 and jid in plan.scaling.nodes:
-                cur.extend([nodes[plan.scaling.nodes[jid]].index] * g)
             out[jid] = Allocation(tuple(cur))
+        for jid, k in plan.scaling.nodes.items():  # scale-ups last, in the order the planner placed them
+            g = max(1, by_id[jid].replica_group)
+            out[jid] = Allocation(out.pop(jid).nodes + (nodes[k].index,) * g)
         self._toward_range(jobs, out, nodes, plan.blocked.gpus if plan.blocked is not None else 0)
         return out
+
+    def _scaling_due(self, now: float) -> bool:
+        """Whether this decision runs the scaling step (:attr:`scale_every`)."""
+        if self.planner is None or self.scale_every is None:
+            return self.planner is not None
+        if self._next_scale is None:
+            self._next_scale = now + self.scale_every
+        if now < self._next_scale:
+            return False
+        self._next_scale = now + self.scale_every
+        return True
 
     @staticmethod
     def _toward_range(jobs: Sequence[AllocJob], out: dict[str, Allocation], nodes: Sequence[AllocNode],
@@ -268,12 +287,13 @@ class GangAllocator:
 
     def next_decision(self, jobs: Sequence[AllocJob], allocations: Mapping[str, Allocation],
                       now: float) -> float | None:
-        """Under a preemptive ordering that demotes by attained service (Tiresias), the
-        first time a job running on what it was just given reaches its next threshold:
-        its queue changes then, and with it who may preempt whom."""
+        """The next scaling step's time (:attr:`scale_every`), or earlier, under a
+        preemptive ordering that demotes by attained service (Tiresias), the first time
+        a job running on what it was just given reaches its next threshold: its queue
+        changes then, and with it who may preempt whom."""
+        times = [self._next_scale] if self._next_scale is not None else []
         if not (self.ordering.thresholds and self.admission.preemption and self.admission.preemptive_ordering):
-            return None
-        times = []
+            return min(times, default=None)
         for j in jobs:
             given = allocations.get(j.id)
             if given is None or not given.nodes:

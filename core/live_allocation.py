@@ -499,8 +499,9 @@ class LiveAllocation:
             elif t.workers != len(j.placement) or (moves and t.gpu_type is not None
                                                    and t.gpu_type != one_type(j.placement, types)):
                 plan.resize[j.id] = t
-        if self._admitting is not None and len(plan.start) > 1:  # in the order it placed them
+        if self._admitting is not None:  # starts and grows in the order it placed them
             plan.start = {k: plan.start[k] for k in out if k in plan.start}
+            plan.resize = {k: plan.resize[k] for k in out if k in plan.resize}
         said = self._admitting.interrupted() if self._admitting is not None else None
         plan.interrupt = [k for k in plan.stop if said is None or k in said]
         if why:

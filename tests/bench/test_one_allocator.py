@@ -21,3 +21,12 @@ def test_both_paths_are_measured_and_written(bench_module, tmp_path):
 def test_only_heuristics_compare(bench_module, tmp_path):
     with pytest.raises(SystemExit, match="ordering/placement"):
         bench_module("one_allocator").compare("synthetic:small,jobs=10", "goodput", 0)
+
+
+def test_a_scaling_heuristic_runs_both_ways_at_the_ticks_cadence(bench_module, tmp_path):
+    bench = bench_module("one_allocator")
+    out = tmp_path / "rows.json"
+    bench.main(["--trace", "synthetic:small,jobs=20", "--policy", "drf/topology/fs+backfill", "--seeds", "3",
+                "--scale-every", "300", "--out", str(out)])
+    (row,) = json.loads(out.read_text())
+    assert row["passes"]["completed"] == row["allocator"]["completed"] == 20

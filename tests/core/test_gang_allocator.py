@@ -398,3 +398,49 @@ def test_srtf_as_one_allocator_preempts_on_the_users_estimates():
     plan = live.plan([replace(a, est_runtime=0.0, remaining=0.0), replace(b, est_runtime=0.0, remaining=0.0)],
                      {0: 8}, now=30.0)
     assert plan.stop == [] and plan.start == {}
+
+
+def test_a_scaling_step_every_interval_and_a_wake_for_the_next():
+    """With ``scale_every``, the scaling step runs one interval after the first decision
+    and then at most once an interval, as the event engine's scaling ticks; between two
+    steps the allocator only admits, and asks to decide again when the next step is due."""
+    from rlsched.core.live_allocation import LiveAllocation
+    from rlsched.core.planning import ElasticState
+
+    live = LiveAllocation.named("fifo/bestfit/beta+nobackfill@scale_every=300")
+
+    def rising(now):
+        rec = ElasticState(epoch=3, streak=0, decided_epoch=2)
+        return view("ns/r", 0.0, 1, 4, gpus_per_worker=8, placement=(0,), start_time=0.0,
+                    progress=Progress(epoch=3, history=[0.1, 0.3, 0.5]),
+                    elastic=_callers("ns/r", 1, (0.1, 0.3, 0.5), beta=0.02, rec=rec), beta=0.02)
+
+    first = live.plan([rising(0.0)], {0: 8, 1: 8}, now=0.0)
+    assert not first.resize and first.wake_at == 300.0
+    between = live.plan([rising(100.0)], {0: 8, 1: 8}, now=100.0)
+    assert not between.resize and between.wake_at == 300.0
+    due = live.plan([rising(300.0)], {0: 8, 1: 8}, now=300.0)
+    assert due.resize == {"ns/r": LiveTarget(2, None)} and due.wake_at == 600.0
+    every = LiveAllocation.named("fifo/bestfit/beta+nobackfill")  # no interval: every decision
+    assert every.plan([rising(0.0)], {0: 8, 1: 8}, now=0.0).resize == {"ns/r": LiveTarget(2, None)}
+    with pytest.raises(ValueError, match="scale_every"):
+        LiveAllocation.named("fifo/bestfit/beta@scale_every=0")
+
+
+def test_grows_come_in_the_order_the_planner_placed_them():
+    """The plan lists scale-ups in the order the scaling planner gave them room (the
+    job still gaining most first), so a caller placing the new workers one after the
+    other puts each where the planner found room for it."""
+    from rlsched.core.live_allocation import LiveAllocation
+    from rlsched.core.planning import ElasticState
+
+    live = LiveAllocation.named("fifo/bestfit/beta+nobackfill")
+    jobs = []
+    for k, (key, hist) in enumerate((("ns/slow", (0.1, 0.2, 0.25)), ("ns/fast", (0.1, 0.3, 0.6)))):
+        rec = ElasticState(epoch=3, streak=0, decided_epoch=2)
+        jobs.append(view(key, float(k), 1, 4, gpus_per_worker=8, placement=(k,), start_time=0.0,
+                         progress=Progress(epoch=3, history=list(hist)),
+                         elastic=_callers(key, 1, hist, beta=0.01, rec=rec), beta=0.01))
+    plan = live.plan(jobs, {i: 8 for i in range(4)}, now=10.0)
+    assert list(plan.resize) == ["ns/fast", "ns/slow"]
+    assert plan.resize["ns/fast"] == LiveTarget(2, None)
