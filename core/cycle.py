@@ -18,13 +18,11 @@ import numpy as np
 
 from .cluster import ClusterState, JobView
 from .planning import (
-    HIGHEST_BONUS,
     Admission,
     AdmissionPlan,
     RunningJob,
     ScalingPlan,
     ScalingPlanner,
-    gang_spec,
     reserved_gpus,
     take_gang,
 )
@@ -38,8 +36,6 @@ log = logging.getLogger(__name__)
 PlaceGang = Callable[[JobView, ClusterState], Union[Sequence[int], None]]
 #: the scaling step's room check: a node for one more worker of a running job, or None
 PlaceOne = Callable[[RunningJob, ClusterState], Union[int, None]]
-#: the event engine's translation of a running job's live view into a holder of GPUs
-AsHolder = Callable[[JobView], RunningJob]
 #: the elastic jobs, or a callable building them once admission is decided: it gets the
 #: keys preempted for good this cycle (the gang allocator folds each job's reported curve
 #: into the live view that admission reads too, so it builds them only afterwards)
@@ -69,14 +65,6 @@ def after_admission(state: ClusterState, waiting: Sequence[JobView], plan: Admis
             state.allocate(int(i), int(free[i] - after[i]))
     state.pending = [v for v in waiting if v.id not in admitted]
     return state
-
-
-def _requeued(r: RunningJob) -> JobView:
-    """A victim without a live view, waiting again: its gang in the interrupt queue,
-    since its start."""
-    bonus = HIGHEST_BONUS if r.spec.priority_class == "highest" else 0.0
-    return r.spec.view(r.key, submit_time=r.start_time, workers=r.spec.min_workers, priority=r.priority + bonus,
-                       queue="interrupt")
 
 
 def best_fit_gang(job: JobView, state: ClusterState) -> list[int] | None:
@@ -184,7 +172,7 @@ class SchedulingCycle:
     def plan(
         self,
         waiting: Sequence[JobView],
-        holders: Sequence[RunningJob],
+        holders: Sequence[JobView],
         state: ClusterState,
         *,
         running: Elastic = (),
@@ -199,7 +187,9 @@ class SchedulingCycle:
         :class:`CyclePlan`).
 
         ``waiting``: the queued jobs' live views (a gang of their ``workers``);
-        ``holders``: every job holding GPUs (the preemption candidates); ``running``: the
+        ``holders``: the live view of every job holding GPUs that may be preempted (its
+        ``placement``, its dynamic ``priority`` and its ``start_time`` order the victims,
+        :meth:`~rlsched.core.planning.Admission.choose_victims`); ``running``: the
         elastic jobs the scaling step decides on (or a callable building them,
         :data:`Elastic`); ``releasing``: per-node GPUs of pods already being deleted (a
         blocked head waits for them rather than preempting again); ``place(job,
@@ -234,7 +224,7 @@ class SchedulingCycle:
     def _settle(
         self,
         waiting: Sequence[JobView],
-        holders: Sequence[RunningJob],
+        holders: Sequence[JobView],
         state: ClusterState,
         releasing: np.ndarray | None,
         place: PlaceGang | None,
@@ -267,28 +257,27 @@ class SchedulingCycle:
                     continue
                 state.allocate_job(v, where)
                 v.placement = list(where)
+                v.start_time = state.time
                 state.running[v.id] = v
                 rnd.placed[key] = [int(i) for i in where]
-                holders.append(RunningJob(key=key, spec=gang_spec(v), workers=len(v.placement), priority=v.priority,
-                                          start_time=state.time, placement=list(v.placement), job=v))
+                holders.append(v)
             waiting = [v for v in waiting if v.id not in rnd.placed]
             blocked = by_key.get(plan.blocked) if plan.blocked else None
             done.append(rnd)
             if not plan.preempt:
                 break
             evict = set(plan.preempt)
-            victims = {r.key: r for r in holders if r.key in evict}
+            victims = {r.id: r for r in holders if r.id in evict}
             for key in plan.preempt:
-                r = victims[key]
-                back = r.job if r.job is not None else _requeued(r)  # as it waits again
-                v = state.running.pop(key, None) or back
-                state.release_job(v, r.placement)
+                v = victims[key]
+                state.running.pop(key, None)
+                state.release_job(v, v.placement)
                 v.placement = []
                 rnd.released.append(key)
-                if blocked is not None and interrupts(blocked.priority_class, r.spec.priority_class):
+                if blocked is not None and interrupts(blocked.priority_class, v.priority_class):
                     rnd.interrupt.append(key)
-                waiting.append(back)
-            holders = [r for r in holders if r.key not in victims]
+                waiting.append(v)  # it waits again
+            holders = [r for r in holders if r.id not in victims]
             if blocked is not None:
                 # the preemptor is served before every queue until it starts, as the
                 # operator nominates it: else the victims, resuming first, would take
@@ -334,7 +323,6 @@ class SchedulingCycle:
         running: Iterable[JobView],
         state: ClusterState,
         now: float,
-        holder: AsHolder,
     ) -> Preemption | None:
         """One preemption decision for blocked head of line ``head`` (its live view), given the running jobs' live views: the victims
         :meth:`Admission.choose_victims <rlsched.core.planning.Admission.choose_victims>`
@@ -344,9 +332,7 @@ class SchedulingCycle:
         plan never evicts the jobs it admits in the same cycle: no run of zero length,
         no restart cost paid for nothing). A head below ``highest`` evicts only jobs the
         ordering ranks strictly after it (``outranked``/``preempts``; admission checks
-        them again, with the classes). ``holder(view)`` is the caller's translation of a
-        candidate into a :class:`~rlsched.core.planning.RunningJob` (called only for
-        the candidates left by those two filters, in order)."""
+        them again, with the classes)."""
         adm = self.admission
         if adm is None or not adm.may_preempt(head):
             return None
@@ -362,20 +348,18 @@ class SchedulingCycle:
             views = ordering.outranked(v, views, state)
             if not views:
                 return None
-        entries = [holder(r) for r in views]
-        chosen = set(adm.choose_victims(head, entries, free, total, state))
+        chosen = set(adm.choose_victims(head, views, free, total, state))
         if not chosen:
             return None
-        victims = [r for r in entries if r.key in chosen]
-        return Preemption(head=head, victims=[r.key for r in victims],
-                          interrupt=[r.key for r in victims if interrupts(head.priority_class, r.spec.priority_class)])
+        victims = [r for r in views if r.id in chosen]
+        return Preemption(head=head, victims=[r.id for r in victims],
+                          interrupt=[r.id for r in victims if interrupts(head.priority_class, r.priority_class)])
 
     def preemption_rounds(
         self,
         state: ClusterState,
         now: float,
         *,
-        holder: AsHolder,
         apply: Callable[[Preemption], bool],
         admit: Callable[[], object],
         rounds: int | None = None,
@@ -395,7 +379,7 @@ class SchedulingCycle:
         for _ in range(limit):
             if not state.pending:
                 return done
-            d = self.preempt(self.head(state.pending, state), state.running.values(), state, now, holder)
+            d = self.preempt(self.head(state.pending, state), state.running.values(), state, now)
             if d is None:
                 return done
             done.append(d)

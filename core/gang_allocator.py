@@ -30,7 +30,6 @@ from .planning import (
     ScalingPlanner,
     TrainingSpec,
     WaitReason,
-    gang_spec,
     scaling_steps,
     waiting_reasons,
 )
@@ -177,7 +176,7 @@ class GangAllocator:
                 place = [index[i] for i in j.allocation[::g]]
                 v.workers = v.min_workers = v.max_workers = len(place)
                 v.placement = place
-                v.start_time = now
+                v.start_time = j.running_since if j.running_since is not None else j.submit_time
                 for k in place:
                     u = used.setdefault(k, [0, 0, 0])
                     u[0] += v.gpus_per_worker
@@ -191,11 +190,7 @@ class GangAllocator:
             state.allocate(k, *used[k])
         state.pending = pending
         by_id = {j.id: j for j in jobs}
-        holders = [RunningJob(key=v.id, spec=gang_spec(v), workers=v.workers,
-                              priority=by_id[v.id].service_priority,
-                              start_time=by_id[v.id].running_since if by_id[v.id].running_since is not None
-                              else by_id[v.id].submit_time, placement=list(v.placement), job=v)
-                   for v in state.running.values() if not by_id[v.id].protected]
+        holders = [v for v in state.running.values() if not by_id[v.id].protected]
         free = int(state.free.sum())
         plan = self.cycle.plan(pending, holders, state, running=lambda gone: self._elastic_jobs(jobs, gone, state, now),
                                place=self._place, place_one=self._place_one, settle=True,

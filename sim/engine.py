@@ -434,8 +434,7 @@ class Simulator:
         if h.policy_preempts:  # the ordering compares live attained service / remaining time
             for v in st.running.values():
                 self.dynamics.sync(self._by_id[v.id], self.now)
-        self.cycle.preemption_rounds(st, self.now, holder=h.running_entry,
-                                     apply=h.apply_preemption, admit=h.schedule_pass)
+        self.cycle.preemption_rounds(st, self.now, apply=h.apply_preemption, admit=h.schedule_pass)
         h.wake_for_protected()
 
     def _scale_tick(self, t: float) -> None:

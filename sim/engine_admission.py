@@ -15,7 +15,6 @@ import math
 from rlsched.core import JobView, PlacementError
 from rlsched.core.cycle import Preemption
 from rlsched.core.ordering import reached_threshold
-from rlsched.core.planning import RunningJob, gang_spec
 
 from .engine_jobs import DEMOTE, WAKE, JobState
 
@@ -109,12 +108,6 @@ class HeuristicPath:
         if sim._wake_at is None or end < sim._wake_at:
             sim._wake_at = end
             sim._push(end, WAKE, None)
-
-    # ------------------------------------------------------------ core's holders
-    def running_entry(self, v: JobView) -> RunningJob:
-        """A running job as core's admission holds it: its gang is the workers it has."""
-        return RunningJob(key=v.id, spec=gang_spec(v), workers=v.workers, priority=v.priority,
-                          start_time=float(v.start_time), placement=list(v.placement), job=v)
 
     def blocked_head(self) -> JobView | None:
         """The job at the head of the waiting queue (core's

@@ -16,7 +16,6 @@ import numpy as np
 from ..cluster import ClusterState, JobView
 from ..contract import class_rank
 from ..policy import Ordering
-from .elastic import RunningJob
 from .spec import TrainingSpec
 
 __all__ = [
@@ -280,7 +279,7 @@ class Admission:
     def plan(
         self,
         waiting: Sequence[JobView],
-        running: Sequence[RunningJob],
+        running: Sequence[JobView],
         state: ClusterState,
         releasing: np.ndarray | None = None,
         place: Callable[[JobView, ClusterState], Sequence[int] | None] | None = None,
@@ -363,68 +362,69 @@ class Admission:
         """Whether blocked head-of-line ``job`` may evict anyone at all."""
         return self.preemption and (job.priority_class == "highest" or self.preemptive_ordering)
 
-    def may_evict(self, job: JobView, victim: RunningJob, state: ClusterState | None) -> bool:
+    def may_evict(self, job: JobView, victim: JobView, state: ClusterState | None) -> bool:
         """Whether waiting ``job`` may evict running ``victim``: a ``highest`` job any
         job of a lower class; under a preemptive ordering, any job of the same class or
         lower that the ordering ranks strictly after ``job`` (live views needed)."""
         if not self.preemption:
             return False
-        jr, vr = class_rank(job.priority_class), class_rank(victim.spec.priority_class)
+        jr, vr = class_rank(job.priority_class), class_rank(victim.priority_class)
         if job.priority_class == "highest" and vr < jr:
             return True
-        if self.preemptive_ordering and vr <= jr and victim.job is not None and state is not None:
-            return bool(self.ordering.preempts(job, victim.job, state))
+        if self.preemptive_ordering and vr <= jr and state is not None:
+            return bool(self.ordering.preempts(job, victim, state))
         return False
 
-    def protected(self, victim: RunningJob, now: float) -> bool:
-        """Whether ``victim`` has run less than ``min_run_s`` by ``now``: not evictable yet."""
+    def protected(self, victim: JobView, now: float) -> bool:
+        """Whether ``victim`` has run less than ``min_run_s`` by ``now`` (since its
+        ``start_time``): not evictable yet."""
         return self.min_run_s > 0 and now - victim.start_time < self.min_run_s
 
-    def _evictable(self, job: JobView, victim: RunningJob, state: ClusterState | None, outranked: set | None) -> bool:
+    def _evictable(self, job: JobView, victim: JobView, state: ClusterState | None, outranked: set | None) -> bool:
         if state is not None and self.protected(victim, state.time):
             return False
         if outranked is None or job.priority_class == "highest":
             return self.may_evict(job, victim, state)
-        return victim.key in outranked and class_rank(victim.spec.priority_class) <= class_rank(job.priority_class)
+        return victim.id in outranked and class_rank(victim.priority_class) <= class_rank(job.priority_class)
 
     def choose_victims(
         self,
         job: JobView,
-        running: Sequence[RunningJob],
+        running: Sequence[JobView],
         free: np.ndarray,
         total: np.ndarray,
         state: ClusterState | None = None,
     ) -> list[str]:
         """The fewest lowest-priority running jobs whose GPUs make ``job``'s gang fit.
 
-        Candidates are the running jobs ``job`` may evict (:meth:`may_evict`); the
-        lowest class, then the lowest priority, then (preemptive orderings) the one the
-        ordering ranks last, then the most recently started goes first (it loses the
-        least work). Returns ``[]`` if even evicting all of them would not help.
+        Candidates are the running jobs ``job`` may evict (:meth:`may_evict`), as live
+        views holding GPUs (their ``placement``); the lowest class, then the lowest
+        dynamic priority, then (preemptive orderings) the one the ordering ranks last,
+        then the most recently started (``start_time``) goes first: it loses the least
+        work. Returns ``[]`` if even evicting all of them would not help.
         """
         outranked = None
         if self.preemption and self.preemptive_ordering and state is not None:
             # one key computation for all, same answer as may_evict's pairwise one
-            outranked = {v.id for v in self.ordering.outranked(job, [r.job for r in running if r.job is not None], state)}
+            outranked = {v.id for v in self.ordering.outranked(job, list(running), state)}
         cands = [r for r in running if self._evictable(job, r, state, outranked)]
         last = {}
         if self.preemptive_ordering and state is not None:
-            views = [r.job for r in cands if r.job is not None]
-            last = {v.id: -i for i, v in enumerate(self.ordering.rank(views, state))}
-        cands.sort(key=lambda r: (class_rank(r.spec.priority_class), r.priority, last.get(r.key, 0), -r.start_time, r.key))
+            last = {v.id: -i for i, v in enumerate(self.ordering.rank(cands, state))}
+        cands.sort(key=lambda r: (class_rank(r.priority_class), r.priority, last.get(r.id, 0), -r.start_time, r.id))
         room = _Room.of(job, free, total, state)
         chosen: list[str] = []
         for r in cands:
             room.release(r)
-            chosen.append(r.key)
+            chosen.append(r.id)
             if room.fits(job):
                 return self._prune(chosen, cands, _Room.of(job, free, total, state), job)
         return []
 
     @staticmethod
-    def _prune(chosen: list[str], cands: Sequence[RunningJob], start: "_Room", job: JobView) -> list[str]:
+    def _prune(chosen: list[str], cands: Sequence[JobView], start: "_Room", job: JobView) -> list[str]:
         """Drop victims (highest priority first) that are not needed after all."""
-        by_key = {r.key: r for r in cands}
+        by_key = {r.id: r for r in cands}
         keep = list(chosen)
         for key in reversed(chosen[:-1]):
             trial = [k for k in keep if k != key]
@@ -468,14 +468,13 @@ class _Room:
                      None if self.mem is None else self.mem.copy(), self.cpu_total, self.mem_total,
                      self.cpu_need, self.mem_need)
 
-    def release(self, r: RunningJob) -> None:
-        g = r.spec.gpus_per_worker
-        v = r.job
+    def release(self, r: JobView) -> None:
+        g = r.gpus_per_worker
         for i in r.placement:
             self.gpus[i] = min(self.gpus[i] + g, self.total[i])
-            if self.cpu is not None and v is not None:
-                self.cpu[i] = min(self.cpu[i] + v.cpu_milli, self.cpu_total[i])
-                self.mem[i] = min(self.mem[i] + v.memory_mib, self.mem_total[i])
+            if self.cpu is not None:
+                self.cpu[i] = min(self.cpu[i] + r.cpu_milli, self.cpu_total[i])
+                self.mem[i] = min(self.mem[i] + r.memory_mib, self.mem_total[i])
 
     def fits(self, job: JobView) -> bool:
         """Whether ``job``'s gang (its ``workers``) fits."""

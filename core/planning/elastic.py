@@ -174,9 +174,9 @@ class ElasticState:
 
 @dataclass(slots=True)
 class RunningJob:
-    """A job holding GPUs, as admission and the scaling planner see it: its spec,
-    workers and the node of each, its dynamic priority (admission's order of victims),
-    and the record the planner keeps of it between cycles (``state``)."""
+    """A running job as the scaling planner sees it: its spec, workers and the node of
+    each, and the record the planner keeps of it between cycles (``state``).
+    Admission holds running jobs as their live views (:class:`JobView`)."""
 
     key: str
     spec: TrainingSpec
@@ -186,9 +186,6 @@ class RunningJob:
     submit_time: float = 0.0
     start_time: float = 0.0
     placement: list[int] = field(default_factory=list)
-    #: its dynamic priority (:class:`~rlsched.core.planning.DynamicPriority`); of the
-    #: victims of a preemption the lowest goes first
-    priority: float = 0.0
     #: evaluations gaining < β that finish the job; None: the planner's ``patience``
     #: (the operator's one setting; the simulator passes each trace job's own)
     patience: int | None = None

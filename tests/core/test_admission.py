@@ -6,7 +6,6 @@ from rlsched.core.planning import (
     Admission,
     DynamicPriority,
     HIGHEST_BONUS,
-    RunningJob,
     admit_in_order,
     gang_fits,
     take_gang,
@@ -114,15 +113,18 @@ def test_urgent_job_passes_normal_ones(qm, make_cluster, make_spec):
 
 # ---------------------------------------------------------------- preemption
 def running(make_spec, key, klass, pr, start, placement, gpw=1):
-    return RunningJob(key=key, spec=make_spec(mn=len(placement), mx=len(placement), gpw=gpw, klass=klass),
-                      workers=len(placement), priority=pr, start_time=start, placement=placement)
+    """A running job's live view: its gang on ``placement``, its dynamic priority and
+    the time it started."""
+    s = make_spec(mn=len(placement), mx=len(placement), gpw=gpw, klass=klass)
+    return s.view(key, submit_time=0.0, workers=len(placement), priority=pr, start_time=start,
+                  placement=list(placement))
 
 
 def full_cluster(make_cluster, holders):
     st = make_cluster(4, 4)
     for r in holders:
         for i in r.placement:
-            st.allocate(i, r.spec.gpus_per_worker)
+            st.allocate(i, r.gpus_per_worker)
     return st
 
 
@@ -280,21 +282,9 @@ def test_unfittable_highest_job_preempts_nobody(qm, make_cluster, make_spec):
 
 # ---------------------------------------------------------------- policy-driven preemption
 def _live(job, *, remaining=0.0, attained=0.0, submit=0.0):
-    """A running job with a live view (what the simulator passes) attached, or a waiting
-    job's view with those live values."""
-    from rlsched.core import JobView
-
-    if isinstance(job, RunningJob):
-        s, key, workers = job.spec, job.key, len(job.placement)
-    else:
-        s, key, workers = job, job.id, job.workers
-    view = JobView(id=key, submit_time=submit, gpus_per_worker=s.gpus_per_worker, workers=workers,
-                   min_workers=workers, max_workers=workers, remaining=remaining, attained_service=attained,
-                   priority_class=s.priority_class)
-    if isinstance(job, RunningJob):
-        job.job = view
-        return job
-    return view
+    """A job's live view with the live values the orderings compare."""
+    job.remaining, job.attained_service, job.submit_time = remaining, attained, submit
+    return job
 
 
 def test_srtf_head_evicts_the_longest_remaining_job_only(make_cluster, make_spec):
@@ -316,14 +306,14 @@ def test_srtf_head_evicts_the_longest_remaining_job_only(make_cluster, make_spec
     assert Admission(make_ordering("fifo")).plan([w], holders, st).preempt == []
 
 
-def test_policy_preemption_needs_live_views_and_respects_classes(make_cluster, make_spec):
+def test_policy_preemption_respects_classes(make_cluster, make_spec):
     adm = Admission(make_ordering("srtf"))
     urgent = _live(running(make_spec, "u", "urgent", 0.0, 1.0, [0, 0, 0, 0, 1, 1, 1, 1]), remaining=900.0)
     st = full_cluster(make_cluster, [urgent])
     w = _live(entry(make_spec, "w", 5.0, mn=4), remaining=1.0)
     assert adm.plan([w], [urgent], st).preempt == []  # a normal job never evicts an urgent one
-    bare = running(make_spec, "n", "normal", 0.0, 1.0, [0, 0, 0, 0, 1, 1, 1, 1])  # no live view (the operator's)
-    assert adm.plan([w], [bare], full_cluster(make_cluster, [bare])).preempt == []
+    normal = _live(running(make_spec, "n", "normal", 0.0, 1.0, [0, 0, 0, 0, 1, 1, 1, 1]), remaining=900.0)
+    assert adm.plan([w], [normal], full_cluster(make_cluster, [normal])).preempt == ["n"]
 
 
 def test_tiresias_evicts_only_jobs_of_a_higher_las_queue(make_cluster, make_spec):

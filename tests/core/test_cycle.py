@@ -40,12 +40,14 @@ def elastic(key, workers, gpw, history, placement, mx=4):
 
 
 def holder(rj_or_key, s=None, placement=(), priority=0.0, start=0.0):
+    """A job holding GPUs as admission holds it: its live view on its nodes, with its
+    dynamic priority and the time it started (a running job's, or a spec's)."""
     if isinstance(rj_or_key, RunningJob):
         rj = rj_or_key
-        return RunningJob(key=rj.key, spec=rj.spec, workers=rj.workers, priority=priority, start_time=start,
-                          placement=list(rj.placement))
-    return RunningJob(key=rj_or_key, spec=s, workers=len(placement), priority=priority, start_time=start,
-                      placement=list(placement))
+        return rj.spec.view(rj.key, submit_time=0.0, workers=rj.workers, priority=priority, start_time=start,
+                            placement=list(rj.placement))
+    return s.view(rj_or_key, submit_time=0.0, workers=len(placement), priority=priority, start_time=start,
+                  placement=list(placement))
 
 
 def queued(key, s, t, priority=0.0):
@@ -183,7 +185,8 @@ def test_settle_releases_victims_and_plans_again():
     assert [r.released for r in plan.rounds] == [["low", "a"], []]
     assert plan.admission.admit == ["vip", "a"] and plan.admission.preempt == ["low", "a"]
     assert plan.preempted == ["low"] and seen == [{"low"}]
-    assert plan.admission.blocked == "low" and plan.blocked.queue == "interrupt"
+    assert plan.admission.blocked == "low" and plan.blocked is holders[0]  # its own view waits again
+    assert plan.rounds[0].interrupt == ["low", "a"]  # a highest head's victims: the interrupt queue
     assert st.free.tolist() == [0, 0]
     assert sorted(st.running) == ["a", "vip"] and st.running["vip"].placement == [0]
     assert [v.id for v in st.pending] == ["low"]  # the jobs still waiting, as after_admission leaves them
@@ -245,14 +248,6 @@ def _live(key, gpw, node, *, start, priority=0.0, remaining=0.0, workers=1, mode
                    gpu_models=models)
 
 
-def _holder(calls):
-    def holder(v):
-        calls.append(v.id)
-        return RunningJob(key=v.id, spec=spec(v.workers, v.gpus_per_worker), workers=v.workers, priority=v.priority,
-                          start_time=float(v.start_time), placement=list(v.placement), job=v)
-    return holder
-
-
 def _waiting(v, klass="normal"):
     """A waiting job's live view, of service class ``klass``."""
     v.priority_class = klass
@@ -292,13 +287,11 @@ def test_preempt_a_highest_head_on_the_nodes_of_its_gpu_model():
     views = [_live("a", 8, 0, start=10.0), _live("b", 8, 1, start=100.0), _live("h", 8, 2, start=5.0, priority=-5.0)]
     st = _running_state(topo, views)
     vip = _waiting(JobView(id="vip", submit_time=50.0, gpus_per_worker=8, gpu_models=frozenset({"A100"})), "highest")
-    calls = []
-    d = cycle().preempt(vip, st.running.values(), st, 100.0, _holder(calls))
+    d = cycle().preempt(vip, st.running.values(), st, 100.0)
     assert (d.head, d.victims, d.interrupt) == (vip, ["a"], ["a"])
-    assert calls == ["a", "h"]  # every job started before now is a candidate of the class rule
     assert st.free.tolist() == [0, 0, 0]  # a decision only
     # a normal head under FIFO never preempts
-    assert cycle().preempt(_waiting(vip), st.running.values(), st, 100.0, _holder([])) is None
+    assert cycle().preempt(_waiting(vip), st.running.values(), st, 100.0) is None
 
 
 def test_preempt_under_srtf_evicts_only_what_the_ordering_ranks_after_the_head():
@@ -308,12 +301,10 @@ def test_preempt_under_srtf_evicts_only_what_the_ordering_ranks_after_the_head()
     st = _running_state(Topology.uniform(2, gpus_per_node=8, racks=1), views)
     cyc = SchedulingCycle(Admission(make_ordering("srtf")))
     h = _waiting(JobView(id="h", submit_time=50.0, gpus_per_worker=8, remaining=100.0))
-    calls = []
-    d = cyc.preempt(h, st.running.values(), st, 100.0, _holder(calls))
-    assert (d.victims, d.interrupt, calls) == (["long"], [], ["long"])  # only the outranked become entries
+    d = cyc.preempt(h, st.running.values(), st, 100.0)
+    assert (d.victims, d.interrupt) == (["long"], [])
     slow = _waiting(JobView(id="slow", submit_time=50.0, gpus_per_worker=8, remaining=2000.0))
-    calls = []
-    assert cyc.preempt(slow, st.running.values(), st, 100.0, _holder(calls)) is None and calls == []
+    assert cyc.preempt(slow, st.running.values(), st, 100.0) is None
 
 
 def _rounds_setup():
@@ -352,7 +343,7 @@ def test_preemption_rounds_until_nobody_preempts():
     started now: no victim); round 3: long, then mid, outrank nobody running before now."""
     st, cyc = _rounds_setup()
     log = []
-    done = cyc.preemption_rounds(st, 100.0, holder=_holder([]), apply=_apply(st, log),
+    done = cyc.preemption_rounds(st, 100.0, apply=_apply(st, log),
                                  admit=lambda: log.append("admit"))
     assert [(d.head.id, d.victims, d.interrupt) for d in done] == [("p1", ["long"], []), ("p2", ["mid"], [])]
     assert log == [("apply", "p1", ["long"]), "admit", ("apply", "p2", ["mid"]), "admit"]
@@ -363,13 +354,13 @@ def test_preemption_rounds_are_bounded_and_end_when_the_head_cannot_start(caplog
     st, cyc = _rounds_setup()
     log = []
     with caplog.at_level("WARNING", logger="rlsched.core.cycle"):
-        done = cyc.preemption_rounds(st, 100.0, holder=_holder([]), apply=_apply(st, log),
+        done = cyc.preemption_rounds(st, 100.0, apply=_apply(st, log),
                                      admit=lambda: log.append("admit"), rounds=1)
     assert [d.head.id for d in done] == ["p1"] and log == [("apply", "p1", ["long"]), "admit"]
     assert "preemption did not settle" in caplog.text
     st, cyc = _rounds_setup()
     log = []
-    done = cyc.preemption_rounds(st, 100.0, holder=_holder([]), apply=_apply(st, log, ok=False),
+    done = cyc.preemption_rounds(st, 100.0, apply=_apply(st, log, ok=False),
                                  admit=lambda: log.append("admit"))
     assert [d.victims for d in done] == [["long"]] and log == [("apply", "p1", ["long"])]  # no pass after a failed start
 

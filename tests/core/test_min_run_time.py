@@ -5,7 +5,7 @@ engine alike; once it has run that long it is. Times computed by hand."""
 import pytest
 
 from rlsched.core import ClusterState, Topology, make_ordering, make_placement
-from rlsched.core.planning import HIGHEST_BONUS, Admission, RunningJob, TrainingSpec
+from rlsched.core.planning import HIGHEST_BONUS, Admission, TrainingSpec
 from rlsched.sim import JobSpec, SimConfig, Simulator
 
 
@@ -14,8 +14,8 @@ def test_admission_spares_a_job_younger_than_the_minimum_run_time():
     state.allocate(0, 8)
     boss = TrainingSpec(1, 1, gpus_per_worker=8, priority_class="highest").view(
         "boss", submit_time=140.0, workers=1, priority=HIGHEST_BONUS, queue="urgent")
-    low = RunningJob(key="low", spec=TrainingSpec(1, 1, gpus_per_worker=8), workers=1, priority=0.0,
-                     start_time=100.0, placement=[0])
+    low = TrainingSpec(1, 1, gpus_per_worker=8).view("low", submit_time=0.0, workers=1, priority=0.0,
+                                                     start_time=100.0, placement=[0])
     adm = Admission(make_ordering("fifo"), min_run_s=60.0)
     for now, victims in ((150.0, []), (159.9, []), (160.0, ["low"])):
         state.time = now

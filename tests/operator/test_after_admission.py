@@ -27,7 +27,7 @@ def _setup():
     later = TrainingSpec(min_workers=1, max_workers=1, gpus_per_worker=8)
     waiting = [gang.view("ns/new", submit_time=1.0, workers=gang.min_workers, priority=0.0),
                later.view("ns/later", submit_time=2.0, workers=1, priority=0.0)]
-    holders = [RunningJob(key="ns/run", spec=elastic, workers=2, priority=0.0, start_time=0.0, placement=[0, 0])]
+    holders = [elastic.view("ns/run", submit_time=0.0, workers=2, priority=0.0, start_time=0.0, placement=[0, 0])]
     return state, running, waiting, holders
 
 
