@@ -124,10 +124,10 @@ class AllocJob:
     #: priority; allocators that rank by the queues (the gang allocator's) read them
     service_queue: str = "normal"
     service_priority: float = 0.0
-    #: the running job as the caller's scaling planner sees it (a
-    #: :class:`~rlsched.core.planning.RunningJob`: its reported progress, the β rule's
-    #: record it keeps across decisions, the operator's ``status.rlpto``, and its reports)
-    #: and its own β; None: an allocator that scales keeps its own record from ``metrics``
+    #: the caller's live view of the running job with the record its scaling planner
+    #: keeps across decisions (:attr:`~rlsched.core.cluster.JobView.record`, the
+    #: operator's ``status.rlpto``; its reported progress and reports with it) and its own
+    #: β; None: an allocator that scales keeps its own record from ``metrics``
     elastic: object | None = None
     beta: float | None = None
     #: when it last started from the queue (None: its submit time is used); of the

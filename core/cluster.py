@@ -146,15 +146,17 @@ class JobView:
     restarts: int = 0
     #: the team queue it is charged to (:mod:`rlsched.core.queues`; None: none)
     team: str | None = None
-    #: a running job as the scaling planner records it (a
-    #: :class:`~rlsched.core.planning.RunningJob`, ``status.rlpto``), for an allocator that
-    #: scales on it; None: none given
-    elastic: Any = None
-    #: what its own end is judged on besides its progress
-    #: (:func:`~rlsched.core.planning.training_end`): ``spec.maxEpochs``, evaluations in a
-    #: row gaining less than β and the β stop's patience (None: no β stop)
+    #: what the scaling planner keeps of a running job between decisions (an
+    #: :class:`~rlsched.core.planning.ElasticState`, ``status.rlpto``: evaluations in a
+    #: row gaining less than β, the evaluation it last decided on); None: none kept
+    record: Any = None
+    #: samples per GPU of its fixed per-worker batch, as it reported them (a job without
+    #: ``spec.batchSize``); None: unknown
+    local_batch: float | None = None
+    #: what its own end is judged on besides its progress and ``record``
+    #: (:func:`~rlsched.core.planning.training_end`): ``spec.maxEpochs`` and the β stop's
+    #: patience (None: the caller's default)
     max_epochs: float = math.inf
-    streak: int = 0
     patience: int | None = None
     #: False for a running job whose generation is still starting: it keeps its GPUs and
     #: only its end is judged
@@ -168,6 +170,11 @@ class JobView:
     @property
     def gpus(self) -> int:
         return self.workers * self.gpus_per_worker
+
+    @property
+    def streak(self) -> int:
+        """Evaluations in a row that gained less than β (its ``record``'s; 0 without)."""
+        return self.record.streak if self.record is not None else 0
 
     @property
     def worker_range(self) -> tuple[int, int]:

@@ -20,7 +20,6 @@ from .cluster import ClusterState, JobView
 from .planning import (
     Admission,
     AdmissionPlan,
-    RunningJob,
     ScalingPlan,
     ScalingPlanner,
     reserved_gpus,
@@ -35,11 +34,11 @@ log = logging.getLogger(__name__)
 #: admission's room check and the settle mode's placement: a gang's node per worker, or None
 PlaceGang = Callable[[JobView, ClusterState], Union[Sequence[int], None]]
 #: the scaling step's room check: a node for one more worker of a running job, or None
-PlaceOne = Callable[[RunningJob, ClusterState], Union[int, None]]
+PlaceOne = Callable[[JobView, ClusterState], Union[int, None]]
 #: the elastic jobs, or a callable building them once admission is decided: it gets the
 #: keys preempted for good this cycle (the gang allocator folds each job's reported curve
 #: into the live view that admission reads too, so it builds them only afterwards)
-Elastic = Union[Sequence[RunningJob], Callable[[set], Sequence[RunningJob]]]
+Elastic = Union[Sequence[JobView], Callable[[set], Sequence[JobView]]]
 
 
 def after_admission(state: ClusterState, waiting: Sequence[JobView], plan: AdmissionPlan) -> ClusterState:
@@ -126,7 +125,7 @@ class CyclePlan:
     admission: AdmissionPlan
     scaling: ScalingPlan
     state: ClusterState
-    running: list[RunningJob] = field(default_factory=list)
+    running: list[JobView] = field(default_factory=list)
     blocked: JobView | None = None
     rounds: list[SettleRound] = field(default_factory=list)
     scaling_error: Exception | None = None
@@ -214,7 +213,7 @@ class SchedulingCycle:
             return out
         gone = set(out.preempted)
         jobs = running(gone) if callable(running) else running
-        out.running = [r for r in jobs if r.key not in gone]
+        out.running = [r for r in jobs if r.id not in gone]
         try:
             out.scaling = self.scale(out.running, state, blocked, place_one)
         except Exception as exc:  # noqa: BLE001 - handed to the caller, who raises it after admitting
@@ -391,7 +390,7 @@ class SchedulingCycle:
 
     def scale(
         self,
-        running: Sequence[RunningJob],
+        running: Sequence[JobView],
         state: ClusterState,
         blocked: JobView | None = None,
         place_one: PlaceOne | None = None,

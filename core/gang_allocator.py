@@ -26,9 +26,7 @@ from .planning import (
     Admission,
     AdmissionPlan,
     ElasticState,
-    RunningJob,
     ScalingPlanner,
-    TrainingSpec,
     WaitReason,
     scaling_steps,
     waiting_reasons,
@@ -303,14 +301,14 @@ class GangAllocator:
     def _place(self, v: JobView, state: ClusterState):
         return self.placement.place(v, state)
 
-    def _elastic_jobs(self, jobs: Sequence[AllocJob], gone: set, state: ClusterState, now: float) -> list[RunningJob]:
+    def _elastic_jobs(self, jobs: Sequence[AllocJob], gone: set, state: ClusterState, now: float) -> list[JobView]:
         """The jobs that were running and keep their GPUs (not in ``gone``), as core's
-        planner sees them. A job with the caller's record (``AllocJob.elastic``: its
-        :class:`~rlsched.core.planning.RunningJob`) is shown to the scaling policy as
-        that job's :meth:`~rlsched.core.planning.RunningJob.measured_view` (its reported
-        progress and loss, the remaining time estimated from the seconds it trained, its
-        own reports' speed-up), on its own β and range; any other has its reported
-        learning curve folded into an :class:`~rlsched.core.planning.ElasticState` kept here."""
+        planner sees them: their views on this decision's nodes, each with the record
+        the planner keeps of it. A job the caller sent with its live view and record
+        (``AllocJob.elastic``) is shown to the scaling policy with the caller's reported
+        progress, estimates and observations, on its own β and range; any other has its
+        reported learning curve folded into an
+        :class:`~rlsched.core.planning.ElasticState` kept here."""
         live = {j.id for j in jobs}
         self._elastic = {k: v for k, v in self._elastic.items() if k in live}
         running = []
@@ -318,9 +316,9 @@ class GangAllocator:
             if not j.allocation or j.id in gone:  # waiting, or preempted this cycle
                 continue
             v = state.running[j.id]
-            rec = j.elastic if isinstance(j.elastic, RunningJob) else None
-            if rec is not None:
-                running.append(self._callers_job(j, rec, v))
+            mine = j.elastic if isinstance(j.elastic, JobView) else None
+            if mine is not None and mine.record is not None:
+                running.append(self._callers_job(j, mine, v))
                 continue
             v.min_workers, v.max_workers = 1, max(j.max_replicas, v.workers)
             hist = learning_score(j.metrics, j.higher_is_better)
@@ -331,34 +329,33 @@ class GangAllocator:
                 v.throughput = last.atomic_bsz / max(last.step_time, 1e-9)
             es = self._elastic.setdefault(j.id, ElasticState())
             es.observe(prog, v.workers, j.age, self.beta, 0)
-            spec = TrainingSpec(min_workers=v.min_workers, max_workers=v.max_workers, gpus_per_worker=1,
-                                beta=self.beta, max_epochs=1 << 30, batch_size=j.batch_size or None)
-            running.append(RunningJob(key=j.id, spec=spec, workers=v.workers, progress=prog, state=es,
-                                      submit_time=j.submit_time, start_time=now, placement=list(v.placement),
-                                      patience=1 << 30, job=v,  # completion is the target, never a β stop
-                                      observations=job_observations(j)))
+            if j.running_since is None:
+                v.start_time = now  # no start known: these jobs tie on it
+            v.beta, v.record, v.batch_size = self.beta, es, j.batch_size or None
+            v.patience = 1 << 30  # completion is the target, never a β stop
+            v.observations = job_observations(j)
+            running.append(v)
         return running
 
-    def _callers_job(self, j: AllocJob, rec: RunningJob, v: JobView) -> RunningJob:
-        """The caller's running job ``rec`` on this decision's view ``v`` (its nodes in
-        this allocator's indices): ``v`` takes what ``rec``'s view says of the job, the
-        range is the job's own in whole workers (a pin is :meth:`_toward_range`'s)."""
+    def _callers_job(self, j: AllocJob, mine: JobView, v: JobView) -> JobView:
+        """``v`` (this decision's view, its nodes in this allocator's indices) as the
+        planner sees the caller's running job ``mine``: its record, progress, estimates,
+        start, batch and observations; the range is the job's own in whole workers (a
+        pin is :meth:`_toward_range`'s)."""
         g = max(1, j.replica_group)
-        mine = rec.view()
         v.min_workers, v.max_workers = max(1, j.min_replicas // g), max(j.max_replicas // g, v.workers)
         v.beta = self.beta if j.beta is None else j.beta
         v.progress, v.remaining, v.est_runtime = mine.progress, mine.remaining, mine.est_runtime
-        v.start_time = mine.start_time
-        spec = TrainingSpec(min_workers=v.min_workers, max_workers=v.max_workers, gpus_per_worker=g, beta=v.beta,
-                            max_epochs=1 << 30, batch_size=rec.spec.batch_size)
-        # completion is the plan's (the caller judges it), never this planner's β stop
-        return dataclasses.replace(rec, spec=spec, workers=v.workers, placement=list(v.placement), patience=1 << 30,
-                                   job=v)
+        v.start_time, v.record, v.batch_size, v.local_batch = mine.start_time, mine.record, mine.batch_size, \
+            mine.local_batch
+        obs = mine.observations
+        v.observations = obs if obs is not None and obs.shapes else None
+        v.patience = 1 << 30  # completion is the plan's (the caller judges it), never this planner's β stop
+        return v
 
-    def _place_one(self, rj: RunningJob, state: ClusterState) -> int | None:
-        v = rj.job
+    def _place_one(self, v: JobView, state: ClusterState) -> int | None:
         grown = JobView(id=v.id, submit_time=v.submit_time, workers=v.workers + 1, min_workers=1,
-                        gpus_per_worker=rj.spec.gpus_per_worker,
+                        gpus_per_worker=v.gpus_per_worker,
                         max_workers=max(v.max_workers, v.workers + 1), placement=list(v.placement))
         place = self.placement.place(grown, state, workers=1)
         return int(place[0]) if place else None

@@ -285,7 +285,7 @@ class AdmittingAllocator(RankingAllocator, Protocol):
     again, and which of those it preempted wait in the interrupt queue;
     ``enforces_queues``: whether it applies team queues' quotas (else their use is only
     reported); ``scales``: whether it scales running jobs on the caller's record of each
-    (:attr:`JobView.elastic`)."""
+    (:attr:`JobView.record`)."""
 
     enforces_queues: bool
     scales: bool
@@ -342,7 +342,7 @@ class LiveAllocation:
         nodes = job.placement
         held = tuple(nodes) if g == 1 else tuple(n for n in nodes for _ in range(g))
         prog = job.progress
-        elastic = job.elastic if nodes else None  # the caller's record of a running job, and its β
+        elastic = job if nodes and job.record is not None else None  # a running job the caller records, and its β
         return AllocJob(id=job.id, submit_time=job.submit_time, application=job.id,
                         age=max(0.0, now - job.submit_time), attained_service=job.attained_service,
                         num_restarts=max(0, job.restarts), allocation=held,
@@ -402,7 +402,7 @@ class LiveAllocation:
     @property
     def scales(self) -> bool:
         """Whether the allocator scales running jobs on the caller's record of each
-        (:attr:`JobView.elastic`: a caller with one passes it)."""
+        (:attr:`JobView.record`: a caller with one passes it)."""
         return self._admitting is not None and self._admitting.scales
 
     @staticmethod

@@ -31,7 +31,7 @@ from rlsched.core.contract import (
 )
 from rlsched.core.decision_clock import DecisionClock
 from rlsched.core.live_allocation import LiveAllocation, LivePlan, movable_room, observations_from_status
-from rlsched.core.planning import DynamicPriority, RunningJob, gang_unfittable
+from rlsched.core.planning import DynamicPriority, ElasticState, gang_unfittable
 from rlsched.core.queues import QueueBook
 
 from .api import JobRejected, api_error, read_json
@@ -73,11 +73,8 @@ class _Cycle:
     book: QueueBook
     queue_bodies: list[dict]
     waiting: list[Job] = field(default_factory=list)
-    running: list[RunningJob] = field(default_factory=list)
-
-    @property
-    def by_running(self) -> dict[str, RunningJob]:
-        return {r.key: r for r in self.running}
+    #: each running job's scaling record, by key
+    running: dict[str, ElasticState] = field(default_factory=dict)
 
 
 class Controller:
@@ -230,7 +227,7 @@ class Controller:
         hold_restarting(c.jobs.values(), listed, c.snap.state, self.lifecycle.target, c.snap.node_index)
         order = {k: i for i, k in enumerate(c.jobs)}
         c.waiting.sort(key=lambda j: order[j.key])
-        c.running.sort(key=lambda r: order[r.key])
+        c.running = dict(sorted(c.running.items(), key=lambda kv: order[kv[0]]))
 
     async def _observe_job(self, c: _Cycle, j: Job) -> None:
         """One job: stopped workers released, its status trusted, its holds applied, its
@@ -275,9 +272,9 @@ class Controller:
         elif phase == "Starting":
             await self.lifecycle.starting(j, now)
         if j.status.get("phase") == "Running":
-            rj = await self.lifecycle.running(j, c.snap.placement.get(j.key, []), now)
-            if rj is not None:
-                c.running.append(rj)
+            record = await self.lifecycle.running(j, now)
+            if record is not None:
+                c.running[j.key] = record
 
     # ------------------------------------------------------------------ 3. decide and act
     async def _allocate(self, c: _Cycle) -> CyclePlanSummary:
@@ -333,14 +330,14 @@ class Controller:
         now = c.now
         held: list[tuple[tuple[int, ...], int, int, int]] = []
         live: list[JobView] = []
-        for r in c.running:
-            j = c.jobs[r.key]
+        for key, record in c.running.items():
+            j = c.jobs[key]
             placement = tuple(c.snap.placement.get(j.key, ()))
-            movable = j.status.get("startedGeneration") == j.generation and len(placement) == r.workers
+            movable = j.status.get("startedGeneration") == j.generation and len(placement) == self.lifecycle.target(j)
             obs = await self.lifecycle.observe_goodput(j, placement, c.snap.types) if movable else None
             if movable:
                 held.append((placement, j.spec.gpus_per_worker, j.spec.cpu_milli, j.spec.memory_mib))
-            live.append(self.lifecycle.live_job(j, now, placement, obs, running=r, movable=movable,
+            live.append(self.lifecycle.live_job(j, now, placement, obs, record=record, movable=movable,
                                                 patience=self.config.patience))
         for j in c.waiting:
             bounds = j.spec.bounds
@@ -350,19 +347,16 @@ class Controller:
 
     async def _record_elastic(self, c: _Cycle) -> None:
         """Each running job's elastic state (``status.rlpto``), where it changed."""
-        running = c.by_running
-
         async def record(j: Job) -> None:
-            patch = self.lifecycle.rlpto_patch(j, running[j.key])
+            patch = self.lifecycle.rlpto_patch(j, c.running[j.key])
             if patch:
                 await self.status.patch(j, patch)
 
-        await self._each(record, [c.jobs[r.key] for r in c.running], c.now)
+        await self._each(record, [c.jobs[k] for k in c.running], c.now)
 
     async def _complete(self, c: _Cycle, plan: LivePlan) -> None:
         """The jobs that ended by themselves (the plan's β stops and ``maxEpochs``)."""
-        running = c.by_running
-        await self._each(lambda j: self.lifecycle.complete(j, plan.complete[j.key], c.now, rj=running[j.key]),
+        await self._each(lambda j: self.lifecycle.complete(j, plan.complete[j.key], c.now, record=c.running[j.key]),
                          [c.jobs[k] for k in plan.complete], c.now)
 
     async def _act_on_allocation(self, c: _Cycle, plan: LivePlan, considered: list[Job]) -> None:

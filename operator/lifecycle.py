@@ -2,7 +2,7 @@
 preempted, suspended, restarted, completed, failed), each recorded in its status
 before its workers are touched, and the job as core sees it
 (:class:`~rlsched.core.cluster.JobView`, with the scaling record of a running one,
-:class:`~rlsched.core.planning.RunningJob`). Its workers' exits are judged by
+:class:`~rlsched.core.planning.ElasticState`). Its workers' exits are judged by
 :func:`rlsched.core.lifecycle.judge`; nothing here decides who runs."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from rlsched.core.live_allocation import (
     observations_to_status,
     one_type,
 )
-from rlsched.core.planning import DynamicPriority, ElasticState, RunningJob, TrainingSpec, WaitReason
+from rlsched.core.planning import DynamicPriority, ElasticState, TrainingSpec, WaitReason
 
 from .job import Job, checkpoint_path, pod_generation, progress_of, requests_count
 from .status import (StatusWriter, format_time, get_condition, merge_diff, parse_time, restart_stall, set_condition,
@@ -161,9 +161,10 @@ class Lifecycle:
             j.pods = []
             await self.status.event(j.body, "GangTimeout", f"only {len(running)}/{target} workers running; pods deleted, requeued", "Warning")
 
-    async def running(self, j: Job, placement: list[int], now: float) -> RunningJob | None:
-        """The running job as the scaling planner sees it, after its workers' exits
-        were judged; None when that ended the job or restarted its generation."""
+    async def running(self, j: Job, now: float) -> ElasticState | None:
+        """The running job's scaling record (``status.rlpto`` with its latest report
+        folded in), after its workers' exits were judged; None when that ended the job
+        or restarted its generation."""
         if await self.judge(j, now) != "none":
             return None
         await self.check_batch(j, now)
@@ -194,12 +195,7 @@ class Lifecycle:
         state = ElasticState.from_status(j.status.get("rlpto"))
         start = parse_time(j.status.get("startTime")) or now
         state.observe(prog, target, now - start, j.spec.beta, j.spec.data_size)
-        submit = parse_time(j.body["metadata"].get("creationTimestamp")) or now
-        obs = await self.observe_goodput(j, placement) if placement else None
-        return RunningJob(key=j.key, spec=j.spec, workers=target, progress=prog, state=state,
-                          submit_time=submit, start_time=start, placement=placement,
-                          observations=obs if obs is not None and obs.shapes else None,
-                          local_batch=self.local_batch(j))
+        return state
 
     @staticmethod
     def local_batch(j: Job) -> float | None:
@@ -263,9 +259,9 @@ class Lifecycle:
         return obs
 
     @staticmethod
-    def rlpto_patch(j: Job, rj: RunningJob) -> dict[str, Any]:
+    def rlpto_patch(j: Job, record: ElasticState) -> dict[str, Any]:
         """The status patch that records the job's elastic state (``status.rlpto``), if it changed."""
-        rl = stored(rj.state.to_status())
+        rl = stored(record.to_status())
         if rl == stored(j.status.get("rlpto")):
             return {}
         old = j.status.get("rlpto")
@@ -281,17 +277,18 @@ class Lifecycle:
             queue = self.priority.queue(j.spec.priority_class, pr)
         return queue, pr
 
-    def live_job(self, j: Job, now: float, placement: tuple[int, ...], obs, *, running: RunningJob | None = None,
+    def live_job(self, j: Job, now: float, placement: tuple[int, ...], obs, *, record: ElasticState | None = None,
                  movable: bool = True, patience: int | None = None) -> JobView:
-        """The job as the allocation policy sees it; ``running``: its elastic state
-        this cycle (a running job's end is judged on it, with the β stop's ``patience``),
-        with the seed profile it declared (:meth:`seed_profile`)."""
+        """The job as the allocation policy sees it; ``record``: a running job's scaling
+        record this cycle (its end is judged on it, with the β stop's ``patience``, and a
+        scaling policy decides on it), with the seed profile it declared
+        (:meth:`seed_profile`)."""
         s = j.spec
         created = parse_time(j.body["metadata"].get("creationTimestamp")) or now
-        prog = running.progress if running is not None else progress_of(j.status)
+        prog = progress_of(j.status)
         queue, pr = self.service_queue(j)
-        end = {} if running is None else dict(max_epochs=s.max_epochs, streak=running.state.streak,
-                                              patience=patience, elastic=running)
+        end = {} if record is None else dict(max_epochs=s.max_epochs, patience=patience, record=record,
+                                             local_batch=self.local_batch(j))
         service = self.service(j, now)
         # seconds run, at the size it runs at (its gang's while it waits): what SRTF's
         # remaining time counts down from the user's estimate
@@ -428,21 +425,21 @@ class Lifecycle:
                          "Warning")
 
     async def complete(self, j: Job, why: str, now: float, *, message: str = "",
-                       rj: RunningJob | None = None) -> None:
+                       record: ElasticState | None = None) -> None:
         """The job Succeeded: recorded first, then the workers still running get SIGTERM
         with the grace period (so a script stopped by the beta stop or maxEpochs saves
         its model); a crash in between leaves a finished job whose pods the next cycle
         stops, never a job run again."""
         created = parse_time(j.body["metadata"].get("creationTimestamp")) or now
-        prog = rj.progress if rj is not None else progress_of(j.status)
+        prog = progress_of(j.status)
         what = message or f"epoch {prog.epoch}, accuracy {prog.accuracy:.4f}"
         patch: dict[str, Any] = {
             "phase": "Succeeded", "reason": why, "completionTime": format_time(now), "jctSeconds": now - created,
             "targetWorkers": 0, "workers": 0, "readyWorkers": 0,
             "conditions": set_condition(j.status.get("conditions"), "Complete", "True", why, what, now),
         }
-        if rj is not None:
-            patch["rlpto"] = rj.state.to_status()
+        if record is not None:
+            patch["rlpto"] = record.to_status()
         if j.status.get("attainedSince") is not None:  # the service attained up to the end
             patch.update({"attainedGpuSeconds": self.service(j, now), "attainedSince": None})
         await self.status.patch(j, patch)

@@ -28,7 +28,7 @@ from rlsched.core.decision_clock import DecisionClock
 from rlsched.core.estimate import estimate_remaining
 from rlsched.core.live_allocation import LiveAllocation, LivePlan
 from rlsched.core.queues import QueueBook
-from rlsched.core.planning import Admission, RunningJob, ScalingPlan, ScalingPlanner
+from rlsched.core.planning import Admission, ScalingPlan, ScalingPlanner
 
 from .convergence import ConvergenceModel
 from .engine_admission import HeuristicPath
@@ -357,7 +357,7 @@ class Simulator:
         Every change pays ``restart_cost``."""
         return self.alloc.cycle()
 
-    def elastic_jobs(self) -> list[RunningJob]:
+    def elastic_jobs(self) -> list[JobView]:
         """The running jobs as core's :class:`ScalingPlanner` sees them, synced to now:
         each job's reported progress folded into its :class:`ElasticState` (the same
         fold the operator does each cycle), its own β patience, and its live view."""

@@ -88,16 +88,15 @@ class AllocationAdapter:
         sim._allocated_at = t
         st = sim.state
         jobs: list[JobView] = []
-        if sim.allocation.scales:  # each running job with its record, as the operator passes it
-            for rj in sim.elastic.jobs():  # synced, its report folded in
-                j = sim._by_id[rj.key]
-                jobs.append(dataclasses.replace(self.live_job(j, tuple(rj.placement)), elastic=rj, beta=j.spec.beta))
-        else:
-            for v in list(st.running.values()):
-                j = sim._by_id[v.id]
-                sim.dynamics.sync(j, t)
-                sim.dynamics.report(j)
-                jobs.append(self.live_job(j, tuple(v.placement)))
+        scales = sim.allocation.scales
+        for v in list(st.running.values()):
+            j = sim._by_id[v.id]
+            sim.elastic.fold(j, record=scales)  # synced, its report folded in
+            live = self.live_job(j, tuple(v.placement))
+            if scales:  # with its record, as the operator passes it
+                live = dataclasses.replace(live, record=j.elastic, local_batch=sim.elastic.local_batch(j),
+                                           beta=j.spec.beta)
+            jobs.append(live)
         capacity, offers = movable_room(st, ((v.placement, v.gpus_per_worker, v.cpu_milli, v.memory_mib)
                                              for v in st.running.values()))
         jobs += [self.live_job(sim._by_id[v.id], ()) for v in st.pending]

@@ -6,10 +6,12 @@ of :class:`~rlsched.sim.engine.Simulator`.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
-from rlsched.core import ClusterState
-from rlsched.core.planning import RunningJob, ScalingPlan, TrainingSpec, scaling_steps
+from rlsched.core import ClusterState, JobView
+from rlsched.core.planning import ScalingPlan, scaling_steps
 
 from .engine_jobs import RUNNING, grown
 
@@ -20,28 +22,36 @@ class ElasticScaling:
     def __init__(self, sim) -> None:  # the Simulator it is a part of
         self.sim = sim
 
-    def jobs(self) -> list[RunningJob]:
+    def fold(self, j, record: bool = True) -> None:
+        """Job ``j`` synced to now, its report folded into its observations and (with
+        ``record``) its reported progress into its record
+        (:class:`~rlsched.core.planning.ElasticState`): the fold the operator does each
+        cycle."""
+        sim = self.sim
+        t = sim.now
+        sim.dynamics.sync(j, t)
+        if record:
+            v, spec = j.view, j.spec
+            j.elastic.observe(v.progress, v.workers, t - float(j.first_start), spec.beta, spec.samples_per_epoch)
+        sim.dynamics.report(j)
+
+    @staticmethod
+    def local_batch(j) -> float:
+        """Samples per GPU of job ``j``'s fixed per-worker batch."""
+        return j.spec.batch_per_worker / j.view.gpus_per_worker
+
+    def jobs(self) -> list[JobView]:
         """:meth:`Simulator.elastic_jobs <rlsched.sim.engine.Simulator.elastic_jobs>`."""
         sim = self.sim
         out = []
-        t = sim.now
         for v in sim.state.running.values():
             j = sim._by_id[v.id]
-            sim.dynamics.sync(j, t)
+            self.fold(j)
             spec = j.spec
-            j.elastic.observe(v.progress, v.workers, t - float(j.first_start), spec.beta, spec.samples_per_epoch)
-            tspec = TrainingSpec(
-                min_workers=v.min_workers, max_workers=v.max_workers, gpus_per_worker=v.gpus_per_worker,
-                priority_class=spec.priority_class, priority_value=spec.priority, beta=spec.beta,
-                max_epochs=spec.max_epochs, data_size=spec.samples_per_epoch, batch_size=spec.batch_size,
-            )
-            sim.dynamics.report(j)
-            out.append(RunningJob(
-                key=v.id, spec=tspec, workers=v.workers, progress=v.progress, state=j.elastic,
-                submit_time=v.submit_time, start_time=float(v.start_time), placement=list(v.placement),
-                patience=spec.patience, job=v, observations=j.obs if j.obs.shapes else None,
-                local_batch=spec.batch_per_worker / v.gpus_per_worker,
-            ))
+            out.append(dataclasses.replace(
+                v, beta=spec.beta, max_epochs=spec.max_epochs, batch_size=spec.batch_size, pinned_workers=None,
+                patience=spec.patience, record=j.elastic, observations=j.obs if j.obs.shapes else None,
+                local_batch=self.local_batch(j), placement=list(v.placement)))
         return out
 
     def apply(self, plan: ScalingPlan) -> dict[str, int]:
@@ -61,11 +71,11 @@ class ElasticScaling:
             sim._record(sim.now)
         return done
 
-    def place_one(self, rj: RunningJob, state: ClusterState) -> int | None:
+    def place_one(self, job: JobView, state: ClusterState) -> int | None:
         """The planner's room check: where the placement policy puts one more worker
         (best fit by free GPUs among the nodes that can host it when there is none)."""
         sim = self.sim
-        v = sim._by_id[rj.key].view
+        v = sim._by_id[job.id].view
         if sim.placement is None:
             c = state.candidates(v.gpus_per_worker, v.gpu_models)
             return int(c[np.argmin(state.free[c])]) if len(c) else None

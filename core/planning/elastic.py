@@ -16,13 +16,11 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from ..cluster import ClusterState, JobView, Progress
-from ..goodput import JobObservations
 from ..policy import Scaling
-from .spec import TrainingSpec
 
 __all__ = [
-    "CONVERGENCE_WINDOW", "ElasticState", "RunningJob", "ScalingPlan", "ScalingPlanner", "best_fit_node",
-    "convergence_gain", "convergence_gains", "reserved_gpus", "scaling_steps", "training_end",
+    "CONVERGENCE_WINDOW", "ElasticState", "ScalingPlan", "ScalingPlanner", "best_fit_node",
+    "convergence_gain", "convergence_gains", "measured_view", "reserved_gpus", "scaling_steps", "training_end",
 ]
 
 #: evaluations over which the convergence gain is averaged (:func:`convergence_gain`)
@@ -172,52 +170,18 @@ class ElasticState:
         )
 
 
-@dataclass(slots=True)
-class RunningJob:
-    """A running job as the scaling planner sees it: its spec, workers and the node of
-    each, and the record the planner keeps of it between cycles (``state``).
-    Admission holds running jobs as their live views (:class:`JobView`)."""
-
-    key: str
-    spec: TrainingSpec
-    workers: int
-    progress: Progress = field(default_factory=Progress)
-    state: ElasticState = field(default_factory=ElasticState)
-    submit_time: float = 0.0
-    start_time: float = 0.0
-    placement: list[int] = field(default_factory=list)
-    #: evaluations gaining < β that finish the job; None: the planner's ``patience``
-    #: (the operator's one setting; the simulator passes each trace job's own)
-    patience: int | None = None
-    #: the job's live view, when the caller has one (the simulator's: throughput, attained
-    #: service, GPU models); the policy then decides on it instead of one built from the spec
-    job: JobView | None = None
-    #: the step times and gradient statistics it reported (``status.goodput`` live; the
-    #: engine's fold of the same reports); None: nothing measured
-    observations: JobObservations | None = None
-    #: samples per GPU of its fixed per-worker batch, as it reported them (a job without
-    #: ``spec.batchSize``); None: unknown
-    local_batch: float | None = None
-
-    def view(self) -> JobView:
-        if self.job is not None:
-            return self.job
-        return self.spec.view(self.key, submit_time=self.submit_time, workers=self.workers,
-                              priority=self.spec.priority_value, ran=self.state.trained_s, start_time=self.start_time,
-                              placement=list(self.placement), progress=self.progress)
-
-    def measured_view(self, state: ClusterState) -> JobView:
-        """:meth:`view` with what one more worker is worth to the job filled in from its
-        own reports (``speedup``, ``stat_efficiency``:
-        :meth:`~rlsched.core.goodput.JobObservations.marginal` at the tightest placement
-        on ``state``'s nodes); left as they are without observations. What every policy
-        the planner asks reads, in the operator, the engine and RLPTO's environment."""
-        v = self.view()
-        if self.observations is not None and state.max_gpus > 0:
-            v.speedup, v.stat_efficiency = self.observations.marginal(
-                max(self.workers, 1), self.spec.gpus_per_worker, state.max_gpus,
-                batch=self.spec.batch_size, local_batch=self.local_batch)
-        return v
+def measured_view(job: JobView, state: ClusterState) -> JobView:
+    """``job`` (changed in place and returned) with what one more worker is worth to it
+    filled in from its own reports (``speedup``, ``stat_efficiency``:
+    :meth:`~rlsched.core.goodput.JobObservations.marginal` at the tightest placement on
+    ``state``'s nodes, at its ``batch_size`` or reported ``local_batch``); left as they
+    are without observations. What every policy the planner asks reads, in the operator,
+    the engine and RLPTO's environment."""
+    if job.observations is not None and state.max_gpus > 0:
+        job.speedup, job.stat_efficiency = job.observations.marginal(
+            max(job.workers, 1), job.gpus_per_worker, state.max_gpus,
+            batch=job.batch_size, local_batch=job.local_batch)
+    return job
 
 
 @dataclass(slots=True)
@@ -244,33 +208,34 @@ class ScalingPlanner:
         self.patience = patience
 
     @staticmethod
-    def converging(job: RunningJob) -> bool:
+    def converging(job: JobView) -> bool:
         """Whether the job's last evaluation gained less than β (``streak > 0``): it
         gives a worker back, whatever the policy asked."""
-        return job.state.streak > 0
+        return job.record.streak > 0
 
-    def finished(self, job: RunningJob) -> str | None:
+    def finished(self, job: JobView) -> str | None:
         """``"Converged"``, ``"MaxEpochs"`` or ``None`` (:func:`training_end`)."""
-        return training_end(job.progress.epochs_done, job.spec.max_epochs, job.state.streak,
+        return training_end(job.progress.epochs_done, job.max_epochs, job.record.streak,
                             self.patience if job.patience is None else job.patience)
 
-    def decides(self, job: RunningJob) -> bool:
+    def decides(self, job: JobView) -> bool:
         """Whether this cycle asks the policy about ``job``: it is not finished, not
         pinned, and has an evaluation newer than the last decision."""
-        return (job.spec.pinned_workers is None and job.progress.epoch > job.state.decided_epoch
+        return (job.pinned_workers is None and job.progress.epoch > job.record.decided_epoch
                 and self.finished(job) is None)
 
     def plan(
         self,
-        running: Sequence[RunningJob],
+        running: Sequence[JobView],
         state: ClusterState,
         reserved_gpus: int = 0,
-        place: Callable[[RunningJob, ClusterState], int | None] | None = None,
+        place: Callable[[JobView, ClusterState], int | None] | None = None,
     ) -> ScalingPlan:
-        """Decide this cycle's changes. ``reserved_gpus``: what the blocked head of the
+        """Decide this cycle's changes for the running jobs' views, each with the record
+        the planner keeps of it (``record``). ``reserved_gpus``: what the blocked head of the
         waiting queue needs (:func:`reserved_gpus`); scale-ups never eat into it. A
         converging job (not pinned) gets ``-1`` whatever the policy asked. Marks each job
-        the policy decided on (``state.decided_epoch``) so the same evaluation is not
+        the policy decided on (``record.decided_epoch``) so the same evaluation is not
         acted on twice.
 
         ``place(job, state)`` finds a node for one more worker of ``job`` on ``state``
@@ -279,52 +244,51 @@ class ScalingPlanner:
         returning."""
         place = place or _best_fit
         out = ScalingPlan()
-        live: list[RunningJob] = []
+        live: list[JobView] = []
         for job in running:
             why = self.finished(job)
             if why:
-                out.finished[job.key] = why
+                out.finished[job.id] = why
             else:
                 live.append(job)
 
         asked: dict[str, int] = {}
         auto = [j for j in live if self.decides(j)]
         if auto:
-            steps = dict(scaling_steps(self.policy.decide([j.measured_view(state) for j in auto], state)))
+            steps = dict(scaling_steps(self.policy.decide([measured_view(j, state) for j in auto], state)))
             for j in auto:
-                asked[j.key] = -1 if self.converging(j) else steps.get(j.key, 0)
-                j.state.decided_epoch = j.progress.epoch
-        out.decided = [j.key for j in auto]
+                asked[j.id] = -1 if self.converging(j) else steps.get(j.id, 0)
+                j.record.decided_epoch = j.progress.epoch
+        out.decided = [j.id for j in auto]
         for j in live:
-            if j.spec.pinned_workers is not None:
-                asked[j.key] = int(np.sign(j.spec.pinned_workers - j.workers))
+            if j.pinned_workers is not None:
+                asked[j.id] = int(np.sign(j.pinned_workers - j.workers))
         out.asked = {k: v for k, v in asked.items() if v}
 
         spare = int(np.maximum(state.free, 0).sum()) - reserved_gpus
-        ups: list[RunningJob] = []
+        ups: list[JobView] = []
         for j in live:
-            d = asked.get(j.key, 0)
-            if d < 0 and j.workers > j.spec.min_workers:
-                out.deltas[j.key] = -1
-            elif d > 0 and j.workers < j.spec.max_workers:
+            d = asked.get(j.id, 0)
+            if d < 0 and j.workers > j.min_workers:
+                out.deltas[j.id] = -1
+            elif d > 0 and j.workers < j.max_workers:
                 ups.append(j)
         # jobs that still gain most get the spare GPUs first
-        ups.sort(key=lambda j: (-(j.progress.gain if math.isfinite(j.progress.gain) else 1e9), j.start_time, j.key))
+        ups.sort(key=lambda j: (-(j.progress.gain if math.isfinite(j.progress.gain) else 1e9), j.start_time, j.id))
         taken: list[tuple[int, int, int, int]] = []
         try:
             for j in ups:
-                g = j.spec.gpus_per_worker
+                g = j.gpus_per_worker
                 if spare < g:
                     continue
                 node = place(j, state)
                 if node is None:
                     continue
-                v = j.view()
-                state.allocate(node, g, v.cpu_milli, v.memory_mib)
-                taken.append((node, g, v.cpu_milli, v.memory_mib))
+                state.allocate(node, g, j.cpu_milli, j.memory_mib)
+                taken.append((node, g, j.cpu_milli, j.memory_mib))
                 spare -= g
-                out.deltas[j.key] = 1
-                out.nodes[j.key] = int(node)
+                out.deltas[j.id] = 1
+                out.nodes[j.id] = int(node)
         finally:
             for node, g, cpu, mem in reversed(taken):
                 state.release(node, g, cpu, mem)
@@ -340,5 +304,5 @@ def best_fit_node(free: np.ndarray, gpus: int) -> int | None:
     return int(ok[np.argmin(free[ok])])
 
 
-def _best_fit(job: RunningJob, state: ClusterState) -> int | None:
-    return best_fit_node(state.free, job.spec.gpus_per_worker)
+def _best_fit(job: JobView, state: ClusterState) -> int | None:
+    return best_fit_node(state.free, job.gpus_per_worker)

@@ -106,6 +106,8 @@ class TrainingSpec:
             cpu_milli=self.cpu_milli,
             memory_mib=self.memory_mib,
             priority_class=self.priority_class,
+            max_epochs=self.max_epochs,
+            pinned_workers=self.pinned_workers,
             **state,
         )
 

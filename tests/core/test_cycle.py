@@ -13,7 +13,6 @@ from rlsched.core.planning import (
     Admission,
     ElasticState,
     HIGHEST_BONUS,
-    RunningJob,
     ScalingPlanner,
     TrainingSpec,
 )
@@ -36,16 +35,16 @@ def elastic(key, workers, gpw, history, placement, mx=4):
     prog = Progress(epoch=len(history), accuracy=history[-1], history=list(history))
     st = ElasticState()
     st.observe(prog, workers, 50.0, s.beta, 0)
-    return RunningJob(key=key, spec=s, workers=workers, progress=prog, state=st, placement=list(placement))
+    return s.view(key, submit_time=0.0, workers=workers, priority=0.0, placement=list(placement), progress=prog,
+                  record=st)
 
 
 def holder(rj_or_key, s=None, placement=(), priority=0.0, start=0.0):
     """A job holding GPUs as admission holds it: its live view on its nodes, with its
     dynamic priority and the time it started (a running job's, or a spec's)."""
-    if isinstance(rj_or_key, RunningJob):
-        rj = rj_or_key
-        return rj.spec.view(rj.key, submit_time=0.0, workers=rj.workers, priority=priority, start_time=start,
-                            placement=list(rj.placement))
+    if isinstance(rj_or_key, JobView):  # a running job's own view
+        rj_or_key.priority, rj_or_key.start_time = priority, start
+        return rj_or_key
     return s.view(rj_or_key, submit_time=0.0, workers=len(placement), priority=priority, start_time=start,
                   placement=list(placement))
 
@@ -83,7 +82,7 @@ def test_admission_preemption_and_scaling_in_one_plan():
     assert [v.id for v in st.pending] == ["vip"]
     s = plan.scaling
     assert s.deltas == {"conv": -1, "rise": 1} and s.nodes == {"rise": 1} and s.finished == {}
-    assert [r.key for r in plan.running] == ["conv", "rise"]
+    assert [r.id for r in plan.running] == ["conv", "rise"]
 
 
 def test_a_victim_is_never_scaled():
@@ -93,8 +92,8 @@ def test_a_victim_is_never_scaled():
     holders = [holder(vic, priority=-1.0), holder(other, priority=1.0)]
     waiting = [queued("vip", spec(1, 8, "highest"), 1.0)]
     plan = cycle().plan(waiting, holders, st, running=[vic, other])
-    assert plan.admission.preempt == ["vic"] and [r.key for r in plan.running] == ["other"]
-    assert vic.state.decided_epoch == 0 and other.state.decided_epoch == 3  # only other was decided on
+    assert plan.admission.preempt == ["vic"] and [r.id for r in plan.running] == ["other"]
+    assert vic.record.decided_epoch == 0 and other.record.decided_epoch == 3  # only other was decided on
     assert plan.scaling.deltas == {}  # no free GPUs (the victim's are still held)
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from rlsched.core import Progress
 from rlsched.core import make_scaling
-from rlsched.core.planning import ElasticState, RunningJob, ScalingPlanner, scaling_steps
+from rlsched.core.planning import ElasticState, ScalingPlanner, scaling_steps
 from rlsched.core.planning.elastic import CONVERGENCE_WINDOW, convergence_gain
 
 
@@ -16,7 +16,7 @@ def prog(*accs, epoch=None, loss=1.0, max_loss=2.0):
 def job(make_spec, key, workers, progress, *, mn=1, mx=4, beta=0.01, decided=0, pinned=None, max_epochs=100, streak=0):
     s = make_spec(mn=mn, mx=mx, beta=beta, pinned_workers=pinned, max_epochs=max_epochs)
     st = ElasticState(decided_epoch=decided, streak=streak)
-    return RunningJob(key=key, spec=s, workers=workers, progress=progress, state=st)
+    return s.view(key, submit_time=0.0, workers=workers, priority=0.0, start_time=0.0, progress=progress, record=st)
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def test_converging_job_shrinks_one_and_gaining_job_grows(planner, make_cluster,
     gain = job(make_spec, "gain", 1, prog(0.3, 0.5))
     plan = planner.plan([conv, gain], st)
     assert plan.deltas == {"conv": -1, "gain": 1}
-    assert conv.state.decided_epoch == 2 and gain.state.decided_epoch == 2
+    assert conv.record.decided_epoch == 2 and gain.record.decided_epoch == 2
 
 
 def test_no_decision_without_new_evaluation(planner, make_cluster, make_spec):
@@ -73,7 +73,7 @@ def test_scale_up_respects_reservation_and_capacity(planner, make_cluster, make_
     # two free GPUs, a waiting gang needs 1: only one scale-up, to the job gaining most
     assert planner.plan([a, b], st, reserved_gpus=1).deltas == {"a": 1}
     for j in (a, b):
-        j.state.decided_epoch = 0
+        j.record.decided_epoch = 0
     assert planner.plan([a, b], st, reserved_gpus=2).deltas == {}
 
 
@@ -150,8 +150,8 @@ def test_place_hook_decides_room_and_the_node(planner, make_cluster, make_spec):
     seen = []
 
     def place(j, state):
-        seen.append((j.key, state.free.tolist()))
-        ok = [i for i in (1,) if state.free[i] >= j.spec.gpus_per_worker]
+        seen.append((j.id, state.free.tolist()))
+        ok = [i for i in (1,) if state.free[i] >= j.gpus_per_worker]
         return ok[0] if ok else None
 
     plan = planner.plan([a, b], st, place=place)
@@ -160,7 +160,7 @@ def test_place_hook_decides_room_and_the_node(planner, make_cluster, make_spec):
     assert st.free.tolist() == [1, 1]
     # default: best fit by free GPUs
     for j in (a, b):
-        j.state.decided_epoch = 0
+        j.record.decided_epoch = 0
     st2 = make_cluster(4, 2)
     assert planner.plan([a, b], st2).nodes == {"a": 1, "b": 1}
 
@@ -238,14 +238,15 @@ def test_converging_job_gives_workers_back_whatever_the_policy_and_then_stops(po
     planner = ScalingPlanner(make_scaling(policy), patience=3)
     st = make_cluster(8)
     spec = make_spec(mn=1, mx=4, beta=0.001, max_epochs=100)
-    j = RunningJob(key="z", spec=spec, workers=4, progress=prog(ZIGZAG[0]), state=ElasticState())
+    j = spec.view("z", submit_time=0.0, workers=4, priority=0.0, start_time=0.0, progress=prog(ZIGZAG[0]),
+                  record=ElasticState())
     for i in range(4):
         st.allocate(0, 1)
         j.placement.append(0)
     deltas, finished = {}, {}
     for e in range(1, len(ZIGZAG) + 1):
         j.progress = prog(*ZIGZAG[:e])
-        j.state.observe(j.progress, j.workers, float(e), spec.beta, 0)
+        j.record.observe(j.progress, j.workers, float(e), spec.beta, 0)
         plan = planner.plan([j], st)
         if plan.finished:
             finished[e] = plan.finished["z"]

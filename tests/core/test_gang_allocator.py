@@ -255,16 +255,14 @@ def test_a_gang_whose_workers_no_node_can_host_by_cpu_does_not_block_the_line():
     assert list(plan.start) == ["ns/four"] and plan.waiting["ns/five"].reason == "Unfittable"
 
 
-def _callers(key, workers, history, *, beta, rec, mn=1, mx=4, g=8, **spec):
-    """The caller's running job (the operator's ``lifecycle.running``): its spec, the
-    reported progress and its ``status.rlpto`` record."""
+def _callers(history, *, rec):
+    """What the caller's live view of a running job carries for the scaling planner
+    (the operator's ``live_job``): its reported progress and its ``status.rlpto``
+    record."""
     from rlsched.core.cluster import Progress
-    from rlsched.core.planning import RunningJob, TrainingSpec
 
-    ts = TrainingSpec(min_workers=mn, max_workers=mx, gpus_per_worker=g, beta=beta, **spec)
     prog = Progress(epoch=len(history), accuracy=history[-1], history=list(history), loss=0.5, max_loss=2.0)
-    return RunningJob(key=key, spec=ts, workers=workers, progress=prog, state=rec, submit_time=0.0, start_time=5.0,
-                      placement=list(range(workers)))
+    return dict(progress=prog, record=rec, start_time=5.0)
 
 
 def test_a_callers_elastic_record_scales_on_the_jobs_own_beta_and_range():
@@ -277,37 +275,35 @@ def test_a_callers_elastic_record_scales_on_the_jobs_own_beta_and_range():
 
     live = LiveAllocation.named("fifo/bestfit/beta+nobackfill")
     rec = ElasticState(epoch=3, streak=0, decided_epoch=2)
-    rising = view("ns/r", 0.0, 1, 4, gpus_per_worker=8, placement=(0,),
-                  progress=Progress(epoch=3, history=[0.1, 0.3, 0.5]),
-                     elastic=_callers("ns/r", 1, (0.1, 0.3, 0.5), beta=0.02, rec=rec), beta=0.02)
+    rising = view("ns/r", 0.0, 1, 4, gpus_per_worker=8, placement=(0,), **_callers((0.1, 0.3, 0.5), rec=rec),
+                  beta=0.02)
     plan = live.plan([rising], {0: 8, 1: 8}, now=10.0)
     assert plan.resize == {"ns/r": LiveTarget(2, None)} and rec.decided_epoch == 3
     assert not live.plan([rising], {0: 8, 1: 8}, now=20.0).resize  # the same evaluation: no second step
     hist = (0.1, 0.3, 0.5, 0.505)
-    flat = replace(rising, placement=(0, 1), progress=Progress(epoch=4, history=list(hist)),
-                   elastic=_callers("ns/r", 2, hist, beta=0.02, rec=ElasticState(epoch=4, streak=1, decided_epoch=3)))
+    flat = replace(rising, placement=(0, 1), **_callers(hist, rec=ElasticState(epoch=4, streak=1, decided_epoch=3)))
     assert live.plan([flat], {0: 8, 1: 8}, now=30.0).resize == {"ns/r": LiveTarget(1, None)}
     alone = replace(flat, placement=(0,), min_workers=1,
-                    elastic=_callers("ns/r", 1, hist, beta=0.02, rec=ElasticState(epoch=4, streak=1, decided_epoch=3)))
+                    **_callers(hist, rec=ElasticState(epoch=4, streak=1, decided_epoch=3)))
     assert not live.plan([alone], {0: 8, 1: 8}, now=40.0).resize  # at its minimum
 
 
 def test_a_scaling_policy_sees_the_callers_measured_view():
     """RLPTO's network is shown a job with the caller's record as core's planner shows
-    it the caller's job (:meth:`RunningJob.measured_view`): its reported loss, the
-    remaining time estimated from the seconds it trained and its ``maxEpochs``, β, its
-    workers and the speed-up its own reports give; and the jobs still waiting after the
-    decision's admissions as pending. Alone on the cluster, its RLPTO features are the
-    ones the planner computes on a cluster state of the same nodes."""
+    it the caller's view (:func:`~rlsched.core.planning.measured_view`): its reported
+    loss, its remaining time, β, its workers and the speed-up its own reports give; and
+    the jobs still waiting after the decision's admissions as pending. Alone on the
+    cluster, its RLPTO features are the ones the planner computes on a cluster state of
+    the same nodes."""
     from rlsched.core.cluster import ClusterState, JobView
+    from rlsched.core.estimate import estimate_remaining
     from rlsched.core.learned import job_observation
     from rlsched.core.live_allocation import LiveAllocation
-    from rlsched.core.planning import ElasticState
+    from rlsched.core.planning import ElasticState, measured_view
     from rlsched.core.topology import NodeSpec, Topology
 
     hist = (0.1, 0.3, 0.5)
     rec = ElasticState(epoch=3, decided_epoch=2, trained_s=120.0)
-    mine = _callers("ns/r", 2, hist, beta=0.004, rec=rec, max_epochs=30, estimated_runtime=3600.0)
     live = LiveAllocation.named("fifo/das/rlpto+nobackfill")
     policy = live.allocator.planner.policy
     seen = []
@@ -318,16 +314,17 @@ def test_a_scaling_policy_sees_the_callers_measured_view():
         return decide(running, state)
 
     policy.decide = spy
-    run = view("ns/r", 0.0, 1, 4, gpus_per_worker=8, placement=(0, 1),
-               progress=Progress(epoch=3, history=list(hist)), elastic=mine, beta=0.004)
+    left = estimate_remaining(3600.0, 120.0, 3, 30)
+    run = view("ns/r", 0.0, 1, 4, gpus_per_worker=8, placement=(0, 1), **_callers(hist, rec=rec), beta=0.004,
+               est_runtime=3600.0, remaining=left, max_epochs=30)
     start = view("ns/s", 1.0, 1, 1, gpus_per_worker=8)  # admitted by the same decision
     wait = view("ns/w", 2.0, 3, 3, gpus_per_worker=8)  # does not fit: still pending
     live.plan([run, start, wait], {i: 8 for i in range(4)}, now=10.0)
     (v, feats, pending), = seen
     state = ClusterState(Topology([NodeSpec(f"node-{i}", 8) for i in range(4)]), time=10.0)
-    want = mine.measured_view(state)
+    want = measured_view(replace(run, workers=2), state)
     assert (v.progress.loss, v.progress.max_loss, v.progress.history) == (0.5, 2.0, list(hist))
-    assert v.remaining == want.remaining > 0 and v.est_runtime == 3600.0
+    assert v.remaining == want.remaining == left > 0 and v.est_runtime == 3600.0
     assert (v.beta, v.workers, v.speedup, v.stat_efficiency) == (want.beta, want.workers, want.speedup,
                                                                  want.stat_efficiency)
     assert pending == 1  # ns/s was admitted, ns/w waits
@@ -411,9 +408,8 @@ def test_a_scaling_step_every_interval_and_a_wake_for_the_next():
 
     def rising(now):
         rec = ElasticState(epoch=3, streak=0, decided_epoch=2)
-        return view("ns/r", 0.0, 1, 4, gpus_per_worker=8, placement=(0,), start_time=0.0,
-                    progress=Progress(epoch=3, history=[0.1, 0.3, 0.5]),
-                    elastic=_callers("ns/r", 1, (0.1, 0.3, 0.5), beta=0.02, rec=rec), beta=0.02)
+        return view("ns/r", 0.0, 1, 4, gpus_per_worker=8, placement=(0,), **_callers((0.1, 0.3, 0.5), rec=rec),
+                    beta=0.02)
 
     first = live.plan([rising(0.0)], {0: 8, 1: 8}, now=0.0)
     assert not first.resize and first.wake_at == 300.0
@@ -438,9 +434,8 @@ def test_grows_come_in_the_order_the_planner_placed_them():
     jobs = []
     for k, (key, hist) in enumerate((("ns/slow", (0.1, 0.2, 0.25)), ("ns/fast", (0.1, 0.3, 0.6)))):
         rec = ElasticState(epoch=3, streak=0, decided_epoch=2)
-        jobs.append(view(key, float(k), 1, 4, gpus_per_worker=8, placement=(k,), start_time=0.0,
-                         progress=Progress(epoch=3, history=list(hist)),
-                         elastic=_callers(key, 1, hist, beta=0.01, rec=rec), beta=0.01))
+        jobs.append(view(key, float(k), 1, 4, gpus_per_worker=8, placement=(k,), **_callers(hist, rec=rec),
+                         beta=0.01))
     plan = live.plan(jobs, {i: 8 for i in range(4)}, now=10.0)
     assert list(plan.resize) == ["ns/fast", "ns/slow"]
     assert plan.resize["ns/fast"] == LiveTarget(2, None)

@@ -146,12 +146,15 @@ def test_a_job_that_ended_by_itself_is_completed_in_the_plan_and_its_gpus_wait_a
     in ``complete``, is not given to the allocator, and its GPUs are not offered until
     the next decision (its workers are still stopping); a job whose generation still
     starts (not movable) is judged too, but never allocated."""
+    from rlsched.core.planning import ElasticState
+
     jobs = [
         view("ns/epochs", 0.0, 1, 2, placement=(0, 0), progress=Progress(scale_invariant_epochs=10.0), max_epochs=10),
-        view("ns/beta", 1.0, 1, 2, placement=(1,), streak=3, patience=3),
-        view("ns/learning", 2.0, 1, 2, placement=(1,), streak=2, patience=3,
+        view("ns/beta", 1.0, 1, 2, placement=(1,), record=ElasticState(streak=3), patience=3),
+        view("ns/learning", 2.0, 1, 2, placement=(1,), record=ElasticState(streak=2), patience=3,
              progress=Progress(scale_invariant_epochs=9.5), max_epochs=10),
-        view("ns/settling", 3.0, 1, 2, placement=(2,), streak=5, patience=None, movable=False),
+        view("ns/settling", 3.0, 1, 2, placement=(2,), record=ElasticState(streak=5), patience=None,
+             movable=False),
         view("ns/starting", 4.0, 1, 2, placement=(3,), progress=Progress(scale_invariant_epochs=10.0),
              max_epochs=10, movable=False),
         view("ns/wait", 5.0, 1, 2),

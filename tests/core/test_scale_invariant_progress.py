@@ -4,7 +4,7 @@ trainer reports (AdaScale's base-batch epochs) when present, else completed epoc
 import pytest
 
 from rlsched.core import Progress, progress_from_report
-from rlsched.core.planning import ElasticState, RunningJob, ScalingPlanner
+from rlsched.core.planning import ElasticState, ScalingPlanner
 from rlsched.core import make_scaling
 
 
@@ -27,7 +27,7 @@ def test_max_epochs_and_the_remaining_time_judge_scale_invariant_epochs(make_spe
     spec = make_spec(mn=1, mx=4, max_epochs=4)
     prog = Progress(epoch=5, loss=1.0, max_loss=2.0, accuracy=0.9, history=[0.9] * 5, scale_invariant_epochs=3.0)
     planner = ScalingPlanner(make_scaling("beta"), patience=100)
-    job = RunningJob(key="j", spec=spec, workers=2, progress=prog, state=ElasticState())
+    job = spec.view("j", submit_time=0.0, workers=2, priority=0.0, progress=prog, record=ElasticState())
     assert planner.finished(job) is None
     prog.scale_invariant_epochs = 4.0
     assert planner.finished(job) == "MaxEpochs"

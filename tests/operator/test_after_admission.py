@@ -10,7 +10,7 @@ before it scales, on one state."""
 from __future__ import annotations
 
 from rlsched.core import ClusterState, Progress, Topology, make_scaling
-from rlsched.core.planning import Admission, ElasticState, RunningJob, ScalingPlanner, TrainingSpec
+from rlsched.core.planning import Admission, ElasticState, ScalingPlanner, TrainingSpec
 from rlsched.core.policy import make_ordering
 from rlsched.core.cycle import after_admission
 
@@ -21,8 +21,8 @@ def _setup():
     # node 0 full with the running elastic job, node 1 empty
     state.allocate(0, 8)
     elastic = TrainingSpec(min_workers=2, max_workers=4, gpus_per_worker=4, beta=0.01)
-    running = RunningJob(key="ns/run", spec=elastic, workers=2, state=ElasticState(),
-                         progress=Progress(epoch=1, accuracy=0.5, history=[0.5]), placement=[0, 0])
+    running = elastic.view("ns/run", submit_time=0.0, workers=2, priority=0.0, start_time=0.0, record=ElasticState(),
+                           progress=Progress(epoch=1, accuracy=0.5, history=[0.5]), placement=[0, 0])
     gang = TrainingSpec(min_workers=2, max_workers=2, gpus_per_worker=4)
     later = TrainingSpec(min_workers=1, max_workers=1, gpus_per_worker=8)
     waiting = [gang.view("ns/new", submit_time=1.0, workers=gang.min_workers, priority=0.0),
@@ -50,7 +50,7 @@ def test_no_scale_up_on_the_gpus_of_a_gang_admitted_this_cycle():
     # on the cycle's first snapshot the planner would hand node 1 to the running job too
     before = planner.plan([running], _clone(state))
     assert before.deltas == {"ns/run": 1}
-    running.state = ElasticState()
+    running.record = ElasticState()
     after = planner.plan([running], after_admission(state, waiting, plan))
     assert after.deltas == {}
 

@@ -114,7 +114,7 @@ def test_default_scaling_policy_reads_what_the_job_reported(extender, fake_train
                                                             wait_until):
     """The scaling mode folds each report into ``status.goodput`` as the allocator mode
     does, and the learned policy's measured speed-up ``s`` is the model fitted to those
-    step times (core's ``RunningJob.measured_view``): 0 (unknown) before the first
+    step times (core's ``measured_view``): 0 (unknown) before the first
     report, > 1 once the job has reported on its placement."""
     from rlsched.sim.measured import load_applications
 

@@ -114,16 +114,14 @@ def test_completion_brings_attained_service_up_to_date(controller):
 def test_the_plans_end_of_a_job_completes_it(controller):
     """Under an allocator the β stop comes in the plan (``LivePlan.complete``): the job
     Succeeds with the plan's reason and its elastic state recorded."""
-    from rlsched.core import Progress
     from rlsched.core.live_allocation import LivePlan
-    from rlsched.core.planning import ElasticState, RunningJob
+    from rlsched.core.planning import ElasticState
     from rlsched.core.queues import QueueBook
     from rlsched.operator.controller import _Cycle
 
     ctl = controller(allocator="goodput-rlpto")
     j = _job({"phase": "Running", "targetWorkers": 1})
-    rj = RunningJob(key=j.key, spec=SPEC, workers=1, progress=Progress(epoch=7), state=ElasticState(streak=5))
-    c = _Cycle(NOW, {j.key: j}, {j.uid: j}, None, QueueBook(), [], running=[rj])
+    c = _Cycle(NOW, {j.key: j}, {j.uid: j}, None, QueueBook(), [], running={j.key: ElasticState(streak=5)})
     ctl.run(ctl._complete(c, LivePlan(complete={j.key: "Converged"})))
     patch = next(call[1] for call in ctl.calls if call[0] == "patch")
     assert (patch["phase"], patch["reason"], patch["rlpto"]["streak"]) == ("Succeeded", "Converged", 5)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from rlsched.core import Progress, Topology, make_ordering, make_placement, make_scaling
-from rlsched.core.planning import ElasticState, RunningJob, ScalingPlanner, TrainingSpec
+from rlsched.core.planning import ElasticState, ScalingPlanner, TrainingSpec
 from rlsched.sim import JobSpec, SimConfig, Simulator
 from rlsched.sim.traces import synthetic
 
@@ -42,8 +42,8 @@ def _planner_end(history: list[float], spec: JobSpec, reports: int = 1) -> tuple
     for e in epochs:
         prog = Progress(epoch=e, accuracy=history[e - 1], history=list(history[:e]))
         st.observe(prog, workers=spec.workers, trained_s=0.0, beta=spec.beta, data_size=spec.samples_per_epoch)
-        why = planner.finished(RunningJob(key=spec.id, spec=ts, workers=spec.workers, progress=prog, state=st,
-                                          patience=spec.patience))
+        why = planner.finished(ts.view(spec.id, submit_time=0.0, workers=spec.workers, priority=0.0, progress=prog,
+                                       record=st, patience=spec.patience))
         if why:
             return e, why
     return len(history), None

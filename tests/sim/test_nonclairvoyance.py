@@ -20,7 +20,10 @@ from rlsched.core.estimate import estimate_remaining
 from rlsched.sim import JobSpec, SimConfig, Simulator
 from rlsched.sim.traces import synthetic
 
-_FIELDS = [f.name for f in dataclasses.fields(JobView)]
+#: every field of a view but the β stop's patience: the scheduler's own setting (the
+#: operator's ``--patience``; each trace job's own here), which the training pair below
+#: varies to make the true run times differ
+_FIELDS = [f.name for f in dataclasses.fields(JobView) if f.name != "patience"]
 
 
 def _snap(v: JobView) -> tuple:
@@ -30,6 +33,8 @@ def _snap(v: JobView) -> tuple:
         x = getattr(v, name)
         if name == "progress":
             x = (x.epoch, repr(x.loss), repr(x.max_loss), x.accuracy, tuple(x.history))
+        elif name == "record" and x is not None:  # the scaling record as it stands now
+            x = repr(x)
         elif isinstance(x, list):
             x = tuple(x)
         out.append((name, x))

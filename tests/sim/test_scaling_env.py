@@ -294,7 +294,7 @@ def test_views_carry_what_each_job_reported_and_nothing_else():
     env.reset(seed=3)
     checked = 0
     for _ in range(40):
-        records = {rj.key: rj for rj in env.sim.elastic_jobs()}
+        records = {rj.id: rj for rj in env.sim.elastic_jobs()}
         for v in env.asked:
             rj = records[v.id]
             assert rj.observations is not None  # a job is asked after an evaluation, which it reported

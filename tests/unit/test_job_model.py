@@ -1,7 +1,6 @@
-"""Core describes a training job with few types: the spec, the live view (what the
-policies, admission and the live allocation read of a job, waiting or running), the job
-holding GPUs (admission's victims and the scaling planner's jobs alike) and the
-allocators' view. A new
+"""Core describes a training job with three types: the spec, the live view (what the
+policies, admission, the scaling planner and the live allocation read of a job, waiting
+or running) and the allocators' view. A new
 class that carries a job's submit time, gang or spec is one more translation on every
 decision path: this test fails until it replaces one of these."""
 
@@ -12,7 +11,7 @@ import ast
 from .test_no_history_in_code import ROOT
 
 #: the job types of core, one per role
-JOB_TYPES = {"TrainingSpec", "JobView", "RunningJob", "AllocJob"}
+JOB_TYPES = {"TrainingSpec", "JobView", "AllocJob"}
 #: fields only a class describing a training job declares
 JOB_FIELDS = {"submit_time", "min_workers", "gpus_per_worker"}
 
