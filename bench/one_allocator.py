@@ -20,7 +20,8 @@ import json
 import time
 
 
-def compare(spec: str, policy: str, seed: int, data_dir: str | None = None, scale_every: float | None = None) -> dict:
+def compare(spec: str, policy: str, seed: int, data_dir: str | None = None, scale_every: float | None = None,
+            decision_gap: float = 0.0) -> dict:
     import numpy as np
 
     from rlsched.core import make_ordering, make_placement, make_scaling
@@ -35,8 +36,8 @@ def compare(spec: str, policy: str, seed: int, data_dir: str | None = None, scal
         raise SystemExit(f"{policy!r}: give ordering/placement[/scaling][+backfill|+nobackfill]")
     trace = load_trace(spec, data_dir=data_dir, seed=seed)
     topo = trace.topology if trace.topology is not None else default_topology(trace.jobs)
-    cfg = SimConfig(backfill=pol.backfill is not False, decision_gap=0.0)
-    out = {"trace": spec, "policy": policy, "seed": seed}
+    cfg = SimConfig(backfill=pol.backfill is not False, decision_gap=decision_gap)
+    out = {"trace": spec, "policy": policy, "seed": seed, "decision_gap": decision_gap, "scale_every": scale_every}
     for path in ("passes", "allocator"):
         so, sp, ss = np.random.SeedSequence(seed).spawn(3)
         scaling = make_scaling(pol.scaling, rng=np.random.default_rng(ss)) if pol.scaling else None
@@ -67,11 +68,15 @@ def main(argv=None) -> None:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--scale-every", type=float, default=None,
                    help="the allocator's seconds between scaling steps (default: every decision)")
+    p.add_argument("--decision-gap", type=float, default=0.0,
+                   help="the allocator's least seconds between decisions on events (default 0: every event, "
+                        "as the passes decide)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     from tqdm import tqdm
 
-    rows = [compare(args.trace, args.policy, int(s), args.data_dir, args.scale_every) for s in tqdm(args.seeds.split(","), desc="seeds")]
+    rows = [compare(args.trace, args.policy, int(s), args.data_dir, args.scale_every, args.decision_gap)
+            for s in tqdm(args.seeds.split(","), desc="seeds")]
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=2)
     for r in rows:
