@@ -3,8 +3,8 @@
 :class:`SchedulingCycle` strings core's planners together (admission, the cluster as
 scaling sees it after admission, scaling with the blocked head's gang reserved), so the
 sequence lives here once and the adapters only translate; the result is one
-:class:`CyclePlan`. Its steps serve the event engine; ``settle=True`` settles
-preemptions within one call for the interval engine. Pure: no Kubernetes, no clock.
+:class:`CyclePlan`; ``settle=True`` settles preemptions within the one call (the gang
+allocator, behind every caller's one decision). Pure: no Kubernetes, no clock.
 Design notes: docs/design-notes.md.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence, Union
+from typing import Callable, Sequence, Union
 
 import numpy as np
 
@@ -26,8 +26,7 @@ from .planning import (
     take_gang,
 )
 
-__all__ = ["SchedulingCycle", "CyclePlan", "SettleRound", "Preemption", "after_admission", "best_fit_gang",
-           "interrupts"]
+__all__ = ["SchedulingCycle", "CyclePlan", "SettleRound", "after_admission", "best_fit_gang", "interrupts"]
 
 log = logging.getLogger(__name__)
 
@@ -142,29 +141,15 @@ class CyclePlan:
         return out
 
 
-@dataclass(slots=True)
-class Preemption:
-    """One preemption decision (:meth:`SchedulingCycle.preempt`): the blocked head of
-    line ``head`` evicts ``victims`` (in the order the caller listed the running jobs:
-    the order to suspend them in); those in ``interrupt`` go to the interrupt queue and
-    resume first (:func:`interrupts`), the others back to their own queue."""
-
-    head: JobView
-    victims: list[str] = field(default_factory=list)
-    interrupt: list[str] = field(default_factory=list)
-
-
 class SchedulingCycle:
     """Admission, preemption and elastic scaling, in one call (see the module docstring).
 
     ``admission``: core's :class:`~rlsched.core.planning.Admission` (queues, gang fit,
-    backfill, preemption), or None where no ordering decides (an event engine driven by
-    hand: then only :meth:`head` and :meth:`scale` answer, head of line FIFO);
-    ``planner``: core's :class:`~rlsched.core.planning.ScalingPlanner`, or None for no
+    backfill, preemption); ``planner``: core's :class:`~rlsched.core.planning.ScalingPlanner`, or None for no
     elastic step.
     """
 
-    def __init__(self, admission: Admission | None, planner: ScalingPlanner | None = None) -> None:
+    def __init__(self, admission: Admission, planner: ScalingPlanner | None = None) -> None:
         self.admission = admission
         self.planner = planner
 
@@ -197,8 +182,8 @@ class SchedulingCycle:
         ``place_one(job, state)``: the scaling step's room check for one more worker
         (default best fit). ``settle``: release the victims and plan admission again in
         this call, at most ``rounds`` rounds (default ``2 x (waiting + holders) + 2``).
-        ``scale``: run the scaling step (False: admission only, as between the event
-        engine's scaling ticks).
+        ``scale``: run the scaling step (False: admission only, as between two of the
+        gang allocator's scaling steps).
         """
         if settle:
             admission, blocked, settled = self._settle(waiting, holders, state, releasing, place, rounds)
@@ -215,7 +200,7 @@ class SchedulingCycle:
         jobs = running(gone) if callable(running) else running
         out.running = [r for r in jobs if r.id not in gone]
         try:
-            out.scaling = self.scale(out.running, state, blocked, place_one)
+            out.scaling = self._scale(out.running, state, blocked, place_one)
         except Exception as exc:  # noqa: BLE001 - handed to the caller, who raises it after admitting
             out.scaling_error = exc
         return out
@@ -296,99 +281,7 @@ class SchedulingCycle:
         )
         return merged, blocked, done
 
-    # ------------------------------------------ the steps (the event engine calls them one at a time)
-    def head(self, pending: Sequence[JobView], state: ClusterState) -> JobView | None:
-        """The head of line among the waiting jobs' views: the one the admission
-        ordering ranks first (after an admission pass it is blocked: everyone waiting
-        is blocked or behind it), the first submitted (then the lowest id) without an
-        admission; None when nobody waits."""
-        if not pending:
-            return None
-        if self.admission is None:
-            return min(pending, key=lambda v: (v.submit_time, v.id))
-        return self.admission.ordering.rank(pending, state)[0]
-
-    def preemption_possible(self, highest_waiting: bool) -> bool:
-        """Whether any waiting job may preempt at all: preemption on, and a preemptive
-        ordering (SRTF, Tiresias) or a ``highest`` job waiting (``highest_waiting``) —
-        :meth:`Admission.may_preempt <rlsched.core.planning.Admission.may_preempt>`
-        for every waiting job at once."""
-        adm = self.admission
-        return adm is not None and adm.preemption and (adm.preemptive_ordering or bool(highest_waiting))
-
-    def preempt(
-        self,
-        head: JobView,
-        running: Iterable[JobView],
-        state: ClusterState,
-        now: float,
-    ) -> Preemption | None:
-        """One preemption decision for blocked head of line ``head`` (its live view), given the running jobs' live views: the victims
-        :meth:`Admission.choose_victims <rlsched.core.planning.Admission.choose_victims>`
-        picks on the nodes that can host the head's workers (its GPU models), or None.
-
-        A job started or resumed at ``now`` is no victim (as in the operator, whose
-        plan never evicts the jobs it admits in the same cycle: no run of zero length,
-        no restart cost paid for nothing). A head below ``highest`` evicts only jobs the
-        ordering ranks strictly after it (``outranked``/``preempts``; admission checks
-        them again, with the classes)."""
-        adm = self.admission
-        if adm is None or not adm.may_preempt(head):
-            return None
-        v = head
-        mask = np.zeros(len(state.total), dtype=bool)
-        mask[state.candidates_total(v.gpus_per_worker, v.gpu_models)] = True
-        free = np.where(mask, state.free, 0).astype(np.int64)
-        total = np.where(mask, state.total, 0).astype(np.int64)
-        views = [r for r in running if r.start_time < now]
-        by_class = head.priority_class == "highest"
-        if not by_class:
-            ordering = adm.ordering
-            views = ordering.outranked(v, views, state)
-            if not views:
-                return None
-        chosen = set(adm.choose_victims(head, views, free, total, state))
-        if not chosen:
-            return None
-        victims = [r for r in views if r.id in chosen]
-        return Preemption(head=head, victims=[r.id for r in victims],
-                          interrupt=[r.id for r in victims if interrupts(head.priority_class, r.priority_class)])
-
-    def preemption_rounds(
-        self,
-        state: ClusterState,
-        now: float,
-        *,
-        apply: Callable[[Preemption], bool],
-        admit: Callable[[], object],
-        rounds: int | None = None,
-    ) -> list[Preemption]:
-        """The event engine's preemption, after an admission pass left jobs waiting on
-        ``state`` (its live cluster: ``pending`` and ``running`` views): the head of
-        line (:meth:`head`) asks for victims among
-        ``state.running`` (:meth:`preempt`); ``apply(decision)`` suspends them and
-        starts the head (False when the head's placement failed: it waits and the
-        rounds end); ``admit()`` passes over the waiting jobs again. Rounds go on until
-        nobody waits or preempts, at most ``rounds`` (default ``2 x (running + pending)
-        + 2``: each round replaces running jobs by a job the rules rank strictly before
-        them, so rounds end; the bound only guards against a policy breaking that
-        promise). Returns the decisions applied, in order."""
-        limit = 2 * (len(state.running) + len(state.pending)) + 2 if rounds is None else int(rounds)
-        done: list[Preemption] = []
-        for _ in range(limit):
-            if not state.pending:
-                return done
-            d = self.preempt(self.head(state.pending, state), state.running.values(), state, now)
-            if d is None:
-                return done
-            done.append(d)
-            if not apply(d):
-                return done
-            admit()
-        log.warning("t=%g: preemption did not settle; %d jobs still pending", now, len(state.pending))
-        return done
-
-    def scale(
+    def _scale(
         self,
         running: Sequence[JobView],
         state: ClusterState,

@@ -310,16 +310,6 @@ class DASOrdering:
         return logits
 
     def rank(self, pending: Sequence[JobView], state: ClusterState) -> list[JobView]:
-        return self._rank(pending, state, exact=True)
-
-    def rank_for_start(self, pending: Sequence[JobView], state: ClusterState) -> list[JobView]:
-        """:meth:`rank`, except that the window's jobs that do not fit now keep their
-        window (age) order among themselves: the transformer runs only when two jobs
-        that fit share queue class and priority (see ``rank_for_start`` in
-        :mod:`rlsched.core.policy`)."""
-        return self._rank(pending, state, exact=False)
-
-    def _rank(self, pending: Sequence[JobView], state: ClusterState, exact: bool) -> list[JobView]:
         if len(pending) == 1:  # a window of one: nothing to order, no transformer
             return list(pending)
         fifo = sorted(pending, key=_age_key)
@@ -330,10 +320,9 @@ class DASOrdering:
         fits = [fit(j) for j in head]
         keys = [(_QUEUE_RANK.get(j.queue, 1.0), -j.priority, self.las_queue(j), not f) for j, f in zip(head, fits)]
         # the logits only order jobs of equal queue class, priority, attained-service
-        # queue and fit (all of them for rank, those that fit for rank_for_start):
-        # without such a tie the transformer is not run (one pending job, or one that fits)
-        tied = [k for k in keys if exact or not k[-1]]
-        if len(set(tied)) == len(tied):
+        # queue and fit: without such a tie the transformer is not run (one pending job,
+        # or one that fits)
+        if len(set(keys)) == len(keys):
             order = sorted(range(len(head)), key=lambda k: (keys[k], k))
         else:
             logits = self._logits(*self._inputs(head, fits, state, len(fifo)))
@@ -467,8 +456,6 @@ class DASAgentPlacement(Placement):
     quotient graph, :class:`~rlsched.core.das.QuotientSmoother`, in O(nodes) per job)."""
 
     name = "das-agent"
-    #: rack_first_fill gives None when the worker slots fall short
-    respects_worker_slots = True
 
     def __init__(self, model: str | Path | None = None, *, max_smooth_nodes: int = 2048, rng: np.random.Generator | None = None) -> None:
         del rng

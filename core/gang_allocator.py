@@ -79,7 +79,7 @@ class GangAllocator:
         #: it scales running jobs (on the caller's record of each, AllocJob.elastic, where given)
         self.scales = self.planner is not None
         #: seconds between two scaling steps (None: every decision), the first one
-        #: interval after the first decision, as the event engine's scaling ticks
+        #: interval after the first decision (the event engine's scaling interval)
         self.scale_every = scale_every
         self._next_scale: float | None = None
         #: core's admission: the operator's queue rules (preemption under preemptive orderings)

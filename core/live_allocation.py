@@ -484,7 +484,7 @@ class LiveAllocation:
         moves = bool(self.allocator.type_aware)  # only a type-aware choice moves a job
         # a running job the allocator preempted and started again in one decision is
         # stopped and started: its workers go where the new gang's placement puts them,
-        # after its preemptor's, as the event engine's passes resume it
+        # after its preemptor's
         again = self._admitting.restarted() if self._admitting is not None else ()
         for j in free_jobs:
             t = targets[j.id]

@@ -70,15 +70,6 @@ class Ordering(Protocol):
         ...
 
 
-# An ordering may also offer ``rank_for_start(pending, state)``: :meth:`Ordering.rank`,
-# except that jobs whose gang does not fit the free worker slots now may come in any order
-# among themselves where they follow one another (never moved past a job that fits).
-# Admission starts the same jobs from either list when the placement
-# ``respects_worker_slots`` (such a job fails to start wherever it stands, and starting
-# jobs only takes capacity), so the simulator uses it to skip work that only orders jobs
-# that cannot start (the DAS ordering's transformer).
-
-
 @runtime_checkable
 class Placement(Protocol):
     """Chooses nodes for a job's workers, and scores candidates for one pod."""
@@ -87,12 +78,6 @@ class Placement(Protocol):
     #: why the policy places with a fallback rather than as configured (e.g. its
     #: model file could not be read); ``None`` when it runs as configured
     fallback_reason: str | None = None
-    #: True when :meth:`place` gives ``None`` whenever the nodes' worker slots
-    #: (:func:`rlsched.core.placement.worker_slots`: GPUs of an allowed model, CPU and
-    #: memory) add up to fewer than the workers asked. A job that does not fit then
-    #: cannot start until capacity is released, so the simulator may rank the queue
-    #: with an ordering's ``rank_for_start`` (see :class:`Ordering`).
-    respects_worker_slots: bool = False
     #: version of the model file the policy serves ("" for a policy without one),
     #: reported by the extender's ``/version`` and ``rlsched_extender_model_info``
     model_version: str = ""

@@ -51,7 +51,11 @@ def register(subparsers) -> None:
         q.add_argument("--interval", type=float, default=None,
                        help="measured workloads: seconds between allocation decisions (default: the trace's, 60)")
         q.add_argument("--backfill", action="store_true", help="start later jobs when the head of the queue does not fit")
-        q.add_argument("--scaling-interval", type=float, default=300.0, help="seconds between scaling decisions")
+        q.add_argument("--scaling-interval", type=float, default=300.0,
+                       help="seconds between decisions without events, and between a heuristic's scaling steps")
+        q.add_argument("--decision-gap", type=float, default=30.0,
+                       help="least seconds between two decisions on events (a burst makes one decision); 0: decide "
+                       "at every event time (default 30, the chart's operator.decisionGapSeconds)")
         q.add_argument("--restart-cost", type=float, default=None,
                        help="seconds without progress after a worker change or a resume from preemption (default 30; "
                        "measured workloads: the trace's, per application on sia: workloads)")
@@ -244,6 +248,7 @@ def run_policy(trace, topology, ordering: str, placement: str, scaling: str | No
         "backfill": config.backfill,
         "preemption": config.preemption,
         "clairvoyant": config.clairvoyant,
+        "decision_gap": config.decision_gap,
         "nodes": len(topology),
     }
     return res, m
@@ -260,6 +265,7 @@ def _config(args):
     return SimConfig(
         backfill=args.backfill,
         scaling_interval=args.scaling_interval,
+        decision_gap=args.decision_gap,
         restart_cost=30.0 if args.restart_cost is None else args.restart_cost,
         max_time=args.max_time,
         preemption=not args.no_preemption,

@@ -2,13 +2,12 @@
 
 One :class:`Simulator` holds the clock, the event heap, a
 :class:`~rlsched.core.ClusterState`, the jobs and one seeded generator; a run is a pure
-function of its inputs and seed. Every admission, preemption and scaling decision is
-core's scheduling cycle, as in the operator: the engine translates its jobs into core's
-entries and applies the decisions. Its parts: the job dynamics (:mod:`.engine_jobs`),
-the heuristic admission path (:mod:`.engine_admission`), the allocation-policy adapter
-(:mod:`.engine_allocation`), elastic scaling (:mod:`.engine_scaling`) and the records
-(:mod:`.engine_record`). Event order, preemption and scaling: docs/design-notes.md,
-docs/simulator.md.
+function of its inputs and seed. Every decision is one call of core's
+:class:`~rlsched.core.live_allocation.LiveAllocation`, as in the operator: a heuristic
+(ordering, placement, scaling) is core's gang allocator behind that call. Its parts: the
+job dynamics (:mod:`.engine_jobs`), the adapter that translates jobs and applies the
+plan (:mod:`.engine_allocation`) and the records (:mod:`.engine_record`). Event order,
+preemption and scaling: docs/design-notes.md, docs/simulator.md.
 """
 
 from __future__ import annotations
@@ -23,22 +22,19 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from rlsched.core import ClusterState, JobView, Ordering, Placement, PlacementError, Scaling, Topology
-from rlsched.core.cycle import SchedulingCycle
 from rlsched.core.decision_clock import DecisionClock
 from rlsched.core.estimate import estimate_remaining
+from rlsched.core.gang_allocator import GangAllocator
 from rlsched.core.live_allocation import LiveAllocation, LivePlan
 from rlsched.core.queues import QueueBook
-from rlsched.core.planning import Admission, ScalingPlan, ScalingPlanner
 
 from .convergence import ConvergenceModel
-from .engine_admission import HeuristicPath
 from .engine_allocation import AllocationAdapter
-from .engine_jobs import DEMOTE as _DEMOTE, FINISH as _FINISH, SCALE as _SCALE, WAKE as _WAKE
+from .engine_jobs import FINISH as _FINISH, SCALE as _SCALE, WAKE as _WAKE
 from .engine_jobs import DONE as _DONE, DROPPED as _DROPPED, FUTURE as _FUTURE, PENDING as _PENDING
 from .engine_jobs import RUNNING as _RUNNING
 from .engine_jobs import JobDynamics, JobState, build_jobs, grown
 from .engine_record import JobRecord, Recorder, SimResult
-from .engine_scaling import ElasticScaling
 from .job import JobSpec
 
 __all__ = ["SimConfig", "Simulator", "SimResult", "JobRecord"]
@@ -50,11 +46,13 @@ log = logging.getLogger("rlsched.sim")
 class SimConfig:
     """Engine options.
 
-    ``backfill``: keep starting later jobs when the head of the queue does not fit.
-    ``scaling_interval``: seconds between scaling-policy calls.
+    ``backfill``: keep starting later jobs when the head of the queue does not fit
+    (a heuristic's admission).
+    ``scaling_interval``: seconds between decisions without events, and between a
+    heuristic's scaling steps.
     ``restart_cost``: seconds without progress after a job's worker count changes
     and after a preempted job resumes.
-    ``preemption``: let core's admission preempt (``highest`` jobs; preemptive
+    ``preemption``: let a heuristic's admission preempt (``highest`` jobs; preemptive
     orderings such as SRTF and Tiresias); on by default, like the operator's
     ``OperatorConfig.preemption``.
     ``max_time``: stop the run at this simulated time (jobs still running are
@@ -71,11 +69,6 @@ class SimConfig:
     admissions and resumes (job, time, nodes), preemptions (victim, preemptor, time),
     worker changes (job, time, delta) and finishes — what the twin check
     (``rlsched_dev.twin``) compares with the live operator's events.
-    ``incremental_ranking``: avoid re-ranking the whole queue on every pass — with
-    backfill, rank only the arrivals since the last pass when no GPU was released;
-    without, keep the last ranking for orderings whose order never changes while jobs
-    wait (see :mod:`.engine_admission`). Exact for orderings that sort by a
-    per-job key; ``None`` turns it on for the built-in key orderings only.
     """
 
     backfill: bool = False
@@ -83,15 +76,14 @@ class SimConfig:
     restart_cost: float = 30.0
     max_time: float = math.inf
     record_series: bool = True
-    incremental_ranking: bool | None = None
     preemption: bool = True
     clairvoyant: bool = False
     record_decisions: bool = False
     #: seconds a job runs before it may be preempted (the operator's ``--min-run-time``)
     min_run_s: float = 0.0
-    #: an allocation policy also decides when a job arrived, finished or gave GPUs
-    #: back, besides every ``scaling_interval`` — as the operator's cycle sees such a
-    #: change within seconds; off, freed GPUs and new jobs wait for the next interval
+    #: the policy also decides when a job arrived, finished or gave GPUs back, besides
+    #: every ``scaling_interval`` — as the operator's cycle sees such a change within
+    #: seconds; off, freed GPUs and new jobs wait for the next interval
     allocate_on_events: bool = True
     #: least seconds between two decisions on events (core's DecisionClock): a burst
     #: of events within it makes one decision at its end
@@ -147,26 +139,19 @@ class Simulator:
         _check_policies(jobs, ordering, placement, scaling, allocation, queues)
         self.topology = topology
         self.config = config or SimConfig()
-        self.ordering = ordering
-        #: the operator's admission rules (head-of-line blocking, or backfill)
-        self.admission = (
-            None if ordering is None
-            else Admission(ordering, backfill=self.config.backfill, preemption=self.config.preemption,
-                           min_run_s=self.config.min_run_s)
-        )
+        #: the placement that puts new workers on nodes (the extender's, live)
         self.placement = placement
-        self.scaling = scaling
-        #: an allocation policy deciding every job's workers each ``scaling_interval``
-        #: (the operator's ``--allocator``: the same core object, :meth:`allocation_cycle`)
+        if ordering is not None:  # a heuristic: core's gang allocator over the three
+            cfg = self.config
+            allocation = LiveAllocation(GangAllocator(
+                ordering, placement, scaling, backfill=cfg.backfill, preemption=cfg.preemption,
+                scale_every=cfg.scaling_interval if scaling is not None else None))
+        #: the policy deciding every job's workers in one call (the operator's
+        #: ``--allocator``: the same core object, :meth:`allocation_cycle`)
         self.allocation = allocation
         #: the teams' queues the allocation decides under (each job charged to its
         #: ``tenant``), with the minimum run time (``SimConfig.min_run_s`` when not given)
         self.queues = queues if queues is not None else QueueBook(min_run_s=self.config.min_run_s)
-        #: core's elastic planner over ``scaling`` (the operator's ScalingPlanner)
-        self.planner = ScalingPlanner(scaling) if scaling is not None else None
-        #: core's scheduling cycle over the two: every preemption and scaling decision
-        #: (the operator and the gang allocator run it too); the engine only applies them
-        self.cycle = SchedulingCycle(self.admission, self.planner)
         self.rng = np.random.default_rng(seed)
         self.state = ClusterState(topology)
         self.now = 0.0
@@ -179,10 +164,8 @@ class Simulator:
         self._heap: list[tuple] = []
         self._counter = 0
         self._events = 0
-        self._dirty = False  # something changed since the policies' last pass
-        self.heuristic = HeuristicPath(self)  # the ordering and placement's passes
+        self._dirty = False  # something changed since the policy's last decision
         self.alloc = AllocationAdapter(self)  # the allocation policy's decisions
-        self.elastic = ElasticScaling(self)  # the scaling planner's jobs and plans
         self.recorder = Recorder(self.state, self.config.record_series, self.config.record_decisions)
         self._wall = 0.0
         self._wake_at: float | None = None  # the pending _WAKE event's time
@@ -190,7 +173,7 @@ class Simulator:
         self._clock = DecisionClock(gap=self.config.decision_gap, interval=self.config.scaling_interval)
         self._first_submit = float(min((j.submit_time for j in jobs), default=0.0))
         self.now = self._first_submit
-        if (scaling is not None or allocation is not None) and self._jobs:
+        if self._jobs:
             self._push(self._first_submit + self.config.scaling_interval, _SCALE, None)
 
     # ================================================================== public API
@@ -219,9 +202,6 @@ class Simulator:
     def run(self, progress: Callable[[int, int], None] | None = None) -> SimResult:
         """Run to the end with the configured policies; ``progress(done, total)`` is
         called now and then."""
-        if self.ordering is None and self.allocation is None:
-            raise ValueError("run() needs ordering and placement policies, or an allocation policy; "
-                             "use start()/advance()")
         t0 = _time.perf_counter()
         total = len(self._jobs)
         tick = max(total // 100, 1)
@@ -242,9 +222,7 @@ class Simulator:
         Returns False when nothing is left to do."""
         if not self._advance():
             return False
-        if self.ordering is not None and self._dirty:
-            self._schedule()
-        elif self.allocation is not None and self._dirty and self.config.allocate_on_events:
+        if self._dirty and self.config.allocate_on_events:
             self._dirty = False
             due = self._clock.next_due(self._allocated_at, self.now, changed=True)
             if due <= self.now and self._allocated_at != self.now:
@@ -260,8 +238,6 @@ class Simulator:
         :meth:`step` makes after an event time's events. The scheduling environments
         call it with the agents' pick as the policy's ordering and placement
         (:class:`rlsched.sim.envs.AgentTurn`)."""
-        if self.allocation is None:
-            raise ValueError("decide() needs an allocation policy")
         self.allocation_cycle()
 
     def _advance(self) -> bool:
@@ -294,17 +270,12 @@ class Simulator:
             elif kind == _FINISH and payload[1] == payload[0].version and payload[0].status == _RUNNING:
                 self._events += 1
                 self._finish(payload[0], t)
-            elif kind == _DEMOTE and payload[1] == payload[0].version and payload[0].status == _RUNNING:
-                self._events += 1
-                self.heuristic.demote(payload[0], t)
-            elif kind == _WAKE:  # a running job's minimum run time ended: it may be preempted now
+            elif kind == _WAKE:  # the policy's answer may change now (a demotion, a protection ended)
                 self._events += 1
                 self._wake_at = None
                 self._dirty = True
-        if scale and (self.scaling is not None or self.allocation is not None):
-            if self.ordering is not None and self._dirty:
-                self._schedule()
-            self._scale_tick(t)
+        if scale:
+            self.allocation_cycle()
             if self.state.running or self.state.pending or self._next_arrival < len(jobs):
                 self._push(t + self.config.scaling_interval, _SCALE, None)
         return True
@@ -357,33 +328,6 @@ class Simulator:
         Every change pays ``restart_cost``."""
         return self.alloc.cycle()
 
-    def elastic_jobs(self) -> list[JobView]:
-        """The running jobs as core's :class:`ScalingPlanner` sees them, synced to now:
-        each job's reported progress folded into its :class:`ElasticState` (the same
-        fold the operator does each cycle), its own β patience, and its live view."""
-        return self.elastic.jobs()
-
-    def scaling_cycle(self) -> ScalingPlan:
-        """One elastic-scaling cycle now, as the operator's cycle runs it: core's
-        :class:`ScalingPlanner` over :meth:`elastic_jobs` with the engine's scaling
-        policy, GPUs reserved for the blocked head of the queue, room checked with the
-        placement policy; the plan's one-worker changes are applied (removals first,
-        each added worker on the node the planner found for it, every resize paying
-        ``restart_cost``) and GPUs freed by it go to waiting jobs at once. Returns the plan."""
-        if self.planner is None:
-            raise ValueError("no scaling policy: build the simulator with scaling=")
-        if self.ordering is not None and self._dirty:
-            self._schedule()
-        running = self.elastic_jobs()
-        if not running:
-            return ScalingPlan()
-        plan = self.cycle.scale(running, self.state, blocked=self.heuristic.blocked_head(),
-                                place_one=self.elastic.place_one)
-        self.elastic.apply(plan)
-        if self.ordering is not None and self._dirty:
-            self._schedule()
-        return plan
-
     # ================================================================== the heap
     def _push(self, t: float, kind: int, payload) -> None:
         self._counter += 1
@@ -393,7 +337,7 @@ class Simulator:
         heap = self._heap
         while heap:
             t, kind, _, payload = heap[0]
-            if kind == _FINISH or kind == _DEMOTE:
+            if kind == _FINISH:
                 j, version = payload
                 if version == j.version and j.status == _RUNNING:
                     return True
@@ -417,31 +361,6 @@ class Simulator:
 
     def _record(self, t: float) -> None:
         self.recorder.record(t)
-
-    # ================================================================== decisions
-    def _schedule(self) -> None:
-        """One policy pass, then (preemption on) core's
-        :meth:`SchedulingCycle.preemption_rounds <rlsched.core.cycle.SchedulingCycle.preemption_rounds>`:
-        the blocked head of the queue asks for victims, the engine suspends them and
-        starts it (:meth:`HeuristicPath.apply_preemption
-        <rlsched.sim.engine_admission.HeuristicPath.apply_preemption>`), and passes
-        again, until nobody preempts."""
-        h = self.heuristic
-        h.schedule_pass()
-        st = self.state
-        if not (st.pending and self.cycle.preemption_possible(h.highest_pending > 0)):
-            return
-        if h.policy_preempts:  # the ordering compares live attained service / remaining time
-            for v in st.running.values():
-                self.dynamics.sync(self._by_id[v.id], self.now)
-        self.cycle.preemption_rounds(st, self.now, apply=h.apply_preemption, admit=h.schedule_pass)
-        h.wake_for_protected()
-
-    def _scale_tick(self, t: float) -> None:
-        if self.allocation is not None:
-            self.allocation_cycle()
-        elif self.state.running:
-            self.scaling_cycle()
 
     # ================================================================== a job's transitions
     def _arrive(self, j: JobState, t: float) -> None:
@@ -470,7 +389,6 @@ class Simulator:
             v.est_runtime = j.spec.user_estimate(j.ideal)
             v.remaining = estimate_remaining(v.est_runtime, 0.0, 0, 0)
         j.status = _PENDING
-        self.heuristic.queued(j)
         self.state.pending.append(v)
         self._dirty = True
 
@@ -489,7 +407,6 @@ class Simulator:
             decisions.append({"kind": "admit", "job": v.id, "t": t, "nodes": list(nodes),
                               "workers": len(nodes), "resume": j.first_start is not None,
                               **self._batch_record(j)})
-        self.heuristic.started(j)
         if j.first_start is None:  # this engine charges a first start no stall: it measures none
             j.first_start = t
             j.resume_at = t
@@ -501,7 +418,6 @@ class Simulator:
         if (v.workers != j.w0 or j.spec.batch_size is not None) and not j.spec.fixed:
             self.dynamics.retarget(j)  # (an adaptive batch: at the batch it was given)
         self._schedule_finish(j, t)
-        self.heuristic.schedule_demote(j, t)
 
     @staticmethod
     def _batch_record(j: JobState) -> dict:
@@ -533,7 +449,6 @@ class Simulator:
         j.version += 1  # its finish and demotion events are void
         j.preemptions += 1
         st.pending.append(v)
-        self.heuristic.requeued(j)
         self._dirty = True
         log.debug("t=%g: job %s suspended at epoch %d (%s queue)", t, v.id, v.progress.epoch, v.queue)
 
@@ -552,7 +467,6 @@ class Simulator:
         j.status = _DONE
         j.rate = 0.0
         self._dirty = True
-        self.heuristic.full_pass_needed = True
         self.recorder.finished(j, t)
 
     def _rescale(self, j: JobState, delta: int, nodes: Sequence[int] | None, t: float,
@@ -582,7 +496,6 @@ class Simulator:
             self.state.release_job(v, gone)
             v.placement = v.placement[:new]
             self._dirty = True
-            self.heuristic.full_pass_needed = True
         v.workers = new
         j.rescales += 1
         if batch and j.spec.batch_size is not None:
@@ -601,4 +514,3 @@ class Simulator:
         if not j.spec.fixed:
             self.dynamics.retarget(j)
         self._schedule_finish(j, t)
-        self.heuristic.schedule_demote(j, t)

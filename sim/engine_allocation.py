@@ -1,4 +1,4 @@
-"""The event engine's allocation-policy path: the operator's allocator mode, on the engine.
+"""The event engine's one decision call: the operator's allocator mode, on the engine.
 
 Every running job (synced, its report folded in) and every waiting job go to core's
 :meth:`LiveAllocation.plan <rlsched.core.live_allocation.LiveAllocation.plan>` with
@@ -25,6 +25,19 @@ class AllocationAdapter:
         #: per job: the inputs of its last translation (those compared by identity, those
         #: by value) and the view they gave
         self._kept: dict[str, tuple[tuple, tuple, JobView]] = {}
+
+    def fold(self, j: JobState, record: bool = True) -> None:
+        """Job ``j`` synced to now, its report folded into its observations and (with
+        ``record``) its reported progress into its record
+        (:class:`~rlsched.core.planning.ElasticState`): the fold the operator does each
+        cycle."""
+        sim = self.sim
+        t = sim.now
+        sim.dynamics.sync(j, t)
+        if record:
+            v, spec = j.view, j.spec
+            j.elastic.observe(v.progress, v.workers, t - float(j.first_start), spec.beta, spec.samples_per_epoch)
+        sim.dynamics.report(j)
 
     def live_job(self, j: JobState, nodes: tuple[int, ...]) -> JobView:
         """The job as the allocation policy sees it, on ``nodes`` (none: waiting), with
@@ -91,10 +104,10 @@ class AllocationAdapter:
         scales = sim.allocation.scales
         for v in list(st.running.values()):
             j = sim._by_id[v.id]
-            sim.elastic.fold(j, record=scales)  # synced, its report folded in
+            self.fold(j, record=scales)  # synced, its report folded in
             live = self.live_job(j, tuple(v.placement))
             if scales:  # with its record, as the operator passes it
-                live = dataclasses.replace(live, record=j.elastic, local_batch=sim.elastic.local_batch(j),
+                live = dataclasses.replace(live, record=j.elastic, local_batch=j.spec.batch_per_worker / v.gpus_per_worker,
                                            beta=j.spec.beta)
             jobs.append(live)
         capacity, offers = movable_room(st, ((v.placement, v.gpus_per_worker, v.cpu_milli, v.memory_mib)
@@ -169,7 +182,6 @@ class AllocationAdapter:
         st.allocate_job(v, nodes)
         v.placement, v.workers = list(nodes), target.workers
         sim._dirty = True
-        sim.heuristic.full_pass_needed = True
         j.rescales += 1
         if target.batch_size and j.spec.batch_size is not None:
             j.batch = int(target.batch_size)

@@ -264,11 +264,6 @@ class Admission:
         admission goes back to its queue (its pods are deleted)."""
         return now - admitted_at > self.start_timeout_s
 
-    def walk(self, candidates: Iterable, try_start: Callable[[object], bool]) -> tuple[list, object | None]:
-        """:func:`admit_in_order` with this admission's backfill setting: the
-        simulator starts its ranked pending jobs through it."""
-        return admit_in_order(candidates, try_start, backfill=self.backfill)
-
     def order(self, waiting: Sequence[JobView], state: ClusterState,
               nominated: frozenset[str] | set[str] = frozenset()) -> list[JobView]:
         """Service order: ``nominated`` preemptors, then interrupt, urgent, normal; inside
@@ -346,7 +341,7 @@ class Admission:
             return False
 
         try:
-            started, _ = self.walk(fitting, try_start)
+            started, _ = admit_in_order(fitting, try_start, backfill=self.backfill)
         finally:
             for i, g, cpu, mem in reversed(taken):
                 state.release(i, g, cpu, mem)

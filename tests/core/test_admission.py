@@ -204,8 +204,9 @@ def test_simulator_admits_through_the_same_admission_object():
             JobSpec(id="small", submit_time=2.0, workers=1, gpus_per_worker=1, duration=10.0)]
     for backfill in (False, True):
         sim = Simulator(jobs, topo, ordering=make_ordering("fifo"), placement=make_placement("firstfit"),
-                        config=SimConfig(backfill=backfill))
-        assert isinstance(sim.admission, Admission) and sim.admission.backfill is backfill
+                        config=SimConfig(backfill=backfill, decision_gap=0))
+        adm = sim.allocation.allocator.admission  # the gang allocator behind its one call
+        assert isinstance(adm, Admission) and adm.backfill is backfill
         starts = {r.id: r.start for r in sim.run().records}
         # "wide" waits for "big"; "small" (1 GPU free) passes it only with backfill
         assert starts["wide"] == 10.0 and starts["small"] == (10.0 if not backfill else 2.0)

@@ -177,30 +177,6 @@ def test_das_ordering_ranks_as_the_reference(seed):
                 assert np.array_equal(job_features(j, st), _job_features(j, st))
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_rank_for_start_only_reorders_jobs_that_cannot_start(seed):
-    rng = np.random.default_rng(100 + seed)
-    st = ClusterState(_topology(rng, 24), time=60.0)
-    _load(st, rng, float(rng.choice([0.5, 0.9])))
-    order = DASOrdering()
-    for n in (1, 3, 8, 16, 30):
-        pending = _queue(rng, n)
-        full = order.rank(pending, st)
-        lazy = order.rank_for_start(pending, st)
-        assert len(lazy) == len(full)
-        # the jobs that fit stand where they stood; the others fill the same runs
-        runs_full, runs_lazy = [], []
-        for out, ranked in ((runs_full, full), (runs_lazy, lazy)):
-            for j in ranked:
-                if _fits_now(j, st):
-                    out.append(j.id)
-                elif out and isinstance(out[-1], set):
-                    out[-1].add(j.id)
-                else:
-                    out.append({j.id})
-        assert runs_lazy == runs_full
-
-
 def test_the_transformer_runs_only_to_break_ties(monkeypatch):
     from rlsched.core import das_agent
 
@@ -212,9 +188,9 @@ def test_the_transformer_runs_only_to_break_ties(monkeypatch):
     one = [JobView("a", 0.0)]
     assert order.rank(one, st) == one and not calls  # one pending job: no forward pass
     two = [JobView("a", 0.0), JobView("b", 1.0, gpus_per_worker=8, workers=3)]  # only "a" fits
-    assert [j.id for j in order.rank_for_start(two, st)] == ["a", "b"] and not calls
+    assert [j.id for j in order.rank(two, st)] == ["a", "b"] and not calls  # fit breaks the tie
     both = [JobView("a", 0.0), JobView("b", 1.0)]
-    order.rank_for_start(both, st)
+    order.rank(both, st)
     assert len(calls) == 1
     order.rank(both, st)  # the same inputs at the same instant: remembered
     assert len(calls) == 1

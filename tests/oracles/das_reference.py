@@ -78,10 +78,7 @@ def _job_features(job: JobView, state: ClusterState) -> np.ndarray:
 
 
 class ReferenceDASOrdering(DASOrdering):
-    """:class:`~rlsched.core.das_agent.DASOrdering` ranking as before the linear rewrite (no
-    ``rank_for_start``: the simulator ranks the whole window every pass)."""
-
-    rank_for_start = None
+    """:class:`~rlsched.core.das_agent.DASOrdering` ranking as before the linear rewrite."""
 
     def observe(self, pending, state):
         head = _select_window(pending, state, self.window, self.window_select)
@@ -150,8 +147,6 @@ def _rack_first_fill(job: JobView, state: ClusterState, scores: np.ndarray, work
 class ReferenceDASAgentPlacement(DASAgentPlacement):
     """:class:`~rlsched.core.das_agent.DASAgentPlacement` as before the linear rewrite: the dense
     ``nodes x nodes`` smoother."""
-
-    respects_worker_slots = False
 
     def __init__(self, model: str | Path | None = None, **kwargs) -> None:
         super().__init__(model, **kwargs)

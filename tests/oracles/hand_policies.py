@@ -14,7 +14,6 @@ class Pinned:
 
     name = "pinned"
     fallback_reason = None
-    respects_worker_slots = False
     model_version = ""
 
     def __init__(self, where: Mapping[str, Sequence[int]], more: Mapping[str, Sequence[int]] | None = None) -> None:

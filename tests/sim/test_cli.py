@@ -146,12 +146,18 @@ def _preemption_trace(tmp_path, klass="highest"):
 def test_run_preemption_flags(tmp_path):
     """A (100 s) runs from 0; highest-class B (20 s) arrives at 10 and preempts it:
     B 10-30, A resumes at 30 with --restart-cost 5 -> ends 30 + 5 + 90 = 125; JCT mean
-    (125 + 20) / 2 = 72.5. With --no-preemption: A 0-100, B 100-120, mean (100 + 110) / 2."""
+    (125 + 20) / 2 = 72.5 (a decision at every event: --decision-gap 0). With the default
+    gap of 30 s, B waits for the decision at 30 (B 30-50) and A for the one at 60: A ends
+    60 + 5 + 70 = 135, JCT mean (135 + 40) / 2. With --no-preemption: A 0-100, B 100-120, mean (100 + 110) / 2."""
     trace = _preemption_trace(tmp_path)
-    rc, path = _run(tmp_path, "p", 0, trace=trace, extra=("--restart-cost", "5"))
+    rc, path = _run(tmp_path, "p", 0, trace=trace, extra=("--restart-cost", "5", "--decision-gap", "0"))
     m = json.loads(path.read_text())
     assert rc == 0 and m["config"]["preemption"] is True
     assert (m["preemptions_total"], m["jct_mean"]) == (1, 72.5)
+    rc, path = _run(tmp_path, "g", 0, trace=trace, extra=("--restart-cost", "5"))
+    m = json.loads(path.read_text())
+    assert rc == 0 and m["config"]["decision_gap"] == 30.0
+    assert (m["preemptions_total"], m["jct_mean"]) == (1, 87.5)
     rc, path = _run(tmp_path, "n", 0, trace=trace, extra=("--restart-cost", "5", "--no-preemption"))
     m = json.loads(path.read_text())
     assert rc == 0 and m["config"]["preemption"] is False

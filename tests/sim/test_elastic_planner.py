@@ -106,9 +106,10 @@ def test_a_job_is_decided_on_once_per_evaluation():
 
 
 def test_added_workers_go_where_the_placement_policy_put_them():
-    """The planner checks room with the engine's placement policy and the engine places
-    the worker on that node: load-balance picks the emptiest node (best fit, the
-    planner's default, would pick the fullest that fits)."""
+    """The gang allocator's planner grows the job and the engine places the worker where
+    its placement policy puts it: load-balance picks the emptiest node (best fit would
+    pick the fullest that fits). The first scaling step is one interval after the first
+    decision."""
     topo = Topology.uniform(3, 4)
     curve = {"acc_max": 0.9, "acc0": 0.1, "tau": 20.0, "gamma": 0.0, "noise": 0.0}
     jobs = [
@@ -118,16 +119,14 @@ def test_added_workers_go_where_the_placement_policy_put_them():
                 samples_per_epoch=3200, max_epochs=50, beta=1e-6, convergence=curve),
     ]
     sim = Simulator(jobs, topo, ordering=make_ordering("fifo"), placement=make_placement("loadbalance"),
-                    scaling=make_scaling("fcfs"), config=SimConfig(scaling_interval=1e6))
+                    scaling=make_scaling("fcfs"), config=SimConfig(scaling_interval=200.0, decision_gap=0))
     sim.step()
     before = {v.id: list(v.placement) for v in sim.running}
-    sim.advance_until(200.0)  # e reports its first evaluations
+    sim.advance_until(199.0)  # e reports its first evaluations; no scaling step yet
+    assert sim.job("e").workers == 1
     free = sim.state.free.copy()
     want = make_placement("loadbalance").place(sim.job("e"), sim.state, workers=1)[0]
-    plan = sim.scaling_cycle()
-    assert plan.decided == ["big", "e"] or plan.decided == ["e", "big"]
-    assert plan.deltas.get("e") == 1 and plan.nodes["e"] == want == int(free.argmax())
-    assert sim.job("e").placement == before["e"] + [want]
-    assert sim.job("e").workers == 2 and sim.state.free[want] == free[want] - 1
-    # the next cycle at the same instant has no new evaluation: nothing is decided
-    assert sim.scaling_cycle().decided == []
+    sim.advance_until(200.0)  # the scaling step
+    assert want == int(free.argmax())
+    assert sim.job("e").placement[:len(before["e"]) + 1] == before["e"] + [want]
+    assert sim.job("e").workers >= 2 and sim.state.free[want] <= free[want] - 1

@@ -149,11 +149,11 @@ def test_env_decisions_go_through_the_engines_cycle_and_match_its_own_run():
         core = SchedulingCore(small_workload, EnvConfig(window=16))
         core.reset(seed)
         alloc = core.sim.allocation.allocator
-        assert core.sim.ordering is None and alloc.ordering is core.turn and alloc.placement is core.turn
+        assert alloc.ordering is core.turn and alloc.placement is core.turn
         _first_fit_agent(core)
         jobs, topo = small_workload(np.random.default_rng(seed))
         ref = Simulator(jobs, topo, ordering=make_ordering("fifo"), placement=make_placement("firstfit"),
-                        seed=0, config=SimConfig(backfill=True, record_series=False)).run()
+                        seed=0, config=SimConfig(backfill=True, record_series=False, decision_gap=0)).run()
         got = {r.id: (r.start, r.end, r.level) for r in core.sim.result().records}
         want = {r.id: (r.start, r.end, r.level) for r in ref.records}
         assert got == want and len(got) == 12

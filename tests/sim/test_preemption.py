@@ -19,7 +19,10 @@ ONE_NODE = Topology.uniform(1, 8)
 
 
 def _sim(jobs, ordering, topo=ONE_NODE, **cfg):
+    """A decision at every event time (``decision_gap=0``) unless ``cfg`` says otherwise:
+    the hand-computed schedules below."""
     o = make_ordering(ordering) if isinstance(ordering, str) else ordering
+    cfg.setdefault("decision_gap", 0.0)
     return Simulator(jobs, topo, ordering=o, placement=make_placement("firstfit"), config=SimConfig(**cfg))
 
 

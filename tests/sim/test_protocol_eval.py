@@ -75,12 +75,14 @@ def test_allocator_with_a_placement_is_an_event_engine_policy():
 
 
 def _blocking_jobfile(tmp_path):
-    # 4 GPUs. A (3 GPUs, 0-10); B (2 GPUs, submit 1) blocks the head; C (1 GPU, submit 2,
-    # 4 s) fits beside A. No backfill: C waits for A: B and C start at 10, C ends at 14,
-    # JCTs A 10, B 14, C 12 (mean 12). Backfill: C runs 2-6, JCTs 10, 14, 4 (mean 28/3).
-    jobs = [dict(id="A", submit_time=0, gpus_per_worker=3, duration=10),
-            dict(id="B", submit_time=1, gpus_per_worker=2, duration=5),
-            dict(id="C", submit_time=2, gpus_per_worker=1, duration=4)]
+    # 4 GPUs. A (3 GPUs, 0-1000); B (2 GPUs, submit 100) blocks the head; C (1 GPU, submit
+    # 200, 400 s) fits beside A. No backfill: C waits for A: B and C start at 1000, C ends at
+    # 1400, JCTs A 1000, B 1400, C 1200 (mean 1200). Backfill: C runs 200-600, JCTs 1000,
+    # 1400, 400 (mean 2800/3). The events are further apart than the protocol's decision
+    # gap (30 s), so each is decided on at once.
+    jobs = [dict(id="A", submit_time=0, gpus_per_worker=3, duration=1000),
+            dict(id="B", submit_time=100, gpus_per_worker=2, duration=500),
+            dict(id="C", submit_time=200, gpus_per_worker=1, duration=400)]
     path = tmp_path / "jobs.json"
     path.write_text(json.dumps({"cluster": Topology.uniform(1, 4).to_dict(), "jobs": jobs}))
     return str(path)
@@ -91,9 +93,9 @@ def test_event_engine_backfill_per_policy_in_one_comparison(tmp_path):
                                                         ("fifo/firstfit+backfill", False),
                                                         ("fifo/firstfit", False)], "event")
     jct = {r["policy"]: r["jct_mean"] for r in rows}
-    assert jct["fifo/firstfit+nobackfill"] == pytest.approx(12.0)
-    assert jct["fifo/firstfit+backfill"] == pytest.approx(28 / 3)
-    assert jct["fifo/firstfit"] == pytest.approx(12.0)  # no suffix: the engine's default (off)
+    assert jct["fifo/firstfit+nobackfill"] == pytest.approx(1200.0)
+    assert jct["fifo/firstfit+backfill"] == pytest.approx(2800 / 3)
+    assert jct["fifo/firstfit"] == pytest.approx(1200.0)  # no suffix: the engine's default (off)
 
 
 def test_sim_compare_runs_rlsched_and_both_backfills(tmp_path):
@@ -108,8 +110,8 @@ def test_sim_compare_runs_rlsched_and_both_backfills(tmp_path):
     assert args.func(args) == 0
     rows = json.loads((out / "compare.json").read_text())
     jct = {r["policy"]: r["metrics"]["jct_mean"] for r in rows}
-    assert jct["fifo/firstfit+backfill"] == pytest.approx(28 / 3)
-    assert jct["fifo/firstfit+nobackfill"] == pytest.approx(12.0)
+    assert jct["fifo/firstfit+backfill"] == pytest.approx(2800 / 3)
+    assert jct["fifo/firstfit+nobackfill"] == pytest.approx(1200.0)
     assert "rlsched" in jct
 
 

@@ -4,8 +4,8 @@ through its one decision call) and the discrete-event engine call it and only tr
 its plan. Checked on the source: none
 may reach core's ``Admission.plan`` or ``ScalingPlanner.plan`` itself, nor decide a
 preemption with admission's ``may_preempt``/``may_evict``/``choose_victims``; the gang
-allocator calls ``SchedulingCycle.plan`` once, the operator its allocator once, the engine
-the cycle's preemption rounds and scaling step."""
+allocator calls ``SchedulingCycle.plan`` once; the operator and the event engine call their
+live allocation once and hold no cycle of their own."""
 
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ def cycle_calls(source: str, method: str = "plan") -> int:
 
 
 def test_the_callers_never_drive_the_planners_themselves():
-    assert {"operator/controller.py", "sim/engine.py", "sim/engine_admission.py"} <= set(CALLERS)
+    assert {"operator/controller.py", "sim/engine.py", "sim/engine_allocation.py"} <= set(CALLERS)
     bad = [hit for rel in CALLERS for hit in direct_plans((ROOT / rel).read_text(), rel)]
     assert bad == []
 
@@ -136,13 +136,18 @@ def test_the_callers_never_choose_victims_themselves():
     assert bad == []
 
 
-def test_the_engine_decides_through_the_cycle():
-    """The event engine's preemption rounds and scaling step are the cycle's: one call
-    site each (a hand-given scaling policy gets a cycle of its own, same method)."""
-    src = (ROOT / "sim/engine.py").read_text()
-    assert cycle_calls(src, "preemption_rounds") == 1
-    assert cycle_calls(src, "scale") == 1
-    assert cycle_calls(src, "plan") == 0  # its admission is the incremental walk, not the whole plan
+def test_the_engine_holds_no_cycle_of_its_own():
+    """The event engine has one path: a heuristic is core's gang allocator behind its one
+    live-allocation call, so no engine module builds a cycle, an admission or a planner,
+    and core's cycle has no step methods left for a caller to drive one at a time."""
+    from rlsched.core.cycle import SchedulingCycle
+
+    for path in sorted((ROOT / "sim").glob("engine*.py")):
+        tree = ast.parse(path.read_text())
+        built = {_callee(node) for node in ast.walk(tree) if isinstance(node, ast.Call)}
+        assert not built & {"SchedulingCycle", "Admission", "ScalingPlanner"}, path.name
+    steps = {"head", "preempt", "preemption_rounds", "preemption_possible", "scale"}
+    assert not steps & set(vars(SchedulingCycle))
 
 
 def engine_bypasses(source: str, filename: str = "<src>") -> list[str]:
@@ -312,5 +317,5 @@ def test_the_engine_starts_and_resizes_jobs_only_through_its_policies():
     moves a job, or advances the clock without the policies deciding."""
     from rlsched.sim.engine import Simulator
 
-    assert not {"start", "scale", "advance", "fits_now"} & set(vars(Simulator))
+    assert not {"start", "scale", "advance", "fits_now", "scaling_cycle", "elastic_jobs"} & set(vars(Simulator))
     assert {"step", "decide", "run", "advance_until"} <= set(vars(Simulator))
