@@ -145,8 +145,8 @@ class SchedulingCycle:
     """Admission, preemption and elastic scaling, in one call (see the module docstring).
 
     ``admission``: core's :class:`~rlsched.core.planning.Admission` (queues, gang fit,
-    backfill, preemption); ``planner``: core's :class:`~rlsched.core.planning.ScalingPlanner`, or None for no
-    elastic step.
+    backfill, preemption); ``planner``: core's
+    :class:`~rlsched.core.planning.ScalingPlanner`, or None for no elastic step.
     """
 
     def __init__(self, admission: Admission, planner: ScalingPlanner | None = None) -> None:

@@ -26,7 +26,7 @@ from .convergence import ConvergenceModel, stop_epoch
 from .job import JobSpec, batch_rate, comm_time, ideal_level, throughput, topology_limits
 
 #: event kinds on the engine's heap, in the order processed at one time
-FINISH, ARRIVAL, SCALE, DEMOTE, WAKE = 0, 1, 2, 3, 4
+FINISH, ARRIVAL, SCALE, WAKE = 0, 1, 2, 3
 #: a job's status
 PENDING, RUNNING, DONE, DROPPED, FUTURE = 0, 1, 2, 3, 4
 
