@@ -111,8 +111,6 @@ def _check_policies(jobs: Sequence[JobSpec], ordering, placement, scaling, alloc
                              "workers on nodes (the extender's, live), and no ordering or scaling")
     elif ordering is None or placement is None:
         raise ValueError("give an allocation policy, or an ordering and a placement policy")
-    if scaling is not None and placement is None:
-        raise ValueError("a scaling policy needs a placement policy to add workers")
     ids = set()
     for j in jobs:
         if j.id in ids:
@@ -481,8 +479,6 @@ class Simulator:
         self.dynamics.sync(j, t)
         if delta > 0:
             if nodes is None:
-                if self.placement is None:
-                    raise ValueError("no nodes given and no placement policy to choose them")
                 nodes = self.placement.place(grown(v, delta), self.state, workers=delta)
                 if nodes is None:
                     return False
